@@ -1,0 +1,41 @@
+"""TAPAS: Tensor Auto-Parallelisation for TensorFlow/Keras.
+
+The pipeline, one module per stage (paper section 4):
+
+1. capture    ``tapas.capturing`` + ``tapas.grouping``: model -> ``tapas.ir.Graph`` of GraphNodes
+2. mine       ``tapas.mining``: Graph -> FoldedGraph (unique repeated subgraphs)
+
+The public entry points are re-exported here. TensorFlow is imported only when a stage
+that needs it is first used, so ``import tapas`` and the pure stages stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from tapas import ir
+from tapas.ir import Edge, Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute); resolved on first use
+_LAZY = {
+    "capture": ("tapas.capturing", "capture"),
+    "trace": ("tapas.capturing", "trace"),
+    "CaptureError": ("tapas.capturing", "CaptureError"),
+    "models": ("tapas.models", None),
+}
+
+__all__ = ["ir", "Graph", "GraphNode", "Edge", "Kind", "OpInfo", "TensorInfo", "WeightInfo",
+           *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        value = mod if attr is None else getattr(mod, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tapas' has no attribute {name!r}")

@@ -1,0 +1,179 @@
+"""The ``tapas`` command line (an absl app).
+
+    tapas inspect --model=NAME [--batch_size=N] [--graph_out=ir.json] [--top=10]
+    tapas models
+
+``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
+Keras model (``.keras``). Each command prints a report to stdout; ``--json_out`` writes the
+same numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from absl import app, flags
+
+from tapas import ir
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", None, "Model-zoo name (see `tapas models`) or a saved .keras "
+                    "file. Default: the zoo's default model.")
+flags.DEFINE_integer("batch_size", None, "Batch size to trace with (default: the model's).")
+flags.DEFINE_string("graph_out", None, "inspect: write the captured IR as JSON to this path.")
+flags.DEFINE_string("json_out", None, "Write the command's report as JSON to this path.")
+flags.DEFINE_integer("top", 10, "inspect: how many of the largest GraphNodes to list.")
+flags.DEFINE_boolean("training", False, "Capture the training-mode graph.")
+
+COMMANDS = ("inspect", "models")
+
+
+# ---- loading models ------------------------------------------------------------------------
+
+class LoadedModel:
+    """A model ready to capture: the Keras model, its input specs and a display name."""
+
+    def __init__(self, name: str, model: Any, specs: Any, build_seconds: float) -> None:
+        self.name, self.model, self.specs, self.build_seconds = name, model, specs, build_seconds
+
+
+def load_model(name: str | None, batch_size: int | None = None,
+               fast_init: bool = True) -> LoadedModel:
+    """Build a zoo model by name, or load a saved ``.keras`` file."""
+    from tapas import models
+    name = name or models.DEFAULT_MODEL
+    start = time.perf_counter()
+    if name.endswith(".keras") or os.path.sep in name:
+        if not os.path.exists(name):
+            raise app.UsageError(f"--model={name}: no such file; give a zoo name "
+                                 f"({', '.join(models.names()[:4])}, ...) or a saved .keras path")
+        import keras
+        import tensorflow as tf
+        model = keras.saving.load_model(name, compile=False)
+        specs = [tf.TensorSpec((batch_size or 8,) + tuple(t.shape[1:]), t.dtype)
+                 for t in model.inputs]
+        return LoadedModel(os.path.basename(name), model, specs, time.perf_counter() - start)
+    try:
+        entry = models.get(name)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    model = entry.build(fast_init=fast_init)
+    return LoadedModel(name, model, list(entry.input_spec(batch_size)),
+                       time.perf_counter() - start)
+
+
+# ---- inspect ---------------------------------------------------------------------------------
+
+def inspect_report(graph: ir.Graph, trace_s: float, ir_s: float, tf_ops: int,
+                   top: int = 10) -> dict[str, Any]:
+    """The numbers `tapas inspect` prints, as a dict."""
+    biggest = sorted(graph.nodes, key=lambda n: -n.num_params)[:top]
+    return {
+        "model": graph.name,
+        "tf_ops": tf_ops,
+        "ir_ops": graph.num_ops,
+        "dead_ops": len(graph.dead_ops),
+        "graph_nodes": len(graph.nodes),
+        "edges": len(graph.edges),
+        "kinds": graph.kind_counts(),
+        "unique_signatures": len({n.signature for n in graph.nodes}),
+        "params": graph.num_params,
+        "weights": len(graph.weights),
+        "unused_weights": [w.path for w in graph.unused_weights],
+        "trace_seconds": round(trace_s, 4),
+        "ir_seconds": round(ir_s, 4),
+        "top_nodes": [{"id": n.id, "name": n.name, "kind": n.kind.value, "params": n.num_params,
+                       "weights": [f"{w.path} {list(w.shape)}" for w in n.weights]}
+                      for n in biggest if n.num_params > 0],
+    }
+
+
+def format_inspect(r: dict[str, Any]) -> str:
+    lines = [f"model            {r['model']}",
+             f"TF ops           {r['tf_ops']:,}  ({r['dead_ops']} dead, in no GraphNode)",
+             f"GraphNodes       {r['graph_nodes']:,}  ({r['unique_signatures']} distinct "
+             f"signatures, {r['edges']:,} edges)",
+             f"parameters       {r['params']:,}  in {r['weights']} weights",
+             f"capture time     {r['trace_seconds'] + r['ir_seconds']:.3f} s  (trace "
+             f"{r['trace_seconds']:.3f} s, IR conversion {r['ir_seconds']:.3f} s)",
+             "", "GraphNodes by kind:"]
+    for kind, count in r["kinds"].items():
+        lines.append(f"  {kind:<18} {count:>6}")
+    if r["unused_weights"]:
+        lines.append(f"\nweights the traced graph never reads: {', '.join(r['unused_weights'])}")
+    lines += ["", f"largest GraphNodes by weight size (top {len(r['top_nodes'])}):",
+              f"  {'id':>5}  {'kind':<16} {'params':>14}  name"]
+    for n in r["top_nodes"]:
+        lines.append(f"  {n['id']:>5}  {n['kind']:<16} {n['params']:>14,}  {n['name']}")
+    return "\n".join(lines)
+
+
+def cmd_inspect() -> dict[str, Any]:
+    from tapas import capturing
+    loaded = load_model(FLAGS.model, FLAGS.batch_size)
+    trace = capturing.trace(loaded.model, loaded.specs, training=FLAGS.training,
+                            name=loaded.name)
+    start = time.perf_counter()
+    graph = capturing.to_ir(trace)
+    ir_s = time.perf_counter() - start
+    report = inspect_report(graph, trace.seconds, ir_s, len(trace.graph.get_operations()),
+                            FLAGS.top)
+    print(format_inspect(report))
+    if FLAGS.graph_out:
+        _write(FLAGS.graph_out, graph.dumps())
+        print(f"\nIR written to {FLAGS.graph_out}")
+    return report
+
+
+def cmd_models() -> dict[str, Any]:
+    from tapas import models
+    rows = []
+    for name in models.names():
+        e = models.get(name)
+        rows.append({"name": name, "family": e.family, "params": e.param_count(),
+                     "description": e.description})
+    print(f"{'name':<24} {'family':<8} {'params':>15}  description")
+    for r in rows:
+        print(f"{r['name']:<24} {r['family']:<8} {r['params']:>15,}  {r['description']}")
+    return {"models": rows}
+
+
+def _write(path: str, text: str) -> None:
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# ---- entry point -----------------------------------------------------------------------------
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) < 2 or argv[1] not in COMMANDS:
+        got = f" (got {argv[1]!r})" if len(argv) >= 2 else ""
+        raise app.UsageError(f"usage: tapas {{{'|'.join(COMMANDS)}}} [--flags]{got}; "
+                             "`tapas inspect --help` lists the flags")
+    if len(argv) > 2:
+        raise app.UsageError(f"unexpected arguments {list(argv[2:])}: flags are written "
+                             "--name=value")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    report = _HANDLERS[argv[1]]()
+    if FLAGS.json_out:
+        _write(FLAGS.json_out, json.dumps(report, indent=2, default=str))
+
+
+_HANDLERS = {"inspect": cmd_inspect, "models": cmd_models}
+
+
+def run() -> None:
+    """Console entry point (``tapas``)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

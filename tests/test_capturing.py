@@ -1,0 +1,242 @@
+"""Tests for tapas.capturing: Keras models and tf.functions -> tapas.ir.Graph.
+
+Ground truth is the traced tf.Graph itself: every op lands in exactly one GraphNode (or is
+dead), edge shapes equal TensorFlow's static shapes, every weight is accounted for.
+"""
+
+import collections
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tapas
+from tapas import capturing
+from tapas.ir import Graph, Kind
+
+
+def check_against_tf(trace, graph):
+    """The IR agrees with the traced tf.Graph: ops, dead ops, shapes, weights."""
+    tf_graph = trace.graph
+    tf_ops = {op.name: op for op in tf_graph.get_operations()}
+    names = [op.name for n in graph.nodes for op in n.ops]
+    assert len(names) == len(set(names)), "an op is in two GraphNodes"
+    assert set(names).isdisjoint(graph.dead_ops)
+    assert set(names) | set(graph.dead_ops) == set(tf_ops)
+    # dead ops really have no path to an output
+    live = set()
+    stack = [t.op for t in tf_graph.outputs]
+    while stack:
+        op = stack.pop()
+        if op.name in live:
+            continue
+        live.add(op.name)
+        stack.extend(i.op for i in op.inputs)
+        stack.extend(op.control_inputs)
+    assert live.isdisjoint(graph.dead_ops)
+    assert set(names) == live
+    # edges carry TF's static shapes and dtypes
+    for e in graph.edges:
+        t = tf_graph.get_tensor_by_name(e.tensor.name)
+        assert e.tensor.shape == tuple(t.shape.as_list()), e.tensor.name
+        assert e.tensor.dtype == t.dtype.name
+        assert e.src < e.dst
+    # every weight is in a GraphNode or reported unused
+    used = {w.path for w in graph.weights}
+    unused = {w.path for w in graph.unused_weights}
+    assert used | unused == {w.path for w in trace.model_weights}
+    assert not used & unused
+
+
+def capture_checked(model, spec, **kw):
+    t = capturing.trace(model, spec, **kw)
+    g = capturing.to_ir(t)
+    check_against_tf(t, g)
+    return t, g
+
+
+def mlp(widths=(16, 32, 32, 32, 8), batch=4):
+    inp = keras.Input((widths[0],), batch_size=batch)
+    h = inp
+    for w in widths[1:]:
+        h = keras.layers.Dense(w, activation="relu")(h)
+    return keras.Model(inp, h)
+
+
+def test_dense_stack_one_graphnode_per_layer_and_equal_signatures():
+    model = mlp()
+    _, g = capture_checked(model, tf.TensorSpec([4, 16]))
+    dense = [n for n in g.nodes if n.kind == Kind.DENSE]
+    assert len(dense) == 4
+    assert {op.type for op in dense[1].ops} >= {"MatMul", "BiasAdd", "Relu"}
+    assert dense[1].signature == dense[2].signature          # 32 -> 32, twice
+    assert dense[0].signature != dense[1].signature          # 16 -> 32
+    assert g.num_params == model.count_params()
+    assert [w.path for w in dense[0].weights] == sorted(w.path for w in model.layers[1].weights)
+
+
+def test_capture_returns_graph_and_json_roundtrip():
+    g = tapas.capture(mlp(), tf.TensorSpec([4, 16]))
+    assert isinstance(g, Graph)
+    assert Graph.loads(g.dumps()) == g
+
+
+def test_transformer_block_kinds():
+    x = keras.Input((8, 32), batch_size=2)
+    h = keras.layers.LayerNormalization()(x)
+    a = keras.layers.MultiHeadAttention(4, 8)(h, h)
+    h = keras.layers.Add()([x, a])
+    f = keras.layers.Dense(64, activation="gelu")(keras.layers.LayerNormalization()(h))
+    h = keras.layers.Add()([h, keras.layers.Dense(32)(f)])
+    model = keras.Model(x, h)
+    _, g = capture_checked(model, tf.TensorSpec([2, 8, 32]))
+    kinds = collections.Counter(n.kind for n in g.nodes)
+    assert kinds[Kind.NORM] == 2
+    assert kinds[Kind.DENSE] == 6                    # q, k, v, output, two FFN
+    assert kinds[Kind.ATTENTION_SCORE] == 1 and kinds[Kind.ATTENTION_CONTEXT] == 1
+    assert kinds[Kind.ELEMENTWISE] == 2              # the two residual adds
+    score = next(n for n in g.nodes if n.kind == Kind.ATTENTION_SCORE)
+    assert "Softmax" in {op.type for op in score.ops}
+    qkv = [n for n in g.nodes if n.kind == Kind.DENSE and n.outputs[0].shape == (2, 8, 4, 8)]
+    assert len(qkv) == 3 and len({n.signature for n in qkv}) == 1
+
+
+def test_repeated_blocks_share_signatures_across_depth():
+    def block(h, i):
+        a = keras.layers.Dense(32, activation="relu", name=f"b{i}_fc")(h)
+        return keras.layers.LayerNormalization(name=f"b{i}_ln")(keras.layers.Add()([h, a]))
+    x = keras.Input((32,), batch_size=4)
+    h = x
+    for i in range(5):
+        h = block(h, i)
+    model = keras.Model(x, keras.layers.Dense(3)(h))
+    _, g = capture_checked(model, tf.TensorSpec([4, 32]))
+    per_block = collections.defaultdict(list)
+    for n in g.nodes:
+        for w in n.weights:
+            if w.path.startswith("b"):
+                per_block[int(w.path[1])].append((n.kind, n.signature))
+                break
+    sigs = [sorted(set(v)) for _, v in sorted(per_block.items())]
+    assert len(sigs) == 5 and all(s == sigs[1] for s in sigs[1:4])
+
+
+def test_keras_applications_resnet50_all_weights_and_conv_bn_relu_fused():
+    model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
+    _, g = capture_checked(model, tf.TensorSpec([2, 32, 32, 3]))
+    assert g.num_params == model.count_params()
+    convs = [n for n in g.nodes if n.kind == Kind.CONV]
+    assert len(convs) == 53
+    bottleneck_mid = [n for n in convs if {op.type for op in n.ops} >= {"Conv2D", "Relu"}
+                      and len(n.weights) == 6]     # kernel, bias, BN gamma/beta/mean/var
+    assert bottleneck_mid, "Conv + BatchNorm + ReLU should be one GraphNode"
+    sig_counts = collections.Counter(n.signature for n in convs)
+    assert max(sig_counts.values()) >= 5            # the repeated blocks of stage 4
+
+
+def test_keras_applications_vgg16():
+    model = keras.applications.VGG16(weights=None, input_shape=(32, 32, 3), classes=10)
+    _, g = capture_checked(model, tf.TensorSpec([2, 32, 32, 3]))
+    kinds = collections.Counter(n.kind for n in g.nodes)
+    assert kinds[Kind.CONV] == 13 and kinds[Kind.DENSE] == 3
+    assert g.num_params == model.count_params()
+
+
+def test_nested_function_calls_do_not_crash_and_keep_weights():
+    model = keras.applications.ConvNeXtTiny(weights=None, input_shape=(32, 32, 3), classes=10)
+    _, g = capture_checked(model, tf.TensorSpec([1, 32, 32, 3]))
+    assert any(n.kind == Kind.OPAQUE for n in g.nodes)
+    assert g.num_params == model.count_params()
+
+
+def test_tf_function_with_plain_variables_and_assert():
+    w1 = tf.Variable(tf.random.normal([8, 16]), name="w1")
+    w2 = tf.Variable(tf.random.normal([16, 4]), name="w2")
+
+    @tf.function
+    def f(x):
+        tf.debugging.assert_all_finite(x, "x must be finite")
+        tf.debugging.assert_less(tf.reduce_max(x), 100.0)
+        return tf.nn.softmax(tf.nn.relu(x @ w1) @ w2)
+
+    t, g = capture_checked(f, tf.TensorSpec([2, 8]))
+    assert sorted(w.path for w in g.weights) == ["w1", "w2"]
+    assert sum(n.kind == Kind.DENSE for n in g.nodes) == 2
+    types = {op.type for n in g.nodes for op in n.ops}
+    assert "Assert" in types or "CheckNumerics" in types
+
+
+def test_training_mode_batchnorm_updates_are_captured():
+    x = keras.Input((8, 8, 3), batch_size=2)
+    h = keras.layers.Conv2D(4, 3, use_bias=False)(x)
+    h = keras.layers.BatchNormalization()(h)
+    model = keras.Model(x, keras.layers.ReLU()(h))
+    _, g = capture_checked(model, tf.TensorSpec([2, 8, 8, 3]), training=True)
+    types = [op.type for n in g.nodes for op in n.ops]
+    assert types.count("AssignVariableOp") == 2
+    assert sum(n.kind == Kind.CONV for n in g.nodes) == 1
+
+
+def test_multiple_inputs_embedding_and_dict_specs():
+    ids = keras.Input((6,), batch_size=3, dtype="int32", name="ids")
+    feats = keras.Input((4,), batch_size=3, name="feats")
+    e = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 8)(ids))
+    out = keras.layers.Dense(2)(keras.layers.Concatenate()([e, feats]))
+    model = keras.Model([ids, feats], out)
+    _, g = capture_checked(model, [tf.TensorSpec([3, 6], tf.int32), tf.TensorSpec([3, 4])])
+    assert sum(n.kind == Kind.EMBEDDING for n in g.nodes) == 1
+    assert sum(n.kind == Kind.INPUT for n in g.nodes) == 2
+    # the model's own inputs are used when no spec is given
+    g2 = tapas.capture(model)
+    assert [n.signature for n in g2.nodes] == [n.signature for n in g.nodes]
+
+
+def test_batch_size_fills_unknown_batch_dimension():
+    inp = keras.Input((16,))
+    model = keras.Model(inp, keras.layers.Dense(4)(inp))
+    g = tapas.capture(model, batch_size=5)
+    assert g.inputs[0].shape == (5, 16)
+    g = tapas.capture(model, tf.TensorSpec([None, 16]), batch_size=3)
+    assert g.inputs[0].shape == (3, 16)
+
+
+# ---- errors a user can cause -------------------------------------------------------------
+
+def test_error_unbuilt_model_without_spec():
+    model = keras.Sequential([keras.layers.Dense(4)])
+    with pytest.raises(tapas.CaptureError, match="never built.*input_spec"):
+        tapas.capture(model)
+
+
+def test_error_dynamic_batch_dimension_names_it():
+    inp = keras.Input((16,))
+    model = keras.Model(inp, keras.layers.Dense(4)(inp))
+    with pytest.raises(tapas.CaptureError, match=r"dimension 0 .* dynamic.*batch_size"):
+        tapas.capture(model)
+    with pytest.raises(tapas.CaptureError, match=r"dimension 1 .*dynamic"):
+        tapas.capture(model, tf.TensorSpec([4, None]), batch_size=4)
+
+
+def test_error_rank_and_dtype_mismatch():
+    model = mlp()
+    with pytest.raises(tapas.CaptureError, match="rank 2 .* rank 3"):
+        tapas.capture(model, tf.TensorSpec([4, 16, 1]))
+    with pytest.raises(tapas.CaptureError, match="dtype float32 .* int32"):
+        tapas.capture(model, tf.TensorSpec([4, 16], tf.int32))
+    with pytest.raises(tapas.CaptureError, match="must be 16"):
+        tapas.capture(model, tf.TensorSpec([4, 15]))
+    with pytest.raises(tapas.CaptureError, match="1 input.* 2 input spec"):
+        tapas.capture(model, [tf.TensorSpec([4, 16]), tf.TensorSpec([4, 16])])
+
+
+def test_error_not_a_model():
+    with pytest.raises(tapas.CaptureError, match="neither a Keras model.*tf.function"):
+        tapas.capture(lambda x: x, tf.TensorSpec([2]))
+    with pytest.raises(tapas.CaptureError, match="tf.TensorSpec"):
+        tapas.capture(mlp(), np.zeros((4, 16)))
+
+
+def test_error_tf_function_without_spec():
+    with pytest.raises(tapas.CaptureError, match="needs input_spec"):
+        tapas.capture(tf.function(lambda x: x * 2))
