@@ -287,7 +287,8 @@ class _Grouper:
             layer = paths[0].rpartition("/")[0] or paths[0]
             by_layer.setdefault(layer, []).append(i)
         for layer, seeds in by_layer.items():
-            for cluster in self._cluster_seeds(seeds):
+            for cluster in (part for c in self._cluster_seeds(seeds)
+                            for part in self._split_heavy(c)):
                 scope = self._lcp([self.scopes[s] for s in cluster]
                                   + [self.scopes[p] for s in cluster for p in self.producers[s]
                                      if p >= 0 and self.is_wside[p]])
@@ -345,6 +346,33 @@ class _Grouper:
         for s in seeds:
             clusters.setdefault(find(s), []).append(s)
         return [sorted(c) for c in clusters.values()]
+
+    def _split_heavy(self, cluster: list[int]) -> list[list[int]]:
+        """At most one weight-reading matmul/conv per GraphNode: a layer holding several
+        (an FFN's wi and wo, fused q/k/v projections, MoE experts' wi and wo) gives one
+        GraphNode per projection. Other seeds (bias adds, scales) go with the nearest
+        projection upstream of them, else the nearest downstream."""
+        heavy = [s for s in cluster if self.ops[s].type in HEAVY_OPS]
+        if len(heavy) <= 1:
+            return [cluster]
+        parts: dict[int, list[int]] = {h: [h] for h in heavy}
+        rest: list[int] = []
+        reach = {h: self._downstream(h, _MAX_SEED_HOPS) for h in heavy}
+        for s in cluster:
+            if s in parts:
+                continue
+            up = [(reach[h][s], h) for h in heavy if s in reach[h]]
+            if up:
+                parts[min(up)[1]].append(s)
+                continue
+            mine = self._downstream(s, _MAX_SEED_HOPS)
+            down = [(mine[h], h) for h in heavy if h in mine]
+            if down:
+                parts[min(down)[1]].append(s)
+            else:
+                rest.append(s)
+        out = [sorted(p) for p in parts.values()]
+        return out + ([rest] if rest else [])
 
     def _fill_between(self, g: int, cluster: list[int]) -> None:
         """Ops on a short path from one seed of the cluster to another join the group."""
@@ -662,7 +690,7 @@ class _Grouper:
         if types & BATCHNORM_OPS or (weights and types & {"Mean", "Rsqrt", "Sqrt"}):
             return Kind.NORM
         if heavy:
-            if types & SOFTMAX_OPS:
+            if types & SOFTMAX_OPS or self._feeds_softmax(heavy, node_of):
                 return Kind.ATTENTION_SCORE
             for i in heavy:
                 for p in self.data_producers(i):
@@ -680,6 +708,25 @@ class _Grouper:
         if types <= RESHAPE_OPS | {"Identity", "IdentityN", "Cast", "StopGradient"} | SIDE_EFFECT_OPS:
             return Kind.RESHAPE
         return Kind.ELEMENTWISE
+
+    def _feeds_softmax(self, heavy: list[int], node_of: dict[int, int]) -> bool:
+        """A score matmul whose softmax sits in the next GraphNode (behind a bias or mask
+        add from another GraphNode, as in T5's relative position bias)."""
+        for i in heavy:
+            frontier, seen = [i], {i}
+            for _ in range(3):   # a few light ops: add bias, add mask, scale
+                nxt = []
+                for j in frontier:
+                    for c in self.consumers[j]:
+                        if c in seen or not self.live[c]:
+                            continue
+                        if self.ops[c].type in SOFTMAX_OPS:
+                            return True
+                        if self.ops[c].type in LIGHT_OPS:
+                            seen.add(c)
+                            nxt.append(c)
+                frontier = nxt
+        return False
 
     def _batched_over_weight(self, i: int) -> bool:
         """True when a matmul/einsum keeps a weight dimension as a batch dimension: the

@@ -248,11 +248,17 @@ class Graph:
 
     @property
     def weights(self) -> tuple[WeightInfo, ...]:
-        return tuple(w for n in self.nodes for w in n.weights)
+        """Every weight the graph reads, once (a tied weight is listed by each GraphNode
+        that reads it, but once here)."""
+        seen: dict[str, WeightInfo] = {}
+        for n in self.nodes:
+            for w in n.weights:
+                seen.setdefault(w.path, w)
+        return tuple(seen.values())
 
     @property
     def num_params(self) -> int:
-        return sum(n.num_params for n in self.nodes)
+        return sum(w.num_elements for w in self.weights)
 
     def kind_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
