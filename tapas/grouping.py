@@ -410,8 +410,10 @@ class _Grouper:
                 for g in unlocked:
                     if all(self.group[p] == g or p in self.reads[g] for p in prods):
                         cands.add(g)
-        # backward: every consumer in one GraphNode, at most one other GraphNode feeding it
-        if op.type not in SOFTMAX_OPS and op.type not in SIDE_EFFECT_OPS:
+        # backward: every consumer in one GraphNode, at most one other GraphNode feeding it;
+        # never an add of two activation streams (a residual add is a GraphNode of its own)
+        merges_streams = op.type in _ADD_LIKE and len(set(prods)) >= 2
+        if op.type not in SOFTMAX_OPS and op.type not in SIDE_EFFECT_OPS and not merges_streams:
             cons = [c for c in self.consumers[i] if self.live[c]]
             cgroups = {self.group[c] for c in cons}
             if cons and len(cgroups) == 1:

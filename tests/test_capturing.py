@@ -240,3 +240,65 @@ def test_error_not_a_model():
 def test_error_tf_function_without_spec():
     with pytest.raises(tapas.CaptureError, match="needs input_spec"):
         tapas.capture(tf.function(lambda x: x * 2))
+
+
+# ---- the model zoo: identical blocks have identical signatures -----------------------------
+
+def _signatures_by_block(graph, pattern):
+    """Map block id -> sorted (kind, signature) of the GraphNodes named inside that block.
+    (Test-side only: uses the zoo's own layer names to know which block is which.)"""
+    import re
+    blocks = collections.defaultdict(list)
+    for n in graph.nodes:
+        m = re.search(pattern, n.name)
+        if m:
+            blocks[m.groups()].append((n.kind.value, n.signature))
+    return {k: sorted(v) for k, v in blocks.items()}
+
+
+def _zoo_capture(family_module, config, batch=2):
+    model = family_module.build_model(config, fast_init=True)
+    t, g = capture_checked(model, list(family_module.input_spec(config, batch)))
+    assert g.num_params == model.count_params()
+    return g
+
+
+def test_t5_blocks_after_the_first_share_signatures():
+    import dataclasses
+    from tapas import models
+    cfg = dataclasses.replace(models.get("t5-tiny").config, num_layers=4, num_decoder_layers=4)
+    g = _zoo_capture(models.t5, cfg)
+    blocks = _signatures_by_block(g, r"(encoder|decoder)_block_(\d+)")
+    for stack in ("encoder", "decoder"):
+        sigs = [blocks[(stack, str(i))] for i in range(4)]
+        assert sigs[1] == sigs[2] == sigs[3], stack
+        assert sigs[0] != sigs[1], f"{stack} block 0 computes the position bias"
+    assert sum(n.kind == Kind.ATTENTION_SCORE for n in g.nodes) == 4 + 8   # self + cross
+
+
+def test_moe_layers_share_signatures_and_experts_are_expert_einsums():
+    import dataclasses
+    from tapas import models
+    cfg = dataclasses.replace(models.get("moe-tiny").config, num_layers=6)
+    g = _zoo_capture(models.moe, cfg)
+    experts = [n for n in g.nodes if n.kind == Kind.EXPERT_EINSUM]
+    assert len(experts) == 2 * cfg.num_moe_blocks          # wi and wo per MoE layer
+    assert all(n.weights[0].shape[0] == cfg.num_experts for n in experts)
+    blocks = _signatures_by_block(g, r"block_(\d+)")
+    moe_blocks = [blocks[(str(i),)] for i in range(6) if cfg.is_moe_block(i)]
+    dense_blocks = [blocks[(str(i),)] for i in range(6) if not cfg.is_moe_block(i)]
+    assert all(b == moe_blocks[0] for b in moe_blocks[1:])
+    assert all(b == dense_blocks[1] for b in dense_blocks[2:])
+    assert moe_blocks[0] != dense_blocks[1]
+
+
+def test_resnet_bottlenecks_within_a_stage_share_signatures():
+    import dataclasses
+    from tapas import models
+    cfg = dataclasses.replace(models.get("resnet-tiny").config, block_counts=(2, 3, 3, 2))
+    g = _zoo_capture(models.resnet, cfg)
+    blocks = _signatures_by_block(g, r"stage(\d)_block(\d+)")
+    for stage, count in zip("1234", cfg.block_counts):
+        later = [blocks[(stage, str(b))] for b in range(2, count + 1)]
+        assert all(s == later[0] for s in later), f"stage {stage}"
+        assert blocks[(stage, "1")] != later[0], "the first block has the projection shortcut"
