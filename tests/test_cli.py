@@ -1,0 +1,66 @@
+"""Tests for the `tapas` command line: the real console script, in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tapas import cli
+
+
+def run_tapas(*args, check=True):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-m", "tapas.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tapas {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def test_inspect_default_model_prints_report_and_writes_ir(tmp_path):
+    ir_path, report_path = tmp_path / "ir.json", tmp_path / "report.json"
+    out = run_tapas("inspect", f"--graph_out={ir_path}", f"--json_out={report_path}").stdout
+    for line in ("model            t5-tiny", "TF ops", "GraphNodes by kind:", "attention-score",
+                 "capture time", "largest GraphNodes by weight size"):
+        assert line in out
+    from tapas.ir import Graph
+    graph = Graph.loads(ir_path.read_text())
+    report = json.loads(report_path.read_text())
+    assert report["graph_nodes"] == len(graph.nodes)
+    assert report["params"] == graph.num_params == 197_632
+    assert sum(report["kinds"].values()) == len(graph.nodes)
+
+
+def test_models_lists_the_zoo():
+    out = run_tapas("models").stdout
+    assert "t5-large" in out and "moe-1.3b" in out and "resnet152-400k" in out
+
+
+def test_unknown_command_and_model_are_usage_errors():
+    proc = run_tapas("frobnicate", check=False)
+    assert proc.returncode != 0 and "usage: tapas" in proc.stderr
+    proc = run_tapas("inspect", "--model=t5-lage", check=False)
+    assert proc.returncode != 0 and "t5-large" in proc.stderr
+    proc = run_tapas("inspect", "--model=/no/such/model.keras", check=False)
+    assert proc.returncode != 0 and "no such file" in proc.stderr
+
+
+def test_inspect_a_saved_keras_file(tmp_path):
+    import keras
+    inp = keras.Input((6,))
+    model = keras.Model(inp, keras.layers.Dense(3)(keras.layers.Dense(5, activation="relu")(inp)))
+    path = tmp_path / "m.keras"
+    model.save(path)
+    out = run_tapas("inspect", f"--model={path}", "--batch_size=2").stdout
+    assert "dense" in out and "parameters       53" in out
+
+
+def test_report_helpers_format_every_field():
+    import tensorflow as tf, keras, tapas
+    inp = keras.Input((4,), batch_size=2)
+    g = tapas.capture(keras.Model(inp, keras.layers.Dense(2)(inp)))
+    report = cli.inspect_report(g, 0.5, 0.25, 9, top=3)
+    text = cli.format_inspect(report)
+    assert "capture time     0.750 s" in text and "dense" in text
