@@ -4,6 +4,9 @@ The pipeline, one module per stage (paper section 4):
 
 1. capture    ``tapas.capturing`` + ``tapas.grouping``: model -> ``tapas.ir.Graph`` of GraphNodes
 2. mine       ``tapas.mining``: Graph -> FoldedGraph (unique repeated subgraphs)
+3. explore    (not yet) SRC sharding patterns, enumeration, symbolic validation
+4. cost       ``tapas.cost``: Cluster S(m, n), overlap-aware alpha-beta collective costs
+5. reconstruct (not yet) parallel TF program under tf.distribute
 
 The public entry points are re-exported here. TensorFlow is imported only when a stage
 that needs it is first used, so ``import tapas`` and the pure stages stay fast.
@@ -14,7 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tapas import ir
+from tapas import cost, ir
+from tapas.cost import Cluster, Collective, CostBreakdown, CostOptions, collective_cost
 from tapas.ir import Edge, Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
 
 __version__ = "0.1.0"
@@ -28,6 +32,7 @@ _LAZY = {
 }
 
 __all__ = ["ir", "Graph", "GraphNode", "Edge", "Kind", "OpInfo", "TensorInfo", "WeightInfo",
+           "cost", "Cluster", "Collective", "CostBreakdown", "CostOptions", "collective_cost",
            *_LAZY]
 
 
