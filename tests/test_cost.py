@@ -308,3 +308,10 @@ def test_monotone_in_group_size(kind, link, n, w1, w2, latency) -> None:
     opts = CostOptions(latency=latency)
     lo, hi = sorted((w1, w2))
     assert collective_time(kind, n, lo, c, opts) <= collective_time(kind, n, hi, c, opts)
+
+
+def test_module_doctest():
+    import doctest
+    from tapas import cost as cost_module
+    failures, tried = doctest.testmod(cost_module)
+    assert tried > 0 and failures == 0
