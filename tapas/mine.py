@@ -51,6 +51,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import sys
@@ -87,6 +88,13 @@ __all__ = [
 DEFAULT_MIN_SIZE = 3
 
 _FORMAT = "tapas.mine.FoldedGraph/1"
+
+# At most this many embeddings of one subgraph may share a GraphNode. Embeddings that
+# share a node count once at most (occurrences may not overlap), so more of them add
+# nothing to any support; without the cap a hub (T5's encoder output feeds the
+# cross-attention of every decoder layer) makes the embeddings of "norm -> 3 denses"
+# grow as C(48, 3).
+_MAX_SHARED = 16
 
 
 # =========================================================================================
@@ -381,7 +389,7 @@ class FoldedGraph:
 
 def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_MIN_SIZE, *,
          max_rounds: int | None = None, match_ports: bool = True, closure: bool = True,
-         tiling_guard: bool = True,
+         tiling_guard: bool = True, split_layers: bool = True,
          progress: Callable[[LevelStats], None] | None = None) -> FoldedGraph:
     """Fold ``graph`` into its unique repeated subgraphs (Algorithm 1, then selection).
 
@@ -401,6 +409,8 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
       closure: grow a subgraph whose embeddings all extend the same way (without losing
         support) only that way. False: exhaustive Apriori (exponential; small graphs only).
       tiling_guard: never grow a subgraph into a disjoint occurrence of itself.
+      split_layers: cut a chosen template that spans two layers starting alike (a dense
+        and a MoE layer) into one template per layer (see ``_layer_parts``).
       progress: called with each level's :class:`LevelStats` as soon as it is done.
 
     Returns:
@@ -420,7 +430,8 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
     index = _Index(graph, match_ports)
     layers = detect_layers(graph)
     active = [graph.nodes[v].kind != Kind.INPUT for v in range(n)]
-    chosen: list[tuple[_Pattern, list[tuple[int, ...]], int, int, int]] = []
+    # (labels, instances, min_support, round, support) per template
+    chosen: list[tuple[tuple[int, ...], list[tuple[int, ...]], int, int, int]] = []
     levels: list[LevelStats] = []
     rounds: list[RoundStats] = []
     first_support = min_support if min_support is not None else max(layers, 1)
@@ -449,7 +460,13 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
         picked = _select(index, frequent, support, min_size, active)
         covered = 0
         for pat, insts in picked:
-            chosen.append((pat, insts, support, r, _count_nonoverlapping(pat.embs)))
+            parts = (_layer_parts(graph, index, pat, insts, min_size) if split_layers
+                     else [list(range(pat.size))])
+            for part in parts:
+                sub = [tuple(e[p] for p in part) for e in insts]
+                total = (_count_nonoverlapping(pat.embs) if len(parts) == 1 else
+                         _count_nonoverlapping([tuple(e[p] for p in part) for e in pat.embs]))
+                chosen.append((tuple(pat.labels[p] for p in part), sub, support, r, total))
             for inst in insts:
                 for v in inst:
                     active[v] = False
@@ -463,8 +480,9 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
                      len(nodes), len(frequent), len(picked), covered, rounds[-1].seconds)
         if not picked:
             break
-    templates = tuple(_make_template(i, graph, index, pat, insts, support, rnd, sup)
-                      for i, (pat, insts, support, rnd, sup) in enumerate(chosen))
+    chosen = _merge_isomorphic(index, chosen)
+    templates = tuple(_make_template(i, graph, index, labels, insts, support, rnd, sup)
+                      for i, (labels, insts, support, rnd, sup) in enumerate(chosen))
     in_template = {v for t in templates for inst in t.instances for v in inst}
     uncovered = tuple(v for v in range(n) if v not in in_template)
     edges = tuple(sorted({(e.src, e.dst) for e in graph.edges if e.src != e.dst}))
@@ -502,9 +520,11 @@ def detect_layers(graph: Graph, nodes: Sequence[int] | None = None) -> int:
     Take the signatures of the weight-bearing GraphNodes (those with weights; if fewer
     than two, all non-input GraphNodes) in topological order -- a sequence like
     ``emb [norm q k v o norm wi wo] [norm q k v o norm wi wo] ... final_norm``. The number
-    of layers is the largest number of back-to-back repetitions of any unit in that
-    sequence (a tandem repeat): ``r`` such that ``seq[i : i + r*p]`` is ``r`` copies of
-    ``seq[i : i + p]``, maximised over ``i`` and the period ``p``. A stack of L identical
+    of layers is the number of back-to-back repetitions ``r`` of the tandem repeat that
+    spans the most of that sequence: ``seq[i : i + r*p]`` is ``r`` copies of
+    ``seq[i : i + p]``, and ``r * p`` is maximal over ``i`` and the period ``p`` (ties: more
+    repetitions, i.e. the shortest unit). So the q, k, v projections of one attention, equal
+    but only 3 long, do not count as layers; the 24 layers of a stack do. A stack of L identical
     layers gives L (L-1 if the first or last layer differs, e.g. T5's first layer computes
     the position bias); ResNet gives the longest stage (35 identity blocks in ResNet-152);
     a model alternating two layer types (GShard MoE) gives the number of pairs.
@@ -525,19 +545,19 @@ def detect_layers(graph: Graph, nodes: Sequence[int] | None = None) -> int:
     codes: dict[str, int] = {}
     a = np.array([codes.setdefault(s, len(codes)) for s in seq], dtype=np.int64)
     w = len(a)
-    best = 1
+    best = (0, 1)          # (span = repetitions x period, repetitions)
     for p in range(1, w // 2 + 1):
-        if w // p <= best:
-            break
         eq = a[:-p] == a[p:]
         if not eq.any():
             continue
-        # longest run of True in eq
+        # longest run of True in eq: seq[i:i+run+p] is periodic with period p
         padded = np.concatenate(([0], eq.view(np.int8), [0]))
         d = np.diff(padded)
-        starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
-        run = int((ends - starts).max())
-        best = max(best, run // p + 1)
+        run = int((np.flatnonzero(d == -1) - np.flatnonzero(d == 1)).max())
+        reps = run // p + 1
+        if reps >= 2:
+            best = max(best, (reps * p, reps))
+    best = best[1]
     return max(best, 2)
 
 
@@ -569,16 +589,19 @@ class _Index:
         out_pos = [{t.name: i for i, t in enumerate(nd.outputs)} for nd in graph.nodes]
         in_pos = [{t.name: i for i, t in enumerate(nd.inputs)} for nd in graph.nodes]
         fwd: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
+        real: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
         self.in_tensors: list[set[tuple[int, str]]] = [set() for _ in range(n)]
         self.out_tensors: list[set[tuple[int, str]]] = [set() for _ in range(n)]
         for e in graph.edges:
             if e.src == e.dst:
                 continue
-            port = ((out_pos[e.src].get(e.tensor.name, -1), in_pos[e.dst].get(e.tensor.name, -1))
-                    if match_ports else (0, 0))
-            fwd[(e.src, e.dst)].add(port)
+            port = (out_pos[e.src].get(e.tensor.name, -1), in_pos[e.dst].get(e.tensor.name, -1))
+            real[(e.src, e.dst)].add(port)
+            fwd[(e.src, e.dst)].add(port if match_ports else (0, 0))
             self.in_tensors[e.dst].add((e.src, e.tensor.name))
             self.out_tensors[e.src].add((e.dst, e.tensor.name))
+        # (src, dst) -> the (output index, input index) pairs of the tensors src -> dst
+        self.ports = {sd: tuple(sorted(p)) for sd, p in real.items()}
         self.codes: list[tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]] = []
         code_ids: dict[Any, int] = {}
         self.rev: list[int] = []
@@ -606,16 +629,6 @@ class _Index:
         """(src_pos, dst_pos) of the pattern edge (a, b, code c seen from a)."""
         f, _ = self.codes[c]
         return (a, b) if f else (b, a)
-
-    def edge_ports(self, a: int, b: int, c: int) -> list[tuple[int, int, tuple]]:
-        """Directed (src_pos, dst_pos, ports) for the pattern edge (a, b, c)."""
-        f, bk = self.codes[c]
-        out = []
-        if f:
-            out.append((a, b, f))
-        if bk:
-            out.append((b, a, bk))
-        return out
 
 
 # =========================================================================================
@@ -651,6 +664,23 @@ def _count_nonoverlapping(embs: Sequence[tuple[int, ...]],
             used.update(e)
             c += 1
     return c
+
+
+def _cap_shared(items: list[Any], key: Callable[[Any], tuple[int, ...]] | None = None
+                ) -> list[Any]:
+    """Keep, in order, the embeddings that leave no GraphNode in more than _MAX_SHARED."""
+    if len(items) <= _MAX_SHARED:
+        return items
+    embs = items if key is None else [key(x) for x in items]
+    if max(Counter(itertools.chain.from_iterable(embs)).values()) <= _MAX_SHARED:
+        return items
+    shared: Counter[int] = Counter()
+    out = []
+    for x, e in zip(items, embs):
+        if all(shared[v] < _MAX_SHARED for v in e):
+            shared.update(e)
+            out.append(x)
+    return out
 
 
 def _pick_nonoverlapping(embs: Sequence[tuple[int, ...]],
@@ -797,12 +827,16 @@ class _Registry:
 
     def _merge(self, old: _Pattern, embs: list[tuple[int, ...]]) -> None:
         seen = {tuple(sorted(e)) for e in old.embs}
+        added = False
         for e in embs:
             s = tuple(sorted(e))
             if s not in seen:
                 seen.add(s)
                 old.embs.append(e)
-                self.merged.add(id(old))
+                added = True
+        if added:
+            old.embs = _cap_shared(old.embs)
+            self.merged.add(id(old))
 
 
 # =========================================================================================
@@ -917,17 +951,17 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
         if len(members) < support:
             continue
         counted += 1
-        children: dict[tuple[int, ...], tuple[int, ...]] = {}
-        parents = set()
+        children: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}
         for i, u in members:
             e = embs[i] + (u,)
             s = tuple(sorted(e))
             if s not in children:
-                children[s] = e
-            parents.add(i)
-        if len(children) < support:
+                children[s] = (e, i)
+        kept = _cap_shared(list(children.values()), key=lambda x: x[0])
+        parents = {i for _, i in kept}
+        if len(kept) < support:
             continue
-        ch = list(children.values())
+        ch = [e for e, _ in kept]
         cnt = _count_nonoverlapping(ch)
         if cnt >= support:
             scored.append((desc, ch, len(parents), cnt))
@@ -966,46 +1000,196 @@ def _boundary(index: _Index, emb: tuple[int, ...]) -> int:
 
 def _select(index: _Index, frequent: list[_Pattern], support: int, min_size: int,
             active: list[bool]) -> list[tuple[_Pattern, list[tuple[int, ...]]]]:
-    """Pick templates: largest first, then the cleanest cut (fewest boundary tensors), then
-    the most occurrences; each takes the non-overlapping embeddings still free and is kept
-    if it gets at least ``support`` of them."""
+    """Choose templates among the frequent subgraphs with at least ``min_size`` GraphNodes.
+
+    This is a set-packing problem (instances may not overlap). Greedy: go through the
+    subgraphs in a priority order; each takes the non-overlapping embeddings still free
+    and becomes a template if it gets at least ``support`` of them. Greedy is run with
+    two orders and the packing that covers the most GraphNodes wins (ties: fewer
+    templates, then the first order):
+
+    1. largest first (then fewest boundary tensors, most occurrences) -- the default
+       preference: block-sized templates rather than many small ones;
+    2. cleanest cut first (fewest boundary tensors per GraphNode, then largest) -- saves
+       small graphs where a large subgraph that straddles layers occurs twice by chance.
+    """
     eligible = [p for p in frequent if p.size >= min_size]
-    keyed = []
+    if not eligible:
+        return []
+    info = []
     for p in eligible:
         first = min(p.embs, key=min)
-        keyed.append(((-p.size, _boundary(index, first), -p.count, min(first)), p))
-    keyed.sort(key=lambda kp: kp[0])
-    blocked = {v for v in range(index.n) if not active[v]}
-    picked = []
-    for _, p in keyed:
-        if all(not blocked.isdisjoint(e) for e in p.embs):
-            continue
-        insts = _pick_nonoverlapping(p.embs, blocked)
-        if len(insts) >= support:
-            picked.append((p, insts))
-            for e in insts:
-                blocked.update(e)
-    return picked
+        info.append((p, _boundary(index, first), min(first)))
+    orders = [
+        sorted(info, key=lambda x: (-x[0].size, x[1], -x[0].count, x[2])),
+        sorted(info, key=lambda x: (x[1] / x[0].size, -x[0].size, -x[0].count, x[2])),
+    ]
+    blocked0 = {v for v in range(index.n) if not active[v]}
+    best: tuple[tuple[int, int, int], list] | None = None
+    for rank, order in enumerate(orders):
+        blocked = set(blocked0)
+        picked = []
+        covered = 0
+        for p, _, _ in order:
+            if all(not blocked.isdisjoint(e) for e in p.embs):
+                continue
+            insts = _pick_nonoverlapping(p.embs, blocked)
+            if len(insts) >= support:
+                picked.append((p, insts))
+                for e in insts:
+                    blocked.update(e)
+                covered += p.size * len(insts)
+        score = (-covered, len(picked), rank)
+        if best is None or score < best[0]:
+            best = (score, picked)
+    assert best is not None
+    return best[1]
 
 
-def _make_template(tid: int, graph: Graph, index: _Index, pat: _Pattern,
+def _layer_parts(graph: Graph, index: _Index, pat: _Pattern, insts: list[tuple[int, ...]],
+                 min_size: int) -> list[list[int]]:
+    """Split a template that spans two layers starting alike (layer splitting).
+
+    Number the positions in the topological order of the first instance. If the induced
+    subgraph grown from the first position re-occurs, disjointly, from a later position b
+    of the same template (a greedy rooted match, checked edge by edge) and that repeated
+    head is substantial -- at least max(3, min_size) GraphNodes, two of them with weights
+    when the graph has weights -- the template is two layers that start the same way
+    (e.g. a dense layer and a MoE layer, both opening with self-attention): cut it before
+    b, if both parts stay connected and hold at least ``min_size`` GraphNodes, and split the
+    parts again. Returns lists of pattern positions, one per part (topological order).
+    """
+    first = insts[0]
+    order = sorted(range(pat.size), key=lambda p: first[p])
+    topo = {p: i for i, p in enumerate(order)}
+    nb: list[dict[int, int]] = [{} for _ in range(pat.size)]   # code seen from the key
+    for a, b, c in pat.edges:
+        nb[a][b] = c
+        nb[b][a] = index.rev[c]
+    weighted = [bool(graph.nodes[first[p]].weights) for p in range(pat.size)]
+    any_weights = any(weighted)
+    need = max(3, min_size)
+
+    def head(a: int, b: int, allowed: set[int]) -> dict[int, int]:
+        m, dom, img = {a: b}, {a}, {b}
+        queue = [(a, b)]
+        while queue:
+            x, y = queue.pop(0)
+            for x2 in sorted(nb[x], key=topo.__getitem__):
+                if x2 not in allowed or x2 in dom or x2 in img:
+                    continue
+                for y2 in sorted(nb[y], key=topo.__getitem__):
+                    if (y2 not in allowed or y2 in dom or y2 in img or y2 == x2
+                            or nb[y][y2] != nb[x][x2] or pat.labels[y2] != pat.labels[x2]):
+                        continue
+                    if all(nb[x2].get(xx) == nb[y2].get(m[xx]) for xx in dom):
+                        m[x2] = y2
+                        dom.add(x2)
+                        img.add(y2)
+                        queue.append((x2, y2))
+                        break
+        return m
+
+    def connected(part: list[int]) -> bool:
+        inside = set(part)
+        seen, stack = {part[0]}, [part[0]]
+        while stack:
+            x = stack.pop()
+            for y in nb[x]:
+                if y in inside and y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        return len(seen) == len(inside)
+
+    def split(part: list[int]) -> list[list[int]]:
+        if len(part) < 2 * min_size:
+            return [part]
+        allowed = set(part)
+        a = part[0]
+        best: tuple[int, int] | None = None
+        for b in part[1:]:
+            if pat.labels[b] != pat.labels[a]:
+                continue
+            m = head(a, b, allowed)
+            if len(m) < need or (any_weights and sum(weighted[x] for x in m) < 2):
+                continue
+            if best is None or len(m) > best[0]:
+                best = (len(m), b)
+        if best is None:
+            return [part]
+        cut = topo[best[1]]
+        left = [p for p in part if topo[p] < cut]
+        right = [p for p in part if topo[p] >= cut]
+        if (len(left) < min_size or len(right) < min_size or not connected(left)
+                or not connected(right)):
+            return [part]
+        return split(left) + split(right)
+
+    return split(order)
+
+
+def _merge_isomorphic(index: _Index, chosen: list[tuple[tuple[int, ...], list[tuple[int, ...]],
+                                                        int, int, int]]
+                      ) -> list[tuple[tuple[int, ...], list[tuple[int, ...]], int, int, int]]:
+    """One template per isomorphism class: layer splitting can cut a template into
+    identical parts, and a later round can find a subgraph an earlier one chose."""
+    out: list[tuple[tuple[int, ...], list[tuple[int, ...]], int, int, int]] = []
+    exact: dict[Any, int] = {}
+    fuzzy: dict[Any, list[tuple[int, _Pattern]]] = defaultdict(list)
+    for labels, insts, support, rnd, total in chosen:
+        first = insts[0]
+        where = {v: i for i, v in enumerate(first)}
+        edges = [(where[v], where[u], c) for v in first for u, c in index.adj[v].items()
+                 if u in where and where[v] < where[u]]
+        key, order, discrete, colors = _canonical(labels, edges, index.rev)
+        inv = [0] * len(order)
+        for i, p in enumerate(order):
+            inv[p] = i
+        can_labels = tuple(labels[p] for p in order)
+        can_insts = [tuple(e[p] for p in order) for e in insts]
+        target = exact.get(key) if discrete else None
+        if not discrete:
+            can_edges = []
+            for a, b, c in edges:
+                x, y = inv[a], inv[b]
+                can_edges.append((x, y, c) if x < y else (y, x, index.rev[c]))
+            pat = _Pattern(can_labels, tuple(sorted(can_edges)), [], 0, colors, key)
+            for j, other in fuzzy[key]:
+                f = _find_isomorphism(pat, other, index.rev)
+                if f is not None:
+                    moved = []
+                    for e in can_insts:
+                        t = [0] * len(f)
+                        for p, q in enumerate(f):
+                            t[q] = e[p]
+                        moved.append(tuple(t))
+                    can_insts, target = moved, j
+                    break
+            else:
+                fuzzy[key].append((len(out), pat))
+        if target is None:
+            if discrete:
+                exact[key] = len(out)
+            out.append((can_labels, can_insts, support, rnd, total))
+        else:
+            lab0, insts0, sup0, rnd0, total0 = out[target]
+            out[target] = (lab0, insts0 + can_insts, sup0, rnd0, max(total0, total))
+    return out
+
+
+def _make_template(tid: int, graph: Graph, index: _Index, labels: Sequence[int],
                    insts: list[tuple[int, ...]], support: int, round_no: int,
                    total: int) -> Template:
     insts = sorted(insts, key=min)
     # number positions in the topological order of the first instance
-    perm = sorted(range(pat.size), key=lambda p: insts[0][p])
-    inv = [0] * pat.size
-    for i, p in enumerate(perm):
-        inv[p] = i
+    perm = sorted(range(len(labels)), key=lambda p: insts[0][p])
     instances = tuple(tuple(e[p] for p in perm) for e in insts)
-    edges = []
-    for a, b, c in pat.edges:
-        for s, d, ports in index.edge_ports(inv[a], inv[b], c):
-            edges.append((s, d, tuple(ports)))
-    edges.sort()
     first = instances[0]
+    where = {v: i for i, v in enumerate(first)}
+    edges = sorted((where[v], where[u], index.ports[(v, u)]) for v in first for u in index.adj[v]
+                   if u in where and (v, u) in index.ports)
     return Template(id=tid, name=_common_scope([graph.nodes[v].name for v in first]),
-                    signatures=tuple(index.sigs[pat.labels[p]] for p in perm),
+                    signatures=tuple(index.sigs[labels[p]] for p in perm),
                     kinds=tuple(graph.nodes[v].kind.value for v in first),
                     edges=tuple(edges), instances=instances, support=total,
                     round=round_no, min_support=support)
