@@ -96,6 +96,9 @@ _FORMAT = "tapas.mine.FoldedGraph/1"
 # grow as C(48, 3).
 _MAX_SHARED = 16
 
+# Progress is logged at INFO (absl) once mining has run this long, at DEBUG before.
+_LOG_SECONDS = 5.0
+
 
 # =========================================================================================
 # Public results
@@ -452,9 +455,11 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
                                      tiling_guard=tiling_guard, round_no=r):
             levels.append(stats)
             frequent.extend(level)
-            logging.debug("mine %s round %d level %d: %d candidates, %d frequent, %.3f s",
-                          graph.name, r, stats.level, stats.candidates, stats.frequent,
-                          stats.seconds)
+            logging.log(logging.INFO if time.perf_counter() - start > _LOG_SECONDS
+                        else logging.DEBUG,
+                        "mine %s round %d level %d: %d candidates, %d frequent, %.3f s",
+                        graph.name, r, stats.level, stats.candidates, stats.frequent,
+                        stats.seconds)
             if progress is not None:
                 progress(stats)
         picked = _select(index, frequent, support, min_size, active)
@@ -475,9 +480,10 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
                                  nodes=len(nodes), frequent=len(frequent),
                                  templates=len(picked), covered=covered,
                                  seconds=time.perf_counter() - t0))
-        logging.info("mine %s round %d: min_support %d, %d nodes, %d frequent subgraphs, "
-                     "%d templates covering %d nodes, %.3f s", graph.name, r, support,
-                     len(nodes), len(frequent), len(picked), covered, rounds[-1].seconds)
+        logging.log(logging.INFO if rounds[-1].seconds > _LOG_SECONDS else logging.DEBUG,
+                    "mine %s round %d: min_support %d, %d nodes, %d frequent subgraphs, "
+                    "%d templates covering %d nodes, %.3f s", graph.name, r, support,
+                    len(nodes), len(frequent), len(picked), covered, rounds[-1].seconds)
         if not picked:
             break
     chosen = _merge_isomorphic(index, chosen)
@@ -918,18 +924,18 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
         defaultdict(list)
     labels = pat.labels
     for i, e in enumerate(embs):
+        eset = set(e)
         conn: dict[int, list[tuple[int, int]]] = {}
         for pos, v in enumerate(e):
             for u, c in adj[v]:
+                if u in eset:
+                    continue
                 lst = conn.get(u)
                 if lst is None:
                     conn[u] = [(pos, c)]
                 else:
                     lst.append((pos, c))
-        eset = None
         for u, lst in conn.items():
-            if u in e:
-                continue
             lu = lab[u]
             ok = True
             for pos, c in lst:
@@ -939,8 +945,6 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
             if not ok:
                 continue
             if owner is not None and u in owner:
-                if eset is None:
-                    eset = set(e)
                 if any(j != i and eset.isdisjoint(embs[j]) for j in owner[u]):
                     continue  # u belongs to another, disjoint occurrence of this pattern
             groups[(lu, tuple(lst))].append((i, u))
