@@ -464,6 +464,7 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
                 progress(stats)
         picked = _select(index, frequent, support, min_size, active)
         covered = 0
+        before = len(chosen)
         for pat, insts in picked:
             parts = (_layer_parts(graph, index, pat, insts, min_size) if split_layers
                      else [list(range(pat.size))])
@@ -478,12 +479,13 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
                 covered += len(inst)
         rounds.append(RoundStats(round=r, min_support=support, min_support_source=source,
                                  nodes=len(nodes), frequent=len(frequent),
-                                 templates=len(picked), covered=covered,
+                                 templates=len(chosen) - before, covered=covered,
                                  seconds=time.perf_counter() - t0))
         logging.log(logging.INFO if rounds[-1].seconds > _LOG_SECONDS else logging.DEBUG,
                     "mine %s round %d: min_support %d, %d nodes, %d frequent subgraphs, "
                     "%d templates covering %d nodes, %.3f s", graph.name, r, support,
-                    len(nodes), len(frequent), len(picked), covered, rounds[-1].seconds)
+                    len(nodes), len(frequent), rounds[-1].templates, covered,
+                    rounds[-1].seconds)
         if not picked:
             break
     chosen = _merge_isomorphic(index, chosen)
@@ -644,15 +646,22 @@ class _Index:
 class _Pattern:
     """A connected labelled subgraph: labels per position, edges ``(a, b, code)`` with
     a < b and the code seen from a, and its embeddings (tuples of GraphNode ids, one per
-    position, distinct node sets). ``count``: non-overlapping embeddings."""
+    position, distinct node sets). ``count``: non-overlapping embeddings.
 
-    __slots__ = ("labels", "edges", "embs", "count", "colors", "key")
+    ``fronts[i]`` is the frontier of embedding i, kept up to date as embeddings grow so
+    that growing costs O(frontier) rather than O(size x degree): for each GraphNode u
+    adjacent to the embedding and outside it, the ``(inside node, code seen from it)``
+    pairs that connect them."""
+
+    __slots__ = ("labels", "edges", "embs", "fronts", "count", "colors", "key")
 
     def __init__(self, labels: tuple[int, ...], edges: tuple[tuple[int, int, int], ...],
                  embs: list[tuple[int, ...]], count: int, colors: tuple[int, ...] = (),
-                 key: Any = None) -> None:
+                 key: Any = None, fronts: list[dict[int, tuple[tuple[int, int], ...]]] | None = None
+                 ) -> None:
         self.labels, self.edges, self.embs, self.count = labels, edges, embs, count
         self.colors, self.key = colors, key
+        self.fronts = fronts if fronts is not None else []
 
     @property
     def size(self) -> int:
@@ -678,13 +687,19 @@ def _cap_shared(items: list[Any], key: Callable[[Any], tuple[int, ...]] | None =
     if len(items) <= _MAX_SHARED:
         return items
     embs = items if key is None else [key(x) for x in items]
-    if max(Counter(itertools.chain.from_iterable(embs)).values()) <= _MAX_SHARED:
+    counts = Counter(itertools.chain.from_iterable(embs))
+    if max(counts.values()) <= _MAX_SHARED:
         return items
+    hot = {v for v, n in counts.items() if n > _MAX_SHARED}
     shared: Counter[int] = Counter()
     out = []
     for x, e in zip(items, embs):
-        if all(shared[v] < _MAX_SHARED for v in e):
-            shared.update(e)
+        if hot.isdisjoint(e):
+            out.append(x)
+            continue
+        mine_hot = [v for v in e if v in hot]
+        if all(shared[v] < _MAX_SHARED for v in mine_hot):
+            shared.update(mine_hot)
             out.append(x)
     return out
 
@@ -797,7 +812,8 @@ class _Registry:
         self.merged: set[int] = set()    # ids of patterns that received embeddings twice
 
     def add(self, labels: tuple[int, ...], edges: tuple[tuple[int, int, int], ...],
-            embs: list[tuple[int, ...]], count: int) -> None:
+            embs: list[tuple[int, ...]], count: int,
+            fronts: list[dict[int, tuple[tuple[int, int], ...]]]) -> None:
         key, order, discrete, colors = _canonical(labels, edges, self.rev)
         inv = [0] * len(order)
         for i, p in enumerate(order):
@@ -808,14 +824,14 @@ class _Registry:
             new_edges.append((x, y, c) if x < y else (y, x, self.rev[c]))
         new_embs = [tuple(e[p] for p in order) for e in embs]
         cand = _Pattern(tuple(labels[p] for p in order), tuple(sorted(new_edges)), new_embs,
-                        count, colors, key)
+                        count, colors, key, fronts)
         if discrete:
             old = self.exact.get(key)
             if old is None:
                 self.exact[key] = cand
                 self.members.append(cand)
             else:
-                self._merge(old, new_embs)
+                self._merge(old, new_embs, fronts)
             return
         for old in self.fuzzy[key]:
             f = _find_isomorphism(cand, old, self.rev)
@@ -826,22 +842,26 @@ class _Registry:
                     for p, q in enumerate(f):
                         t[q] = e[p]
                     moved.append(tuple(t))
-                self._merge(old, moved)
+                self._merge(old, moved, fronts)
                 return
         self.fuzzy[key].append(cand)
         self.members.append(cand)
 
-    def _merge(self, old: _Pattern, embs: list[tuple[int, ...]]) -> None:
+    def _merge(self, old: _Pattern, embs: list[tuple[int, ...]],
+               fronts: list[dict[int, tuple[tuple[int, int], ...]]]) -> None:
         seen = {tuple(sorted(e)) for e in old.embs}
         added = False
-        for e in embs:
+        for e, f in zip(embs, fronts):
             s = tuple(sorted(e))
             if s not in seen:
                 seen.add(s)
                 old.embs.append(e)
+                old.fronts.append(f)
                 added = True
         if added:
-            old.embs = _cap_shared(old.embs)
+            pairs = _cap_shared(list(zip(old.embs, old.fronts)), key=lambda x: x[0])
+            old.embs = [e for e, _ in pairs]
+            old.fronts = [f for _, f in pairs]
             self.merged.add(id(old))
 
 
@@ -864,9 +884,11 @@ def _apriori(index: _Index, nodes: list[int], support: int, *, closure: bool,
     by_label: dict[int, list[int]] = defaultdict(list)
     for v in nodes:
         by_label[lab[v]].append(v)
-    level = [_Pattern((l,), (), [(v,) for v in vs], len(vs), (l,), ((l,), ()))
+    freq_label = {l for l, vs in by_label.items() if len(vs) >= support}
+    adjf = [[(u, c) for u, c in adj[v].items() if lab[u] in freq_label] for v in range(index.n)]
+    level = [_Pattern((l,), (), [(v,) for v in vs], len(vs), (l,), ((l,), ()),
+                      [{u: ((v, c),) for u, c in adjf[v]} for v in vs])
              for l, vs in sorted(by_label.items()) if len(vs) >= support]
-    freq_label = {p.labels[0] for p in level}
 
     # Apriori on edges: an edge type (label, code, label) occurring fewer than `support`
     # times without overlap cannot be part of a frequent subgraph.
@@ -885,7 +907,6 @@ def _apriori(index: _Index, nodes: list[int], support: int, *, closure: bool,
     yield (LevelStats(round_no, 1, len(by_label), len(level),
                       sum(len(p.embs) for p in level), time.perf_counter() - t0), level)
 
-    adjf = [[(u, c) for u, c in adj[v].items() if lab[u] in freq_label] for v in range(index.n)]
     k = 1
     while level and k < len(nodes):
         k += 1
@@ -923,20 +944,17 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
     groups: dict[tuple[int, tuple[tuple[int, int], ...]], list[tuple[int, int]]] = \
         defaultdict(list)
     labels = pat.labels
+    fronts = pat.fronts
     for i, e in enumerate(embs):
-        eset = set(e)
-        conn: dict[int, list[tuple[int, int]]] = {}
-        for pos, v in enumerate(e):
-            for u, c in adj[v]:
-                if u in eset:
-                    continue
-                lst = conn.get(u)
-                if lst is None:
-                    conn[u] = [(pos, c)]
-                else:
-                    lst.append((pos, c))
-        for u, lst in conn.items():
+        pos_of = dict(zip(e, range(k)))
+        eset = None
+        for u, conns in fronts[i].items():
             lu = lab[u]
+            if len(conns) == 1:
+                v, c = conns[0]
+                lst: tuple[tuple[int, int], ...] = ((pos_of[v], c),)
+            else:
+                lst = tuple(sorted([(pos_of[v], c) for v, c in conns]))
             ok = True
             for pos, c in lst:
                 if (labels[pos], c, lu) not in edge_ok:
@@ -945,9 +963,11 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
             if not ok:
                 continue
             if owner is not None and u in owner:
+                if eset is None:
+                    eset = set(e)
                 if any(j != i and eset.isdisjoint(embs[j]) for j in owner[u]):
                     continue  # u belongs to another, disjoint occurrence of this pattern
-            groups[(lu, tuple(lst))].append((i, u))
+            groups[(lu, lst)].append((i, u))
 
     counted = 0
     scored = []
@@ -955,20 +975,20 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
         if len(members) < support:
             continue
         counted += 1
-        children: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}
+        children: dict[tuple[int, ...], tuple[tuple[int, ...], int, int]] = {}
         for i, u in members:
             e = embs[i] + (u,)
             s = tuple(sorted(e))
             if s not in children:
-                children[s] = (e, i)
+                children[s] = (e, i, u)
         kept = _cap_shared(list(children.values()), key=lambda x: x[0])
-        parents = {i for _, i in kept}
+        parents = {i for _, i, _ in kept}
         if len(kept) < support:
             continue
-        ch = [e for e, _ in kept]
+        ch = [e for e, _, _ in kept]
         cnt = _count_nonoverlapping(ch)
         if cnt >= support:
-            scored.append((desc, ch, len(parents), cnt))
+            scored.append((desc, kept, len(parents), cnt))
     if closure:
         # Absorbing extensions keep every embedding and the support: the subgraph is not
         # maximal, and the maximal ones containing it contain them too. Grow only one (the
@@ -976,11 +996,23 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
         absorbing = [x for x in scored if x[2] == len(embs) and x[3] >= pat.count]
         if absorbing:
             scored = [min(absorbing, key=lambda x: x[0])]
-    for desc, ch, _, cnt in scored:
+    for desc, kept, _, cnt in scored:
         lu, conns = desc
         labels = pat.labels + (lu,)
         edges = pat.edges + tuple((pos, k, c) for pos, c in conns)
-        reg.add(labels, edges, ch, cnt)
+        ch = []
+        ch_fronts = []
+        for e, i, u in kept:
+            front = dict(fronts[i])
+            del front[u]
+            for w, c in adj[u]:
+                if w in front:
+                    front[w] = front[w] + ((u, c),)
+                elif w not in e:
+                    front[w] = ((u, c),)
+            ch.append(e)
+            ch_fronts.append(front)
+        reg.add(labels, edges, ch, cnt, ch_fronts)
     return counted
 
 
@@ -1057,7 +1089,7 @@ def _layer_parts(graph: Graph, index: _Index, pat: _Pattern, insts: list[tuple[i
     Number the positions in the topological order of the first instance. If the induced
     subgraph grown from the first position re-occurs, disjointly, from a later position b
     of the same template (a greedy rooted match, checked edge by edge) and that repeated
-    head is substantial -- at least max(3, min_size) GraphNodes, two of them with weights
+    head is substantial -- at least 3 GraphNodes, two of them with weights
     when the graph has weights -- the template is two layers that start the same way
     (e.g. a dense layer and a MoE layer, both opening with self-attention): cut it before
     b, if both parts stay connected and hold at least ``min_size`` GraphNodes, and split the
@@ -1072,7 +1104,7 @@ def _layer_parts(graph: Graph, index: _Index, pat: _Pattern, insts: list[tuple[i
         nb[b][a] = index.rev[c]
     weighted = [bool(graph.nodes[first[p]].weights) for p in range(pat.size)]
     any_weights = any(weighted)
-    need = max(3, min_size)
+    need = 3
 
     def head(a: int, b: int, allowed: set[int]) -> dict[int, int]:
         m, dom, img = {a: b}, {a}, {b}
@@ -1200,6 +1232,8 @@ def _make_template(tid: int, graph: Graph, index: _Index, labels: Sequence[int],
 
 
 def _common_scope(names: Sequence[str]) -> str:
+    """The name scope the GraphNodes share; when that is only the model's (an instance
+    that straddles two layers), the scope one level deeper that most of them share."""
     parts = [n.split("/") for n in names]
     if not parts:
         return ""
@@ -1209,6 +1243,12 @@ def _common_scope(names: Sequence[str]) -> str:
             out.append(seg[0])
         else:
             break
+    if len(out) <= 1:
+        deeper = Counter("/".join(p[:len(out) + 1]) for p in parts if len(p) > len(out) + 1)
+        if deeper:
+            scope, n = deeper.most_common(1)[0]
+            if n * 2 > len(parts):
+                return f"{scope} (mostly)"
     return "/".join(out)
 
 
@@ -1217,16 +1257,16 @@ def _common_scope(names: Sequence[str]) -> str:
 # =========================================================================================
 
 def draw_folded(folded: FoldedGraph, graph: Graph | None, path: str, *,
-                title: str | None = None, max_columns: int | None = None) -> str:
-    """Draw the folded graph to a PNG at ``path``: one disc per template instance (coloured
-    by template, labelled ``T<id>``) and per uncovered GraphNode (grey), laid out in
-    topological order, row by row. ``graph`` (optional) must be the graph that was
-    folded; it only supplies names for the title. Returns ``path``.
+                title: str | None = None) -> str:
+    """Draw the folded graph to a PNG at ``path`` (swimlanes): one disc per template
+    instance, on the lane of its template (coloured, labelled ``T<id>``), and one small grey
+    disc per uncovered GraphNode on the bottom lane; x is the topological order (smallest
+    GraphNode id) of each, lines are the tensors between them. ``graph`` (optional) must be
+    the graph that was folded; it names the picture. Returns ``path``.
 
-    matplotlib is imported here (Agg canvas, no global backend change)."""
-    from matplotlib.figure import Figure
+    matplotlib is imported here (an Agg canvas: no global backend change)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.lines import Line2D
+    from matplotlib.figure import Figure
 
     if graph is not None and len(graph.nodes) != folded.num_nodes:
         raise ValueError(f"draw_folded: the graph has {len(graph.nodes)} GraphNodes but the "
@@ -1234,44 +1274,47 @@ def draw_folded(folded: FoldedGraph, graph: Graph | None, path: str, *,
                          "given to mine()")
     g = folded.to_networkx()
     units = sorted(g.nodes, key=lambda u: g.nodes[u]["first"])
-    count = max(len(units), 1)
-    cols = max_columns or max(8, int(math.ceil(math.sqrt(count * 3))))
-    rows = int(math.ceil(count / cols))
+    lanes = len(folded.templates) + (1 if folded.uncovered else 0)
     pos = {}
-    for i, u in enumerate(units):
-        r, c = divmod(i, cols)
-        pos[u] = (c if r % 2 == 0 else cols - 1 - c, -r)   # snake, so neighbours stay close
-    fig = Figure(figsize=(min(2 + cols * 0.55, 40), min(2 + rows * 0.9, 40)), dpi=100)
+    for x, u in enumerate(units):
+        t = g.nodes[u]["template"]
+        pos[u] = (x, -(t if t is not None else len(folded.templates)))
+    width = min(40.0, 3.0 + 0.3 * max(len(units), 10))
+    fig = Figure(figsize=(width, 1.4 + 0.9 * max(lanes, 1)), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     for a, b in g.edges:
         (x0, y0), (x1, y1) = pos[a], pos[b]
-        ax.plot([x0, x1], [y0, y1], color="#bbbbbb", linewidth=0.6, zorder=1)
-    cmap = _palette(len(folded.templates))
+        ax.plot([x0, x1], [y0, y1], color="#999999", linewidth=0.5, alpha=0.6, zorder=1)
+    colors = _palette(len(folded.templates))
     max_size = max((t.size for t in folded.templates), default=1)
     for u in units:
         d = g.nodes[u]
         x, y = pos[u]
         if d["template"] is None:
-            ax.scatter([x], [y], s=30, color="#999999", zorder=2)
+            ax.scatter([x], [y], s=14, color="#888888", zorder=2)
         else:
-            size = 80 + 420 * d["size"] / max_size
-            ax.scatter([x], [y], s=size, color=cmap[d["template"]], zorder=2,
-                       edgecolors="black", linewidths=0.4)
-            ax.text(x, y, d["label"], ha="center", va="center", fontsize=6, zorder=3)
-    handles = [Line2D([], [], marker="o", linestyle="", color=cmap[t.id],
-                      label=f"T{t.id}: {t.size} nodes x {t.num_instances}")
-               for t in folded.templates]
+            ax.scatter([x], [y], s=60 + 240 * d["size"] / max_size,
+                       color=colors[d["template"]], edgecolors="black", linewidths=0.4,
+                       zorder=2)
+            ax.text(x, y, d["label"], ha="center", va="center", fontsize=5, zorder=3)
+    ticks = [-t.id for t in folded.templates]
+    labels = [f"T{t.id}: {t.size} nodes x {t.num_instances}" for t in folded.templates]
     if folded.uncovered:
-        handles.append(Line2D([], [], marker="o", linestyle="", color="#999999",
-                              label=f"uncovered: {len(folded.uncovered)}"))
-    if handles:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+        ticks.append(-len(folded.templates))
+        labels.append(f"uncovered: {len(folded.uncovered)}")
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_ylim(-lanes + 0.5, 0.5)
+    ax.set_xlim(-1, max(len(units), 1))
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_xlabel("topological order", fontsize=8)
     name = graph.name if graph is not None else folded.graph_name
     ax.set_title(title or f"{name}: {folded.num_nodes} GraphNodes folded into "
                  f"{folded.num_templates} templates ({100 * folded.coverage:.1f}% covered)",
                  fontsize=9)
-    ax.set_axis_off()
     fig.tight_layout()
     fig.savefig(path)
     return path
