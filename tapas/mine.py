@@ -53,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
 import sys
 import time
 import types
