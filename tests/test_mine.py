@@ -14,6 +14,8 @@ import sys
 
 import networkx as nx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from networkx.algorithms import isomorphism
 
 import tapas.mine as mine_module
@@ -343,6 +345,28 @@ def test_closure_finds_what_exhaustive_apriori_finds(make):
     assert [(t.signatures, t.instances) for t in fast.templates] == \
         [(t.signatures, t.instances) for t in slow.templates]
     assert slow.stats.frequent >= fast.stats.frequent
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_random_repeated_blocks_fold_consistently(data):
+    """Random blocks (small label alphabet, so symmetric and look-alike structure is
+    common) repeated a few times: every folding satisfies the invariants."""
+    size = data.draw(st.integers(2, 6), label="block size")
+    labels = data.draw(st.lists(st.sampled_from("ABC"), min_size=size, max_size=size))
+    inputs = [data.draw(st.lists(st.integers(-1, i - 1), min_size=1, max_size=2, unique=True))
+              for i in range(size)]
+    repeats = data.draw(st.integers(2, 5), label="repeats")
+    nodes, prev = [inp()], "x"
+    for r in range(repeats):
+        for i in range(size):
+            srcs = [prev if j < 0 else f"b{r}_{j}" for j in inputs[i]]
+            nodes.append(node(f"b{r}_{i}", labels[i], srcs))
+        prev = f"b{r}_{size - 1}"
+    g = Graph.build(nodes)
+    for kwargs in (dict(), dict(min_support=2, min_size=1), dict(match_ports=False)):
+        f = check_folded(mine(g, **kwargs), g, ports_matter=kwargs.get("match_ports", True))
+        assert f.num_covered <= len(g.nodes) - 1
 
 
 def test_frequent_subgraphs_levels():
