@@ -673,7 +673,7 @@ def _count_nonoverlapping(embs: Sequence[tuple[int, ...]],
     optimal on chains); embeddings touching ``blocked`` are skipped."""
     used: set[int] = set(blocked) if blocked else set()
     c = 0
-    for e in sorted(embs, key=lambda e: (max(e), min(e))):
+    for e in sorted(embs, key=max):
         if used.isdisjoint(e):
             used.update(e)
             c += 1
@@ -707,7 +707,7 @@ def _pick_nonoverlapping(embs: Sequence[tuple[int, ...]],
                          blocked: set[int]) -> list[tuple[int, ...]]:
     used = set(blocked)
     out = []
-    for e in sorted(embs, key=lambda e: (max(e), min(e))):
+    for e in sorted(embs, key=max):
         if used.isdisjoint(e):
             used.update(e)
             out.append(e)
@@ -933,12 +933,11 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
     children. Returns the number of candidates counted."""
     embs = pat.embs
     k = len(pat.labels)
-    owner: dict[int, list[int]] | None = None
-    if tiling_guard and len(embs) > 1:
-        owner = defaultdict(list)
-        for i, e in enumerate(embs):
-            for v in e:
-                owner[v].append(i)
+    # GraphNode -> the embeddings holding it
+    owner: dict[int, list[int]] = defaultdict(list)
+    for i, e in enumerate(embs):
+        for v in e:
+            owner[v].append(i)
     # descriptor (label of new node, ((position, code), ...)) -> [(embedding idx, node)]
     groups: dict[tuple[int, tuple[tuple[int, int], ...]], list[tuple[int, int]]] = \
         defaultdict(list)
@@ -961,7 +960,7 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
                     break
             if not ok:
                 continue
-            if owner is not None and u in owner:
+            if tiling_guard and u in owner:
                 if eset is None:
                     eset = set(e)
                 if any(j != i and eset.isdisjoint(embs[j]) for j in owner[u]):
@@ -974,13 +973,24 @@ def _extend(pat: _Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab
         if len(members) < support:
             continue
         counted += 1
-        children: dict[tuple[int, ...], tuple[tuple[int, ...], int, int]] = {}
+        # Two members give the same node set only if the new node of one lies in the
+        # parent embedding of the other; only then is the (sorted) node set compared.
+        # Likewise the shared-node cap can only bite when a parent embedding has several
+        # members, a new node is shared, or a new node lies in a parent embedding.
+        children: list[tuple[tuple[int, ...], int, int]] = []
+        seen: set[tuple[int, ...]] = set()
+        risky = len({i for i, _ in members}) < len(members) or \
+            len({u for _, u in members}) < len(members)
         for i, u in members:
             e = embs[i] + (u,)
-            s = tuple(sorted(e))
-            if s not in children:
-                children[s] = (e, i, u)
-        kept = _cap_shared(list(children.values()), key=lambda x: x[0])
+            if u in owner:
+                risky = True
+                s = tuple(sorted(e))
+                if s in seen:
+                    continue
+                seen.add(s)
+            children.append((e, i, u))
+        kept = _cap_shared(children, key=lambda x: x[0]) if risky else children
         parents = {i for _, i, _ in kept}
         if len(kept) < support:
             continue
