@@ -20,12 +20,16 @@ wiring (which output of the producer feeds which input of the consumer):
    Stop at the first empty level.
 3. Fold: the frequent subgraphs with at least ``min_size`` GraphNodes become templates,
    largest first; each takes the non-overlapping embeddings that no larger template took.
+   A template spanning two layers that start alike (GShard's dense + MoE layer pair) is
+   cut into one template per layer; isomorphic templates are merged.
 
-Three devices keep this fast on real models (see ``docs/mining.md``): embeddings are
-grown, never searched for; a subgraph whose every embedding extends the same way (its
-support does not drop) is only grown that way (*closure*); and a subgraph never grows into
-another, disjoint occurrence of itself (*tiling guard*), so a stack of identical layers
-yields one layer-sized template instead of every window of the stack.
+What keeps this fast on real models (see ``docs/mining.md``): embeddings are grown (each
+keeps its frontier), never searched for; a subgraph whose every embedding extends the
+same way without losing support is only grown that way (*closure*); a subgraph never
+grows into another, disjoint occurrence of itself (*tiling guard*), so a stack of
+identical layers yields one layer-sized template instead of every window of the stack;
+and at most 16 embeddings of a subgraph may share a GraphNode (hubs such as T5's encoder
+output, read by every decoder layer, would otherwise multiply them combinatorially).
 
 ``min_support`` defaults to the number of layers detected in the model
 (:func:`detect_layers`), as in the paper; GraphNodes left uncovered are mined again, with
