@@ -3,7 +3,7 @@
 The pipeline, one module per stage (paper section 4):
 
 1. capture    ``tapas.capturing`` + ``tapas.grouping``: model -> ``tapas.ir.Graph`` of GraphNodes
-2. mine       ``tapas.mining``: Graph -> FoldedGraph (unique repeated subgraphs)
+2. mine       ``tapas.mine``: Graph -> FoldedGraph (unique repeated subgraphs)
 3. explore    (not yet) SRC sharding patterns, enumeration, symbolic validation
 4. cost       ``tapas.cost``: Cluster S(m, n), overlap-aware alpha-beta collective costs
 5. reconstruct (not yet) parallel TF program under tf.distribute
@@ -29,6 +29,7 @@ _LAZY = {
     "trace": ("tapas.capturing", "trace"),
     "CaptureError": ("tapas.capturing", "CaptureError"),
     "models": ("tapas.models", None),
+    "mine": ("tapas.mine", None),   # the module is callable: tapas.mine(graph, ...)
 }
 
 __all__ = ["ir", "Graph", "GraphNode", "Edge", "Kind", "OpInfo", "TensorInfo", "WeightInfo",

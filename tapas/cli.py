@@ -1,6 +1,7 @@
 """The ``tapas`` command line (an absl app).
 
     tapas inspect --model=NAME [--batch_size=N] [--graph_out=ir.json] [--top=10]
+    tapas mine    --model=NAME [--min_size=N] [--min_support=K] [--draw=folded.png]
     tapas models
 
 ``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
@@ -29,8 +30,14 @@ flags.DEFINE_string("graph_out", None, "inspect: write the captured IR as JSON t
 flags.DEFINE_string("json_out", None, "Write the command's report as JSON to this path.")
 flags.DEFINE_integer("top", 10, "inspect: how many of the largest GraphNodes to list.")
 flags.DEFINE_boolean("training", False, "Capture the training-mode graph.")
+flags.DEFINE_integer("min_size", None, "mine: fewest GraphNodes a template may hold "
+                     "(default: tapas.mine.DEFAULT_MIN_SIZE).")
+flags.DEFINE_integer("min_support", None, "mine: fewest non-overlapping occurrences of a "
+                     "frequent subgraph (default: the number of layers detected).")
+flags.DEFINE_string("draw", None, "mine: draw the folded graph to this image (.png/.svg/.pdf).")
+flags.DEFINE_string("folded_out", None, "mine: write the FoldedGraph as JSON to this path.")
 
-COMMANDS = ("inspect", "models")
+COMMANDS = ("inspect", "mine", "models")
 
 
 # ---- loading models ------------------------------------------------------------------------
@@ -113,20 +120,57 @@ def format_inspect(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cmd_inspect() -> dict[str, Any]:
+def _capture_flags_model() -> tuple[ir.Graph, Any, float]:
+    """Load --model and capture it: (IR graph, the Trace, IR-conversion seconds)."""
     from tapas import capturing
     loaded = load_model(FLAGS.model, FLAGS.batch_size)
     trace = capturing.trace(loaded.model, loaded.specs, training=FLAGS.training,
                             name=loaded.name)
     start = time.perf_counter()
     graph = capturing.to_ir(trace)
-    ir_s = time.perf_counter() - start
+    return graph, trace, time.perf_counter() - start
+
+
+def cmd_inspect() -> dict[str, Any]:
+    graph, trace, ir_s = _capture_flags_model()
     report = inspect_report(graph, trace.seconds, ir_s, len(trace.graph.get_operations()),
                             FLAGS.top)
     print(format_inspect(report))
     if FLAGS.graph_out:
         _write(FLAGS.graph_out, graph.dumps())
         print(f"\nIR written to {FLAGS.graph_out}")
+    return report
+
+
+# ---- mine ------------------------------------------------------------------------------------
+
+def cmd_mine() -> dict[str, Any]:
+    from absl import logging
+
+    from tapas import mine
+    graph, trace, ir_s = _capture_flags_model()
+    capture_s = trace.seconds + ir_s
+    print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes from "
+          f"{len(trace.graph.get_operations()):,} TF ops in {capture_s:.3f} s")
+
+    def progress(level: Any) -> None:
+        logging.info("mining round %d, level %d: %d candidates, %d frequent (%.3f s)",
+                     level.round, level.level, level.candidates, level.frequent, level.seconds)
+
+    try:
+        folded = mine.mine(graph, min_support=FLAGS.min_support,
+                           min_size=FLAGS.min_size or mine.DEFAULT_MIN_SIZE, progress=progress)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    print(folded.summary())
+    report = {"model": graph.name, "capture_seconds": round(capture_s, 4),
+              "folded": folded.to_json()}
+    if FLAGS.folded_out:
+        _write(FLAGS.folded_out, json.dumps(folded.to_json(), indent=1))
+        print(f"\nFoldedGraph written to {FLAGS.folded_out}")
+    if FLAGS.draw:
+        mine.draw_folded(folded, graph, FLAGS.draw)
+        print(f"folded graph drawn to {FLAGS.draw}")
     return report
 
 
@@ -167,7 +211,7 @@ def main(argv: Sequence[str]) -> None:
         _write(FLAGS.json_out, json.dumps(report, indent=2, default=str))
 
 
-_HANDLERS = {"inspect": cmd_inspect, "models": cmd_models}
+_HANDLERS = {"inspect": cmd_inspect, "mine": cmd_mine, "models": cmd_models}
 
 
 def run() -> None:

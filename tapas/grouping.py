@@ -402,8 +402,10 @@ class _Grouper:
         prods = self.data_producers(i)
         pgroups = {self.group[p] for p in prods}
         # forward: light ops fed by one GraphNode (or by it and tensors it already reads)
-        if op.type in LIGHT_OPS and prods and -1 not in pgroups:
-            unlocked = [g for g in pgroups if not self.locked[g]]
+        # (a producer not yet grouped is fine when the GraphNode already reads its output,
+        # e.g. a norm's scale-multiply of a residual stream that is still ungrouped)
+        if op.type in LIGHT_OPS and prods:
+            unlocked = [g for g in pgroups - {-1} if not self.locked[g]]
             if len(pgroups) == 1 and unlocked:
                 cands.add(unlocked[0])
             elif op.type not in _ADD_LIKE:

@@ -33,6 +33,28 @@ def test_inspect_default_model_prints_report_and_writes_ir(tmp_path):
     assert sum(report["kinds"].values()) == len(graph.nodes)
 
 
+def test_mine_prints_templates_and_coverage_and_draws(tmp_path):
+    png, folded_path, report_path = (tmp_path / "folded.png", tmp_path / "folded.json",
+                                     tmp_path / "report.json")
+    out = run_tapas("mine", "--model=t5-tiny", f"--draw={png}", f"--folded_out={folded_path}",
+                    f"--json_out={report_path}").stdout
+    assert "unique subgraphs (templates) covering" in out and "captured 't5-tiny'" in out
+    folded = json.loads(folded_path.read_text())
+    report = json.loads(report_path.read_text())
+    assert report["folded"] == folded and folded["templates"], out
+    # every template line printed: T<id>, its size and instance count
+    for t in folded["templates"]:
+        assert f"T{t['id']:<8}{len(t['signatures']):>5}{len(t['instances']):>10}" in out
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mine_min_size_larger_than_graph_folds_nothing_and_bad_values_are_usage_errors():
+    out = run_tapas("mine", "--model=t5-tiny", "--min_size=100000").stdout
+    assert "0 unique subgraphs" in out and "every GraphNode is its own unique subgraph" in out
+    proc = run_tapas("mine", "--model=t5-tiny", "--min_support=1", check=False)
+    assert proc.returncode != 0 and "min_support=1: must be an integer >= 2" in proc.stderr
+
+
 def test_models_lists_the_zoo():
     out = run_tapas("models").stdout
     assert "t5-large" in out and "moe-1.3b" in out and "resnet152-400k" in out
