@@ -56,6 +56,8 @@ from typing import Union
 __all__ = [
     "Collective", "Link", "Cluster", "Group", "CostOptions", "CostTerm", "CostBreakdown",
     "collective_cost", "collective_time", "ring_factor", "DEFAULT_EPSILON", "DEFAULT_GAMMA",
+    "OPTIMIZER_SLOTS", "DTYPE_BYTES", "dtype_bytes", "comm_cost", "compute_time",
+    "MemoryEstimate", "weight_memory", "PlanCost",
 ]
 
 
@@ -89,6 +91,11 @@ class Collective(str, enum.Enum):
 
 
 KindLike = Union[Collective, str]
+
+# optimizer state per trainable weight, in copies of the weight (Adam: first and second
+# moments; momentum SGD: one velocity; plain SGD: none)
+OPTIMIZER_SLOTS: Mapping[str, int] = types.MappingProxyType({"adam": 2, "momentum": 1,
+                                                              "sgd": 0})
 
 # gamma and epsilon defaults; docs/cost.md says where they come from. They are priors to be
 # replaced by profiled values, not measurements.
@@ -326,11 +333,28 @@ class CostOptions:
     # a primitive left out gets 1
     epsilon: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: dict(DEFAULT_EPSILON), hash=False)
+    # plan level (beyond the paper): add compute time, FLOPs per device / device peak; off:
+    # only communication ranks plans, as in the paper's eq. 4
+    compute: bool = True
+    # backward FLOPs per forward FLOP (input and weight gradients: 2, Kaplan et al. 2020's
+    # "6N per token" = 2N forward + 4N backward)
+    backward_flops_factor: float = 2.0
+    # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
+    # trainable weight), "momentum" (1) or "sgd" (0)
+    optimizer: str = "adam"
 
     def __post_init__(self) -> None:
-        for name in ("latency", "gradient_overlap", "collective_efficiency"):
+        for name in ("latency", "gradient_overlap", "collective_efficiency", "compute"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r}: must be True or False")
+        if isinstance(self.backward_flops_factor, bool) or \
+                not isinstance(self.backward_flops_factor, (int, float)) or \
+                not math.isfinite(self.backward_flops_factor) or self.backward_flops_factor < 0:
+            raise ValueError(f"backward_flops_factor={self.backward_flops_factor!r}: must be a "
+                             "finite number >= 0 (2.0: backward costs twice the forward pass)")
+        if self.optimizer not in OPTIMIZER_SLOTS:
+            raise ValueError(f"optimizer={self.optimizer!r} is unknown: use one of "
+                             f"{sorted(OPTIMIZER_SLOTS)}")
         _check_fraction("gamma", self.gamma, "use gradient_overlap=False for no discount")
         eps: dict[str, float] = {}
         for key, value in dict(self.epsilon).items():
@@ -475,3 +499,135 @@ def collective_time(kind: KindLike, nbytes: int, group_size: int, cluster: Clust
                     nodes: int | None = None) -> float:
     """Seconds for one collective: ``collective_cost(...).total``."""
     return collective_cost(kind, nbytes, group_size, cluster, options, backward, nodes).total
+
+
+# =========================================================================================
+# Plan level: a sharding pattern's collectives, compute time and memory
+# =========================================================================================
+
+# bytes per element of the dtypes TF graphs carry (tapas.ir dtype strings)
+DTYPE_BYTES: Mapping[str, int] = types.MappingProxyType({
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
+    "complex64": 8, "complex128": 16, "string": 8, "resource": 8, "variant": 8})
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (a TF dtype name such as ``"float32"``)."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype!r} has no known size: use one of "
+                         f"{sorted(DTYPE_BYTES)}") from None
+
+
+def comm_cost(comm: object, group_size: int, cluster: Cluster,
+              options: CostOptions | None = None, label: str = "") -> CostTerm:
+    """The cost of one ``tapas.src.Comm`` (anything with ``kind``, ``bytes`` and ``phase``).
+
+    ``comm.bytes`` is the global tensor's size, which is N for AR, AG and RS (module doc);
+    an all-to-all's N is each worker's buffer, the global size over the group. ``phase``
+    ``"bwd"`` makes it a backward collective (gamma applies).
+    """
+    kind = Collective.parse(getattr(comm, "kind"))
+    nbytes = int(getattr(comm, "bytes"))
+    phase = getattr(comm, "phase")
+    if phase not in ("fwd", "bwd"):
+        raise ValueError(f"comm phase {phase!r}: must be 'fwd' or 'bwd'")
+    if kind is Collective.ALL_TO_ALL:
+        nbytes = -(-nbytes // group_size)
+    return collective_cost(kind, nbytes, group_size, cluster, options,
+                           backward=phase == "bwd", label=label)
+
+
+def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = None) -> float:
+    """Seconds of one training step's compute for ``flops`` forward FLOPs per device.
+
+    ``flops * (1 + backward_flops_factor) / device_peak_flops``; 0 with ``compute`` off.
+    """
+    options = CostOptions() if options is None else options
+    if not options.compute:
+        return 0.0
+    return float(flops) * (1.0 + options.backward_flops_factor) / cluster.device_peak_flops
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device: weights, their gradients, optimizer state and saved activations."""
+
+    weights: float = 0.0
+    gradients: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
+        return MemoryEstimate(self.weights + other.weights, self.gradients + other.gradients,
+                              self.optimizer + other.optimizer,
+                              self.activations + other.activations)
+
+    def to_json(self) -> dict[str, float]:
+        return {"weights": self.weights, "gradients": self.gradients,
+                "optimizer": self.optimizer, "activations": self.activations,
+                "total": self.total}
+
+    @staticmethod
+    def from_json(d: Mapping[str, float]) -> MemoryEstimate:
+        return MemoryEstimate(d["weights"], d["gradients"], d["optimizer"], d["activations"])
+
+    def __str__(self) -> str:
+        gib = 2.0 ** 30
+        return (f"{self.total / gib:.3f} GiB per device (weights {self.weights / gib:.3f}, "
+                f"gradients {self.gradients / gib:.3f}, optimizer {self.optimizer / gib:.3f}, "
+                f"activations {self.activations / gib:.3f})")
+
+
+def weight_memory(local_bytes: float, trainable: bool,
+                  options: CostOptions | None = None) -> MemoryEstimate:
+    """One weight holding ``local_bytes`` per device: itself, its gradient and optimizer
+    state if trainable (``OPTIMIZER_SLOTS[options.optimizer]`` copies)."""
+    options = CostOptions() if options is None else options
+    if not trainable:
+        return MemoryEstimate(weights=float(local_bytes))
+    return MemoryEstimate(weights=float(local_bytes), gradients=float(local_bytes),
+                          optimizer=float(local_bytes) * OPTIMIZER_SLOTS[options.optimizer])
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanCost:
+    """A whole plan's cost: collectives (eq. 4 over them), compute time and memory.
+
+    ``total`` (seconds per training step) is the collectives' total plus ``compute``.
+    """
+
+    comms: CostBreakdown
+    compute: float
+    memory: MemoryEstimate
+
+    @property
+    def communication(self) -> float:
+        return self.comms.total
+
+    @property
+    def total(self) -> float:
+        return self.comms.total + self.compute
+
+    def to_json(self) -> dict[str, object]:
+        d = self.comms.by_direction()
+        return {"total": self.total, "communication": self.communication,
+                "compute": self.compute, "latency": self.comms.latency,
+                "transmission": self.comms.transmission,
+                "forward": d["forward"], "backward": d["backward"],
+                "by_kind": {k.value: v for k, v in self.comms.by_kind().items()},
+                "collectives": len(self.comms), "memory": self.memory.to_json()}
+
+    def __str__(self) -> str:
+        d = self.comms.by_direction()
+        kinds = ", ".join(f"{k.value} {v * 1e3:.3f} ms" for k, v in self.comms.by_kind().items())
+        return (f"{self.total * 1e3:.3f} ms per step: communication "
+                f"{self.communication * 1e3:.3f} ms (forward {d['forward'] * 1e3:.3f}, "
+                f"backward {d['backward'] * 1e3:.3f}; {kinds or 'none'}), compute "
+                f"{self.compute * 1e3:.3f} ms; memory {self.memory}")

@@ -1,0 +1,287 @@
+"""tapas.explore: enumeration with early stopping, template candidates, stitching, counts.
+
+The patterns here are small hand-made ShardingPattern-like objects for dense layers (so the
+enumeration is tested on its own); tests/test_search.py runs the real tapas.patterns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+
+from tapas import explore, mine
+from tapas.cost import Cluster, CostOptions, collective_cost
+from tapas.explore import EdgeCoster, ExploreOptions, SearchTimeout
+from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
+
+B, H, F = 8, 16, 64          # batch, hidden, FFN width
+N = 4                        # devices
+FP32 = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeComm:
+    kind: str
+    tensor: str
+    shape: tuple[int, ...]
+    phase: str
+
+    @property
+    def bytes(self) -> int:
+        return math.prod(self.shape) * FP32
+
+
+@dataclasses.dataclass(frozen=True)
+class FakePattern:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    weights: dict
+    comms: tuple[FakeComm, ...] = ()
+    flops: float = 0.0
+
+
+def fake_patterns(node: GraphNode, graph: Graph, n: int) -> list[FakePattern]:
+    """replicate / batch / column / row for a dense [*, K] @ [K, M]; replicate / batch for
+    an input or an elementwise node."""
+    out = node.outputs[0]
+    if node.kind is not Kind.DENSE:
+        ins = node.inputs
+        pats = [FakePattern("replicate", ("R",) * len(ins), ("R",), {})]
+        if out.shape[0] % n == 0:
+            pats.append(FakePattern("batch", ("S0",) * len(ins), ("S0",), {}))
+        return pats
+    x, w = node.inputs[0], node.weights[0]
+    k, m = w.shape
+    flops = 2.0 * x.shape[0] * k * m
+    wb = FakeComm("AR", w.path, w.shape, "bwd")
+    pats = [FakePattern("replicate", ("R",), ("R",), {w.path: "R"}, (), flops),
+            FakePattern("batch", ("S0",), ("S0",), {w.path: "R"}, (wb,), flops / n),
+            # Megatron's column: the input gradient is partial -> all-reduce it backward (f)
+            FakePattern("column", ("R",), ("S1",), {w.path: "S1"},
+                        (FakeComm("AR", x.name, x.shape, "bwd"),), flops / n),
+            # row: the output is partial -> all-reduce it forward (g)
+            FakePattern("row", ("S1",), ("R",), {w.path: "S0"},
+                        (FakeComm("AR", out.name, out.shape, "fwd"),), flops / n)]
+    return pats
+
+
+def fake_reshard(a: str, b: str, t: TensorInfo) -> tuple[FakeComm, ...]:
+    if b == "P" or a == "P":
+        raise ValueError(f"cannot reshard {a} -> {b}")
+    if a.startswith("S") and b == "R":
+        return (FakeComm("AG", t.name, t.shape, "fwd"),)
+    if a == "R" and b.startswith("S"):
+        return (FakeComm("AG", t.name, t.shape, "bwd"),)
+    return (FakeComm("A2A", t.name, t.shape, "fwd"), FakeComm("A2A", t.name, t.shape, "bwd"))
+
+
+def dense(name: str, x: TensorInfo, k: int, m: int, sig: str) -> GraphNode:
+    y = TensorInfo(f"{name}/MatMul:0", (x.shape[0], m), "float32")
+    w = WeightInfo(f"{name}/kernel", (k, m), "float32", True, f"{name}/ReadVariableOp")
+    op = OpInfo(f"{name}/MatMul", "MatMul", (x.name,), (y,))
+    return GraphNode(0, name, Kind.DENSE, (op,), (x,), (y,), (w,), sig)
+
+
+def input_node(name: str = "x") -> GraphNode:
+    t = TensorInfo(f"{name}:0", (B, H), "float32")
+    return GraphNode(0, name, Kind.INPUT, (OpInfo(name, "Placeholder", (), (t,)),), (), (t,),
+                     (), "in")
+
+
+def add(name: str, a: TensorInfo, b: TensorInfo) -> GraphNode:
+    y = TensorInfo(f"{name}:0", a.shape, "float32")
+    return GraphNode(0, name, Kind.ELEMENTWISE, (OpInfo(name, "AddV2", (a.name, b.name), (y,)),),
+                     (a, b), (y,), (), "add")
+
+
+def mlp(layers: int = 1, residual: bool = False) -> Graph:
+    nodes = [input_node()]
+    x = nodes[0].outputs[0]
+    for i in range(layers):
+        up = dense(f"l{i}/up", x, H, F, "up")
+        down = dense(f"l{i}/down", up.outputs[0], F, H, "down")
+        nodes += [up, down]
+        if residual:
+            nodes.append(add(f"l{i}/add", x, down.outputs[0]))
+        x = nodes[-1].outputs[0]
+    return Graph.build(nodes, inputs=(nodes[0].outputs[0],), outputs=(x,), name=f"mlp{layers}")
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    return Cluster.v100_ethernet(1, N)
+
+
+def run(graph, cluster, mode="es", opts=None, cost_options=None, **kw):
+    return explore.explore(graph, N, cluster, mode=mode, options=opts or ExploreOptions(),
+                           cost_options=cost_options, patterns_fn=fake_patterns,
+                           reshard_fn=fake_reshard, **kw)
+
+
+def names(result, graph, plan):
+    return tuple(result.table.infos[v][plan.patterns[v]].name for v in range(len(graph.nodes)))
+
+
+# ---- the two-layer MLP --------------------------------------------------------------------
+
+def all_valid_combinations(graph, allow_reshard):
+    """Brute force: every combination, valid if every pair matches (or reshards)."""
+    pats = [fake_patterns(n, graph, N) for n in graph.nodes]
+    valid = []
+    for combo in itertools.product(*pats):
+        ok = True
+        for e in graph.edges:
+            j = graph.nodes[e.dst].inputs.index(e.tensor)
+            have = combo[e.src].outputs[0]
+            want = combo[e.dst].inputs[j]
+            if have != want and not allow_reshard:
+                ok = False
+        if ok:
+            valid.append(tuple(p.name for p in combo))
+    return valid
+
+
+def test_strict_validation_keeps_megatron_and_rejects_row_then_row(cluster):
+    g = mlp(1)
+    opts = ExploreOptions(allow_reshard=False, top_k=64)
+    res = run(g, cluster, opts=opts)
+    found = {names(res, g, p) for p in res.plans}
+    brute = set(all_valid_combinations(g, allow_reshard=False))
+    assert found == brute
+    assert ("replicate", "column", "row") in found             # Megatron
+    assert ("batch", "batch", "batch") in found                # data parallel
+    assert ("replicate", "row", "row") not in found            # R -> S1 without a collective
+    assert ("replicate", "column", "column") not in found      # S1 -> R without a collective
+    c = res.counts
+    # every extension is either pruned early or costed; complete plans are what is left
+    assert c.generated == c.pruned_early + c.costed
+    assert c.valid == len(brute) and c.pruned_early > 0
+    total = math.prod(len(fake_patterns(n, g, N)) for n in g.nodes)
+    assert c.generated < sum(math.prod(len(fake_patterns(n, g, N)) for n in g.nodes[:i + 1])
+                             for i in range(len(g.nodes)))   # early stopping saved work
+    assert len(brute) < total
+
+
+def test_megatron_mlp_cost_is_one_forward_and_one_backward_all_reduce(cluster):
+    g = mlp(1)
+    opts = CostOptions(compute=False)
+    res = run(g, cluster, opts=ExploreOptions(top_k=64), cost_options=opts)
+    megatron = next(p for p in res.plans if names(res, g, p) == ("replicate", "column", "row"))
+    act = B * H * FP32
+    expected = (collective_cost("AR", act, N, cluster, opts, backward=False).total
+                + collective_cost("AR", act, N, cluster, opts, backward=True).total)
+    # by hand: alpha' W + beta 2(W-1)/W N eps, twice, the backward one with gamma
+    lat, beta = cluster.intra.latency * N, cluster.intra.beta
+    by_hand = 2 * lat + beta * 2 * (N - 1) / N * act * (1 + opts.gamma) * opts.epsilon["AR"]
+    assert math.isclose(megatron.cost, expected, rel_tol=1e-12)
+    assert math.isclose(megatron.cost, by_hand, rel_tol=1e-12)
+    pc, resharded = explore.plan_cost(g, res.table, megatron.patterns,
+                                      EdgeCoster(N, cluster, opts, fake_reshard))
+    assert resharded == [] and math.isclose(pc.total, by_hand, rel_tol=1e-12)
+
+
+def test_reshard_allowed_makes_row_then_row_valid_at_a_cost(cluster):
+    g = mlp(1)
+    opts = CostOptions(compute=False)
+    res = run(g, cluster, opts=ExploreOptions(top_k=64), cost_options=opts)
+    rr = next(p for p in res.plans if names(res, g, p) == ("replicate", "row", "row"))
+    pc, resharded = explore.plan_cost(g, res.table, rr.patterns,
+                                      EdgeCoster(N, cluster, opts, fake_reshard))
+    # x (R) -> row wants S1: free slice forward, all-gather of the gradient backward
+    x = B * H * FP32
+    ag_bwd = collective_cost("AG", x, N, cluster, opts, backward=True).total
+    assert [(s, d, have, want) for s, d, _, have, want in resharded] == [(0, 1, "R", "S1"),
+                                                                         (1, 2, "R", "S1")]
+    assert math.isclose(pc.total, rr.cost, rel_tol=1e-12)
+    ar_fwd = lambda nbytes: collective_cost("AR", nbytes, N, cluster, opts).total  # noqa: E731
+    assert math.isclose(rr.cost, ar_fwd(B * F * FP32) + ar_fwd(B * H * FP32)
+                        + ag_bwd + collective_cost("AG", B * F * FP32, N, cluster, opts,
+                                                   backward=True).total, rel_tol=1e-12)
+
+
+def test_data_parallel_layer_cost_is_the_weight_gradient_all_reduce(cluster):
+    g = mlp(1)
+    opts = CostOptions(compute=False)
+    res = run(g, cluster, opts=ExploreOptions(top_k=64), cost_options=opts)
+    dp = next(p for p in res.plans if names(res, g, p) == ("batch", "batch", "batch"))
+    w = H * F * FP32
+    one = collective_cost("AR", w, N, cluster, opts, backward=True).total
+    assert math.isclose(dp.cost, 2 * one, rel_tol=1e-12)
+
+
+def test_column_then_gather_costs_an_all_gather(cluster):
+    """A column-parallel layer whose output feeds a replicated consumer: all-gather it."""
+    g = mlp(1)
+    opts = CostOptions(compute=False)
+    res = run(g, cluster, opts=ExploreOptions(top_k=64), cost_options=opts)
+    plan = next(p for p in res.plans if names(res, g, p) == ("replicate", "column", "replicate"))
+    y = B * F * FP32
+    expected = (collective_cost("AR", B * H * FP32, N, cluster, opts, backward=True).total
+                + collective_cost("AG", y, N, cluster, opts).total)
+    assert math.isclose(plan.cost, expected, rel_tol=1e-12)
+
+
+def test_es_matches_brute_force_best(cluster):
+    g = mlp(2, residual=True)
+    res = run(g, cluster, opts=ExploreOptions(top_k=3))
+    edges = EdgeCoster(N, cluster, CostOptions(), fake_reshard)
+    pats = [fake_patterns(n, g, N) for n in g.nodes]
+    best = min(explore.plan_cost(g, res.table, combo, edges)[0].total
+               for combo in itertools.product(*(range(len(p)) for p in pats)))
+    assert math.isclose(res.best.cost, best, rel_tol=1e-9)
+    costs = [p.cost for p in res.plans]
+    assert costs == sorted(costs) and len(set(p.patterns for p in res.plans)) == len(costs)
+    for p in res.plans:   # the ranking cost is the exact plan cost
+        assert math.isclose(explore.plan_cost(g, res.table, p.patterns, edges)[0].total,
+                            p.cost, rel_tol=1e-9)
+
+
+# ---- gp: templates, ties, stitching -------------------------------------------------------
+
+def test_gp_ties_instances_and_matches_es_on_a_repeated_stack(cluster):
+    g = mlp(4, residual=True)
+    folded = mine.mine(g, min_support=4)
+    assert folded.templates and folded.templates[0].num_instances == 4
+    gp = run(g, cluster, mode="gp", folded=folded)
+    es = run(g, cluster, mode="es")
+    assert gp.best.cost >= es.best.cost * (1 - 1e-12)
+    assert gp.best.cost <= es.best.cost * 1.015
+    t = folded.templates[0]
+    pats = [tuple(gp.best.patterns[v] for v in inst) for inst in t.instances]
+    assert len(set(pats)) == 1                           # one choice for every instance
+    tr = gp.templates[0]
+    assert tr.candidates and tr.counts.valid >= len(tr.candidates)
+    assert gp.counts.generated < es.counts.generated     # folding did less work
+    assert set(gp.timings) >= {"patterns", "enumeration", "stitching"}
+
+
+def test_allowed_restricts_and_falls_back_to_replicate(cluster):
+    g = mlp(2)
+    res = run(g, cluster, allowed=lambda node, name: name in ("column", "row"))
+    assert names(res, g, res.best) == ("replicate", "column", "row", "column", "row")
+    res = run(g, cluster, allowed=lambda node, name: name == "replicate")
+    assert set(names(res, g, res.best)) == {"replicate"}
+
+
+def test_time_limit_raises(cluster):
+    g = mlp(3, residual=True)
+    with pytest.raises(SearchTimeout, match="time limit"):
+        run(g, cluster, opts=ExploreOptions(time_limit=1e-9))
+
+
+def test_beam_marks_inexact(cluster):
+    g = mlp(2, residual=True)
+    res = run(g, cluster, opts=ExploreOptions(max_states=1))
+    assert not res.exact and res.counts.beam > 0
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="top_k=0: must be an integer >= 1"):
+        ExploreOptions(top_k=0)
+    with pytest.raises(ValueError, match="mode='xx'"):
+        explore.explore(mlp(1), N, Cluster.v100_ethernet(1, N), mode="xx",
+                        patterns_fn=fake_patterns)
