@@ -58,6 +58,8 @@ class Trace:
     model_weights: tuple[ir.WeightInfo, ...]   # every weight the model owns
     name: str
     seconds: float
+    # weight path -> sharding pin of the tapas.layers layer that owns it (``shard=``)
+    pins: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def graph(self) -> tf.Graph:
@@ -92,10 +94,12 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
         cf, specs, model_weights, label = _trace_keras(model_or_function, input_spec,
                                                        batch_size, training)
         variables = list(model_or_function.weights)
+        pins = _pins(model_or_function)
     elif hasattr(model_or_function, "get_concrete_function") or _is_concrete(model_or_function):
         cf, specs, label = _trace_function(model_or_function, input_spec, batch_size)
         variables = list(cf.variables)
         model_weights = ()
+        pins = {}
     else:
         raise CaptureError(
             f"tapas.capture got a {type(model_or_function).__name__}, which is neither a Keras "
@@ -121,7 +125,22 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
     input_names = tuple(t.op.name for t in cf.graph.inputs if id(t) not in captured_ids)
     return Trace(concrete_function=cf, input_specs=tuple(specs), input_names=input_names,
                  variables=var_of, weights=weights, model_weights=model_weights,
-                 name=name or label, seconds=time.perf_counter() - start)
+                 name=name or label, seconds=time.perf_counter() - start, pins=pins)
+
+
+def _pins(layer: Any) -> dict[str, str]:
+    """``{weight path: pin}`` for every pinned ``tapas.layers`` layer inside ``layer``."""
+    from tapas.layers import TapasLayer
+    found = [layer]
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is not None:
+        found = list(flatten(include_self=True, recursive=True))
+    pins: dict[str, str] = {}
+    for sub in found:
+        if isinstance(sub, TapasLayer) and sub.shard is not None:
+            for w in sub.weights:
+                pins[w.path] = sub.shard
+    return pins
 
 
 def _is_concrete(obj: Any) -> bool:
@@ -320,7 +339,7 @@ def raw_graph(t: Trace) -> grouping.RawGraph:
                     for o in graph.outputs if o is not None)
     return grouping.RawGraph(ops=ops, control_inputs=control, inputs=t.input_names,
                              outputs=outputs, weights=t.weights,
-                             model_weights=t.model_weights, name=t.name)
+                             model_weights=t.model_weights, name=t.name, pins=t.pins)
 
 
 def _shape(shape: tf.TensorShape) -> tuple[int, ...] | None:

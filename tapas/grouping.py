@@ -115,6 +115,7 @@ class RawGraph:
     weights: Mapping[str, WeightInfo]
     model_weights: Sequence[WeightInfo] = ()
     name: str = "graph"
+    pins: Mapping[str, str] = dataclasses.field(default_factory=dict)  # weight path -> pin
 
 
 def _op_name(tensor_name: str) -> str:
@@ -144,6 +145,26 @@ class _ScopeTrie:
                 break
             node, d = node[part], d + 1
         return d
+
+
+# The name-scope component tapas.layers puts around a layer's ops ("tapas.dense"; TF may
+# append "_1" when one scope holds two calls).
+_MARKER = "tapas."
+
+
+def _tapas_marker(scope: tuple[str, ...]) -> tuple[tuple[str, ...], Kind] | None:
+    """``(scope prefix through the marker, kind)`` for an op inside a tapas layer."""
+    for k, part in enumerate(scope):
+        if part.startswith(_MARKER):
+            name = part[len(_MARKER):]
+            base, _, suffix = name.rpartition("_")
+            if base and suffix.isdigit():
+                name = base
+            try:
+                return scope[:k + 1], Kind(name)
+            except ValueError:
+                return None
+    return None
 
 
 def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
@@ -267,8 +288,9 @@ class _Grouper:
     def make_seeds(self) -> None:
         for i in sorted(self.input_ops):
             self.assign(i, self.new_group(self.scopes[i], locked=True))
+        self.mark_tapas_layers()
         for i in range(len(self.ops)):
-            if self.live[i] and self.opaque[i]:
+            if self.live[i] and self.opaque[i] and self.group[i] < 0:
                 self.assign(i, self.new_group(self.scopes[i], locked=True))
         # weight seeds, keyed by layer (parent of the weight path)
         by_layer: dict[str, list[int]] = {}
@@ -301,6 +323,24 @@ class _Grouper:
             if self.live[i] and self.group[i] < 0 and op.type in HEAVY_OPS and \
                     not self.is_const[i] and not self.is_wside[i]:
                 self.assign(i, self.new_group(self.scopes[i]))
+
+    def mark_tapas_layers(self) -> None:
+        """Every op of one call of a ``tapas.layers`` layer (its ops share a scope prefix
+        ending in a ``tapas.<kind>`` component) is one locked GraphNode of that kind."""
+        self.marked_kind: list[Kind | None] = [None] * len(self.ops)
+        by_call: dict[tuple[str, ...], int] = {}
+        for i in range(len(self.ops)):
+            if not self.live[i] or self.group[i] >= 0 or self.is_wside[i] or self.is_const[i]:
+                continue
+            found = _tapas_marker(self.scopes[i])
+            if found is None:
+                continue
+            scope, kind = found
+            g = by_call.get(scope)
+            if g is None:
+                g = by_call[scope] = self.new_group(scope, locked=True)
+            self.assign(i, g)
+            self.marked_kind[i] = kind
 
     @staticmethod
     def _lcp(scopes: list[tuple[str, ...]]) -> tuple[str, ...]:
@@ -592,10 +632,12 @@ class _Grouper:
         nodes = []
         for gid, (m, inputs, outputs, weights) in enumerate(specs):
             ops = tuple(self.ops[i] for i in m)
+            pin = next((self.raw.pins[w.path] for w in weights if w.path in self.raw.pins),
+                       None)
             nodes.append(ir.GraphNode(
                 id=gid, name=self._name(m, kinds[gid]), kind=kinds[gid], ops=ops,
                 inputs=tuple(inputs), outputs=tuple(outputs), weights=tuple(weights),
-                signature=ir.compute_signature(ops, inputs, weights)))
+                signature=ir.compute_signature(ops, inputs, weights, pin), pin=pin))
         edges = []
         for node in nodes:
             for t in node.inputs:
@@ -675,6 +717,9 @@ class _Grouper:
         types = {ops[i].type for i in core}
         if any(i in self.input_ops for i in m):
             return Kind.INPUT
+        marked = next((self.marked_kind[i] for i in m if self.marked_kind[i] is not None), None)
+        if marked is not None:
+            return marked
         if any(self.opaque[i] for i in m):
             return Kind.OPAQUE
 

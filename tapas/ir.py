@@ -64,6 +64,10 @@ class Kind(str, enum.Enum):
     RESHAPE = "reshape"                  # reshape/transpose/slice/concat glue
     REDUCE = "reduce"                    # pooling and reductions
     CONSTANT = "constant"                # computed from constants only (e.g. position buckets)
+    # whole layers, one GraphNode each by construction (tapas.layers)
+    ATTENTION = "attention"              # multi-head attention: projections, scores, context, output
+    FEED_FORWARD = "feed-forward"        # two dense layers with an activation between
+    MOE = "moe"                          # gating + stacked experts + combine
     OPAQUE = "opaque"                    # ops tapas does not understand: always replicated
 
 
@@ -169,6 +173,8 @@ class GraphNode:
     outputs: tuple[TensorInfo, ...]
     weights: tuple[WeightInfo, ...]
     signature: str = ""
+    # the sharding pattern a tapas.layers layer was pinned to (``shard=``), or None
+    pin: str | None = None
 
     @property
     def op_types(self) -> tuple[str, ...]:
@@ -184,7 +190,8 @@ class GraphNode:
                 "inputs": [t.to_json() for t in self.inputs],
                 "outputs": [t.to_json() for t in self.outputs],
                 "weights": [w.to_json() for w in self.weights],
-                "ops": [op.to_json() for op in self.ops]}
+                "ops": [op.to_json() for op in self.ops],
+                **({"pin": self.pin} if self.pin is not None else {})}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> GraphNode:
@@ -194,7 +201,7 @@ class GraphNode:
             inputs=tuple(TensorInfo.from_json(t) for t in d["inputs"]),
             outputs=tuple(TensorInfo.from_json(t) for t in d["outputs"]),
             weights=tuple(WeightInfo.from_json(w) for w in d["weights"]),
-            signature=d["signature"])
+            signature=d["signature"], pin=d.get("pin"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,14 +365,16 @@ _IGNORED_ATTRS = frozenset({"_class", "device", "_XlaCompile", "_output_shapes",
 
 
 def compute_signature(ops: Sequence[OpInfo], inputs: Sequence[TensorInfo],
-                      weights: Iterable[WeightInfo]) -> str:
+                      weights: Iterable[WeightInfo], pin: str | None = None) -> str:
     """A short hash of a GraphNode's structure.
 
     It covers, for every op in order: its type, its semantic attributes, its output shapes
     and dtypes, small constant values, and where each of its inputs comes from (an earlier
     op of the node and which output, or the k-th external input with its shape). Weight
     shapes and dtypes are included; op names, scopes and weight paths are not, so the same
-    layer at two depths hashes the same while a layer of another width does not.
+    layer at two depths hashes the same while a layer of another width does not. A pinned
+    sharding pattern (``pin``) is part of the structure: a pinned and an unpinned copy of a
+    layer are searched separately.
     """
     local = {op.name: i for i, op in enumerate(ops)}
     ext = {t.name: i for i, t in enumerate(inputs)}
@@ -385,5 +394,7 @@ def compute_signature(ops: Sequence[OpInfo], inputs: Sequence[TensorInfo],
         outs = [[list(t.shape) if t.shape is not None else None, t.dtype] for t in op.outputs]
         parts.append([op.type, attrs, outs, refs, op.value])
     parts.append(sorted([list(w.shape), w.dtype, w.trainable] for w in weights))
+    if pin is not None:
+        parts.append(["pin", pin])
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
