@@ -104,6 +104,11 @@ class MoEConfig:
             sequence per group). ``batch * seq_len`` must be a multiple of it.
         aux_loss_weight: weight of the load-balancing loss added in training;
             0.0 omits it.
+        layer_impl: ``"keras"`` (plain Keras layers, GShard's capacity-limited
+            top-2 dispatch) or ``"tapas"`` (the same blocks from ``tapas.layers``:
+            ``MultiHeadAttention(causal=True)``, ``LayerNorm``, ``FeedForward`` and
+            ``MoE`` with top-2 gating evaluated densely: no capacity limit, no
+            auxiliary loss; same parameter count).
     """
 
     num_layers: int
@@ -117,6 +122,7 @@ class MoEConfig:
     moe_every: int = 2
     group_size: int | None = None
     aux_loss_weight: float = 0.01
+    layer_impl: str = "keras"
 
     def __post_init__(self) -> None:
         positive = (
@@ -128,6 +134,10 @@ class MoEConfig:
             raise ValueError(
                 f"MoEConfig.d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
                 "choose num_heads dividing d_model."
+            )
+        if self.layer_impl not in ("keras", "tapas"):
+            raise ValueError(
+                f"MoEConfig.layer_impl must be 'keras' or 'tapas', got {self.layer_impl!r}."
             )
         if self.num_experts < 2:
             raise ValueError(
@@ -413,6 +423,9 @@ class MoETransformerBlock(keras.layers.Layer):
     def __init__(self, config: MoEConfig, *, use_moe: bool, initializers: Initializers, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.use_moe = use_moe
+        if config.layer_impl == "tapas":
+            self._tapas_layers(config, initializers)
+            return
 
         def layer_norm(name: str) -> keras.layers.LayerNormalization:
             return keras.layers.LayerNormalization(
@@ -440,6 +453,22 @@ class MoETransformerBlock(keras.layers.Layer):
                 d_model=config.d_model, d_ff=config.d_ff, initializers=initializers, name="ffn"
             )
 
+    def _tapas_layers(self, config: MoEConfig, initializers: Initializers) -> None:
+        from tapas import layers as tl
+
+        d = config.d_model
+        self.attention_norm = tl.LayerNorm(epsilon=_LN_EPSILON, name="attention_norm")
+        self.attention = tl.MultiHeadAttention(
+            config.num_heads, d // config.num_heads, use_bias=False, causal=True,
+            kernel_initializer=initializers.normal(d**-0.5), name="attention")
+        self.ffn_norm = tl.LayerNorm(epsilon=_LN_EPSILON, name="ffn_norm")
+        if self.use_moe:
+            self.ffn = tl.MoE(config.num_experts, config.d_ff, top_k=2,
+                              kernel_initializer=initializers.normal(d**-0.5), name="moe")
+        else:
+            self.ffn = tl.FeedForward(config.d_ff, use_bias=False,
+                                      kernel_initializer=initializers.normal(d**-0.5), name="ffn")
+
     def build(self, input_shape: tuple) -> None:
         for layer in (self.attention_norm, self.attention, self.ffn_norm, self.ffn):
             layer.build(input_shape)
@@ -450,7 +479,8 @@ class MoETransformerBlock(keras.layers.Layer):
     def call(self, x: Any, training: bool | None = None) -> Any:
         x = x + self.attention(self.attention_norm(x))
         normed = self.ffn_norm(x)
-        update = self.ffn(normed, training=training) if self.use_moe else self.ffn(normed)
+        update = (self.ffn(normed, training=training)
+                  if isinstance(self.ffn, MoEFeedForward) else self.ffn(normed))
         return x + update
 
 
@@ -471,14 +501,24 @@ def build_model(config: MoEConfig, *, fast_init: bool = False, seed: int = 0) ->
         raise TypeError(f"build_model expects a MoEConfig, got {type(config).__name__}.")
     inits = Initializers(seed, fast_init)
     input_ids = keras.Input(shape=(config.seq_len,), dtype="int32", name="input_ids")
-    embedding = keras.layers.Embedding(
-        config.vocab_size, config.d_model, embeddings_initializer=inits.normal(1.0), name="token_embedding"
-    )
+    if config.layer_impl == "tapas":
+        from tapas import layers as tl
+
+        embedding = tl.Embedding(config.vocab_size, config.d_model,
+                                 embeddings_initializer=inits.normal(1.0), name="token_embedding")
+        final_norm = tl.LayerNorm(epsilon=_LN_EPSILON, name="final_norm")
+    else:
+        embedding = keras.layers.Embedding(
+            config.vocab_size, config.d_model, embeddings_initializer=inits.normal(1.0), name="token_embedding"
+        )
+        final_norm = keras.layers.LayerNormalization(
+            epsilon=_LN_EPSILON, gamma_initializer=inits.ones(), name="final_norm"
+        )
     h = embedding(input_ids)
     h = PositionEmbedding(config.seq_len, embeddings_initializer=inits.normal(0.02), name="position_embedding")(h)
     for i in range(config.num_layers):
         h = MoETransformerBlock(config, use_moe=config.is_moe_block(i), initializers=inits, name=f"block_{i}")(h)
-    h = keras.layers.LayerNormalization(epsilon=_LN_EPSILON, gamma_initializer=inits.ones(), name="final_norm")(h)
+    h = final_norm(h)
     logits = TiedLMHead(embedding, scale=config.d_model**-0.5, name="lm_head")(h)
     return keras.Model(inputs=[input_ids], outputs=logits, name="gshard_moe")
 

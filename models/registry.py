@@ -28,6 +28,8 @@ its source):
   ``moe-2.4b``.
 * ResNet v1.5 (He et al., 2016) with the TAPAS class scaling:
   ``resnet-tiny`` (tests) and ``resnet{50,101,152}-{1k,10k,100k,250k,400k}``.
+* ``t5-tiny-tapas``, ``t5-large-tapas``, ``moe-tiny-tapas``, ``moe-1.3b-tapas``:
+  the same models built from ``tapas.layers`` (``layer_impl="tapas"``).
 """
 
 from __future__ import annotations
@@ -341,6 +343,19 @@ def _register_builtin_presets() -> None:
                     default_batch_size=8,
                 )
             )
+
+    # The same architectures built from tapas.layers (issue 6): every attention,
+    # feed-forward, norm, MoE and embedding is one GraphNode by construction.
+    for base in ("t5-tiny", "t5-large", "moe-tiny", "moe-1.3b"):
+        entry = _REGISTRY[base]
+        register(
+            dataclasses.replace(
+                entry,
+                name=f"{base}-tapas",
+                description=f"{base} from tapas.layers (layer_impl='tapas'). " + entry.description,
+                config=dataclasses.replace(entry.config, layer_impl="tapas"),
+            )
+        )
 
 
 _register_builtin_presets()

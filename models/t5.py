@@ -70,6 +70,8 @@ __all__ = [
     "T5Attention",
     "T5FeedForward",
     "T5Block",
+    "T5TapasBlock",
+    "T5PositionBias",
     "relative_position_buckets",
     "build_model",
     "param_count",
@@ -79,6 +81,10 @@ __all__ = [
 
 FeedForwardKind = Literal["relu", "gated-gelu"]
 _FEED_FORWARD_KINDS = ("relu", "gated-gelu")
+# "keras": blocks of plain Keras layers (TAPAS discovers their structure by capture);
+# "tapas": the same blocks from tapas.layers (each sub-layer one GraphNode by construction).
+LayerImpl = Literal["keras", "tapas"]
+LAYER_IMPLS = ("keras", "tapas")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -104,6 +110,11 @@ class T5Config:
         decoder_seq_len: static decoder input length.
         tie_embeddings: LM head reuses the token embedding (scaled by
             ``d_model**-0.5``); False adds a separate ``lm_head`` Dense.
+        layer_impl: ``"keras"`` (plain Keras layers) or ``"tapas"`` (the same
+            architecture from ``tapas.layers``: RMS ``LayerNorm``,
+            ``MultiHeadAttention`` fed the position bias, ``FeedForward``; same
+            parameter count; one initializer per attention layer and exact
+            rather than tanh-approximated GELU in the gated FFN).
     """
 
     num_layers: int
@@ -120,6 +131,7 @@ class T5Config:
     encoder_seq_len: int = 128
     decoder_seq_len: int = 128
     tie_embeddings: bool = True
+    layer_impl: LayerImpl = "keras"
 
     def __post_init__(self) -> None:
         for field in (
@@ -154,6 +166,8 @@ class T5Config:
                 f"{self.relative_attention_num_buckets // 2}, got {self.relative_attention_max_distance}; "
                 "T5 uses 128."
             )
+        if self.layer_impl not in LAYER_IMPLS:
+            raise ValueError(f"T5Config.layer_impl must be one of {LAYER_IMPLS}, got {self.layer_impl!r}.")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"T5Config.tie_embeddings must be a bool, got {self.tie_embeddings!r}.")
 
@@ -224,6 +238,15 @@ class RMSNorm(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape: tuple) -> tuple:
         return tuple(input_shape)
+
+
+def _bias_from_buckets(table: Any, buckets: np.ndarray, causal: bool, query_length: int) -> Any:
+    """``[1, heads, q, k]`` bias: rows of ``table [num_buckets, heads]`` (+ causal mask)."""
+    values = ops.take(table, buckets, axis=0)  # [q, k, heads]
+    bias = ops.expand_dims(ops.transpose(values, (2, 0, 1)), axis=0)
+    if causal:
+        bias = bias + causal_mask_bias(query_length)
+    return bias
 
 
 def _static_length(tensor: Any, what: str) -> int:
@@ -320,11 +343,7 @@ class T5Attention(keras.layers.Layer):
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        values = ops.take(self.relative_attention_bias, buckets, axis=0)  # [q, k, heads]
-        bias = ops.expand_dims(ops.transpose(values, (2, 0, 1)), axis=0)
-        if self.causal:
-            bias = bias + causal_mask_bias(query_length)
-        return bias
+        return _bias_from_buckets(self.relative_attention_bias, buckets, self.causal, query_length)
 
     def _split_heads(self, x: Any, length: int) -> Any:
         x = ops.reshape(x, (-1, length, self.num_heads, self.d_kv))
@@ -518,6 +537,122 @@ class T5Block(keras.layers.Layer):
         return hidden_states
 
 
+class T5PositionBias(keras.layers.Layer):
+    """Block 0's relative position bias (+ causal mask) for the ``tapas`` layer variant.
+
+    ``call(hidden_states)`` returns ``[1, num_heads, length, length]``; it owns
+    ``relative_attention_bias`` ``[num_buckets, num_heads]`` as :class:`T5Attention` does.
+    """
+
+    def __init__(self, *, num_heads: int, bidirectional: bool, causal: bool, num_buckets: int,
+                 max_distance: int, initializer: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_heads, self.bidirectional, self.causal = num_heads, bidirectional, causal
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self._initializer = initializer
+
+    def build(self, input_shape: tuple) -> None:
+        self.relative_attention_bias = self.add_weight(
+            name="relative_attention_bias", shape=(self.num_buckets, self.num_heads),
+            initializer=self._initializer)
+
+    def call(self, hidden_states: Any) -> Any:
+        length = _static_length(hidden_states, "attention queries")
+        buckets = relative_position_buckets(length, length, bidirectional=self.bidirectional,
+                                            num_buckets=self.num_buckets,
+                                            max_distance=self.max_distance)
+        return _bias_from_buckets(self.relative_attention_bias, buckets, self.causal, length)
+
+    def compute_output_shape(self, input_shape: tuple) -> tuple:
+        return (1, self.num_heads, input_shape[1], input_shape[1])
+
+
+class T5TapasBlock(T5Block):
+    """:class:`T5Block` built from ``tapas.layers`` (``T5Config.layer_impl="tapas"``).
+
+    Same sub-layer names, call convention and parameter count; attention and feed-forward
+    are one GraphNode each by construction, and block 0's position bias is a separate
+    :class:`T5PositionBias` layer whose output every self-attention of the stack adds.
+    """
+
+    def __init__(self, config: T5Config, *, is_decoder: bool, has_relative_attention_bias: bool,
+                 initializers: Initializers, **kwargs: Any) -> None:
+        keras.layers.Layer.__init__(self, **kwargs)
+        from tapas import layers as tl
+
+        self.is_decoder = is_decoder
+        self.has_relative_attention_bias = has_relative_attention_bias
+        d, heads = config.d_model, config.num_heads
+
+        def attention(name: str) -> Any:
+            return tl.MultiHeadAttention(heads, config.d_kv, use_bias=False, scale=False,
+                                         kernel_initializer=initializers.normal(d**-0.5),
+                                         name=name)
+
+        def norm(name: str) -> Any:
+            return tl.LayerNorm(epsilon=1e-6, rms=True, name=name)
+
+        self.self_attention_norm = norm("self_attention_norm")
+        self.self_attention = attention("self_attention")
+        self.relative_position = (T5PositionBias(
+            num_heads=heads, bidirectional=not is_decoder, causal=is_decoder,
+            num_buckets=config.relative_attention_num_buckets,
+            max_distance=config.relative_attention_max_distance,
+            initializer=initializers.normal(1.0), name="relative_position")
+            if has_relative_attention_bias else None)
+        if is_decoder:
+            self.cross_attention_norm = norm("cross_attention_norm")
+            self.cross_attention = attention("cross_attention")
+        self.ffn_norm = norm("ffn_norm")
+        gated = config.feed_forward == "gated-gelu"
+        self.ffn = tl.FeedForward(config.d_ff, activation="gelu" if gated else "relu",
+                                  use_bias=False, gated=gated,
+                                  kernel_initializer=initializers.normal(d**-0.5), name="ffn")
+        self.dropout = (keras.layers.Dropout(config.dropout_rate, name="dropout")
+                        if config.dropout_rate > 0 else None)
+
+    def build(self, input_shape: tuple) -> None:
+        self.self_attention_norm.build(input_shape)
+        self.self_attention.build(input_shape)
+        if self.relative_position is not None:
+            self.relative_position.build(input_shape)
+        if self.is_decoder:
+            self.cross_attention_norm.build(input_shape)
+            self.cross_attention.build(input_shape, input_shape)
+        self.ffn_norm.build(input_shape)
+        self.ffn.build(input_shape)
+
+    def call(self, hidden_states: Any, position_bias: Any = None, encoder_outputs: Any = None,
+             training: bool | None = None) -> Any:
+        if self.relative_position is None and position_bias is None:
+            raise ValueError(f"{self.name}: blocks after block 0 need the position_bias computed "
+                             "by block 0; pass it as position_bias=.")
+        if self.is_decoder and encoder_outputs is None:
+            raise ValueError(f"{self.name}: decoder blocks need encoder_outputs for "
+                             "cross-attention.")
+        if self.relative_position is not None:
+            position_bias = self.relative_position(hidden_states)
+        attended = self.self_attention(self.self_attention_norm(hidden_states),
+                                       bias=position_bias)
+        hidden_states = self._residual(hidden_states, attended, training)
+        if self.is_decoder:
+            crossed = self.cross_attention(self.cross_attention_norm(hidden_states),
+                                           encoder_outputs)
+            hidden_states = self._residual(hidden_states, crossed, training)
+        transformed = self.ffn(self.ffn_norm(hidden_states))
+        hidden_states = self._residual(hidden_states, transformed, training)
+        if self.relative_position is not None:
+            return hidden_states, position_bias
+        return hidden_states
+
+    def compute_output_shape(self, input_shape: tuple) -> Any:
+        hidden_shape = tuple(input_shape)
+        if self.has_relative_attention_bias:
+            length = hidden_shape[1]
+            return hidden_shape, (1, self.self_attention.num_heads, length, length)
+        return hidden_shape
+
+
 # --------------------------------------------------------------------------- #
 # Model builder and family API (used by the registry)
 # --------------------------------------------------------------------------- #
@@ -534,8 +669,9 @@ def _run_stack(
 ) -> Any:
     prefix = "decoder" if is_decoder else "encoder"
     position_bias = None
+    block_class = T5TapasBlock if config.layer_impl == "tapas" else T5Block
     for i in range(num_blocks):
-        block = T5Block(
+        block = block_class(
             config,
             is_decoder=is_decoder,
             has_relative_attention_bias=(i == 0),
@@ -546,7 +682,13 @@ def _run_stack(
             hidden_states, position_bias = block(hidden_states, encoder_outputs=encoder_outputs)
         else:
             hidden_states = block(hidden_states, position_bias=position_bias, encoder_outputs=encoder_outputs)
-    hidden_states = RMSNorm(scale_initializer=initializers.ones(), name=f"{prefix}_final_norm")(hidden_states)
+    if config.layer_impl == "tapas":
+        from tapas import layers as tl
+
+        final_norm = tl.LayerNorm(epsilon=1e-6, rms=True, name=f"{prefix}_final_norm")
+    else:
+        final_norm = RMSNorm(scale_initializer=initializers.ones(), name=f"{prefix}_final_norm")
+    hidden_states = final_norm(hidden_states)
     if config.dropout_rate > 0:
         hidden_states = keras.layers.Dropout(config.dropout_rate, name=f"{prefix}_final_dropout")(hidden_states)
     return hidden_states
@@ -566,9 +708,15 @@ def build_model(config: T5Config, *, fast_init: bool = False, seed: int = 0) -> 
     encoder_ids = keras.Input(shape=(config.encoder_seq_len,), dtype="int32", name="encoder_input_ids")
     decoder_ids = keras.Input(shape=(config.decoder_seq_len,), dtype="int32", name="decoder_input_ids")
 
-    embedding = keras.layers.Embedding(
-        config.vocab_size, config.d_model, embeddings_initializer=inits.normal(1.0), name="shared_embedding"
-    )
+    if config.layer_impl == "tapas":
+        from tapas import layers as tl
+
+        embedding = tl.Embedding(config.vocab_size, config.d_model,
+                                 embeddings_initializer=inits.normal(1.0), name="shared_embedding")
+    else:
+        embedding = keras.layers.Embedding(
+            config.vocab_size, config.d_model, embeddings_initializer=inits.normal(1.0), name="shared_embedding"
+        )
 
     def embed(ids: Any, prefix: str) -> Any:
         h = embedding(ids)

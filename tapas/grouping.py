@@ -329,6 +329,7 @@ class _Grouper:
         ending in a ``tapas.<kind>`` component) is one locked GraphNode of that kind."""
         self.marked_kind: list[Kind | None] = [None] * len(self.ops)
         by_call: dict[tuple[str, ...], int] = {}
+        self.marked_groups: set[int] = set()
         for i in range(len(self.ops)):
             if not self.live[i] or self.group[i] >= 0 or self.is_wside[i] or self.is_const[i]:
                 continue
@@ -339,6 +340,7 @@ class _Grouper:
             g = by_call.get(scope)
             if g is None:
                 g = by_call[scope] = self.new_group(scope, locked=True)
+                self.marked_groups.add(g)
             self.assign(i, g)
             self.marked_kind[i] = kind
 
@@ -517,7 +519,7 @@ class _Grouper:
                 continue
             if self.is_const[i] or self.is_wside[i]:
                 g = next((self.group[c] for c in self.consumers[i] + self.ctrl_out[i]
-                          if self.group[c] >= 0 and not self.locked[self.group[c]]), -1)
+                          if self.group[c] >= 0 and self._open(self.group[c])), -1)
                 if g < 0:
                     g = next((self.group[c] for c in self.consumers[i] + self.ctrl_out[i]
                               if self.group[c] >= 0), -1)
@@ -548,6 +550,10 @@ class _Grouper:
             if g < 0:
                 g = self.new_group(self.scopes[i], leftover=True)
             self.assign(i, g)
+
+    def _open(self, g: int) -> bool:
+        """A GraphNode constants and weight reads may join: not an input or opaque one."""
+        return not self.locked[g] or g in self.marked_groups
 
     # ---- post passes -------------------------------------------------------------------
     def merge_batchnorm(self) -> None:

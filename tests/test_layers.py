@@ -198,3 +198,23 @@ class _KerasMLP(keras.layers.Layer):
 
     def call(self, x):
         return self.wo(self.wi(x))
+
+
+@pytest.mark.parametrize("name,kinds", [
+    ("t5-tiny-tapas", {Kind.ATTENTION: 6, Kind.FEED_FORWARD: 4, Kind.NORM: 12}),
+    ("moe-tiny-tapas", {Kind.ATTENTION: 2, Kind.FEED_FORWARD: 1, Kind.MOE: 1, Kind.NORM: 5}),
+])
+def test_zoo_models_built_from_tapas_layers(name, kinds):
+    from tapas import models
+    entry = models.get(name)
+    model = entry.build(seed=0)
+    graph = tapas.capture(model, list(entry.input_spec(2)))
+    counts = collections.Counter(n.kind for n in graph.nodes)
+    assert {k: counts[k] for k in kinds} == kinds
+    assert graph.num_params == entry.param_count() == model.count_params()
+    assert not any(n.kind in (Kind.DENSE, Kind.MATMUL) and not n.weights for n in graph.nodes)
+    # it trains in plain Keras
+    (inputs, targets) = entry.synthetic_batch(2)
+    model.compile(keras.optimizers.SGD(0.01), entry.keras_loss())
+    loss = model.train_on_batch(list(inputs), targets)
+    assert np.isfinite(loss)

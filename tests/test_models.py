@@ -73,7 +73,8 @@ def test_preset_families_and_sizes() -> None:
     assert models.DEFAULT_MODEL in models.names()
     assert models.names("t5")[:4] == ["t5-tiny", "t5-small", "t5-base", "t5-large"]
     assert {f"t5-large-depth{d}" for d in (6, 12, 24, 48)} <= set(models.names("t5"))
-    assert models.names("moe") == ["moe-tiny", "moe-380m", "moe-1.3b", "moe-2.4b"]
+    assert models.names("moe") == ["moe-tiny", "moe-380m", "moe-1.3b", "moe-2.4b",
+                                   "moe-tiny-tapas", "moe-1.3b-tapas"]
     resnets = models.names("resnet")
     assert len(resnets) == 1 + 3 * 5 and resnets[0] == "resnet-tiny"
     assert models.get("resnet152-400k").config.num_classes == 409600
