@@ -1,0 +1,70 @@
+"""The one place where TAPAS touches TensorFlow internals (reconstruction only).
+
+In:  an operation of a traced ``tf.Graph`` (its type, its NodeDef attributes) and new input
+     tensors in the current graph (a ``tf.function`` being traced, or eager).
+Out: the same operation re-created in the current graph on the new inputs, recorded on the
+     active ``tf.GradientTape`` s so that tape gradients flow through it exactly as through
+     the original op (TF-FACTS, "Executing a rewritten graph": re-importing a GraphDef runs
+     forward but leaves the tape blind).
+
+Symbols used, and why:
+
+* ``tf.Graph.create_op`` (public, deprecated in TF 2): creates an op of a given type with
+  the NodeDef attributes copied verbatim, so the replayed op has the original's exact
+  semantics (strides, padding, einsum equation, transposes, dtypes); shapes are re-inferred
+  from the new (possibly local, sliced) inputs.
+* ``tf.__internal__.record_gradient`` (exported under ``__internal__``, not covered by the
+  API guarantees): records the op on the tape with its attributes, as TF's generated op
+  wrappers do; the tape then calls the registered gradient function.
+* ``tensorflow.python.eager.execute.must_record_gradient`` (private): whether any tape is
+  recording, to skip the bookkeeping when none is.
+* ``tensorflow.python.framework.ops.get_default_graph`` is public as
+  ``tf.compat.v1.get_default_graph``; used to reach the graph being built.
+
+Nothing else in TAPAS imports private TensorFlow modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.eager import execute as _execute  # private: must_record_gradient
+
+__all__ = ["replay_op", "ReplayError"]
+
+
+class ReplayError(RuntimeError):
+    """An op of the traced graph cannot be re-created; the message names it."""
+
+
+def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = None
+              ) -> list[tf.Tensor]:
+    """Re-create ``op`` (from a traced graph) on ``inputs`` in the current graph.
+
+    The attributes are copied from ``op``'s NodeDef; the output shapes are inferred from
+    ``inputs``. Must run while a graph is being built (inside ``tf.function``). Returns the
+    new op's outputs, recorded for ``tf.GradientTape``.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if tf.executing_eagerly():
+        raise ReplayError(f"replaying op '{op.name}' ({op.type}) needs a graph: call the "
+                          "reconstructed program inside a tf.function")
+    node_def = op.node_def
+    attrs = {k: v for k, v in node_def.attr.items() if not k.startswith("_")}
+    try:
+        new_op = graph.create_op(op.type, list(inputs), dtypes=[o.dtype for o in op.outputs],
+                                 name=name or op.name, attrs=attrs, op_def=op.op_def)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
+        shapes = [tuple(t.shape.as_list()) if t.shape.rank is not None else None
+                  for t in inputs]
+        raise ReplayError(f"cannot re-create op '{op.name}' ({op.type}) on inputs of shapes "
+                          f"{shapes}: {err}") from err
+    outputs = list(new_op.outputs)
+    if _execute.must_record_gradient():
+        flat: list[Any] = []
+        for key in attrs:
+            flat.extend((key, new_op.get_attr(key)))
+        tf.__internal__.record_gradient(op.type, list(new_op.inputs), tuple(flat), outputs)
+    return outputs
