@@ -30,6 +30,8 @@ _LAZY = {
     "CaptureError": ("tapas.capturing", "CaptureError"),
     "models": ("tapas.models", None),
     "mine": ("tapas.mine", None),   # the module is callable: tapas.mine(graph, ...)
+    "search": ("tapas.search", None),   # callable module: tapas.search(graph, ...)
+    "Strategy": ("tapas.search", "Strategy"),
 }
 
 __all__ = ["ir", "Graph", "GraphNode", "Edge", "Kind", "OpInfo", "TensorInfo", "WeightInfo",

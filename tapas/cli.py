@@ -3,6 +3,7 @@
     tapas inspect --model=NAME [--batch_size=N] [--graph_out=ir.json] [--top=10]
     tapas mine    --model=NAME [--min_size=N] [--min_support=K] [--draw=folded.png]
     tapas models
+    tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
 
 ``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
 Keras model (``.keras``). Each command prints a report to stdout; ``--json_out`` writes the
@@ -36,8 +37,21 @@ flags.DEFINE_integer("min_support", None, "mine: fewest non-overlapping occurren
                      "frequent subgraph (default: the number of layers detected).")
 flags.DEFINE_string("draw", None, "mine: draw the folded graph to this image (.png/.svg/.pdf).")
 flags.DEFINE_string("folded_out", None, "mine: write the FoldedGraph as JSON to this path.")
+flags.DEFINE_integer("nodes", 1, "search: machines in the cluster (m of S(m, n)).")
+flags.DEFINE_integer("devices_per_node", 8, "search: devices per machine (n of S(m, n)).")
+flags.DEFINE_enum("mode", "gp", ["gp", "es"], "search: 'gp' searches each unique subgraph "
+                  "once (graph-pruned), 'es' the whole graph (exhaustive).")
+flags.DEFINE_enum("cluster", "v100", ["v100", "cpu"], "search: hardware constants: the "
+                  "paper's V100 nodes (NVLink + 100 Gb/s Ethernet) or this machine's loopback "
+                  "CPU devices (tapas.cost.Cluster presets).")
+flags.DEFINE_string("out", None, "search: write the Strategy as JSON to this path.")
+flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
+flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
+                   "(e.g. for --mode=es on a large model).")
+flags.DEFINE_float("memory_budget_gib", None, "search: GiB per device a plan may use "
+                   "(default: the cluster's device memory).")
 
-COMMANDS = ("inspect", "mine", "models")
+COMMANDS = ("inspect", "mine", "models", "search")
 
 
 # ---- loading models ------------------------------------------------------------------------
@@ -174,6 +188,55 @@ def cmd_mine() -> dict[str, Any]:
     return report
 
 
+# ---- search ----------------------------------------------------------------------------------
+
+def cmd_search() -> dict[str, Any]:
+    from absl import logging
+
+    from tapas import explore
+    from tapas import search as search_lib
+    from tapas.cost import Cluster
+    try:
+        if FLAGS.cluster == "cpu":
+            cluster = Cluster.single_node(1, like=Cluster.loopback_cpu()).with_shape(
+                FLAGS.nodes, FLAGS.devices_per_node)
+        else:
+            cluster = Cluster.v100_ethernet(FLAGS.nodes, FLAGS.devices_per_node)
+    except (TypeError, ValueError) as e:
+        raise app.UsageError(f"--nodes={FLAGS.nodes} --devices_per_node="
+                             f"{FLAGS.devices_per_node}: {e}") from None
+    graph, trace, ir_s = _capture_flags_model()
+    capture_s = trace.seconds + ir_s
+    print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes in {capture_s:.3f} s; "
+          f"searching ({FLAGS.mode}) on {cluster.name} ({cluster.num_devices} devices)")
+    start = time.perf_counter()
+
+    def progress(phase: str, done: int, total: int) -> None:
+        logging.info("search %s: %d/%d (%.1f s)", phase, done, total,
+                     time.perf_counter() - start)
+
+    budget = None if FLAGS.memory_budget_gib is None else FLAGS.memory_budget_gib * 2**30
+    try:
+        strategy = search_lib.search(
+            graph, cluster=cluster, mode=FLAGS.mode, top_k=FLAGS.top_k, memory_budget=budget,
+            explore_options=explore.ExploreOptions(top_k=FLAGS.top_k,
+                                                   time_limit=FLAGS.time_limit),
+            progress=progress)
+    except explore.SearchTimeout as e:
+        raise app.UsageError(f"--mode={FLAGS.mode} did not finish within --time_limit="
+                             f"{FLAGS.time_limit} s ({e}); use --mode=gp or a larger "
+                             "--time_limit") from None
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    print(strategy.summary(graph))
+    report = {"model": graph.name, "capture_seconds": round(capture_s, 4),
+              "strategy": strategy.to_json()}
+    if FLAGS.out:
+        strategy.save(FLAGS.out)
+        print(f"\nstrategy written to {FLAGS.out}")
+    return report
+
+
 def cmd_models() -> dict[str, Any]:
     from tapas import models
     rows = []
@@ -211,7 +274,8 @@ def main(argv: Sequence[str]) -> None:
         _write(FLAGS.json_out, json.dumps(report, indent=2, default=str))
 
 
-_HANDLERS = {"inspect": cmd_inspect, "mine": cmd_mine, "models": cmd_models}
+_HANDLERS = {"inspect": cmd_inspect, "mine": cmd_mine, "models": cmd_models,
+             "search": cmd_search}
 
 
 def run() -> None:

@@ -64,6 +64,9 @@ __all__ = [
 
 MODES = ("gp", "es")
 
+# a long enumeration reports progress this often (seconds)
+_PROGRESS_SECONDS = 2.0
+
 # PatternsFn(node, graph, num_devices) -> list of ShardingPattern-like objects
 PatternsFn = Callable[[GraphNode, Graph, int], Sequence[Any]]
 # ReshardFn(src placement str, dst placement str, tensor) -> tuple of Comm-like objects;
@@ -181,6 +184,7 @@ class PatternTable:
     signatures: int          # distinct signatures for which patterns_for was called
     seconds: float
     options: CostOptions = dataclasses.field(default_factory=CostOptions)
+    generate_seconds: float = 0.0   # of ``seconds``: inside patterns_for (the rest: costing)
 
     def index(self, node_id: int, name: str) -> int:
         for i, p in enumerate(self.infos[node_id]):
@@ -204,10 +208,13 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
     patterns_fn = patterns_fn or default_patterns_fn()
     by_sig: dict[str, tuple[GraphNode, tuple[Any, ...]]] = {}
     infos: list[tuple[PatternInfo, ...]] = []
+    gen = 0.0
     for node in graph.nodes:
         key = node.signature or f"#{node.id}"
         if key not in by_sig:
+            t = time.perf_counter()
             pats = tuple(patterns_fn(node, graph, num_devices))
+            gen += time.perf_counter() - t
             if not pats:
                 raise ValueError(f"patterns_for returned no pattern for GraphNode {node.id} "
                                  f"'{node.name}' ({node.kind.value}): every kind must at least "
@@ -223,7 +230,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
             info, weights=tuple((w.path, pl) for w, (_, pl) in zip(node.weights, info.weights)))
             for info in base))
     return PatternTable(tuple(infos), num_devices, len(by_sig), time.perf_counter() - start,
-                        options)
+                        options, gen)
 
 
 # =========================================================================================
@@ -234,7 +241,8 @@ def default_reshard_fn() -> ReshardFn:
     from tapas import src
 
     def reshard(a: str, b: str, tensor: TensorInfo) -> Sequence[Any]:
-        return src.reshard(src.parse(a), src.parse(b), tensor)
+        return src.reshard(src.parse_placement(a), src.parse_placement(b), tensor.shape or (),
+                           tensor.dtype, tensor.name)
     return reshard
 
 
@@ -378,6 +386,7 @@ class _Step:
 def _run(steps: Sequence[_Step], table: PatternTable, edges: EdgeCoster, k: int,
          max_states: int, deadline: float | None,
          tie_options: Mapping[int, Sequence[tuple[tuple[int, ...], float]]] | None = None,
+         progress: Callable[[str, int, int], None] | None = None, phase: str = "enumeration",
          ) -> tuple[list[tuple[float, tuple[tuple[Any, str], ...], Any]], Counts, bool]:
     """Enumerate the steps in order; return the final (cost, frontier, path) entries.
 
@@ -389,8 +398,13 @@ def _run(steps: Sequence[_Step], table: PatternTable, edges: EdgeCoster, k: int,
     exact = True
     frontier: dict[tuple[tuple[Any, str], ...], list[tuple[float, Any]]] = {(): [(0.0, None)]}
     infos = table.infos
+    next_report = time.perf_counter() + _PROGRESS_SECONDS
     for si, step in enumerate(steps):
-        if deadline is not None and time.perf_counter() > deadline:
+        now = time.perf_counter()
+        if progress is not None and now > next_report:
+            progress(phase, si, len(steps))
+            next_report = now + _PROGRESS_SECONDS
+        if deadline is not None and now > deadline:
             raise SearchTimeout(f"enumeration stopped at GraphNode {si} of {len(steps)}: "
                                 "time limit reached")
         nxt: dict[tuple[tuple[Any, str], ...], list[tuple[float, Any]]] = {}
@@ -621,7 +635,8 @@ def explore(graph: Graph, num_devices: int, cluster: Cluster, *, mode: str = "gp
     deadline = None if options.time_limit is None else t0 + options.time_limit
     if table is None:
         table = pattern_table(graph, num_devices, cluster, cost_options, patterns_fn)
-        timings["patterns"] = table.seconds
+        timings["patterns"] = table.generate_seconds
+        timings["costing"] = table.seconds - table.generate_seconds
     edges = EdgeCoster(num_devices, cluster, cost_options, reshard_fn, options.allow_reshard)
     if not graph.nodes:
         raise ValueError(f"graph '{graph.name}' has no GraphNodes: nothing to search")
@@ -630,7 +645,7 @@ def explore(graph: Graph, num_devices: int, cluster: Cluster, *, mode: str = "gp
         t = time.perf_counter()
         steps = _whole_graph_steps(graph, table, allowed, options.memory_penalty)
         final, counts, exact = _run(steps, table, edges, options.top_k, options.max_states,
-                                    deadline)
+                                    deadline, progress=progress)
         timings["enumeration"] = time.perf_counter() - t
         plans = _plans_from(final, steps, options.top_k, len(graph.nodes))
         if not plans:
@@ -657,7 +672,7 @@ def explore(graph: Graph, num_devices: int, cluster: Cluster, *, mode: str = "gp
     steps, tie_options = _stitch_steps(graph, folded, results, table, allowed,
                                        options.memory_penalty)
     final, scounts, sexact = _run(steps, table, edges, options.top_k, options.max_states,
-                                  deadline, tie_options)
+                                  deadline, tie_options, progress, "stitching")
     timings["stitching"] = time.perf_counter() - t
     plans = _plans_from(final, steps, options.top_k, len(graph.nodes), tie_options)
     if not plans:
