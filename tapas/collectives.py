@@ -143,6 +143,13 @@ def local_slice(x: tf.Tensor, axis: int, num_shards: int, index: int | tf.Tensor
     return tf.slice(x, begin, sizes)
 
 
+def _like(grad: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
+    """``grad`` with the static shape of ``value`` (collectives' gradients lose it)."""
+    if value.shape.is_fully_defined() and not grad.shape.is_fully_defined():
+        return tf.ensure_shape(grad, value.shape)
+    return grad
+
+
 class Collectives:
     """Collectives over the N devices of a strategy, on lists of local-replica tensors.
 
@@ -200,7 +207,7 @@ class Collectives:
             ys = fwd(list(args))
 
             def grad(*dys):
-                dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
+                dys = [tf.zeros_like(y) if d is None else _like(d, y) for d, y in zip(dys, ys)]
                 return bwd(dys)
             return ys, grad
         return list(op(*xs))
@@ -322,16 +329,22 @@ class ReplicaContextCollectives(Collectives):
         return isinstance(rid, int) and rid == 0
 
     def _sum(self, xs: Tensors) -> Tensors:
-        return [self._ctx().all_reduce(tf.distribute.ReduceOp.SUM, x) for x in xs]
+        return [tf.ensure_shape(self._ctx().all_reduce(tf.distribute.ReduceOp.SUM, x), x.shape)
+                for x in xs]
 
     def _gather(self, xs: Tensors, axis: int) -> Tensors:
-        return [self._ctx().all_gather(x, axis=axis) for x in xs]
+        out = []
+        for x in xs:
+            shape = x.shape.as_list()
+            shape[axis] = None if shape[axis] is None else shape[axis] * self.num_devices
+            out.append(tf.ensure_shape(self._ctx().all_gather(x, axis=axis), shape))
+        return out
 
     def _all_to_all(self, xs: Tensors, split_axis: int, concat_axis: int) -> Tensors:
         (rid,) = self.replica_ids()
         out = []
         for x in xs:
-            everyone = self._ctx().all_gather(tf.expand_dims(x, 0), axis=0)  # [N, ...x]
+            (everyone,) = self._gather([tf.expand_dims(x, 0)], 0)  # [N, ...x]
             mine = local_slice(everyone, split_axis + 1, self.num_devices, rid)
             out.append(tf.concat(tf.unstack(mine, axis=0), axis=concat_axis))
         return out

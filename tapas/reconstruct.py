@@ -44,6 +44,7 @@ Example (single device: forward and tape gradients equal the model's)::
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,6 +58,7 @@ from tapas.cost import Collective
 from tapas.src import Partial, Placement, Replica, Split
 
 __all__ = ["NodeSharding", "Plan", "Program", "WeightLayout", "ReconstructError",
+           "predicted_comms", "compare_audit", "compare_with_single_device", "Comparison",
            "local_shape", "shard", "unshard", "Audit", "CommRecord", "SimulatedCollectives",
            "ReplicaContextCollectives", "REWRITES"]
 
@@ -116,6 +118,10 @@ class Plan:
     @staticmethod
     def from_strategy(strategy: Any, graph: ir.Graph) -> Plan:
         """The plan of a ``tapas.search`` Strategy: ``strategy.pattern(node_id)`` per node."""
+        if hasattr(strategy, "check"):  # names both graphs when the strategy is for another
+            strategy.check(graph)
+        if getattr(strategy, "_graph", graph) is None and hasattr(strategy, "bind"):
+            strategy = strategy.bind(graph)
         n = int(getattr(strategy, "num_devices"))
         return Plan(n, {node.id: strategy.pattern(node.id) for node in graph.nodes})
 
@@ -187,12 +193,13 @@ class Program:
             raise ReconstructError(f"plan has num_devices={plan.num_devices}: it must be >= 1")
         self._tf_ops = {op.name: op for op in trace.graph.get_operations()}
         self._weight_of_ph = {ph: w.path for ph, w in trace.weights.items()}
-        self._input_names = tuple(trace.input_names)
+        # graph inputs by tensor name: the trace's placeholders for a whole model, any
+        # tensors for a sub-graph (the pattern checker runs one GraphNode alone)
+        self._input_names = tuple(t.name for t in graph.inputs)
         self._info = {t.name: t for n in graph.nodes for op in n.ops for t in op.outputs}
         self._check_plan()
         self.weight_layouts = self._weight_layouts()
-        self.input_placements = self._boundary_placements(
-            [f"{name}:0" for name in self._input_names])
+        self.input_placements = self._boundary_placements(self._input_names)
         self.output_placements = self._output_placements()
 
     # ---- validation and layouts --------------------------------------------------------
@@ -253,12 +260,16 @@ class Program:
     def _boundary_placements(self, names: Sequence[str]) -> tuple:
         out = []
         for name in names:
-            found: Placement = Replica()
-            for node in self.graph.nodes:
+            found: Placement | None = None
+            for node in self.graph.nodes:  # the producer's placement
                 for k, t in enumerate(node.outputs):
                     if t.name == name:
                         found = _place(self.plan.pattern(node).outputs[k])
-            out.append(found)
+            for node in self.graph.nodes:  # else (a sub-graph input) the first consumer's
+                for k, t in enumerate(node.inputs):
+                    if found is None and t.name == name:
+                        found = _place(self.plan.pattern(node).inputs[k])
+            out.append(found if found is not None else Replica())
         return tuple(out)
 
     def _output_placements(self) -> tuple:
@@ -293,6 +304,18 @@ class Program:
                                    "program with a plan for this device count")
         run = _Run(self, collectives)
         return run.execute(inputs, weights)
+
+    def values(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
+               collectives: Collectives, names: Sequence[str]) -> dict[str, list[tf.Tensor]]:
+        """Like calling the program, but return the local values of the tensors ``names``
+        (outputs of GraphNodes) instead of the graph outputs."""
+        run = _Run(self, collectives)
+        run.execute(inputs, weights)
+        missing = [n for n in names if n not in run.env]
+        if missing:
+            raise ReconstructError(f"tensors {missing[:3]} are no GraphNode outputs of "
+                                   f"'{self.graph.name}'")
+        return {n: run.env[n] for n in names}
 
 
 class _Run:
@@ -357,22 +380,19 @@ class _Run:
             if len(vals) != self.n_local:
                 raise ReconstructError(f"input '{name}' has {len(vals)} local part(s); the "
                                        f"collectives run {self.n_local} local replica(s)")
-            info = self._info(f"{name}:0")
+            info = self._info(name)
             want = local_shape(info.shape, p.input_placements[k], self.n)
             for v in vals:
                 if tuple(v.shape.as_list()) != want:
                     raise ReconstructError(
                         f"input '{name}' has local shape {tuple(v.shape.as_list())}; placed "
                         f"{p.input_placements[k]} on {self.n} devices it must be {want}")
-            self.env[f"{name}:0"] = vals
-            self.place[f"{name}:0"] = p.input_placements[k]
+            self.env[name] = vals
+            self.place[name] = p.input_placements[k]
         self.weights = weights
         for node in p.graph.nodes:
             self._node(node)
-        outs = []
-        for t in p.graph.outputs:
-            outs.append(self.env[t.name])
-        return outs
+        return [self.env[t.name] for t in p.graph.outputs]
 
     def _node(self, node: ir.GraphNode) -> None:
         pat = self.p.plan.pattern(node)
@@ -627,7 +647,8 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Plan,
     n = prog.num_devices
     rng = np.random.default_rng(seed)
     values = {prog._weight_of_ph[ph]: np.asarray(tf.convert_to_tensor(v))
-              for ph, v in trace.variables.items()}
+              for ph, v in trace.variables.items()
+              if prog._weight_of_ph[ph] in prog.weight_layouts}
     paths = sorted(values)
     inputs = [np.asarray(x) for x in inputs]
     out_infos = graph.outputs
@@ -700,3 +721,109 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Plan,
     for k, sg, rg in zip(float_inputs, s_xg, r_xg):
         diff(f"gradient of input {k}", sg, rg, prog.input_placements[k])
     return Comparison(tuple(diffs), audit.records)
+
+
+# ---- the audit against the plan's prediction ---------------------------------------------
+
+def _differentiable(prog: Program) -> set[str]:
+    """Tensors whose gradient a training step computes: float tensors downstream of a
+    trainable weight, and the trainable weights themselves (by path)."""
+    trainable_ph = {ph for ph, w in prog.trace.weights.items() if w.trainable}
+    out: set[str] = {w.path for w in prog.trace.weights.values() if w.trainable}
+    for node in prog.graph.nodes:
+        for op in node.ops:
+            reads = [i.split(":")[0] for i in op.inputs]
+            hot = (op.type == "ReadVariableOp" and reads and reads[0] in trainable_ph) or \
+                any(i in out for i in op.inputs)
+            if hot:
+                out.update(t.name for t in op.outputs if t.dtype.startswith(("float", "bfloat")))
+    return out
+
+
+def predicted_comms(prog: Program, strategy: Any = None, *,
+                    input_gradients: bool = False) -> list[CommRecord]:
+    """The collectives ``prog`` must run for one forward and backward pass, as the plan
+    predicts them: every pattern's ``comms`` plus the resharding between GraphNodes (from
+    ``strategy.edge_comms`` when a Strategy is given, else from the placements), one
+    resharding per (tensor, target placement) however many consumers read it. Backward
+    comms on tensors no gradient reaches (integer ids, values computed from inputs only)
+    are left out unless ``input_gradients`` (gradients w.r.t. float graph inputs too)."""
+    graph = prog.graph
+    grads = _differentiable(prog)
+    if input_gradients:
+        grads |= {t.name for t in graph.inputs if t.dtype.startswith("float")}
+        for node in graph.nodes:  # everything downstream of a float input, too
+            for op in node.ops:
+                if any(i in grads for i in op.inputs):
+                    grads.update(t.name for t in op.outputs if t.dtype.startswith("float"))
+    comms: list[Any] = []
+    for node in graph.nodes:
+        comms.extend(getattr(prog.plan.pattern(node), "comms", ()))
+    seen: set[tuple[str, str]] = set()
+    if strategy is not None:
+        edges = [(e.tensor, str(e.dst_placement), e.comms) for e in strategy.edge_comms]
+    else:
+        producer = {}
+        for node in graph.nodes:
+            pat = prog.plan.pattern(node)
+            for k, t in enumerate(node.outputs):
+                producer[t.name] = (_place(pat.outputs[k]), t)
+        edges = []
+        for node in graph.nodes:
+            pat = prog.plan.pattern(node)
+            for k, t in enumerate(node.inputs):
+                have, info = producer.get(t.name, (Replica(), t))
+                want = _place(pat.inputs[k])
+                edges.append((t.name, str(want), src.reshard(have, want, info.shape or (),
+                                                             info.dtype, t.name)))
+    for tensor, want, cs in edges:
+        if (tensor, want) in seen:
+            continue
+        seen.add((tensor, want))
+        comms.extend(cs)
+    out = []
+    for c in comms:
+        if c.phase == "bwd" and c.tensor not in grads:
+            continue
+        out.append(CommRecord(Collective.parse(c.kind), c.tensor, tuple(c.shape), c.dtype,
+                              c.phase, c.axis))
+    return out
+
+
+def compare_audit(records: Sequence[CommRecord], predicted: Sequence[CommRecord]) -> list[str]:
+    """Differences between what the program ran and what was predicted, as readable lines
+    (empty: they agree on every (kind, phase, tensor, bytes), counted with multiplicity)."""
+    def key(r: CommRecord) -> tuple[str, str, str, int]:
+        return (r.kind.value, r.phase, r.tensor, r.bytes)
+    ran, want = Counter(key(r) for r in records), Counter(key(r) for r in predicted)
+    lines = []
+    for k in sorted(set(ran) | set(want)):
+        if ran[k] != want[k]:
+            lines.append(f"{k[1]} {k[0]} on '{k[2]}' ({k[3]} bytes): ran {ran[k]}, "
+                         f"predicted {want[k]}")
+    return lines
+
+
+# ---- one GraphNode alone (the pattern checker) --------------------------------------------
+
+def node_graph(graph: ir.Graph, node_id: int) -> ir.Graph:
+    """GraphNode ``node_id`` as a graph of its own: its inputs are the graph inputs, its
+    outputs the graph outputs. A Program over it replays just that node."""
+    node = graph.nodes[node_id]
+    return ir.Graph(nodes=(dataclasses.replace(node, id=0),), edges=(), inputs=node.inputs,
+                    outputs=node.outputs, name=f"{graph.name}/{node.name}")
+
+
+def intermediate_values(trace: Any, graph: ir.Graph, inputs: Sequence[Any],
+                        names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The values of the GraphNode outputs ``names`` when the traced model runs on ``inputs``
+    (one array per graph input) with its current weights, on one device."""
+    prog = Program(trace, graph, Plan.replicated(graph, 1))
+    names = list(dict.fromkeys(names))
+
+    @tf.function(autograph=False)
+    def run():
+        got = prog.values([[tf.constant(np.asarray(x))] for x in inputs], prog.trace_weights(),
+                          SimulatedCollectives(1), names)
+        return [got[n][0] for n in names]
+    return {n: v.numpy() for n, v in zip(names, run())}
