@@ -1,0 +1,298 @@
+"""tapas.patterns: per-op rules, the propagation engine and every pattern family.
+
+GraphNodes come from tapas.capture on tiny Keras layers and the tiny zoo models (the
+tests may import TensorFlow; the pattern modules may not, see tests/test_src.py)."""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+import pytest
+import tensorflow as tf
+
+import tapas
+from tapas import models, patterns
+from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo
+from tapas.patterns import explain, pattern_by_name, patterns_for
+from tapas.src import Partial, Replica, Split
+
+R, P = Replica(), Partial()
+
+
+@functools.lru_cache(maxsize=None)
+def _capture(name: str) -> Graph:
+    keras.utils.set_random_seed(0)
+    if name == "mlp":
+        m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(8)])
+        return tapas.capture(m, tf.TensorSpec([4, 8]))
+    if name == "dense3":
+        m = keras.Sequential([keras.Input((4, 8)), keras.layers.Dense(16)])
+        return tapas.capture(m, tf.TensorSpec([2, 4, 8]))
+    if name == "odd":
+        m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(10)])
+        return tapas.capture(m, tf.TensorSpec([4, 8]))
+    if name == "mha":
+        x = keras.Input((4, 8))
+        y = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(x, x)
+        return tapas.capture(keras.Model(x, y), tf.TensorSpec([2, 4, 8]))
+    if name == "convbn":
+        m = keras.Sequential([keras.Input((8, 8, 4)), keras.layers.Conv2D(8, 3),
+                              keras.layers.BatchNormalization(), keras.layers.ReLU()])
+        return tapas.capture(m, tf.TensorSpec([2, 8, 8, 4]))
+    if name == "embedding":
+        m = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(16, 8)])
+        return tapas.capture(m, tf.TensorSpec([2, 4], tf.int32))
+    if name == "layernorm":
+        m = keras.Sequential([keras.Input((4, 8)), keras.layers.LayerNormalization()])
+        return tapas.capture(m, tf.TensorSpec([2, 4, 8]))
+    entry = models.get(name)
+    return tapas.capture(entry.build(fast_init=True), entry.input_spec())
+
+
+def _nodes(g: Graph, kind: Kind) -> list[GraphNode]:
+    return [n for n in g.nodes if n.kind is kind]
+
+
+def _by_name(node: GraphNode, g: Graph, n: int) -> dict[str, patterns.ShardingPattern]:
+    return {p.name: p for p in patterns_for(node, g, n)}
+
+
+def _weight(node: GraphNode, suffix: str) -> str:
+    return next(w.path for w in node.weights if w.path.endswith(suffix))
+
+
+def _check_complete(node: GraphNode, pat: patterns.ShardingPattern) -> None:
+    """Every op output placed, comms on known tensors, no partial at the boundary."""
+    outs = {t.name for op in node.ops for t in op.outputs}
+    assert set(pat.tensors) == outs
+    assert len(pat.inputs) == len(node.inputs) and len(pat.outputs) == len(node.outputs)
+    assert set(pat.weights) == {w.path for w in node.weights}
+    known = outs | {t.name for t in node.inputs} | {f"{w.placeholder}:0" for w in node.weights}
+    for c in pat.comms:
+        assert c.tensor in known, (pat.name, c)
+        assert c.phase in ("fwd", "bwd")
+    assert not any(isinstance(p, Partial) for p in (*pat.outputs, *pat.weights.values()))
+    assert set(pat.rewrites) <= {op.name for op in node.ops}
+    assert pat.flops >= 0
+
+
+# ---- dense / matmul ------------------------------------------------------------------------
+
+def test_dense_rank2_megatron_column_then_row() -> None:
+    g = _capture("mlp")
+    d1, d2 = _nodes(g, Kind.DENSE)
+    p1, p2 = _by_name(d1, g, 2), _by_name(d2, g, 2)
+    assert {"replicate", "batch", "column", "row"} <= set(p1) & set(p2)
+    col, row = p1["column"], p2["row"]
+    assert col.weights[_weight(d1, "kernel")] == Split(1)
+    assert col.weights[_weight(d1, "bias")] == Split(0)      # the bias follows the kernel
+    assert col.inputs == (R,) and col.outputs == (Split(1),)
+    assert [(c.phase, c.kind.value, c.tensor) for c in col.comms] == [
+        ("bwd", "AR", d1.inputs[0].name)]                      # Megatron's f
+    assert row.inputs == (Split(1),) and row.outputs == (R,)
+    assert row.weights[_weight(d2, "kernel")] == Split(0)
+    assert row.weights[_weight(d2, "bias")] == R
+    (ar,) = row.comms
+    matmul = next(op for op in d2.ops if op.type == "MatMul")
+    assert (ar.phase, ar.kind.value, ar.tensor) == ("fwd", "AR", matmul.outputs[0].name)
+    assert row.tensors[matmul.outputs[0].name] == P           # reduced before the bias
+    assert "C_AR(MatMul(S1(X), S0(W" in row.expr
+    # the valid pair: column's output is what row expects, with no resharding
+    assert col.outputs[0] == row.inputs[0]
+    # row then row: the first row's output R is not the second's input S1
+    assert p1["row"].outputs[0] != row.inputs[0]
+    for p in (*p1.values(), *p2.values()):
+        _check_complete(d1 if p in p1.values() else d2, p)
+
+
+def test_dense_batch_split_all_reduces_weight_gradients() -> None:
+    g = _capture("mlp")
+    d1 = _nodes(g, Kind.DENSE)[0]
+    batch = _by_name(d1, g, 2)["batch"]
+    assert batch.inputs == (Split(0),) and batch.outputs == (Split(0),)
+    assert all(p == R for p in batch.weights.values())
+    assert sorted((c.phase, c.kind.value, c.tensor) for c in batch.comms) == sorted(
+        ("bwd", "AR", f"{w.placeholder}:0") for w in d1.weights)
+    assert batch.flops == pytest.approx(patterns_for(d1, g, 1)[1].flops / 2, rel=0.01)
+
+
+def test_dense_rank3_splits_last_axis() -> None:
+    g = _capture("dense3")
+    (d,) = _nodes(g, Kind.DENSE)
+    ps = _by_name(d, g, 2)
+    assert ps["column"].outputs == (Split(2),)
+    assert ps["row"].inputs == (Split(2),) and ps["row"].outputs == (R,)
+    assert ps["batch"].inputs == (Split(0),)
+    for p in ps.values():
+        _check_complete(d, p)
+
+
+def test_non_divisible_dimension_is_rejected_and_explained() -> None:
+    g = _capture("odd")
+    (d,) = _nodes(g, Kind.DENSE)
+    names = {p.name for p in patterns_for(d, g, 4)}
+    assert "column" not in names and "row" in names
+    why = explain(d, g, 4, "column")
+    kernel = _weight(d, "kernel")
+    assert f"'{kernel}'" in why and "size 10" in why and "4 devices" in why
+    with pytest.raises(ValueError, match="size 10"):
+        pattern_by_name(d, g, 4, "column")
+    assert "candidates" in explain(d, g, 4, "no-such-pattern")
+    assert "is valid" in explain(d, g, 4, "row")
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+def test_multi_head_attention_heads_and_batch() -> None:
+    g = _capture("mha")
+    scores = _nodes(g, Kind.ATTENTION_SCORE) + _nodes(g, Kind.ATTENTION_CONTEXT)
+    assert scores
+    for n in scores:
+        ps = _by_name(n, g, 2)
+        assert "batch" in ps and "heads" in ps
+        heads = ps["heads"]
+        assert all(isinstance(p, Split) for p in heads.inputs) and not heads.fwd_comms
+        for p in ps.values():
+            _check_complete(n, p)
+    # the projections split on heads keep the head dimension whole
+    dense = _nodes(g, Kind.DENSE)
+    assert dense and all("column" in _by_name(n, g, 2) for n in dense)
+
+
+# ---- conv ----------------------------------------------------------------------------------
+
+def test_conv_batch_norm_channel_splits() -> None:
+    g = _capture("convbn")
+    (c,) = _nodes(g, Kind.CONV)
+    ps = _by_name(c, g, 2)
+    assert {"batch", "out-channel", "in-channel"} <= set(ps)
+    out = ps["out-channel"]
+    assert out.weights[_weight(c, "kernel")] == Split(3) and out.outputs == (Split(3),)
+    for suffix in ("gamma", "beta", "moving_mean", "moving_variance"):
+        assert out.weights[_weight(c, suffix)] == Split(0)   # batch norm follows
+    inc = ps["in-channel"]
+    assert inc.inputs == (Split(3),) and inc.weights[_weight(c, "kernel")] == Split(2)
+    assert [x.kind.value for x in inc.fwd_comms] == ["AR"]
+    conv = next(op for op in c.ops if op.type == "Conv2D")
+    assert inc.fwd_comms[0].tensor == conv.outputs[0].name   # reduced before the norm
+    for p in ps.values():
+        _check_complete(c, p)
+
+
+# ---- embedding ----------------------------------------------------------------------------
+
+def test_embedding_vocab_and_hidden() -> None:
+    g = _capture("embedding")
+    (e,) = _nodes(g, Kind.EMBEDDING)
+    ps = _by_name(e, g, 2)
+    vocab, hidden = ps["vocab"], ps["hidden"]
+    table = e.weights[0].path
+    assert vocab.weights[table] == Split(0) and vocab.outputs == (R,)
+    gather = next(op for op in e.ops if op.type in ("GatherV2", "ResourceGather"))
+    assert vocab.rewrites == {gather.name: "vocab-gather"}
+    assert [(c.phase, c.kind.value) for c in vocab.comms] == [("fwd", "AR")]
+    assert hidden.weights[table] == Split(1) and hidden.outputs == (Split(2),)
+    assert ps["batch"].inputs == (Split(0),)
+    assert "vocab" not in {p.name for p in patterns_for(e, g, 32)}
+    assert "not divisible by 32 devices" in explain(e, g, 32, "vocab")
+
+
+# ---- norm / elementwise / softmax / reshape / reduce ----------------------------------------
+
+def test_layer_norm_hidden_split_reduces_its_statistics() -> None:
+    g = _capture("layernorm")
+    (n,) = _nodes(g, Kind.NORM)
+    ps = _by_name(n, g, 2)
+    assert {"batch", "follow-S1", "follow-S2"} <= set(ps)
+    hid = ps["follow-S2"]
+    assert hid.outputs == (Split(2),)
+    assert all(p == Split(0) for p in hid.weights.values())
+    assert set(hid.rewrites.values()) == {"partial-mean"}
+    # only the (tiny) statistics are all-reduced, never the normalized output
+    assert hid.fwd_comms and all(c.shape[-1] == 1 for c in hid.fwd_comms)
+    for p in ps.values():
+        _check_complete(n, p)
+
+
+def test_softmax_axis_is_never_split() -> None:
+    g = _capture("t5-tiny")
+    sm = next(n for n in g.nodes if n.kind is Kind.SOFTMAX)
+    names = {p.name for p in patterns_for(sm, g, 2)}
+    assert "follow-S1" in names and "follow-S3" not in names
+    assert "needs that dimension whole" in explain(sm, g, 2, "follow-S3")
+
+
+def test_elementwise_last_axis_split() -> None:
+    g = _capture("t5-tiny")
+    add = next(n for n in g.nodes if n.kind is Kind.ELEMENTWISE and len(n.inputs) == 2)
+    ps = _by_name(add, g, 2)
+    rank = len(add.outputs[0].shape)
+    assert ps[f"follow-S{rank - 1}"].outputs == (Split(rank - 1),)
+    assert not ps[f"follow-S{rank - 1}"].comms
+
+
+# ---- MoE -----------------------------------------------------------------------------------
+
+def test_moe_expert_split() -> None:
+    g = _capture("moe-tiny")
+    experts = _nodes(g, Kind.EXPERT_EINSUM)
+    assert experts
+    for n in experts:
+        ex = _by_name(n, g, 2)["expert"]
+        assert all(p == Split(0) for p in ex.weights.values()) and not ex.comms
+        assert ex.outputs == (Split(0),)
+    # dispatch/combine einsums (kind matmul) follow: some split keeps the expert axis
+    mm = _nodes(g, Kind.MATMUL)
+    assert mm and all(len(patterns_for(n, g, 2)) > 1 for n in mm)
+
+
+# ---- every GraphNode of every tiny zoo model -------------------------------------------------
+
+@pytest.mark.parametrize("name", ["t5-tiny", "moe-tiny", "resnet-tiny"])
+@pytest.mark.parametrize("num_devices", [2, 4])
+def test_every_zoo_node_has_valid_complete_patterns(name: str, num_devices: int) -> None:
+    g = _capture(name)
+    split_somewhere = 0
+    for node in g.nodes:
+        ps = patterns_for(node, g, num_devices)
+        assert ps and ps[0].name == "replicate" and ps[0].is_replicated, node.name
+        assert len({p.name for p in ps}) == len(ps)
+        assert len({p.key() for p in ps}) == len(ps)
+        for p in ps:
+            _check_complete(node, p)
+        split_somewhere += len(ps) > 1
+    assert split_somewhere > len(g.nodes) // 2
+
+
+def test_identical_nodes_share_names_and_get_their_own_tensors() -> None:
+    g = _capture("t5-tiny")
+    by_sig: dict[str, list[GraphNode]] = {}
+    for n in g.nodes:
+        by_sig.setdefault(n.signature, []).append(n)
+    a, b = next(v for v in by_sig.values() if len(v) > 1 and v[0].weights)[:2]
+    pa, pb = patterns_for(a, g, 2), patterns_for(b, g, 2)
+    assert [p.name for p in pa] == [p.name for p in pb]
+    for x, y in zip(pa, pb):
+        _check_complete(b, y)
+        assert x.inputs == y.inputs and x.outputs == y.outputs and x.expr == y.expr
+        assert set(y.weights) == {w.path for w in b.weights}
+
+
+def test_unknown_op_only_replicates() -> None:
+    x = TensorInfo("x:0", (4, 8), "float32")
+    y = TensorInfo("f:0", (4, 8), "float32")
+    src = GraphNode(0, "x", Kind.INPUT, (OpInfo("x", "Placeholder", (), (x,)),), (), (x,), ())
+    weird = GraphNode(1, "f", Kind.ELEMENTWISE, (OpInfo("f", "FooBar", ("x:0",), (y,)),),
+                      (x,), (y,), ())
+    g = Graph.build([src, weird])
+    assert [p.name for p in patterns_for(g.nodes[1], g, 2)] == ["replicate"]
+    assert "FooBar, which has no placement rule" in explain(g.nodes[1], g, 2, "batch")
+    assert [p.name for p in patterns_for(g.nodes[0], g, 2)] == ["replicate", "batch"]
+
+
+def test_bad_device_count() -> None:
+    g = _capture("mlp")
+    with pytest.raises(ValueError, match="num_devices=0"):
+        patterns_for(g.nodes[1], g, 0)
