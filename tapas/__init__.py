@@ -20,6 +20,7 @@ from typing import Any
 from tapas import cost, ir
 from tapas.cost import Cluster, Collective, CostBreakdown, CostOptions, collective_cost
 from tapas.ir import Edge, Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
+from tapas.src import Partial, Replica, Split
 
 __version__ = "0.1.0"
 
@@ -36,7 +37,7 @@ _LAZY = {
 
 __all__ = ["ir", "Graph", "GraphNode", "Edge", "Kind", "OpInfo", "TensorInfo", "WeightInfo",
            "cost", "Cluster", "Collective", "CostBreakdown", "CostOptions", "collective_cost",
-           *_LAZY]
+           "Split", "Replica", "Partial", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
