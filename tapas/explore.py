@@ -299,7 +299,8 @@ class Counts:
     pattern); ``pruned_early``: of those, abandoned at once because a pair was invalid;
     ``costed``: valid extensions whose cost was computed; ``dominated``: valid prefixes
     dropped because k cheaper ones left the same frontier (or cut by the beam: ``beam``);
-    ``valid``: complete valid combinations reached at the end."""
+    ``valid``: complete valid combinations reached at the end; ``resharded``: costed
+    extensions that needed a resharding collective on an edge to be valid."""
 
     generated: int = 0
     pruned_early: int = 0
@@ -307,6 +308,7 @@ class Counts:
     dominated: int = 0
     beam: int = 0
     valid: int = 0
+    resharded: int = 0
 
     def __add__(self, other: Counts) -> Counts:
         return Counts(*(a + b for a, b in zip(dataclasses.astuple(self),
@@ -394,7 +396,7 @@ def _run(steps: Sequence[_Step], table: PatternTable, edges: EdgeCoster, k: int,
     the first step of template t branches over them (paying the cost), later steps of t
     take the chosen candidate's pattern at their position for free.
     """
-    generated = pruned = costed = dominated = beamed = 0
+    generated = pruned = costed = dominated = beamed = resharded = 0
     exact = True
     frontier: dict[tuple[tuple[Any, str], ...], list[tuple[float, Any]]] = {(): [(0.0, None)]}
     infos = table.infos
@@ -427,6 +429,7 @@ def _run(steps: Sequence[_Step], table: PatternTable, edges: EdgeCoster, k: int,
                 extra = base
                 sets: dict[Any, str] = {}
                 ok = True
+                moved = False
                 for (key, tensor), want in zip(step.reads, info.inputs):
                     have = sets.get(key) or sd.get(key)
                     if have is None:
@@ -442,10 +445,13 @@ def _run(steps: Sequence[_Step], table: PatternTable, edges: EdgeCoster, k: int,
                         ok = False
                         break
                     extra += c
+                    moved = True
                 if not ok:
                     pruned += len(entries)
                     continue
                 costed += len(entries)
+                if moved:
+                    resharded += len(entries)
                 nd = dict(sd)
                 nd.update(sets)
                 for out_i, key in step.writes:
@@ -475,7 +481,7 @@ def _run(steps: Sequence[_Step], table: PatternTable, edges: EdgeCoster, k: int,
             exact = False
     final = [(c, state, path) for state, entries in frontier.items() for c, path in entries]
     final.sort(key=lambda e: e[0])
-    counts = Counts(generated, pruned, costed, dominated, beamed, len(final))
+    counts = Counts(generated, pruned, costed, dominated, beamed, len(final), resharded)
     return final, counts, exact
 
 
@@ -689,6 +695,9 @@ def _stitch_steps(graph: Graph, folded: Any, results: Sequence[TemplateResult],
                   ) -> tuple[list[_Step], dict[int, list[tuple[tuple[int, ...], float]]]]:
     """Whole-graph steps where each template's GraphNodes follow one tied candidate."""
     steps = _whole_graph_steps(graph, table, allowed, penalty)
+    prod = _producers(graph)
+    cons = _consumers(graph)
+    outputs = {t.name for t in graph.outputs}
     where: dict[int, tuple[int, int, int]] = {}
     first: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -704,9 +713,21 @@ def _stitch_steps(graph: Graph, folded: Any, results: Sequence[TemplateResult],
         # where the stitch meets them, inside an instance as between units)
         tie_options[r.template] = []
         tpl = next(t for t in folded.templates if t.id == r.template)
-        for cand in r.candidates:
-            per_instance = math.fsum(table.infos[v][cand.patterns[p]].cost(penalty)
-                                     for p, v in enumerate(tpl.instances[0]))
+        inst0 = tpl.instances[0]
+        members = set(inst0)
+        ext_in = [(p, j) for p, v in enumerate(inst0) for j, t in enumerate(graph.nodes[v].inputs)
+                  if prod.get(t.name, (None,))[0] not in members]
+        ext_out = [(p, o) for p, v in enumerate(inst0) for o, t in enumerate(graph.nodes[v].outputs)
+                   if t.name in outputs or any(c not in members for c in cons.get(t.name, ()))]
+        seen: set[tuple[str, ...]] = set()
+        for cand in r.candidates:   # cheapest first; the stitch only sees the boundary
+            infos = [table.infos[v][cand.patterns[p]] for p, v in enumerate(inst0)]
+            boundary = tuple(infos[p].inputs[j] for p, j in ext_in) + \
+                tuple(infos[p].outputs[o] for p, o in ext_out)
+            if boundary in seen:
+                continue
+            seen.add(boundary)
+            per_instance = math.fsum(i.cost(penalty) for i in infos)
             tie_options[r.template].append((cand.patterns, per_instance * len(tpl.instances)))
     for step in steps:
         w = where.get(step.node)

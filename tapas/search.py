@@ -122,7 +122,8 @@ def node_roles(graph: Graph) -> list[str]:
 
 
 def _is_batch(name: str) -> bool:
-    return name == "batch" or name == "follow-S0"
+    """A data-parallel pattern name: the batch (axis 0) split or its followers."""
+    return name == "batch" or name == "follow-S0" or name == "split-S0-S0"
 
 
 def _tensor_parallel(name: str) -> bool:
@@ -132,10 +133,10 @@ def _tensor_parallel(name: str) -> bool:
 # plan name -> description; the predicate is built by reference_filter
 REFERENCE_PLANS: Mapping[str, str] = {
     "megatron": "Megatron-style: attention split on heads (Q/K/V column, O row), FFN "
-                "column then row, the rest replicated",
+                "column then row",
     "ffn-only": "FFN column then row, attention replicated (the paper's T5 finding)",
     "mha-only": "attention split on heads, FFN replicated",
-    "expert": "MoE experts split on the expert dimension, the rest replicated",
+    "expert": "MoE experts split on the expert dimension, attention and FFN replicated",
     "data-parallel": "every GraphNode split on the batch dimension (weights replicated, "
                      "gradient all-reduce)",
     "replicate": "every GraphNode replicated (no communication, no saving)",
@@ -168,9 +169,9 @@ def reference_filter(plan: str, graph: Graph) -> ex.Allowed:
             if role == "expert":
                 return name.startswith("expert")
             return name == "heads" or name.startswith("follow-")
-        if node.weights:      # weights outside the sharded family stay whole
-            return name == "replicate"
-        return name == "replicate" or name.startswith("follow-")
+        if role in ("attention", "attention-core", "ffn", "expert"):
+            return name == "replicate"       # a family this plan leaves whole
+        return True                          # the rest (embeddings, head, glue): searched
     return allowed
 
 
@@ -450,7 +451,8 @@ class Strategy:
         cnt = self.counts
         if cnt:
             lines.append(f"counts: {cnt.get('generated', 0):,} candidates generated, "
-                         f"{cnt.get('pruned_early', 0):,} pruned early, "
+                         f"{cnt.get('pruned_early', 0):,} pruned early (invalid), "
+                         f"{cnt.get('resharded', 0):,} valid with a resharding, "
                          f"{cnt.get('costed', 0):,} costed, {cnt.get('dominated', 0):,} "
                          f"dominated, {cnt.get('valid', 0):,} valid at the end; "
                          f"{cnt.get('units', 0)} units searched "

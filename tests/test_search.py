@@ -136,3 +136,131 @@ def test_search_imports_no_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "False"
+
+
+# ---- the real patterns ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mlp_graph() -> Graph:
+    import keras
+    import tensorflow as tf
+
+    from tapas import capturing
+    inputs = keras.Input((16,), batch_size=8, name="x")
+    h = keras.layers.Dense(64, activation="relu", name="up")(inputs)
+    out = keras.layers.Dense(16, name="down")(h)
+    model = keras.Model(inputs, out, name="mlp")
+    return capturing.capture(model, tf.TensorSpec((8, 16), tf.float32))
+
+
+def _dense_ids(graph: Graph) -> list[int]:
+    return [n.id for n in graph.nodes if n.kind.value == "dense"]
+
+
+def test_two_layer_mlp_valid_set_has_megatron_and_rejects_row_then_row(mlp_graph):
+    import itertools
+
+    from tapas import patterns
+    g = mlp_graph
+    up, down = _dense_ids(g)
+    cluster = Cluster.v100_ethernet(1, N)
+    res = explore.explore(g, N, cluster, mode="es",
+                          options=explore.ExploreOptions(allow_reshard=False, top_k=1000))
+    found = {tuple(res.table.infos[v][p.patterns[v]].name for v in range(len(g.nodes)))
+             for p in res.plans}
+    # brute force over every combination of the real patterns: valid iff every pair matches
+    pats = [patterns.patterns_for(n, g, N) for n in g.nodes]
+    prod = {t.name: (n.id, i) for n in g.nodes for i, t in enumerate(n.outputs)}
+    valid = set()
+    for combo in itertools.product(*pats):
+        if all(str(combo[prod[t.name][0]].outputs[prod[t.name][1]]) == str(combo[n.id].inputs[j])
+               for n in g.nodes for j, t in enumerate(n.inputs) if t.name in prod):
+            valid.add(tuple(p.name for p in combo))
+    assert found == valid
+    pairs = {(c[up], c[down]) for c in found}
+    assert ("column", "row") in pairs                     # Megatron
+    assert ("row", "row") not in pairs                     # R output into a row split
+    assert ("column", "column") not in pairs               # S output into a replicated read
+    assert res.counts.pruned_early > 0 and res.counts.valid == len(valid)
+    assert res.counts.generated == res.counts.pruned_early + res.counts.costed
+
+
+def test_megatron_mlp_cost_from_the_real_patterns(mlp_graph):
+    """column then row: one forward AR of the [8, 16] output and one backward AR of the
+    [8, 16] input gradient, nothing else (compute off)."""
+    g = mlp_graph
+    up, down = _dense_ids(g)
+    cluster = Cluster.v100_ethernet(1, N)
+    opts = CostOptions(compute=False)
+    s = search.search(g, cluster=cluster, options=opts, top_k=50,
+                      explore_options=explore.ExploreOptions(top_k=50))
+    table = s._table
+    megatron = [table.index(v, "replicate") for v in range(len(g.nodes))]
+    megatron[up], megatron[down] = table.index(up, "column"), table.index(down, "row")
+    pc, resharded = explore.plan_cost(g, table, megatron,
+                                      explore.EdgeCoster(N, cluster, opts))
+    act = 8 * 16 * FP32
+    lat, beta, w = cluster.intra.latency * N, cluster.intra.beta, N
+    by_hand = (lat + beta * 2 * (w - 1) / w * act * opts.epsilon["AR"]
+               + lat + beta * 2 * (w - 1) / w * act * opts.gamma * opts.epsilon["AR"])
+    assert resharded == [] and len(pc.comms) == 2
+    assert math.isclose(pc.total, by_hand, rel_tol=1e-12)
+    # the chosen strategy binds to the graph and returns the full ShardingPatterns
+    for v in range(len(g.nodes)):
+        assert s.pattern(v).name == s.patterns[v]
+    assert all(e.comms for e in s.edge_comms)
+
+
+def test_search_accepts_a_keras_model():
+    import keras
+    import tensorflow as tf
+    inputs = keras.Input((16,), batch_size=8)
+    model = keras.Model(inputs, keras.layers.Dense(32)(inputs))
+    s = search.search(model, tf.TensorSpec((8, 16), tf.float32),
+                      cluster=Cluster.v100_ethernet(1, 2), references=())
+    assert "capture" in s.timings and len(s.patterns) == s.num_nodes
+
+
+@pytest.fixture(scope="module")
+def t5_tiny() -> Graph:
+    from tapas import capturing, models
+    entry = models.get("t5-tiny")
+    return capturing.capture(entry.build(fast_init=True), list(entry.input_spec()))
+
+
+def test_t5_tiny_ranked_list_shows_reference_plans(t5_tiny):
+    s = search.search(t5_tiny, cluster=Cluster.v100_ethernet(1, 2))
+    refs = {r.name: r for r in s.references}
+    assert list(refs) == ["megatron", "ffn-only", "mha-only", "data-parallel", "replicate"]
+    for r in refs.values():
+        assert not r.error and math.isfinite(r.cost) and r.cost >= s.total_cost * (1 - 1e-12)
+    roles = search.node_roles(t5_tiny)
+    # each reference plan splits what it names and nothing of the families it leaves whole
+    for name, split, whole in (("megatron", ("ffn", "attention"), ()),
+                               ("ffn-only", ("ffn",), ("attention",)),
+                               ("mha-only", ("attention",), ("ffn",))):
+        pats = dict(enumerate(s.patterns))
+        pats.update(refs[name].changes)
+        for v, role in enumerate(roles):
+            if role in split:
+                assert pats[v] in ("column", "row", "heads"), (name, v, pats[v])
+            if role in whole:
+                assert pats[v] == "replicate", (name, v, pats[v])
+    text = s.summary()
+    for name in refs:
+        assert name in text
+    assert "weights split" in text and "reference plans:" in text
+
+
+@pytest.mark.parametrize("preset,devices", [("t5-tiny", 2), ("moe-tiny", 2), ("resnet-tiny", 4)])
+def test_gp_is_within_1_5_percent_of_es_on_tiny_presets(preset, devices):
+    from tapas import capturing, models
+    entry = models.get(preset)
+    g = capturing.capture(entry.build(fast_init=True), list(entry.input_spec()))
+    cluster = Cluster.v100_ethernet(1, devices)
+    gp = search.search(g, cluster=cluster, mode="gp", references=())
+    es = search.search(g, cluster=cluster, mode="es", references=())
+    assert es.total_cost <= gp.total_cost * (1 + 1e-9)
+    assert gp.total_cost <= es.total_cost * 1.015
+    assert es.counts["templates"] == 0 and es.counts["units"] == len(g.nodes)
+    assert gp.counts["units"] <= len(g.nodes)
