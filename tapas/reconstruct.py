@@ -64,11 +64,22 @@ __all__ = ["NodeSharding", "Plan", "Program", "WeightLayout", "ReconstructError"
 
 # op type -> index of the input that holds the op's output shape
 _SHAPE_INPUT = {"Reshape": 1, "BroadcastTo": 1, "Fill": 0}
+# element-wise ops with broadcasting: a replicated operand that has the split dimension of
+# the output is sliced locally (tapas.patterns.ops: "one that has it is sliced locally")
+_BROADCASTING = frozenset({
+    "AddV2", "Add", "Sub", "Mul", "MulNoNan", "RealDiv", "Div", "DivNoNan", "FloorDiv",
+    "FloorMod", "Maximum", "Minimum", "SquaredDifference", "Pow", "SelectV2", "Select",
+    "BiasAdd", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual",
+    "LogicalAnd", "LogicalOr", "Atan2", "Xdivy", "Xlogy"})
 # ops that write variables: replaying them would silently skip the write
 _VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                               "ResourceApplyGradientDescent", "ResourceScatterAdd",
                               "ResourceScatterUpdate"})
-REWRITES = ("vocab-gather",)
+# local programs that differ from "the same op on local shapes" (named by the patterns):
+#   vocab-gather  GatherV2 from a row-split table (see _Run._vocab_gather); result P
+#   partial-mean  a Mean over a split axis: the local mean divided by N; result P
+#   global-shape  Shape/Size/Rank/ShapeN of a split tensor: the global value, a constant
+REWRITES = ("vocab-gather", "partial-mean", "global-shape")
 
 
 class ReconstructError(ValueError):
@@ -222,7 +233,7 @@ class Program:
                 checks.append((w.path, w.shape, _place(pat.weights[w.path])))
             for name, p in getattr(pat, "tensors", {}).items():
                 info = self._info.get(name)
-                if info is not None:
+                if info is not None and info.dtype != "resource":  # a weight's handle
                     checks.append((name, info.shape, _place(p)))
             for name, shape, p in checks:
                 if isinstance(p, Split):
@@ -404,14 +415,14 @@ class _Run:
         bwd: dict[str, list[src.Comm]] = {}
         for c in getattr(pat, "comms", ()):
             (fwd if c.phase == "fwd" else bwd).setdefault(c.tensor, []).append(c)
-        read_of_path: dict[str, list[str]] = {}
+        reads: dict[str, list[str]] = {}  # weight path or placeholder tensor -> reads
         for op in node.ops:
-            if op.type == "ReadVariableOp" and op.inputs and \
-                    op.inputs[0].split(":")[0] in self.p._weight_of_ph:
-                path = self.p._weight_of_ph[op.inputs[0].split(":")[0]]
-                read_of_path.setdefault(path, []).append(op.outputs[0].name)
-        for path, names in read_of_path.items():  # bwd comms named by weight path
-            for c in bwd.pop(path, []):
+            ph = op.inputs[0].split(":")[0] if op.inputs else ""
+            if op.type == "ReadVariableOp" and ph in self.p._weight_of_ph:
+                reads.setdefault(self.p._weight_of_ph[ph], []).append(op.outputs[0].name)
+                reads.setdefault(op.inputs[0], []).append(op.outputs[0].name)
+        for key, names in reads.items():  # bwd comms on a weight apply where it is read
+            for c in bwd.pop(key, []):
                 for nm in names:
                     bwd.setdefault(nm, []).append(c)
         for k, t in enumerate(node.inputs):
@@ -524,9 +535,11 @@ class _Run:
                                        "neither an input of the node nor produced inside it")
         ins = [view[name] for name in op.inputs]
         rule = rewrites.get(op.name)
+        tf_op = self.p._tf_ops[op.name]
         if rule == "vocab-gather":
             return [(self._vocab_gather(op, ins, vplace, label), Partial())]
-        tf_op = self.p._tf_ops[op.name]
+        if rule == "global-shape":
+            return self._global_shape(tf_op, label)
         idx = _SHAPE_INPUT.get(op.type)
         if idx is not None and idx < len(ins):
             out = op.outputs[0]
@@ -536,6 +549,8 @@ class _Run:
                 dt = tf_op.inputs[idx].dtype
                 ins = list(ins)
                 ins[idx] = [tf.constant(target, dtype=dt)] * self.n_local
+        if op.type in _BROADCASTING:
+            ins = self._slice_broadcast(op, ins, view, vplace, tensors.get(op.outputs[0].name))
         per_replica = []
         for r in range(self.n_local):
             try:
@@ -543,7 +558,44 @@ class _Run:
             except _tf_internal.ReplayError as err:
                 raise ReconstructError(f"{label}: {err}") from err
         n_out = len(op.outputs)
+        if rule == "partial-mean":  # the mean over all devices is the sum of local means / N
+            return [([o * tf.constant(1.0 / self.n, o.dtype) for o in
+                      (outs[j] for outs in per_replica)], Partial()) for j in range(n_out)]
         return [([outs[j] for outs in per_replica], None) for j in range(n_out)]
+
+    def _slice_broadcast(self, op: ir.OpInfo, ins: list, view: dict, vplace: dict,
+                         out_place: Placement | None) -> list:
+        if not isinstance(out_place, Split) or op.outputs[0].shape is None:
+            return ins
+        rank = len(op.outputs[0].shape)
+        axis = out_place.axis
+        out = list(ins)
+        for i, name in enumerate(op.inputs):
+            info = self._info(name)
+            if not isinstance(vplace.get(name), Replica) or info.shape is None:
+                continue
+            a = axis - (rank - len(info.shape))  # broadcasting aligns the trailing axes
+            if 0 <= a < len(info.shape) and info.shape[a] == op.outputs[0].shape[axis] and \
+                    info.shape[a] > 1:
+                key = (f"slice:{name}", str(Split(a)))
+                if key not in self.cache:
+                    self.cache[key] = self.coll.scatter(ins[i], a, name, info.shape, info.dtype)
+                out[i] = self.cache[key]
+        return out
+
+    def _global_shape(self, tf_op: tf.Operation, label: str) -> list:
+        """Shape, Size, Rank or ShapeN of split tensors: the traced (global) values."""
+        out = []
+        for j, t in enumerate(tf_op.outputs):
+            src_shape = tf_op.inputs[j if tf_op.type == "ShapeN" else 0].shape
+            if not src_shape.is_fully_defined():
+                raise ReconstructError(f"{label}: '{tf_op.name}' ({tf_op.type}) of a tensor "
+                                       f"with dynamic shape {src_shape}: TAPAS needs static "
+                                       "shapes")
+            dims = src_shape.as_list()
+            value = {"Size": int(np.prod(dims)), "Rank": len(dims)}.get(tf_op.type, dims)
+            out.append(([tf.constant(value, dtype=t.dtype)] * self.n_local, Replica()))
+        return out
 
     def _conform(self, vals: list, plc: Placement | None, want: Placement | None,
                  out: ir.TensorInfo, label: str, op: ir.OpInfo) -> tuple[list, Placement]:
@@ -650,6 +702,7 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Plan,
               for ph, v in trace.variables.items()
               if prog._weight_of_ph[ph] in prog.weight_layouts}
     paths = sorted(values)
+    trainable = [p for p in paths if prog.weight_layouts[p].trainable]  # gradients compared
     inputs = [np.asarray(x) for x in inputs]
     out_infos = graph.outputs
     coeffs = [rng.standard_normal(t.shape).astype(t.dtype) if t.dtype.startswith("float")
@@ -675,7 +728,7 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Plan,
                 plc = prog.output_placements[k]
                 for i, o in enumerate(outs[k]):
                     loss += tf.cast(tf.reduce_sum(o * shard(c, plc, n, i)), tf.float32)
-        grads = tape.gradient(loss, ([local_w[p] for p in paths],
+        grads = tape.gradient(loss, ([local_w[p] for p in trainable],
                                      [local_x[k] for k in float_inputs]),
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return outs, grads
@@ -694,7 +747,7 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Plan,
             for o, c in zip(outs, coeffs):
                 if c is not None:
                     loss += tf.cast(tf.reduce_sum(o * c), tf.float32)
-        grads = tape.gradient(loss, ([ws[p] for p in paths], [xs[k] for k in float_inputs]),
+        grads = tape.gradient(loss, ([ws[p] for p in trainable], [xs[k] for k in float_inputs]),
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return outs, grads
 
@@ -716,7 +769,7 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Plan,
 
     for k, (so, ro) in enumerate(zip(s_outs, r_outs)):
         diff(f"output {k} '{out_infos[k].name}'", so, ro, prog.output_placements[k])
-    for p, sg, rg in zip(paths, s_wg, r_wg):
+    for p, sg, rg in zip(trainable, s_wg, r_wg):
         diff(f"gradient of '{p}'", sg, rg, prog.weight_layouts[p].placement)
     for k, sg, rg in zip(float_inputs, s_xg, r_xg):
         diff(f"gradient of input {k}", sg, rg, prog.input_placements[k])
@@ -730,6 +783,7 @@ def _differentiable(prog: Program) -> set[str]:
     trainable weight, and the trainable weights themselves (by path)."""
     trainable_ph = {ph for ph, w in prog.trace.weights.items() if w.trainable}
     out: set[str] = {w.path for w in prog.trace.weights.values() if w.trainable}
+    out |= {f"{ph}:0" for ph in trainable_ph}
     for node in prog.graph.nodes:
         for op in node.ops:
             reads = [i.split(":")[0] for i in op.inputs]
@@ -772,8 +826,10 @@ def predicted_comms(prog: Program, strategy: Any = None, *,
         for node in graph.nodes:
             pat = prog.plan.pattern(node)
             for k, t in enumerate(node.inputs):
-                have, info = producer.get(t.name, (Replica(), t))
                 want = _place(pat.inputs[k])
+                # a graph input arrives placed as its first consumer wants it
+                have, info = producer.get(t.name, (prog.input_placements[
+                    prog._input_names.index(t.name)] if t.name in prog._input_names else want, t))
                 edges.append((t.name, str(want), src.reshard(have, want, info.shape or (),
                                                              info.dtype, t.name)))
     for tensor, want, cs in edges:
