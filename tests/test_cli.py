@@ -86,3 +86,21 @@ def test_report_helpers_format_every_field():
     report = cli.inspect_report(g, 0.5, 0.25, 9, top=3)
     text = cli.format_inspect(report)
     assert "capture time     0.750 s" in text and "dense" in text
+
+
+def test_search_prints_layer_table_references_timings_and_writes_strategy(tmp_path):
+    out_path, report_path = tmp_path / "strategy.json", tmp_path / "report.json"
+    out = run_tapas("search", "--model=t5-tiny", "--nodes=1", "--devices_per_node=2",
+                    f"--out={out_path}", f"--json_out={report_path}").stdout
+    for line in ("strategy for 't5-tiny' on v100-ethernet/1x2 (2 devices), mode gp",
+                 "weights split", "reference plans:", "megatron", "ffn-only", "mha-only",
+                 "data-parallel", "ranked alternatives", "phase timings:", "enumeration",
+                 "candidates generated", f"strategy written to {out_path}"):
+        assert line in out, line
+    from tapas.search import Strategy
+    saved = Strategy.load(str(out_path))
+    report = json.loads(report_path.read_text())
+    assert report["strategy"]["patterns"] == list(saved.patterns)
+    assert saved.num_devices == 2 and len(saved.patterns) == saved.num_nodes
+    proc = run_tapas("search", "--model=t5-tiny", "--devices_per_node=0", check=False)
+    assert proc.returncode != 0 and "devices_per_node=0: a cluster with no devices" in proc.stderr
