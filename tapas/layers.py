@@ -15,7 +15,7 @@ Out: layers whose ops all run inside one ``tapas.<kind>`` name scope. ``tapas.ca
 | :class:`FeedForward` | ``feed-forward`` | ``replicate``, ``batch``, ``column-row`` |
 | :class:`LayerNorm` | ``norm`` | ``replicate``, ``batch`` |
 | :class:`Conv2D` | ``conv`` | ``replicate``, ``batch``, ``out-channel``, ``in-channel`` |
-| :class:`MoE` | ``moe`` | ``replicate``, ``batch``, ``expert`` |
+| :class:`MoE` | ``moe`` | ``replicate``, ``batch`` |
 
 A pin is a pattern name from the table or an SRC expression (``docs/sharding.md``), e.g.
 ``tapas.DenseLayer(4096, activation="relu", shard="column")``. ``None`` (the default)
@@ -46,7 +46,7 @@ PIN_NAMES: dict[str, tuple[str, ...]] = {
     "feed-forward": ("replicate", "batch", "column-row"),
     "norm": ("replicate", "batch"),
     "conv": ("replicate", "batch", "out-channel", "in-channel"),
-    "moe": ("replicate", "batch", "expert"),
+    "moe": ("replicate", "batch"),
 }
 
 
@@ -447,6 +447,12 @@ class MoE(TapasLayer):
     and every expert is evaluated densely on every token (no capacity limit, so no token
     is ever dropped and the layer is exactly differentiable; the zoo's GShard model has the
     capacity-limited dispatch).
+
+    Expert parallelism: not as a pin of this layer. Its input feeds both the replicated
+    gate and the experts, so under an expert split its gradient would sum a full and a
+    partial part inside one GraphNode, which the pattern engine rejects; the zoo's GShard
+    MoE (``moe-*`` presets), whose dispatch and experts are separate GraphNodes, gets the
+    ``expert`` pattern.
     """
 
     kind = "moe"
@@ -479,7 +485,8 @@ class MoE(TapasLayer):
 
     def compute(self, x: Any) -> Any:
         probs = ops.softmax(ops.einsum("btd,de->bte", x, self.gate), axis=-1)
-        kth = ops.top_k(probs, self.top_k)[0][..., -1:]
+        # the k-th largest probability of each token (top_k sorts descending)
+        kth = ops.min(ops.top_k(probs, self.top_k)[0], axis=-1, keepdims=True)
         chosen = ops.where(probs >= kth, probs, ops.zeros_like(probs))
         combine = chosen / ops.sum(chosen, axis=-1, keepdims=True)
         h = self.activation(ops.einsum("btd,edf->ebtf", x, self.wi))

@@ -218,3 +218,23 @@ def test_zoo_models_built_from_tapas_layers(name, kinds):
     model.compile(keras.optimizers.SGD(0.01), entry.keras_loss())
     loss = model.train_on_batch(list(inputs), targets)
     assert np.isfinite(loss)
+
+
+def test_whole_layer_kinds_get_their_sharding_patterns():
+    """tapas.patterns.layers: heads for attention, Megatron column-row for the
+    feed-forward, batch for all three (the MoE's expert split is not offered: see
+    tapas.layers.MoE)."""
+    from tapas import models, patterns
+    entry = models.get("moe-tiny-tapas")
+    graph = tapas.capture(entry.build(fast_init=True), list(entry.input_spec(2)))
+    names = {}
+    for n in graph.nodes:
+        if n.kind in (Kind.ATTENTION, Kind.FEED_FORWARD, Kind.MOE):
+            names[n.kind] = [p.name for p in patterns.patterns_for(n, graph, 2)]
+    assert names == {Kind.ATTENTION: ["replicate", "batch", "heads"],
+                     Kind.FEED_FORWARD: ["replicate", "batch", "column-row"],
+                     Kind.MOE: ["replicate", "batch"]}
+    att = next(n for n in graph.nodes if n.kind == Kind.ATTENTION)
+    heads = patterns.pattern_by_name(att, graph, 2, "heads")
+    assert [c.kind.value for c in heads.fwd_comms] == ["AR"]
+    assert {str(p) for path, p in heads.weights.items() if path.endswith("kernel")} == {"S0", "S1"}

@@ -39,15 +39,18 @@ import threading
 from typing import Any
 
 from tapas.ir import Graph, GraphNode
-from tapas.patterns import attention, conv, dense, embedding, follow, moe, ops, replicate
+from tapas.patterns import (attention, conv, dense, embedding, follow, layers, moe, ops,
+                            replicate)
 from tapas.patterns.base import (REGISTRY, GraphIndex, PatternSeed, SeedContext,
                                  ShardingPattern, register)
 from tapas.patterns.engine import Invalid, propagate
+from tapas.patterns.pins import PinError, apply_pin
 
 __all__ = ["ShardingPattern", "PatternSeed", "register", "REGISTRY", "patterns_for",
-           "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid", "ops"]
+           "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid", "ops",
+           "PinError"]
 
-_ = (attention, conv, dense, embedding, follow, moe)  # imported to fill the registry
+_ = (attention, conv, dense, embedding, follow, layers, moe)  # imported to fill the registry
 
 _LOCK = threading.Lock()
 _INDEX: dict[int, tuple[Graph, GraphIndex]] = {}
@@ -128,7 +131,18 @@ def _cache_key(node: GraphNode, n: int) -> tuple[Any, ...]:
 
 def patterns_for(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:
     """The valid sharding patterns of ``node`` on ``num_devices`` devices, ``replicate``
-    first, then the families' patterns in their order (identical implementations once)."""
+    first, then the families' patterns in their order (identical implementations once).
+
+    A node pinned by its ``tapas.layers`` layer (``GraphNode.pin``) has just the pattern
+    the pin selects; :class:`PinError` when the pin cannot be honoured (``pins.py``)."""
+    pats = _unpinned(node, graph, num_devices)
+    if node.pin is None:
+        return pats
+    return apply_pin(node, pats, num_devices,
+                     lambda name: explain(node, graph, num_devices, name))
+
+
+def _unpinned(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:
     _check_n(num_devices)
     key = _cache_key(node, num_devices)
     with _LOCK:
@@ -171,9 +185,9 @@ def explain(node: GraphNode, graph: Graph, num_devices: int, name: str) -> str:
     except Invalid as e:
         return (f"pattern {name!r} of GraphNode '{node.name}' is invalid on {num_devices} "
                 f"devices: {e}")
-    valid = {p.name for p in patterns_for(node, graph, num_devices)}
+    valid = {p.name for p in _unpinned(node, graph, num_devices)}
     if name not in valid:
-        same = next(p.name for p in patterns_for(node, graph, num_devices)
+        same = next(p.name for p in _unpinned(node, graph, num_devices)
                     if p.key() == pat.key())
         return (f"pattern {name!r} of GraphNode '{node.name}' is valid on {num_devices} "
                 f"devices but is the same implementation as {same!r}, listed under that name")

@@ -10,11 +10,11 @@ Out: :class:`PatternSeed` s; the op rules propagate them through the layer's ops
 |---|---|---|---|
 | attention | ``heads`` | q/k/v kernels ``S1`` (heads), their biases ``S0``, output kernel ``S0`` | fwd AR of the output, bwd AR of the inputs (Megatron) |
 | feed-forward | ``column-row`` | ``wi*`` kernels ``S1``, their biases ``S0``, ``wo`` kernel ``S0`` | fwd AR of the output, bwd AR of the input |
-| moe | ``expert`` | ``wi``, ``wo`` ``S0`` (the expert axis); the gate replicated | fwd AR of the combined output, bwd AR of the input |
 | all three | ``batch`` | replicated | bwd AR of every weight gradient (data parallel) |
 
 ``batch`` splits every input on axis 0 (an input whose axis 0 has size 1, such as T5's
-position bias ``[1, heads, q, k]``, stays replicated). ``heads`` also splits an additive
+position bias ``[1, heads, q, k]``, stays replicated). ``moe`` has ``batch`` only: see
+:class:`tapas.layers.MoE` for why the expert split is not offered inside one GraphNode. ``heads`` also splits an additive
 score bias input on its heads axis (``S1``): a replicated bias is sliced locally for free.
 """
 
@@ -35,7 +35,13 @@ def _by_suffix(node: GraphNode) -> dict[str, str]:
 
 
 def _batch(node: GraphNode, ctx: SeedContext) -> PatternSeed:
-    return PatternSeed("batch", ctx.split_all(0))
+    """Every input whose axis 0 is the batch (the largest axis 0 among the inputs) split
+    on it; the others (a ``[1, heads, q, k]`` bias) replicated."""
+    sizes = [t.shape[0] for t in node.inputs if t.shape]
+    batch = max(sizes, default=1)
+    return PatternSeed("batch", tuple(
+        Split(0) if batch > 1 and t.shape and t.shape[0] == batch else Replica()
+        for t in node.inputs))
 
 
 @register(Kind.ATTENTION)
@@ -77,11 +83,7 @@ def feed_forward_seeds(node: GraphNode, ctx: SeedContext) -> Iterator[PatternSee
 
 @register(Kind.MOE)
 def moe_seeds(node: GraphNode, ctx: SeedContext) -> Iterator[PatternSeed]:
+    # Only data parallelism: an expert split would need the input's gradient to be the
+    # sum of a full part (through the replicated gate) and a partial part (through the
+    # experts) inside one GraphNode, which the engine rejects (see tapas.layers.MoE).
     yield _batch(node, ctx)
-    w = _by_suffix(node)
-    if not {"wi", "wo"} <= set(w):
-        return
-    weights: dict[str, Placement] = {w["wi"]: Split(0), w["wo"]: Split(0)}
-    if "gate_kernel" in w:
-        weights[w["gate_kernel"]] = Replica()
-    yield PatternSeed("expert", tuple(Replica() for _ in node.inputs), weights)
