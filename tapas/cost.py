@@ -41,6 +41,13 @@ Example (a made-up 1 GB/s, 1 us link; 4 workers all-reduce 1 MB in the forward p
 >>> collective_time("AR", 1_000_000, 1, c)                        # one worker: no communication
 0.0
 
+Plan level (used by ``tapas.explore``; docs/search.md): ``comm_cost`` prices one
+``tapas.src.Comm`` (an all-to-all's N is the global size over W), ``compute_time`` turns a
+pattern's forward FLOPs per device into seconds of a training step (``CostOptions.compute``,
+``backward_flops_factor``), ``weight_memory`` / ``MemoryEstimate`` count bytes per device
+(weights, gradients, optimizer state per ``CostOptions.optimizer``, activations) and
+``PlanCost`` adds them up for a whole plan.
+
 This module imports no TensorFlow.
 """
 

@@ -1,0 +1,183 @@
+"""Benchmark: strategy search, TAPAS-GP against TAPAS-ES, and GP search time on large models.
+
+    python benchmarks/bench_search.py [--compare=t5-tiny,moe-tiny,resnet-tiny,t5-small]
+        [--large] [--speed=t5-large,resnet152-100k,moe-1.3b] [--depths=6,12,24,48]
+        [--devices=8] [--es_limit=600] [--graph_cache=out/graphs]
+        [--json_out=out/bench_search.json]
+
+1. **gp vs es** on ``--compare`` presets (``--large`` adds t5-large, moe-1.3b and
+   resnet152-100k): the best cost of each mode, their gap (the paper: GP within 1.5% of ES),
+   the search time and the number of prefix extensions each enumerated. ES is stopped
+   after ``--es_limit`` seconds per model and reported as "did not finish".
+2. **speed**: GP search time (mining + patterns + enumeration + stitching + validation; the
+   reference plans are not part of it) on ``--speed`` presets. Target: T5-large under 10 s
+   on this 2-core machine (the paper needed 6 minutes for 729 strategies).
+3. **depth scan**: GP search time of T5-large with 6/12/24/48 layers per stack.
+
+Capture is not part of search time; ``--graph_cache`` keeps the captured IR so reruns skip
+TensorFlow. Prints tables and writes every number as JSON.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+from absl import app, flags  # noqa: E402
+
+flags.DEFINE_list("compare", ["t5-tiny", "moe-tiny", "resnet-tiny", "t5-small"],
+                  "Presets searched with both gp and es.")
+flags.DEFINE_boolean("large", False, "Also compare gp and es on t5-large, moe-1.3b and "
+                     "resnet152-100k (es may hit --es_limit).")
+flags.DEFINE_list("speed", ["t5-large", "resnet152-100k", "moe-1.3b"],
+                  "Presets whose gp search time is measured.")
+flags.DEFINE_list("depths", ["6", "12", "24", "48"], "T5-large layers per stack for the depth "
+                  "scan (presets t5-large-depthN); empty to skip.")
+flags.DEFINE_integer("devices", 8, "Devices per node (one node of V100s).")
+flags.DEFINE_float("es_limit", 600.0, "Seconds before an es search is stopped.")
+flags.DEFINE_string("graph_cache", None, "Directory for captured IR graphs (JSON).")
+flags.DEFINE_string("json_out", "out/bench_search.json", "Where to write the JSON results.")
+FLAGS = flags.FLAGS
+
+LARGE = ["t5-large", "moe-1.3b", "resnet152-100k"]
+T5_LARGE_TARGET_S = 10.0
+
+
+def load_graph(name: str, cache: str | None):
+    """The captured IR of zoo preset ``name`` and the capture time (0 when cached)."""
+    from tapas.ir import Graph
+    path = os.path.join(cache, f"{name}.json") if cache else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return Graph.loads(f.read()), 0.0
+    import tapas
+    from tapas import models
+    entry = models.get(name)
+    t0 = time.perf_counter()
+    model = entry.build(fast_init=True)
+    graph = tapas.capture(model, list(entry.input_spec()), name=name)
+    seconds = time.perf_counter() - t0
+    del model
+    gc.collect()
+    if path:
+        os.makedirs(cache, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(graph.dumps())
+    return graph, seconds
+
+
+def run_search(graph, mode: str, limit: float | None) -> dict:
+    from tapas import explore, search
+    from tapas.cost import Cluster
+    from tapas.patterns import clear_cache
+    clear_cache()          # every run generates its patterns (no warm cache)
+    gc.collect()
+    cluster = Cluster.v100_ethernet(1, FLAGS.devices)
+    t0 = time.perf_counter()
+    try:
+        s = search.search(graph, cluster=cluster, mode=mode, references=(),
+                          explore_options=explore.ExploreOptions(time_limit=limit))
+    except explore.SearchTimeout as e:
+        return {"mode": mode, "finished": False, "seconds": round(time.perf_counter() - t0, 3),
+                "error": str(e)}
+    return {"mode": mode, "finished": True, "seconds": round(time.perf_counter() - t0, 3),
+            "cost_s": s.total_cost, "communication_s": s.cost["communication"],
+            "memory_gib": round(s.memory.total / 2**30, 4), "exact": s.exact,
+            "generated": s.counts["generated"], "valid": s.counts["valid"],
+            "units": s.counts["units"], "templates": s.counts["templates"],
+            "timings": dict(s.timings),
+            "split_weights": len(s.weight_placements)}
+
+
+def compare(name: str) -> dict:
+    graph, capture_s = load_graph(name, FLAGS.graph_cache)
+    gp = run_search(graph, "gp", None)
+    es = run_search(graph, "es", FLAGS.es_limit)
+    row = {"model": name, "graph_nodes": len(graph.nodes), "capture_s": round(capture_s, 2),
+           "gp": gp, "es": es}
+    if es["finished"]:
+        row["gap"] = gp["cost_s"] / es["cost_s"] - 1 if es["cost_s"] > 0 else 0.0
+        row["within_1_5_percent"] = row["gap"] <= 0.015
+    print(f"  {name}: gp {gp['seconds']:.2f} s, es "
+          f"{es['seconds']:.2f} s{'' if es['finished'] else ' (did not finish)'}", flush=True)
+    return row
+
+
+def speed(name: str) -> dict:
+    graph, capture_s = load_graph(name, FLAGS.graph_cache)
+    r = run_search(graph, "gp", None)
+    r.update(model=name, graph_nodes=len(graph.nodes), capture_s=round(capture_s, 2))
+    if name == "t5-large":
+        r["target_s"] = T5_LARGE_TARGET_S
+        r["within_target"] = r["seconds"] < T5_LARGE_TARGET_S
+    print(f"  {name}: {len(graph.nodes)} nodes, gp search {r['seconds']:.2f} s", flush=True)
+    return r
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3f}"
+
+
+def main(argv):
+    del argv
+    presets = list(FLAGS.compare) + (LARGE if FLAGS.large else [])
+    print(f"gp vs es on one node of {FLAGS.devices} V100 (es capped at {FLAGS.es_limit:.0f} s)")
+    rows = [compare(n) for n in presets]
+    print()
+    print(f"{'model':<16}{'nodes':>6}{'gp ms':>10}{'es ms':>10}{'gap':>8}{'gp s':>8}{'es s':>8}"
+          f"{'gp ext':>10}{'es ext':>11}  within 1.5%")
+    for r in rows:
+        gp, es = r["gp"], r["es"]
+        es_cost = _ms(es["cost_s"]) if es["finished"] else "-"
+        gap = f"{100 * r['gap']:.2f}%" if "gap" in r else "-"
+        ok = ("yes" if r["within_1_5_percent"] else "NO") if "gap" in r else "es did not finish"
+        print(f"{r['model']:<16}{r['graph_nodes']:>6}{_ms(gp['cost_s']):>10}{es_cost:>10}"
+              f"{gap:>8}{gp['seconds']:>8.2f}{es['seconds']:>8.2f}{gp['generated']:>10,}"
+              f"{es.get('generated', 0):>11,}  {ok}")
+
+    print("\ngp search time (after capture; mining included, reference plans not)")
+    speed_rows = [speed(n) for n in FLAGS.speed]
+    depth_rows = []
+    for d in FLAGS.depths:
+        r = speed(f"t5-large-depth{int(d)}")
+        r["depth"] = int(d)
+        depth_rows.append(r)
+    print(f"{'model':<20}{'nodes':>6}{'search s':>10}{'mining':>8}{'patterns':>9}"
+          f"{'enum':>7}{'stitch':>8}{'templ':>6}{'cost ms':>10}  target")
+    for r in speed_rows + depth_rows:
+        t = r["timings"]
+        target = ((f"< {r['target_s']:.0f} s " + ("yes" if r["within_target"] else "NO"))
+                  if "target_s" in r else "")
+        print(f"{r['model']:<20}{r['graph_nodes']:>6}{r['seconds']:>10.2f}"
+              f"{t.get('mining', 0):>8.2f}{t.get('patterns', 0) + t.get('costing', 0):>9.2f}"
+              f"{t.get('enumeration', 0):>7.2f}{t.get('stitching', 0):>8.2f}"
+              f"{r['templates']:>6}{_ms(r['cost_s']):>10}  {target}")
+    growth = None
+    if len(depth_rows) >= 2:
+        growth = depth_rows[-1]["seconds"] / depth_rows[0]["seconds"]
+        print(f"depth scan: search time grows {growth:.2f}x from {depth_rows[0]['depth']} to "
+              f"{depth_rows[-1]['depth']} layers per stack (nodes "
+              f"{depth_rows[-1]['graph_nodes'] / depth_rows[0]['graph_nodes']:.2f}x; "
+              "target: at most 1.5x)")
+
+    out = {"benchmark": "tapas.search", "devices": FLAGS.devices,
+           "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                       "cpus": os.cpu_count()},
+           "compare": rows, "speed": speed_rows, "depth_scan": depth_rows,
+           "depth_growth": growth}
+    if FLAGS.json_out:
+        os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(out, f, indent=2)
+        print(f"\nwrote {FLAGS.json_out}")
+
+
+if __name__ == "__main__":
+    app.run(main)
