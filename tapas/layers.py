@@ -93,6 +93,16 @@ class TapasLayer(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "shard": self.shard}
 
+    def _kernel_and_bias(self, prefix: str, kernel_shape: tuple, width: int) -> tuple[Any, Any]:
+        """A kernel and (with ``use_bias``) a bias of ``width``, named ``{prefix}kernel`` and
+        ``{prefix}bias``, from the layer's initializers."""
+        kernel = self.add_weight(name=f"{prefix}kernel", shape=kernel_shape,
+                                 initializer=self.kernel_initializer)
+        bias = (self.add_weight(name=f"{prefix}bias", shape=(width,),
+                                initializer=self.bias_initializer)
+                if self.use_bias else None)
+        return kernel, bias
+
 
 def _init(value: Any) -> Any:
     return keras.initializers.get(value)
@@ -120,11 +130,8 @@ class DenseLayer(TapasLayer):
         self.bias_initializer = _init(bias_initializer)
 
     def build(self, input_shape: tuple) -> None:
-        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], self.units),
-                                      initializer=self.kernel_initializer)
-        self.bias = (self.add_weight(name="bias", shape=(self.units,),
-                                     initializer=self.bias_initializer)
-                     if self.use_bias else None)
+        self.kernel, self.bias = self._kernel_and_bias("", (input_shape[-1], self.units),
+                                                       self.units)
 
     def call(self, x: Any) -> Any:
         with self._marked():
@@ -291,19 +298,9 @@ class FeedForward(TapasLayer):
     def build(self, input_shape: tuple) -> None:
         d = input_shape[-1]
         names = ("wi_0", "wi_1") if self.gated else ("wi",)
-        self._wi = []
-        for name in names:
-            kernel = self.add_weight(name=f"{name}_kernel", shape=(d, self.d_ff),
-                                     initializer=self.kernel_initializer)
-            bias = (self.add_weight(name=f"{name}_bias", shape=(self.d_ff,),
-                                    initializer=self.bias_initializer)
-                    if self.use_bias else None)
-            self._wi.append((kernel, bias))
-        self.wo_kernel = self.add_weight(name="wo_kernel", shape=(self.d_ff, d),
-                                         initializer=self.kernel_initializer)
-        self.wo_bias = (self.add_weight(name="wo_bias", shape=(d,),
-                                        initializer=self.bias_initializer)
-                        if self.use_bias else None)
+        self._wi = [self._kernel_and_bias(f"{name}_", (d, self.d_ff), self.d_ff)
+                    for name in names]
+        self.wo_kernel, self.wo_bias = self._kernel_and_bias("wo_", (self.d_ff, d), d)
 
     def call(self, x: Any) -> Any:
         with self._marked():
@@ -402,12 +399,8 @@ class Conv2D(TapasLayer):
         self.bias_initializer = _init(bias_initializer)
 
     def build(self, input_shape: tuple) -> None:
-        self.kernel = self.add_weight(name="kernel",
-                                      shape=self.kernel_size + (input_shape[-1], self.filters),
-                                      initializer=self.kernel_initializer)
-        self.bias = (self.add_weight(name="bias", shape=(self.filters,),
-                                     initializer=self.bias_initializer)
-                     if self.use_bias else None)
+        self.kernel, self.bias = self._kernel_and_bias(
+            "", self.kernel_size + (input_shape[-1], self.filters), self.filters)
 
     def call(self, x: Any) -> Any:
         with self._marked():
