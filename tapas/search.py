@@ -629,6 +629,13 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
                                     REFERENCE_PLANS[name], str(e)))
             continue
         plan, pc, _ = _evaluate(graph, table, r.best, edges)
+        if name == "data-parallel" and not any(
+                _is_batch(table.infos[v][plan.patterns[v]].name) for v in range(len(graph.nodes))):
+            refs.append(Alternative(name, math.inf, math.inf, math.inf, math.inf, False, {},
+                                    REFERENCE_PLANS[name],
+                                    f"no GraphNode splits its batch over {n} devices (batch "
+                                    "size not divisible?)"))
+            continue
         refs.append(_alternative(name, graph, table, plan, pc, best_plan, budget,
                                  REFERENCE_PLANS[name]))
     timings["references"] = time.perf_counter() - t
