@@ -84,7 +84,8 @@ def node_roles(graph: Graph) -> list[str]:
     feeding an attention score/context, or fed by a context: Q, K, V, O),
     ``"attention-core"`` (score, context, and a softmax between them), ``"ffn"`` (a dense
     next to another dense that is not attention: the two matrices of a feed-forward
-    block), ``"expert"`` (an MoE expert einsum) or ``"other"``."""
+    block), whole ``tapas.layers`` attention and feed-forward GraphNodes as ``"attention"``
+    and ``"ffn"``, ``"expert"`` (an MoE expert einsum) or ``"other"``."""
     preds: list[set[int]] = [set() for _ in graph.nodes]
     succs: list[set[int]] = [set() for _ in graph.nodes]
     for e in graph.edges:
@@ -94,7 +95,11 @@ def node_roles(graph: Graph) -> list[str]:
     roles = ["other"] * len(graph.nodes)
     for n in graph.nodes:
         v = n.id
-        if n.kind in _ATTENTION_KINDS:
+        if n.kind is Kind.ATTENTION:          # a whole tapas.layers.MultiHeadAttention
+            roles[v] = "attention"
+        elif n.kind is Kind.FEED_FORWARD:     # a whole tapas.layers.FeedForward
+            roles[v] = "ffn"
+        elif n.kind in _ATTENTION_KINDS:
             roles[v] = "attention-core"
         elif n.kind is Kind.SOFTMAX and any(kinds[s] in _ATTENTION_KINDS for s in succs[v]) \
                 and any(kinds[p] in _ATTENTION_KINDS for p in preds[v]):
@@ -165,7 +170,7 @@ def reference_filter(plan: str, graph: Graph) -> ex.Allowed:
             if role == "attention":
                 return name in ("heads", "column", "row")
             if role == "ffn":
-                return name in ("column", "row")
+                return name in ("column", "row", "column-row")
             if role == "expert":
                 return name.startswith("expert")
             return name == "heads" or name.startswith("follow-")
