@@ -577,11 +577,13 @@ class _Run:
             a = axis - (rank - len(info.shape))  # broadcasting aligns the trailing axes
             if 0 <= a < len(info.shape) and info.shape[a] == op.outputs[0].shape[axis] and \
                     info.shape[a] > 1:
-                key = (f"slice:{name}", str(Split(a)))
-                if key not in self.cache:
-                    self.cache[key] = self.coll.scatter(ins[i], a, name, info.shape, info.dtype)
-                out[i] = self.cache[key]
+                # a plain local slice: the gradient of the replicated operand becomes
+                # partial, and the pattern's backward comms reduce it where it must be whole
+                out[i] = self._plain_slices(ins[i], a)
         return out
+
+    def _plain_slices(self, vals: list, axis: int) -> list:
+        return [local_slice(v, axis, self.n, rid) for v, rid in zip(vals, self.rids)]
 
     def _global_shape(self, tf_op: tf.Operation, label: str) -> list:
         """Shape, Size, Rank or ShapeN of split tensors: the traced (global) values."""
@@ -620,8 +622,9 @@ class _Run:
         if got == expect:
             return vals, want
         if got == glob and isinstance(want, Split):
-            # computed whole from replicated values (e.g. a constant): keep this device's part
-            return self.coll.scatter(vals, want.axis, out.name, glob, out.dtype), want
+            # computed whole from replicated values (e.g. a constant): keep this device's
+            # part (plain slice; the pattern's backward comms handle the partial gradient)
+            return self._plain_slices(vals, want.axis), want
         raise ReconstructError(
             f"{label}: op '{op.name}' ({op.type}) yields local shape {got}, but its output "
             f"'{out.name}' (global {glob}) is placed {want}, i.e. local {expect}: the "
