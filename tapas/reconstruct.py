@@ -802,7 +802,8 @@ def predicted_comms(prog: Program, strategy: Any = None, *,
     """The collectives ``prog`` must run for one forward and backward pass, as the plan
     predicts them: every pattern's ``comms`` plus the resharding between GraphNodes (from
     ``strategy.edge_comms`` when a Strategy is given, else from the placements), one
-    resharding per (tensor, target placement) however many consumers read it. Backward
+    resharding per (tensor, target placement) however many consumers read it, and the
+    resharding of a tied weight read with another placement than it is stored. Backward
     comms on tensors no gradient reaches (integer ids, values computed from inputs only)
     are left out unless ``input_gradients`` (gradients w.r.t. float graph inputs too)."""
     graph = prog.graph
@@ -835,6 +836,14 @@ def predicted_comms(prog: Program, strategy: Any = None, *,
                     prog._input_names.index(t.name)] if t.name in prog._input_names else want, t))
                 edges.append((t.name, str(want), src.reshard(have, want, info.shape or (),
                                                              info.dtype, t.name)))
+    for node in graph.nodes:  # a tied weight read with another placement than it is stored
+        pat = prog.plan.pattern(node)
+        for w in node.weights:
+            layout = prog.weight_layouts[w.path]
+            want = _place(pat.weights[w.path])
+            if want != layout.placement:
+                edges.append((w.path, str(want), src.reshard(
+                    layout.placement, want, layout.global_shape, layout.dtype, w.path)))
     for tensor, want, cs in edges:
         if (tensor, want) in seen:
             continue

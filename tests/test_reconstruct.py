@@ -1,0 +1,231 @@
+"""tapas.reconstruct: single-device replay equals the model; whole-model sharded plans on
+simulated shards equal one device, and run exactly the collectives the plan predicts."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+from tapas import capturing, models, patterns, src
+from tapas import reconstruct as rc
+from tapas.cost import Cluster, Collective
+
+R, S, P = src.Replica(), src.Split, src.Partial()
+
+
+def _mlp(batch=4):
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="relu")(x)
+    return keras.Model(x, keras.layers.Dense(4)(h), name="mlp"), [tf.TensorSpec([batch, 8])]
+
+
+def _zoo(name, batch=2):
+    entry = models.get(name)
+    return entry.build(seed=0), list(entry.input_spec(batch))
+
+
+def _resnet50():
+    keras.utils.set_random_seed(0)
+    model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
+    return model, [tf.TensorSpec([2, 32, 32, 3])]
+
+
+def _inputs(specs, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 16, size=s.shape.as_list()).astype(s.dtype.as_numpy_dtype)
+            if s.dtype.is_integer else rng.standard_normal(s.shape.as_list()).astype("float32")
+            for s in specs]
+
+
+# ---- one device -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("build", [_mlp, lambda: _zoo("t5-tiny"), lambda: _zoo("moe-tiny"),
+                                   lambda: _zoo("resnet-tiny"), _resnet50],
+                         ids=["mlp", "t5-tiny", "moe-tiny", "resnet-tiny", "resnet50"])
+def test_single_device_replay_equals_the_keras_model(build):
+    model, specs = build()
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    prog = rc.Program(t, g, rc.Plan.replicated(g, 1))
+    weights = prog.trace_weights()
+    variables = [v for v in model.trainable_weights]
+    xs = [tf.constant(x) for x in _inputs(specs)]
+
+    @tf.function
+    def replay():
+        with tf.GradientTape() as tape:
+            out = prog([[x] for x in xs], weights, rc.SimulatedCollectives(1))[0][0]
+            loss = tf.reduce_sum(out * out)
+        return out, tape.gradient(loss, variables)
+
+    @tf.function
+    def reference():
+        with tf.GradientTape() as tape:
+            out = model(xs if len(xs) > 1 else xs[0], training=False)
+            loss = tf.reduce_sum(out * out)
+        return out, tape.gradient(loss, variables)
+
+    (o1, g1), (o2, g2) = replay(), reference()
+    np.testing.assert_array_equal(o1.numpy(), o2.numpy())  # the same ops: bit-identical
+    assert all(a is not None for a in g1)
+    for v, a, b in zip(variables, g1, g2):
+        a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(np.abs(b).max(), 1e-6),
+                                   err_msg=v.path)
+
+
+def test_replay_outside_a_tf_function_is_a_clear_error():
+    model, specs = _mlp()
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    prog = rc.Program(t, g, rc.Plan.replicated(g, 1))
+    with pytest.raises(rc.ReconstructError, match="inside a tf.function"):
+        prog([[tf.zeros([4, 8])]], prog.trace_weights(), rc.SimulatedCollectives(1))
+
+
+# ---- hand-written Megatron MLP ------------------------------------------------------------
+
+def _megatron(g, n):
+    d1, d2 = g.nodes[1], g.nodes[2]
+    x = g.inputs[0]
+    kernel1 = next(w.path for w in d1.weights if w.path.endswith("kernel"))
+    bias1 = next(w.path for w in d1.weights if w.path.endswith("bias"))
+    kernel2 = next(w.path for w in d2.weights if w.path.endswith("kernel"))
+    bias2 = next(w.path for w in d2.weights if w.path.endswith("bias"))
+    matmul2 = next(op.outputs[0] for op in d2.ops if op.type == "MatMul")
+    column = rc.NodeSharding("column", (R,), (S(1),), {kernel1: S(1), bias1: S(0)},
+                             comms=(src.Comm(Collective.ALL_REDUCE, x.name, x.shape, x.dtype,
+                                             P, R, "bwd"),))
+    row = rc.NodeSharding("row", (S(1),), (R,), {kernel2: S(0), bias2: R},
+                          tensors={matmul2.name: P},
+                          comms=(src.Comm(Collective.ALL_REDUCE, matmul2.name, matmul2.shape,
+                                          matmul2.dtype, P, R, "fwd"),))
+    return rc.Plan(n, {1: column, 2: row})
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_megatron_mlp_equals_one_device_with_one_all_reduce_each_way(n):
+    model, specs = _mlp()
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    plan = _megatron(g, n)
+    cmp = rc.compare_with_single_device(t, g, plan, _inputs(specs))
+    assert cmp.ok(rtol=1e-5, atol=1e-5), str(cmp.worst)
+    assert sorted((r.kind.value, r.phase) for r in cmp.audit) == [("AR", "bwd"), ("AR", "fwd")]
+    prog = rc.Program(t, g, plan)
+    assert rc.compare_audit(cmp.audit, rc.predicted_comms(prog, input_gradients=True)) == []
+    # in training (no input gradient) the backward all-reduce of x is not needed
+    assert [r.phase for r in rc.predicted_comms(prog)] == ["fwd"]
+    assert prog.weight_layouts[g.nodes[1].weights[1].path].local_shape[-1] == 16 // n
+
+
+def test_a_missing_backward_all_reduce_is_caught():
+    model, specs = _mlp()
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    plan = _megatron(g, 2)
+    broken = dataclasses.replace(plan.patterns[1], comms=())
+    cmp = rc.compare_with_single_device(t, g, rc.Plan(2, {1: broken, 2: plan.patterns[2]}),
+                                        _inputs(specs))
+    assert not cmp.ok()
+    assert cmp.worst.what == "gradient of input 0"
+
+
+def test_resharding_between_nodes_batch_then_row():
+    """A batch-split layer feeding a row-split one: an all-to-all moves the split from
+    the batch to the hidden dimension (and back for the gradient)."""
+    model, specs = _mlp()
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    batch = next(p for p in patterns.patterns_for(g.nodes[1], g, 2) if p.name == "batch")
+    row = next(p for p in patterns.patterns_for(g.nodes[2], g, 2) if p.name == "row")
+    plan = rc.Plan(2, {1: batch, 2: row})
+    cmp = rc.compare_with_single_device(t, g, plan, _inputs(specs))
+    assert cmp.ok(), str(cmp.worst)
+    kinds = sorted((r.kind.value, r.phase) for r in cmp.audit)
+    assert ("A2A", "fwd") in kinds and ("A2A", "bwd") in kinds
+    prog = rc.Program(t, g, plan)
+    assert rc.compare_audit(cmp.audit, rc.predicted_comms(prog, input_gradients=True)) == []
+
+
+# ---- whole models with random valid plans -------------------------------------------------
+
+def _random_plan(g, n, seed):
+    rng = np.random.default_rng(seed)
+    chosen = {}
+    for node in g.nodes:
+        pats = patterns.patterns_for(node, g, n)
+        chosen[node.id] = pats[int(rng.integers(len(pats)))]
+    return rc.Plan(n, chosen)
+
+
+@pytest.mark.parametrize("name,n,seeds", [("mlp", 2, range(3)), ("mlp", 4, range(3)),
+                                          ("t5-tiny", 2, range(2)), ("moe-tiny", 2, range(2)),
+                                          ("resnet-tiny", 2, range(2))])
+def test_random_whole_model_plans_equal_one_device(name, n, seeds):
+    model, specs = _mlp() if name == "mlp" else _zoo(name, batch=4)
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    xs = _inputs(specs)
+    for seed in seeds:
+        plan = _random_plan(g, n, seed)
+        try:
+            cmp = rc.compare_with_single_device(t, g, plan, xs)
+        except rc.ReconstructError as err:
+            # only a plan that needs a partial value at a node boundary may be refused
+            assert "partial" in str(err), str(err)
+            continue
+        names = {i: plan.patterns[i].name for i in plan.patterns}
+        assert cmp.ok(rtol=1e-5, atol=1e-5), f"seed {seed}: {cmp.worst}; plan {names}"
+        prog = rc.Program(t, g, plan)
+        diff = rc.compare_audit(cmp.audit, rc.predicted_comms(prog, input_gradients=True))
+        assert diff == [], f"seed {seed}: {diff}"
+
+
+def test_searched_strategy_runs_and_matches_its_prediction():
+    model, specs = _zoo("t5-tiny", batch=4)
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    from tapas import search
+    strategy = search.search(g, cluster=Cluster.loopback_cpu(4))
+    plan = rc.Plan.from_strategy(strategy, g)
+    cmp = rc.compare_with_single_device(t, g, plan, _inputs(specs))
+    assert cmp.ok(rtol=1e-5, atol=1e-5), str(cmp.worst)
+    prog = rc.Program(t, g, plan)
+    assert rc.compare_audit(cmp.audit, rc.predicted_comms(prog, input_gradients=True)) == []
+
+
+# ---- bad input ----------------------------------------------------------------------------
+
+def test_indivisible_weight_split_is_refused_before_building():
+    model, specs = _mlp()
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    plan = _megatron(g, 3)  # 16 hidden units over 3 devices
+    with pytest.raises(rc.ReconstructError, match="not divisible by 3 devices"):
+        rc.Program(t, g, plan)
+
+
+def test_plan_for_another_graph_and_wrong_device_count_are_named():
+    model, specs = _mlp()
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    wrong = rc.Plan(2, {1: rc.NodeSharding("x", (R, R), (R,), {})})
+    with pytest.raises(rc.ReconstructError, match="made for another graph"):
+        rc.Program(t, g, wrong)
+    prog = rc.Program(t, g, _megatron(g, 2))
+    with pytest.raises(rc.ReconstructError, match="plan is for 2 devices"):
+        prog([[tf.zeros([4, 8])]] * 4, {}, rc.SimulatedCollectives(4))
+
+
+def test_shard_and_unshard_round_trip():
+    x = np.arange(24, dtype="float32").reshape(4, 6)
+    parts = [rc.shard(x, S(1), 3, i) for i in range(3)]
+    assert parts[1].shape == (4, 2)
+    np.testing.assert_array_equal(rc.unshard(parts, S(1)), x)
+    assert rc.unshard([x, x], R) is x
+    with pytest.raises(rc.ReconstructError, match="cannot be sharded as P"):
+        rc.shard(x, P, 2, 0)
