@@ -52,8 +52,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -61,9 +59,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tapas import launch
 from tapas.src import Partial, Replica, Split, parse_placement
 
-__all__ = ["setup_devices", "make_strategy", "tf_config", "WorkerTimeoutError", "StepError",
+__all__ = ["setup_devices", "make_strategy", "tf_config", "StepError",
            "SGD", "Adam", "make_optimizer", "Runtime", "shard", "unshard",
            "CHECKPOINT_META"]
 
@@ -71,10 +70,6 @@ CHECKPOINT_META = "tapas-checkpoint.json"
 # Keras loss reductions the runtime reproduces (no sample weights): a sum, or a sum / count
 _REDUCTIONS = frozenset({"sum", "sum_over_batch_size", "mean", "mean_with_sample_weight"})
 _FORMAT = "tapas-checkpoint-1"
-
-
-class WorkerTimeoutError(RuntimeError):
-    """A worker named in ``TF_CONFIG`` did not join the cluster in time."""
 
 
 class StepError(RuntimeError):
@@ -144,9 +139,11 @@ def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
     ``MirroredStrategy`` over :func:`setup_devices` (``num_devices``).
 
     With ``TF_CONFIG`` each worker uses its one CPU (or its GPUs) and N is the number of
-    workers times local devices; ``num_devices``, when given, must equal that N. A worker
-    that does not join within ``join_timeout_s`` raises :class:`WorkerTimeoutError` naming it
-    (no hang); ``collective_timeout_s`` bounds every collective afterwards (a worker dying).
+    workers times local devices; ``num_devices``, when given, must equal that N. If the
+    cluster has not formed within ``join_timeout_s`` a watchdog prints which worker never
+    joined and ends this process (``tapas.launch.JoinWatchdog``: TF holds the GIL while it
+    waits, so nothing in this process can raise); ``collective_timeout_s`` bounds every
+    collective afterwards (a worker dying).
     """
     cfg = tf_config()
     if cfg is None:
@@ -154,55 +151,17 @@ def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=collective_timeout_s)
-    box: dict[str, Any] = {}
-
-    def build() -> None:
-        try:
-            box["strategy"] = tf.distribute.MultiWorkerMirroredStrategy(
-                communication_options=options)
-        except BaseException as e:  # reported in the calling thread
-            box["error"] = e
-
-    thread = threading.Thread(target=build, name="tapas-join-cluster", daemon=True)
-    thread.start()
-    thread.join(join_timeout_s)
-    if thread.is_alive():
-        raise WorkerTimeoutError(_join_failure_message(cfg, join_timeout_s))
-    if "error" in box:
-        raise box["error"]
-    strategy = box["strategy"]
+    watchdog = launch.JoinWatchdog(cfg, join_timeout_s) if join_timeout_s else None
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
     if num_devices is not None and strategy.num_replicas_in_sync != num_devices:
         raise ValueError(f"TF_CONFIG gives {strategy.num_replicas_in_sync} replicas "
                          f"(workers x local devices) but num_devices={num_devices}; make them "
                          "equal or leave num_devices out")
     return strategy
-
-
-def _join_failure_message(cfg: Mapping[str, Any], waited: float) -> str:
-    task = cfg["task"]
-    me = (task.get("type", "worker"), int(task.get("index", 0)))
-    silent, listening = [], []
-    for kind in ("chief", "worker"):
-        for i, address in enumerate(cfg["cluster"].get(kind, [])):
-            if (kind, i) == me:
-                continue
-            (listening if _port_open(address) else silent).append(f"{kind} {i} ({address})")
-    if silent:
-        return (f"{me[0]} {me[1]}: {', '.join(silent)} never joined the cluster within "
-                f"{waited:.0f} s (nothing listens at that address); start it with its own "
-                "TF_CONFIG task index, or raise the join timeout")
-    return (f"{me[0]} {me[1]}: every worker listens ({', '.join(listening)}) but the cluster "
-            f"did not form within {waited:.0f} s; check that all workers share the same "
-            "TF_CONFIG cluster")
-
-
-def _port_open(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=1.0):
-            return True
-    except (OSError, ValueError):
-        return False
 
 
 def _local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
@@ -632,8 +591,10 @@ class Runtime:
         try:
             loss = self._call("train_step", self._train_fn, dist_x, dist_y)
         except tf.errors.InvalidArgumentError as e:
+            lines = [ln.strip() for ln in e.message.splitlines() if ln.strip()]
+            reason = next((ln for ln in lines if "tapas:" in ln), lines[-1] if lines else "")
             raise StepError(f"training step {int(self.iterations.numpy()) + 1} failed, weights "
-                            f"unchanged: {e.message.splitlines()[0]}") from None
+                            f"unchanged: {reason}") from None
         return float(loss.numpy())
 
     # -- inference ------------------------------------------------------------------------

@@ -1,0 +1,295 @@
+"""Subprocess entry of tests/test_runtime.py: one process, one device set, many checks.
+
+    python tests/runtime_worker.py '{"devices": 2, "checks": ["mlp", "failed_step"], "dir": "/tmp/x"}'
+
+Logical CPU devices can be set once per process, so every multi-device check runs here, in
+its own process (under ``TF_CONFIG`` it is one worker of a MultiWorkerMirroredStrategy). Each
+check prints one line ``RESULT <json>``; the parent asserts on them. A check that raises
+prints ``RESULT {"check": name, "error": ...}``.
+
+The hand-written program is Megatron's MLP (column-parallel then row-parallel dense) and two
+other layouts of the same two Dense layers, written against the program protocol of
+``tapas.runtime`` with their own f/g collectives, so the runtime is tested without the
+reconstruction stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tapas import runtime as rt  # noqa: E402
+
+JOB = json.loads(sys.argv[1])
+if rt.tf_config() is None:
+    rt.setup_devices(JOB["devices"], "cpu")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tapas.parallel import compare  # noqa: E402
+from tapas.src import Replica, Split  # noqa: E402
+
+BATCH, D_IN, HIDDEN, CLASSES = 8, 8, 16, 12
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    path: str
+    global_shape: tuple[int, ...]
+    placement: Any
+    trainable: bool = True
+
+
+class Megatron:
+    """f = identity forward / all-reduce backward; g = all-reduce forward / identity backward."""
+
+    @staticmethod
+    def f(x: tf.Tensor) -> tf.Tensor:
+        ctx = tf.distribute.get_replica_context()
+
+        @tf.custom_gradient
+        def fn(x: tf.Tensor) -> Any:
+            return tf.identity(x), lambda dy: ctx.all_reduce("sum", dy)
+        return fn(x)
+
+    @staticmethod
+    def g(x: tf.Tensor) -> tf.Tensor:
+        ctx = tf.distribute.get_replica_context()
+
+        @tf.custom_gradient
+        def fn(x: tf.Tensor) -> Any:
+            return ctx.all_reduce("sum", x), lambda dy: dy
+        return fn(x)
+
+
+# weight placements (kernel1, bias1, kernel2, bias2), input and output placement per layout
+LAYOUTS = {
+    "megatron": ((Split(1), Split(0), Split(0), Replica()), Replica(), Replica()),
+    "data": ((Replica(),) * 4, Split(0), Split(0)),
+    "vocab": ((Replica(), Replica(), Split(1), Split(0)), Replica(), Split(1)),
+}
+
+
+class HandMLP:
+    """Two Dense layers as a per-replica program under one of LAYOUTS."""
+
+    def __init__(self, model: keras.Model, num_devices: int, layout: str) -> None:
+        self.num_devices, self.layout = num_devices, layout
+        weights = [model.layers[0].kernel, model.layers[0].bias,
+                   model.layers[1].kernel, model.layers[1].bias]
+        self.paths = [w.path for w in weights]
+        placements, inp, out = LAYOUTS[layout]
+        self.weight_layouts = {w.path: Layout(w.path, tuple(w.shape), p)
+                               for w, p in zip(weights, placements)}
+        self.input_placements, self.output_placements = [inp], [out]
+
+    def __call__(self, inputs: list, weights: dict, coll: Megatron) -> list:
+        x = inputs[0][0]
+        k1, b1, k2, b2 = [weights[p][0].read_value() for p in self.paths]
+        if self.layout == "megatron":
+            h = tf.nn.relu(tf.matmul(coll.f(x), k1) + b1)
+            return [[coll.g(tf.matmul(h, k2)) + b2]]
+        if self.layout == "data":
+            k1, b1, k2, b2 = map(coll.f, (k1, b1, k2, b2))
+            return [[tf.matmul(tf.nn.relu(tf.matmul(x, k1) + b1), k2) + b2]]
+        h = coll.f(tf.nn.relu(tf.matmul(x, k1) + b1))
+        return [[tf.matmul(h, k2) + b2]]
+
+
+def mlp_model(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((D_IN,)),
+                             keras.layers.Dense(HIDDEN, activation="relu", name="d1"),
+                             keras.layers.Dense(CLASSES, name="d2")], name="mlp")
+
+
+def data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.RandomState(seed)
+    return rng.randn(BATCH, D_IN).astype("float32"), rng.randint(0, CLASSES, size=(BATCH,))
+
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+SPEC = [tf.TensorSpec([BATCH, D_IN], tf.float32, "x")]
+
+
+def make_runtime(strategy: Any, model: keras.Model, layout: str, optimizer: str,
+                 lr: float = 0.1) -> rt.Runtime:
+    values = {w.path: w.numpy() for w in model.weights}
+    return rt.Runtime(HandMLP(model, strategy.num_replicas_in_sync, layout), strategy, values,
+                      SPEC, optimizer=rt.make_optimizer(optimizer, lr), loss=LOSS,
+                      collectives=lambda function: Megatron())
+
+
+def keras_reference(model: keras.Model, optimizer: Any, x: np.ndarray, y: np.ndarray,
+                    steps: int) -> dict[str, Any]:
+    out = model(x).numpy()
+    with tf.GradientTape() as tape:
+        loss = LOSS(y, model(x))
+    grads = {w.path: g.numpy() for w, g in
+             zip(model.trainable_weights, tape.gradient(loss, model.trainable_weights))}
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            step_loss = LOSS(y, model(x))
+        optimizer.apply_gradients(zip(tape.gradient(step_loss, model.trainable_weights),
+                                      model.trainable_weights))
+    return {"out": out, "loss": float(loss), "grads": grads,
+            "weights": {w.path: w.numpy() for w in model.weights}}
+
+
+def worst(pairs: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    res = {k: compare(a, b) for k, (a, b) in pairs.items()}
+    return {"ok": all(r["ok"] for r in res.values()),
+            "max_abs_diff": max(r["max_abs_diff"] for r in res.values())}
+
+
+# ---- checks -----------------------------------------------------------------------------------
+
+def check_mlp(strategy: Any) -> dict[str, Any]:
+    """Every layout x optimizer: outputs, gradients, loss, weights after 3 steps vs Keras."""
+    x, y = data()
+    out: dict[str, Any] = {}
+    for layout in LAYOUTS:
+        for opt in ("sgd", "adam"):
+            model = mlp_model()
+            r = make_runtime(strategy, model, layout, opt)
+            got_out = r.predict([x])
+            loss, grads = r.gradients([x], y)
+            losses = [r.train_step([x], y) for _ in range(3)]
+            ref = keras_reference(model, r.optimizer.keras(), x, y, 3)
+            weights = r.global_weights()
+            out[f"{layout}/{opt}"] = {
+                "outputs": worst({"out": (got_out, ref["out"])}),
+                "loss": worst({"loss": (loss, ref["loss"])}),
+                "gradients": worst({p: (grads[p], ref["grads"][p]) for p in ref["grads"]}),
+                "weights": worst({p: (weights[p], ref["weights"][p]) for p in weights}),
+                "losses": losses, "iterations": int(r.iterations.numpy())}
+    return out
+
+
+def check_checkpoint(strategy: Any) -> dict[str, Any]:
+    """Save after one Adam step; restore into the same layout, into another layout, and
+    (when JOB['restore_from'] names a directory from another device count) from there."""
+    x, y = data()
+    model = mlp_model()
+    a = make_runtime(strategy, model, "megatron", "adam")
+    a.train_step([x], y)
+    path = a.save(os.path.join(JOB["dir"], f"ckpt-{a.num_devices}"))
+    out: dict[str, Any] = {"saved": path}
+    reference = (a.global_weights(), a.global_slots())
+    for layout in ("megatron", "data", "vocab"):
+        b = make_runtime(strategy, mlp_model(seed=1), layout, "adam")
+        how = b.restore(path)
+        w, s = b.global_weights(), b.global_slots()
+        out[layout] = {"how": how, "iterations": int(b.iterations.numpy()),
+                       "weights_equal": all(np.array_equal(w[p], reference[0][p]) for p in w),
+                       "slots_equal": all(np.array_equal(s[k][p], reference[1][k][p])
+                                          for k in s for p in s[k])}
+        b.train_step([x], y)
+        out[layout]["next_step"] = b.global_weights()
+    steps_after = [out[layout].pop("next_step") for layout in ("megatron", "data", "vocab")]
+    a.train_step([x], y)
+    after = a.global_weights()
+    out["continue_equal"] = all(compare(s[p], after[p])["ok"] for s in steps_after for p in s)
+    fresh = mlp_model(seed=2)
+    a.to_keras(fresh)
+    out["to_keras_equal"] = all(np.array_equal(w.numpy(), after[w.path]) for w in fresh.weights)
+    if JOB.get("restore_from"):
+        c = make_runtime(strategy, mlp_model(seed=3), "megatron", "adam")
+        out["other_count"] = {"how": c.restore(JOB["restore_from"]),
+                              "weights": {p: v.tolist() for p, v in c.global_weights().items()},
+                              "iterations": int(c.iterations.numpy())}
+    out["weights"] = {p: v.tolist() for p, v in reference[0].items()}
+    sgd_path = make_runtime(strategy, mlp_model(), "megatron", "sgd").save(path + "-sgd")
+    try:
+        make_runtime(strategy, mlp_model(), "megatron", "adam").restore(sgd_path)
+        out["optimizer_mismatch"] = "no error"
+    except ValueError as e:
+        out["optimizer_mismatch"] = str(e)
+    return out
+
+
+def check_failed_step(strategy: Any) -> dict[str, Any]:
+    """A step with a non-finite loss raises StepError and changes nothing."""
+    x, y = data()
+    r = make_runtime(strategy, mlp_model(), "megatron", "adam")
+    r.train_step([x], y)
+    before, slots = r.global_weights(), r.global_slots()
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    try:
+        r.train_step([bad], y)
+        error = None
+    except rt.StepError as e:
+        error = str(e)
+    after, slots_after = r.global_weights(), r.global_slots()
+    unchanged = all(np.array_equal(before[p], after[p]) for p in before) and all(
+        np.array_equal(slots[k][p], slots_after[k][p]) for k in slots for p in slots[k])
+    iterations = int(r.iterations.numpy())
+    loss = r.train_step([x], y)
+    return {"error": error, "unchanged": unchanged, "iterations": iterations,
+            "next_loss_finite": bool(np.isfinite(loss))}
+
+
+def check_bad_inputs(strategy: Any) -> dict[str, Any]:
+    """Errors raised before anything is built."""
+    out = {}
+    model = mlp_model()
+    n = strategy.num_replicas_in_sync
+    values = {w.path: w.numpy() for w in model.weights}
+
+    def attempt(fn: Any) -> str:
+        try:
+            fn()
+        except (ValueError, RuntimeError) as e:
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+
+    prog = HandMLP(model, n + 1, "megatron")
+    out["device_count"] = attempt(lambda: rt.Runtime(prog, strategy, values, SPEC,
+                                                     collectives=lambda f: Megatron()))
+    prog = HandMLP(model, n, "megatron")
+    path = prog.paths[0]
+    prog.weight_layouts[path] = Layout(path, (D_IN, HIDDEN), Split(0))
+    odd = {**values, path: np.zeros((D_IN, HIDDEN), "float32")}
+    prog.weight_layouts[path] = Layout(path, (D_IN + 1, HIDDEN), Split(0))
+    odd[path] = np.zeros((D_IN + 1, HIDDEN), "float32")
+    out["indivisible"] = attempt(lambda: rt.Runtime(prog, strategy, odd, SPEC,
+                                                    collectives=lambda f: Megatron()))
+    r = make_runtime(strategy, model, "megatron", "sgd")
+    out["input_shape"] = attempt(lambda: r.train_step([np.zeros((3, D_IN), "float32")],
+                                                     np.zeros(3, "int64")))
+    out["too_many_devices"] = attempt(lambda: rt.setup_devices(n + 8, "cpu"))
+    out["optimizer"] = attempt(lambda: rt.make_optimizer("rmsprop"))
+    return out
+
+
+CHECKS = {"mlp": check_mlp, "checkpoint": check_checkpoint, "failed_step": check_failed_step,
+          "bad_inputs": check_bad_inputs}
+
+
+def main() -> None:
+    strategy = rt.make_strategy(None if rt.tf_config() else JOB["devices"],
+                                join_timeout_s=JOB.get("join_timeout_s", 60.0))
+    print("JOINED", flush=True)
+    for name in JOB["checks"]:
+        try:
+            result = {"check": name, **CHECKS[name](strategy)}
+        except Exception as e:  # reported to the parent, which fails the test
+            result = {"check": name, "error": f"{type(e).__name__}: {e}",
+                      "traceback": traceback.format_exc()}
+        print("RESULT " + json.dumps(result, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)

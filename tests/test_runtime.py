@@ -1,0 +1,141 @@
+"""tapas.runtime, tapas.parallel and tapas.launch: multi-device training equals single-device
+Keras.
+
+Every multi-device check runs in a worker process (tests/runtime_worker.py: logical CPU
+devices are set once per process), started through ``tapas.launch`` so that it is always
+ended (deadline, then kill of its own process group). One process runs many checks; the
+fixtures below are module-scoped so each device set starts once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tapas import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "runtime_worker.py")
+
+
+def run_job(job: dict[str, Any], workers: int = 1, timeout_s: float = 300.0,
+            start: list[int] | None = None) -> list[dict[str, dict[str, Any]]]:
+    """Run the worker on ``workers`` processes; per worker, its results by check name."""
+    results = launch.launch(lambda i: [sys.executable, WORKER, json.dumps(job)], workers,
+                            timeout_s=timeout_s, start=start)
+    out = []
+    for r in results:
+        checks = {}
+        for line in r.output.splitlines():
+            if line.startswith("RESULT "):
+                d = json.loads(line[len("RESULT "):])
+                checks[d["check"]] = d
+        out.append(checks)
+    return out
+
+
+def assert_equivalent(mlp: dict[str, Any]) -> None:
+    cases = [k for k in mlp if "/" in k]
+    assert len(cases) == 6, mlp.get("error", mlp)
+    for case in cases:
+        for what in ("outputs", "loss", "gradients", "weights"):
+            assert mlp[case][what]["ok"], (case, what, mlp[case][what])
+        assert mlp[case]["iterations"] == 3
+        assert mlp[case]["losses"][2] < mlp[case]["losses"][0]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    d = str(tmp_path_factory.mktemp("two"))
+    (res,) = run_job({"devices": 2, "dir": d,
+                      "checks": ["mlp", "checkpoint", "failed_step", "bad_inputs"]})
+    return res
+
+
+@pytest.fixture(scope="module")
+def four(two: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    d = str(tmp_path_factory.mktemp("four"))
+    (res,) = run_job({"devices": 4, "dir": d, "checks": ["mlp", "checkpoint"],
+                      "restore_from": two["checkpoint"]["saved"]})
+    return res
+
+
+def test_hand_mlp_equals_keras_on_2_devices(two: dict[str, Any]) -> None:
+    assert_equivalent(two["mlp"])
+
+
+def test_hand_mlp_equals_keras_on_4_devices(four: dict[str, Any]) -> None:
+    assert_equivalent(four["mlp"])
+
+
+@pytest.mark.parametrize("which", ["two", "four"])
+def test_checkpoint_round_trips(which: str, request: pytest.FixtureRequest) -> None:
+    ck = request.getfixturevalue(which)["checkpoint"]
+    assert "error" not in ck, ck.get("traceback")
+    assert ck["megatron"]["how"] == "direct"
+    assert ck["data"]["how"] == ck["vocab"]["how"] == "resharded"
+    for layout in ("megatron", "data", "vocab"):
+        assert ck[layout]["weights_equal"] and ck[layout]["slots_equal"], layout
+        assert ck[layout]["iterations"] == 1
+    assert ck["continue_equal"] and ck["to_keras_equal"]
+    assert "optimizer 'sgd'" in ck["optimizer_mismatch"]
+    assert "restore with optimizer='sgd'" in ck["optimizer_mismatch"]
+
+
+def test_checkpoint_from_another_device_count(two: dict[str, Any], four: dict[str, Any]) -> None:
+    other = four["checkpoint"]["other_count"]
+    assert other["how"] == "resharded" and other["iterations"] == 1
+    saved = two["checkpoint"]["weights"]
+    for path, value in saved.items():
+        np.testing.assert_array_equal(np.asarray(other["weights"][path]), np.asarray(value))
+
+
+def test_failed_step_changes_nothing(two: dict[str, Any]) -> None:
+    r = two["failed_step"]
+    assert "loss is not finite" in r["error"] and "weights unchanged" in r["error"]
+    assert r["unchanged"] and r["iterations"] == 1 and r["next_loss_finite"]
+
+
+def test_bad_inputs_are_named(two: dict[str, Any]) -> None:
+    r = two["bad_inputs"]
+    assert "built for 3 devices but the strategy has 2" in r["device_count"]
+    assert "size 9" in r["indivisible"] and "2 devices" in r["indivisible"]
+    assert "shape [3, 8]" in r["input_shape"] and "[8, 8]" in r["input_shape"]
+    assert "fixed once per process" in r["too_many_devices"]
+    assert "'rmsprop'" in r["optimizer"]
+
+
+def test_multi_worker_mirrored_two_processes(tmp_path: Any) -> None:
+    results = run_job({"devices": 2, "dir": str(tmp_path), "checks": ["mlp", "checkpoint"]},
+                      workers=2)
+    assert len(results) == 2
+    for res in results:
+        assert_equivalent(res["mlp"])
+        ck = res["checkpoint"]
+        assert "error" not in ck, ck.get("traceback")
+        assert ck["data"]["weights_equal"] and ck["continue_equal"] and ck["to_keras_equal"]
+    assert sorted(f for f in os.listdir(tmp_path / "ckpt-2") if f.endswith(".index")) == \
+        ["task0.index", "task1.index"]
+
+
+def test_worker_that_never_joins_is_named(tmp_path: Any) -> None:
+    with pytest.raises(launch.LaunchError) as e:
+        run_job({"devices": 2, "dir": str(tmp_path), "checks": [], "join_timeout_s": 4},
+                workers=2, start=[0], timeout_s=90)
+    text = str(e.value)
+    assert "worker 1 (127.0.0.1:" in text and "never joined" in text
+
+
+def test_launch_stops_every_worker_on_failure() -> None:
+    script = "import os, sys, time; i = int(os.environ['TF_CONFIG'][-3]); " \
+             "sys.exit(3) if i == 1 else time.sleep(60)"
+    with pytest.raises(launch.LaunchError, match="worker 1 .* exited with code 3"):
+        launch.launch(lambda i: [sys.executable, "-c", script], 2, timeout_s=30)
+    with pytest.raises(launch.LaunchError, match=r"did not finish within 1 s"):
+        launch.launch(lambda i: [sys.executable, "-c", "import time; time.sleep(60)"], 1,
+                      timeout_s=1)
