@@ -4,6 +4,8 @@
     tapas mine    --model=NAME [--min_size=N] [--min_support=K] [--draw=folded.png]
     tapas models
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
+    tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
+                  [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
 
 ``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
 Keras model (``.keras``). Each command prints a report to stdout; ``--json_out`` writes the
@@ -51,7 +53,19 @@ flags.DEFINE_float("time_limit", None, "search: seconds before the search gives 
 flags.DEFINE_float("memory_budget_gib", None, "search: GiB per device a plan may use "
                    "(default: the cluster's device memory).")
 
-COMMANDS = ("inspect", "mine", "models", "search")
+flags.DEFINE_integer("devices", 4, "train: devices to shard over (logical CPU devices, or "
+                     "the GPUs present).")
+flags.DEFINE_integer("steps", 3, "train: optimizer steps.")
+flags.DEFINE_string("strategy", None, "train: a Strategy JSON (`tapas search --out`), or "
+                    "'random:SEED' for a random valid plan; default: search on --cluster.")
+flags.DEFINE_boolean("verify", False, "train: run the single-device Keras model side by side "
+                     "and report the largest differences.")
+flags.DEFINE_integer("workers", 0, "train: launch this many processes on 127.0.0.1 under "
+                     "MultiWorkerMirroredStrategy (one device each).")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "train: optimizer (Keras numerics).")
+flags.DEFINE_float("learning_rate", None, "train: learning rate (default: Keras's).")
+
+COMMANDS = ("inspect", "mine", "models", "search", "train")
 
 
 # ---- loading models ------------------------------------------------------------------------
@@ -237,6 +251,22 @@ def cmd_search() -> dict[str, Any]:
     return report
 
 
+def cmd_train() -> dict[str, Any]:
+    from tapas import train
+    opts = train.TrainOptions(model=FLAGS.model, devices=FLAGS.devices, steps=FLAGS.steps,
+                              strategy=FLAGS.strategy, verify=FLAGS.verify,
+                              workers=FLAGS.workers, optimizer=FLAGS.optimizer,
+                              learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
+                              cluster=FLAGS.cluster, json_out=FLAGS.json_out,
+                              memory_budget_gib=FLAGS.memory_budget_gib)
+    from absl import logging
+    logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
+    try:
+        return train.train(opts)
+    except train.TrainError as e:
+        raise app.UsageError(str(e)) from None
+
+
 def cmd_models() -> dict[str, Any]:
     from tapas import models
     rows = []
@@ -275,7 +305,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 _HANDLERS = {"inspect": cmd_inspect, "mine": cmd_mine, "models": cmd_models,
-             "search": cmd_search}
+             "search": cmd_search, "train": cmd_train}
 
 
 def run() -> None:

@@ -230,7 +230,8 @@ class SGD:
                                     nesterov=self.nesterov)
 
     def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
-               step: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+               step: tf.Tensor, grad_square: tf.Tensor | None = None
+               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """(new variable value, new slot values) for one weight; ``step`` counts from 1."""
         lr = tf.cast(self.learning_rate, var.dtype)
         grad = tf.cast(grad, var.dtype)
@@ -262,7 +263,11 @@ class Adam:
                                      beta_2=self.beta_2, epsilon=self.epsilon)
 
     def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
-               step: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+               step: tf.Tensor, grad_square: tf.Tensor | None = None
+               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """``grad_square``: what Keras squares for the second moment. For a sparse
+        (``IndexedSlices``) gradient Keras squares each slice *before* summing duplicate
+        rows (``keras.ops.square`` maps over the slices), which is not ``square(grad)``."""
         dtype = var.dtype
         lr = tf.cast(self.learning_rate, dtype)
         grad = tf.cast(grad, dtype)
@@ -272,7 +277,8 @@ class Adam:
         m, v = slots["momentum"], slots["velocity"]
         alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
         m = m + (grad - m) * (1 - self.beta_1)
-        v = v + (tf.square(grad) - v) * (1 - self.beta_2)
+        squared = tf.square(grad) if grad_square is None else tf.cast(grad_square, dtype)
+        v = v + (squared - v) * (1 - self.beta_2)
         return var - (m * alpha) / (tf.sqrt(v) + self.epsilon), {"momentum": m, "velocity": v}
 
 
@@ -308,7 +314,7 @@ class Runtime:
     ``initial_weights`` maps every weight path of ``program.weight_layouts`` to its global
     value (NumPy); ``input_specs`` are the global ``tf.TensorSpec`` s of the model inputs.
     ``collectives(function)`` makes the program's collectives object inside a replica while
-    ``function`` ("train_step", "predict", "gradients") is traced (default:
+    ``function`` ("train_step", "predict", "evaluate") is traced (default:
     ``tapas.reconstruct.ReplicaContextCollectives`` recording into ``audits[function]``).
     """
 
@@ -489,11 +495,14 @@ class Runtime:
         for p, g in zip(self.trainable_paths, grads):
             if g is None:
                 continue  # the loss does not depend on this weight (as Keras: no update)
+            grad_square = None
             if isinstance(g, tf.IndexedSlices):
+                grad_square = tf.convert_to_tensor(tf.IndexedSlices(
+                    tf.square(g.values), g.indices, g.dense_shape))
                 g = tf.convert_to_tensor(g)
             value, new_slots = self.optimizer.update(
                 weights[p].read_value(), g, {k: v.read_value() for k, v in slots[p].items()},
-                step)
+                step, grad_square)
             new[p] = {"value": value, "grad": g, **new_slots}
         ctx = tf.distribute.get_replica_context()
         loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, share) if partial else share
@@ -556,30 +565,43 @@ class Runtime:
             self.trace_seconds[key] = time.perf_counter() - start
         return result
 
-    def _gradients(self, xs: Any, y: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    def _evaluate(self, xs: Any, y: Any) -> tuple:
         def fn(xs: tuple, y: tf.Tensor, weights: dict) -> tuple:
-            share, partial, grads = self._replica_grads(xs, y, weights)
+            with tf.GradientTape() as tape:
+                outs = self._forward(xs, weights)
+                share, partial = self._local_loss(outs[0], y)
+            grads = tape.gradient(share, [weights[p] for p in self.trainable_paths])
             ctx = tf.distribute.get_replica_context()
-            out = {}
+            full_grads = {}
             for p, g in zip(self.trainable_paths, grads):
                 if g is None:
                     continue
                 g = tf.convert_to_tensor(g)
                 placement = self.specs[p].placement
-                out[p] = (ctx.all_gather(g, axis=placement.axis)
-                          if isinstance(placement, Split) else g)
+                full_grads[p] = (ctx.all_gather(g, axis=placement.axis)
+                                 if isinstance(placement, Split) else g)
+            full_outs = [ctx.all_gather(o, axis=pl.axis) if isinstance(pl, Split) else o
+                         for o, pl in zip(outs, self.output_placements)]
             loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, share) if partial else share
-            return loss, out
-        loss, grads = self.strategy.run(fn, args=(xs, y, self._dist_vars))
+            return full_outs, loss, full_grads
+        outs, loss, grads = self.strategy.run(fn, args=(xs, y, self._dist_vars))
         first = self.strategy.experimental_local_results
-        return first(loss)[0], {p: first(g)[0] for p, g in grads.items()}
+        return ([first(o)[0] for o in outs], first(loss)[0],
+                {p: first(g)[0] for p, g in grads.items()})
+
+    def evaluate(self, xs: Any, y: Any) -> tuple[list[np.ndarray], float, dict[str, np.ndarray]]:
+        """(outputs, global loss, {path: global gradient}) on the batch, in one traced
+        function, without updating anything (what ``verify`` compares)."""
+        if not hasattr(self, "_evaluate_fn"):
+            self._evaluate_fn = tf.function(self._evaluate)
+        outs, loss, grads = self._call("evaluate", self._evaluate_fn, *self._prepare(xs, y))
+        return ([o.numpy() for o in outs], float(loss.numpy()),
+                {p: g.numpy() for p, g in grads.items()})
 
     def gradients(self, xs: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
         """(global loss, {path: global gradient}) on the batch, without updating anything."""
-        if not hasattr(self, "_gradients_fn"):
-            self._gradients_fn = tf.function(self._gradients)
-        loss, grads = self._call("gradients", self._gradients_fn, *self._prepare(xs, y))
-        return float(loss.numpy()), {p: g.numpy() for p, g in grads.items()}
+        _, loss, grads = self.evaluate(xs, y)
+        return loss, grads
 
     def train_step(self, xs: Any, y: Any) -> float:
         """One optimizer step on the global batch ``(xs, y)``; returns the global loss.

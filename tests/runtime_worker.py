@@ -272,7 +272,59 @@ def check_bad_inputs(strategy: Any) -> dict[str, Any]:
     return out
 
 
-CHECKS = {"mlp": check_mlp, "checkpoint": check_checkpoint, "failed_step": check_failed_step,
+def check_zoo(strategy: Any) -> dict[str, Any]:
+    """For each JOB['zoo'] entry {model, strategies, optimizer}: parallelize the model with
+    each strategy ("best": tapas.search on a V100 cluster of N devices; "random:SEED":
+    tapas.parallel.random_plan) and verify it against the single-device Keras model."""
+    from tapas import capturing, models, parallel
+    from tapas.cost import Cluster
+    n = strategy.num_replicas_in_sync
+    out: dict[str, Any] = {}
+    for entry in JOB["zoo"]:
+        name = entry["model"]
+        if name == "resnet50-keras":
+            model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3),
+                                                classes=10)
+            rng = np.random.RandomState(0)
+            xs = [rng.randn(4, 32, 32, 3).astype("float32")]
+            y = rng.randint(0, 10, size=(4,))
+            specs, loss = [tf.TensorSpec([4, 32, 32, 3], tf.float32)], LOSS
+        else:
+            e = models.get(name)
+            model = e.build(seed=0)
+            xs, y = e.synthetic_batch()
+            specs, loss = list(e.input_spec()), e.keras_loss()
+        initial = [w.numpy() for w in model.weights]
+        graph = None
+        for label in entry["strategies"]:
+            model.set_weights(initial)
+            if label == "best":
+                plan = None
+            else:
+                if graph is None:
+                    graph = capturing.capture(model, specs)
+                plan = parallel.random_plan(graph, n, int(label.split(":")[1]))
+            try:
+                pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
+                                          optimizer=entry.get("optimizer", "sgd"),
+                                          learning_rate=entry.get("learning_rate"), loss=loss,
+                                          cluster=Cluster.v100_ethernet(1, n))
+                report = pm.verify(list(xs), y, steps=3)
+                audit = pm.audit()
+                names = pm.program.plan.patterns
+                out[f"{name}/{label}"] = {
+                    "ok": report["ok"], **{k: report[k] for k in
+                                           ("outputs", "loss", "gradients", "weights")},
+                    "audit": audit.to_json(), "sharded_nodes": sum(
+                        1 for p in names.values() if getattr(p, "name", "") != "replicate"),
+                    "trace_seconds": pm.runtime.trace_seconds}
+            except Exception as e:  # reported per strategy
+                out[f"{name}/{label}"] = {"error": f"{type(e).__name__}: {e}",
+                                          "traceback": traceback.format_exc()[-3000:]}
+    return out
+
+
+CHECKS = {"zoo": check_zoo, "mlp": check_mlp, "checkpoint": check_checkpoint, "failed_step": check_failed_step,
           "bad_inputs": check_bad_inputs}
 
 
