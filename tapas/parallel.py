@@ -39,7 +39,8 @@ import tensorflow as tf
 from tapas import capturing, runtime
 from tapas.cost import Cluster, Collective
 
-__all__ = ["parallelize", "ParallelModel", "AuditReport", "predicted_comms", "plan_reshards",
+__all__ = ["parallelize", "ParallelModel", "AuditReport", "predicted_comms", "predicted_comm_list",
+           "plan_reshards",
            "grad_tensors",
            "random_plan", "compare"]
 
@@ -60,6 +61,7 @@ class AuditReport:
     measured_bytes: Mapping[tuple[str, str], int]
     predicted_bytes: Mapping[tuple[str, str], int]
     loss: tuple[tuple[str, int], ...]
+    differences: tuple[str, ...] = ()   # "+" in the program only, "-" predicted only
 
     @property
     def matches(self) -> bool:
@@ -80,6 +82,7 @@ class AuditReport:
             lines.append(f"{kind:<10} {'loss':<5} {1:>8} {'-':>10} {nbytes:>16,}")
         lines.append("audit " + ("matches the strategy's prediction" if self.matches else
                                  "DIFFERS from the strategy's prediction"))
+        lines += [f"  {d}" for d in self.differences[:12]]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -88,13 +91,19 @@ class AuditReport:
                 "predicted": {key(k): v for k, v in self.predicted.items()},
                 "measured_bytes": {key(k): v for k, v in self.measured_bytes.items()},
                 "predicted_bytes": {key(k): v for k, v in self.predicted_bytes.items()},
-                "loss": [list(x) for x in self.loss], "matches": self.matches}
+                "loss": [list(x) for x in self.loss], "matches": self.matches,
+                "differences": list(self.differences)}
 
 
 def predicted_comms(strategy: Any, graph: Any) -> tuple[dict, dict]:
     """``({(kind, phase): count}, {(kind, phase): bytes})`` predicted for a
     ``tapas.search.Strategy`` (every chosen pattern's comms plus its resharding edges) or a
     ``tapas.reconstruct.Plan`` (pattern comms plus :func:`plan_reshards`)."""
+    return _tally(predicted_comm_list(strategy, graph))
+
+
+def predicted_comm_list(strategy: Any, graph: Any) -> list:
+    """The ``tapas.src.Comm`` s behind :func:`predicted_comms`."""
     if hasattr(strategy, "edge_comms"):
         comms = [c for node in graph.nodes for c in strategy.pattern(node.id).comms]
         comms += [c for e in strategy.edge_comms for c in e.comms]
@@ -104,7 +113,7 @@ def predicted_comms(strategy: Any, graph: Any) -> tuple[dict, dict]:
     # TensorFlow never runs the backward of a tensor whose gradient nothing needs (the
     # input images, attention masks): neither does the program
     needed = grad_tensors(graph)
-    return _tally([c for c in comms if c.phase != "bwd" or c.tensor in needed])
+    return [c for c in comms if c.phase != "bwd" or c.tensor in needed]
 
 
 def grad_tensors(graph: Any) -> set[str]:
@@ -270,10 +279,16 @@ class ParallelModel:
             raise RuntimeError("no training step has been traced yet: run train_step once "
                                "before asking for the audit")
         audit = self.runtime.audits["train_step"]
-        predicted, predicted_bytes = predicted_comms(self.strategy, self.graph)
+        comms = predicted_comm_list(self.strategy, self.graph)
+        predicted, predicted_bytes = _tally(comms)
         loss = tuple((kind, nbytes) for fn, kind, nbytes in self.runtime.loss_comms
                      if fn == "train_step")
-        return AuditReport(audit.counts(), predicted, audit.bytes(), predicted_bytes, loss)
+        got = Counter((r.kind.value, r.phase, r.tensor) for r in audit.records)
+        want = Counter((Collective.parse(c.kind).value, c.phase, c.tensor) for c in comms)
+        diffs = [f"+ {k} {p} {t} (in the program only)" for (k, p, t) in got - want]
+        diffs += [f"- {k} {p} {t} (predicted only)" for (k, p, t) in want - got]
+        return AuditReport(audit.counts(), predicted, audit.bytes(), predicted_bytes, loss,
+                           tuple(sorted(diffs)))
 
     def _compare_weight(self, got: np.ndarray, want: np.ndarray, grad: np.ndarray | None,
                         noise: float, scale: float) -> dict[str, Any]:

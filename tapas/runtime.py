@@ -727,7 +727,19 @@ class Runtime:
         if self.task_id == 0:
             with open(os.path.join(path, CHECKPOINT_META), "w") as f:
                 json.dump(self.layout(), f, indent=1)
+        self._barrier()   # every worker's file exists when save returns, on every worker
         return path
+
+    def _barrier(self) -> None:
+        """Wait for every worker (a scalar all-reduce); nothing to wait for in one process."""
+        if self._all_local():
+            return
+        if not hasattr(self, "_barrier_fn"):
+            def fn() -> tf.Tensor:
+                ctx = tf.distribute.get_replica_context()
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
+            self._barrier_fn = tf.function(lambda: self.strategy.run(fn))
+        self._barrier_fn()
 
     def restore(self, path: str) -> str:
         """Load a checkpoint written by :meth:`save`: directly when the layout is this one,

@@ -269,6 +269,19 @@ def check_bad_inputs(strategy: Any) -> dict[str, Any]:
                                                      np.zeros(3, "int64")))
     out["too_many_devices"] = attempt(lambda: rt.setup_devices(n + 8, "cpu"))
     out["optimizer"] = attempt(lambda: rt.make_optimizer("rmsprop"))
+    # strategies searched for another device count / another model
+    from tapas import capturing, parallel, search
+    from tapas.cost import Cluster
+    graph = capturing.capture(model, SPEC)
+    other_n = search.search(graph, cluster=Cluster.v100_ethernet(1, 2 * n))
+    out["strategy_devices"] = attempt(lambda: parallel.parallelize(
+        model, SPEC, other_n, distribute_strategy=strategy, loss=LOSS))
+    wide = keras.Sequential([keras.Input((D_IN,)), keras.layers.Dense(2 * HIDDEN, name="d1"),
+                             keras.layers.Dense(CLASSES, name="d2")], name="wide")
+    other_model = search.search(capturing.capture(wide, SPEC),
+                                cluster=Cluster.v100_ethernet(1, n))
+    out["strategy_model"] = attempt(lambda: parallel.parallelize(
+        model, SPEC, other_model, distribute_strategy=strategy, loss=LOSS))
     return out
 
 
@@ -312,19 +325,82 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
                 report = pm.verify(list(xs), y, steps=3)
                 audit = pm.audit()
                 names = pm.program.plan.patterns
-                out[f"{name}/{label}"] = {
-                    "ok": report["ok"], **{k: report[k] for k in
+                out[f"{name}/{label}/{entry.get('optimizer', 'sgd')}"] = {
+                    "optimizer": entry.get("optimizer", "sgd"), "ok": report["ok"], **{k: report[k] for k in
                                            ("outputs", "loss", "gradients", "weights")},
                     "audit": audit.to_json(), "sharded_nodes": sum(
                         1 for p in names.values() if getattr(p, "name", "") != "replicate"),
                     "trace_seconds": pm.runtime.trace_seconds}
             except Exception as e:  # reported per strategy
-                out[f"{name}/{label}"] = {"error": f"{type(e).__name__}: {e}",
-                                          "traceback": traceback.format_exc()[-3000:]}
+                out[f"{name}/{label}/{entry.get('optimizer', 'sgd')}"] = {
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc()[-3000:]}
     return out
 
 
-CHECKS = {"zoo": check_zoo, "mlp": check_mlp, "checkpoint": check_checkpoint, "failed_step": check_failed_step,
+def small_model(kind: str, width: int,
+                depth: int) -> tuple[keras.Model, list, list[np.ndarray], np.ndarray]:
+    """A small MLP or self-attention model, its input specs and integer targets."""
+    rng = np.random.RandomState(width * 10 + depth)
+    if kind == "mlp":
+        x = keras.Input((2 * width,), batch_size=4, name="x")
+        h = x
+        for i in range(depth):
+            h = keras.layers.Dense(4 * width, activation="relu", name=f"dense{i}")(h)
+        out = keras.layers.Dense(2 * width, name="head")(h)
+        xs = [rng.randn(4, 2 * width).astype("float32")]
+        y = rng.randint(0, 2 * width, size=(4,))
+    else:
+        x = keras.Input((4, 2 * width), batch_size=4, name="x")
+        h = x
+        for i in range(depth):
+            a = keras.layers.MultiHeadAttention(num_heads=2, key_dim=width, name=f"mha{i}")(h, h)
+            h = keras.layers.LayerNormalization(name=f"norm{i}")(h + a)
+        out = keras.layers.Dense(2 * width, name="head")(h)
+        xs = [rng.randn(4, 4, 2 * width).astype("float32")]
+        y = rng.randint(0, 2 * width, size=(4, 4))
+    model = keras.Model(x, out, name=f"{kind}{width}x{depth}")
+    return model, [tf.TensorSpec(xs[0].shape, tf.float32, "x")], xs, y
+
+
+def check_property(strategy: Any) -> dict[str, Any]:
+    """Hypothesis: random small MLP/attention models x random valid plans x SGD/Adam train
+    like the single-device model, and the audit equals the prediction."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tapas import capturing, parallel
+    n = strategy.num_replicas_in_sync
+    seen: list[str] = []
+
+    @settings(max_examples=JOB.get("examples", 3), deadline=None, derandomize=True,
+              database=None, suppress_health_check=list(HealthCheck))
+    @given(kind=st.sampled_from(["mlp", "attention"]), width=st.sampled_from([2, 4]),
+           depth=st.integers(1, 2), seed=st.integers(0, 10_000),
+           optimizer=st.sampled_from(["sgd", "adam"]))
+    def prop(kind: str, width: int, depth: int, seed: int, optimizer: str) -> None:
+        keras.utils.set_random_seed(seed)
+        model, specs, xs, y = small_model(kind, width, depth)
+        plan = parallel.random_plan(capturing.capture(model, specs), n, seed)
+        pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
+                                  optimizer=optimizer, learning_rate=0.01, loss=LOSS)
+        report = pm.verify(xs, y, steps=2)
+        audit = pm.audit()
+        sharded = sum(1 for p in plan.patterns.values() if p.name != "replicate")
+        seen.append(f"{kind} w{width} d{depth} seed {seed} {optimizer}: {sharded} sharded")
+        bad = [k for k in ("outputs", "loss", "gradients", "weights") if not report[k]["ok"]]
+        assert not bad, {k: report[k] for k in bad}
+        assert audit.matches, audit.table()
+
+    try:
+        prop()
+        failure = None
+    except Exception as e:  # the falsifying example is in the message
+        failure = f"{type(e).__name__}: {e}"[:3000]
+    return {"examples": seen, "failure": failure}
+
+
+CHECKS = {"property": check_property, "zoo": check_zoo, "mlp": check_mlp, "checkpoint": check_checkpoint, "failed_step": check_failed_step,
           "bad_inputs": check_bad_inputs}
 
 

@@ -52,16 +52,23 @@ def assert_equivalent(mlp: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("two"))
-    (res,) = run_job({"devices": 2, "dir": d,
-                      "checks": ["mlp", "checkpoint", "failed_step", "bad_inputs"]})
+    (res,) = run_job({"devices": 2, "dir": d, "examples": 4,
+                      "checks": ["mlp", "checkpoint", "failed_step", "bad_inputs", "property",
+                                 "zoo"],
+                      "zoo": [{"model": "t5-tiny", "strategies": ["random:3"],
+                               "optimizer": "adam"},
+                              {"model": "resnet-tiny", "strategies": ["best", "random:0"],
+                               "optimizer": "sgd"}]})
     return res
 
 
 @pytest.fixture(scope="module")
 def four(two: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("four"))
-    (res,) = run_job({"devices": 4, "dir": d, "checks": ["mlp", "checkpoint"],
-                      "restore_from": two["checkpoint"]["saved"]})
+    (res,) = run_job({"devices": 4, "dir": d, "checks": ["mlp", "checkpoint", "zoo"],
+                      "restore_from": two["checkpoint"]["saved"],
+                      "zoo": [{"model": "moe-tiny", "strategies": ["random:1"],
+                               "optimizer": "adam"}]})
     return res
 
 
@@ -108,6 +115,37 @@ def test_bad_inputs_are_named(two: dict[str, Any]) -> None:
     assert "shape [3, 8]" in r["input_shape"] and "[8, 8]" in r["input_shape"]
     assert "fixed once per process" in r["too_many_devices"]
     assert "'rmsprop'" in r["optimizer"]
+    assert "shards over 4 devices" in r["strategy_devices"] and "2 were given" in \
+        r["strategy_devices"]
+    assert "searched for graph 'wide'" in r["strategy_model"] and "'mlp'" in r["strategy_model"]
+
+
+def assert_zoo_equivalent(zoo: dict[str, Any], expected: int) -> None:
+    runs = {k: v for k, v in zoo.items() if k != "check"}
+    assert len(runs) == expected, zoo
+    for key, run in runs.items():
+        assert "error" not in run, (key, run.get("error"), run.get("traceback"))
+        for what in ("outputs", "loss", "gradients", "weights"):
+            assert run[what]["ok"], (key, what, run[what])
+        assert run["audit"]["matches"], (key, run["audit"])
+        if "random" in key:
+            assert run["sharded_nodes"] > 0, key
+
+
+def test_zoo_models_equal_keras_on_2_devices(two: dict[str, Any]) -> None:
+    """t5-tiny (random plan, Adam), resnet-tiny (searched and random plan, SGD); the full
+    matrix (5 random plans per family, 2 and 4 devices) is scripts/equivalence.py."""
+    assert_zoo_equivalent(two["zoo"], 3)
+
+
+def test_zoo_model_equals_keras_on_4_devices(four: dict[str, Any]) -> None:
+    assert_zoo_equivalent(four["zoo"], 1)
+
+
+def test_property_random_small_models_and_plans(two: dict[str, Any]) -> None:
+    prop = two["property"]
+    assert prop["failure"] is None, prop["failure"]
+    assert len(prop["examples"]) == 4
 
 
 def test_multi_worker_mirrored_two_processes(tmp_path: Any) -> None:

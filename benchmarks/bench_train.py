@@ -1,0 +1,128 @@
+"""Benchmark: training-step time of the reconstructed program against the single-device model.
+
+    python benchmarks/bench_train.py [--devices=4] [--models=t5-tiny,resnet-tiny]
+        [--strategies=best,random:0] [--steps=10] [--json_out=out/bench_train.json]
+
+In one process with ``--devices`` logical CPU devices: for each model, the single-device Keras
+training step (``tf.function``: forward, Keras loss, GradientTape, ``keras.optimizers.SGD``)
+and, for each strategy ("best": ``tapas.search`` on a V100 cluster of N devices;
+"random:SEED": ``tapas.parallel.random_plan``), ``ParallelModel.train_step`` on the same
+batch. Reports the median step time of ``--steps`` steps after the first, their ratio
+(parallel / single device), and the first step's time (tracing the replayed program).
+
+The logical devices share this machine's cores, so no speed-up is expected here: the ratio
+measures the overhead of the reconstructed program (op-by-op replay, collectives, per-step
+input distribution), not what N accelerators would give.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+
+flags.DEFINE_integer("devices", 4, "Logical CPU devices (N).")
+flags.DEFINE_list("models", ["t5-tiny", "resnet-tiny"], "Zoo models.")
+flags.DEFINE_list("strategies", ["best", "random:0"], "'best' or 'random:SEED'.")
+flags.DEFINE_integer("steps", 10, "Timed steps after the first.")
+flags.DEFINE_integer("batch_size", 8, "Global batch (divisible by --devices for a batch split).")
+flags.DEFINE_string("json_out", "out/bench_train.json", "Where to write the JSON results.")
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from tapas import runtime
+    runtime.setup_devices(FLAGS.devices, "cpu")
+    import tensorflow as tf
+
+    from tapas import capturing, models, parallel
+    from tapas.cost import Cluster
+    logging.set_verbosity(logging.WARNING)
+    n = FLAGS.devices
+    strategy = runtime.make_strategy(n)
+    rows = []
+    for name in FLAGS.models:
+        entry = models.get(name)
+        model = entry.build(seed=0)
+        xs, y = entry.synthetic_batch(FLAGS.batch_size)
+        specs = list(entry.input_spec(FLAGS.batch_size))
+        initial = [w.numpy() for w in model.weights]
+        loss_fn = entry.keras_loss()
+        opt = runtime.SGD().keras()
+        inputs = [tf.constant(x) for x in xs]
+
+        @tf.function
+        def keras_step() -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(inputs, training=False))
+            grads = tape.gradient(loss, model.trainable_weights)
+            opt.apply_gradients(zip(grads, model.trainable_weights))
+            return loss
+
+        single_first, single = _time(lambda: keras_step().numpy(), FLAGS.steps)
+        for label in FLAGS.strategies:
+            model.set_weights(initial)
+            plan = None
+            if label.startswith("random:"):
+                plan = parallel.random_plan(capturing.capture(model, specs), n,
+                                            int(label.split(":")[1]))
+            start = time.perf_counter()
+            pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
+                                      loss=loss_fn, cluster=Cluster.v100_ethernet(1, n))
+            build_s = time.perf_counter() - start
+            first, times = _time(lambda: pm.train_step(list(xs), y), FLAGS.steps)
+            sharded = sum(1 for node in pm.graph.nodes
+                          if pm.program.plan.pattern(node).name != "replicate")
+            row = {"model": name, "strategy": label, "devices": n, "batch": len(y),
+                   "sharded_nodes": sharded, "graph_nodes": len(pm.graph.nodes),
+                   "single_step_s": statistics.median(single),
+                   "parallel_step_s": statistics.median(times),
+                   "ratio": statistics.median(times) / statistics.median(single),
+                   "first_step_s": first, "single_first_step_s": single_first,
+                   "build_s": build_s, "audit_matches": pm.audit().matches}
+            rows.append(row)
+            print(f"{name} {label}: {row['parallel_step_s'] * 1e3:.1f} ms vs "
+                  f"{row['single_step_s'] * 1e3:.1f} ms single device", flush=True)
+    print(f"\n{'model':<12} {'strategy':<9} {'sharded':>9} {'1-device ms':>11} "
+          f"{'N-device ms':>11} {'ratio':>6} {'first step s':>12} {'audit':>6}")
+    for r in rows:
+        print(f"{r['model']:<12} {r['strategy']:<9} "
+              f"{r['sharded_nodes']:>4}/{r['graph_nodes']:<4} "
+              f"{r['single_step_s'] * 1e3:>11.1f} {r['parallel_step_s'] * 1e3:>11.1f} "
+              f"{r['ratio']:>6.1f} {r['first_step_s']:>12.1f} "
+              f"{'same' if r['audit_matches'] else 'DIFF':>6}")
+    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+           "devices": n, "steps": FLAGS.steps, "rows": rows}
+    d = os.path.dirname(FLAGS.json_out)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(FLAGS.json_out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"\nwritten to {FLAGS.json_out}")
+
+
+def _time(fn, steps: int) -> tuple[float, list[float]]:
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return first, times
+
+
+if __name__ == "__main__":
+    app.run(main)
