@@ -103,25 +103,100 @@ def predicted_comms(strategy: Any, graph: Any) -> tuple[dict, dict]:
 
 
 def predicted_comm_list(strategy: Any, graph: Any) -> list:
-    """The ``tapas.src.Comm`` s behind :func:`predicted_comms`."""
+    """The ``tapas.src.Comm`` s behind :func:`predicted_comms`.
+
+    TensorFlow never runs the backward of a value whose gradient nothing needs (the input
+    images, attention masks, a copy of the router probabilities read only by ``ArgMax``),
+    and neither does the program: such backward comms are left out (:func:`grad_tensors`).
+    """
+    from tapas import reconstruct
+    plan = strategy if isinstance(strategy, reconstruct.Plan) else None
+    if plan is None:
+        plan = reconstruct.Plan(strategy.num_devices,
+                                {node.id: strategy.pattern(node.id) for node in graph.nodes})
+    tagged = [(c, None) for node in graph.nodes for c in plan.pattern(node).comms]
     if hasattr(strategy, "edge_comms"):
-        comms = [c for node in graph.nodes for c in strategy.pattern(node.id).comms]
-        comms += [c for e in strategy.edge_comms for c in e.comms]
+        for e in strategy.edge_comms:
+            tensor = graph.nodes[e.dst].inputs[e.input_index].name
+            tagged += [(c, (tensor, e.dst_placement)) for c in e.comms]
     else:
-        comms = [c for node in graph.nodes for c in strategy.pattern(node).comms]
-        comms += plan_reshards(strategy, graph)
-    # TensorFlow never runs the backward of a tensor whose gradient nothing needs (the
-    # input images, attention masks): neither does the program
+        tagged += _plan_reshards(plan, graph)
+    ops = [op for node in graph.nodes for op in node.ops]
+    forward, backward = _forward_from_weights(graph, ops), _backward_from_outputs(graph, ops)
     needed = grad_tensors(graph)
-    return [c for c in comms if c.phase != "bwd" or c.tensor in needed]
+    readers = _readers(plan, graph)
+
+    def runs(comm: Any, key: tuple[str, str] | None) -> bool:
+        if comm.phase != "bwd":
+            return True
+        if key is None:
+            return comm.tensor in needed
+        tensor = _weight_tensor(graph, key[0])
+        return tensor in forward and any(
+            op.type not in _NO_GRADIENT and any(o.name in backward for o in op.outputs)
+            for op in readers.get((tensor, key[1]), ()))
+
+    return [c for c, key in tagged if runs(c, key)]
+
+
+def _weight_tensor(graph: Any, name: str) -> str:
+    """The tensor a weight path stands for in op inputs (its resource placeholder)."""
+    for w in graph.weights:
+        if w.path == name:
+            return w.placeholder + ":0"
+    return name
+
+
+def _readers(plan: Any, graph: Any) -> dict[tuple[str, str], list]:
+    """(tensor, placement wanted) -> the ops that read the tensor in that placement."""
+    from tapas import src
+    out: dict[tuple[str, str], list] = {}
+    for node in graph.nodes:
+        pat = plan.pattern(node)
+        wants = {t.name: str(src.parse_placement(p)) for t, p in zip(node.inputs, pat.inputs)}
+        wants.update({w.placeholder + ":0": str(src.parse_placement(pat.weights[w.path]))
+                      for w in node.weights})
+        for op in node.ops:
+            for name in op.inputs:
+                if name in wants:
+                    out.setdefault((name, wants[name]), []).append(op)
+    return out
+
+
+def _backward_from_outputs(graph: Any, ops: Sequence[Any]) -> set[str]:
+    backward = {t.name for t in graph.outputs}
+    for op in reversed(_topological(ops)):
+        if op.type not in _NO_GRADIENT and any(t.name in backward for t in op.outputs):
+            backward |= set(op.inputs)
+    return backward
+
+
+# ops through which no gradient flows back to any input
+_NO_GRADIENT = frozenset({
+    "ArgMax", "ArgMin", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
+    "StopGradient", "PreventGradient", "Shape", "ShapeN", "Size", "Rank", "ZerosLike",
+    "OnesLike", "Floor", "Ceil", "Round", "Rint", "Sign", "IsFinite", "IsNan", "IsInf",
+    "LogicalAnd", "LogicalOr", "LogicalNot"})
+
+
+def _differentiable(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "half", "complex")) or dtype == "resource"
 
 
 def grad_tensors(graph: Any) -> set[str]:
-    """Names of the tensors whose gradient training needs: those computed (op by op) from a
-    trainable weight, with a floating-point or resource dtype, plus the weights' paths."""
-    needed = {w.placeholder + ":0" for w in graph.weights if w.trainable}
-    needed |= {w.path for w in graph.weights if w.trainable}
+    """Names of the tensors whose gradient training needs (TensorFlow computes no other):
+    tensors computed, op by op, from a trainable weight (forward) that also reach a graph
+    output through ops with a gradient (backward), with a floating-point or resource dtype;
+    plus the trainable weights' paths."""
     ops = [op for node in graph.nodes for op in node.ops]
+    forward = _forward_from_weights(graph, ops)
+    backward = _backward_from_outputs(graph, ops)
+    needed = {name for name in forward if name in backward}
+    return needed | {w.path for w in graph.weights if w.trainable
+                     and w.placeholder + ":0" in needed}
+
+
+def _topological(ops: Sequence[Any]) -> list[Any]:
     producer = {t.name: k for k, op in enumerate(ops) for t in op.outputs}
     consumers: dict[int, list[int]] = {k: [] for k in range(len(ops))}
     indegree = [0] * len(ops)
@@ -131,16 +206,22 @@ def grad_tensors(graph: Any) -> set[str]:
                 consumers[producer[name]].append(k)
                 indegree[k] += 1
     ready = [k for k, d in enumerate(indegree) if d == 0]
+    order = []
     while ready:
         k = ready.pop()
-        op = ops[k]
-        if any(name in needed for name in op.inputs):
-            needed |= {t.name for t in op.outputs
-                       if t.dtype.startswith(("float", "bfloat", "half", "complex"))}
+        order.append(ops[k])
         for j in consumers[k]:
             indegree[j] -= 1
             if indegree[j] == 0:
                 ready.append(j)
+    return order
+
+
+def _forward_from_weights(graph: Any, ops: Sequence[Any]) -> set[str]:
+    needed = {w.placeholder + ":0" for w in graph.weights if w.trainable}
+    for op in _topological(ops):
+        if op.type not in _NO_GRADIENT and any(name in needed for name in op.inputs):
+            needed |= {t.name for t in op.outputs if _differentiable(t.dtype)}
     return needed
 
 
@@ -149,6 +230,11 @@ def plan_reshards(plan: Any, graph: Any) -> list:
     another placement than its producer gives (a graph input is placed as its first
     consumer wants it; a weight is stored as its first reader wants it), once per
     (tensor, wanted placement)."""
+    return [c for c, _ in _plan_reshards(plan, graph)]
+
+
+def _plan_reshards(plan: Any, graph: Any) -> list[tuple[Any, tuple[str, str]]]:
+    """:func:`plan_reshards`, each comm with its (tensor or weight path, wanted placement)."""
     from tapas import src
     place: dict[str, Any] = {}
     for node in graph.nodes:
@@ -169,7 +255,8 @@ def plan_reshards(plan: Any, graph: Any) -> list:
             have = stored.get(name, place.setdefault(name, want))
             if have != want and (name, str(want)) not in seen:
                 seen.add((name, str(want)))
-                comms += src.reshard(have, want, tuple(shape or ()), dtype, name)
+                comms += [(c, (name, str(want)))
+                          for c in src.reshard(have, want, tuple(shape or ()), dtype, name)]
     return comms
 
 

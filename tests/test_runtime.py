@@ -52,7 +52,7 @@ def assert_equivalent(mlp: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("two"))
-    (res,) = run_job({"devices": 2, "dir": d, "examples": 4,
+    (res,) = run_job({"devices": 2, "dir": d, "examples": 3,
                       "checks": ["mlp", "checkpoint", "failed_step", "bad_inputs", "property",
                                  "zoo"],
                       "zoo": [{"model": "t5-tiny", "strategies": ["random:3"],
@@ -145,7 +145,7 @@ def test_zoo_model_equals_keras_on_4_devices(four: dict[str, Any]) -> None:
 def test_property_random_small_models_and_plans(two: dict[str, Any]) -> None:
     prop = two["property"]
     assert prop["failure"] is None, prop["failure"]
-    assert len(prop["examples"]) == 4
+    assert len(prop["examples"]) == 3
 
 
 def test_multi_worker_mirrored_two_processes(tmp_path: Any) -> None:
