@@ -176,6 +176,15 @@ def _task_id(strategy: tf.distribute.Strategy) -> int:
     return int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
 
 
+def _placed(x: tf.Tensor) -> tf.Tensor:
+    """``x`` with a device: a tensor created under no device scope (MultiWorkerMirrored's
+    replica function opens none) is refused by its collectives ("destinations can not be
+    empty"); the current device scope (``Runtime._on_device``) places the copy."""
+    if getattr(x, "device", "x"):
+        return x
+    return tf.identity(x)
+
+
 # ---- placements: slicing global values --------------------------------------------------------
 
 def _axis(placement: Any) -> int | None:
@@ -451,7 +460,7 @@ class Runtime:
         def gather(x: tf.Tensor) -> tuple[tf.Tensor, Callable]:
             def grad(dy: tf.Tensor) -> tf.Tensor:
                 return tf.split(dy, n, axis=axis)[rid]
-            return ctx.all_gather(x, axis=axis), grad
+            return ctx.all_gather(_placed(x), axis=axis), grad
 
         return gather(out)
 
@@ -475,9 +484,27 @@ class Runtime:
         return loss, self._target_placement_axis is not None
 
     def _forward(self, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Variable]) -> list:
+        # an explicit device scope: MultiWorkerMirroredStrategy does not open one around the
+        # replica function, and its all-reduce needs tensors with a device
         outs = self.program([[x] for x in xs], {p: [weights[p]] for p in self.paths},
                             self._collectives(self._tracing))
         return [o[0] for o in outs]
+
+    def _on_device(self, fn: Callable) -> Callable:
+        """``fn`` run under its replica's device scope: MultiWorkerMirroredStrategy opens none
+        around the replica function, and its all-reduce (forward, and in the backward pass
+        the tape runs) needs tensors placed on a device."""
+        def wrapped(*args: Any) -> Any:
+            ctx = tf.distribute.get_replica_context()
+            rid = tf.get_static_value(ctx.replica_id_in_sync_group)
+            device = self._device.get(int(rid) if rid is not None else -1,
+                                      self._device[self.local_replicas[0]])
+            with tf.device(device):
+                # the tf.function's input placeholders have no device under MWMS either
+                args = tf.nest.map_structure(
+                    lambda a: _placed(a) if isinstance(a, tf.Tensor) else a, args)
+                return fn(*args)
+        return wrapped
 
     # -- training -------------------------------------------------------------------------
 
@@ -505,7 +532,7 @@ class Runtime:
                 step, grad_square)
             new[p] = {"value": value, "grad": g, **new_slots}
         ctx = tf.distribute.get_replica_context()
-        loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, share) if partial else share
+        loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, _placed(share)) if partial else share
         return loss, new
 
     def _replica_assign(self, new: dict, weights: dict, slots: dict,
@@ -520,14 +547,14 @@ class Runtime:
             return tf.constant(True)
 
     def _train_step(self, xs: Any, y: Any) -> tf.Tensor:
-        loss, new = self.strategy.run(self._replica_compute,
+        loss, new = self.strategy.run(self._on_device(self._replica_compute),
                                       args=(xs, y, self._dist_vars, self._dist_slots))
         local_losses = self.strategy.experimental_local_results(loss)
         everything = tf.nest.flatten(self.strategy.experimental_local_results(new))
         with tf.control_dependencies(everything + list(local_losses)):
             checks = [tf.debugging.check_numerics(l, "tapas: the loss is not finite")
                       for l in local_losses]
-        done = self.strategy.run(self._replica_assign,
+        done = self.strategy.run(self._on_device(self._replica_assign),
                                  args=(new, self._dist_vars, self._dist_slots, checks))
         with tf.control_dependencies(self.strategy.experimental_local_results(done)):
             self.iterations.assign_add(1)
@@ -578,13 +605,14 @@ class Runtime:
                     continue
                 g = tf.convert_to_tensor(g)
                 placement = self.specs[p].placement
-                full_grads[p] = (ctx.all_gather(g, axis=placement.axis)
+                full_grads[p] = (ctx.all_gather(_placed(g), axis=placement.axis)
                                  if isinstance(placement, Split) else g)
-            full_outs = [ctx.all_gather(o, axis=pl.axis) if isinstance(pl, Split) else o
+            full_outs = [ctx.all_gather(_placed(o), axis=pl.axis) if isinstance(pl, Split) else o
                          for o, pl in zip(outs, self.output_placements)]
-            loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, share) if partial else share
+            loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, _placed(share)) if partial else share
             return full_outs, loss, full_grads
-        outs, loss, grads = self.strategy.run(fn, args=(xs, y, self._dist_vars))
+        outs, loss, grads = self.strategy.run(self._on_device(fn),
+                                              args=(xs, y, self._dist_vars))
         first = self.strategy.experimental_local_results
         return ([first(o)[0] for o in outs], first(loss)[0],
                 {p: first(g)[0] for p, g in grads.items()})
@@ -626,11 +654,12 @@ class Runtime:
         ctx = tf.distribute.get_replica_context()
         full = []
         for o, p in zip(outs, self.output_placements):
-            full.append(ctx.all_gather(o, axis=p.axis) if isinstance(p, Split) else o)
+            full.append(ctx.all_gather(_placed(o), axis=p.axis) if isinstance(p, Split) else o)
         return full
 
     def _predict(self, xs: Any) -> list[tf.Tensor]:
-        outs = self.strategy.run(self._replica_predict, args=(xs, self._dist_vars))
+        outs = self.strategy.run(self._on_device(self._replica_predict),
+                                 args=(xs, self._dist_vars))
         return [self.strategy.experimental_local_results(o)[0] for o in outs]
 
     def predict(self, xs: Any) -> np.ndarray | list[np.ndarray]:

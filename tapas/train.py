@@ -104,7 +104,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != 'replicate')} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
 
-    report: dict[str, Any] = {"model": name, "devices": n, "workers": opts.workers or 1,
+    workers = n // len(distribute.extended.worker_devices)
+    report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
                               "optimizer": opts.optimizer, "batch": int(len(y))}
     say(f"\n{'step':>4} {'loss':>12} {'keras loss':>12} {'seconds':>9}")
     step_times: list[float] = []

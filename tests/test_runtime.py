@@ -177,3 +177,20 @@ def test_launch_stops_every_worker_on_failure() -> None:
     with pytest.raises(launch.LaunchError, match=r"did not finish within 1 s"):
         launch.launch(lambda i: [sys.executable, "-c", "import time; time.sleep(60)"], 1,
                       timeout_s=1)
+
+
+def test_tapas_train_with_two_workers_verifies(tmp_path: Any) -> None:
+    """`tapas train --workers=2`: two MultiWorkerMirroredStrategy processes, a random plan,
+    Adam, verified against Keras, report as JSON; the workers are gone afterwards."""
+    import subprocess
+    out = tmp_path / "train.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "train", "--model=resnet-tiny", "--workers=2",
+         "--steps=2", "--strategy=random:1", "--verify", "--optimizer=adam",
+         f"--json_out={out}"], capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "verify: PASSED" in proc.stdout and "audit matches" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["workers"] == 2 and report["devices"] == 2
+    assert report["verify"]["ok"] and report["audit"]["matches"]
+    assert len(report["losses"]) == 2 and len(report["worker_seconds"]) == 2
