@@ -469,7 +469,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     """Capture ``model``, choose or check the strategy, reconstruct and place it on devices.
 
     ``strategy``: a ``tapas.search.Strategy``, the path of one saved as JSON, a
-    ``tapas.reconstruct.Plan`` (patterns chosen by hand), or ``None`` to search on ``cluster`` (default ``Cluster.loopback_cpu(N)``; ``search_options`` go to
+    ``tapas.reconstruct.Plan`` (patterns chosen by hand), or ``None`` to search on
+    ``cluster`` (default ``Cluster.loopback_cpu(N)``; ``search_options`` go to
     ``tapas.search``). ``devices``/``distribute_strategy``: see the module docstring.
     ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
     ``training``: capture (and verify against) the training-mode graph.

@@ -9,7 +9,7 @@ Out: :class:`Runtime`, which holds every weight as per-device shards and runs tr
 The program protocol (``docs/sharding.md``; ``tapas.reconstruct`` implements it)::
 
     program.num_devices                     # N
-    program.weight_layouts                  # {path: layout with .placement, .global_shape, .trainable}
+    program.weight_layouts                  # {path: layout: .placement .global_shape .trainable}
     program.input_placements                # one placement per model input (R or S(a))
     program.output_placements               # one placement per model output (R or S(a))
     outs = program(inputs, weights, collectives)

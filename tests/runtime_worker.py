@@ -1,13 +1,15 @@
 """Subprocess entry of tests/test_runtime.py: one process, one device set, many checks.
 
-    python tests/runtime_worker.py '{"devices": 2, "checks": ["mlp", "failed_step"], "dir": "/tmp/x"}'
+    python tests/runtime_worker.py '{"devices": 2, "checks": ["mlp"], "dir": "/tmp/x"}'
 
 Logical CPU devices can be set once per process, so every multi-device check runs here, in
 its own process (under ``TF_CONFIG`` it is one worker of a MultiWorkerMirroredStrategy). Each
 check prints one line ``RESULT <json>``; the parent asserts on them. A check that raises
 prints ``RESULT {"check": name, "error": ...}``.
 
-The hand-written program is Megatron's MLP (column-parallel then row-parallel dense) and two
+Checks: ``mlp``, ``checkpoint``, ``failed_step``, ``bad_inputs`` (a hand-written program),
+``zoo`` (zoo models through ``tapas.parallelize``, searched or random plans), ``property``
+(hypothesis over random small models and plans). The hand-written program is Megatron's MLP (column-parallel then row-parallel dense) and two
 other layouts of the same two Dense layers, written against the program protocol of
 ``tapas.runtime`` with their own f/g collectives, so the runtime is tested without the
 reconstruction stage.
@@ -326,7 +328,8 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
                 audit = pm.audit()
                 names = pm.program.plan.patterns
                 out[f"{name}/{label}/{entry.get('optimizer', 'sgd')}"] = {
-                    "optimizer": entry.get("optimizer", "sgd"), "ok": report["ok"], **{k: report[k] for k in
+                    "optimizer": entry.get("optimizer", "sgd"), "ok": report["ok"],
+                    **{k: report[k] for k in
                                            ("outputs", "loss", "gradients", "weights")},
                     "audit": audit.to_json(), "sharded_nodes": sum(
                         1 for p in names.values() if getattr(p, "name", "") != "replicate"),
@@ -400,7 +403,8 @@ def check_property(strategy: Any) -> dict[str, Any]:
     return {"examples": seen, "failure": failure}
 
 
-CHECKS = {"property": check_property, "zoo": check_zoo, "mlp": check_mlp, "checkpoint": check_checkpoint, "failed_step": check_failed_step,
+CHECKS = {"property": check_property, "zoo": check_zoo, "mlp": check_mlp,
+          "checkpoint": check_checkpoint, "failed_step": check_failed_step,
           "bad_inputs": check_bad_inputs}
 
 
