@@ -2,11 +2,16 @@
 
 The pipeline, one module per stage (paper section 4):
 
-1. capture    ``tapas.capturing`` + ``tapas.grouping``: model -> ``tapas.ir.Graph`` of GraphNodes
-2. mine       ``tapas.mine``: Graph -> FoldedGraph (unique repeated subgraphs)
-3. explore    (not yet) SRC sharding patterns, enumeration, symbolic validation
-4. cost       ``tapas.cost``: Cluster S(m, n), overlap-aware alpha-beta collective costs
-5. reconstruct (not yet) parallel TF program under tf.distribute
+1. capture     ``tapas.capturing`` + ``tapas.grouping``: model -> ``tapas.ir.Graph`` of GraphNodes
+2. mine        ``tapas.mine``: Graph -> FoldedGraph (unique repeated subgraphs)
+3. explore     ``tapas.src`` (placements, SRC expressions), ``tapas.patterns`` (sharding
+               patterns per GraphNode), ``tapas.explore`` + ``tapas.search``: -> Strategy
+4. cost        ``tapas.cost``: Cluster S(m, n), overlap-aware alpha-beta costs, memory, compute
+5. reconstruct ``tapas.reconstruct`` (+ ``tapas.collectives``): Strategy -> per-replica TF
+               program; ``tapas.runtime`` / ``tapas.parallel``: training under tf.distribute
+
+``tapas.layers`` holds Keras layers that are GraphNodes by construction
+(``tapas.DenseLayer(4096, shard="column")``).
 
 The public entry points are re-exported here. TensorFlow is imported only when a stage
 that needs it is first used, so ``import tapas`` and the pure stages stay fast.
@@ -33,6 +38,10 @@ _LAZY = {
     "mine": ("tapas.mine", None),   # the module is callable: tapas.mine(graph, ...)
     "search": ("tapas.search", None),   # callable module: tapas.search(graph, ...)
     "Strategy": ("tapas.search", "Strategy"),
+    "parallelize": ("tapas.parallel", "parallelize"),
+    "ParallelModel": ("tapas.parallel", "ParallelModel"),
+    "layers": ("tapas.layers", None),
+    "DenseLayer": ("tapas.layers", "DenseLayer"),
 }
 
 __all__ = ["ir", "Graph", "GraphNode", "Edge", "Kind", "OpInfo", "TensorInfo", "WeightInfo",

@@ -238,3 +238,73 @@ def test_whole_layer_kinds_get_their_sharding_patterns():
     heads = patterns.pattern_by_name(att, graph, 2, "heads")
     assert [c.kind.value for c in heads.fwd_comms] == ["AR"]
     assert {str(p) for path, p in heads.weights.items() if path.endswith("kernel")} == {"S0", "S1"}
+
+
+# Runs in its own process: logical CPU devices are set once, before TensorFlow runs an op.
+_PARALLEL_SCRIPT = r"""
+import json, sys
+import numpy as np
+from tapas import runtime
+runtime.setup_devices(2)
+import keras, tensorflow as tf
+import tapas
+from tapas import layers as tl
+
+def build(use_tapas):
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6, 8), batch_size=4)
+    if use_tapas:
+        h = x + tl.MultiHeadAttention(2, 4, shard="heads")(tl.LayerNorm()(x))
+        h = h + tl.FeedForward(16, shard="column-row")(tl.LayerNorm()(h))
+        y = tl.DenseLayer(8, shard="column")(h)
+    else:
+        n = keras.layers.LayerNormalization(epsilon=1e-6)(x)
+        h = x + keras.layers.MultiHeadAttention(2, 4)(n, n)
+        f = keras.layers.Dense(8)(keras.layers.Dense(16, activation="relu")(
+            keras.layers.LayerNormalization(epsilon=1e-6)(h)))
+        y = keras.layers.Dense(8)(h + f)
+    return keras.Model(x, y)
+
+tap, ker = build(True), build(False)
+ker.set_weights(tap.get_weights())
+rng = np.random.default_rng(0)
+xb = rng.standard_normal((4, 6, 8)).astype("float32")
+yb = rng.standard_normal((4, 6, 8)).astype("float32")
+out = {"keras_equal": float(np.abs(tap(xb) - ker(xb)).max())}
+ds = runtime.make_strategy(2)
+for name, model in (("tapas", tap), ("keras", ker)):
+    pm = tapas.parallelize(model, tf.TensorSpec([4, 6, 8]), distribute_strategy=ds,
+                           optimizer="adam", loss=keras.losses.MeanSquaredError())
+    out[name + "_predict"] = np.asarray(pm.predict(xb)).tolist()
+    rep = pm.verify(xb, yb, steps=3)
+    out[name + "_ok"] = bool(rep["ok"])
+    out[name + "_audit"] = bool(pm.audit().matches)
+    out[name + "_patterns"] = sorted({pm.strategy.pattern(n.id).name for n in pm.graph.nodes
+                                      if n.pin})
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_tapas_and_plain_keras_twins_parallelize_to_the_same_numbers(tmp_path):
+    """Issue 6: a model of pinned tapas layers and the same model of plain Keras layers
+    (same weights) give the same outputs, and both parallelize on 2 devices to programs
+    equal to their single-device model (outputs, gradients, 3 Adam steps) with the audit
+    equal to the prediction; the tapas model keeps its pins."""
+    import json
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / "twins.py"
+    path.write_text(_PARALLEL_SCRIPT)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(line[len("RESULT "):])
+    assert r["keras_equal"] < 1e-5
+    assert r["tapas_ok"] and r["keras_ok"], r
+    assert r["tapas_audit"] and r["keras_audit"], r
+    assert r["tapas_patterns"] == ["column", "column-row", "heads"]
+    diff = np.abs(np.array(r["tapas_predict"]) - np.array(r["keras_predict"])).max()
+    assert diff < 1e-5 * max(1.0, np.abs(np.array(r["keras_predict"])).max())
