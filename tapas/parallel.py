@@ -119,6 +119,10 @@ def predicted_comm_list(strategy: Any, graph: Any) -> list:
         for e in strategy.edge_comms:
             tensor = graph.nodes[e.dst].inputs[e.input_index].name
             tagged += [(c, (tensor, e.dst_placement)) for c in e.comms]
+        # a weight read in two placements (a tied embedding and LM head) is stored as its
+        # first reader wants it and resharded for the others: not an edge of the graph
+        weights = {w.path for w in graph.weights}
+        tagged += [(c, key) for c, key in _plan_reshards(plan, graph) if key[0] in weights]
     else:
         tagged += _plan_reshards(plan, graph)
     ops = [op for node in graph.nodes for op in node.ops]
