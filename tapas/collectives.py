@@ -144,7 +144,11 @@ def local_slice(x: tf.Tensor, axis: int, num_shards: int, index: int | tf.Tensor
 
 
 def _like(grad: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
-    """``grad`` with the static shape of ``value`` (collectives' gradients lose it)."""
+    """``grad`` dense (an embedding lookup's gradient arrives as ``IndexedSlices``, which
+    collectives do not take) and with the static shape of ``value`` (collectives'
+    gradients lose it)."""
+    if isinstance(grad, tf.IndexedSlices):
+        grad = tf.convert_to_tensor(grad)
     if value.shape.is_fully_defined() and not grad.shape.is_fully_defined():
         return tf.ensure_shape(grad, value.shape)
     return grad
