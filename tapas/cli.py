@@ -300,8 +300,13 @@ def main(argv: Sequence[str]) -> None:
                              "--name=value")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     report = _HANDLERS[argv[1]]()
-    if FLAGS.json_out:
+    # `train` writes its own report (worker 0 only, when it runs as several workers: the
+    # others' audits record nothing and must not overwrite it)
+    if FLAGS.json_out and argv[1] not in _WRITES_OWN_JSON:
         _write(FLAGS.json_out, json.dumps(report, indent=2, default=str))
+
+
+_WRITES_OWN_JSON = frozenset({"train"})
 
 
 _HANDLERS = {"inspect": cmd_inspect, "mine": cmd_mine, "models": cmd_models,
