@@ -48,32 +48,10 @@ TARGETS = {"t5-large": 3.0,          # paper: < 12 s
            "moe-1.3b": 5.0}          # paper: 30 s
 
 
-def load_graph(name: str, cache: str | None):
-    """The captured IR of zoo preset ``name`` and the capture time (0 when cached)."""
-    from tapas.ir import Graph
-    path = os.path.join(cache, f"{name}.json") if cache else None
-    if path and os.path.exists(path):
-        with open(path) as f:
-            return Graph.loads(f.read()), 0.0
-    import tapas
-    from tapas import models
-    entry = models.get(name)
-    t0 = time.perf_counter()
-    model = entry.build(fast_init=True)
-    graph = tapas.capture(model, list(entry.input_spec()), name=name)
-    seconds = time.perf_counter() - t0
-    del model
-    gc.collect()
-    if path:
-        os.makedirs(cache, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(graph.dumps())
-    return graph, seconds
-
-
 def bench(name: str) -> dict:
     from tapas.mine import DEFAULT_MIN_SIZE, mine
-    graph, capture_s = load_graph(name, FLAGS.graph_cache)
+    from tapas import models
+    graph, capture_s = models.capture_preset(name, FLAGS.graph_cache)
     min_size = FLAGS.min_size or DEFAULT_MIN_SIZE
     times, cpu = [], []
     folded = None

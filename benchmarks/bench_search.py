@@ -50,29 +50,6 @@ LARGE = ["t5-large", "moe-1.3b", "resnet152-100k"]
 T5_LARGE_TARGET_S = 10.0
 
 
-def load_graph(name: str, cache: str | None):
-    """The captured IR of zoo preset ``name`` and the capture time (0 when cached)."""
-    from tapas.ir import Graph
-    path = os.path.join(cache, f"{name}.json") if cache else None
-    if path and os.path.exists(path):
-        with open(path) as f:
-            return Graph.loads(f.read()), 0.0
-    import tapas
-    from tapas import models
-    entry = models.get(name)
-    t0 = time.perf_counter()
-    model = entry.build(fast_init=True)
-    graph = tapas.capture(model, list(entry.input_spec()), name=name)
-    seconds = time.perf_counter() - t0
-    del model
-    gc.collect()
-    if path:
-        os.makedirs(cache, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(graph.dumps())
-    return graph, seconds
-
-
 def run_search(graph, mode: str, limit: float | None) -> dict:
     from tapas import explore, search
     from tapas.cost import Cluster
@@ -97,7 +74,8 @@ def run_search(graph, mode: str, limit: float | None) -> dict:
 
 
 def compare(name: str) -> dict:
-    graph, capture_s = load_graph(name, FLAGS.graph_cache)
+    from tapas import models
+    graph, capture_s = models.capture_preset(name, FLAGS.graph_cache)
     gp = run_search(graph, "gp", None)
     es = run_search(graph, "es", FLAGS.es_limit)
     row = {"model": name, "graph_nodes": len(graph.nodes), "capture_s": round(capture_s, 2),
@@ -111,7 +89,8 @@ def compare(name: str) -> dict:
 
 
 def speed(name: str) -> dict:
-    graph, capture_s = load_graph(name, FLAGS.graph_cache)
+    from tapas import models
+    graph, capture_s = models.capture_preset(name, FLAGS.graph_cache)
     r = run_search(graph, "gp", None)
     r.update(model=name, graph_nodes=len(graph.nodes), capture_s=round(capture_s, 2))
     if name == "t5-large":

@@ -645,13 +645,6 @@ class T5TapasBlock(T5Block):
             return hidden_states, position_bias
         return hidden_states
 
-    def compute_output_shape(self, input_shape: tuple) -> Any:
-        hidden_shape = tuple(input_shape)
-        if self.has_relative_attention_bias:
-            length = hidden_shape[1]
-            return hidden_shape, (1, self.self_attention.num_heads, length, length)
-        return hidden_shape
-
 
 # --------------------------------------------------------------------------- #
 # Model builder and family API (used by the registry)

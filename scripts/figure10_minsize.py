@@ -16,7 +16,6 @@ the number of unique subgraphs stays stable over a range of minSize (T5-large: 5
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import statistics
@@ -39,30 +38,10 @@ flags.DEFINE_string("png_out", "out/figure10_minsize.png", "Where to write the p
 FLAGS = flags.FLAGS
 
 
-def load_graph(name: str, cache: str | None):
-    """The captured IR of zoo preset ``name`` (from the cache when there)."""
-    from tapas.ir import Graph
-    path = os.path.join(cache, f"{name}.json") if cache else None
-    if path and os.path.exists(path):
-        with open(path) as f:
-            return Graph.loads(f.read())
-    import tapas
-    from tapas import models
-    entry = models.get(name)
-    model = entry.build(fast_init=True)
-    graph = tapas.capture(model, list(entry.input_spec()), name=name)
-    del model
-    gc.collect()
-    if path:
-        os.makedirs(cache, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(graph.dumps())
-    return graph
-
-
 def sweep(name: str, min_sizes: list[int]) -> dict:
     from tapas.mine import mine
-    graph = load_graph(name, FLAGS.graph_cache)
+    from tapas import models
+    graph = models.capture_preset(name, FLAGS.graph_cache)[0]
     points = []
     for m in min_sizes:
         times = []
