@@ -80,6 +80,14 @@ _VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "Assign
 #   partial-mean  a Mean over a split axis: the local mean divided by N; result P
 #   global-shape  Shape/Size/Rank/ShapeN of a split tensor: the global value, a constant
 REWRITES = ("vocab-gather", "partial-mean", "global-shape")
+# activations whose output Keras's crossentropy losses replace by the activation's input
+# (the logits): keras.activations.softmax/sigmoid tag their output with ``_keras_logits``,
+# and in graph mode (``model.fit``) the losses also look for a Softmax/Sigmoid producer op
+# (``keras.src.backend.tensorflow.nn._get_logits``). A model output made by one of these
+# carries its local logits the same way (``Program.output_logits``), so that the runtime's
+# loss equals the Keras model's.
+LOGIT_ACTIVATIONS = frozenset({"Softmax", "Sigmoid"})
+_PASS_THROUGH = frozenset({"Identity", "IdentityN", "Snapshot"})
 
 
 class ReconstructError(ValueError):
@@ -212,6 +220,10 @@ class Program:
         self.weight_layouts = self._weight_layouts()
         self.input_placements = self._boundary_placements(self._input_names)
         self.output_placements = self._output_placements()
+        self.output_logits = tuple(self._logits_of(t.name) for t in graph.outputs)
+        # per output: "Softmax"/"Sigmoid" when its local values carry ``_keras_logits``
+        self.output_activations = tuple(self._tf_ops[a].type if a else None
+                                        for a in self.output_logits)
 
     # ---- validation and layouts --------------------------------------------------------
     def _check_plan(self) -> None:
@@ -286,6 +298,20 @@ class Program:
     def _output_placements(self) -> tuple:
         return self._boundary_placements([t.name for t in self.graph.outputs])
 
+    def _logits_of(self, name: str) -> str | None:
+        """The name of the Softmax/Sigmoid op that makes the output ``name`` (through
+        identities), or ``None``: its input is what Keras's crossentropy uses instead of the
+        output (see ``LOGIT_ACTIVATIONS``)."""
+        try:
+            t = self.trace.graph.get_tensor_by_name(name)
+        except (KeyError, ValueError):
+            return None
+        while t.op.type in _PASS_THROUGH and t.op.inputs:
+            t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
+        if t.op.type in LOGIT_ACTIVATIONS and t.op.name in self._tf_ops:
+            return t.op.name
+        return None
+
     def trace_weights(self) -> dict[str, list[Any]]:
         """The traced model's own variables, ``{path: [variable]}`` (single device)."""
         return {self._weight_of_ph[ph]: [v] for ph, v in self.trace.variables.items()}
@@ -341,6 +367,9 @@ class _Run:
         self.env: dict[str, list] = {}
         self.place: dict[str, Placement] = {}
         self.cache: dict[tuple[str, str], list] = {}
+        # activation op name -> (local logits, placement) as the activation read them
+        self.logits: dict[str, tuple[list, Placement]] = {}
+        self._want_logits = {name for name in prog.output_logits if name}
 
     # ---- helpers --------------------------------------------------------------------
     def _info(self, name: str) -> ir.TensorInfo:
@@ -403,7 +432,26 @@ class _Run:
         self.weights = weights
         for node in p.graph.nodes:
             self._node(node)
-        return [self.env[t.name] for t in p.graph.outputs]
+        outs = [self.env[t.name] for t in p.graph.outputs]
+        for t, act, vals in zip(p.graph.outputs, p.output_logits, outs):
+            if act is not None:
+                self._tag_logits(t.name, act, vals)
+        return outs
+
+    def _tag_logits(self, name: str, act: str, vals: list) -> None:
+        """Give each local output made by a Softmax/Sigmoid its local logits, the way Keras's
+        activations do (``_keras_logits``), so that a Keras crossentropy loss of the local
+        output computes from the logits, as it does on the Keras model."""
+        logits, plc = self.logits[act]
+        if plc != self.place[name]:
+            raise ReconstructError(
+                f"model output '{name}' is the {self.p._tf_ops[act].type} of "
+                f"'{self.p._tf_ops[act].inputs[0].name}', placed {plc}, while the output is "
+                f"placed {self.place[name]}: Keras computes a crossentropy from those logits, "
+                "so the program needs them placed like the output; choose a pattern for the "
+                "last GraphNode that keeps its placement (e.g. replicate it)")
+        for out, lg in zip(vals, logits):
+            out._keras_logits = lg
 
     def _node(self, node: ir.GraphNode) -> None:
         pat = self.p.plan.pattern(node)
@@ -443,6 +491,8 @@ class _Run:
                 continue
             if not op.outputs:
                 continue  # NoOp and other control-only ops
+            if op.name in self._want_logits and op.inputs[0] in view:
+                self.logits[op.name] = (view[op.inputs[0]], vplace[op.inputs[0]])
             vals_per_out = self._make(op, node, pat, label, view, vplace, tensors, rewrites)
             for j, out in enumerate(op.outputs):
                 vals, plc = vals_per_out[j]

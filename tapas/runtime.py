@@ -70,6 +70,10 @@ CHECKPOINT_META = "tapas-checkpoint.json"
 # Keras loss reductions the runtime reproduces (no sample weights): a sum, or a sum / count
 _REDUCTIONS = frozenset({"sum", "sum_over_batch_size", "mean", "mean_with_sample_weight"})
 _FORMAT = "tapas-checkpoint-1"
+# the output activations whose logits a program hands to the loss (tapas.reconstruct:
+# LOGIT_ACTIVATIONS), recomputed after the logits are gathered for the loss
+_ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
+    "Softmax": lambda x: tf.raw_ops.Softmax(logits=x), "Sigmoid": tf.math.sigmoid}
 
 
 class StepError(RuntimeError):
@@ -473,7 +477,14 @@ class Runtime:
         """
         p = self.output_placements[0]
         if isinstance(p, Split) and self._target_placement_axis != p.axis:
-            out = self._gather_for_loss(out, p.axis)
+            logits = getattr(out, "_keras_logits", None)
+            activation = (getattr(self.program, "output_activations", None) or (None,))[0]
+            if logits is None or activation not in _ACTIVATIONS:
+                out = self._gather_for_loss(out, p.axis)
+            else:  # Keras's crossentropy reads the logits: gather those, not the output
+                logits = self._gather_for_loss(logits, p.axis)
+                out = _ACTIVATIONS[activation](logits)
+                out._keras_logits = logits
         per_example = self.loss.call(y, out)
         total = tf.size(per_example)
         if isinstance(p, Split) and self._target_placement_axis == p.axis:

@@ -8,7 +8,8 @@ check prints one line ``RESULT <json>``; the parent asserts on them. A check tha
 prints ``RESULT {"check": name, "error": ...}``.
 
 Checks: ``mlp``, ``checkpoint``, ``failed_step``, ``bad_inputs`` (a hand-written program),
-``zoo`` (zoo models through ``tapas.parallelize``, searched or random plans), ``property``
+``zoo`` (zoo models through ``tapas.parallelize``, searched or random plans), ``logits``
+(softmax/sigmoid outputs: the loss computes from their logits, as Keras's does), ``property``
 (hypothesis over random small models and plans). The hand-written program is Megatron's MLP (column-parallel then row-parallel dense) and two
 other layouts of the same two Dense layers, written against the program protocol of
 ``tapas.runtime`` with their own f/g collectives, so the runtime is tested without the
@@ -303,7 +304,9 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
             rng = np.random.RandomState(0)
             xs = [rng.randn(4, 32, 32, 3).astype("float32")]
             y = rng.randint(0, 10, size=(4,))
-            specs, loss = [tf.TensorSpec([4, 32, 32, 3], tf.float32)], LOSS
+            # a softmax output: Keras's crossentropy computes from its logits either way
+            loss = keras.losses.SparseCategoricalCrossentropy()
+            specs = [tf.TensorSpec([4, 32, 32, 3], tf.float32)]
         else:
             e = models.get(name)
             model = e.build(seed=0)
@@ -338,6 +341,58 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
                 out[f"{name}/{label}/{entry.get('optimizer', 'sgd')}"] = {
                     "error": f"{type(e).__name__}: {e}",
                     "traceback": traceback.format_exc()[-3000:]}
+    return out
+
+
+# (activation, loss, targets, patterns of the input node and the two Dense GraphNodes)
+LOGIT_CASES = {
+    "softmax-probs-megatron": ("softmax", "scce", "sparse", ("replicate", "column", "row")),
+    "softmax-probs-batch": ("softmax", "scce", "sparse", ("batch", "batch", "batch")),
+    # keras.applications.ResNet50's case: from_logits=True on a softmax output; Keras still
+    # computes from the logits (and warns)
+    "softmax-from_logits-megatron": ("softmax", "scce_logits", "sparse",
+                                     ("replicate", "column", "row")),
+    # class-split sigmoid output, targets split alike: the local logits
+    "sigmoid-bce-column": ("sigmoid", "bce", "binary", ("replicate", "replicate", "column")),
+    "sigmoid-bce-batch": ("sigmoid", "bce", "binary", ("batch", "batch", "batch")),
+    # class-split output, sparse targets: the runtime gathers the logits for the loss
+    "sigmoid-scce-column": ("sigmoid", "scce", "sparse", ("replicate", "replicate", "column")),
+}
+
+
+def check_logits(strategy: Any) -> dict[str, Any]:
+    """Model outputs made by a softmax or sigmoid: Keras's crossentropy losses compute from
+    the logits, and so must the reconstructed program (outputs, loss, gradients and weights
+    after 3 steps against Keras), for replicated, batch-split and class-split outputs."""
+    from tapas import capturing, parallel, patterns, reconstruct
+    n = strategy.num_replicas_in_sync
+    losses = {"scce": keras.losses.SparseCategoricalCrossentropy(),
+              "scce_logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              "bce": keras.losses.BinaryCrossentropy()}
+    rng = np.random.RandomState(1)
+    x = rng.randn(BATCH, D_IN).astype("float32")
+    out: dict[str, Any] = {}
+    for name, (act, loss, targets, names) in LOGIT_CASES.items():
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((D_IN,), batch_size=BATCH),
+                                  keras.layers.Dense(HIDDEN, activation="relu", name="d1"),
+                                  keras.layers.Dense(CLASSES, activation=act, name="d2")])
+        y = rng.randint(0, CLASSES, size=(BATCH,)) if targets == "sparse" else \
+            rng.randint(0, 2, size=(BATCH, CLASSES)).astype("float32")
+        graph = capturing.capture(model, SPEC)
+        chosen = {}
+        for node, want in zip(graph.nodes, names):
+            (chosen[node.id],) = [p for p in patterns.patterns_for(node, graph, n)
+                                  if p.name == want]
+        pm = parallel.parallelize(model, SPEC, reconstruct.Plan(n, chosen),
+                                  distribute_strategy=strategy, optimizer="adam",
+                                  learning_rate=0.01, loss=losses[loss])
+        report = pm.verify([x], y, steps=3)
+        out[name] = {"activation": pm.program.output_activations[0], "ok": report["ok"],
+                     **{k: report[k] for k in ("outputs", "loss", "gradients", "weights")},
+                     "loss_comms": [k for fn, k, _ in pm.runtime.loss_comms
+                                    if fn == "train_step"],
+                     "audit": pm.audit().matches}
     return out
 
 
@@ -404,6 +459,7 @@ def check_property(strategy: Any) -> dict[str, Any]:
 
 
 CHECKS = {"property": check_property, "zoo": check_zoo, "mlp": check_mlp,
+          "logits": check_logits,
           "checkpoint": check_checkpoint, "failed_step": check_failed_step,
           "bad_inputs": check_bad_inputs}
 

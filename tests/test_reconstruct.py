@@ -77,6 +77,39 @@ def test_single_device_replay_equals_the_keras_model(build):
                                    err_msg=v.path)
 
 
+@pytest.mark.parametrize("activation,op", [("softmax", "Softmax"), ("sigmoid", "Sigmoid"),
+                                           (None, None)])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.filterwarnings("ignore:.*received `from_logits=True`")  # Keras's, intended here
+def test_outputs_of_a_softmax_or_sigmoid_carry_their_logits_as_in_keras(activation, op, n):
+    """Keras's crossentropy computes from the logits of a softmax/sigmoid output (even with
+    from_logits=True); a loss of the program's local outputs must do the same, here with the
+    batch split over n simulated shards."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(6, activation=activation)])
+    specs = [tf.TensorSpec([4, 8])]
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    assert rc.Program(t, g, rc.Plan.replicated(g, 1)).output_activations == (op,)
+    batch = {node.id: next(p for p in patterns.patterns_for(node, g, n) if p.name == "batch")
+             for node in g.nodes}
+    prog = rc.Program(t, g, rc.Plan(n, batch))
+    x = tf.constant(_inputs(specs)[0])
+    y = tf.constant([0, 5, 2, 3])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                      reduction="sum")
+    weights = {p: [w] * n for p, [w] in prog.trace_weights().items()}
+
+    @tf.function
+    def replay():
+        outs = prog([tf.split(x, n)], weights, rc.SimulatedCollectives(n))[0]
+        return tf.add_n([loss(yl, o) for yl, o in zip(tf.split(y, n), outs)])
+
+    want = loss(y, model(x))
+    assert (op is not None) == (abs(float(want) - float(loss(y, tf.identity(model(x))))) > 1e-3)
+    np.testing.assert_allclose(float(replay()), float(want), rtol=1e-6)
+
+
 def test_replay_outside_a_tf_function_is_a_clear_error():
     model, specs = _mlp()
     t = capturing.trace(model, specs)

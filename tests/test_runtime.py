@@ -54,7 +54,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("two"))
     (res,) = run_job({"devices": 2, "dir": d, "examples": 3,
                       "checks": ["mlp", "checkpoint", "failed_step", "bad_inputs", "property",
-                                 "zoo"],
+                                 "zoo", "logits"],
                       "zoo": [{"model": "t5-tiny", "strategies": ["random:3"],
                                "optimizer": "adam"},
                               {"model": "resnet-tiny", "strategies": ["best", "random:0"],
@@ -140,6 +140,22 @@ def test_zoo_models_equal_keras_on_2_devices(two: dict[str, Any]) -> None:
 
 def test_zoo_model_equals_keras_on_4_devices(four: dict[str, Any]) -> None:
     assert_zoo_equivalent(four["zoo"], 1)
+
+
+def test_softmax_and_sigmoid_outputs_train_from_their_logits(two: dict[str, Any]) -> None:
+    """Keras's crossentropy computes from the logits of a softmax/sigmoid output (even with
+    from_logits=True, keras.applications.ResNet50's case): the runtime's loss, gradients and
+    3 Adam steps equal Keras's for replicated, batch-split and class-split outputs; a
+    class-split output with sparse targets gathers the logits (one loss all-gather)."""
+    cases = {k: v for k, v in two["logits"].items() if k != "check"}
+    assert "error" not in two["logits"], two["logits"].get("traceback")
+    assert len(cases) == 6
+    for name, case in cases.items():
+        assert case["activation"] == name.split("-")[0].capitalize(), name
+        for what in ("outputs", "loss", "gradients", "weights"):
+            assert case[what]["ok"], (name, what, case[what])
+        assert case["audit"], name
+        assert case["loss_comms"] == (["AG"] if name == "sigmoid-scce-column" else []), name
 
 
 def test_property_random_small_models_and_plans(two: dict[str, Any]) -> None:
