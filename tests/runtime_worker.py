@@ -221,13 +221,18 @@ def check_checkpoint(strategy: Any) -> dict[str, Any]:
 
 
 def check_failed_step(strategy: Any) -> dict[str, Any]:
-    """A step with a non-finite loss raises StepError and changes nothing."""
+    """A step with a non-finite loss raises StepError and changes nothing.
+
+    The bad input is +inf, not NaN: in a tf.function grappler fuses MatMul+BiasAdd+Relu
+    into one kernel whose ReLU maps NaN to 0 on some CPUs (eager TF keeps the NaN), so a NaN
+    input can give a finite loss; +inf stays inf through that ReLU and makes the logits
+    inf/NaN."""
     x, y = data()
     r = make_runtime(strategy, mlp_model(), "megatron", "adam")
     r.train_step([x], y)
     before, slots = r.global_weights(), r.global_slots()
     bad = x.copy()
-    bad[0, 0] = np.nan
+    bad[0, 0] = np.inf
     try:
         r.train_step([bad], y)
         error = None
