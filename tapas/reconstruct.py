@@ -441,17 +441,13 @@ class _Run:
     def _tag_logits(self, name: str, act: str, vals: list) -> None:
         """Give each local output made by a Softmax/Sigmoid its local logits, the way Keras's
         activations do (``_keras_logits``), so that a Keras crossentropy loss of the local
-        output computes from the logits, as it does on the Keras model."""
+        output computes from the logits, as it does on the Keras model. Logits placed unlike
+        the output (a pattern that moves the activation's output) are not handed over: only a
+        loss needs them, and the runtime refuses to train such a plan with a clear error."""
         logits, plc = self.logits[act]
-        if plc != self.place[name]:
-            raise ReconstructError(
-                f"model output '{name}' is the {self.p._tf_ops[act].type} of "
-                f"'{self.p._tf_ops[act].inputs[0].name}', placed {plc}, while the output is "
-                f"placed {self.place[name]}: Keras computes a crossentropy from those logits, "
-                "so the program needs them placed like the output; choose a pattern for the "
-                "last GraphNode that keeps its placement (e.g. replicate it)")
-        for out, lg in zip(vals, logits):
-            out._keras_logits = lg
+        if plc == self.place[name]:
+            for out, lg in zip(vals, logits):
+                out._keras_logits = lg
 
     def _node(self, node: ir.GraphNode) -> None:
         pat = self.p.plan.pattern(node)

@@ -73,7 +73,7 @@ _FORMAT = "tapas-checkpoint-1"
 # the output activations whose logits a program hands to the loss (tapas.reconstruct:
 # LOGIT_ACTIVATIONS), recomputed after the logits are gathered for the loss
 _ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
-    "Softmax": lambda x: tf.raw_ops.Softmax(logits=x), "Sigmoid": tf.math.sigmoid}
+    "Softmax": tf.nn.softmax, "Sigmoid": tf.math.sigmoid}
 
 
 class StepError(RuntimeError):
@@ -476,10 +476,17 @@ class Runtime:
         convention), which is not this runtime's convention.
         """
         p = self.output_placements[0]
+        activation = (getattr(self.program, "output_activations", None) or (None,))[0]
+        logits = getattr(out, "_keras_logits", None)
+        if activation in _ACTIVATIONS and logits is None:
+            raise ValueError(
+                f"the model output is a {activation} of logits that this plan places unlike "
+                f"the output (placed {p}): a Keras crossentropy computes from those logits, "
+                "so the runtime cannot train this plan (predict works); choose a pattern for "
+                "the last GraphNode without a collective after the activation, e.g. the "
+                "searched one or 'replicate'")
         if isinstance(p, Split) and self._target_placement_axis != p.axis:
-            logits = getattr(out, "_keras_logits", None)
-            activation = (getattr(self.program, "output_activations", None) or (None,))[0]
-            if logits is None or activation not in _ACTIVATIONS:
+            if logits is None:
                 out = self._gather_for_loss(out, p.axis)
             else:  # Keras's crossentropy reads the logits: gather those, not the output
                 logits = self._gather_for_loss(logits, p.axis)

@@ -398,7 +398,41 @@ def check_logits(strategy: Any) -> dict[str, Any]:
                      "loss_comms": [k for fn, k, _ in pm.runtime.loss_comms
                                     if fn == "train_step"],
                      "audit": pm.audit().matches}
+    out["moved_activation"] = _moved_activation(strategy, x)
     return out
+
+
+def _moved_activation(strategy: Any, x: np.ndarray) -> dict[str, Any]:
+    """A hand plan whose last GraphNode all-gathers its softmax output while the logits stay
+    batch-split: predict works; training is refused with a clear error (the logits a Keras
+    crossentropy needs are placed unlike the output)."""
+    from tapas import capturing, parallel, patterns, reconstruct, src
+    n = strategy.num_replicas_in_sync
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((D_IN,), batch_size=BATCH),
+                              keras.layers.Dense(CLASSES, activation="softmax", name="d")])
+    graph = capturing.capture(model, SPEC)
+    batch = {node.id: next(p for p in patterns.patterns_for(node, graph, n)
+                           if p.name == "batch") for node in graph.nodes}
+    last = graph.nodes[-1]
+    (soft,) = [op.outputs[0] for op in last.ops if op.type == "Softmax"]
+    gather = src.reshard(Split(0), Replica(), soft.shape, soft.dtype, soft.name)
+    after = {t.name: Replica() for t in last.outputs}  # the output Identity follows: R
+    batch[last.id] = reconstruct.NodeSharding(
+        "batch-then-gather", batch[last.id].inputs, (Replica(),),
+        dict(batch[last.id].weights), {**batch[last.id].tensors, **after},
+        tuple(batch[last.id].comms) + gather)
+    pm = parallel.parallelize(model, SPEC, reconstruct.Plan(n, batch),
+                              distribute_strategy=strategy, loss=LOSS)
+    result = {"predict_equal": bool(np.allclose(pm.predict([x]), model(x).numpy(),
+                                                rtol=1e-5, atol=1e-6)),
+              "activation": pm.program.output_activations[0]}
+    try:
+        pm.train_step([x], np.zeros(BATCH, "int64"))
+        result["train_error"] = None
+    except (ValueError, RuntimeError) as e:
+        result["train_error"] = f"{type(e).__name__}: {e}"
+    return result
 
 
 def small_model(kind: str, width: int,

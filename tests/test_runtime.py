@@ -147,8 +147,8 @@ def test_softmax_and_sigmoid_outputs_train_from_their_logits(two: dict[str, Any]
     from_logits=True, keras.applications.ResNet50's case): the runtime's loss, gradients and
     3 Adam steps equal Keras's for replicated, batch-split and class-split outputs; a
     class-split output with sparse targets gathers the logits (one loss all-gather)."""
-    cases = {k: v for k, v in two["logits"].items() if k != "check"}
     assert "error" not in two["logits"], two["logits"].get("traceback")
+    cases = {k: v for k, v in two["logits"].items() if k not in ("check", "moved_activation")}
     assert len(cases) == 6
     for name, case in cases.items():
         assert case["activation"] == name.split("-")[0].capitalize(), name
@@ -156,6 +156,18 @@ def test_softmax_and_sigmoid_outputs_train_from_their_logits(two: dict[str, Any]
             assert case[what]["ok"], (name, what, case[what])
         assert case["audit"], name
         assert case["loss_comms"] == (["AG"] if name == "sigmoid-scce-column" else []), name
+
+
+def test_logits_placed_unlike_the_output_refuse_training_not_predict(
+        two: dict[str, Any]) -> None:
+    """A hand plan all-gathers the softmax output while its logits stay batch-split: predict
+    equals Keras; training is refused, naming the activation, the placement and the fix."""
+    r = two["logits"]["moved_activation"]
+    assert r["activation"] == "Softmax" and r["predict_equal"]
+    assert r["train_error"] is not None
+    assert "model output is a Softmax of logits that this plan places unlike the output " \
+        "(placed R)" in r["train_error"]
+    assert "choose a pattern for the last GraphNode" in r["train_error"]
 
 
 def test_property_random_small_models_and_plans(two: dict[str, Any]) -> None:
