@@ -4,7 +4,7 @@
 
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 CPU_ONLY = os.environ.get("TAPAS_TF_PACKAGE", "tensorflow-cpu==2.21.0")
 
@@ -13,7 +13,7 @@ setup(
     version="0.1.0",
     description="Tensor Auto-Parallelisation: automatic tensor-parallel strategies for Keras/TensorFlow",
     python_requires=">=3.10",
-    packages=["tapas", "tapas.models"],
+    packages=find_packages(include=["tapas", "tapas.*"]) + ["tapas.models"],
     package_dir={"tapas": "tapas", "tapas.models": "models"},
     install_requires=[
         CPU_ONLY,

@@ -49,7 +49,7 @@ TARGETS = {"t5-large": 3.0,          # paper: < 12 s
 
 
 def bench(name: str) -> dict:
-    from tapas.mine import DEFAULT_MIN_SIZE, mine
+    from tapas.mining import DEFAULT_MIN_SIZE, mine
     from tapas import models
     graph, capture_s = models.capture_preset(name, FLAGS.graph_cache)
     min_size = FLAGS.min_size or DEFAULT_MIN_SIZE

@@ -51,9 +51,9 @@ T5_LARGE_TARGET_S = 10.0
 
 
 def run_search(graph, mode: str, limit: float | None) -> dict:
-    from tapas import explore, search
-    from tapas.cost import Cluster
-    from tapas.patterns import clear_cache
+    from tapas.planning import explore, search
+    from tapas.planning.cost import Cluster
+    from tapas.sharding.patterns import clear_cache
     clear_cache()          # every run generates its patterns (no warm cache)
     gc.collect()
     cluster = Cluster.v100_ethernet(1, FLAGS.devices)

@@ -6,7 +6,7 @@
 In one process with ``--devices`` logical CPU devices: for each model, the single-device Keras
 training step (``tf.function``: forward, Keras loss, GradientTape, ``keras.optimizers.SGD``)
 and, for each strategy ("best": ``tapas.search`` on a V100 cluster of N devices;
-"random:SEED": ``tapas.parallel.random_plan``), ``ParallelModel.train_step`` on the same
+"random:SEED": ``tapas.execution.parallel.random_plan``), ``ParallelModel.train_step`` on the same
 batch. Reports the median step time of ``--steps`` steps after the first, their ratio
 (parallel / single device), and the first step's time (tracing the replayed program).
 
@@ -41,12 +41,13 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> None:
     del argv
-    from tapas import runtime
+    from tapas.execution import runtime
     runtime.setup_devices(FLAGS.devices, "cpu")
     import tensorflow as tf
 
-    from tapas import capturing, models, parallel
-    from tapas.cost import Cluster
+    from tapas import capturing, models
+    from tapas.execution import parallel
+    from tapas.planning.cost import Cluster
     logging.set_verbosity(logging.WARNING)
     n = FLAGS.devices
     strategy = runtime.make_strategy(n)

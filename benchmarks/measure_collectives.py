@@ -8,7 +8,7 @@ Splits the one physical CPU into ``--devices`` logical devices (once, before any
 
 - all-reduce: ``ReplicaContext.all_reduce(SUM)`` of an ``nbytes`` float32 tensor per replica;
 - all-gather: ``ReplicaContext.all_gather`` of an ``nbytes / W`` shard per replica, so that the
-  gathered result is ``nbytes`` (the convention of ``tapas.cost``: N is the full size).
+  gathered result is ``nbytes`` (the convention of ``tapas.planning.cost``: N is the full size).
 
 Message sizes go from ``--min_kib`` KiB to ``--max_mib`` MiB by factors of 4; each point is
 the median of ``--repeats`` timed calls after one warm-up call. For each primitive it fits
@@ -51,7 +51,7 @@ FLAGS = flags.FLAGS
 
 
 def ring_factor(kind: str, w: int) -> float:
-    """Bytes on the busiest link per byte of message, ring algorithm (see tapas/cost.py)."""
+    """Bytes on the busiest link per byte of message, ring algorithm (see tapas/planning/cost.py)."""
     return 2.0 * (w - 1) / w if kind == "all_reduce" else (w - 1) / w
 
 

@@ -6,7 +6,7 @@
 
 For each device count (one worker process each: logical CPU devices are fixed per process)
 and each model, runs the searched ("best", on a V100 cluster of N devices) strategy with SGD
-and with Adam, and ``--random`` random valid plans (``tapas.parallel.random_plan``, seeds
+and with Adam, and ``--random`` random valid plans (``tapas.execution.parallel.random_plan``, seeds
 0..R-1, SGD for even seeds and Adam for odd ones). Each run compares outputs, gradients and
 the weights after 3 optimizer steps with the single-device Keras model (rtol 1e-5, atol 1e-5
 times the largest reference magnitude) and the collective audit with the prediction.
@@ -28,7 +28,7 @@ from absl import app, flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tapas import launch  # noqa: E402
+from tapas.execution import launch# noqa: E402
 
 flags.DEFINE_list("devices", ["2", "4"], "Device counts.")
 flags.DEFINE_list("models", ["t5-tiny", "moe-tiny", "resnet-tiny", "resnet50-keras"],

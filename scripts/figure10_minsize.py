@@ -39,7 +39,7 @@ FLAGS = flags.FLAGS
 
 
 def sweep(name: str, min_sizes: list[int]) -> dict:
-    from tapas.mine import mine
+    from tapas.mining import mine
     from tapas import models
     graph = models.capture_preset(name, FLAGS.graph_cache)[0]
     points = []

@@ -1,17 +1,18 @@
 """TAPAS: Tensor Auto-Parallelisation for TensorFlow/Keras.
 
-The pipeline, one module per stage (paper section 4):
+The pipeline, one subpackage per stage (paper section 4; docs/architecture.md):
 
-1. capture     ``tapas.capturing`` + ``tapas.grouping``: model -> ``tapas.ir.Graph`` of GraphNodes
-2. mine        ``tapas.mine``: Graph -> FoldedGraph (unique repeated subgraphs)
-3. explore     ``tapas.src`` (placements, SRC expressions), ``tapas.patterns`` (sharding
-               patterns per GraphNode), ``tapas.explore`` + ``tapas.search``: -> Strategy
-4. cost        ``tapas.cost``: Cluster S(m, n), overlap-aware alpha-beta costs, memory, compute
-5. reconstruct ``tapas.reconstruct`` (+ ``tapas.collectives``): Strategy -> per-replica TF
-               program; ``tapas.runtime`` / ``tapas.parallel``: training under tf.distribute
+1. capture     ``tapas.capturing``: Keras model / tf.function -> ``tapas.ir.Graph`` of GraphNodes
+2. mine        ``tapas.mining``: Graph -> FoldedGraph (unique repeated subgraphs)
+3. shard       ``tapas.sharding``: placements, SRC expressions, the sharding patterns of
+               every GraphNode
+4. plan        ``tapas.planning``: cluster S(m, n) and overlap-aware alpha-beta costs,
+               enumeration (gp / es) -> Strategy
+5. execute     ``tapas.execution``: Strategy -> per-replica TF program with collectives,
+               trained under tf.distribute (``tapas.parallelize``, ``tapas train``)
 
 ``tapas.layers`` holds Keras layers that are GraphNodes by construction
-(``tapas.DenseLayer(4096, shard="column")``).
+(``tapas.DenseLayer(4096, shard="column")``); ``tapas.cli`` is the ``tapas`` command.
 
 The public entry points are re-exported here. TensorFlow is imported only when a stage
 that needs it is first used, so ``import tapas`` and the pure stages stay fast.
@@ -22,10 +23,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tapas import cost, ir
-from tapas.cost import Cluster, Collective, CostBreakdown, CostOptions, collective_cost
+from tapas import ir
 from tapas.ir import Edge, Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
-from tapas.src import Partial, Replica, Split
+from tapas.planning import cost
+from tapas.planning.cost import Cluster, CostBreakdown, CostOptions, collective_cost
+from tapas.sharding.placements import Collective, Partial, Replica, Split
 
 __version__ = "0.1.0"
 
@@ -35,11 +37,12 @@ _LAZY = {
     "trace": ("tapas.capturing", "trace"),
     "CaptureError": ("tapas.capturing", "CaptureError"),
     "models": ("tapas.models", None),
-    "mine": ("tapas.mine", None),   # the module is callable: tapas.mine(graph, ...)
-    "search": ("tapas.search", None),   # callable module: tapas.search(graph, ...)
-    "Strategy": ("tapas.search", "Strategy"),
-    "parallelize": ("tapas.parallel", "parallelize"),
-    "ParallelModel": ("tapas.parallel", "ParallelModel"),
+    "mine": ("tapas.mining", "mine"),
+    "FoldedGraph": ("tapas.mining", "FoldedGraph"),
+    "search": ("tapas.planning.search", "search"),
+    "Strategy": ("tapas.planning.search", "Strategy"),
+    "parallelize": ("tapas.execution.parallel", "parallelize"),
+    "ParallelModel": ("tapas.execution.parallel", "ParallelModel"),
     "layers": ("tapas.layers", None),
     "DenseLayer": ("tapas.layers", "DenseLayer"),
 }

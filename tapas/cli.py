@@ -33,7 +33,7 @@ flags.DEFINE_string("json_out", None, "Write the command's report as JSON to thi
 flags.DEFINE_integer("top", 10, "inspect: how many of the largest GraphNodes to list.")
 flags.DEFINE_boolean("training", False, "Capture the training-mode graph.")
 flags.DEFINE_integer("min_size", None, "mine: fewest GraphNodes a template may hold "
-                     "(default: tapas.mine.DEFAULT_MIN_SIZE).")
+                     "(default: tapas.mining.DEFAULT_MIN_SIZE).")
 flags.DEFINE_integer("min_support", None, "mine: fewest non-overlapping occurrences of a "
                      "frequent subgraph (default: the number of layers detected).")
 flags.DEFINE_string("draw", None, "mine: draw the folded graph to this image (.png/.svg/.pdf).")
@@ -44,7 +44,7 @@ flags.DEFINE_enum("mode", "gp", ["gp", "es"], "search: 'gp' searches each unique
                   "once (graph-pruned), 'es' the whole graph (exhaustive).")
 flags.DEFINE_enum("cluster", "v100", ["v100", "cpu"], "search: hardware constants: the "
                   "paper's V100 nodes (NVLink + 100 Gb/s Ethernet) or this machine's loopback "
-                  "CPU devices (tapas.cost.Cluster presets).")
+                  "CPU devices (tapas.planning.cost.Cluster presets).")
 flags.DEFINE_string("out", None, "search: write the Strategy as JSON to this path.")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
@@ -174,7 +174,7 @@ def cmd_inspect() -> dict[str, Any]:
 def cmd_mine() -> dict[str, Any]:
     from absl import logging
 
-    from tapas import mine
+    from tapas import mining
     graph, trace, ir_s = _capture_flags_model()
     capture_s = trace.seconds + ir_s
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes from "
@@ -185,8 +185,8 @@ def cmd_mine() -> dict[str, Any]:
                      level.round, level.level, level.candidates, level.frequent, level.seconds)
 
     try:
-        folded = mine.mine(graph, min_support=FLAGS.min_support,
-                           min_size=FLAGS.min_size or mine.DEFAULT_MIN_SIZE, progress=progress)
+        folded = mining.mine(graph, min_support=FLAGS.min_support,
+                           min_size=FLAGS.min_size or mining.DEFAULT_MIN_SIZE, progress=progress)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     print(folded.summary())
@@ -196,7 +196,7 @@ def cmd_mine() -> dict[str, Any]:
         _write(FLAGS.folded_out, json.dumps(folded.to_json(), indent=1))
         print(f"\nFoldedGraph written to {FLAGS.folded_out}")
     if FLAGS.draw:
-        mine.draw_folded(folded, graph, FLAGS.draw)
+        mining.draw_folded(folded, graph, FLAGS.draw)
         print(f"folded graph drawn to {FLAGS.draw}")
     return report
 
@@ -206,9 +206,9 @@ def cmd_mine() -> dict[str, Any]:
 def cmd_search() -> dict[str, Any]:
     from absl import logging
 
-    from tapas import explore
-    from tapas import search as search_lib
-    from tapas.cost import Cluster
+    from tapas.planning import explore
+    from tapas.planning import search as search_lib
+    from tapas.planning.cost import Cluster
     try:
         if FLAGS.cluster == "cpu":
             cluster = Cluster.single_node(1, like=Cluster.loopback_cpu()).with_shape(
@@ -251,7 +251,7 @@ def cmd_search() -> dict[str, Any]:
 
 
 def cmd_train() -> dict[str, Any]:
-    from tapas import train
+    from tapas.execution import train
     opts = train.TrainOptions(model=FLAGS.model, devices=FLAGS.devices, steps=FLAGS.steps,
                               strategy=FLAGS.strategy, verify=FLAGS.verify,
                               workers=FLAGS.workers, optimizer=FLAGS.optimizer,

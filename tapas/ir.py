@@ -27,6 +27,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +46,22 @@ __all__ = [
 
 # A JSON-able attribute value: what OpInfo.attrs may hold.
 AttrValue = Any
+
+
+# bytes per element of each TF dtype name
+DTYPE_BYTES: Mapping[str, int] = types.MappingProxyType({
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
+    "complex64": 8, "complex128": 16, "string": 8, "resource": 8, "variant": 8})
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (a TF dtype name such as ``"float32"``)."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype!r} has no known size: use one of "
+                         f"{sorted(DTYPE_BYTES)}") from None
 
 
 class Kind(str, enum.Enum):

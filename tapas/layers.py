@@ -60,9 +60,9 @@ def _check_pin(layer: str, kind: str, shard: Any) -> str | None:
     if shard in names:
         return shard
     if "(" in shard:
-        from tapas import src
+        from tapas.sharding import expressions
         try:
-            src.parse(shard)
+            expressions.parse(shard)
         except ValueError as e:
             raise ValueError(f"{layer}(shard={shard!r}) is not a valid SRC expression: {e}") \
                 from None

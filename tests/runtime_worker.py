@@ -12,7 +12,7 @@ Checks: ``mlp``, ``checkpoint``, ``failed_step``, ``bad_inputs`` (a hand-written
 (softmax/sigmoid outputs: the loss computes from their logits, as Keras's does), ``property``
 (hypothesis over random small models and plans). The hand-written program is Megatron's MLP (column-parallel then row-parallel dense) and two
 other layouts of the same two Dense layers, written against the program protocol of
-``tapas.runtime`` with their own f/g collectives, so the runtime is tested without the
+``tapas.execution.runtime`` with their own f/g collectives, so the runtime is tested without the
 reconstruction stage.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tapas import runtime as rt  # noqa: E402
+from tapas.execution import runtime as rt# noqa: E402
 
 JOB = json.loads(sys.argv[1])
 if rt.tf_config() is None:
@@ -38,8 +38,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tapas.parallel import compare  # noqa: E402
-from tapas.src import Replica, Split  # noqa: E402
+from tapas.execution.parallel import compare# noqa: E402
+from tapas.sharding.placements import Replica, Split# noqa: E402
 
 BATCH, D_IN, HIDDEN, CLASSES = 8, 8, 16, 12
 
@@ -278,8 +278,10 @@ def check_bad_inputs(strategy: Any) -> dict[str, Any]:
     out["too_many_devices"] = attempt(lambda: rt.setup_devices(n + 8, "cpu"))
     out["optimizer"] = attempt(lambda: rt.make_optimizer("rmsprop"))
     # strategies searched for another device count / another model
-    from tapas import capturing, parallel, search
-    from tapas.cost import Cluster
+    from tapas import capturing
+    from tapas.execution import parallel
+    from tapas.planning import search
+    from tapas.planning.cost import Cluster
     graph = capturing.capture(model, SPEC)
     other_n = search.search(graph, cluster=Cluster.v100_ethernet(1, 2 * n))
     out["strategy_devices"] = attempt(lambda: parallel.parallelize(
@@ -296,9 +298,10 @@ def check_bad_inputs(strategy: Any) -> dict[str, Any]:
 def check_zoo(strategy: Any) -> dict[str, Any]:
     """For each JOB['zoo'] entry {model, strategies, optimizer}: parallelize the model with
     each strategy ("best": tapas.search on a V100 cluster of N devices; "random:SEED":
-    tapas.parallel.random_plan) and verify it against the single-device Keras model."""
-    from tapas import capturing, models, parallel
-    from tapas.cost import Cluster
+    tapas.execution.parallel.random_plan) and verify it against the single-device Keras model."""
+    from tapas import capturing, models
+    from tapas.execution import parallel
+    from tapas.planning.cost import Cluster
     n = strategy.num_replicas_in_sync
     out: dict[str, Any] = {}
     for entry in JOB["zoo"]:
@@ -369,7 +372,9 @@ def check_logits(strategy: Any) -> dict[str, Any]:
     """Model outputs made by a softmax or sigmoid: Keras's crossentropy losses compute from
     the logits, and so must the reconstructed program (outputs, loss, gradients and weights
     after 3 steps against Keras), for replicated, batch-split and class-split outputs."""
-    from tapas import capturing, parallel, patterns, reconstruct
+    from tapas import capturing
+    from tapas.execution import parallel, reconstruct
+    from tapas.sharding import patterns
     n = strategy.num_replicas_in_sync
     losses = {"scce": keras.losses.SparseCategoricalCrossentropy(),
               "scce_logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -406,7 +411,9 @@ def _moved_activation(strategy: Any, x: np.ndarray) -> dict[str, Any]:
     """A hand plan whose last GraphNode all-gathers its softmax output while the logits stay
     batch-split: predict works; training is refused with a clear error (the logits a Keras
     crossentropy needs are placed unlike the output)."""
-    from tapas import capturing, parallel, patterns, reconstruct, src
+    from tapas import capturing
+    from tapas.execution import parallel, reconstruct
+    from tapas.sharding import patterns, placements
     n = strategy.num_replicas_in_sync
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((D_IN,), batch_size=BATCH),
@@ -416,7 +423,7 @@ def _moved_activation(strategy: Any, x: np.ndarray) -> dict[str, Any]:
                            if p.name == "batch") for node in graph.nodes}
     last = graph.nodes[-1]
     (soft,) = [op.outputs[0] for op in last.ops if op.type == "Softmax"]
-    gather = src.reshard(Split(0), Replica(), soft.shape, soft.dtype, soft.name)
+    gather = placements.reshard(Split(0), Replica(), soft.shape, soft.dtype, soft.name)
     after = {t.name: Replica() for t in last.outputs}  # the output Identity follows: R
     batch[last.id] = reconstruct.NodeSharding(
         "batch-then-gather", batch[last.id].inputs, (Replica(),),
@@ -466,7 +473,8 @@ def check_property(strategy: Any) -> dict[str, Any]:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from tapas import capturing, parallel
+    from tapas import capturing
+    from tapas.execution import parallel
     n = strategy.num_replicas_in_sync
     seen: list[str] = []
 

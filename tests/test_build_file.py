@@ -12,6 +12,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DIRS = ("tapas", "models", "tests", "scripts", "benchmarks")
 
 
+def _glob(patterns):
+    """Bazel's ``glob`` for the patterns BUILD uses (``dir/*.py``, ``dir/**/*.py``)."""
+    files = []
+    for pattern in patterns:
+        files += sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob(pattern)
+                        if "__pycache__" not in p.parts)
+    return files
+
+
+def _value(node):
+    """A BUILD argument: a literal, or ``glob([...])`` expanded against the tree."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "glob":
+        return _glob(ast.literal_eval(node.args[0]))
+    return ast.literal_eval(node)
+
+
 def _build_calls():
     """Parse BUILD (Starlark is Python-syntax for this subset) into (rule, kwargs)."""
     tree = ast.parse((ROOT / "BUILD").read_text(), filename="BUILD")
@@ -19,10 +35,16 @@ def _build_calls():
     for node in tree.body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             call = node.value
-            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords
-                      if isinstance(k.value, (ast.Constant, ast.List))}
+            kwargs = {k.arg: _value(k.value) for k in call.keywords
+                      if isinstance(k.value, (ast.Constant, ast.List, ast.Call))}
             calls.append((call.func.id, kwargs))
     return calls
+
+
+def test_glob_patterns_match_files():
+    for rule, kw in _build_calls():
+        if rule == "py_library":
+            assert kw.get("srcs"), f"py_library {kw['name']} names no source file"
 
 
 def _py_files():

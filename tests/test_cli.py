@@ -97,7 +97,7 @@ def test_search_prints_layer_table_references_timings_and_writes_strategy(tmp_pa
                  "data-parallel", "ranked alternatives", "phase timings:", "enumeration",
                  "candidates generated", f"strategy written to {out_path}"):
         assert line in out, line
-    from tapas.search import Strategy
+    from tapas.planning.search import Strategy
     saved = Strategy.load(str(out_path))
     report = json.loads(report_path.read_text())
     assert report["strategy"]["patterns"] == list(saved.patterns)

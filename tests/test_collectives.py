@@ -1,4 +1,4 @@
-"""tapas.collectives: forward values, conjugate gradients and audit records of every
+"""tapas.execution.collectives: forward values, conjugate gradients and audit records of every
 collective, simulated in one process and under MirroredStrategy on logical CPU devices."""
 
 import os
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tapas.collectives import Audit, SimulatedCollectives, local_slice
+from tapas.execution.collectives import Audit, SimulatedCollectives, local_slice
 
 N = 4
 
@@ -128,7 +128,7 @@ _MIRRORED = textwrap.dedent("""
     N = 2
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N)
-    from tapas.collectives import Audit, ReplicaContextCollectives, SimulatedCollectives
+    from tapas.execution.collectives import Audit, ReplicaContextCollectives, SimulatedCollectives
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((4, 6)).astype("float32") for _ in range(N)]
     cs = [rng.standard_normal((8, 12)).astype("float32") for _ in range(N)]

@@ -1,4 +1,4 @@
-"""tapas.cost: golden values computed by hand from the closed-form alpha-beta model."""
+"""tapas.planning.cost: golden values computed by hand from the closed-form alpha-beta model."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tapas import cost
-from tapas.cost import (Cluster, Collective, CostBreakdown, CostOptions, CostTerm, Link,
-                        collective_cost, collective_time, ring_factor)
+from tapas.planning import cost
+from tapas.planning.cost import (Cluster, CostBreakdown, CostOptions, CostTerm, Link,
+                                 collective_cost, collective_time, ring_factor)
+from tapas.sharding.placements import Collective
 
 # The V100 preset's constants, written out so that a change to the preset fails here.
 NVLINK_ALPHA = 3.4e-6          # s per hop
@@ -276,7 +277,7 @@ def test_breakdown_is_frozen_and_addable(node: Cluster) -> None:
 
 
 def test_module_does_not_import_tensorflow() -> None:
-    code = "import sys, tapas.cost; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
+    code = "import sys, tapas.planning.cost; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -312,6 +313,6 @@ def test_monotone_in_group_size(kind, link, n, w1, w2, latency) -> None:
 
 def test_module_doctest():
     import doctest
-    from tapas import cost as cost_module
+    from tapas.planning import cost as cost_module
     failures, tried = doctest.testmod(cost_module)
     assert tried > 0 and failures == 0

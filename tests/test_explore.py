@@ -1,7 +1,7 @@
-"""tapas.explore: enumeration with early stopping, template candidates, stitching, counts.
+"""tapas.planning.explore: enumeration with early stopping, template candidates, stitching, counts.
 
 The patterns here are small hand-made ShardingPattern-like objects for dense layers (so the
-enumeration is tested on its own); tests/test_search.py runs the real tapas.patterns.
+enumeration is tested on its own); tests/test_search.py runs the real tapas.sharding.patterns.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import math
 
 import pytest
 
-from tapas import explore, mine
-from tapas.cost import Cluster, CostOptions, collective_cost
-from tapas.explore import EdgeCoster, ExploreOptions, SearchTimeout
+from tapas.planning import explore
+from tapas import mining
+from tapas.planning.cost import Cluster, CostOptions, collective_cost
+from tapas.planning.explore import EdgeCoster, ExploreOptions, SearchTimeout
 from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
 
 B, H, F = 8, 16, 64          # batch, hidden, FFN width
@@ -244,7 +245,7 @@ def test_es_matches_brute_force_best(cluster):
 
 def test_gp_ties_instances_and_matches_es_on_a_repeated_stack(cluster):
     g = mlp(4, residual=True)
-    folded = mine.mine(g, min_support=4)
+    folded = mining.mine(g, min_support=4)
     assert folded.templates and folded.templates[0].num_instances == 4
     gp = run(g, cluster, mode="gp", folded=folded)
     es = run(g, cluster, mode="es")

@@ -1,8 +1,8 @@
-"""Tests for tapas.grouping on hand-written op graphs (no TensorFlow)."""
+"""Tests for tapas.capturing.grouping on hand-written op graphs (no TensorFlow)."""
 
 import pytest
 
-from tapas.grouping import RawGraph, group_ops
+from tapas.capturing.grouping import RawGraph, group_ops
 from tapas.ir import Kind, OpInfo, TensorInfo, WeightInfo
 
 

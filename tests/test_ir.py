@@ -96,6 +96,6 @@ def test_to_networkx_keeps_attributes():
 
 def test_ir_imports_no_tensorflow():
     import subprocess
-    code = "import sys, tapas, tapas.ir, tapas.grouping; print('tensorflow' in sys.modules)"
+    code = "import sys, tapas, tapas.ir, tapas.capturing.grouping; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -221,10 +221,11 @@ def test_zoo_models_built_from_tapas_layers(name, kinds):
 
 
 def test_whole_layer_kinds_get_their_sharding_patterns():
-    """tapas.patterns.layers: heads for attention, Megatron column-row for the
+    """tapas.sharding.patterns.whole_layer: heads for attention, Megatron column-row for the
     feed-forward, batch for all three (the MoE's expert split is not offered: see
     tapas.layers.MoE)."""
-    from tapas import models, patterns
+    from tapas import models
+    from tapas.sharding import patterns
     entry = models.get("moe-tiny-tapas")
     graph = tapas.capture(entry.build(fast_init=True), list(entry.input_spec(2)))
     names = {}
@@ -244,7 +245,7 @@ def test_whole_layer_kinds_get_their_sharding_patterns():
 _PARALLEL_SCRIPT = r"""
 import json, sys
 import numpy as np
-from tapas import runtime
+from tapas.execution import runtime
 runtime.setup_devices(2)
 import keras, tensorflow as tf
 import tapas

@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from networkx.algorithms import isomorphism
 
-import tapas.mine as mine_module
+import tapas.mining as mine_module
 from tapas.ir import Graph, GraphNode, Kind, TensorInfo, WeightInfo
-from tapas.mine import (DEFAULT_MIN_SIZE, FoldedGraph, detect_layers, draw_folded,
-                        frequent_subgraphs, mine)
+from tapas.mining import (DEFAULT_MIN_SIZE, FoldedGraph, detect_layers, draw_folded,
+                          frequent_subgraphs, mine)
 
 
 # ---- synthetic graphs ---------------------------------------------------------------------
@@ -442,11 +442,12 @@ def test_node_assignment():
     assert [where[v][2] for v in range(1, 7)] == [0, 1, 0, 1, 0, 1]
 
 
-def test_module_is_callable_and_imports_no_tensorflow():
+def test_tapas_mine_is_the_function_and_imports_no_tensorflow():
+    import tapas
     g = chain(["A", "B", "C"], 3)
-    f = mine_module(g)
+    f = tapas.mine(g)
     assert isinstance(f, FoldedGraph) and shapes(f) == shapes(mine_module.mine(g))
-    code = "import sys, tapas.mine; assert 'tensorflow' not in sys.modules, 'TF imported'"
+    code = "import sys, tapas.mining; assert 'tensorflow' not in sys.modules, 'TF imported'"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 

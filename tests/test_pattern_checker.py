@@ -1,4 +1,4 @@
-"""The pattern checker (issue 4): every ShardingPattern that ``tapas.patterns`` offers for
+"""The pattern checker (issue 4): every ShardingPattern that ``tapas.sharding.patterns`` offers for
 every GraphNode of small models is replayed on N = 2 and 4 simulated shards
 (``SimulatedCollectives``) and compared with the node on one device: forward outputs,
 gradients of every trainable weight and float input, and the collectives it ran against
@@ -10,8 +10,9 @@ import pytest
 import tensorflow as tf
 import keras
 
-from tapas import capturing, models, patterns
-from tapas import reconstruct as rc
+from tapas import capturing, models
+from tapas.sharding import patterns
+from tapas.execution import reconstruct as rc
 from tapas.ir import Kind
 
 

@@ -1,4 +1,4 @@
-"""tapas.patterns: per-op rules, the propagation engine and every pattern family.
+"""tapas.sharding.patterns: per-op rules, the propagation engine and every pattern family.
 
 GraphNodes come from tapas.capture on tiny Keras layers and the tiny zoo models (the
 tests may import TensorFlow; the pattern modules may not, see tests/test_src.py)."""
@@ -12,10 +12,11 @@ import pytest
 import tensorflow as tf
 
 import tapas
-from tapas import models, patterns
+from tapas import models
+from tapas.sharding import patterns
 from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo
-from tapas.patterns import explain, pattern_by_name, patterns_for
-from tapas.src import Partial, Replica, Split
+from tapas.sharding.patterns import explain, pattern_by_name, patterns_for
+from tapas.sharding.placements import Partial, Replica, Split
 
 R, P = Replica(), Partial()
 

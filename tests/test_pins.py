@@ -1,13 +1,13 @@
-"""Pins (tapas.patterns.pins): a tapas layer's shard= choice is honoured by the search, and
+"""Pins (tapas.sharding.patterns.pins): a tapas layer's shard= choice is honoured by the search, and
 a pin that cannot be honoured is refused naming the layer and the fix."""
 
 import keras
 import pytest
 
 import tapas
-from tapas import patterns
+from tapas.sharding import patterns
 from tapas import layers as L
-from tapas.cost import Cluster
+from tapas.planning.cost import Cluster
 from tapas.ir import Kind
 
 

@@ -1,4 +1,4 @@
-"""tapas.reconstruct: single-device replay equals the model; whole-model sharded plans on
+"""tapas.execution.reconstruct: single-device replay equals the model; whole-model sharded plans on
 simulated shards equal one device, and run exactly the collectives the plan predicts."""
 
 import dataclasses
@@ -8,11 +8,13 @@ import pytest
 import tensorflow as tf
 import keras
 
-from tapas import capturing, models, patterns, src
-from tapas import reconstruct as rc
-from tapas.cost import Cluster, Collective
+from tapas import capturing, models
+from tapas.sharding import patterns, placements
+from tapas.execution import reconstruct as rc
+from tapas.planning.cost import Cluster
+from tapas.sharding.placements import Collective
 
-R, S, P = src.Replica(), src.Split, src.Partial()
+R, S, P = placements.Replica(), placements.Split, placements.Partial()
 
 
 def _mlp(batch=4):
@@ -130,11 +132,11 @@ def _megatron(g, n):
     bias2 = next(w.path for w in d2.weights if w.path.endswith("bias"))
     matmul2 = next(op.outputs[0] for op in d2.ops if op.type == "MatMul")
     column = rc.NodeSharding("column", (R,), (S(1),), {kernel1: S(1), bias1: S(0)},
-                             comms=(src.Comm(Collective.ALL_REDUCE, x.name, x.shape, x.dtype,
+                             comms=(placements.Comm(Collective.ALL_REDUCE, x.name, x.shape, x.dtype,
                                              P, R, "bwd"),))
     row = rc.NodeSharding("row", (S(1),), (R,), {kernel2: S(0), bias2: R},
                           tensors={matmul2.name: P},
-                          comms=(src.Comm(Collective.ALL_REDUCE, matmul2.name, matmul2.shape,
+                          comms=(placements.Comm(Collective.ALL_REDUCE, matmul2.name, matmul2.shape,
                                           matmul2.dtype, P, R, "fwd"),))
     return rc.Plan(n, {1: column, 2: row})
 
@@ -222,7 +224,7 @@ def test_searched_strategy_runs_and_matches_its_prediction():
     model, specs = _zoo("t5-tiny", batch=4)
     t = capturing.trace(model, specs)
     g = capturing.to_ir(t)
-    from tapas import search
+    from tapas.planning import search
     strategy = search.search(g, cluster=Cluster.loopback_cpu(4))
     plan = rc.Plan.from_strategy(strategy, g)
     cmp = rc.compare_with_single_device(t, g, plan, _inputs(specs))

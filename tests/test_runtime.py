@@ -1,8 +1,8 @@
-"""tapas.runtime, tapas.parallel and tapas.launch: multi-device training equals single-device
+"""tapas.execution.runtime, tapas.execution.parallel and tapas.execution.launch: multi-device training equals single-device
 Keras.
 
 Every multi-device check runs in a worker process (tests/runtime_worker.py: logical CPU
-devices are set once per process), started through ``tapas.launch`` so that it is always
+devices are set once per process), started through ``tapas.execution.launch`` so that it is always
 ended (deadline, then kill of its own process group). One process runs many checks; the
 fixtures below are module-scoped so each device set starts once.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tapas import launch
+from tapas.execution import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "runtime_worker.py")

@@ -1,7 +1,7 @@
 """tapas.search: Strategy, reference plans, memory budget, JSON, and the real patterns.
 
 The first half uses test_explore's hand-made dense patterns (the search logic on its own);
-the second half runs the real tapas.patterns on a captured two-layer MLP and on t5-tiny.
+the second half runs the real tapas.sharding.patterns on a captured two-layer MLP and on t5-tiny.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 import pytest
 from test_explore import B, F, FP32, H, fake_patterns, fake_reshard, mlp
 
-from tapas import explore, search
-from tapas.cost import Cluster, CostOptions, collective_cost
+from tapas.planning import explore, search
+from tapas.planning.cost import Cluster, CostOptions, collective_cost
 from tapas.ir import Graph
-from tapas.search import MemoryBudgetError, Strategy
+from tapas.planning.search import MemoryBudgetError, Strategy
 
 N = 4
 
@@ -119,7 +119,7 @@ def test_bad_inputs():
         fake_search(g, mode="xx")
     with pytest.raises(ValueError, match="memory_budget=-1"):
         fake_search(g, memory_budget=-1)
-    with pytest.raises(TypeError, match="must be a tapas.cost.Cluster"):
+    with pytest.raises(TypeError, match="must be a tapas.planning.cost.Cluster"):
         fake_search(g, cluster="v100")
 
 
@@ -130,7 +130,7 @@ def test_graph_digest_ignores_names_but_not_structure():
 
 
 def test_search_imports_no_tensorflow():
-    code = ("import sys; import tapas.search, tapas.explore, tapas.cost; "
+    code = ("import sys; import tapas.search, tapas.planning.explore, tapas.planning.cost; "
             "print(any(m.startswith('tensorflow') for m in sys.modules))")
     import subprocess
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -160,7 +160,7 @@ def _dense_ids(graph: Graph) -> list[int]:
 def test_two_layer_mlp_valid_set_has_megatron_and_rejects_row_then_row(mlp_graph):
     import itertools
 
-    from tapas import patterns
+    from tapas.sharding import patterns
     g = mlp_graph
     up, down = _dense_ids(g)
     cluster = Cluster.v100_ethernet(1, N)

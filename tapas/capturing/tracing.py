@@ -1,0 +1,400 @@
+"""Capture: a Keras model or ``tf.function`` becomes a ``tapas.ir.Graph`` (paper 4.2).
+
+In:  a Keras 3 model (or built layer), a ``tf.function``, or a ``ConcreteFunction``, plus
+     input specs (``tf.TensorSpec``: one, a list, or a dict) with static shapes.
+Out: :class:`tapas.ir.Graph` of GraphNodes (see ``tapas.capturing.grouping`` for how ops are
+     grouped), with every weight mapped back to its Keras variable path.
+
+Two steps, timed separately by the benchmark:
+
+* :func:`trace` -- trace a concrete function with static shapes (``training=False`` by
+  default) and find which resource placeholder stands for which model variable, through
+  the concrete function's captures (not through name scopes, which Keras renumbers).
+* :func:`to_ir` -- read the ``tf.Graph`` into plain op records and group them.
+
+:func:`capture` does both. Example::
+
+    graph = tapas.capture(model, tf.TensorSpec([8, 128], tf.int32))
+    print(graph.kind_counts())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+from tapas.capturing import grouping
+from tapas import ir
+
+__all__ = ["capture", "trace", "to_ir", "Trace", "CaptureError"]
+
+_SMALL_CONST = 16  # constants with at most this many elements keep their value in the IR
+# Attributes that never matter for what an op computes; skipped when reading ops.
+_SKIP_ATTRS = frozenset({"value", "_class", "_output_shapes", "_XlaCompile", "f", "config",
+                         "config_proto", "executor_type", "_read_only_resource_inputs",
+                         "_collective_manager_ids", "_has_manual_control_dependencies",
+                         "shared_name", "container", "debug_name"})
+
+
+class CaptureError(ValueError):
+    """The model or its input specs cannot be traced; the message says how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """A traced model: the concrete function and the variables its placeholders stand for."""
+
+    concrete_function: Any                     # tf.types.experimental.ConcreteFunction
+    input_specs: tuple[tf.TensorSpec, ...]
+    input_names: tuple[str, ...]               # names of the graph-input placeholder ops
+    variables: Mapping[str, Any]               # placeholder op name -> variable
+    weights: Mapping[str, ir.WeightInfo]       # placeholder op name -> WeightInfo
+    model_weights: tuple[ir.WeightInfo, ...]   # every weight the model owns
+    name: str
+    seconds: float
+    # weight path -> sharding pin of the tapas.layers layer that owns it (``shard=``)
+    pins: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def graph(self) -> tf.Graph:
+        return self.concrete_function.graph
+
+
+def capture(model_or_function: Any, input_spec: Any = None, *, batch_size: int | None = None,
+            training: bool = False, name: str | None = None) -> ir.Graph:
+    """Trace ``model_or_function`` with ``input_spec`` and convert it into GraphNodes.
+
+    Args:
+      model_or_function: a Keras model or built layer, a ``tf.function`` or a
+        ``ConcreteFunction``.
+      input_spec: a ``tf.TensorSpec``, a list/tuple of them (one per model input) or a
+        dict keyed by input name. May be omitted for a Keras model that knows its inputs.
+      batch_size: fills an unknown leading (batch) dimension, in the spec or in the model's
+        own inputs.
+      training: trace the training-mode graph (dropout, batch-norm statistics updates).
+      name: the Graph's name (default: the model's name).
+    """
+    return to_ir(trace(model_or_function, input_spec, batch_size=batch_size,
+                       training=training, name=name))
+
+
+# ---- tracing ---------------------------------------------------------------------------
+
+def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | None = None,
+          training: bool = False, name: str | None = None) -> Trace:
+    """Trace a concrete function with static shapes; see :func:`capture`."""
+    start = time.perf_counter()
+    if isinstance(model_or_function, keras.Layer):
+        cf, specs, model_weights, label = _trace_keras(model_or_function, input_spec,
+                                                       batch_size, training)
+        variables = list(model_or_function.weights)
+        pins = _pins(model_or_function)
+    elif hasattr(model_or_function, "get_concrete_function") or _is_concrete(model_or_function):
+        cf, specs, label = _trace_function(model_or_function, input_spec, batch_size)
+        variables = list(cf.variables)
+        model_weights = ()
+        pins = {}
+    else:
+        raise CaptureError(
+            f"tapas.capture got a {type(model_or_function).__name__}, which is neither a Keras "
+            "model/layer nor a tf.function: wrap a Python function with @tf.function, or pass "
+            "a keras.Model")
+    by_handle = {}
+    for v in variables:
+        handle = _handle(v)
+        if handle is not None:
+            by_handle[id(handle)] = v
+    captured_ids = set()
+    var_of: dict[str, Any] = {}
+    for external, internal in cf.graph.captures:
+        captured_ids.add(id(internal))
+        v = by_handle.get(id(external))
+        if v is not None:
+            var_of[internal.op.name] = v
+    weights = {ph: _weight_info(v, ph) for ph, v in var_of.items()}
+    if not model_weights:
+        model_weights = tuple(weights.values())
+    else:
+        model_weights = tuple(_weight_info(v, "") for v in model_weights)
+    input_names = tuple(t.op.name for t in cf.graph.inputs if id(t) not in captured_ids)
+    return Trace(concrete_function=cf, input_specs=tuple(specs), input_names=input_names,
+                 variables=var_of, weights=weights, model_weights=model_weights,
+                 name=name or label, seconds=time.perf_counter() - start, pins=pins)
+
+
+def _pins(layer: Any) -> dict[str, str]:
+    """``{weight path: pin}`` for every pinned ``tapas.layers`` layer inside ``layer``."""
+    from tapas.layers import TapasLayer
+    found = [layer]
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is not None:
+        found = list(flatten(include_self=True, recursive=True))
+    pins: dict[str, str] = {}
+    for sub in found:
+        if isinstance(sub, TapasLayer) and sub.shard is not None:
+            for w in sub.weights:
+                pins[w.path] = sub.shard
+    return pins
+
+
+def _is_concrete(obj: Any) -> bool:
+    return hasattr(obj, "graph") and hasattr(obj, "structured_input_signature")
+
+
+def _handle(v: Any) -> Any:
+    inner = getattr(v, "value", None)  # keras.Variable wraps a tf.Variable
+    if inner is not None and hasattr(inner, "handle"):
+        return inner.handle
+    return getattr(v, "handle", None)
+
+
+def _weight_info(v: Any, placeholder: str) -> ir.WeightInfo:
+    path = getattr(v, "path", None) or v.name.split(":")[0]
+    shape = tuple(int(d) for d in v.shape)
+    dtype = tf.as_dtype(v.dtype).name
+    return ir.WeightInfo(path=path, shape=shape, dtype=dtype,
+                         trainable=bool(getattr(v, "trainable", True)), placeholder=placeholder)
+
+
+def _as_spec_list(input_spec: Any) -> tuple[list[tf.TensorSpec], list[str] | None]:
+    """Normalize a spec argument into a flat list (and the keys, for a dict)."""
+    if isinstance(input_spec, tf.TensorSpec):
+        return [input_spec], None
+    if isinstance(input_spec, Mapping):
+        keys = list(input_spec)
+        specs = [input_spec[k] for k in keys]
+    elif isinstance(input_spec, (list, tuple)):
+        keys, specs = None, list(input_spec)
+    else:
+        raise CaptureError(
+            f"input_spec must be a tf.TensorSpec, a list of them or a dict of them, got "
+            f"{type(input_spec).__name__}: e.g. tf.TensorSpec([8, 128], tf.int32)")
+    for k, s in enumerate(specs):
+        if not isinstance(s, tf.TensorSpec):
+            label = keys[k] if keys else k
+            raise CaptureError(f"input_spec[{label!r}] is a {type(s).__name__}, not a "
+                               "tf.TensorSpec: e.g. tf.TensorSpec([8, 128], tf.int32)")
+    return specs, keys
+
+
+def _fill_static(spec: tf.TensorSpec, label: str, batch_size: int | None) -> tf.TensorSpec:
+    shape = spec.shape
+    if shape.rank is None:
+        raise CaptureError(f"input {label} has unknown rank: give a tf.TensorSpec with a "
+                           "full static shape, e.g. tf.TensorSpec([8, 128])")
+    dims = list(shape.as_list())
+    for d, size in enumerate(dims):
+        if size is None:
+            if d == 0 and batch_size is not None:
+                dims[0] = int(batch_size)
+                continue
+            fix = ("pass batch_size=N to tapas.capture or a spec with a concrete batch size"
+                   if d == 0 else "give this dimension a concrete size in the spec")
+            raise CaptureError(f"dimension {d} of input {label} is dynamic (shape "
+                               f"{tuple(dims)}); tapas needs static shapes: {fix}")
+    if batch_size is not None and dims and spec.shape[0] is not None and dims[0] != batch_size:
+        raise CaptureError(f"input {label} has batch size {dims[0]} but batch_size="
+                           f"{batch_size} was passed: drop one of them")
+    return tf.TensorSpec(dims, spec.dtype, name=spec.name)
+
+
+def _trace_keras(model: keras.Layer, input_spec: Any, batch_size: int | None,
+                 training: bool):
+    label = model.name
+    model_inputs = None
+    try:
+        model_inputs = list(model.inputs) if getattr(model, "inputs", None) else None
+    except (AttributeError, ValueError):
+        model_inputs = None
+    if input_spec is None:
+        if not model_inputs:
+            raise CaptureError(
+                f"model '{label}' was never built and no input_spec was given: pass "
+                "input_spec=tf.TensorSpec([batch, ...], dtype) (one per input), or build "
+                "the model with keras.Input first")
+        input_spec = [tf.TensorSpec(tuple(t.shape), t.dtype, name=_input_name(t, k))
+                      for k, t in enumerate(model_inputs)]
+    specs, keys = _as_spec_list(input_spec)
+    labels = [f"'{keys[k]}'" if keys else (f"'{specs[k].name}'" if specs[k].name else str(k))
+              for k in range(len(specs))]
+    specs = [_fill_static(s, f"{labels[k]} of model '{label}'", batch_size)
+             for k, s in enumerate(specs)]
+    if model_inputs and keys is None:
+        _check_against_model(label, model_inputs, specs, labels)
+    if not model.built:
+        raise CaptureError(f"model '{label}' is not built: call it once on a batch, or "
+                           "build it with keras.Input, before capturing")
+    if keys is not None:
+        fn = tf.function(lambda d: model(d, training=training))
+        cf = fn.get_concrete_function(dict(zip(keys, specs)))
+    elif len(specs) == 1:
+        fn = tf.function(lambda x: model(x, training=training))
+        cf = fn.get_concrete_function(specs[0])
+    else:
+        fn = tf.function(lambda *xs: model(list(xs), training=training))
+        cf = fn.get_concrete_function(*specs)
+    return cf, specs, list(model.weights), label
+
+
+def _input_name(t: Any, k: int) -> str:
+    name = getattr(t, "name", None) or f"input_{k}"
+    return name.split(":")[0]
+
+
+def _check_against_model(label: str, model_inputs: list, specs: list[tf.TensorSpec],
+                         labels: list[str]) -> None:
+    if len(model_inputs) != len(specs):
+        names = [_input_name(t, k) for k, t in enumerate(model_inputs)]
+        raise CaptureError(f"model '{label}' takes {len(model_inputs)} input(s) {names} but "
+                           f"{len(specs)} input spec(s) were given: pass one tf.TensorSpec "
+                           "per model input, in order")
+    for k, (t, s) in enumerate(zip(model_inputs, specs)):
+        want = tuple(t.shape)
+        if len(want) != s.shape.rank:
+            raise CaptureError(f"input {labels[k]} of model '{label}' has rank {len(want)} "
+                               f"(shape {want}) but the spec has rank {s.shape.rank} (shape "
+                               f"{tuple(s.shape.as_list())}): give a spec of shape "
+                               f"{tuple('batch' if d is None else d for d in want)}")
+        for d, (a, b) in enumerate(zip(want, s.shape.as_list())):
+            if a is not None and a != b:
+                raise CaptureError(f"dimension {d} of input {labels[k]} of model '{label}' "
+                                   f"must be {a}, the spec says {b}")
+        want_dt = tf.as_dtype(t.dtype)
+        if want_dt.is_integer != s.dtype.is_integer or want_dt.is_floating != s.dtype.is_floating:
+            raise CaptureError(f"input {labels[k]} of model '{label}' has dtype {want_dt.name} "
+                               f"but the spec says {s.dtype.name}: use tf.TensorSpec(shape, "
+                               f"tf.{want_dt.name})")
+
+
+def _trace_function(fn: Any, input_spec: Any, batch_size: int | None):
+    label = getattr(fn, "__name__", None) or getattr(fn, "name", None) or "function"
+    if _is_concrete(fn) and not hasattr(fn, "get_concrete_function"):
+        if input_spec is not None:
+            raise CaptureError("a ConcreteFunction is already traced: do not pass input_spec")
+        for t in fn.inputs:
+            if t.dtype != tf.resource and not t.shape.is_fully_defined():
+                raise CaptureError(f"the ConcreteFunction's input '{t.op.name}' has shape "
+                                   f"{t.shape}: trace it with a fully static tf.TensorSpec")
+        specs = [tf.TensorSpec(t.shape, t.dtype) for t in fn.inputs if t.dtype != tf.resource]
+        return fn, specs, label
+    if input_spec is None:
+        raise CaptureError(f"tf.function '{label}' needs input_spec: pass "
+                           "tf.TensorSpec([batch, ...], dtype) for each argument")
+    specs, keys = _as_spec_list(input_spec)
+    labels = [f"'{keys[k]}'" if keys else str(k) for k in range(len(specs))]
+    specs = [_fill_static(s, f"{labels[k]} of '{label}'", batch_size) for k, s in enumerate(specs)]
+    if keys is not None:
+        cf = fn.get_concrete_function(**dict(zip(keys, specs)))
+    else:
+        cf = fn.get_concrete_function(*specs)
+    return cf, specs, label
+
+
+# ---- reading the tf.Graph ----------------------------------------------------------------
+
+def to_ir(t: Trace) -> ir.Graph:
+    """Read the traced ``tf.Graph`` into op records and group them into GraphNodes."""
+    # Both passes allocate many small objects that all live to the end: pausing the
+    # cyclic garbage collector meanwhile saves its repeated full scans.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return grouping.group_ops(raw_graph(t))
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def raw_graph(t: Trace) -> grouping.RawGraph:
+    """The traced graph as plain records (no TF objects), ready for grouping."""
+    graph = t.graph
+    ops = []
+    control: dict[str, tuple[str, ...]] = {}
+    for op in graph.get_operations():
+        node_def = op.node_def
+        attrs = {}
+        for key, value in node_def.attr.items():
+            if key in _SKIP_ATTRS or key.startswith("_"):  # "_..." is TF bookkeeping
+                continue
+            v = _attr_value(value)
+            if v is not None:
+                attrs[key] = v
+        outputs = tuple(ir.TensorInfo(o.name, _shape(o.shape), o.dtype.name) for o in op.outputs)
+        value = None
+        if op.type == "Const":
+            shape = outputs[0].shape
+            if shape is not None and int(np.prod(shape, dtype=np.int64)) <= _SMALL_CONST:
+                value = _const_value(node_def.attr["value"].tensor)
+        ops.append(ir.OpInfo(op.name, op.type, tuple(i.name for i in op.inputs), outputs,
+                             attrs, value))
+        if op.control_inputs:
+            control[op.name] = tuple(c.name for c in op.control_inputs)
+    outputs = tuple(ir.TensorInfo(o.name, _shape(o.shape), o.dtype.name)
+                    for o in graph.outputs if o is not None)
+    return grouping.RawGraph(ops=ops, control_inputs=control, inputs=t.input_names,
+                             outputs=outputs, weights=t.weights,
+                             model_weights=t.model_weights, name=t.name, pins=t.pins)
+
+
+def _shape(shape: tf.TensorShape) -> tuple[int, ...] | None:
+    if shape.rank is None:
+        return None
+    return tuple(-1 if d is None else int(d) for d in shape.as_list())
+
+
+def _const_value(tensor_proto: Any) -> Any:
+    try:
+        arr = tf.make_ndarray(tensor_proto)
+    except Exception:  # e.g. string or variant constants: the shape is enough
+        return None
+    if arr.dtype.kind in "biuf":
+        return arr.tolist()
+    if arr.dtype.kind in "SO":
+        return [x.decode(errors="replace") if isinstance(x, bytes) else str(x)
+                for x in arr.ravel().tolist()]
+    return None
+
+
+def _attr_value(value: Any) -> Any:
+    which = value.WhichOneof("value")
+    if which == "s":
+        return value.s.decode(errors="replace")
+    if which in ("i", "f", "b"):
+        return getattr(value, which)
+    if which == "type":
+        return tf.as_dtype(value.type).name
+    if which == "shape":
+        return _proto_shape(value.shape)
+    if which == "func":
+        return value.func.name
+    if which == "list":
+        lst = value.list
+        if lst.s:
+            return [s.decode(errors="replace") for s in lst.s]
+        if lst.i:
+            return list(lst.i)
+        if lst.f:
+            return list(lst.f)
+        if lst.b:
+            return list(lst.b)
+        if lst.type:
+            return [tf.as_dtype(t).name for t in lst.type]
+        if lst.shape:
+            return [_proto_shape(s) for s in lst.shape]
+        if lst.func:
+            return [f.name for f in lst.func]
+        return []
+    return None
+
+
+def _proto_shape(shape_proto: Any) -> list[int] | None:
+    if shape_proto.unknown_rank:
+        return None
+    return [int(d.size) for d in shape_proto.dim]

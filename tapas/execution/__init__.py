@@ -1,0 +1,15 @@
+"""Stage 5, execution: a Strategy -> a parallel TensorFlow program, trained under tf.distribute.
+
+In:  the traced model, its :class:`tapas.ir.Graph` and a
+     :class:`tapas.planning.search.Strategy`.
+Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with real
+     collectives, a training step under MirroredStrategy / MultiWorkerMirroredStrategy,
+     checkpoints, the collective audit and the comparison with the single-device model.
+
+* :mod:`tapas.execution.reconstruct`: Strategy -> per-replica program.
+* :mod:`tapas.execution.collectives`: the collectives (simulated or ``ReplicaContext``).
+* :mod:`tapas.execution.runtime`: devices, tf.distribute strategy, optimizers, checkpoints.
+* :mod:`tapas.execution.parallel`: ``tapas.parallelize`` and ``ParallelModel``.
+* :mod:`tapas.execution.train`, :mod:`tapas.execution.launch`: ``tapas train`` and its
+  loopback worker processes.
+"""

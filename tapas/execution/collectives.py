@@ -1,0 +1,359 @@
+"""Collectives of the reconstructed program, with explicit forward and backward semantics.
+
+In:  per-replica local tensors, as a list over the replicas *this program instance* runs:
+     all N of them for :class:`SimulatedCollectives` (every shard in one process, on one
+     device: tests and the pattern checker), or one, the current replica's, for
+     :class:`ReplicaContextCollectives` (inside ``tf.distribute.Strategy.run``).
+Out: the collective's result per local replica, differentiable with the conjugate
+     gradient of docs/sharding.md, and an :class:`Audit` record of every collective run.
+
+Gradient convention (Megatron's): every replica differentiates its own loss. The gradient
+of a replicated (``R``) tensor is the full gradient on every replica, that of a split
+(``S(a)``) tensor the gradient of the local slice. Hence:
+
+=======================  =====================  ==========================
+operation                forward                backward (gradient)
+=======================  =====================  ==========================
+``all_reduce``           AllReduce (P -> R)     identity (Megatron ``g``)
+``all_reduce_grad``      identity               AllReduce (Megatron ``f``)
+``all_gather(a)``        AllGather (S(a) -> R)  local slice (ReduceScatter
+                                                if the gradient is partial)
+``reduce_scatter(a)``    ReduceScatter (P->S)   AllGather
+``all_to_all(a, b)``     AllToAll (S(a)->S(b))  AllToAll (S(b) -> S(a))
+``scatter(a)``           local slice (R->S(a))  AllGather
+=======================  =====================  ==========================
+
+TensorFlow's own gradients of ``ReplicaContext.all_reduce`` assume the global loss is the
+*sum* of the replica losses (TF-FACTS); every operation here therefore has a
+``tf.custom_gradient`` so the semantics above hold under both implementations.
+
+Reduce-scatter: TF 2.21 has no CPU kernel for ``CollectiveReduceScatterV2`` and
+``ReplicaContext`` has no reduce-scatter. :class:`SimulatedCollectives` implements it as
+an all-to-all of the ``[N, ...]``-stacked pieces plus a local sum; under a
+``ReplicaContext`` it is an all-reduce followed by a local slice (twice the traffic of a
+ring reduce-scatter, but a kernel exists on every device type, NCCL on GPUs). All-to-all
+under a ``ReplicaContext`` is an all-gather along a new leading axis followed by a local
+slice (N times the traffic of a true all-to-all): ``ReplicaContext`` offers no all-to-all
+and the raw ``CollectiveAllToAllV2`` op needs collective keys and ordering tokens that
+belong to the strategy's internals. The :class:`Audit` records the *logical* collective
+(kind and global tensor bytes), which is what the cost model predicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tapas.sharding.placements import Collective
+from tapas.ir import dtype_bytes
+
+__all__ = ["CommRecord", "Audit", "Collectives", "SimulatedCollectives",
+           "ReplicaContextCollectives", "local_slice"]
+
+Tensors = list  # list[tf.Tensor], one per local replica
+
+
+@dataclasses.dataclass(frozen=True)
+class CommRecord:
+    """One collective the program ran: ``bytes`` is the size of the *global* tensor."""
+
+    kind: Collective
+    tensor: str
+    shape: tuple[int, ...]
+    dtype: str
+    phase: str            # "fwd" or "bwd" (on the gradient of ``tensor``)
+    axis: int | None = None
+
+    @property
+    def bytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * dtype_bytes(self.dtype)
+
+    def __str__(self) -> str:
+        axis = "" if self.axis is None else f" axis {self.axis}"
+        return f"{self.phase} {self.kind.value} {self.tensor} {self.shape}{axis}"
+
+
+class Audit:
+    """The collectives a reconstructed program inserted, in the order they were traced.
+
+    Forward records appear when the program is traced, backward ones when
+    ``tape.gradient`` is traced. Thread-safe (MirroredStrategy traces replicas in threads).
+    """
+
+    def __init__(self) -> None:
+        self._records: list[CommRecord] = []
+        self._lock = threading.Lock()
+
+    def add(self, record: CommRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
+
+    @property
+    def records(self) -> tuple[CommRecord, ...]:
+        with self._lock:
+            return tuple(self._records)
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """``{(kind, phase): count}``, e.g. ``{("AR", "fwd"): 4}``."""
+        return dict(Counter((r.kind.value, r.phase) for r in self.records))
+
+    def bytes(self) -> dict[tuple[str, str], int]:
+        """``{(kind, phase): total global bytes}``."""
+        out: Counter = Counter()
+        for r in self.records:
+            out[(r.kind.value, r.phase)] += r.bytes
+        return dict(out)
+
+    def table(self) -> str:
+        """A readable table: one line per (kind, phase) with count and bytes."""
+        counts, sizes = self.counts(), self.bytes()
+        lines = [f"{'collective':<10} {'phase':<5} {'count':>6} {'bytes':>14}"]
+        for key in sorted(counts):
+            lines.append(f"{key[0]:<10} {key[1]:<5} {counts[key]:>6} {sizes[key]:>14,}")
+        return "\n".join(lines)
+
+
+def local_slice(x: tf.Tensor, axis: int, num_shards: int, index: int | tf.Tensor) -> tf.Tensor:
+    """Shard ``index`` of ``x`` cut into ``num_shards`` equal pieces along ``axis``."""
+    size = x.shape[axis]
+    if size is None or size % num_shards:
+        raise ValueError(f"cannot cut dimension {axis} of size {size} (shape {x.shape}) into "
+                         f"{num_shards} equal shards: the size must be a multiple of the "
+                         "device count")
+    piece = size // num_shards
+    static = tf.get_static_value(index) if isinstance(index, tf.Tensor) else index
+    if static is not None:
+        begin = [0] * x.shape.rank
+        begin[axis] = int(static) * piece
+    else:
+        begin = tf.one_hot(axis, x.shape.rank, dtype=tf.int32) * tf.cast(index, tf.int32) * piece
+    sizes = [-1] * x.shape.rank
+    sizes[axis] = piece
+    return tf.slice(x, begin, sizes)
+
+
+def _like(grad: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
+    """``grad`` dense (an embedding lookup's gradient arrives as ``IndexedSlices``, which
+    collectives do not take) and with the static shape of ``value`` (collectives'
+    gradients lose it)."""
+    if isinstance(grad, tf.IndexedSlices):
+        grad = tf.convert_to_tensor(grad)
+    if value.shape.is_fully_defined() and not grad.shape.is_fully_defined():
+        return tf.ensure_shape(grad, value.shape)
+    return grad
+
+
+class Collectives:
+    """Collectives over the N devices of a strategy, on lists of local-replica tensors.
+
+    Subclasses supply three differentiation-free primitives (sum, gather, all-to-all) and
+    the replica indices; this class wraps them in custom gradients and records them.
+    """
+
+    def __init__(self, num_devices: int, audit: Audit | None = None) -> None:
+        if num_devices < 1:
+            raise ValueError(f"num_devices={num_devices}: a collective group needs at least "
+                             "one device")
+        self.num_devices = num_devices
+        self.audit = audit if audit is not None else Audit()
+
+    # ---- to implement ----------------------------------------------------------------
+    def replica_ids(self) -> list[int | tf.Tensor]:
+        """The global replica index of each local replica, in list order."""
+        raise NotImplementedError
+
+    def _sum(self, xs: Tensors) -> Tensors:
+        raise NotImplementedError
+
+    def _gather(self, xs: Tensors, axis: int) -> Tensors:
+        raise NotImplementedError
+
+    def _all_to_all(self, xs: Tensors, split_axis: int, concat_axis: int) -> Tensors:
+        raise NotImplementedError
+
+    def _records(self) -> bool:
+        """Whether this instance writes to the audit (one replica per program trace)."""
+        return True
+
+    def _reduce_scatter(self, xs: Tensors, axis: int) -> Tensors:
+        # all-to-all of the [N, ...] stack of pieces, then a local sum over the sources
+        n = self.num_devices
+        stacked = [tf.stack(tf.split(x, n, axis=axis), axis=0) for x in xs]
+        received = self._all_to_all(stacked, 0, 0)
+        return [tf.reduce_sum(r, axis=0) for r in received]
+
+    # ---- semantic operations ---------------------------------------------------------
+    def _local_slices(self, xs: Tensors, axis: int) -> Tensors:
+        return [local_slice(x, axis, self.num_devices, i)
+                for x, i in zip(xs, self.replica_ids())]
+
+    def _record(self, kind: Collective, name: str, shape: Sequence[int], dtype: str,
+                phase: str, axis: int | None) -> None:
+        if self._records():
+            self.audit.add(CommRecord(kind, name, tuple(int(d) for d in shape), dtype,
+                                      phase, axis))
+
+    def _custom(self, xs: Tensors, fwd: Callable[[Tensors], Tensors],
+                bwd: Callable[[Tensors], Tensors]) -> Tensors:
+        @tf.custom_gradient
+        def op(*args):
+            ys = fwd(list(args))
+
+            def grad(*dys):
+                dys = [tf.zeros_like(y) if d is None else _like(d, y) for d, y in zip(dys, ys)]
+                return bwd(dys)
+            return ys, grad
+        return list(op(*xs))
+
+    def all_reduce(self, xs: Tensors, name: str, shape: Sequence[int], dtype: str) -> Tensors:
+        """P -> R: forward all-reduce, backward identity."""
+        self._record(Collective.ALL_REDUCE, name, shape, dtype, "fwd", None)
+        return self._custom(xs, self._sum, lambda dys: dys)
+
+    def all_reduce_grad(self, xs: Tensors, name: str, shape: Sequence[int],
+                        dtype: str) -> Tensors:
+        """Forward identity, backward all-reduce of the (partial) gradient."""
+        def bwd(dys):
+            self._record(Collective.ALL_REDUCE, name, shape, dtype, "bwd", None)
+            return self._sum(dys)
+        return self._custom(xs, lambda ys: [tf.identity(y) for y in ys], bwd)
+
+    def all_gather(self, xs: Tensors, axis: int, name: str, shape: Sequence[int],
+                   dtype: str, partial_grad: bool = False) -> Tensors:
+        """S(axis) -> R: forward all-gather, backward local slice of the (full) gradient;
+        with ``partial_grad`` (the consumers make the gradient a partial sum) backward
+        reduce-scatter instead."""
+        self._record(Collective.ALL_GATHER, name, shape, dtype, "fwd", axis)
+        if not partial_grad:
+            return self._custom(xs, lambda ys: self._gather(ys, axis),
+                                lambda dys: self._local_slices(dys, axis))
+
+        def bwd(dys):
+            self._record(Collective.REDUCE_SCATTER, name, shape, dtype, "bwd", axis)
+            return self._reduce_scatter(dys, axis)
+        return self._custom(xs, lambda ys: self._gather(ys, axis), bwd)
+
+    def reduce_scatter(self, xs: Tensors, axis: int, name: str, shape: Sequence[int],
+                       dtype: str) -> Tensors:
+        """P -> S(axis): forward reduce-scatter, backward all-gather."""
+        self._record(Collective.REDUCE_SCATTER, name, shape, dtype, "fwd", axis)
+
+        def bwd(dys):
+            self._record(Collective.ALL_GATHER, name, shape, dtype, "bwd", axis)
+            return self._gather(dys, axis)
+        return self._custom(xs, lambda ys: self._reduce_scatter(ys, axis), bwd)
+
+    def all_to_all(self, xs: Tensors, src_axis: int, dst_axis: int, name: str,
+                   shape: Sequence[int], dtype: str) -> Tensors:
+        """S(src_axis) -> S(dst_axis); the gradient goes back S(dst_axis) -> S(src_axis)."""
+        self._record(Collective.ALL_TO_ALL, name, shape, dtype, "fwd", src_axis)
+
+        def bwd(dys):
+            self._record(Collective.ALL_TO_ALL, name, shape, dtype, "bwd", dst_axis)
+            return self._all_to_all(dys, src_axis, dst_axis)
+        return self._custom(xs, lambda ys: self._all_to_all(ys, dst_axis, src_axis), bwd)
+
+    def scatter(self, xs: Tensors, axis: int, name: str, shape: Sequence[int],
+                dtype: str) -> Tensors:
+        """R -> S(axis): forward local slice (free), backward all-gather of the gradient."""
+        def bwd(dys):
+            self._record(Collective.ALL_GATHER, name, shape, dtype, "bwd", axis)
+            return self._gather(dys, axis)
+        return self._custom(xs, lambda ys: self._local_slices(ys, axis), bwd)
+
+
+class SimulatedCollectives(Collectives):
+    """All N replicas in one program, on the current device: AR is a sum, AG a concat."""
+
+    def replica_ids(self) -> list[int]:
+        return list(range(self.num_devices))
+
+    def _check(self, xs: Tensors) -> None:
+        if len(xs) != self.num_devices:
+            raise ValueError(f"SimulatedCollectives over {self.num_devices} devices got "
+                             f"{len(xs)} tensors: pass one per replica")
+
+    def _sum(self, xs: Tensors) -> Tensors:
+        self._check(xs)
+        total = tf.add_n(xs)
+        return [total] * self.num_devices
+
+    def _gather(self, xs: Tensors, axis: int) -> Tensors:
+        self._check(xs)
+        full = tf.concat(xs, axis=axis)
+        return [full] * self.num_devices
+
+    def _all_to_all(self, xs: Tensors, split_axis: int, concat_axis: int) -> Tensors:
+        self._check(xs)
+        n = self.num_devices
+        pieces = [tf.split(x, n, axis=split_axis) for x in xs]
+        return [tf.concat([pieces[i][j] for i in range(n)], axis=concat_axis)
+                for j in range(n)]
+
+
+class ReplicaContextCollectives(Collectives):
+    """One replica of a ``tf.distribute`` strategy: collectives through the current
+    ``ReplicaContext`` (``all_reduce``, ``all_gather``); call inside ``Strategy.run``.
+
+    Only replica 0 writes the audit, so one program trace gives one record per collective.
+    """
+
+    def __init__(self, num_devices: int | None = None, audit: Audit | None = None) -> None:
+        ctx = tf.distribute.get_replica_context()
+        n = num_devices if num_devices is not None else (
+            ctx.num_replicas_in_sync if ctx is not None else 1)
+        super().__init__(n, audit)
+
+    @staticmethod
+    def _ctx() -> Any:
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None:
+            raise RuntimeError("ReplicaContextCollectives used outside a replica context: "
+                               "call the program inside tf.distribute.Strategy.run")
+        return ctx
+
+    def replica_ids(self) -> list[int | tf.Tensor]:
+        rid = self._ctx().replica_id_in_sync_group
+        static = tf.get_static_value(rid) if isinstance(rid, tf.Tensor) else rid
+        return [int(static) if static is not None else rid]
+
+    def _records(self) -> bool:
+        rid = self.replica_ids()[0]
+        return isinstance(rid, int) and rid == 0
+
+    def _sum(self, xs: Tensors) -> Tensors:
+        return [tf.ensure_shape(self._ctx().all_reduce(tf.distribute.ReduceOp.SUM, x), x.shape)
+                for x in xs]
+
+    def _gather(self, xs: Tensors, axis: int) -> Tensors:
+        out = []
+        for x in xs:
+            shape = x.shape.as_list()
+            shape[axis] = None if shape[axis] is None else shape[axis] * self.num_devices
+            out.append(tf.ensure_shape(self._ctx().all_gather(x, axis=axis), shape))
+        return out
+
+    def _all_to_all(self, xs: Tensors, split_axis: int, concat_axis: int) -> Tensors:
+        (rid,) = self.replica_ids()
+        out = []
+        for x in xs:
+            (everyone,) = self._gather([tf.expand_dims(x, 0)], 0)  # [N, ...x]
+            mine = local_slice(everyone, split_axis + 1, self.num_devices, rid)
+            out.append(tf.concat(tf.unstack(mine, axis=0), axis=concat_axis))
+        return out
+
+    def _reduce_scatter(self, xs: Tensors, axis: int) -> Tensors:
+        (rid,) = self.replica_ids()
+        return [local_slice(s, axis, self.num_devices, rid) for s in self._sum(xs)]

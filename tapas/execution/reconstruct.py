@@ -1,0 +1,945 @@
+"""Reconstruction: a captured graph and a sharding plan become a per-replica TF program.
+
+In:  a :class:`tapas.capturing.Trace` (the traced ``tf.Graph`` and the variables its
+     resource placeholders stand for), its :class:`tapas.ir.Graph`, and a :class:`Plan`:
+     the ShardingPattern of every GraphNode on N devices (docs/sharding.md), from a
+     ``Strategy`` (:meth:`Plan.from_strategy`) or written by hand (:class:`NodeSharding`).
+Out: :class:`Program`, a callable that replays the captured ops one by one in the current
+     ``tf.function``, with *local* shapes, on local input and weight shards, and inserts
+     the collectives the plan asks for through a :class:`tapas.execution.collectives.Collectives`.
+
+How each op is re-created:
+
+* graph-input placeholders take the caller's local inputs; ``ReadVariableOp`` of a model
+  weight takes the caller's local shard (a variable is read with ``read_value``, so tapes
+  watch it);
+* every other op is replayed with its original type and attributes
+  (``tapas._tf_internal.replay_op``) on the local inputs; shapes are re-inferred. Ops whose
+  inputs carry a shape (``Reshape``, ``BroadcastTo``, ``Fill``) get the *local* shape,
+  computed from the global shape in the IR and the op output's placement in the
+  pattern's ``tensors``;
+* ops named in the pattern's ``rewrites`` get a different local program (``vocab-gather``:
+  a gather from a vocabulary-split table);
+* after each op, the local shape is checked against the placement (a constant the pattern
+  splits is sliced locally); a mismatch is a :class:`ReconstructError` naming the node, the
+  pattern and the op;
+* forward comms of the pattern run right after the op producing their tensor; backward
+  comms (Megatron's ``f``) wrap the tensor where the node reads it; between GraphNodes the
+  producer's output placement is resharded into what the consumer expects
+  (``tapas.sharding.placements.reshard``), once per (tensor, placement).
+
+All local replicas of one program instance run op by op side by side: with
+``SimulatedCollectives(N)`` every value is a list of N local tensors (one process, one
+device); with ``ReplicaContextCollectives()`` a list of one (the current replica). Control
+dependencies of the traced graph are not replayed (the traced inference graph has none
+that matter; ops that write variables are rejected).
+
+Example (single device: forward and tape gradients equal the model's)::
+
+    t = tapas.capturing.trace(model, tf.TensorSpec([8, 16]))
+    prog = Program(t, tapas.capturing.to_ir(t), Plan.replicated(graph, 1))
+    fn = tf.function(lambda x: prog([[x]], prog.trace_weights(), SimulatedCollectives(1)))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tapas.execution import replay as _tf_internal
+from tapas import ir
+from tapas.sharding import placements
+from tapas.execution.collectives import (Audit, Collectives, CommRecord, ReplicaContextCollectives,
+                                         SimulatedCollectives, local_slice)
+from tapas.sharding.placements import Collective
+from tapas.sharding.placements import Partial, Placement, Replica, Split
+
+__all__ = ["NodeSharding", "Plan", "Program", "WeightLayout", "ReconstructError",
+           "predicted_comms", "compare_audit", "compare_with_single_device", "Comparison",
+           "local_shape", "shard", "unshard", "Audit", "CommRecord", "SimulatedCollectives",
+           "ReplicaContextCollectives", "REWRITES"]
+
+# op type -> index of the input that holds the op's output shape
+_SHAPE_INPUT = {"Reshape": 1, "BroadcastTo": 1, "Fill": 0}
+# element-wise ops with broadcasting: a replicated operand that has the split dimension of
+# the output is sliced locally (tapas.sharding.patterns.ops: "one that has it is sliced locally")
+_BROADCASTING = frozenset({
+    "AddV2", "Add", "Sub", "Mul", "MulNoNan", "RealDiv", "Div", "DivNoNan", "FloorDiv",
+    "FloorMod", "Maximum", "Minimum", "SquaredDifference", "Pow", "SelectV2", "Select",
+    "BiasAdd", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual",
+    "LogicalAnd", "LogicalOr", "Atan2", "Xdivy", "Xlogy"})
+# ops that write variables: replaying them would silently skip the write
+_VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                              "ResourceApplyGradientDescent", "ResourceScatterAdd",
+                              "ResourceScatterUpdate"})
+# local programs that differ from "the same op on local shapes" (named by the patterns):
+#   vocab-gather  GatherV2 from a row-split table (see _Run._vocab_gather); result P
+#   partial-mean  a Mean over a split axis: the local mean divided by N; result P
+#   global-shape  Shape/Size/Rank/ShapeN of a split tensor: the global value, a constant
+REWRITES = ("vocab-gather", "partial-mean", "global-shape")
+# activations whose output Keras's crossentropy losses replace by the activation's input
+# (the logits): keras.activations.softmax/sigmoid tag their output with ``_keras_logits``,
+# and in graph mode (``model.fit``) the losses also look for a Softmax/Sigmoid producer op
+# (``keras.src.backend.tensorflow.nn._get_logits``). A model output made by one of these
+# carries its local logits the same way (``Program.output_logits``), so that the runtime's
+# loss equals the Keras model's.
+LOGIT_ACTIVATIONS = frozenset({"Softmax", "Sigmoid"})
+_PASS_THROUGH = frozenset({"Identity", "IdentityN", "Snapshot"})
+
+
+class ReconstructError(ValueError):
+    """The plan cannot be rebuilt as a program; the message names the node and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSharding:
+    """A hand-written sharding of one GraphNode, with the fields of
+    ``tapas.sharding.patterns.ShardingPattern`` that reconstruction reads (docs/sharding.md).
+
+    ``tensors`` may omit op outputs whose placement follows from their local shape;
+    it must name the output of every shape-carrying op (``Reshape``, ...) that is split.
+    """
+
+    name: str
+    inputs: tuple[Placement, ...]
+    outputs: tuple[Placement, ...]
+    weights: Mapping[str, Placement] = dataclasses.field(default_factory=dict)
+    tensors: Mapping[str, Placement] = dataclasses.field(default_factory=dict)
+    comms: tuple[placements.Comm, ...] = ()
+    rewrites: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def replicated(node: ir.GraphNode) -> NodeSharding:
+    """The all-``R`` sharding of ``node``: every device computes the whole node."""
+    r = Replica()
+    return NodeSharding("replicate", tuple(r for _ in node.inputs),
+                        tuple(r for _ in node.outputs), {w.path: r for w in node.weights})
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The sharding of every GraphNode on ``num_devices`` devices.
+
+    ``patterns`` maps a GraphNode id to its ShardingPattern (or :class:`NodeSharding`);
+    nodes left out are replicated.
+    """
+
+    num_devices: int
+    patterns: Mapping[int, Any]
+
+    @staticmethod
+    def replicated(graph: ir.Graph, num_devices: int = 1) -> Plan:
+        return Plan(num_devices, {n.id: replicated(n) for n in graph.nodes})
+
+    @staticmethod
+    def from_strategy(strategy: Any, graph: ir.Graph) -> Plan:
+        """The plan of a ``tapas.search`` Strategy: ``strategy.pattern(node_id)`` per node."""
+        if hasattr(strategy, "check"):  # names both graphs when the strategy is for another
+            strategy.check(graph)
+        if getattr(strategy, "_graph", graph) is None and hasattr(strategy, "bind"):
+            strategy = strategy.bind(graph)
+        n = int(getattr(strategy, "num_devices"))
+        return Plan(n, {node.id: strategy.pattern(node.id) for node in graph.nodes})
+
+    def pattern(self, node: ir.GraphNode) -> Any:
+        p = self.patterns.get(node.id)
+        return p if p is not None else replicated(node)
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightLayout:
+    """How one model weight is stored across the devices."""
+
+    path: str
+    global_shape: tuple[int, ...]
+    dtype: str
+    placement: Placement
+    local_shape: tuple[int, ...]
+    trainable: bool
+
+
+def local_shape(shape: Sequence[int], placement: Placement, num_devices: int) -> tuple[int, ...]:
+    """The shape one device holds of a tensor of global ``shape`` placed as ``placement``."""
+    out = [int(d) for d in shape]
+    if isinstance(placement, Split):
+        out[placement.axis] //= num_devices
+    return tuple(out)
+
+
+def shard(value: Any, placement: Placement, num_devices: int, index: int) -> Any:
+    """Replica ``index``'s local part of a global value (numpy array or tensor)."""
+    if isinstance(placement, Split):
+        if isinstance(value, np.ndarray):
+            return np.split(value, num_devices, axis=placement.axis)[index]
+        return local_slice(tf.convert_to_tensor(value), placement.axis, num_devices, index)
+    if isinstance(placement, Partial):
+        raise ReconstructError("a global value cannot be sharded as P (partial sum): use R "
+                               "or S(axis)")
+    return value
+
+
+def unshard(values: Sequence[Any], placement: Placement) -> Any:
+    """The global value from the local parts of every replica, in replica order."""
+    if isinstance(placement, Split):
+        if all(isinstance(v, np.ndarray) for v in values):
+            return np.concatenate(list(values), axis=placement.axis)
+        return tf.concat(list(values), axis=placement.axis)
+    if isinstance(placement, Partial):
+        return tf.add_n(list(values))
+    return values[0]
+
+
+def _place(p: Any) -> Placement:
+    return placements.parse_placement(p) if isinstance(p, str) else p
+
+
+class Program:
+    """The per-replica program of ``trace`` under ``plan`` (see the module docstring).
+
+    Building it checks the plan against the graph (every split divides, the pattern shapes
+    match the node) before any TensorFlow op is created.
+    """
+
+    def __init__(self, trace: Any, graph: ir.Graph, plan: Plan) -> None:
+        self.trace = trace
+        self.graph = graph
+        self.plan = plan
+        self.num_devices = int(plan.num_devices)
+        if self.num_devices < 1:
+            raise ReconstructError(f"plan has num_devices={plan.num_devices}: it must be >= 1")
+        self._tf_ops = {op.name: op for op in trace.graph.get_operations()}
+        self._weight_of_ph = {ph: w.path for ph, w in trace.weights.items()}
+        # graph inputs by tensor name: the trace's placeholders for a whole model, any
+        # tensors for a sub-graph (the pattern checker runs one GraphNode alone)
+        self._input_names = tuple(t.name for t in graph.inputs)
+        self._info = {t.name: t for n in graph.nodes for op in n.ops for t in op.outputs}
+        self._check_plan()
+        self.weight_layouts = self._weight_layouts()
+        self.input_placements = self._boundary_placements(self._input_names)
+        self.output_placements = self._output_placements()
+        self.output_logits = tuple(self._logits_of(t.name) for t in graph.outputs)
+        # per output: "Softmax"/"Sigmoid" when its local values carry ``_keras_logits``
+        self.output_activations = tuple(self._tf_ops[a].type if a else None
+                                        for a in self.output_logits)
+
+    # ---- validation and layouts --------------------------------------------------------
+    def _check_plan(self) -> None:
+        n_dev = self.num_devices
+        for node in self.graph.nodes:
+            pat = self.plan.pattern(node)
+            label = f"GraphNode {node.id} '{node.name}' (pattern '{getattr(pat, 'name', '?')}')"
+            if len(pat.inputs) != len(node.inputs) or len(pat.outputs) != len(node.outputs):
+                raise ReconstructError(
+                    f"{label}: the pattern places {len(pat.inputs)} input(s) and "
+                    f"{len(pat.outputs)} output(s), the node has {len(node.inputs)} and "
+                    f"{len(node.outputs)}: the plan was made for another graph")
+            checks = [(t.name, t.shape, _place(p)) for t, p in zip(node.inputs, pat.inputs)]
+            checks += [(t.name, t.shape, _place(p)) for t, p in zip(node.outputs, pat.outputs)]
+            for w in node.weights:
+                if w.path not in pat.weights:
+                    raise ReconstructError(f"{label} has no placement for weight '{w.path}': "
+                                           "every weight of the node needs one (R or S(axis))")
+                checks.append((w.path, w.shape, _place(pat.weights[w.path])))
+            for name, p in getattr(pat, "tensors", {}).items():
+                info = self._info.get(name)
+                if info is not None and info.dtype != "resource":  # a weight's handle
+                    checks.append((name, info.shape, _place(p)))
+            for name, shape, p in checks:
+                if isinstance(p, Split):
+                    if shape is None or p.axis >= len(shape):
+                        raise ReconstructError(f"{label}: '{name}' of shape {shape} cannot be "
+                                               f"split on axis {p.axis}")
+                    if shape[p.axis] % n_dev:
+                        raise ReconstructError(
+                            f"{label}: dimension {p.axis} of '{name}' has size "
+                            f"{shape[p.axis]}, not divisible by {n_dev} devices: choose a "
+                            "pattern that splits another dimension, or another device count")
+            for op_name, rule in getattr(pat, "rewrites", {}).items():
+                if rule not in REWRITES:
+                    raise ReconstructError(f"{label}: op '{op_name}' asks for rewrite "
+                                           f"'{rule}', known rewrites are {list(REWRITES)}")
+            for op in node.ops:
+                if op.type in _VARIABLE_WRITES:
+                    raise ReconstructError(
+                        f"{label}: op '{op.name}' ({op.type}) writes a variable; TAPAS "
+                        "rebuilds inference-mode graphs (capture with training=False)")
+
+    def _weight_layouts(self) -> dict[str, WeightLayout]:
+        layouts: dict[str, WeightLayout] = {}
+        for node in self.graph.nodes:
+            pat = self.plan.pattern(node)
+            for w in node.weights:
+                if w.path in layouts:
+                    continue
+                p = _place(pat.weights[w.path])
+                layouts[w.path] = WeightLayout(w.path, tuple(w.shape), w.dtype, p,
+                                               local_shape(w.shape, p, self.num_devices),
+                                               w.trainable)
+        return layouts
+
+    def _boundary_placements(self, names: Sequence[str]) -> tuple:
+        out = []
+        for name in names:
+            found: Placement | None = None
+            for node in self.graph.nodes:  # the producer's placement
+                for k, t in enumerate(node.outputs):
+                    if t.name == name:
+                        found = _place(self.plan.pattern(node).outputs[k])
+            for node in self.graph.nodes:  # else (a sub-graph input) the first consumer's
+                for k, t in enumerate(node.inputs):
+                    if found is None and t.name == name:
+                        found = _place(self.plan.pattern(node).inputs[k])
+            out.append(found if found is not None else Replica())
+        return tuple(out)
+
+    def _output_placements(self) -> tuple:
+        return self._boundary_placements([t.name for t in self.graph.outputs])
+
+    def _logits_of(self, name: str) -> str | None:
+        """The name of the Softmax/Sigmoid op that makes the output ``name`` (through
+        identities), or ``None``: its input is what Keras's crossentropy uses instead of the
+        output (see ``LOGIT_ACTIVATIONS``)."""
+        try:
+            t = self.trace.graph.get_tensor_by_name(name)
+        except (KeyError, ValueError):
+            return None
+        while t.op.type in _PASS_THROUGH and t.op.inputs:
+            t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
+        if t.op.type in LOGIT_ACTIVATIONS and t.op.name in self._tf_ops:
+            return t.op.name
+        return None
+
+    def trace_weights(self) -> dict[str, list[Any]]:
+        """The traced model's own variables, ``{path: [variable]}`` (single device)."""
+        return {self._weight_of_ph[ph]: [v] for ph, v in self.trace.variables.items()}
+
+    def shard_weights(self, values: Mapping[str, Any]) -> dict[str, list[Any]]:
+        """Global weight values ``{path: array}`` -> ``{path: [local shard per replica]}``."""
+        out = {}
+        for path, layout in self.weight_layouts.items():
+            if path not in values:
+                raise ReconstructError(f"no value for weight '{path}': pass every weight of "
+                                       f"the model ({len(self.weight_layouts)} in all)")
+            out[path] = [shard(values[path], layout.placement, self.num_devices, i)
+                         for i in range(self.num_devices)]
+        return out
+
+    # ---- the program --------------------------------------------------------------------
+    def __call__(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
+                 collectives: Collectives) -> list[list[tf.Tensor]]:
+        """Run the program for the local replicas of ``collectives``.
+
+        ``inputs[k][r]``: local part of trace input ``k`` on local replica ``r``;
+        ``weights[path][r]``: local shard (tensor or variable). Returns ``outputs[k][r]``.
+        """
+        if collectives.num_devices != self.num_devices:
+            raise ReconstructError(f"the plan is for {self.num_devices} devices but the "
+                                   f"collectives span {collectives.num_devices}: build the "
+                                   "program with a plan for this device count")
+        run = _Run(self, collectives)
+        return run.execute(inputs, weights)
+
+    def values(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
+               collectives: Collectives, names: Sequence[str]) -> dict[str, list[tf.Tensor]]:
+        """Like calling the program, but return the local values of the tensors ``names``
+        (outputs of GraphNodes) instead of the graph outputs."""
+        run = _Run(self, collectives)
+        run.execute(inputs, weights)
+        missing = [n for n in names if n not in run.env]
+        if missing:
+            raise ReconstructError(f"tensors {missing[:3]} are no GraphNode outputs of "
+                                   f"'{self.graph.name}'")
+        return {n: run.env[n] for n in names}
+
+
+class _Run:
+    """One replay of a Program (state of one trace)."""
+
+    def __init__(self, prog: Program, coll: Collectives) -> None:
+        self.p = prog
+        self.coll = coll
+        self.n = prog.num_devices
+        self.rids = coll.replica_ids()
+        self.n_local = len(self.rids)
+        self.env: dict[str, list] = {}
+        self.place: dict[str, Placement] = {}
+        self.cache: dict[tuple[str, str], list] = {}
+        # activation op name -> (local logits, placement) as the activation read them
+        self.logits: dict[str, tuple[list, Placement]] = {}
+        self._want_logits = {name for name in prog.output_logits if name}
+
+    # ---- helpers --------------------------------------------------------------------
+    def _info(self, name: str) -> ir.TensorInfo:
+        info = self.p._info.get(name)
+        if info is None:
+            t = self.p.trace.graph.get_tensor_by_name(name)
+            info = ir.TensorInfo(name, tuple(t.shape.as_list()), t.dtype.name)
+        return info
+
+    def reshard(self, vals: list, have: Placement, want: Placement, name: str,
+                partial_grad: bool = False) -> list:
+        """Turn ``vals`` (placed ``have``) into ``want`` with the conjugate collectives."""
+        if have == want:
+            return vals
+        info = self._info(name)
+        shape, dtype, c = info.shape, info.dtype, self.coll
+        if isinstance(want, Partial):
+            raise ReconstructError(f"'{name}' is placed {have}; nothing turns it into a partial "
+                                   "sum P: the pattern must place it R or S(axis)")
+        if isinstance(have, Partial):
+            if isinstance(want, Replica):
+                return c.all_reduce(vals, name, shape, dtype)
+            return c.reduce_scatter(vals, want.axis, name, shape, dtype)
+        if isinstance(have, Split):
+            if isinstance(want, Replica):
+                return c.all_gather(vals, have.axis, name, shape, dtype, partial_grad)
+            return c.all_to_all(vals, have.axis, want.axis, name, shape, dtype)
+        return c.scatter(vals, want.axis, name, shape, dtype)
+
+    def _edge(self, name: str, want: Placement) -> list:
+        have = self.place[name]
+        if have == want:
+            return self.env[name]
+        key = (name, str(want))
+        if key not in self.cache:
+            self.cache[key] = self.reshard(self.env[name], have, want, name)
+        return self.cache[key]
+
+    # ---- the replay ------------------------------------------------------------------
+    def execute(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]]
+                ) -> list[list[tf.Tensor]]:
+        p = self.p
+        if len(inputs) != len(p._input_names):
+            raise ReconstructError(f"the program takes {len(p._input_names)} input(s) "
+                                   f"{list(p._input_names)}, got {len(inputs)}")
+        for k, name in enumerate(p._input_names):
+            vals = [tf.convert_to_tensor(x) for x in inputs[k]]
+            if len(vals) != self.n_local:
+                raise ReconstructError(f"input '{name}' has {len(vals)} local part(s); the "
+                                       f"collectives run {self.n_local} local replica(s)")
+            info = self._info(name)
+            want = local_shape(info.shape, p.input_placements[k], self.n)
+            for v in vals:
+                if tuple(v.shape.as_list()) != want:
+                    raise ReconstructError(
+                        f"input '{name}' has local shape {tuple(v.shape.as_list())}; placed "
+                        f"{p.input_placements[k]} on {self.n} devices it must be {want}")
+            self.env[name] = vals
+            self.place[name] = p.input_placements[k]
+        self.weights = weights
+        for node in p.graph.nodes:
+            self._node(node)
+        outs = [self.env[t.name] for t in p.graph.outputs]
+        for t, act, vals in zip(p.graph.outputs, p.output_logits, outs):
+            if act is not None:
+                self._tag_logits(t.name, act, vals)
+        return outs
+
+    def _tag_logits(self, name: str, act: str, vals: list) -> None:
+        """Give each local output made by a Softmax/Sigmoid its local logits, the way Keras's
+        activations do (``_keras_logits``), so that a Keras crossentropy loss of the local
+        output computes from the logits, as it does on the Keras model. Logits placed unlike
+        the output (a pattern that moves the activation's output) are not handed over: only a
+        loss needs them, and the runtime refuses to train such a plan with a clear error."""
+        logits, plc = self.logits[act]
+        if plc == self.place[name]:
+            for out, lg in zip(vals, logits):
+                out._keras_logits = lg
+
+    def _node(self, node: ir.GraphNode) -> None:
+        pat = self.p.plan.pattern(node)
+        label = (f"GraphNode {node.id} '{node.name}' ({node.kind.value}, pattern "
+                 f"'{getattr(pat, 'name', '?')}')")
+        view: dict[str, list] = {}
+        vplace: dict[str, Placement] = {}
+        fwd: dict[str, list[placements.Comm]] = {}
+        bwd: dict[str, list[placements.Comm]] = {}
+        for c in getattr(pat, "comms", ()):
+            (fwd if c.phase == "fwd" else bwd).setdefault(c.tensor, []).append(c)
+        reads: dict[str, list[str]] = {}  # weight path or placeholder tensor -> reads
+        for op in node.ops:
+            ph = op.inputs[0].split(":")[0] if op.inputs else ""
+            if op.type == "ReadVariableOp" and ph in self.p._weight_of_ph:
+                reads.setdefault(self.p._weight_of_ph[ph], []).append(op.outputs[0].name)
+                reads.setdefault(op.inputs[0], []).append(op.outputs[0].name)
+        for key, names in reads.items():  # bwd comms on a weight apply where it is read
+            for c in bwd.pop(key, []):
+                for nm in names:
+                    bwd.setdefault(nm, []).append(c)
+        for k, t in enumerate(node.inputs):
+            want = _place(pat.inputs[k])
+            view[t.name] = self._edge(t.name, want)
+            vplace[t.name] = want
+            self._apply_bwd(t.name, view, vplace, fwd, bwd)
+        tensors = {name: _place(pl) for name, pl in getattr(pat, "tensors", {}).items()}
+        rewrites = getattr(pat, "rewrites", {})
+        for op in node.ops:
+            if op.type == "Placeholder":
+                name = op.outputs[0].name
+                if name in self.env:  # a graph input
+                    view[name], vplace[name] = self.env[name], self.place[name]
+                elif op.name not in self.p._weight_of_ph:
+                    raise ReconstructError(f"{label}: placeholder '{op.name}' is neither a "
+                                           "graph input nor a model weight")
+                continue
+            if not op.outputs:
+                continue  # NoOp and other control-only ops
+            if op.name in self._want_logits and op.inputs[0] in view:
+                self.logits[op.name] = (view[op.inputs[0]], vplace[op.inputs[0]])
+            vals_per_out = self._make(op, node, pat, label, view, vplace, tensors, rewrites)
+            for j, out in enumerate(op.outputs):
+                vals, plc = vals_per_out[j]
+                comms = fwd.get(out.name, [])
+                pre = _place(comms[0].src) if comms else tensors.get(out.name)
+                vals, plc = self._conform(vals, plc, pre, out, label, op)
+                for c in comms:
+                    if _place(c.src) != plc:
+                        raise ReconstructError(
+                            f"{label}: forward {c.kind.value} on '{out.name}' expects it "
+                            f"placed {c.src}, the op yields {plc}")
+                    partial_grad = any(b.kind == Collective.REDUCE_SCATTER
+                                       for b in bwd.get(out.name, []))
+                    vals = self.reshard(vals, plc, _place(c.dst), out.name, partial_grad)
+                    plc = _place(c.dst)
+                view[out.name], vplace[out.name] = vals, plc
+                self._apply_bwd(out.name, view, vplace, fwd, bwd)
+        for k, t in enumerate(node.outputs):
+            want = _place(pat.outputs[k])
+            if t.name not in view:
+                raise ReconstructError(f"{label}: output '{t.name}' was not produced")
+            if vplace[t.name] != want:
+                raise ReconstructError(
+                    f"{label}: output '{t.name}' ends placed {vplace[t.name]} but the "
+                    f"pattern says {want}: the pattern lacks a collective")
+            self.env[t.name], self.place[t.name] = view[t.name], want
+
+    def _apply_bwd(self, name: str, view: dict, vplace: dict, fwd: dict, bwd: dict) -> None:
+        for c in bwd.get(name, []):
+            conj = []
+            for f in fwd.get(name, []):
+                conj += [b for b in placements.reshard(_place(f.src), _place(f.dst), f.shape, f.dtype,
+                                                name) if b.phase == "bwd"]
+            if any(b.kind == c.kind and b.axis == c.axis for b in conj) or (
+                    c.kind == Collective.REDUCE_SCATTER and
+                    any(f.kind == Collective.ALL_GATHER for f in fwd.get(name, []))):
+                continue  # the conjugate of a forward comm: inserted with it
+            label, shape, dtype = c.tensor, c.shape, c.dtype  # as the plan names it
+            if c.kind == Collective.ALL_REDUCE:
+                view[name] = self.coll.all_reduce_grad(view[name], label, shape, dtype)
+            elif c.kind == Collective.ALL_GATHER and isinstance(vplace[name], Replica):
+                axis = c.axis if c.axis is not None else _place(c.src).axis
+                view[name] = self.coll.scatter(view[name], axis, label, shape, dtype)
+                vplace[name] = Split(axis)
+            else:
+                raise ReconstructError(f"backward {c.kind.value} on '{name}' (placed "
+                                       f"{vplace[name]}) is not the conjugate of a forward "
+                                       "collective and not an all-reduce of a partial gradient")
+
+    def _read_weight(self, path: str, want: Placement) -> list:
+        layout = self.p.weight_layouts[path]
+        if path not in self.weights:
+            raise ReconstructError(f"no local shards for weight '{path}': pass weights[path] "
+                                   f"with one value per local replica")
+        vals = [tf.convert_to_tensor(w) for w in self.weights[path]]
+        if len(vals) != self.n_local:
+            raise ReconstructError(f"weight '{path}' has {len(vals)} local shard(s); the "
+                                   f"collectives run {self.n_local} local replica(s)")
+        for v in vals:
+            if tuple(v.shape.as_list()) != layout.local_shape:
+                raise ReconstructError(
+                    f"weight '{path}' has local shape {tuple(v.shape.as_list())}; placed "
+                    f"{layout.placement} on {self.n} devices it must be {layout.local_shape}")
+        if layout.placement == want:
+            return vals
+        key = (f"weight:{path}", str(want))
+        if key not in self.cache:  # a tied weight read with another placement
+            info = ir.TensorInfo(path, layout.global_shape, layout.dtype)
+            self.p._info.setdefault(path, info)
+            self.cache[key] = self.reshard(vals, layout.placement, want, path)
+        return self.cache[key]
+
+    def _make(self, op: ir.OpInfo, node: ir.GraphNode, pat: Any, label: str, view: dict,
+              vplace: dict, tensors: dict, rewrites: Mapping[str, str]) -> list:
+        """Create ``op`` for every local replica; returns ``[(values, placement)]`` per output."""
+        if op.type == "ReadVariableOp" and op.inputs[0].split(":")[0] in self.p._weight_of_ph:
+            path = self.p._weight_of_ph[op.inputs[0].split(":")[0]]
+            want = _place(pat.weights[path])
+            return [(self._read_weight(path, want), want)]
+        for name in op.inputs:
+            if name.startswith("^"):
+                continue
+            if name not in view:
+                base = name.split(":")[0]
+                if base in self.p._weight_of_ph:
+                    raise ReconstructError(f"{label}: op '{op.name}' ({op.type}) reads weight "
+                                           f"'{self.p._weight_of_ph[base]}' directly; only "
+                                           "ReadVariableOp reads are supported")
+                raise ReconstructError(f"{label}: op '{op.name}' reads '{name}', which is "
+                                       "neither an input of the node nor produced inside it")
+        ins = [view[name] for name in op.inputs]
+        rule = rewrites.get(op.name)
+        tf_op = self.p._tf_ops[op.name]
+        if rule == "vocab-gather":
+            return [(self._vocab_gather(op, ins, vplace, label), Partial())]
+        if rule == "global-shape":
+            return self._global_shape(tf_op, label)
+        idx = _SHAPE_INPUT.get(op.type)
+        if idx is not None and idx < len(ins):
+            out = op.outputs[0]
+            plc = tensors.get(out.name)
+            if plc is not None and out.shape is not None and all(d >= 0 for d in out.shape):
+                target = local_shape(out.shape, plc, self.n)
+                dt = tf_op.inputs[idx].dtype
+                ins = list(ins)
+                ins[idx] = [tf.constant(target, dtype=dt)] * self.n_local
+        if op.type in _BROADCASTING:
+            ins = self._slice_broadcast(op, ins, view, vplace, tensors.get(op.outputs[0].name))
+        per_replica = []
+        for r in range(self.n_local):
+            try:
+                per_replica.append(_tf_internal.replay_op(tf_op, [x[r] for x in ins]))
+            except _tf_internal.ReplayError as err:
+                raise ReconstructError(f"{label}: {err}") from err
+        n_out = len(op.outputs)
+        if rule == "partial-mean":  # the mean over all devices is the sum of local means / N
+            return [([o * tf.constant(1.0 / self.n, o.dtype) for o in
+                      (outs[j] for outs in per_replica)], Partial()) for j in range(n_out)]
+        return [([outs[j] for outs in per_replica], None) for j in range(n_out)]
+
+    def _slice_broadcast(self, op: ir.OpInfo, ins: list, view: dict, vplace: dict,
+                         out_place: Placement | None) -> list:
+        if not isinstance(out_place, Split) or op.outputs[0].shape is None:
+            return ins
+        rank = len(op.outputs[0].shape)
+        axis = out_place.axis
+        out = list(ins)
+        for i, name in enumerate(op.inputs):
+            info = self._info(name)
+            if not isinstance(vplace.get(name), Replica) or info.shape is None:
+                continue
+            a = axis - (rank - len(info.shape))  # broadcasting aligns the trailing axes
+            if 0 <= a < len(info.shape) and info.shape[a] == op.outputs[0].shape[axis] and \
+                    info.shape[a] > 1:
+                # a plain local slice: the gradient of the replicated operand becomes
+                # partial, and the pattern's backward comms reduce it where it must be whole
+                out[i] = self._plain_slices(ins[i], a)
+        return out
+
+    def _plain_slices(self, vals: list, axis: int) -> list:
+        return [local_slice(v, axis, self.n, rid) for v, rid in zip(vals, self.rids)]
+
+    def _global_shape(self, tf_op: tf.Operation, label: str) -> list:
+        """Shape, Size, Rank or ShapeN of split tensors: the traced (global) values."""
+        out = []
+        for j, t in enumerate(tf_op.outputs):
+            src_shape = tf_op.inputs[j if tf_op.type == "ShapeN" else 0].shape
+            if not src_shape.is_fully_defined():
+                raise ReconstructError(f"{label}: '{tf_op.name}' ({tf_op.type}) of a tensor "
+                                       f"with dynamic shape {src_shape}: TAPAS needs static "
+                                       "shapes")
+            dims = src_shape.as_list()
+            value = {"Size": int(np.prod(dims)), "Rank": len(dims)}.get(tf_op.type, dims)
+            out.append(([tf.constant(value, dtype=t.dtype)] * self.n_local, Replica()))
+        return out
+
+    def _conform(self, vals: list, plc: Placement | None, want: Placement | None,
+                 out: ir.TensorInfo, label: str, op: ir.OpInfo) -> tuple[list, Placement]:
+        """Check the local shape against the expected placement; infer it when unknown."""
+        if plc is not None and want is None:
+            return vals, plc
+        if out.shape is None or any(d < 0 for d in out.shape):
+            return vals, (want if want is not None else Replica())
+        got = tuple(vals[0].shape.as_list()) if vals[0].shape.rank is not None else None
+        glob = tuple(out.shape)
+        if want is None:
+            if got == glob:
+                return vals, Replica()
+            diff = [a for a in range(len(glob)) if got is not None and got[a] != glob[a]]
+            if got is not None and len(got) == len(glob) and len(diff) == 1 and \
+                    got[diff[0]] * self.n == glob[diff[0]]:
+                return vals, Split(diff[0])
+            raise ReconstructError(f"{label}: op '{op.name}' ({op.type}) yields local shape "
+                                   f"{got} for global {glob}, which is no placement on "
+                                   f"{self.n} devices: name it in the pattern's tensors")
+        expect = local_shape(glob, want, self.n)
+        if got == expect:
+            return vals, want
+        if got == glob and isinstance(want, Split):
+            # computed whole from replicated values (e.g. a constant): keep this device's
+            # part (plain slice; the pattern's backward comms handle the partial gradient)
+            return self._plain_slices(vals, want.axis), want
+        raise ReconstructError(
+            f"{label}: op '{op.name}' ({op.type}) yields local shape {got}, but its output "
+            f"'{out.name}' (global {glob}) is placed {want}, i.e. local {expect}: the "
+            "pattern's placement rule for this op is wrong")
+
+    def _vocab_gather(self, op: ir.OpInfo, ins: list, vplace: dict, label: str) -> list:
+        """GatherV2 from a table split on rows: look up the ids this shard owns, zeros for
+        the others; the sum over devices (P) is the full lookup."""
+        if op.type not in ("GatherV2", "ResourceGather"):
+            raise ReconstructError(f"{label}: rewrite 'vocab-gather' applies to GatherV2, not "
+                                   f"'{op.name}' ({op.type})")
+        table_name, ids_name = op.inputs[0], op.inputs[1]
+        if not isinstance(vplace.get(table_name), Split) or vplace[table_name].axis != 0 or \
+                not isinstance(vplace.get(ids_name), Replica):
+            raise ReconstructError(f"{label}: 'vocab-gather' needs the table split on rows "
+                                   f"(S0) and replicated ids, got {vplace.get(table_name)} and "
+                                   f"{vplace.get(ids_name)}")
+        axis = self.p._tf_ops[op.name].inputs[2]
+        if len(op.inputs) > 2 and tf.get_static_value(axis) not in (0, None):
+            raise ReconstructError(f"{label}: 'vocab-gather' needs a gather on axis 0")
+        out = []
+        for table, ids, rid in zip(ins[0], ins[1], self.rids):
+            rows = table.shape[0]
+            start = tf.cast(rid, ids.dtype) * rows
+            local = ids - start
+            mine = tf.logical_and(local >= 0, local < rows)
+            got = tf.gather(table, tf.where(mine, local, tf.zeros_like(local)), axis=0)
+            mask = tf.cast(mine, got.dtype)
+            out.append(got * tf.reshape(mask, mask.shape.as_list() + [1] *
+                                        (got.shape.rank - mask.shape.rank)))
+        return out
+
+
+# ---- checking a plan against the single-device model ------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """The largest difference between the simulated sharded program and the reference."""
+
+    what: str             # "output 0", "gradient of 'dense/kernel'", "gradient of input 0"
+    abs_diff: float       # largest |sharded - reference|
+    magnitude: float      # largest |reference| of that value
+
+    def __str__(self) -> str:
+        return f"{self.what}: |diff| {self.abs_diff:.3g} (reference magnitude {self.magnitude:.3g})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Forward outputs and gradients of a plan, simulated on N shards, against one device."""
+
+    differences: tuple[Difference, ...]
+    audit: tuple[CommRecord, ...]
+
+    @property
+    def worst(self) -> Difference:
+        return max(self.differences, key=lambda d: d.abs_diff / max(d.magnitude, 1e-30))
+
+    def ok(self, rtol: float = 1e-5, atol: float = 1e-5) -> bool:
+        """Every difference within ``atol * magnitude + rtol * magnitude``."""
+        return all(d.abs_diff <= (atol + rtol) * max(d.magnitude, 1e-30) for d in self.differences)
+
+
+def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Plan,
+                               inputs: Sequence[Any], seed: int = 0) -> Comparison:
+    """Run ``plan`` on ``plan.num_devices`` simulated shards (``SimulatedCollectives``) and
+    the traced function on one device, with the model's current weights and ``inputs``
+    (one global array per trace input); compare outputs and gradients.
+
+    The loss is ``sum(output * c)`` for a fixed random ``c`` per output: each replica takes
+    the full loss of a replicated output and its own share of a split one, so the sharded
+    gradients must equal the single-device ones exactly (up to float rounding).
+    """
+    prog = Program(trace, graph, plan)
+    n = prog.num_devices
+    rng = np.random.default_rng(seed)
+    values = {prog._weight_of_ph[ph]: np.asarray(tf.convert_to_tensor(v))
+              for ph, v in trace.variables.items()
+              if prog._weight_of_ph[ph] in prog.weight_layouts}
+    paths = sorted(values)
+    trainable = [p for p in paths if prog.weight_layouts[p].trainable]  # gradients compared
+    inputs = [np.asarray(x) for x in inputs]
+    out_infos = graph.outputs
+    coeffs = [rng.standard_normal(t.shape).astype(t.dtype) if t.dtype.startswith("float")
+              else None for t in out_infos]
+    float_inputs = [k for k, x in enumerate(inputs) if x.dtype.kind == "f"]
+    audit = Audit()
+
+    @tf.function(autograph=False)
+    def sharded():
+        coll = SimulatedCollectives(n, audit)
+        local_w = {p: [tf.constant(shard(values[p], prog.weight_layouts[p].placement, n, i))
+                       for i in range(n)] for p in paths}
+        local_x = [[tf.constant(shard(x, prog.input_placements[k], n, i)) for i in range(n)]
+                   for k, x in enumerate(inputs)]
+        with tf.GradientTape() as tape:
+            tape.watch([w for p in paths for w in local_w[p]])
+            tape.watch([x for k in float_inputs for x in local_x[k]])
+            outs = prog(local_x, local_w, coll)
+            loss = tf.constant(0.0)
+            for k, c in enumerate(coeffs):
+                if c is None:
+                    continue
+                plc = prog.output_placements[k]
+                for i, o in enumerate(outs[k]):
+                    loss += tf.cast(tf.reduce_sum(o * shard(c, plc, n, i)), tf.float32)
+        grads = tape.gradient(loss, ([local_w[p] for p in trainable],
+                                     [local_x[k] for k in float_inputs]),
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return outs, grads
+
+    @tf.function(autograph=False)
+    def reference():
+        ws = {p: tf.constant(values[p]) for p in paths}
+        xs = [tf.constant(x) for x in inputs]
+        single = Program(trace, graph, Plan.replicated(graph, 1))
+        with tf.GradientTape() as tape:
+            tape.watch(list(ws.values()))
+            tape.watch([xs[k] for k in float_inputs])
+            outs = [o[0] for o in single([[x] for x in xs], {p: [ws[p]] for p in paths},
+                                         SimulatedCollectives(1))]
+            loss = tf.constant(0.0)
+            for o, c in zip(outs, coeffs):
+                if c is not None:
+                    loss += tf.cast(tf.reduce_sum(o * c), tf.float32)
+        grads = tape.gradient(loss, ([ws[p] for p in trainable], [xs[k] for k in float_inputs]),
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return outs, grads
+
+    s_outs, (s_wg, s_xg) = sharded()
+    r_outs, (r_wg, r_xg) = reference()
+    diffs: list[Difference] = []
+
+    def diff(what: str, locals_: Sequence[Any], ref: Any, plc: Placement) -> None:
+        ref = np.asarray(tf.convert_to_tensor(ref), dtype=np.float64)
+        mag = float(np.max(np.abs(ref))) if ref.size else 0.0
+        if isinstance(plc, Split):
+            got = np.concatenate([np.asarray(tf.convert_to_tensor(v), dtype=np.float64)
+                                  for v in locals_], axis=plc.axis)
+            worst = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+        else:  # every replica must hold the whole value
+            worst = max(float(np.max(np.abs(np.asarray(tf.convert_to_tensor(v), np.float64)
+                                            - ref))) if ref.size else 0.0 for v in locals_)
+        diffs.append(Difference(what, worst, mag))
+
+    for k, (so, ro) in enumerate(zip(s_outs, r_outs)):
+        diff(f"output {k} '{out_infos[k].name}'", so, ro, prog.output_placements[k])
+    for p, sg, rg in zip(trainable, s_wg, r_wg):
+        diff(f"gradient of '{p}'", sg, rg, prog.weight_layouts[p].placement)
+    for k, sg, rg in zip(float_inputs, s_xg, r_xg):
+        diff(f"gradient of input {k}", sg, rg, prog.input_placements[k])
+    return Comparison(tuple(diffs), audit.records)
+
+
+# ---- the audit against the plan's prediction ---------------------------------------------
+
+def _differentiable(prog: Program) -> set[str]:
+    """Tensors whose gradient a training step computes: float tensors downstream of a
+    trainable weight, and the trainable weights themselves (by path)."""
+    trainable_ph = {ph for ph, w in prog.trace.weights.items() if w.trainable}
+    out: set[str] = {w.path for w in prog.trace.weights.values() if w.trainable}
+    out |= {f"{ph}:0" for ph in trainable_ph}
+    for node in prog.graph.nodes:
+        for op in node.ops:
+            reads = [i.split(":")[0] for i in op.inputs]
+            hot = (op.type == "ReadVariableOp" and reads and reads[0] in trainable_ph) or \
+                any(i in out for i in op.inputs)
+            if hot:
+                out.update(t.name for t in op.outputs if t.dtype.startswith(("float", "bfloat")))
+    return out
+
+
+def predicted_comms(prog: Program, strategy: Any = None, *,
+                    input_gradients: bool = False) -> list[CommRecord]:
+    """The collectives ``prog`` must run for one forward and backward pass, as the plan
+    predicts them: every pattern's ``comms`` plus the resharding between GraphNodes (from
+    ``strategy.edge_comms`` when a Strategy is given, else from the placements), one
+    resharding per (tensor, target placement) however many consumers read it, and the
+    resharding of a tied weight read with another placement than it is stored. Backward
+    comms on tensors no gradient reaches (integer ids, values computed from inputs only)
+    are left out unless ``input_gradients`` (gradients w.r.t. float graph inputs too)."""
+    graph = prog.graph
+    grads = _differentiable(prog)
+    if input_gradients:
+        grads |= {t.name for t in graph.inputs if t.dtype.startswith("float")}
+        for node in graph.nodes:  # everything downstream of a float input, too
+            for op in node.ops:
+                if any(i in grads for i in op.inputs):
+                    grads.update(t.name for t in op.outputs if t.dtype.startswith("float"))
+    comms: list[Any] = []
+    for node in graph.nodes:
+        comms.extend(getattr(prog.plan.pattern(node), "comms", ()))
+    seen: set[tuple[str, str]] = set()
+    if strategy is not None:
+        edges = [(e.tensor, str(e.dst_placement), e.comms) for e in strategy.edge_comms]
+    else:
+        producer = {}
+        for node in graph.nodes:
+            pat = prog.plan.pattern(node)
+            for k, t in enumerate(node.outputs):
+                producer[t.name] = (_place(pat.outputs[k]), t)
+        edges = []
+        for node in graph.nodes:
+            pat = prog.plan.pattern(node)
+            for k, t in enumerate(node.inputs):
+                want = _place(pat.inputs[k])
+                # a graph input arrives placed as its first consumer wants it
+                have, info = producer.get(t.name, (prog.input_placements[
+                    prog._input_names.index(t.name)] if t.name in prog._input_names else want, t))
+                edges.append((t.name, str(want), placements.reshard(have, want, info.shape or (),
+                                                             info.dtype, t.name)))
+    for node in graph.nodes:  # a tied weight read with another placement than it is stored
+        pat = prog.plan.pattern(node)
+        for w in node.weights:
+            layout = prog.weight_layouts[w.path]
+            want = _place(pat.weights[w.path])
+            if want != layout.placement:
+                edges.append((w.path, str(want), placements.reshard(
+                    layout.placement, want, layout.global_shape, layout.dtype, w.path)))
+    for tensor, want, cs in edges:
+        if (tensor, want) in seen:
+            continue
+        seen.add((tensor, want))
+        comms.extend(cs)
+    out = []
+    for c in comms:
+        if c.phase == "bwd" and c.tensor not in grads:
+            continue
+        out.append(CommRecord(Collective.parse(c.kind), c.tensor, tuple(c.shape), c.dtype,
+                              c.phase, c.axis))
+    return out
+
+
+def compare_audit(records: Sequence[CommRecord], predicted: Sequence[CommRecord]) -> list[str]:
+    """Differences between what the program ran and what was predicted, as readable lines
+    (empty: they agree on every (kind, phase, tensor, bytes), counted with multiplicity)."""
+    def key(r: CommRecord) -> tuple[str, str, str, int]:
+        return (r.kind.value, r.phase, r.tensor, r.bytes)
+    ran, want = Counter(key(r) for r in records), Counter(key(r) for r in predicted)
+    lines = []
+    for k in sorted(set(ran) | set(want)):
+        if ran[k] != want[k]:
+            lines.append(f"{k[1]} {k[0]} on '{k[2]}' ({k[3]} bytes): ran {ran[k]}, "
+                         f"predicted {want[k]}")
+    return lines
+
+
+# ---- one GraphNode alone (the pattern checker) --------------------------------------------
+
+def node_graph(graph: ir.Graph, node_id: int) -> ir.Graph:
+    """GraphNode ``node_id`` as a graph of its own: its inputs are the graph inputs, its
+    outputs the graph outputs. A Program over it replays just that node."""
+    node = graph.nodes[node_id]
+    return ir.Graph(nodes=(dataclasses.replace(node, id=0),), edges=(), inputs=node.inputs,
+                    outputs=node.outputs, name=f"{graph.name}/{node.name}")
+
+
+def intermediate_values(trace: Any, graph: ir.Graph, inputs: Sequence[Any],
+                        names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The values of the GraphNode outputs ``names`` when the traced model runs on ``inputs``
+    (one array per graph input) with its current weights, on one device."""
+    prog = Program(trace, graph, Plan.replicated(graph, 1))
+    names = list(dict.fromkeys(names))
+
+    @tf.function(autograph=False)
+    def run():
+        got = prog.values([[tf.constant(np.asarray(x))] for x in inputs], prog.trace_weights(),
+                          SimulatedCollectives(1), names)
+        return [got[n][0] for n in names]
+    return {n: v.numpy() for n, v in zip(names, run())}

@@ -1,0 +1,856 @@
+"""Runtime: train and run a per-replica program under ``tf.distribute`` (paper 4.5).
+
+In:  a *per-replica program* (``tapas.execution.reconstruct.Program``, or any object with the same
+     protocol, below), a ``tf.distribute`` strategy over N devices, an optimizer (:class:`SGD`,
+     :class:`Adam`) and a Keras loss.
+Out: :class:`Runtime`, which holds every weight as per-device shards and runs training steps,
+     ``predict``, checkpoints, and writes the global weights back into the Keras model.
+
+The program protocol (``docs/sharding.md``; ``tapas.execution.reconstruct`` implements it)::
+
+    program.num_devices                     # N
+    program.weight_layouts                  # {path: layout: .placement .global_shape .trainable}
+    program.input_placements                # one placement per model input (R or S(a))
+    program.output_placements               # one placement per model output (R or S(a))
+    outs = program(inputs, weights, collectives)
+        # inputs:  [[local tensor]] per model input;   weights: {path: [local variable]}
+        # returns: [[local tensor]] per model output  (one local replica per strategy.run call)
+
+How it maps onto TensorFlow (``../shared/TF-FACTS.md``):
+
+* Devices: N logical CPU devices (set once per process, :func:`setup_devices`) or the GPUs
+  present; ``MirroredStrategy`` over them, or ``MultiWorkerMirroredStrategy`` when ``TF_CONFIG``
+  names several workers (:func:`make_strategy`). The training code is the same for both.
+* Weights: every replica holds its shard as a plain ``tf.Variable`` created under
+  ``tf.device`` (not mirrored); the shards reach the replicas through
+  ``strategy.experimental_distribute_values_from_function``. Optimizer slots are sharded
+  like their weight.
+* Training step, inside ``strategy.run``: forward through the program, the local loss,
+  ``GradientTape`` backward, then this module's own SGD/Adam update on the local shards (Keras
+  optimizers cannot update non-mirrored variables inside ``strategy.run``); the arithmetic
+  is the same as ``keras.optimizers.SGD``/``Adam``, op for op.
+* Loss semantics (Megatron's, not ``tf.distribute``'s sum of replica losses): the program has
+  already inserted every collective, so the tape of replica i yields the local slice of
+  dL/dW for the *global* loss L. For a replicated output each replica computes the full
+  Keras loss L; for an output split on an axis the per-example loss keeps (batch, sequence),
+  replica i computes its share ``sum(local per-example loss) / global count`` (the shares sum
+  to L); for an output split on its last axis (class logits) the runtime all-gathers it first,
+  with a gradient that is the local slice (recorded in the audit as phase ``"loss"``).
+  Gradients are never aggregated a second time.
+* A step is all-or-nothing: new weights and slots are computed on every replica first; the
+  assignments run only after every replica's results exist and the global loss is finite. A
+  failed step raises :class:`StepError` and leaves weights, slots and the step counter as
+  they were.
+* Checkpoints: ``tf.train.Checkpoint`` of the shards, slots and step counter, one file per
+  process, plus ``tapas-checkpoint.json`` with the layout. Restoring into the same layout reads
+  the shards directly; into another device count or layout, each weight is reassembled from
+  its old shards and cut again (:meth:`Runtime.restore`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tapas.execution import launch
+from tapas.sharding.placements import Partial, Replica, Split, parse_placement
+
+__all__ = ["setup_devices", "make_strategy", "tf_config", "StepError",
+           "SGD", "Adam", "make_optimizer", "Runtime", "shard", "unshard",
+           "CHECKPOINT_META"]
+
+CHECKPOINT_META = "tapas-checkpoint.json"
+# Keras loss reductions the runtime reproduces (no sample weights): a sum, or a sum / count
+_REDUCTIONS = frozenset({"sum", "sum_over_batch_size", "mean", "mean_with_sample_weight"})
+_FORMAT = "tapas-checkpoint-1"
+# the output activations whose logits a program hands to the loss (tapas.execution.reconstruct:
+# LOGIT_ACTIVATIONS), recomputed after the logits are gathered for the loss
+_ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
+    "Softmax": tf.nn.softmax, "Sigmoid": tf.math.sigmoid}
+
+
+class StepError(RuntimeError):
+    """A training step failed; weights, optimizer slots and the step counter are unchanged."""
+
+
+# ---- devices and strategies -----------------------------------------------------------------
+
+def setup_devices(num_devices: int, device_type: str = "auto") -> list[str]:
+    """Names of ``num_devices`` devices for a ``MirroredStrategy``.
+
+    ``device_type`` "auto" takes GPUs when at least ``num_devices`` are present, else splits the
+    CPU into logical devices; "cpu"/"gpu" force one. Logical CPU devices can be configured only
+    before TensorFlow initialises its runtime, once per process: a later call that needs more
+    devices than the process has raises ``RuntimeError`` with the fix.
+    """
+    if num_devices < 1:
+        raise ValueError(f"num_devices={num_devices}: need at least 1 device")
+    if device_type not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"device_type={device_type!r}: use 'auto', 'cpu' or 'gpu'")
+    gpus = tf.config.list_physical_devices("GPU")
+    if device_type != "cpu" and len(gpus) >= num_devices:
+        return [d.name for d in tf.config.list_logical_devices("GPU")[:num_devices]]
+    if device_type == "gpu":
+        raise RuntimeError(f"{num_devices} GPUs requested, {len(gpus)} present; use fewer "
+                           "devices or device_type='cpu' (logical CPU devices)")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(cpu)
+    if configured is None or len(configured) < num_devices:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+        except RuntimeError:
+            pass  # runtime already initialised: checked below
+    logical = tf.config.list_logical_devices("CPU")
+    if len(logical) < num_devices:
+        raise RuntimeError(
+            f"this process already initialised TensorFlow with {len(logical)} logical CPU "
+            f"device(s), {num_devices} are needed: logical devices are fixed once per process. "
+            f"Call tapas.execution.runtime.setup_devices({num_devices}) before any TensorFlow op, or run "
+            "in a fresh process")
+    return [d.name for d in logical[:num_devices]]
+
+
+def tf_config() -> dict[str, Any] | None:
+    """The parsed ``TF_CONFIG`` environment variable when it names more than one task."""
+    text = os.environ.get("TF_CONFIG", "")
+    if not text.strip():
+        return None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"TF_CONFIG is not JSON ({e}): {text[:200]!r}") from None
+    cluster = cfg.get("cluster", {})
+    tasks = sum(len(v) for k, v in cluster.items() if k in ("chief", "worker"))
+    if tasks <= 1:
+        return None
+    if "task" not in cfg:
+        raise ValueError("TF_CONFIG has a cluster but no 'task' ({'type': 'worker', 'index': i})")
+    return cfg
+
+
+def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
+                  join_timeout_s: float = 60.0,
+                  collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
+    """``MultiWorkerMirroredStrategy`` when ``TF_CONFIG`` names several workers, else a
+    ``MirroredStrategy`` over :func:`setup_devices` (``num_devices``).
+
+    With ``TF_CONFIG`` each worker uses its one CPU (or its GPUs) and N is the number of
+    workers times local devices; ``num_devices``, when given, must equal that N. If the
+    cluster has not formed within ``join_timeout_s`` a watchdog prints which worker never
+    joined and ends this process (``tapas.execution.launch.JoinWatchdog``: TF holds the GIL while it
+    waits, so nothing in this process can raise); ``collective_timeout_s`` bounds every
+    collective afterwards (a worker dying).
+    """
+    cfg = tf_config()
+    if cfg is None:
+        return tf.distribute.MirroredStrategy(setup_devices(num_devices or 1, device_type))
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        timeout_seconds=collective_timeout_s)
+    watchdog = launch.JoinWatchdog(cfg, join_timeout_s) if join_timeout_s else None
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+    if num_devices is not None and strategy.num_replicas_in_sync != num_devices:
+        raise ValueError(f"TF_CONFIG gives {strategy.num_replicas_in_sync} replicas "
+                         f"(workers x local devices) but num_devices={num_devices}; make them "
+                         "equal or leave num_devices out")
+    return strategy
+
+
+def _local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
+    local = len(strategy.extended.worker_devices)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task = int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
+    return [task * local + i for i in range(local)]
+
+
+def _task_id(strategy: tf.distribute.Strategy) -> int:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
+
+
+def _placed(x: tf.Tensor) -> tf.Tensor:
+    """``x`` with a device: a tensor created under no device scope (MultiWorkerMirrored's
+    replica function opens none) is refused by its collectives ("destinations can not be
+    empty"); the current device scope (``Runtime._on_device``) places the copy."""
+    if getattr(x, "device", "x"):
+        return x
+    return tf.identity(x)
+
+
+# ---- placements: slicing global values --------------------------------------------------------
+
+def _axis(placement: Any) -> int | None:
+    p = parse_placement(placement)
+    if isinstance(p, Partial):
+        raise ValueError("a weight, input or output cannot be placed P (partial sums): "
+                         "patterns reduce their partial sums inside the node")
+    return p.axis if isinstance(p, Split) else None
+
+
+def shard(value: np.ndarray, placement: Any, n: int, i: int) -> np.ndarray:
+    """Replica ``i``'s part of the global ``value`` under ``placement`` on ``n`` devices."""
+    axis = _axis(placement)
+    value = np.asarray(value)
+    if axis is None:
+        return value
+    size = value.shape[axis]
+    if size % n:
+        raise ValueError(f"cannot split dimension {axis} of size {size} into {n} equal shards "
+                         f"(shape {list(value.shape)}, placement S{axis})")
+    step = size // n
+    index = [slice(None)] * value.ndim
+    index[axis] = slice(i * step, (i + 1) * step)
+    return value[tuple(index)]
+
+
+def unshard(parts: Sequence[np.ndarray], placement: Any) -> np.ndarray:
+    """The global value from every replica's part (in replica order)."""
+    axis = _axis(placement)
+    return np.asarray(parts[0]) if axis is None else np.concatenate(parts, axis=axis)
+
+
+# ---- optimizers ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SGD:
+    """``keras.optimizers.SGD`` on shards: same hyper-parameters, same arithmetic."""
+
+    learning_rate: float = 0.01
+    momentum: float = 0.0
+    nesterov: bool = False
+
+    name = "sgd"
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        return ("momentum",) if self.momentum else ()
+
+    def keras(self) -> Any:
+        import keras
+        return keras.optimizers.SGD(self.learning_rate, momentum=self.momentum,
+                                    nesterov=self.nesterov)
+
+    def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
+               step: tf.Tensor, grad_square: tf.Tensor | None = None
+               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """(new variable value, new slot values) for one weight; ``step`` counts from 1."""
+        lr = tf.cast(self.learning_rate, var.dtype)
+        grad = tf.cast(grad, var.dtype)
+        if not self.momentum:
+            return var - grad * lr, {}
+        momentum = tf.cast(self.momentum, var.dtype)
+        m = slots["momentum"] * momentum - grad * lr
+        if self.nesterov:
+            return var + (m * momentum - grad * lr), {"momentum": m}
+        return var + m, {"momentum": m}
+
+
+@dataclasses.dataclass(frozen=True)
+class Adam:
+    """``keras.optimizers.Adam`` on shards (Keras 3 bias correction folded into the step
+    size, epsilon added to sqrt(v)): same hyper-parameters, same arithmetic."""
+
+    learning_rate: float = 0.001
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+
+    name = "adam"
+    slot_names = ("momentum", "velocity")
+
+    def keras(self) -> Any:
+        import keras
+        return keras.optimizers.Adam(self.learning_rate, beta_1=self.beta_1,
+                                     beta_2=self.beta_2, epsilon=self.epsilon)
+
+    def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
+               step: tf.Tensor, grad_square: tf.Tensor | None = None
+               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """``grad_square``: what Keras squares for the second moment. For a sparse
+        (``IndexedSlices``) gradient Keras squares each slice *before* summing duplicate
+        rows (``keras.ops.square`` maps over the slices), which is not ``square(grad)``."""
+        dtype = var.dtype
+        lr = tf.cast(self.learning_rate, dtype)
+        grad = tf.cast(grad, dtype)
+        local_step = tf.cast(step, dtype)
+        beta_1_power = tf.pow(tf.cast(self.beta_1, dtype), local_step)
+        beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), local_step)
+        m, v = slots["momentum"], slots["velocity"]
+        alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        m = m + (grad - m) * (1 - self.beta_1)
+        squared = tf.square(grad) if grad_square is None else tf.cast(grad_square, dtype)
+        v = v + (squared - v) * (1 - self.beta_2)
+        return var - (m * alpha) / (tf.sqrt(v) + self.epsilon), {"momentum": m, "velocity": v}
+
+
+Optimizer = SGD | Adam
+
+
+def make_optimizer(name: str | Optimizer, learning_rate: float | None = None) -> Optimizer:
+    """:class:`SGD` or :class:`Adam` from a name ("sgd", "adam") and a learning rate."""
+    if isinstance(name, (SGD, Adam)):
+        return name
+    kinds = {"sgd": SGD, "adam": Adam}
+    if not isinstance(name, str) or name.lower() not in kinds:
+        raise ValueError(f"optimizer={name!r}: use 'sgd' or 'adam' (or a tapas.execution.runtime.SGD / "
+                         "Adam instance)")
+    cls = kinds[name.lower()]
+    return cls() if learning_rate is None else cls(learning_rate=learning_rate)
+
+
+# ---- the runtime ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _WeightSpec:
+    path: str
+    global_shape: tuple[int, ...]
+    placement: Any
+    trainable: bool
+    dtype: tf.DType
+
+
+class Runtime:
+    """Shards, training step, ``predict`` and checkpoints of one program under one strategy.
+
+    ``initial_weights`` maps every weight path of ``program.weight_layouts`` to its global
+    value (NumPy); ``input_specs`` are the global ``tf.TensorSpec`` s of the model inputs.
+    ``collectives(function)`` makes the program's collectives object inside a replica while
+    ``function`` ("train_step", "predict", "evaluate") is traced (default:
+    ``tapas.execution.reconstruct.ReplicaContextCollectives`` recording into ``audits[function]``).
+    """
+
+    def __init__(self, program: Any, strategy: tf.distribute.Strategy,
+                 initial_weights: Mapping[str, np.ndarray], input_specs: Sequence[tf.TensorSpec],
+                 *, optimizer: Optimizer | str = "sgd", loss: Any = None,
+                 collectives: Callable[[str], Any] | None = None) -> None:
+        self.program, self.strategy = program, strategy
+        self.num_devices = int(strategy.num_replicas_in_sync)
+        if int(program.num_devices) != self.num_devices:
+            raise ValueError(f"the program was built for {program.num_devices} devices but the "
+                             f"strategy has {self.num_devices} replicas; rebuild one of them so "
+                             "that the device counts match")
+        self.optimizer = make_optimizer(optimizer)
+        self.loss = loss
+        self.audits: dict[str, Any] = {}
+        self._tracing = ""
+        self._collectives = collectives or self._default_collectives
+        self.input_specs = list(input_specs)
+        self.input_placements = [parse_placement(p) for p in program.input_placements]
+        self.output_placements = [parse_placement(p) for p in program.output_placements]
+        if len(self.input_placements) != len(self.input_specs):
+            raise ValueError(f"the program has {len(self.input_placements)} inputs but "
+                             f"{len(self.input_specs)} input specs were given")
+        for spec, p in zip(self.input_specs, self.input_placements):
+            self._check_divisible(f"input '{spec.name}'", tuple(spec.shape), p)
+        self.specs: dict[str, _WeightSpec] = {}
+        for path, layout in program.weight_layouts.items():
+            if path not in initial_weights:
+                raise ValueError(f"no initial value for weight '{path}'")
+            value = np.asarray(initial_weights[path])
+            shape = tuple(int(d) for d in layout.global_shape)
+            if tuple(value.shape) != shape:
+                raise ValueError(f"weight '{path}': initial value has shape {list(value.shape)}, "
+                                 f"the program expects {list(shape)}")
+            self._check_divisible(f"weight '{path}'", shape, layout.placement)
+            self.specs[path] = _WeightSpec(path, shape, parse_placement(layout.placement),
+                                           bool(layout.trainable), tf.as_dtype(value.dtype))
+        self.paths = list(self.specs)
+        self.trainable_paths = [p for p in self.paths if self.specs[p].trainable]
+        self.local_replicas = _local_replica_ids(strategy)
+        self.task_id = _task_id(strategy)
+        devices = list(strategy.extended.worker_devices)
+        self._device = dict(zip(self.local_replicas, devices))
+        self._vars: dict[int, dict[str, tf.Variable]] = {}
+        self._slots: dict[int, dict[str, dict[str, tf.Variable]]] = {}
+        for r in self.local_replicas:
+            with tf.device(self._device[r]):
+                self._vars[r] = {p: tf.Variable(shard(initial_weights[p], s.placement,
+                                                      self.num_devices, r),
+                                                trainable=s.trainable, name=f"w{k}_r{r}")
+                                 for k, (p, s) in enumerate(self.specs.items())}
+                self._slots[r] = {p: {name: tf.Variable(tf.zeros_like(self._vars[r][p]),
+                                                        trainable=False, name=f"{name}{k}_r{r}")
+                                      for name in self.optimizer.slot_names}
+                                  for k, p in enumerate(self.trainable_paths)}
+        with tf.device(devices[0]):
+            self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+        self._dist_vars = strategy.experimental_distribute_values_from_function(
+            lambda ctx: self._vars[ctx.replica_id_in_sync_group])
+        self._dist_slots = strategy.experimental_distribute_values_from_function(
+            lambda ctx: self._slots[ctx.replica_id_in_sync_group])
+        self._train_fn = tf.function(self._train_step)
+        self._predict_fn = tf.function(self._predict)
+        self.trace_seconds: dict[str, float] = {}
+        # collectives the runtime adds for the loss: (function, kind, global bytes)
+        self.loss_comms: list[tuple[str, str, int]] = []
+
+    # -- building blocks ------------------------------------------------------------------
+
+    def _check_divisible(self, what: str, shape: tuple[int, ...], placement: Any) -> None:
+        axis = _axis(placement)
+        if axis is None:
+            return
+        if axis >= len(shape) or shape[axis] % self.num_devices:
+            size = shape[axis] if axis < len(shape) else "missing"
+            raise ValueError(f"{what}: placement S{axis} splits dimension {axis} (size {size}, "
+                             f"shape {list(shape)}) into {self.num_devices} devices, which does "
+                             "not divide; choose a strategy for this device count or another "
+                             "device count")
+
+    def _default_collectives(self, function: str) -> Any:
+        from tapas.execution import reconstruct
+        if function not in self.audits:
+            self.audits[function] = reconstruct.Audit()
+        return reconstruct.ReplicaContextCollectives(audit=self.audits[function])
+
+    def _distribute(self, arrays: Sequence[np.ndarray], placements: Sequence[Any]) -> Any:
+        arrays = [np.asarray(a) for a in arrays]
+
+        def value_fn(ctx: tf.distribute.experimental.ValueContext) -> tuple[tf.Tensor, ...]:
+            r = ctx.replica_id_in_sync_group
+            with tf.device(self._device[r]):
+                return tuple(tf.constant(shard(a, p, self.num_devices, r))
+                             for a, p in zip(arrays, placements))
+
+        return self.strategy.experimental_distribute_values_from_function(value_fn)
+
+    def _check_inputs(self, xs: Sequence[Any]) -> list[np.ndarray]:
+        if not isinstance(xs, (list, tuple)):
+            xs = [xs]
+        if len(xs) != len(self.input_specs):
+            raise ValueError(f"got {len(xs)} inputs, the model takes {len(self.input_specs)} "
+                             f"({', '.join(s.name or '?' for s in self.input_specs)})")
+        out = []
+        for x, spec in zip(xs, self.input_specs):
+            x = np.asarray(x)
+            if tuple(x.shape) != tuple(spec.shape):
+                raise ValueError(f"input '{spec.name}' has shape {list(x.shape)}, the program was "
+                                 f"built for {spec.shape.as_list()} (global shape; capture again "
+                                 "for another batch size)")
+            out.append(x.astype(spec.dtype.as_numpy_dtype, copy=False))
+        return out
+
+    def _target_placement(self, y: np.ndarray) -> Any:
+        """Targets follow the output's split when the per-example loss keeps that axis."""
+        p = self.output_placements[0]
+        if isinstance(p, Split) and p.axis < y.ndim and self._loss_is_separable():
+            return p
+        return Replica()
+
+    def _loss_is_separable(self) -> bool:
+        return self.loss.reduction in _REDUCTIONS
+
+    def _gather_for_loss(self, out: tf.Tensor, axis: int) -> tf.Tensor:
+        ctx = tf.distribute.get_replica_context()
+        rid = tf.get_static_value(ctx.replica_id_in_sync_group)
+        n = self.num_devices
+        if rid == self.local_replicas[0]:
+            self.loss_comms.append((self._tracing, "AG", int(np.prod(out.shape)) * n
+                                    * out.dtype.size))
+
+        @tf.custom_gradient
+        def gather(x: tf.Tensor) -> tuple[tf.Tensor, Callable]:
+            def grad(dy: tf.Tensor) -> tf.Tensor:
+                return tf.split(dy, n, axis=axis)[rid]
+            return ctx.all_gather(_placed(x), axis=axis), grad
+
+        return gather(out)
+
+    def _local_loss(self, out: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, bool]:
+        """(this replica's share of the global loss, whether shares must be summed).
+
+        The reduction is done here, not by ``Loss.__call__``: inside a replica context Keras
+        divides the loss by the number of replicas (tf.distribute's sum-of-replica-losses
+        convention), which is not this runtime's convention.
+        """
+        p = self.output_placements[0]
+        activation = (getattr(self.program, "output_activations", None) or (None,))[0]
+        logits = getattr(out, "_keras_logits", None)
+        if activation in _ACTIVATIONS and logits is None:
+            raise ValueError(
+                f"the model output is a {activation} of logits that this plan places unlike "
+                f"the output (placed {p}): a Keras crossentropy computes from those logits, "
+                "so the runtime cannot train this plan (predict works); choose a pattern for "
+                "the last GraphNode without a collective after the activation, e.g. the "
+                "searched one or 'replicate'")
+        if isinstance(p, Split) and self._target_placement_axis != p.axis:
+            if logits is None:
+                out = self._gather_for_loss(out, p.axis)
+            else:  # Keras's crossentropy reads the logits: gather those, not the output
+                logits = self._gather_for_loss(logits, p.axis)
+                out = _ACTIVATIONS[activation](logits)
+                out._keras_logits = logits
+        per_example = self.loss.call(y, out)
+        total = tf.size(per_example)
+        if isinstance(p, Split) and self._target_placement_axis == p.axis:
+            total = total * self.num_devices
+        loss = tf.reduce_sum(per_example)
+        if self.loss.reduction != "sum":
+            loss = tf.math.divide_no_nan(loss, tf.cast(total, loss.dtype))
+        return loss, self._target_placement_axis is not None
+
+    def _forward(self, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Variable]) -> list:
+        # an explicit device scope: MultiWorkerMirroredStrategy does not open one around the
+        # replica function, and its all-reduce needs tensors with a device
+        outs = self.program([[x] for x in xs], {p: [weights[p]] for p in self.paths},
+                            self._collectives(self._tracing))
+        return [o[0] for o in outs]
+
+    def _on_device(self, fn: Callable) -> Callable:
+        """``fn`` run under its replica's device scope: MultiWorkerMirroredStrategy opens none
+        around the replica function, and its all-reduce (forward, and in the backward pass
+        the tape runs) needs tensors placed on a device."""
+        def wrapped(*args: Any) -> Any:
+            ctx = tf.distribute.get_replica_context()
+            rid = tf.get_static_value(ctx.replica_id_in_sync_group)
+            device = self._device.get(int(rid) if rid is not None else -1,
+                                      self._device[self.local_replicas[0]])
+            with tf.device(device):
+                # the tf.function's input placeholders have no device under MWMS either
+                args = tf.nest.map_structure(
+                    lambda a: _placed(a) if isinstance(a, tf.Tensor) else a, args)
+                return fn(*args)
+        return wrapped
+
+    # -- training -------------------------------------------------------------------------
+
+    def _replica_grads(self, xs: tuple, y: tf.Tensor, weights: dict) -> tuple:
+        with tf.GradientTape() as tape:
+            out = self._forward(xs, weights)[0]
+            share, partial = self._local_loss(out, y)
+        grads = tape.gradient(share, [weights[p] for p in self.trainable_paths])
+        return share, partial, grads
+
+    def _replica_compute(self, xs: tuple, y: tf.Tensor, weights: dict, slots: dict) -> tuple:
+        share, partial, grads = self._replica_grads(xs, y, weights)
+        step = self.iterations + 1
+        new: dict[str, dict[str, tf.Tensor]] = {}
+        for p, g in zip(self.trainable_paths, grads):
+            if g is None:
+                continue  # the loss does not depend on this weight (as Keras: no update)
+            grad_square = None
+            if isinstance(g, tf.IndexedSlices):
+                grad_square = tf.convert_to_tensor(tf.IndexedSlices(
+                    tf.square(g.values), g.indices, g.dense_shape))
+                g = tf.convert_to_tensor(g)
+            value, new_slots = self.optimizer.update(
+                weights[p].read_value(), g, {k: v.read_value() for k, v in slots[p].items()},
+                step, grad_square)
+            new[p] = {"value": value, "grad": g, **new_slots}
+        ctx = tf.distribute.get_replica_context()
+        loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, _placed(share)) if partial else share
+        return loss, new
+
+    def _replica_assign(self, new: dict, weights: dict, slots: dict,
+                        deps: list[tf.Tensor]) -> tf.Tensor:
+        with tf.control_dependencies(deps):
+            ops = []
+            for p, upd in new.items():
+                ops.append(weights[p].assign(upd["value"]))
+                for k in self.optimizer.slot_names:
+                    ops.append(slots[p][k].assign(upd[k]))
+        with tf.control_dependencies(ops):
+            return tf.constant(True)
+
+    def _train_step(self, xs: Any, y: Any) -> tf.Tensor:
+        loss, new = self.strategy.run(self._on_device(self._replica_compute),
+                                      args=(xs, y, self._dist_vars, self._dist_slots))
+        local_losses = self.strategy.experimental_local_results(loss)
+        everything = tf.nest.flatten(self.strategy.experimental_local_results(new))
+        with tf.control_dependencies(everything + list(local_losses)):
+            checks = [tf.debugging.check_numerics(l, "tapas: the loss is not finite")
+                      for l in local_losses]
+        done = self.strategy.run(self._on_device(self._replica_assign),
+                                 args=(new, self._dist_vars, self._dist_slots, checks))
+        with tf.control_dependencies(self.strategy.experimental_local_results(done)):
+            self.iterations.assign_add(1)
+            return tf.identity(local_losses[0])
+
+    def _prepare(self, xs: Any, y: Any) -> tuple[Any, Any]:
+        if self.loss is None:
+            raise ValueError("this runtime has no loss: pass loss=<keras loss> to train")
+        if getattr(self.loss, "reduction", None) not in _REDUCTIONS or not hasattr(self.loss,
+                                                                                   "call"):
+            raise ValueError(f"loss {self.loss!r}: the runtime needs a keras.losses.Loss with "
+                             f"reduction in {sorted(_REDUCTIONS)} (per-example values from "
+                             "Loss.call, reduced by the runtime)")
+        if len(self.output_placements) != 1:
+            raise ValueError(f"training needs a model with one output, this one has "
+                             f"{len(self.output_placements)}")
+        xs = self._check_inputs(xs)
+        y = np.asarray(y)
+        tp = self._target_placement(y)
+        self._target_placement_axis = tp.axis if isinstance(tp, Split) else None
+        dist_y = self._distribute([y], [tp])
+        return self._distribute(xs, self.input_placements), \
+            (dist_y[0] if isinstance(dist_y, tuple) else dist_y)
+
+    def _call(self, key: str, fn: Callable, *args: Any) -> Any:
+        """Run one tf.function, timing its first call (the trace)."""
+        first = key not in self.trace_seconds
+        self._tracing = key
+        start = time.perf_counter()
+        try:
+            result = fn(*args)
+        finally:
+            self._tracing = ""
+        if first:
+            self.trace_seconds[key] = time.perf_counter() - start
+        return result
+
+    def _evaluate(self, xs: Any, y: Any) -> tuple:
+        def fn(xs: tuple, y: tf.Tensor, weights: dict) -> tuple:
+            with tf.GradientTape() as tape:
+                outs = self._forward(xs, weights)
+                share, partial = self._local_loss(outs[0], y)
+            grads = tape.gradient(share, [weights[p] for p in self.trainable_paths])
+            ctx = tf.distribute.get_replica_context()
+            full_grads = {}
+            for p, g in zip(self.trainable_paths, grads):
+                if g is None:
+                    continue
+                g = tf.convert_to_tensor(g)
+                placement = self.specs[p].placement
+                full_grads[p] = (ctx.all_gather(_placed(g), axis=placement.axis)
+                                 if isinstance(placement, Split) else g)
+            full_outs = [ctx.all_gather(_placed(o), axis=pl.axis) if isinstance(pl, Split) else o
+                         for o, pl in zip(outs, self.output_placements)]
+            loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, _placed(share)) if partial else share
+            return full_outs, loss, full_grads
+        outs, loss, grads = self.strategy.run(self._on_device(fn),
+                                              args=(xs, y, self._dist_vars))
+        first = self.strategy.experimental_local_results
+        return ([first(o)[0] for o in outs], first(loss)[0],
+                {p: first(g)[0] for p, g in grads.items()})
+
+    def evaluate(self, xs: Any, y: Any) -> tuple[list[np.ndarray], float, dict[str, np.ndarray]]:
+        """(outputs, global loss, {path: global gradient}) on the batch, in one traced
+        function, without updating anything (what ``verify`` compares)."""
+        if not hasattr(self, "_evaluate_fn"):
+            self._evaluate_fn = tf.function(self._evaluate)
+        outs, loss, grads = self._call("evaluate", self._evaluate_fn, *self._prepare(xs, y))
+        return ([o.numpy() for o in outs], float(loss.numpy()),
+                {p: g.numpy() for p, g in grads.items()})
+
+    def gradients(self, xs: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
+        """(global loss, {path: global gradient}) on the batch, without updating anything."""
+        _, loss, grads = self.evaluate(xs, y)
+        return loss, grads
+
+    def train_step(self, xs: Any, y: Any) -> float:
+        """One optimizer step on the global batch ``(xs, y)``; returns the global loss.
+
+        All or nothing: on failure (e.g. a non-finite loss) raises :class:`StepError` and
+        leaves weights, slots and the step counter unchanged.
+        """
+        dist_x, dist_y = self._prepare(xs, y)
+        try:
+            loss = self._call("train_step", self._train_fn, dist_x, dist_y)
+        except tf.errors.InvalidArgumentError as e:
+            lines = [ln.strip() for ln in e.message.splitlines() if ln.strip()]
+            reason = next((ln for ln in lines if "tapas:" in ln), lines[-1] if lines else "")
+            raise StepError(f"training step {int(self.iterations.numpy()) + 1} failed, weights "
+                            f"unchanged: {reason}") from None
+        return float(loss.numpy())
+
+    # -- inference ------------------------------------------------------------------------
+
+    def _replica_predict(self, xs: tuple, weights: dict) -> list[tf.Tensor]:
+        outs = self._forward(xs, weights)
+        ctx = tf.distribute.get_replica_context()
+        full = []
+        for o, p in zip(outs, self.output_placements):
+            full.append(ctx.all_gather(_placed(o), axis=p.axis) if isinstance(p, Split) else o)
+        return full
+
+    def _predict(self, xs: Any) -> list[tf.Tensor]:
+        outs = self.strategy.run(self._on_device(self._replica_predict),
+                                 args=(xs, self._dist_vars))
+        return [self.strategy.experimental_local_results(o)[0] for o in outs]
+
+    def predict(self, xs: Any) -> np.ndarray | list[np.ndarray]:
+        """The model's outputs on the global batch (a list when the model has several)."""
+        xs = self._check_inputs(xs)
+        outs = [o.numpy() for o in self._call("predict", self._predict_fn,
+                                               self._distribute(xs, self.input_placements))]
+        return outs[0] if len(outs) == 1 else outs
+
+    # -- global values --------------------------------------------------------------------
+
+    def _all_local(self) -> bool:
+        return len(self.local_replicas) == self.num_devices
+
+    def _global(self, tensors: Mapping[int, Mapping[str, tf.Variable]],
+                paths: Sequence[str]) -> dict[str, np.ndarray]:
+        if self._all_local():
+            return {p: unshard([tensors[r][p].numpy() for r in self.local_replicas],
+                               self.specs[p].placement) for p in paths}
+        dist = self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: {p: tensors[ctx.replica_id_in_sync_group][p] for p in paths})
+
+        @tf.function
+        def gather(values: Any) -> Any:
+            def fn(vals: dict) -> dict:
+                ctx = tf.distribute.get_replica_context()
+                return {p: (ctx.all_gather(vals[p].read_value(), axis=self.specs[p].placement.axis)
+                            if isinstance(self.specs[p].placement, Split)
+                            else tf.identity(vals[p])) for p in paths}
+            return self.strategy.run(fn, args=(values,))
+
+        out = gather(dist)
+        return {p: self.strategy.experimental_local_results(out[p])[0].numpy() for p in paths}
+
+    def global_weights(self) -> dict[str, np.ndarray]:
+        """Every weight's global value, reassembled from the shards."""
+        return self._global(self._vars, self.paths)
+
+    def global_slots(self) -> dict[str, dict[str, np.ndarray]]:
+        """Every optimizer slot's global value: ``{slot name: {path: value}}``."""
+        return {k: self._global({r: {p: s[p][k] for p in s} for r, s in self._slots.items()},
+                                self.trainable_paths)
+                for k in self.optimizer.slot_names}
+
+    def set_global_weights(self, values: Mapping[str, np.ndarray],
+                           slots: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> None:
+        """Cut global values into this layout's shards and assign them."""
+        for r in self.local_replicas:
+            for p, v in values.items():
+                self._vars[r][p].assign(shard(v, self.specs[p].placement, self.num_devices, r))
+            for k, per_path in (slots or {}).items():
+                for p, v in per_path.items():
+                    self._slots[r][p][k].assign(
+                        shard(v, self.specs[p].placement, self.num_devices, r))
+
+    def to_keras(self, model: Any) -> Any:
+        """Write the global weights into the single-device Keras ``model`` (matched by
+        weight path); returns ``model``."""
+        values = self.global_weights()
+        by_path = {w.path: w for w in model.weights}
+        missing = [p for p in values if p not in by_path]
+        if missing:
+            raise ValueError(f"the Keras model has no weight {missing[0]!r} (and "
+                             f"{len(missing) - 1} more): is it the model this runtime was "
+                             "built from?")
+        for p, v in values.items():
+            by_path[p].assign(v)
+        return model
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def _checkpoint(self) -> tf.train.Checkpoint:
+        index = {p: k for k, p in enumerate(self.paths)}
+        replicas = {}
+        for r in self.local_replicas:
+            objs = {f"w{index[p]}": v for p, v in self._vars[r].items()}
+            for p, slots in self._slots[r].items():
+                objs.update({f"w{index[p]}_{k}": v for k, v in slots.items()})
+            replicas[f"r{r}"] = tf.train.Checkpoint(**objs)
+        return tf.train.Checkpoint(iterations=self.iterations, **replicas)
+
+    def layout(self) -> dict[str, Any]:
+        """The JSON description of this layout written next to a checkpoint."""
+        return {"format": _FORMAT, "num_devices": self.num_devices,
+                "optimizer": dataclasses.asdict(self.optimizer) | {"name": self.optimizer.name},
+                "weights": [{"path": s.path, "shape": list(s.global_shape),
+                             "placement": str(s.placement), "trainable": s.trainable,
+                             "dtype": s.dtype.name} for s in self.specs.values()]}
+
+    def save(self, path: str) -> str:
+        """Write shards, optimizer slots and the step counter under directory ``path``."""
+        os.makedirs(path, exist_ok=True)
+        self._checkpoint().write(os.path.join(path, f"task{self.task_id}"))
+        if self.task_id == 0:
+            with open(os.path.join(path, CHECKPOINT_META), "w") as f:
+                json.dump(self.layout(), f, indent=1)
+        self._barrier()   # every worker's file exists when save returns, on every worker
+        return path
+
+    def _barrier(self) -> None:
+        """Wait for every worker (a scalar all-reduce); nothing to wait for in one process."""
+        if self._all_local():
+            return
+        if not hasattr(self, "_barrier_fn"):
+            def fn() -> tf.Tensor:
+                ctx = tf.distribute.get_replica_context()
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
+            self._barrier_fn = tf.function(lambda: self.strategy.run(fn))
+        self._barrier_fn()
+
+    def restore(self, path: str) -> str:
+        """Load a checkpoint written by :meth:`save`: directly when the layout is this one,
+        else by reassembling each weight and slot from the old shards and cutting it again.
+        Returns "direct" or "resharded"."""
+        meta_path = os.path.join(path, CHECKPOINT_META)
+        if not os.path.exists(meta_path):
+            raise FileNotFoundError(f"{path}: no {CHECKPOINT_META}; is it a directory written "
+                                    "by ParallelModel.save / Runtime.save?")
+        with open(meta_path) as f:
+            meta = json.load(f)
+        old = {w["path"]: w for w in meta["weights"]}
+        missing = sorted(set(self.paths) - set(old))
+        extra = sorted(set(old) - set(self.paths))
+        if missing or extra:
+            raise ValueError(f"checkpoint {path} holds other weights: missing {missing[:3]}, "
+                             f"unexpected {extra[:3]}; it was written for another model")
+        for p in self.paths:
+            if tuple(old[p]["shape"]) != self.specs[p].global_shape:
+                raise ValueError(f"checkpoint {path}: weight '{p}' has shape {old[p]['shape']}, "
+                                 f"this model's is {list(self.specs[p].global_shape)}")
+        old_opt = meta["optimizer"]["name"]
+        if old_opt != self.optimizer.name and self.optimizer.slot_names:
+            raise ValueError(f"checkpoint {path} was written with optimizer '{old_opt}', this "
+                             f"runtime uses '{self.optimizer.name}', whose slots it lacks; "
+                             f"restore with optimizer='{old_opt}'")
+        same = (meta["num_devices"] == self.num_devices and old_opt == self.optimizer.name
+                and all(old[p]["placement"] == str(self.specs[p].placement) for p in self.paths)
+                and [w["path"] for w in meta["weights"]] == self.paths
+                and os.path.exists(os.path.join(path, f"task{self.task_id}.index")))
+        if same:
+            self._checkpoint().read(os.path.join(path, f"task{self.task_id}")) \
+                .assert_existing_objects_matched()
+            return "direct"
+        self._restore_resharded(path, meta)
+        return "resharded"
+
+    def _restore_resharded(self, path: str, meta: Mapping[str, Any]) -> None:
+        readers = [tf.train.load_checkpoint(os.path.join(path, f[:-len(".index")]))
+                   for f in sorted(os.listdir(path)) if f.endswith(".index")]
+        keys: dict[str, Any] = {}
+        for reader in readers:
+            for key in reader.get_variable_to_shape_map():
+                keys[key] = reader
+        n_old = int(meta["num_devices"])
+
+        def read(k: int, suffix: str, placement: str) -> np.ndarray:
+            parts = []
+            for r in range(n_old if _axis(placement) is not None else 1):
+                key = f"r{r}/w{k}{suffix}/.ATTRIBUTES/VARIABLE_VALUE"
+                if key not in keys:
+                    raise ValueError(f"checkpoint {path} lacks the shard {key}: a worker's file "
+                                     "is missing")
+                parts.append(keys[key].get_tensor(key))
+            return unshard(parts, placement)
+
+        values, slots = {}, {k: {} for k in self.optimizer.slot_names}
+        same_opt = meta["optimizer"]["name"] == self.optimizer.name
+        for k, w in enumerate(meta["weights"]):
+            values[w["path"]] = read(k, "", w["placement"])
+            if w["path"] in self.trainable_paths and same_opt:
+                for s in self.optimizer.slot_names:
+                    slots[s][w["path"]] = read(k, f"_{s}", w["placement"])
+        self.set_global_weights(values, slots)
+        step_key = "iterations/.ATTRIBUTES/VARIABLE_VALUE"
+        self.iterations.assign(int(keys[step_key].get_tensor(step_key)) if step_key in keys
+                               else 0)

@@ -1,0 +1,216 @@
+"""``tapas train``: train a zoo model on its synthetic data under a tensor-parallel strategy.
+
+In:  :class:`TrainOptions` (model name, devices, steps, strategy file / "random:SEED" /
+     searched, optimizer, --verify, --workers).
+Out: a report dict (printed as it goes): the strategy table, the loss of every step, step
+     time and throughput, the first-step trace time, the collective audit against the
+     strategy's prediction, and with ``verify`` the largest differences of outputs,
+     gradients, losses and weights against the single-device Keras model.
+
+``workers=K`` re-runs this command as K processes on 127.0.0.1 under
+``MultiWorkerMirroredStrategy`` (``tapas.execution.launch``: free ports, ``TF_CONFIG``, deadline,
+clean-up of every worker) and prints worker 0's report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["TrainOptions", "train", "TrainError"]
+
+
+class TrainError(RuntimeError):
+    """``tapas train`` could not run (bad options, a failed worker)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    model: str | None = None          # zoo name (default: the zoo's default model)
+    devices: int = 4                  # N (MirroredStrategy over N local devices)
+    steps: int = 3
+    strategy: str | None = None       # Strategy JSON path, "random:SEED", or None (search)
+    verify: bool = False
+    workers: int = 0                  # >0: that many processes under MultiWorkerMirrored
+    optimizer: str = "sgd"
+    learning_rate: float | None = None
+    batch_size: int | None = None
+    cluster: str = "v100"             # search: "v100" (paper's GPUs) or "cpu" (loopback)
+    memory_budget_gib: float | None = None  # search: per-device budget (forces sharding)
+    timeout_s: float = 600.0          # workers: deadline for the whole run
+    json_out: str | None = None       # written by worker 0 when workers > 0
+
+
+def train(opts: TrainOptions) -> dict[str, Any]:
+    """Run ``tapas train`` (see the module docstring); returns the report."""
+    if opts.steps < 1:
+        raise TrainError(f"--steps={opts.steps}: need at least 1 step")
+    if opts.workers and not os.environ.get("TF_CONFIG"):
+        return _launch_workers(opts)
+    from tapas.execution import runtime
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    # devices first: logical CPU devices must exist before TensorFlow runs any op
+    distribute = runtime.make_strategy(None if runtime.tf_config() else opts.devices)
+    n = distribute.num_replicas_in_sync
+    timings["devices"] = time.perf_counter() - start
+    chief = _is_chief(distribute)
+    say = print if chief else (lambda *a, **k: None)
+
+    from tapas import models
+    from tapas.execution import parallel, reconstruct
+    from tapas.planning.cost import Cluster
+    name = opts.model or models.DEFAULT_MODEL
+    try:
+        entry = models.get(name)
+    except ValueError as e:
+        raise TrainError(f"--model={name}: {e} (tapas train needs a zoo model: it trains on "
+                         "the model's synthetic data)") from None
+    start = time.perf_counter()
+    model = entry.build(seed=0)
+    xs, y = entry.synthetic_batch(opts.batch_size)
+    specs = list(entry.input_spec(opts.batch_size))
+    timings["build"] = time.perf_counter() - start
+
+    cluster = (Cluster.v100_ethernet(1, n) if opts.cluster == "v100"
+               else Cluster.single_node(n, like=Cluster.loopback_cpu()))
+    strategy: Any = opts.strategy
+    search_options = ({} if opts.memory_budget_gib is None
+                      else {"memory_budget": opts.memory_budget_gib * 2**30})
+    if strategy and strategy.startswith("random:"):
+        from tapas import capturing
+        graph = capturing.capture(model, specs)
+        strategy = parallel.random_plan(graph, n, int(strategy.split(":", 1)[1]))
+    elif strategy and not os.path.exists(strategy):
+        raise TrainError(f"--strategy={strategy}: no such file (give a Strategy JSON from "
+                         "`tapas search --out=...`, 'random:SEED', or leave it out to search)")
+    say(f"model {name}: {model.count_params():,} parameters, batch {len(y)}; {n} devices "
+        f"({distribute.__class__.__name__}, {', '.join(_device_names(distribute))})")
+    try:
+        pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
+                                  optimizer=opts.optimizer, learning_rate=opts.learning_rate,
+                                  loss=entry.keras_loss(), cluster=cluster,
+                                  search_options=search_options)
+    except (ValueError, reconstruct.ReconstructError) as e:
+        raise TrainError(str(e)) from None
+    timings.update(pm.timings)
+    if not isinstance(pm.strategy, reconstruct.Plan):
+        say(pm.strategy.summary(pm.graph))
+    sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
+    say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != 'replicate')} of "
+        f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
+
+    workers = n // len(distribute.extended.worker_devices)
+    report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
+                              "optimizer": opts.optimizer, "batch": int(len(y))}
+    say(f"\n{'step':>4} {'loss':>12} {'keras loss':>12} {'seconds':>9}")
+    step_times: list[float] = []
+
+    def on_step(step: int, loss: float, ref: float | None, seconds: float) -> None:
+        step_times.append(seconds)
+        ref_text = f"{ref:>12.6f}" if ref is not None else f"{'':>12}"
+        say(f"{step + 1:>4} {loss:>12.6f} {ref_text} {seconds:>9.3f}")
+
+    if opts.verify:
+        check = pm.verify(list(xs), y, steps=opts.steps, on_step=on_step)
+        report["verify"] = check
+        report["losses"] = [a for a, _ in check["losses"]]
+    else:
+        losses = []
+        for step in range(opts.steps):
+            t = time.perf_counter()
+            losses.append(pm.train_step(list(xs), y))
+            on_step(step, losses[-1], None, time.perf_counter() - t)
+        report["losses"] = losses
+    timings.update({f"trace_{k}": v for k, v in pm.runtime.trace_seconds.items()})
+    later = step_times[1:]
+    report["step_seconds"] = step_times
+    if later:
+        mean = sum(later) / len(later)
+        report["throughput_examples_per_s"] = len(y) / mean
+        say(f"\nstep time {mean:.3f} s after the first (first step, with tracing: "
+            f"{step_times[0]:.2f} s); throughput {len(y) / mean:.1f} examples/s")
+    audit = pm.audit()
+    report["audit"] = audit.to_json()
+    say("\ncollectives in one training step (program vs the strategy's prediction):")
+    say(audit.table())
+    if opts.verify:
+        say("\nverify against the single-device Keras model (rtol 1e-5, atol 1e-5 x the "
+            "largest reference magnitude of each quantity: outputs, all gradients, all "
+            "weights):")
+        for what in ("outputs", "loss", "gradients", "step_losses", "weights"):
+            r = check[what]
+            worst = f"  (worst: {r['worst']})" if r.get("worst") else ""
+            if r.get("ill_conditioned"):
+                worst += (f"; {r['ill_conditioned']} elements with gradient within rounding "
+                          f"noise excluded (Adam moves them +-lr; max |diff| there "
+                          f"{r['max_abs_diff_all']:.1e})")
+            say(f"  {what:<12} max |diff| {r['max_abs_diff']:.3e}  "
+                f"{'ok' if r['ok'] else 'MISMATCH'}{worst}")
+        say("verify: " + ("PASSED" if check["ok"] else "FAILED"))
+    report["timings"] = {k: round(v, 4) for k, v in timings.items()}
+    say("\nphase timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
+    if opts.json_out and chief:
+        _write_json(opts.json_out, report)
+    if opts.verify and not check["ok"]:
+        raise TrainError("verify failed: the parallel program differs from the single-device "
+                         "model (see the table above)")
+    return report
+
+
+def _is_chief(distribute: Any) -> bool:
+    resolver = getattr(distribute, "cluster_resolver", None)
+    return resolver is None or not resolver.task_type or int(resolver.task_id or 0) == 0
+
+
+def _device_names(distribute: Any) -> list[str]:
+    return [d.rsplit("/", 1)[-1] if "/device:" in d else d
+            for d in distribute.extended.worker_devices]
+
+
+def _write_json(path: str, report: dict[str, Any]) -> None:
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, default=str)
+
+
+def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
+    from tapas.execution import launch
+    fd, report_path = tempfile.mkstemp(suffix=".json", prefix="tapas-train-")
+    os.close(fd)
+    argv = [sys.executable, "-m", "tapas.cli", "train", f"--model={opts.model or ''}",
+            f"--devices={opts.workers}", f"--steps={opts.steps}",
+            f"--optimizer={opts.optimizer}", f"--cluster={opts.cluster}",
+            f"--verify={str(opts.verify).lower()}", f"--json_out={report_path}",
+            "--workers=0"]
+    argv = [a for a in argv if a != "--model="]
+    if opts.strategy:
+        argv.append(f"--strategy={opts.strategy}")
+    if opts.learning_rate is not None:
+        argv.append(f"--learning_rate={opts.learning_rate}")
+    if opts.batch_size is not None:
+        argv.append(f"--batch_size={opts.batch_size}")
+    if opts.memory_budget_gib is not None:
+        argv.append(f"--memory_budget_gib={opts.memory_budget_gib}")
+    print(f"launching {opts.workers} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)",
+          flush=True)
+    try:
+        results = launch.launch(lambda i: argv, opts.workers, timeout_s=opts.timeout_s)
+        print(results[0].output, end="")
+        with open(report_path) as f:
+            report = json.load(f)
+    except launch.LaunchError as e:
+        raise TrainError(str(e)) from None
+    finally:
+        os.unlink(report_path)
+    report["worker_seconds"] = [round(r.seconds, 2) for r in results]
+    if opts.json_out:
+        _write_json(opts.json_out, report)
+    return report

@@ -1,0 +1,599 @@
+"""Cost layer: clusters, collective primitives and their overlap-aware alpha-beta time.
+
+What comes in: a ``Cluster`` (``num_nodes`` nodes of ``devices_per_node`` devices, an
+intra-node and an inter-node ``Link``), a collective kind (``Collective``), a message size
+``N`` in bytes, a group size ``W`` and ``CostOptions`` (which terms of the model are on).
+What goes out: a ``CostTerm`` (one collective's latency and transmission time, in seconds)
+and ``CostBreakdown`` (a sum of terms, by kind and by direction). The stage that attaches
+collectives to sharding patterns calls ``collective_cost`` once per collective on the
+critical path and adds the terms.
+
+The model is TAPAS's (paper section 4.6), per collective c of kind k over W workers:
+
+    T_latency(c) = alpha' * W                              (eq. 2; 0 if options.latency is off)
+    T_trans(c)   = beta * f_k(W) * N * g * epsilon_k       (eq. 3)
+    Cost         = sum_c (T_latency(c) + T_trans(c))       (eq. 4)
+
+with alpha' the link's per-hop latency (s), beta = 1 / bandwidth (s/byte), g = gamma for a
+backward-pass collective (gradient overlap; 1 in the forward pass or with
+``gradient_overlap`` off), epsilon_k the efficiency of primitive k (1 with
+``collective_efficiency`` off) and f_k the ring-algorithm factor:
+
+    all-reduce      AR   f = 2 (W - 1) / W    N = the tensor each worker holds
+    all-gather      AG   f =   (W - 1) / W    N = the gathered (output) tensor
+    reduce-scatter  RS   f =   (W - 1) / W    N = the tensor reduced (input, before scatter)
+    all-to-all      A2A  f =   (W - 1) / W    N = each worker's buffer (input = output size)
+
+In words, N is always the largest per-worker tensor the collective touches. A group that
+spans nodes pays the inter-node link (a ring is as slow as its slowest hop); a group inside
+one node pays the intra-node link. W = 1 costs exactly 0. Latency is charged per collective
+(a pattern with one collective in each direction pays it twice) and is not scaled by gamma
+or epsilon, as in eq. 3 where only the transmission term is.
+
+Example (a made-up 1 GB/s, 1 us link; 4 workers all-reduce 1 MB in the forward pass):
+
+>>> link = Link(bandwidth=1e9, latency=1e-6)
+>>> c = Cluster("toy", num_nodes=1, devices_per_node=4, intra=link, inter=link,
+...             device_memory=2**30, device_peak_flops=1e12)
+>>> t = collective_cost("AR", 1_000_000, 4, c, CostOptions(collective_efficiency=False))
+>>> round(t.latency * 1e6, 3), round(t.transmission * 1e3, 3)   # 4 * 1 us; 1.5 MB / 1 GB/s
+(4.0, 1.5)
+>>> collective_time("AR", 1_000_000, 1, c)                        # one worker: no communication
+0.0
+
+Plan level (used by ``tapas.planning.explore``; docs/search.md): ``comm_cost`` prices one
+``tapas.sharding.placements.Comm`` (an all-to-all's N is the global size over W), ``compute_time`` turns a
+pattern's forward FLOPs per device into seconds of a training step (``CostOptions.compute``,
+``backward_flops_factor``), ``weight_memory`` / ``MemoryEstimate`` count bytes per device
+(weights, gradients, optimizer state per ``CostOptions.optimizer``, activations) and
+``PlanCost`` adds them up for a whole plan.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Union
+
+from tapas.ir import DTYPE_BYTES, dtype_bytes
+from tapas.sharding.placements import Collective
+
+__all__ = [
+    "Collective", "Link", "Cluster", "Group", "CostOptions", "CostTerm", "CostBreakdown",
+    "collective_cost", "collective_time", "ring_factor", "DEFAULT_EPSILON", "DEFAULT_GAMMA",
+    "OPTIMIZER_SLOTS", "DTYPE_BYTES", "dtype_bytes", "comm_cost", "compute_time",
+    "MemoryEstimate", "weight_memory", "PlanCost",
+]
+
+
+KindLike = Union[Collective, str]
+
+# optimizer state per trainable weight, in copies of the weight (Adam: first and second
+# moments; momentum SGD: one velocity; plain SGD: none)
+OPTIMIZER_SLOTS: Mapping[str, int] = types.MappingProxyType({"adam": 2, "momentum": 1,
+                                                              "sgd": 0})
+
+# gamma and epsilon defaults; docs/cost.md says where they come from. They are priors to be
+# replaced by profiled values, not measurements.
+DEFAULT_GAMMA = 0.5
+DEFAULT_EPSILON: Mapping[str, float] = types.MappingProxyType(
+    {"AR": 1.0, "AG": 0.8, "RS": 0.8, "A2A": 1.0})
+
+
+def ring_factor(kind: KindLike, group_size: int) -> float:
+    """Bytes each worker sends per byte of message N, for the ring algorithm (see module doc)."""
+    kind = Collective.parse(kind)
+    _check_count("group_size", group_size, "a collective runs over at least one worker")
+    w = group_size
+    if kind is Collective.ALL_REDUCE:
+        return 2.0 * (w - 1) / w
+    return (w - 1) / w
+
+
+def _check_count(name: str, value: object, why: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}={value!r}: must be an int ({why})")
+    if value < 1:
+        raise ValueError(f"{name}={value}: must be at least 1 ({why})")
+
+
+def _check_positive(name: str, value: object, unit: str, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}={value!r}: must be a number of {unit}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value}: must be a positive, finite number of {unit}; {fix}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A network link: ``bandwidth`` in bytes/s per direction, ``latency`` (alpha') in s per hop."""
+
+    bandwidth: float
+    latency: float
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        label = f"{self.name or 'link'}.bandwidth"
+        _check_positive(label, self.bandwidth, "bytes/s",
+                        "e.g. 12.5e9 for 100 Gb/s Ethernet (bits / 8)")
+        if isinstance(self.latency, bool) or not isinstance(self.latency, (int, float)):
+            raise TypeError(f"{self.name or 'link'}.latency={self.latency!r}: must be seconds")
+        if not math.isfinite(self.latency) or self.latency < 0:
+            raise ValueError(f"{self.name or 'link'}.latency={self.latency}: must be a finite "
+                             "number of seconds >= 0 (use 0 to ignore latency)")
+
+    @property
+    def beta(self) -> float:
+        """Seconds per byte (1 / bandwidth)."""
+        return 1.0 / self.bandwidth
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A group of ``size`` workers placed on ``nodes`` nodes, and the link its ring pays."""
+
+    size: int
+    nodes: int
+    link: Link
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.nodes > 1
+
+
+# the constants each Cluster documents in ``sources``
+SOURCE_KEYS = ("intra.bandwidth", "intra.latency", "inter.bandwidth", "inter.latency",
+               "device_memory", "device_peak_flops")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """S(m, n): ``num_nodes`` nodes of ``devices_per_node`` devices each.
+
+    ``intra`` links devices inside a node, ``inter`` links nodes. ``device_memory`` is bytes per
+    device, ``device_peak_flops`` FLOP/s per device. ``sources`` says where each constant comes
+    from (keys: ``SOURCE_KEYS``; a missing one reads "unspecified").
+    """
+
+    name: str
+    num_nodes: int
+    devices_per_node: int
+    intra: Link
+    inter: Link
+    device_memory: float
+    device_peak_flops: float
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False,
+                                                   repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_nodes, int) and not isinstance(self.num_nodes, bool) \
+                and self.num_nodes < 1:
+            raise ValueError(f"num_nodes={self.num_nodes}: a cluster needs at least one node; "
+                             "use Cluster.single_node(n) for one machine")
+        _check_count("num_nodes", self.num_nodes, "a cluster needs at least one node")
+        if isinstance(self.devices_per_node, int) and not isinstance(self.devices_per_node, bool) \
+                and self.devices_per_node < 1:
+            raise ValueError(f"devices_per_node={self.devices_per_node}: a cluster with no "
+                             "devices cannot run anything; give each node at least one device")
+        _check_count("devices_per_node", self.devices_per_node, "each node needs a device")
+        for field, link in (("intra", self.intra), ("inter", self.inter)):
+            if not isinstance(link, Link):
+                raise TypeError(f"{field}={link!r}: must be a Link(bandwidth, latency)")
+        _check_positive("device_memory", self.device_memory, "bytes", "e.g. 32 * 2**30")
+        _check_positive("device_peak_flops", self.device_peak_flops, "FLOP/s", "e.g. 15.7e12")
+        unknown = sorted(set(self.sources) - set(SOURCE_KEYS))
+        if unknown:
+            raise ValueError(f"sources has unknown keys {unknown}: use {list(SOURCE_KEYS)}")
+        object.__setattr__(self, "sources", types.MappingProxyType(dict(self.sources)))
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def source(self, key: str) -> str:
+        """Where the constant ``key`` (one of ``SOURCE_KEYS``) comes from."""
+        if key not in SOURCE_KEYS:
+            raise KeyError(f"{key!r} is not a cluster constant: use one of {list(SOURCE_KEYS)}")
+        return self.sources.get(key, "unspecified")
+
+    def group(self, size: int, nodes: int | None = None) -> Group:
+        """The group of ``size`` workers, filling a node before the next (or over ``nodes``).
+
+        A group inside one node pays ``intra``; one that spans nodes pays ``inter``.
+        """
+        _check_count("size", size, "a group has at least one worker")
+        if size > self.num_devices:
+            raise ValueError(f"size={size}: the cluster {self.name!r} has only "
+                             f"{self.num_devices} devices ({self.num_nodes} x "
+                             f"{self.devices_per_node}); use a smaller group or a bigger cluster")
+        fewest = -(-size // self.devices_per_node)
+        if nodes is None:
+            nodes = fewest
+        _check_count("nodes", nodes, "a group lies on at least one node")
+        most = min(size, self.num_nodes)
+        if not fewest <= nodes <= most:
+            raise ValueError(f"nodes={nodes}: a group of {size} on {self.name!r} lies on "
+                             f"{fewest} to {most} nodes")
+        return Group(size=size, nodes=nodes, link=self.intra if nodes == 1 else self.inter)
+
+    def with_shape(self, num_nodes: int, devices_per_node: int) -> Cluster:
+        """The same hardware with another shape."""
+        return dataclasses.replace(self, num_nodes=num_nodes, devices_per_node=devices_per_node,
+                                   name=_shape_name(self.name, num_nodes, devices_per_node))
+
+    # ---- presets --------------------------------------------------------------------------
+
+    @classmethod
+    def single_node(cls, devices: int, like: Cluster | None = None) -> Cluster:
+        """One machine with ``devices`` devices, hardware as ``like`` (default: V100 node)."""
+        _check_count("devices", devices, "a machine needs at least one device")
+        return (like or cls.v100_ethernet()).with_shape(1, devices)
+
+    @classmethod
+    def v100_ethernet(cls, num_nodes: int = 1, devices_per_node: int = 8) -> Cluster:
+        """The paper's cluster (section 5.1): V100 SXM2 32 GB, NVLink2 in a node, 100 Gb/s
+        Ethernet between nodes."""
+        return cls(
+            name=_shape_name("v100-ethernet", num_nodes, devices_per_node),
+            num_nodes=num_nodes, devices_per_node=devices_per_node,
+            intra=Link(bandwidth=150e9, latency=3.4e-6, name="nvlink2"),
+            inter=Link(bandwidth=100e9 / 8, latency=9.6e-6, name="ethernet-100g"),
+            device_memory=32 * 2**30, device_peak_flops=15.7e12,
+            sources=V100_SOURCES)
+
+    @classmethod
+    def loopback_cpu(cls, devices: int = 4) -> Cluster:
+        """``devices`` logical CPU devices on one machine, as MirroredStrategy runs them here.
+
+        Constants measured by benchmarks/measure_collectives.py (all-reduce fit, 4 devices);
+        the devices share the cores, so this is for tests and ranking on this machine only.
+        """
+        return cls(
+            name=f"loopback-cpu-{devices}",
+            num_nodes=1, devices_per_node=devices,
+            intra=Link(bandwidth=LOOPBACK_BANDWIDTH, latency=LOOPBACK_LATENCY, name="loopback"),
+            inter=Link(bandwidth=LOOPBACK_BANDWIDTH, latency=LOOPBACK_LATENCY, name="loopback"),
+            device_memory=LOOPBACK_MEMORY, device_peak_flops=LOOPBACK_FLOPS,
+            sources=LOOPBACK_SOURCES)
+
+
+def _shape_name(base: str, num_nodes: int, devices_per_node: int) -> str:
+    base = base.split("/")[0]
+    return f"{base}/{num_nodes}x{devices_per_node}"
+
+
+V100_SOURCES: Mapping[str, str] = types.MappingProxyType({
+    "intra.bandwidth": "NVIDIA Tesla V100 datasheet: NVLink2 300 GB/s aggregate bidirectional "
+                       "(6 links x 25 GB/s per direction); a ring sends one way: 150 GB/s",
+    "intra.latency": "NCCL src/graph/tuning.cc hwLat, NVLink, Ring/Simple protocol: "
+                     "3.4 us per ring hop",
+    "inter.bandwidth": "paper section 5.1: nodes interconnected by 100 Gb/s Ethernet = 12.5 GB/s",
+    "inter.latency": "NCCL src/graph/tuning.cc hwLat, network, Ring/Simple protocol: "
+                     "9.6 us per ring hop",
+    "device_memory": "NVIDIA Tesla V100 SXM2 32 GB datasheet: 32 GB HBM2 (taken as 32 GiB)",
+    "device_peak_flops": "NVIDIA Tesla V100 SXM2 datasheet: 15.7 TFLOP/s single precision",
+})
+
+# Measured by benchmarks/measure_collectives.py --devices=4 on this development machine
+# (2 cores, 24 GiB, tensorflow-cpu 2.21); JSON: benchmarks/results/collectives_cpu.json.
+LOOPBACK_DATE = "2026-11-22"
+LOOPBACK_LATENCY = 5.0e-4       # alpha' = all-reduce intercept / W, s per worker
+LOOPBACK_BANDWIDTH = 3.75e8     # 1 / beta of the all-reduce fit, bytes/s (ring bytes)
+LOOPBACK_FLOPS = 3.6e10         # float32 matmul on one logical device, FLOP/s
+LOOPBACK_MEMORY = 24 * 2**30    # the machine's RAM, shared by all logical devices
+_MEASURED = f"measured by benchmarks/measure_collectives.py on {LOOPBACK_DATE}"
+LOOPBACK_SOURCES: Mapping[str, str] = types.MappingProxyType({
+    "intra.bandwidth": f"{_MEASURED} (all-reduce slope, 4 logical CPU devices)",
+    "intra.latency": f"{_MEASURED} (all-reduce intercept / W; mostly tf.function dispatch)",
+    "inter.bandwidth": "no second node: same as intra",
+    "inter.latency": "no second node: same as intra",
+    "device_memory": "this machine's 24 GiB RAM, shared by all logical devices",
+    "device_peak_flops": f"{_MEASURED} (2048^2 float32 matmul, one logical device)",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class CostOptions:
+    """Which terms of the cost model are on; switch one off for the paper's ablation (Table 2)."""
+
+    # the alpha' * W latency term (eq. 2), the constant part of the cost the paper's ablation
+    # calls "CF" (constant filter); off: only transmission time counts
+    latency: bool = True
+    # discount backward-pass transmission by gamma (eq. 3, "GO"); off: gamma = 1
+    gradient_overlap: bool = True
+    # the discount: how much of a backward collective's transmission is not hidden, in (0, 1]
+    gamma: float = DEFAULT_GAMMA
+    # scale transmission by epsilon of its primitive (eq. 3, "EC"); off: epsilon = 1
+    collective_efficiency: bool = True
+    # epsilon per primitive, keyed by short name ("AR", "AG", "RS", "A2A"), each in (0, 1];
+    # a primitive left out gets 1
+    epsilon: Mapping[str, float] = dataclasses.field(
+        default_factory=lambda: dict(DEFAULT_EPSILON), hash=False)
+    # plan level (beyond the paper): add compute time, FLOPs per device / device peak; off:
+    # only communication ranks plans, as in the paper's eq. 4
+    compute: bool = True
+    # backward FLOPs per forward FLOP (input and weight gradients: 2, Kaplan et al. 2020's
+    # "6N per token" = 2N forward + 4N backward)
+    backward_flops_factor: float = 2.0
+    # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
+    # trainable weight), "momentum" (1) or "sgd" (0)
+    optimizer: str = "adam"
+
+    def __post_init__(self) -> None:
+        for name in ("latency", "gradient_overlap", "collective_efficiency", "compute"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r}: must be True or False")
+        if isinstance(self.backward_flops_factor, bool) or \
+                not isinstance(self.backward_flops_factor, (int, float)) or \
+                not math.isfinite(self.backward_flops_factor) or self.backward_flops_factor < 0:
+            raise ValueError(f"backward_flops_factor={self.backward_flops_factor!r}: must be a "
+                             "finite number >= 0 (2.0: backward costs twice the forward pass)")
+        if self.optimizer not in OPTIMIZER_SLOTS:
+            raise ValueError(f"optimizer={self.optimizer!r} is unknown: use one of "
+                             f"{sorted(OPTIMIZER_SLOTS)}")
+        _check_fraction("gamma", self.gamma, "use gradient_overlap=False for no discount")
+        eps: dict[str, float] = {}
+        for key, value in dict(self.epsilon).items():
+            kind = Collective.parse(key)
+            _check_fraction(f"epsilon[{kind.value!r}]", value,
+                            "use collective_efficiency=False for no discount")
+            eps[kind.value] = float(value)
+        object.__setattr__(self, "epsilon", types.MappingProxyType(eps))
+
+    def gamma_for(self, backward: bool) -> float:
+        """The factor on transmission for a collective in the given direction."""
+        return self.gamma if backward and self.gradient_overlap else 1.0
+
+    def epsilon_for(self, kind: KindLike) -> float:
+        """The factor on transmission for primitive ``kind``."""
+        if not self.collective_efficiency:
+            return 1.0
+        return self.epsilon.get(Collective.parse(kind).value, 1.0)
+
+    @classmethod
+    def vanilla(cls) -> CostOptions:
+        """The plain alpha-beta model: latency on, no overlap discounts (the ablation baseline)."""
+        return cls(gradient_overlap=False, collective_efficiency=False)
+
+
+def _check_fraction(name: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}={value!r}: must be a number in (0, 1]")
+    if not (0.0 < value <= 1.0):
+        raise ValueError(f"{name}={value}: must be in (0, 1]; {fix}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTerm:
+    """One collective's cost: ``latency + transmission`` seconds."""
+
+    kind: Collective
+    nbytes: int
+    group_size: int
+    nodes: int
+    backward: bool
+    latency: float
+    transmission: float
+    label: str = ""
+
+    @property
+    def total(self) -> float:
+        return self.latency + self.transmission
+
+    @property
+    def direction(self) -> str:
+        return "backward" if self.backward else "forward"
+
+    def __str__(self) -> str:
+        where = f" on {self.nodes} nodes" if self.nodes > 1 else ""
+        label = f" [{self.label}]" if self.label else ""
+        return (f"{self.kind.value:<3} {self.direction:<8} {self.nbytes:>14,} B  "
+                f"W={self.group_size}{where}: latency {self.latency * 1e6:.1f} us + transmission "
+                f"{self.transmission * 1e6:.1f} us = {self.total * 1e6:.1f} us{label}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CostBreakdown:
+    """A sum of ``CostTerm``s; ``total`` is eq. 4 over them."""
+
+    terms: tuple[CostTerm, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "terms", tuple(self.terms))
+
+    @property
+    def total(self) -> float:
+        return math.fsum(t.total for t in self.terms)
+
+    @property
+    def latency(self) -> float:
+        return math.fsum(t.latency for t in self.terms)
+
+    @property
+    def transmission(self) -> float:
+        return math.fsum(t.transmission for t in self.terms)
+
+    def by_kind(self) -> dict[Collective, float]:
+        """Total seconds per primitive (only primitives present)."""
+        out: dict[Collective, float] = {}
+        for t in self.terms:
+            out[t.kind] = out.get(t.kind, 0.0) + t.total
+        return out
+
+    def by_direction(self) -> dict[str, float]:
+        """Total seconds in the forward and the backward pass."""
+        return {"forward": math.fsum(t.total for t in self.terms if not t.backward),
+                "backward": math.fsum(t.total for t in self.terms if t.backward)}
+
+    def __add__(self, other: Union[CostBreakdown, CostTerm, Iterable[CostTerm]]) -> CostBreakdown:
+        if isinstance(other, CostTerm):
+            return CostBreakdown(self.terms + (other,))
+        if isinstance(other, CostBreakdown):
+            return CostBreakdown(self.terms + other.terms)
+        return CostBreakdown(self.terms + tuple(other))
+
+    def __iter__(self) -> Iterator[CostTerm]:
+        return iter(self.terms)
+
+    def __len__(self) -> int:
+        return len(self.terms)
+
+    def __str__(self) -> str:
+        lines = [str(t) for t in self.terms]
+        d = self.by_direction()
+        lines.append(f"total {self.total * 1e6:.1f} us (forward {d['forward'] * 1e6:.1f} us, "
+                     f"backward {d['backward'] * 1e6:.1f} us)")
+        return "\n".join(lines)
+
+
+def collective_cost(kind: KindLike, nbytes: int, group_size: int, cluster: Cluster,
+                    options: CostOptions | None = None, backward: bool = False,
+                    nodes: int | None = None, label: str = "") -> CostTerm:
+    """The cost of one collective of ``nbytes`` bytes over ``group_size`` workers of ``cluster``.
+
+    ``nodes`` places the group on that many nodes (default: fill a node first); ``backward``
+    marks a backward-pass collective (gamma applies). See the module docstring for N's meaning.
+    """
+    kind = Collective.parse(kind)
+    options = CostOptions() if options is None else options
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"nbytes={nbytes!r}: must be an int number of bytes")
+    if nbytes < 0:
+        raise ValueError(f"nbytes={nbytes}: a message cannot have negative size")
+    group = cluster.group(group_size, nodes)
+    if group.size == 1:
+        return CostTerm(kind, nbytes, 1, group.nodes, bool(backward), 0.0, 0.0, label)
+    latency = group.link.latency * group.size if options.latency else 0.0
+    transmission = (group.link.beta * ring_factor(kind, group.size) * nbytes
+                    * options.gamma_for(backward) * options.epsilon_for(kind))
+    return CostTerm(kind, nbytes, group.size, group.nodes, bool(backward), latency, transmission,
+                    label)
+
+
+def collective_time(kind: KindLike, nbytes: int, group_size: int, cluster: Cluster,
+                    options: CostOptions | None = None, backward: bool = False,
+                    nodes: int | None = None) -> float:
+    """Seconds for one collective: ``collective_cost(...).total``."""
+    return collective_cost(kind, nbytes, group_size, cluster, options, backward, nodes).total
+
+
+# =========================================================================================
+# Plan level: a sharding pattern's collectives, compute time and memory
+# =========================================================================================
+
+# bytes per element of the dtypes TF graphs carry (tapas.ir dtype strings)
+def comm_cost(comm: object, group_size: int, cluster: Cluster,
+              options: CostOptions | None = None, label: str = "") -> CostTerm:
+    """The cost of one ``tapas.sharding.placements.Comm`` (anything with ``kind``, ``bytes`` and ``phase``).
+
+    ``comm.bytes`` is the global tensor's size, which is N for AR, AG and RS (module doc);
+    an all-to-all's N is each worker's buffer, the global size over the group. ``phase``
+    ``"bwd"`` makes it a backward collective (gamma applies).
+    """
+    kind = Collective.parse(getattr(comm, "kind"))
+    nbytes = int(getattr(comm, "bytes"))
+    phase = getattr(comm, "phase")
+    if phase not in ("fwd", "bwd"):
+        raise ValueError(f"comm phase {phase!r}: must be 'fwd' or 'bwd'")
+    if kind is Collective.ALL_TO_ALL:
+        nbytes = -(-nbytes // group_size)
+    return collective_cost(kind, nbytes, group_size, cluster, options,
+                           backward=phase == "bwd", label=label)
+
+
+def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = None) -> float:
+    """Seconds of one training step's compute for ``flops`` forward FLOPs per device.
+
+    ``flops * (1 + backward_flops_factor) / device_peak_flops``; 0 with ``compute`` off.
+    """
+    options = CostOptions() if options is None else options
+    if not options.compute:
+        return 0.0
+    return float(flops) * (1.0 + options.backward_flops_factor) / cluster.device_peak_flops
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device: weights, their gradients, optimizer state and saved activations."""
+
+    weights: float = 0.0
+    gradients: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
+        return MemoryEstimate(self.weights + other.weights, self.gradients + other.gradients,
+                              self.optimizer + other.optimizer,
+                              self.activations + other.activations)
+
+    def to_json(self) -> dict[str, float]:
+        return {"weights": self.weights, "gradients": self.gradients,
+                "optimizer": self.optimizer, "activations": self.activations,
+                "total": self.total}
+
+    @staticmethod
+    def from_json(d: Mapping[str, float]) -> MemoryEstimate:
+        return MemoryEstimate(d["weights"], d["gradients"], d["optimizer"], d["activations"])
+
+    def __str__(self) -> str:
+        gib = 2.0 ** 30
+        return (f"{self.total / gib:.3f} GiB per device (weights {self.weights / gib:.3f}, "
+                f"gradients {self.gradients / gib:.3f}, optimizer {self.optimizer / gib:.3f}, "
+                f"activations {self.activations / gib:.3f})")
+
+
+def weight_memory(local_bytes: float, trainable: bool,
+                  options: CostOptions | None = None) -> MemoryEstimate:
+    """One weight holding ``local_bytes`` per device: itself, its gradient and optimizer
+    state if trainable (``OPTIMIZER_SLOTS[options.optimizer]`` copies)."""
+    options = CostOptions() if options is None else options
+    if not trainable:
+        return MemoryEstimate(weights=float(local_bytes))
+    return MemoryEstimate(weights=float(local_bytes), gradients=float(local_bytes),
+                          optimizer=float(local_bytes) * OPTIMIZER_SLOTS[options.optimizer])
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanCost:
+    """A whole plan's cost: collectives (eq. 4 over them), compute time and memory.
+
+    ``total`` (seconds per training step) is the collectives' total plus ``compute``.
+    """
+
+    comms: CostBreakdown
+    compute: float
+    memory: MemoryEstimate
+
+    @property
+    def communication(self) -> float:
+        return self.comms.total
+
+    @property
+    def total(self) -> float:
+        return self.comms.total + self.compute
+
+    def to_json(self) -> dict[str, object]:
+        d = self.comms.by_direction()
+        return {"total": self.total, "communication": self.communication,
+                "compute": self.compute, "latency": self.comms.latency,
+                "transmission": self.comms.transmission,
+                "forward": d["forward"], "backward": d["backward"],
+                "by_kind": {k.value: v for k, v in self.comms.by_kind().items()},
+                "collectives": len(self.comms), "memory": self.memory.to_json()}
+
+    def __str__(self) -> str:
+        d = self.comms.by_direction()
+        kinds = ", ".join(f"{k.value} {v * 1e3:.3f} ms" for k, v in self.comms.by_kind().items())
+        return (f"{self.total * 1e3:.3f} ms per step: communication "
+                f"{self.communication * 1e3:.3f} ms (forward {d['forward'] * 1e3:.3f}, "
+                f"backward {d['backward'] * 1e3:.3f}; {kinds or 'none'}), compute "
+                f"{self.compute * 1e3:.3f} ms; memory {self.memory}")

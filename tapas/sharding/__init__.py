@@ -1,0 +1,19 @@
+"""Stage 3a, sharding: how each GraphNode can run on N devices (pure, no TF).
+
+In:  a :class:`tapas.ir.Graph` and a device count N.
+Out: for every GraphNode, its :class:`~tapas.sharding.patterns.ShardingPattern` s: the
+     placement of every input, weight, output and inner tensor, the collectives the pattern
+     needs, and its SRC expression.
+
+* :mod:`tapas.sharding.placements`: ``Split``/``Replica``/``Partial``, ``Collective``,
+  ``Comm`` and ``reshard`` -- the vocabulary.
+* :mod:`tapas.sharding.expressions`: SRC expressions (``C_AR(MatMul(S1(X), S0(W)))``).
+* :mod:`tapas.sharding.patterns`: the pattern families (one module each), the registry they
+  fill, the propagation engine that checks a seed op by op, and ``tapas.layers`` pins.
+"""
+
+from tapas.sharding.placements import (Collective, Comm, Partial, Placement, Replica, Split,
+                                       parse_placement, reshard)
+
+__all__ = ["Split", "Replica", "Partial", "Placement", "parse_placement", "Collective", "Comm",
+           "reshard"]

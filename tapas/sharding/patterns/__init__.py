@@ -1,0 +1,230 @@
+"""Sharding patterns: the parallel implementations of each GraphNode (paper 4.4).
+
+In:  a :class:`tapas.ir.GraphNode`, its :class:`tapas.ir.Graph` and the number of devices N.
+Out: :func:`patterns_for` -- the valid :class:`ShardingPattern` s of the node, in a stable
+     order, ``replicate`` first; :func:`explain` -- why a named pattern is invalid;
+     :func:`pattern_by_name`.
+
+Families register seed functions per :class:`tapas.ir.Kind` with ``@register`` (one module
+each: ``dense``, ``attention``, ``conv``, ``embedding``, ``moe``, ``follow``, ``replicate``);
+a seed says which inputs and weights to split, and ``tapas.sharding.patterns.engine`` propagates
+it through the node's ops with the per-op rules of ``tapas.sharding.patterns.ops``, which decide
+the placement of every tensor, the collectives and the local rewrites. Results are cached
+per (signature, weight shapes, N): identical GraphNodes (the layers of a T5) are
+propagated once and renamed.
+
+Example::
+
+    >>> from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
+    >>> x = TensorInfo("x:0", (8, 16), "float32")
+    >>> w = WeightInfo("dense/kernel", (16, 32), "float32", True, "w")
+    >>> ops = (OpInfo("w", "Placeholder", (), (TensorInfo("w:0", (), "resource"),)),
+    ...        OpInfo("r", "ReadVariableOp", ("w:0",), (TensorInfo("r:0", (16, 32), "float32"),)),
+    ...        OpInfo("mm", "MatMul", ("x:0", "r:0"), (TensorInfo("mm:0", (8, 32), "float32"),)))
+    >>> xin = GraphNode(0, "x", Kind.INPUT, (OpInfo("x", "Placeholder", (), (x,)),), (), (x,), ())
+    >>> dense = GraphNode(1, "dense", Kind.DENSE, ops, (x,), (ops[2].outputs[0],), (w,))
+    >>> g = Graph.build([xin, dense])
+    >>> [p.name for p in patterns_for(g.nodes[1], g, 4)]
+    ['replicate', 'batch', 'row', 'column']
+    >>> print(pattern_by_name(g.nodes[1], g, 4, "row").expr)
+    C_AR(MatMul(S1(X), S0(W)))
+
+This package imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from tapas.ir import Graph, GraphNode
+from tapas.sharding.patterns import (attention, conv, dense, embedding, follow, moe, ops,
+                                     replicate, whole_layer)
+from tapas.sharding.patterns.base import (REGISTRY, GraphIndex, PatternSeed, SeedContext,
+                                          ShardingPattern, register)
+from tapas.sharding.patterns.engine import Invalid, propagate
+from tapas.sharding.patterns.pins import PinError, apply_pin
+
+__all__ = ["ShardingPattern", "PatternSeed", "register", "REGISTRY", "patterns_for",
+           "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid", "ops",
+           "PinError"]
+
+_ = (attention, conv, dense, embedding, follow, moe, replicate, whole_layer)  # imported to fill the registry
+
+_LOCK = threading.Lock()
+_INDEX: dict[int, tuple[Graph, GraphIndex]] = {}
+_CACHE: dict[tuple[Any, ...], tuple[GraphNode, list[ShardingPattern]]] = {}
+_MAX_INDEXES = 4
+
+
+def clear_cache() -> None:
+    """Forget cached graph indexes and patterns."""
+    with _LOCK:
+        _INDEX.clear()
+        _CACHE.clear()
+
+
+def _index(graph: Graph) -> GraphIndex:
+    with _LOCK:
+        hit = _INDEX.get(id(graph))
+        if hit is not None and hit[0] is graph:
+            return hit[1]
+    idx = GraphIndex(graph)
+    with _LOCK:
+        if len(_INDEX) >= _MAX_INDEXES:
+            _INDEX.pop(next(iter(_INDEX)))
+        _INDEX[id(graph)] = (graph, idx)
+    return idx
+
+
+def _check_n(num_devices: int) -> None:
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise ValueError(f"num_devices={num_devices!r}: must be an int >= 1 (the size of the "
+                         "1-D device mesh)")
+
+
+def seeds_for(node: GraphNode, graph: Graph, num_devices: int) -> list[PatternSeed]:
+    """Every seed the families propose for ``node``, ``replicate`` first, names unique."""
+    _check_n(num_devices)
+    ctx = SeedContext(node, _index(graph), num_devices)
+    return _seeds(node, ctx)
+
+
+def _seeds(node: GraphNode, ctx: SeedContext) -> list[PatternSeed]:
+    seeds = [replicate.replicate_seed(node)]
+    names = {"replicate"}
+    for fn in REGISTRY[node.kind]:
+        for s in fn(node, ctx):
+            if s.name not in names:
+                names.add(s.name)
+                seeds.append(s)
+    return seeds
+
+
+def _compute(node: GraphNode, ctx: SeedContext) -> list[ShardingPattern]:
+    out: list[ShardingPattern] = []
+    keys: set[Any] = set()
+    for seed in _seeds(node, ctx):
+        try:
+            if seed.name == "replicate":
+                pat = propagate(node, ctx.index, ctx.num_devices, seed, replicate_unknown=True)
+            else:
+                pat = ctx.trial(seed)
+                if pat is None:
+                    continue
+        except Invalid:
+            continue
+        k = pat.key()
+        if k in keys:
+            continue
+        keys.add(k)
+        out.append(pat)
+    return out
+
+
+def _cache_key(node: GraphNode, n: int) -> tuple[Any, ...]:
+    return (node.signature or node.name, node.kind, n, len(node.ops),
+            tuple((w.shape, w.trainable) for w in node.weights),
+            tuple(t.shape for t in node.inputs), tuple(t.shape for t in node.outputs))
+
+
+def patterns_for(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:
+    """The valid sharding patterns of ``node`` on ``num_devices`` devices, ``replicate``
+    first, then the families' patterns in their order (identical implementations once).
+
+    A node pinned by its ``tapas.layers`` layer (``GraphNode.pin``) has just the pattern
+    the pin selects; :class:`PinError` when the pin cannot be honoured (``pins.py``)."""
+    pats = _unpinned(node, graph, num_devices)
+    if node.pin is None:
+        return pats
+    return apply_pin(node, pats, num_devices,
+                     lambda name: explain(node, graph, num_devices, name))
+
+
+def _unpinned(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:
+    _check_n(num_devices)
+    key = _cache_key(node, num_devices)
+    with _LOCK:
+        hit = _CACHE.get(key)
+    if hit is not None:
+        ref, pats = hit
+        if ref is node:
+            return list(pats)
+        renamed = _rename(ref, node, pats)
+        if renamed is not None:
+            return renamed
+    pats = _compute(node, SeedContext(node, _index(graph), num_devices))
+    with _LOCK:
+        _CACHE[key] = (node, pats)
+    return list(pats)
+
+
+def pattern_by_name(node: GraphNode, graph: Graph, num_devices: int,
+                    name: str) -> ShardingPattern:
+    """The valid pattern called ``name``; ValueError (with :func:`explain`'s reason) if none."""
+    for p in patterns_for(node, graph, num_devices):
+        if p.name == name:
+            return p
+    raise ValueError(explain(node, graph, num_devices, name))
+
+
+def explain(node: GraphNode, graph: Graph, num_devices: int, name: str) -> str:
+    """Why pattern ``name`` is not a valid pattern of ``node`` on ``num_devices`` devices
+    (or that it is valid)."""
+    _check_n(num_devices)
+    ctx = SeedContext(node, _index(graph), num_devices)
+    seeds = _seeds(node, ctx)
+    seed = next((s for s in seeds if s.name == name), None)
+    if seed is None:
+        return (f"GraphNode '{node.name}' (kind {node.kind.value}) has no pattern named "
+                f"{name!r}; its candidates are: {', '.join(s.name for s in seeds)}")
+    try:
+        pat = propagate(node, ctx.index, num_devices, seed,
+                        replicate_unknown=(seed.name == "replicate"))
+    except Invalid as e:
+        return (f"pattern {name!r} of GraphNode '{node.name}' is invalid on {num_devices} "
+                f"devices: {e}")
+    valid = {p.name for p in _unpinned(node, graph, num_devices)}
+    if name not in valid:
+        same = next(p.name for p in _unpinned(node, graph, num_devices)
+                    if p.key() == pat.key())
+        return (f"pattern {name!r} of GraphNode '{node.name}' is valid on {num_devices} "
+                f"devices but is the same implementation as {same!r}, listed under that name")
+    return f"pattern {name!r} of GraphNode '{node.name}' is valid on {num_devices} devices"
+
+
+# ---- renaming a cached node's patterns onto an identical node ---------------------------
+
+def _rename(ref: GraphNode, node: GraphNode,
+            pats: list[ShardingPattern]) -> list[ShardingPattern] | None:
+    if len(ref.ops) != len(node.ops) or len(ref.weights) != len(node.weights):
+        return None
+    tmap: dict[str, str] = {}
+    omap: dict[str, str] = {}
+    for a, b in zip(ref.ops, node.ops):
+        if a.type != b.type or len(a.outputs) != len(b.outputs):
+            return None
+        omap[a.name] = b.name
+        for ta, tb in zip(a.outputs, b.outputs):
+            tmap[ta.name] = tb.name
+    for ta, tb in zip(ref.inputs, node.inputs):
+        tmap[ta.name] = tb.name
+    wmap: dict[str, str] = {}
+    for wa, wb in zip(ref.weights, node.weights):
+        if wa.shape != wb.shape:
+            return None
+        wmap[wa.path] = wb.path
+        tmap[f"{wa.placeholder}:0"] = f"{wb.placeholder}:0"
+    out = []
+    for p in pats:
+        try:
+            out.append(dataclasses.replace(
+                p,
+                weights={wmap[k]: v for k, v in p.weights.items()},
+                tensors={tmap[k]: v for k, v in p.tensors.items()},
+                comms=tuple(dataclasses.replace(c, tensor=tmap[c.tensor]) for c in p.comms),
+                rewrites={omap[k]: v for k, v in p.rewrites.items()}))
+        except KeyError:
+            return None
+    return out

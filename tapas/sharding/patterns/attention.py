@@ -1,0 +1,31 @@
+"""Attention family: weight-less batched matmuls/einsums of scores and context, and the
+MoE dispatch/combine einsums (kind ``matmul``).
+
+One seed per label of the contraction: ``batch`` (the leading label shared by every
+operand), ``heads`` (another label shared by every operand and the output: attention
+heads), ``split-...`` for the others (named by the input placements, e.g. ``split-S2-R``
+for a MoE dispatch split on the expert axis of the dispatch mask). A contracted label
+gives a partial result, all-reduced at the node output.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tapas.ir import GraphNode, Kind
+from tapas.sharding.patterns.base import PatternSeed, SeedContext, register
+from tapas.sharding.patterns.common import label_seeds
+
+
+@register(Kind.ATTENTION_SCORE, Kind.ATTENTION_CONTEXT)
+def attention_patterns(node: GraphNode, ctx: SeedContext) -> Iterable[PatternSeed]:
+    return label_seeds(ctx, heads=True)
+
+
+@register(Kind.MATMUL)
+def matmul_patterns(node: GraphNode, ctx: SeedContext) -> Iterable[PatternSeed]:
+    if node.weights:
+        return []
+    return label_seeds(ctx, heads=False)

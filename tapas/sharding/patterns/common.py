@@ -1,0 +1,156 @@
+"""Seed helpers shared by the pattern families.
+
+In:  a :class:`tapas.sharding.patterns.base.SeedContext`.
+Out: :class:`tapas.sharding.patterns.base.PatternSeed` lists: the batch split, the follow-your-input
+     splits, the splits of a weight along each of its axes (named by what the split does
+     to the node's contraction: partial sums, i.e. ``row``/``in-channel``/``vocab``, or
+     not, i.e. ``column``/``out-channel``/``hidden``), and the per-label splits of a
+     weight-less contraction (attention, MoE dispatch/combine).
+
+A role is found by propagating the seed on one device (N = 1), where every split is
+divisible: the structure of the result (a forward all-reduce, a ``vocab-gather``
+rewrite) says what the split means, independently of N, so a name always means the same
+implementation and ``explain`` can say why it is invalid for a given N.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from tapas.ir import GraphNode, WeightInfo
+from tapas.sharding.patterns import ops as oprules
+from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern
+from tapas.sharding.placements import Placement, Replica, Split
+
+__all__ = ["batch_seed", "follow_seeds", "weight_seeds", "label_seeds", "unit", "dedupe_names"]
+
+_R = Replica()
+
+
+def unit(ctx: SeedContext) -> SeedContext:
+    """The same node on one device (memoised in ``ctx``)."""
+    key = ("__unit__",)
+    if key not in ctx.memo:
+        ctx.memo[key] = SeedContext(ctx.node, ctx.index, 1)
+    return ctx.memo[key]
+
+
+def batch_seed(ctx: SeedContext) -> list[PatternSeed]:
+    ins = ctx.split_all(0)
+    if not any(isinstance(p, Split) for p in ins):
+        return []
+    return [PatternSeed("batch", ins)]
+
+
+def follow_seeds(ctx: SeedContext) -> list[PatternSeed]:
+    """``follow-S{a}``: every input split on axis a (a >= 1), weights inferred."""
+    ins = ctx.node.inputs
+    if not ins:
+        return []
+    rank = max(len(t.shape or ()) for t in ins)
+    seeds = []
+    for a in range(1, rank):
+        pl = ctx.split_all(a)
+        if any(isinstance(p, Split) for p in pl):
+            seeds.append(PatternSeed(f"follow-S{a}", pl))
+    return seeds
+
+
+def _input_choices(node: GraphNode) -> Iterator[tuple[Placement, ...]]:
+    """All inputs R, then the first float input split on each of its axes."""
+    yield tuple(_R for _ in node.inputs)
+    for i, t in enumerate(node.inputs):
+        if not t.dtype.startswith(("float", "bfloat", "half")):
+            continue
+        for b in range(len(t.shape or ())):
+            yield tuple(Split(b) if j == i else _R for j in range(len(node.inputs)))
+        break
+
+
+def weight_seeds(ctx: SeedContext, name_of: Callable[[WeightInfo, int, ShardingPattern], str],
+                 min_rank: int = 2) -> list[PatternSeed]:
+    """For every trainable weight of rank >= ``min_rank`` and each of its axes: the input
+    placement (all replicated, or the first float input split on one axis) whose pattern on
+    one device is valid with the fewest collectives, named by ``name_of(weight, axis,
+    pattern on one device)``."""
+    one = unit(ctx)
+    seeds: list[PatternSeed] = []
+    for w in ctx.node.weights:
+        if not w.trainable or len(w.shape) < min_rank:
+            continue
+        for a in range(len(w.shape)):
+            if w.shape[a] == 1:
+                continue
+            best: tuple[int, tuple[Placement, ...], ShardingPattern] | None = None
+            for ins in _input_choices(ctx.node):
+                pat = one.trial(PatternSeed("?", ins, {w.path: Split(a)}))
+                if pat is not None and (best is None or len(pat.comms) < best[0]):
+                    best = (len(pat.comms), ins, pat)
+            if best is not None:
+                _, ins, pat = best
+                seeds.append(PatternSeed(name_of(w, a, pat), ins, {w.path: Split(a)}))
+    return dedupe_names(seeds)
+
+
+def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
+    """One seed per label of the node's first contraction op: its operands split where
+    they carry the label, other node inputs split where their shape matches the output's."""
+    node = ctx.node
+    op = next((o for o in node.ops if o.type in oprules.CONTRACTION_OPS), None)
+    if op is None or not node.inputs:
+        return []
+    names = [x for x in op.inputs if not x.startswith("^")]
+    shapes = tuple(ctx.index.tensor[x].shape if x in ctx.index.tensor else None for x in names)
+    spec = oprules.spec_for(op, oprules.OpContext(
+        shapes, tuple(t.shape for t in op.outputs),
+        lambda i: ctx.index.const_value(names[i])))
+    if isinstance(spec, str):
+        return []
+    out_labels = spec.outputs[0] or ()
+    out_shape = op.outputs[0].shape or ()
+    labels: list[str] = []
+    for labs in spec.inputs:
+        for lab in labs or ():
+            if lab not in labels:
+                labels.append(lab)
+    seeds: list[PatternSeed] = []
+    for lab in labels:
+        pl: list[Placement] = []
+        for t in node.inputs:
+            if t.name in names:
+                labs = spec.inputs[names.index(t.name)] or ()
+                pl.append(Split(labs.index(lab)) if lab in labs else _R)
+            elif lab in out_labels:
+                a = out_labels.index(lab)
+                s = t.shape or ()
+                off = len(out_shape) - len(s)
+                ok = 0 <= a - off < len(s) and s[a - off] == out_shape[a] and s[a - off] != 1
+                pl.append(Split(a - off) if ok else _R)
+            else:
+                pl.append(_R)
+        if not any(isinstance(p, Split) for p in pl):
+            continue
+        in_all = all(lab in (labs or ()) for labs in spec.inputs) and lab in out_labels
+        first = spec.inputs[0] or ()
+        if in_all and first and first[0] == lab:
+            name = "batch"
+        elif in_all and heads:
+            name = "heads"
+        else:
+            name = "split-" + "-".join(str(p) for p in pl)
+        seeds.append(PatternSeed(name, tuple(pl)))
+    return dedupe_names(seeds)
+
+
+def dedupe_names(seeds: list[PatternSeed]) -> list[PatternSeed]:
+    """Keep names unique: a repeated name gets ``-2``, ``-3``, ... in order."""
+    seen: dict[str, int] = {}
+    out = []
+    for s in seeds:
+        k = seen.get(s.name, 0) + 1
+        seen[s.name] = k
+        out.append(s if k == 1 else PatternSeed(f"{s.name}-{k}", s.inputs, s.weights,
+                                                 s.outputs))
+    return out

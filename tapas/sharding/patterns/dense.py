@@ -1,0 +1,33 @@
+"""Dense / matmul family: data parallel, column and row (Megatron) splits.
+
+- ``batch``: the input split on axis 0, weights replicated (their gradients all-reduced);
+- ``column``: the kernel split on an output axis, the input replicated (its gradient
+  all-reduced: Megatron's ``f``), the output split on its last axis (for a
+  projection reshaped to heads, on the heads axis); the bias follows the kernel;
+- ``row``: the kernel split on its contracted axis, the input split on its last axis; the
+  partial output is all-reduced before the bias (``C_AR(MatMul(S1(X), S0(W)))``);
+- ``follow-S{a}``: the input split on another axis, weights inferred.
+
+A second kernel axis of the same role is named ``column-2`` etc.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tapas.ir import GraphNode, Kind, WeightInfo
+from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern, register
+from tapas.sharding.patterns.common import batch_seed, dedupe_names, follow_seeds, weight_seeds
+
+
+def dense_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
+    return "row" if pat.fwd_comms else "column"
+
+
+@register(Kind.DENSE, Kind.MATMUL)
+def dense_patterns(node: GraphNode, ctx: SeedContext) -> Iterable[PatternSeed]:
+    if not node.weights:
+        return []
+    return dedupe_names(batch_seed(ctx) + weight_seeds(ctx, dense_role) + follow_seeds(ctx))

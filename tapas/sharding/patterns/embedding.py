@@ -1,0 +1,30 @@
+"""Embedding family: gathers from a weight table.
+
+- ``vocab``: the table split on its rows; each device looks up the ids that fall into
+  its shard (rewrite ``vocab-gather``: ids shifted by the shard's first row, rows outside
+  the shard zeroed), the partial result is all-reduced;
+- ``hidden``: the table split on its embedding axis, the output split on its last axis;
+- ``batch``: the ids split on axis 0 (data parallel), the table replicated.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tapas.ir import GraphNode, Kind, WeightInfo
+from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern, register
+from tapas.sharding.patterns.common import batch_seed, dedupe_names, follow_seeds, weight_seeds
+
+
+def embedding_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
+    if "vocab-gather" in pat.rewrites.values():
+        return "vocab"
+    return "row" if pat.fwd_comms else "hidden"
+
+
+@register(Kind.EMBEDDING)
+def embedding_patterns(node: GraphNode, ctx: SeedContext) -> Iterable[PatternSeed]:
+    return dedupe_names(batch_seed(ctx) + weight_seeds(ctx, embedding_role)
+                        + follow_seeds(ctx))

@@ -1,0 +1,25 @@
+"""Follow-your-input family: norm, elementwise, softmax, reshape, reduce.
+
+- ``batch``: every input split on axis 0;
+- ``follow-S{a}``: every input split on axis a (inputs broadcast against it stay
+  replicated); valid where the op rules allow it -- an elementwise op on its last axis,
+  a layer norm on its hidden axis (its mean becomes a partial mean, all-reduced), not a
+  softmax on its softmax axis.
+
+Weights (a norm's scale and offset) are inferred: split where every use is split.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tapas.ir import GraphNode, Kind
+from tapas.sharding.patterns.base import PatternSeed, SeedContext, register
+from tapas.sharding.patterns.common import batch_seed, follow_seeds
+
+
+@register(Kind.NORM, Kind.ELEMENTWISE, Kind.SOFTMAX, Kind.RESHAPE, Kind.REDUCE)
+def follow_patterns(node: GraphNode, ctx: SeedContext) -> Iterable[PatternSeed]:
+    return batch_seed(ctx) + follow_seeds(ctx)

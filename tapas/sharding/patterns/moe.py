@@ -1,0 +1,33 @@
+"""MoE expert einsum family: a stacked expert weight ``[E, ...]`` applied per expert.
+
+- ``expert``: the weight and the dispatched tokens split on the expert dimension (each
+  device runs E / N experts; no communication inside the node);
+- ``column``/``row``: a split of the per-expert matrix, as for a dense layer;
+- ``batch``: the tokens' leading axis split, the weight replicated.
+
+The nested expert + tensor split needs a 2-D mesh and is out of scope of the 1-D mesh
+(docs/sharding.md).
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tapas.ir import GraphNode, Kind, WeightInfo
+from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern, register
+from tapas.sharding.patterns.common import batch_seed, dedupe_names, follow_seeds, weight_seeds
+from tapas.sharding.placements import Split
+
+
+def expert_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
+    if axis == 0 and any(isinstance(p, Split) for p in pat.inputs) and not pat.fwd_comms:
+        return "expert"
+    return "row" if pat.fwd_comms else "column"
+
+
+@register(Kind.EXPERT_EINSUM)
+def expert_patterns(node: GraphNode, ctx: SeedContext) -> Iterable[PatternSeed]:
+    seeds = weight_seeds(ctx, expert_role) + batch_seed(ctx) + follow_seeds(ctx)
+    return dedupe_names(seeds)
