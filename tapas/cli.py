@@ -23,6 +23,7 @@ from typing import Any
 from absl import app, flags
 
 from tapas import ir
+from tapas.planning.cost import CLUSTER_PRESETS
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Model-zoo name (see `tapas models`) or a saved .keras "
@@ -42,7 +43,7 @@ flags.DEFINE_integer("nodes", 1, "search: machines in the cluster (m of S(m, n))
 flags.DEFINE_integer("devices_per_node", 8, "search: devices per machine (n of S(m, n)).")
 flags.DEFINE_enum("mode", "gp", ["gp", "es"], "search: 'gp' searches each unique subgraph "
                   "once (graph-pruned), 'es' the whole graph (exhaustive).")
-flags.DEFINE_enum("cluster", "v100", ["v100", "cpu"], "search: hardware constants: the "
+flags.DEFINE_enum("cluster", "v100", sorted(CLUSTER_PRESETS), "search: hardware constants: the "
                   "paper's V100 nodes (NVLink + 100 Gb/s Ethernet) or this machine's loopback "
                   "CPU devices (tapas.planning.cost.Cluster presets).")
 flags.DEFINE_string("out", None, "search: write the Strategy as JSON to this path.")
@@ -210,11 +211,7 @@ def cmd_search() -> dict[str, Any]:
     from tapas.planning import search as search_lib
     from tapas.planning.cost import Cluster
     try:
-        if FLAGS.cluster == "cpu":
-            cluster = Cluster.single_node(1, like=Cluster.loopback_cpu()).with_shape(
-                FLAGS.nodes, FLAGS.devices_per_node)
-        else:
-            cluster = Cluster.v100_ethernet(FLAGS.nodes, FLAGS.devices_per_node)
+        cluster = Cluster.preset(FLAGS.cluster, FLAGS.nodes, FLAGS.devices_per_node)
     except (TypeError, ValueError) as e:
         raise app.UsageError(f"--nodes={FLAGS.nodes} --devices_per_node="
                              f"{FLAGS.devices_per_node}: {e}") from None

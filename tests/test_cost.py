@@ -316,3 +316,13 @@ def test_module_doctest():
     from tapas.planning import cost as cost_module
     failures, tried = doctest.testmod(cost_module)
     assert tried > 0 and failures == 0
+
+
+def test_cluster_presets_by_name():
+    v = Cluster.preset("v100", 2, 4)
+    assert (v.num_nodes, v.devices_per_node) == (2, 4)
+    assert v.intra == Cluster.v100_ethernet().intra and v.inter == Cluster.v100_ethernet().inter
+    c = Cluster.preset("cpu", 1, 2)
+    assert c.intra == Cluster.loopback_cpu().intra and c.num_devices == 2
+    with pytest.raises(ValueError, match="'tpu' is unknown: use one of"):
+        Cluster.preset("tpu")

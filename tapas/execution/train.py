@@ -77,8 +77,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     specs = list(entry.input_spec(opts.batch_size))
     timings["build"] = time.perf_counter() - start
 
-    cluster = (Cluster.v100_ethernet(1, n) if opts.cluster == "v100"
-               else Cluster.single_node(n, like=Cluster.loopback_cpu()))
+    cluster = Cluster.preset(opts.cluster, 1, n)
     strategy: Any = opts.strategy
     search_options = ({} if opts.memory_budget_gib is None
                       else {"memory_budget": opts.memory_budget_gib * 2**30})

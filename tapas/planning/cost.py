@@ -57,7 +57,7 @@ import dataclasses
 import enum
 import math
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Union
 
 from tapas.ir import DTYPE_BYTES, dtype_bytes
@@ -66,7 +66,8 @@ from tapas.sharding.placements import Collective
 __all__ = [
     "Collective", "Link", "Cluster", "Group", "CostOptions", "CostTerm", "CostBreakdown",
     "collective_cost", "collective_time", "ring_factor", "DEFAULT_EPSILON", "DEFAULT_GAMMA",
-    "OPTIMIZER_SLOTS", "DTYPE_BYTES", "dtype_bytes", "comm_cost", "compute_time",
+    "CLUSTER_PRESETS", "OPTIMIZER_SLOTS", "DTYPE_BYTES", "dtype_bytes", "comm_cost",
+    "compute_time",
     "MemoryEstimate", "weight_memory", "PlanCost",
 ]
 
@@ -261,6 +262,16 @@ class Cluster:
             device_memory=LOOPBACK_MEMORY, device_peak_flops=LOOPBACK_FLOPS,
             sources=LOOPBACK_SOURCES)
 
+    @classmethod
+    def preset(cls, name: str, num_nodes: int = 1, devices_per_node: int = 8) -> Cluster:
+        """A named cluster of ``num_nodes`` x ``devices_per_node`` devices: ``"v100"`` (the
+        paper's V100 nodes on 100 Gb/s Ethernet) or ``"cpu"`` (this machine's logical CPU
+        devices, measured constants). The ``--cluster`` flag of ``tapas search``/``train``."""
+        if name not in CLUSTER_PRESETS:
+            raise ValueError(f"cluster preset {name!r} is unknown: use one of "
+                             f"{sorted(CLUSTER_PRESETS)}")
+        return CLUSTER_PRESETS[name]().with_shape(num_nodes, devices_per_node)
+
 
 def _shape_name(base: str, num_nodes: int, devices_per_node: int) -> str:
     base = base.split("/")[0]
@@ -294,6 +305,13 @@ LOOPBACK_SOURCES: Mapping[str, str] = types.MappingProxyType({
     "inter.latency": "no second node: same as intra",
     "device_memory": "this machine's 24 GiB RAM, shared by all logical devices",
     "device_peak_flops": f"{_MEASURED} (2048^2 float32 matmul, one logical device)",
+})
+
+
+# preset name -> a Cluster of that hardware (its shape is set by Cluster.preset)
+CLUSTER_PRESETS: Mapping[str, Callable[[], Cluster]] = types.MappingProxyType({
+    "v100": lambda: Cluster.v100_ethernet(1, 8),
+    "cpu": lambda: Cluster.loopback_cpu(4),
 })
 
 

@@ -12,14 +12,67 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo
 from tapas.sharding.placements import Comm, Partial, Placement, Replica, Split
 
-__all__ = ["ShardingPattern", "PatternSeed", "SeedContext", "SeedFn", "register", "REGISTRY",
+__all__ = ["Family", "Rewrite", "ShardingPattern", "PatternSeed", "SeedContext", "SeedFn", "register", "REGISTRY",
            "GraphIndex"]
+
+
+class Rewrite(str, enum.Enum):
+    """A local program an op needs in place of replaying it on its shard (docs/sharding.md).
+
+    The pattern stage decides that an op needs one; reconstruction has one lowering per
+    member (``tapas.execution``'s rewrite table)."""
+
+    VOCAB_GATHER = "vocab-gather"    # GatherV2 from a row-split table: shifted ids, masked rows; P
+    PARTIAL_MEAN = "partial-mean"    # Mean over a split axis: the local mean / N; P
+    GLOBAL_SHAPE = "global-shape"    # Shape/Size/Rank of a split tensor: the global value
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Family(str, enum.Enum):
+    """What kind of parallelism a pattern is: the role the search and the reference plans
+    (Megatron, data parallel, ...) read, instead of parsing pattern names."""
+
+    REPLICATE = "replicate"      # every tensor whole on every device
+    BATCH = "batch"              # the batch axis split, weights replicated (data parallel)
+    FOLLOW = "follow"            # a weight-less node taking the split its input has
+    SPLIT = "split"              # a weight-less node with inputs split some other way
+    COLUMN = "column"            # a weight's output axis split (no forward collective)
+    ROW = "row"                  # a weight's contraction axis split (forward all-reduce)
+    HIDDEN = "hidden"            # an embedding table split on its hidden axis
+    HEADS = "heads"              # attention split on heads
+    COLUMN_ROW = "column-row"    # a whole feed-forward layer: column then row (Megatron)
+    EXPERT = "expert"            # MoE experts split on the expert axis
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _family_of(name: str) -> tuple[Family | None, bool]:
+    """The family of a pattern name and whether it is data parallel (None: a name the
+    families do not use, such as the placeholder of a pattern being built)."""
+    head = name.split("-", 1)[0]
+    if name == "column-row":
+        return Family.COLUMN_ROW, False
+    if name.startswith("expert"):
+        return Family.EXPERT, False
+    if head == "follow":
+        return Family.FOLLOW, name == "follow-S0"
+    if head == "split":
+        return Family.SPLIT, name == "split-S0-S0"
+    try:
+        family = Family(name)
+    except ValueError:
+        return None, False
+    return family, family is Family.BATCH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +92,20 @@ class ShardingPattern:
     weights: Mapping[str, Placement]
     tensors: Mapping[str, Placement]
     comms: tuple[Comm, ...]
-    rewrites: Mapping[str, str]
+    rewrites: Mapping[str, Rewrite]
     expr: str
     flops: float
+    family: Family | None = None         # filled from the name when not given
+    data_parallel: bool | None = None    # the batch axis split: what data parallelism does
+
+    def __post_init__(self) -> None:
+        family, dp = _family_of(self.name)
+        if self.family is None:
+            object.__setattr__(self, "family", family)
+        if self.data_parallel is None:
+            object.__setattr__(self, "data_parallel", dp)
+        object.__setattr__(self, "rewrites",
+                           {k: Rewrite(v) for k, v in self.rewrites.items()})
 
     @property
     def fwd_comms(self) -> tuple[Comm, ...]:
@@ -132,7 +196,7 @@ class SeedContext:
                 self.memo[key] = e
         got = self.memo[key]
         if isinstance(got, ShardingPattern):
-            return dataclasses.replace(got, name=seed.name)
+            return dataclasses.replace(got, name=seed.name, family=None, data_parallel=None)
         return None
 
     def invalid_reason(self, seed: PatternSeed) -> str | None:
