@@ -249,6 +249,19 @@ _ALPA_SOURCE = "Alpa (Zheng et al. 2022, OSDI) Table 7 + benchmark: d_ff=8*hidde
 _RESNET_CLASSES = {"1k": 1024, "10k": 10240, "100k": 102400, "250k": 256000, "400k": 409600}
 
 
+def _t5_config(layers: int, sizes: dict) -> "t5.T5Config":
+    """A paper-sized T5 with ``layers`` encoder and decoder layers, the zoo's vocabulary and
+    sequence lengths."""
+    return t5.T5Config(
+        num_layers=layers,
+        num_decoder_layers=layers,
+        vocab_size=_T5_VOCAB,
+        encoder_seq_len=_T5_SEQ,
+        decoder_seq_len=_T5_SEQ,
+        **sizes,
+    )
+
+
 def _register_builtin_presets() -> None:
     register(
         ModelEntry(
@@ -282,14 +295,7 @@ def _register_builtin_presets() -> None:
                     f"{label} ({layers}+{layers} layers, d_model {sizes['d_model']}, d_ff {sizes['d_ff']}, "
                     f"{sizes['num_heads']} heads; {_T5_SOURCE}), seq 128/128."
                 ),
-                config=t5.T5Config(
-                    num_layers=layers,
-                    num_decoder_layers=layers,
-                    vocab_size=_T5_VOCAB,
-                    encoder_seq_len=_T5_SEQ,
-                    decoder_seq_len=_T5_SEQ,
-                    **sizes,
-                ),
+                config=_t5_config(layers, sizes),
                 default_batch_size=8,
             )
         )
@@ -302,14 +308,7 @@ def _register_builtin_presets() -> None:
                     f"T5-Large widths ({_T5_SOURCE}) with {depth}+{depth} layers: TAPAS sec. 5.2 depth "
                     "scaling, seq 128/128."
                 ),
-                config=t5.T5Config(
-                    num_layers=depth,
-                    num_decoder_layers=depth,
-                    vocab_size=_T5_VOCAB,
-                    encoder_seq_len=_T5_SEQ,
-                    decoder_seq_len=_T5_SEQ,
-                    **_T5_LARGE,
-                ),
+                config=_t5_config(depth, _T5_LARGE),
                 default_batch_size=8,
             )
         )

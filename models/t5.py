@@ -240,6 +240,13 @@ class RMSNorm(keras.layers.Layer):
         return tuple(input_shape)
 
 
+def _projection(initializers: Initializers, units: int, stddev: float, name: str) -> keras.layers.Dense:
+    """A bias-free Dense with T5's normal initialiser (Mesh TF: stddev from the fan-in)."""
+    return keras.layers.Dense(
+        units, use_bias=False, kernel_initializer=initializers.normal(stddev), name=name
+    )
+
+
 def _bias_from_buckets(table: Any, buckets: np.ndarray, causal: bool, query_length: int) -> Any:
     """``[1, heads, q, k]`` bias: rows of ``table [num_buckets, heads]`` (+ causal mask)."""
     values = ops.take(table, buckets, axis=0)  # [q, k, heads]
@@ -306,18 +313,10 @@ class T5Attention(keras.layers.Layer):
         inner = num_heads * d_kv
         # T5's initialisation (Mesh TF): the missing 1/sqrt(d_kv) score scaling
         # is folded into the query initialiser.
-        self.q = keras.layers.Dense(
-            inner, use_bias=False, kernel_initializer=initializers.normal((d_model * d_kv) ** -0.5), name="q"
-        )
-        self.k = keras.layers.Dense(
-            inner, use_bias=False, kernel_initializer=initializers.normal(d_model**-0.5), name="k"
-        )
-        self.v = keras.layers.Dense(
-            inner, use_bias=False, kernel_initializer=initializers.normal(d_model**-0.5), name="v"
-        )
-        self.o = keras.layers.Dense(
-            d_model, use_bias=False, kernel_initializer=initializers.normal(inner**-0.5), name="o"
-        )
+        self.q = _projection(initializers, inner, (d_model * d_kv) ** -0.5, "q")
+        self.k = _projection(initializers, inner, d_model**-0.5, "k")
+        self.v = _projection(initializers, inner, d_model**-0.5, "v")
+        self.o = _projection(initializers, d_model, inner**-0.5, "o")
         self.dropout = keras.layers.Dropout(dropout_rate, name="dropout") if dropout_rate > 0 else None
         self._bias_initializer = initializers.normal(1.0) if has_relative_attention_bias else None
 
@@ -393,19 +392,11 @@ class T5FeedForward(keras.layers.Layer):
             raise ValueError(f"feed-forward kind must be one of {_FEED_FORWARD_KINDS}, got {kind!r}.")
         self.kind = kind
         if kind == "relu":
-            self.wi = keras.layers.Dense(
-                d_ff, use_bias=False, kernel_initializer=initializers.normal(d_model**-0.5), name="wi"
-            )
+            self.wi = _projection(initializers, d_ff, d_model**-0.5, "wi")
         else:
-            self.wi_0 = keras.layers.Dense(
-                d_ff, use_bias=False, kernel_initializer=initializers.normal(d_model**-0.5), name="wi_0"
-            )
-            self.wi_1 = keras.layers.Dense(
-                d_ff, use_bias=False, kernel_initializer=initializers.normal(d_model**-0.5), name="wi_1"
-            )
-        self.wo = keras.layers.Dense(
-            d_model, use_bias=False, kernel_initializer=initializers.normal(d_ff**-0.5), name="wo"
-        )
+            self.wi_0 = _projection(initializers, d_ff, d_model**-0.5, "wi_0")
+            self.wi_1 = _projection(initializers, d_ff, d_model**-0.5, "wi_1")
+        self.wo = _projection(initializers, d_model, d_ff**-0.5, "wo")
         self.dropout = keras.layers.Dropout(dropout_rate, name="dropout") if dropout_rate > 0 else None
 
     def build(self, input_shape: tuple) -> None:
