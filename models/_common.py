@@ -24,6 +24,7 @@ __all__ = [
     "require_probability",
     "resolve_batch_size",
     "causal_mask_bias",
+    "padding_bias",
     "NEG_INF",
     "TiedLMHead",
 ]
@@ -115,6 +116,17 @@ def causal_mask_bias(length: int) -> np.ndarray:
     """
     future = np.triu(np.ones((length, length), dtype=bool), k=1)
     return np.where(future, NEG_INF, 0.0).astype(np.float32)[None, None, :, :]
+
+
+def padding_bias(padding_mask: Any) -> Any:
+    """Additive attention bias ``[batch, 1, 1, seq]`` from a ``[batch, seq]`` padding mask.
+
+    Entry ``[b, 0, 0, k]`` is 0 where key ``k`` of sequence ``b`` is a real token (mask 1)
+    and :data:`NEG_INF` where it is padding (mask 0). Built with ``keras.ops``, so it runs
+    on any backend; the models compute it once and every layer reads it.
+    """
+    keep = keras.ops.cast(padding_mask, "float32")
+    return keras.ops.expand_dims(keras.ops.expand_dims((1.0 - keep) * NEG_INF, 1), 1)
 
 
 class TiedLMHead(keras.layers.Layer):

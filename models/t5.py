@@ -60,6 +60,7 @@ from ._common import (
     Initializers,
     TiedLMHead,
     causal_mask_bias,
+    padding_bias,
     require_positive_int,
     require_probability,
 )
@@ -110,6 +111,12 @@ class T5Config:
         decoder_seq_len: static decoder input length.
         tie_embeddings: LM head reuses the token embedding (scaled by
             ``d_model**-0.5``); False adds a separate ``lm_head`` Dense.
+        padding_mask: the model also takes ``encoder_padding_mask`` and
+            ``decoder_padding_mask`` inputs (1 = token, 0 = padding), turned into
+            additive attention biases once per stack and read by every attention
+            layer (self-attention, and the decoder's cross-attention over the
+            encoder's padding), as T5 implementations written for batched text do.
+            Only with ``layer_impl="keras"``.
         layer_impl: ``"keras"`` (plain Keras layers) or ``"tapas"`` (the same
             architecture from ``tapas.layers``: RMS ``LayerNorm``,
             ``MultiHeadAttention`` fed the position bias, ``FeedForward``; same
@@ -131,6 +138,7 @@ class T5Config:
     encoder_seq_len: int = 128
     decoder_seq_len: int = 128
     tie_embeddings: bool = True
+    padding_mask: bool = False
     layer_impl: LayerImpl = "keras"
 
     def __post_init__(self) -> None:
@@ -170,6 +178,13 @@ class T5Config:
             raise ValueError(f"T5Config.layer_impl must be one of {LAYER_IMPLS}, got {self.layer_impl!r}.")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"T5Config.tie_embeddings must be a bool, got {self.tie_embeddings!r}.")
+        if not isinstance(self.padding_mask, bool):
+            raise ValueError(f"T5Config.padding_mask must be a bool, got {self.padding_mask!r}.")
+        if self.padding_mask and self.layer_impl != "keras":
+            raise ValueError(
+                "T5Config.padding_mask=True needs layer_impl='keras': the tapas.layers variant takes no "
+                "padding masks; drop the masks or use the Keras layers."
+            )
 
 
 # --------------------------------------------------------------------------- #
@@ -353,6 +368,7 @@ class T5Attention(keras.layers.Layer):
         hidden_states: Any,
         key_value_states: Any = None,
         position_bias: Any = None,
+        mask_bias: Any = None,
         training: bool | None = None,
     ) -> tuple[Any, Any]:
         kv_states = hidden_states if key_value_states is None else key_value_states
@@ -366,6 +382,8 @@ class T5Attention(keras.layers.Layer):
             position_bias = self.compute_position_bias(q_len, k_len)
         if position_bias is not None:
             scores = scores + position_bias
+        if mask_bias is not None:
+            scores = scores + mask_bias
         weights = ops.softmax(scores, axis=-1)
         if self.dropout is not None:
             weights = self.dropout(weights, training=training)
@@ -503,6 +521,8 @@ class T5Block(keras.layers.Layer):
         hidden_states: Any,
         position_bias: Any = None,
         encoder_outputs: Any = None,
+        self_mask_bias: Any = None,
+        cross_mask_bias: Any = None,
         training: bool | None = None,
     ) -> Any:
         if not self.has_relative_attention_bias and position_bias is None:
@@ -513,12 +533,18 @@ class T5Block(keras.layers.Layer):
         if self.is_decoder and encoder_outputs is None:
             raise ValueError(f"{self.name}: decoder blocks need encoder_outputs for cross-attention.")
         attended, position_bias = self.self_attention(
-            self.self_attention_norm(hidden_states), position_bias=position_bias, training=training
+            self.self_attention_norm(hidden_states),
+            position_bias=position_bias,
+            mask_bias=self_mask_bias,
+            training=training,
         )
         hidden_states = self._residual(hidden_states, attended, training)
         if self.is_decoder:
             crossed, _ = self.cross_attention(
-                self.cross_attention_norm(hidden_states), key_value_states=encoder_outputs, training=training
+                self.cross_attention_norm(hidden_states),
+                key_value_states=encoder_outputs,
+                mask_bias=cross_mask_bias,
+                training=training,
             )
             hidden_states = self._residual(hidden_states, crossed, training)
         transformed = self.ffn(self.ffn_norm(hidden_states), training=training)
@@ -650,8 +676,10 @@ def _run_stack(
     num_blocks: int,
     initializers: Initializers,
     encoder_outputs: Any = None,
+    masks: dict[str, Any] | None = None,
 ) -> Any:
     prefix = "decoder" if is_decoder else "encoder"
+    masks = masks or {}
     position_bias = None
     block_class = T5TapasBlock if config.layer_impl == "tapas" else T5Block
     for i in range(num_blocks):
@@ -663,9 +691,11 @@ def _run_stack(
             name=f"{prefix}_block_{i}",
         )
         if i == 0:
-            hidden_states, position_bias = block(hidden_states, encoder_outputs=encoder_outputs)
+            hidden_states, position_bias = block(hidden_states, encoder_outputs=encoder_outputs, **masks)
         else:
-            hidden_states = block(hidden_states, position_bias=position_bias, encoder_outputs=encoder_outputs)
+            hidden_states = block(
+                hidden_states, position_bias=position_bias, encoder_outputs=encoder_outputs, **masks
+            )
     if config.layer_impl == "tapas":
         from tapas import layers as tl
 
@@ -691,6 +721,16 @@ def build_model(config: T5Config, *, fast_init: bool = False, seed: int = 0) -> 
     inits = Initializers(seed, fast_init)
     encoder_ids = keras.Input(shape=(config.encoder_seq_len,), dtype="int32", name="encoder_input_ids")
     decoder_ids = keras.Input(shape=(config.decoder_seq_len,), dtype="int32", name="decoder_input_ids")
+    inputs = [encoder_ids, decoder_ids]
+    encoder_masks: dict[str, Any] = {}
+    decoder_masks: dict[str, Any] = {}
+    if config.padding_mask:
+        encoder_mask = keras.Input(shape=(config.encoder_seq_len,), dtype="int32", name="encoder_padding_mask")
+        decoder_mask = keras.Input(shape=(config.decoder_seq_len,), dtype="int32", name="decoder_padding_mask")
+        inputs += [encoder_mask, decoder_mask]
+        encoder_bias = padding_bias(encoder_mask)  # once per stack; every layer reads it
+        encoder_masks = {"self_mask_bias": encoder_bias}
+        decoder_masks = {"self_mask_bias": padding_bias(decoder_mask), "cross_mask_bias": encoder_bias}
 
     if config.layer_impl == "tapas":
         from tapas import layers as tl
@@ -709,7 +749,12 @@ def build_model(config: T5Config, *, fast_init: bool = False, seed: int = 0) -> 
         return h
 
     encoder_outputs = _run_stack(
-        config, embed(encoder_ids, "encoder"), is_decoder=False, num_blocks=config.num_layers, initializers=inits
+        config,
+        embed(encoder_ids, "encoder"),
+        is_decoder=False,
+        num_blocks=config.num_layers,
+        initializers=inits,
+        masks=encoder_masks,
     )
     decoder_outputs = _run_stack(
         config,
@@ -718,6 +763,7 @@ def build_model(config: T5Config, *, fast_init: bool = False, seed: int = 0) -> 
         num_blocks=config.num_decoder_layers,
         initializers=inits,
         encoder_outputs=encoder_outputs,
+        masks=decoder_masks,
     )
     if config.tie_embeddings:
         logits = TiedLMHead(embedding, scale=config.d_model**-0.5, name="lm_head")(decoder_outputs)
@@ -728,7 +774,7 @@ def build_model(config: T5Config, *, fast_init: bool = False, seed: int = 0) -> 
             kernel_initializer=inits.normal(config.d_model**-0.5),
             name="lm_head",
         )(decoder_outputs)
-    return keras.Model(inputs=[encoder_ids, decoder_ids], outputs=logits, name="t5")
+    return keras.Model(inputs=inputs, outputs=logits, name="t5")
 
 
 def param_count(config: T5Config) -> int:
@@ -744,12 +790,20 @@ def param_count(config: T5Config) -> int:
 
 
 def input_spec(config: T5Config, batch_size: int) -> tuple[tf.TensorSpec, ...]:
-    """Static ``(encoder_input_ids, decoder_input_ids)`` specs for ``batch_size``."""
+    """Static ``(encoder_input_ids, decoder_input_ids)`` specs for ``batch_size``, followed by
+    ``(encoder_padding_mask, decoder_padding_mask)`` when ``config.padding_mask``."""
     require_positive_int("T5 input batch", "batch_size", batch_size)
-    return (
-        tf.TensorSpec((batch_size, config.encoder_seq_len), tf.int32, name="encoder_input_ids"),
-        tf.TensorSpec((batch_size, config.decoder_seq_len), tf.int32, name="decoder_input_ids"),
+    enc, dec = (batch_size, config.encoder_seq_len), (batch_size, config.decoder_seq_len)
+    specs = (
+        tf.TensorSpec(enc, tf.int32, name="encoder_input_ids"),
+        tf.TensorSpec(dec, tf.int32, name="decoder_input_ids"),
     )
+    if config.padding_mask:
+        specs += (
+            tf.TensorSpec(enc, tf.int32, name="encoder_padding_mask"),
+            tf.TensorSpec(dec, tf.int32, name="decoder_padding_mask"),
+        )
+    return specs
 
 
 def synthetic_batch(
@@ -759,10 +813,19 @@ def synthetic_batch(
 
     Returns ``((encoder_input_ids, decoder_input_ids), targets)``; the decoder
     inputs are the targets shifted right by one with start token 0, as in T5.
+    With ``config.padding_mask`` the inputs also hold the two padding masks.
     """
     require_positive_int("T5 input batch", "batch_size", batch_size)
     rng = np.random.default_rng(seed)
     encoder_ids = rng.integers(0, config.vocab_size, (batch_size, config.encoder_seq_len), dtype=np.int32)
     targets = rng.integers(0, config.vocab_size, (batch_size, config.decoder_seq_len), dtype=np.int32)
     decoder_ids = np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], axis=1)
-    return (encoder_ids, decoder_ids), targets
+    if not config.padding_mask:
+        return (encoder_ids, decoder_ids), targets
+    # every other sequence padded over its last quarter (encoder and decoder alike)
+    masks = []
+    for length in (config.encoder_seq_len, config.decoder_seq_len):
+        mask = np.ones((batch_size, length), np.int32)
+        mask[1::2, length - max(1, length // 4):] = 0
+        masks.append(mask)
+    return (encoder_ids, decoder_ids, *masks), targets
