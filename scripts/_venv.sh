@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create or reuse the project's virtual environment (.venv) and install TAPAS into it.
 # Sourced by scripts/main.sh and scripts/test.sh; needs only Python >= 3.10 on the machine.
-# Re-installs when setup.py changes (a stamp file records what was installed).
+# Re-installs when setup.py or requirements-corpus.txt changes (a stamp file records what
+# was installed).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${TAPAS_VENV:-$ROOT/.venv}"
@@ -24,11 +25,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.tapas-install-stamp"
-WANT="$(cat "$ROOT/setup.py" | sha1sum | cut -d' ' -f1)"
+WANT="$(cat "$ROOT/setup.py" "$ROOT/requirements-corpus.txt" | sha1sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "tapas: installing TAPAS and its dependencies into $VENV (first run takes a few minutes)" >&2
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
+  # the corpus test's model libraries, without their pins (see requirements-corpus.txt)
+  "$VENV/bin/python" -m pip install --quiet --no-deps -r "$ROOT/requirements-corpus.txt"
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,196 @@
+"""Models written by other people, built small, for testing TAPAS as a new user would.
+
+The zoo (``tapas.models``) holds models written for this project; a model that works only
+because it is ours does not count. This module builds models from other libraries, with
+random weights (nothing is downloaded) and small inputs, so that the whole pipeline can be
+run over them in a test:
+
+* every ``keras.applications`` family, at its smallest variant and a small image size;
+* transformer backbones of keras-hub, built from a config (BERT, RoBERTa, DistilBERT,
+  GPT-2, Llama, Mistral, Gemma, Mixtral and Qwen3-MoE, T5), alone and wrapped with a user's
+  head so that part of the backbone (the BERT pooler) is computed but read by nothing.
+
+keras-hub is optional (the ``test`` extra installs it; see README): its entries are listed
+only when it imports. Every entry builds in a few seconds on 2 cores.
+
+Usage::
+
+    from tapas.models import corpus
+    for entry in corpus.entries():
+        model, specs = entry.build()
+        graph = tapas.capture(model, specs)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+__all__ = ["CorpusEntry", "entries", "get", "keras_hub_available", "run"]
+
+BATCH = 2          # batch size of every corpus input spec
+SEQ = 16           # token sequence length of the text backbones
+VOCAB = 512        # their vocabulary
+IMAGE = 32         # image size of the keras.applications models (or the family's minimum)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusEntry:
+    """One model from another library: ``build()`` returns ``(model, input_spec)``, where
+    ``input_spec`` is what ``tapas.capture`` takes (a list, or a dict keyed by input name)."""
+
+    name: str
+    library: str            # "keras.applications" or "keras-hub"
+    description: str
+    builder: Callable[[], keras.Model]
+    dict_inputs: bool = False
+    slow: bool = False      # minutes, not seconds, through the pipeline: left out of the CI slice
+
+    def build(self) -> tuple[keras.Model, Any]:
+        keras.utils.set_random_seed(0)
+        model = self.builder()
+        specs = [tf.TensorSpec([BATCH, *[d if d is not None else SEQ for d in i.shape[1:]]],
+                               i.dtype, name=_input_name(i)) for i in model.inputs]
+        if self.dict_inputs:
+            return model, {s.name: s for s in specs}
+        return model, specs
+
+
+def _input_name(tensor: Any) -> str:
+    return tensor.name.split(":")[0]
+
+
+# families whose search takes minutes on 2 cores (NASNet: 508 GraphNodes, 11 templates)
+_SLOW = frozenset({"nasnet"})
+
+
+def _applications() -> list[CorpusEntry]:
+    apps = keras.applications
+    # family -> (constructor, image size): the smallest variant of each family, at the
+    # smallest input it accepts (Inception and Xception need 75 and 71 pixels)
+    families: dict[str, tuple[Callable[..., keras.Model], int]] = {
+        "convnext": (apps.ConvNeXtTiny, IMAGE),
+        "densenet": (apps.DenseNet121, IMAGE),
+        "efficientnet": (apps.EfficientNetB0, IMAGE),
+        "efficientnetv2": (apps.EfficientNetV2B0, IMAGE),
+        "inception-resnet-v2": (apps.InceptionResNetV2, 75),
+        "inception-v3": (apps.InceptionV3, 75),
+        "mobilenet": (lambda **kw: apps.MobileNet(alpha=0.25, **kw), IMAGE),
+        "mobilenet-v2": (lambda **kw: apps.MobileNetV2(alpha=0.35, **kw), IMAGE),
+        "mobilenet-v3": (lambda **kw: apps.MobileNetV3Small(alpha=0.75, **kw), IMAGE),
+        "nasnet": (apps.NASNetMobile, IMAGE),
+        "resnet": (apps.ResNet50, IMAGE),
+        "resnet-v2": (apps.ResNet50V2, IMAGE),
+        "vgg": (apps.VGG16, IMAGE),
+        "xception": (apps.Xception, 71),
+    }
+    out = []
+    for family, (ctor, size) in families.items():
+        def build(ctor: Callable[..., keras.Model] = ctor, size: int = size) -> keras.Model:
+            return ctor(weights=None, input_shape=(size, size, 3), classes=10)
+        out.append(CorpusEntry(f"keras-{family}", "keras.applications",
+                               f"keras.applications {family} (smallest variant), {size}x{size}, 10 classes",
+                               build, slow=family in _SLOW))
+    return out
+
+
+def keras_hub_available() -> bool:
+    """Whether keras-hub imports here (it is in the ``test`` extra)."""
+    try:
+        importlib.import_module("keras_hub")
+    except ImportError:
+        return False
+    return True
+
+
+def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
+    import keras_hub
+    m = keras_hub.models
+    text = dict(vocabulary_size=VOCAB, num_layers=2, hidden_dim=64, intermediate_dim=128)
+    gqa = dict(text, num_query_heads=4, num_key_value_heads=2)
+    return {
+        "bert": lambda: m.BertBackbone(num_heads=4, max_sequence_length=SEQ, **text),
+        "roberta": lambda: m.RobertaBackbone(num_heads=4, max_sequence_length=SEQ, **text),
+        "distilbert": lambda: m.DistilBertBackbone(num_heads=4, max_sequence_length=SEQ, **text),
+        "gpt2": lambda: m.GPT2Backbone(num_heads=4, max_sequence_length=SEQ, **text),
+        "llama": lambda: m.LlamaBackbone(**gqa),
+        "mistral": lambda: m.MistralBackbone(**gqa),
+        "gemma": lambda: m.GemmaBackbone(**dict(gqa, num_key_value_heads=1), head_dim=16),
+        "mixtral": lambda: m.MixtralBackbone(num_experts=4, top_k=2, **gqa),
+        "qwen3-moe": lambda: m.Qwen3MoeBackbone(moe_intermediate_dim=32, num_experts=4, top_k=2,
+                                                head_dim=16, **gqa),
+        "t5": lambda: m.T5Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=64,
+                                   intermediate_dim=128),
+    }
+
+
+def _bert_with_head() -> keras.Model:
+    """A user's classifier on a keras-hub BERT: mean-pooled sequence output -> Dense. The
+    backbone's own pooler is computed but its output is read by nothing."""
+    backbone = _hub_backbones()["bert"]()
+    inputs = {i.name: keras.Input(shape=i.shape[1:], dtype=i.dtype, name=i.name)
+              for i in backbone.inputs}
+    sequence = backbone(inputs)["sequence_output"]
+    logits = keras.layers.Dense(3, name="head")(keras.layers.GlobalAveragePooling1D()(sequence))
+    return keras.Model(inputs, logits, name="bert_classifier")
+
+
+def _keras_hub() -> list[CorpusEntry]:
+    if not keras_hub_available():
+        return []
+    out = [CorpusEntry(f"hub-{name}", "keras-hub", f"keras-hub {name} backbone from a small config",
+                       builder, dict_inputs=True)
+           for name, builder in _hub_backbones().items()]
+    out.append(CorpusEntry("hub-bert-classifier", "keras-hub",
+                           "keras-hub BERT with a mean-pool + Dense head (its pooler unused)",
+                           _bert_with_head, dict_inputs=True))
+    return out
+
+
+def entries(library: str | None = None) -> list[CorpusEntry]:
+    """Every corpus entry (of ``library`` when given: "keras.applications", "keras-hub")."""
+    found = _applications() + _keras_hub()
+    return [e for e in found if library is None or e.library == library]
+
+
+def get(name: str) -> CorpusEntry:
+    """The entry called ``name``."""
+    for e in entries():
+        if e.name == name:
+            return e
+    hint = "" if keras_hub_available() else " (keras-hub is not installed: hub-* entries are missing)"
+    raise ValueError(f"no corpus model {name!r}{hint}; use one of {[e.name for e in entries()]}")
+
+
+def run(entry: CorpusEntry, devices: tuple[int, ...] = (2, 4, 8)) -> dict[str, Any]:
+    """Capture, mine and search ``entry`` on one V100 node of each device count; returns the
+    sizes, per-phase seconds and, per device count, the strategy's cost, the number of
+    sharded GraphNodes and the GraphNodes the search had to replicate (with why)."""
+    import time
+
+    import tapas
+
+    start = time.perf_counter()
+    model, specs = entry.build()
+    row: dict[str, Any] = {"model": entry.name, "library": entry.library,
+                           "build_s": time.perf_counter() - start}
+    start = time.perf_counter()
+    graph = tapas.capture(model, specs, name=entry.name)
+    row["capture_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    folded = tapas.mine(graph)
+    row.update(mine_s=time.perf_counter() - start, graph_nodes=len(graph.nodes),
+               templates=folded.num_templates, coverage=folded.coverage, searches={})
+    for n in devices:
+        start = time.perf_counter()
+        strategy = tapas.search(graph, cluster=tapas.Cluster.v100_ethernet(1, n), folded=folded)
+        row["searches"][n] = {
+            "search_s": time.perf_counter() - start, "cost_s": strategy.total_cost,
+            "sharded": sum(1 for p in strategy.patterns if p != "replicate"),
+            "notes": list(strategy.notes)}
+    return row

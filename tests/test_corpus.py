@@ -1,0 +1,38 @@
+"""The corpus over models built by other libraries (issue 10): every keras.applications
+family and keras-hub's transformer backbones capture, mine and search on 2, 4 and 8
+devices without an exception. The slow entries run in ``scripts/corpus.py`` only."""
+
+import gc
+
+import keras
+import pytest
+
+from tapas.models import corpus
+
+FAST = [e for e in corpus.entries() if not e.slow]
+
+
+def test_keras_hub_is_installed_for_the_corpus():
+    # scripts/_venv.sh installs requirements-corpus.txt; without it the hub-* entries vanish
+    assert corpus.keras_hub_available(), "install requirements-corpus.txt (pip --no-deps -r ...)"
+    assert any(e.library == "keras-hub" for e in corpus.entries())
+
+
+def test_every_keras_applications_family_is_in_the_corpus():
+    families = {e.name for e in corpus.entries("keras.applications")}
+    for family in ("convnext", "densenet", "efficientnet", "efficientnetv2", "inception-v3",
+                   "inception-resnet-v2", "mobilenet", "mobilenet-v2", "mobilenet-v3", "nasnet",
+                   "resnet", "resnet-v2", "vgg", "xception"):
+        assert f"keras-{family}" in families
+
+
+@pytest.mark.parametrize("entry", FAST, ids=lambda e: e.name)
+def test_corpus_model_plans_on_2_4_8_devices(entry):
+    try:
+        row = corpus.run(entry, (2, 4, 8))
+    finally:
+        keras.backend.clear_session()
+        gc.collect()
+    assert row["graph_nodes"] > 0
+    for n in (2, 4, 8):
+        assert row["searches"][n]["cost_s"] > 0
