@@ -1,7 +1,7 @@
 """tapas.sharding.patterns: per-op rules, the propagation engine and every pattern family.
 
 GraphNodes come from tapas.capture on tiny Keras layers and the tiny zoo models (the
-tests may import TensorFlow; the pattern modules may not, see tests/test_src.py)."""
+tests may import TensorFlow; the pattern modules may not, see tests/test_placements.py)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
-"""tapas.sharding.placements: placements, the resharding table, Comm and SRC expressions."""
+"""tapas.sharding.placements: placements (short forms, local shapes and bytes, shard and
+unshard), the resharding table and Comm; and the check that the pure stages import no
+TensorFlow."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from tapas.sharding.placements import Collective
-from tapas.sharding.expressions import Apply, Coll, Leaf, parse
-from tapas.sharding.placements import Comm, Partial, Replica, Split, parse_placement, reshard
+from tapas.sharding.placements import (Collective, Comm, Partial, Replica, Split,
+                                       parse_placement, reshard)
 
 
 def test_placement_short_forms_round_trip() -> None:
@@ -71,54 +71,63 @@ def test_comm_validates_phase_and_round_trips_json() -> None:
         Comm("AR", "x:0", (4,), "float32", Partial(), Replica(), "forward")
 
 
-def test_megatron_row_expression() -> None:
-    e = parse("C_AR(MatMul(S1(X), S0(W)))")
-    assert e == Coll(Collective.ALL_REDUCE, (), Apply("MatMul", (Leaf(Split(1), "X"),
-                                                                Leaf(Split(0), "W"))))
-    assert str(e) == "C_AR(MatMul(S1(X), S0(W)))"
-    assert parse(" C_AG1( MatMul( R(X) ,S1(W) ) ) ") == parse("C_AG1(MatMul(R(X), S1(W)))")
-    a2a = parse("C_A2A12(R(x))")
-    assert isinstance(a2a, Coll) and a2a.axes == (1, 2)
-    assert parse(str(Coll("A2A", (1, 12), Leaf(Replica(), "x")))).axes == (1, 12)
+# ---- local shape and bytes, shard and unshard ---------------------------------------------
+
+def test_local_shape_divides_the_split_axis_only() -> None:
+    assert Split(1).local_shape((8, 64), 4) == (8, 16)
+    assert Split(0).local_shape([8, 64], 4) == (2, 64)
+    assert Replica().local_shape((8, 64), 4) == (8, 64)
+    assert Partial().local_shape((8, 64), 4) == (8, 64)
+    assert Split(2).local_shape((8, 64), 4) == (8, 64)     # no such axis: nothing to divide
 
 
-@pytest.mark.parametrize("bad,msg", [
-    ("MatMul(X)", "expected '\\('"), ("R(X", "expected '\\)'"), ("C_XX(R(X))", "unknown"),
-    ("R(X) R(Y)", "trailing"), ("R((X))", "must wrap a tensor name"), ("R(C_AR(X))", "expected"),
-    ("Op(R(X)) $", "unexpected character")])
-def test_parse_errors(bad: str, msg: str) -> None:
-    with pytest.raises(ValueError, match=msg):
-        parse(bad)
+def test_local_bytes() -> None:
+    assert Split(0).local_bytes((8, 64), "float32", 4) == 8 * 64 * 4 / 4
+    assert Replica().local_bytes((8, 64), "bfloat16", 4) == 8 * 64 * 2
+    assert Partial().local_bytes((8, 64), "float32", 2) == 8 * 64 * 4
+    assert Replica().local_bytes((8, None), "float32", 2) == 8 * 4       # unknown dim: 1
+    assert Replica().local_bytes((8,), "no-such-dtype", 2) == 8 * 4     # unknown dtype: 4
+    assert Replica().local_bytes(None, "float32", 2) == 4                  # a scalar
 
 
-_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_./:\-]{0,8}", fullmatch=True).filter(
-    lambda s: not (s in ("R", "P") or s.startswith("C_") or (s[0] == "S" and s[1:].isdigit())))
-_placements = st.one_of(st.builds(Split, st.integers(0, 11)), st.just(Replica()),
-                        st.just(Partial()))
-_leaves = st.builds(Leaf, _placements, _names)
+@pytest.mark.parametrize("placement", [Split(0), Split(1), Split(2), Replica()])
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_shard_unshard_round_trip(placement, n: int) -> None:
+    value = np.arange(4 * 8 * 12, dtype=np.float32).reshape(4, 8, 12)
+    parts = [placement.shard(value, n, i) for i in range(n)]
+    for part in parts:
+        assert part.shape == placement.local_shape(value.shape, n)
+    np.testing.assert_array_equal(placement.unshard(parts), value)
 
 
-def _colls(child: st.SearchStrategy) -> st.SearchStrategy:
-    return st.one_of(
-        st.builds(lambda e: Coll(Collective.ALL_REDUCE, (), e), child),
-        st.builds(lambda a, e: Coll(Collective.ALL_GATHER, (a,), e), st.integers(0, 11), child),
-        st.builds(lambda a, e: Coll(Collective.REDUCE_SCATTER, (a,), e), st.integers(0, 11),
-                  child),
-        st.builds(lambda a, b, e: Coll(Collective.ALL_TO_ALL, (a, b), e), st.integers(0, 11),
-                  st.integers(0, 11), child))
+def test_split_shards_are_contiguous_blocks() -> None:
+    value = np.arange(8).reshape(2, 4)
+    assert Split(1).shard(value, 2, 1).tolist() == [[2, 3], [6, 7]]
+    assert Split(0).shard(value, 2, 0).tolist() == [[0, 1, 2, 3]]
 
 
-_exprs = st.recursive(_leaves, lambda child: st.one_of(
-    st.builds(lambda op, args: Apply(op, tuple(args)), _names, st.lists(child, min_size=1,
-                                                                         max_size=3)),
-    _colls(child)), max_leaves=12)
+def test_partial_unshard_sums_the_addends() -> None:
+    parts = [np.full((2, 3), float(i)) for i in range(4)]
+    np.testing.assert_array_equal(Partial().unshard(parts), np.full((2, 3), 6.0))
 
 
-@settings(max_examples=200, deadline=None)
-@given(_exprs)
-def test_parse_round_trips_str(e) -> None:
-    assert parse(str(e)) == e
+def test_split_refuses_a_non_divisible_dimension() -> None:
+    with pytest.raises(ValueError, match="cannot split dimension 1 of size 10 into 4 equal "
+                                         "shards.*use a device count that divides 10"):
+        Split(1).shard(np.zeros((4, 10)), 4, 0)
 
+
+def test_split_refuses_a_missing_axis() -> None:
+    with pytest.raises(ValueError, match="S2 needs a tensor of rank > 2"):
+        Split(2).shard(np.zeros((4, 10)), 2, 0)
+
+
+def test_partial_refuses_to_shard_a_global_value() -> None:
+    with pytest.raises(ValueError, match="cannot be sharded as P.*place it R or S"):
+        Partial().shard(np.zeros((4,)), 2, 0)
+
+
+# ---- stage purity ---------------------------------------------------------------------------
 
 def test_pure_modules_import_no_tensorflow() -> None:
     code = ("import sys, tapas.capturing.grouping, tapas.mining, tapas.sharding.patterns, "
