@@ -8,7 +8,7 @@ Out: :func:`patterns_for` -- the valid :class:`ShardingPattern` s of the node, i
 Families register seed functions per :class:`tapas.ir.Kind` with ``@register`` (one module
 each: ``dense``, ``attention``, ``conv``, ``embedding``, ``moe``, ``follow``, ``replicate``);
 a seed says which inputs and weights to split, and ``tapas.sharding.patterns.engine`` propagates
-it through the node's ops with the per-op rules of ``tapas.sharding.patterns.ops``, which decide
+it through the node's ops with the per-op rules of ``tapas.sharding.rules``, which decide
 the placement of every tensor, the collectives and the local rewrites. Results are cached
 per (signature, weight shapes, N): identical GraphNodes (the layers of a T5) are
 propagated once and renamed.
@@ -39,7 +39,7 @@ import threading
 from typing import Any
 
 from tapas.ir import Graph, GraphNode
-from tapas.sharding.patterns import (attention, conv, dense, embedding, follow, moe, ops,
+from tapas.sharding.patterns import (attention, conv, dense, embedding, follow, moe,
                                      replicate, whole_layer)
 from tapas.sharding.patterns.base import (REGISTRY, GraphIndex, PatternSeed, SeedContext,
                                           ShardingPattern, register)
@@ -47,8 +47,7 @@ from tapas.sharding.patterns.engine import Invalid, propagate
 from tapas.sharding.patterns.pins import PinError, apply_pin
 
 __all__ = ["ShardingPattern", "PatternSeed", "register", "REGISTRY", "patterns_for",
-           "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid", "ops",
-           "PinError"]
+           "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid", "PinError"]
 
 _ = (attention, conv, dense, embedding, follow, moe, replicate, whole_layer)  # imported to fill the registry
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from tapas.ir import GraphNode, WeightInfo
-from tapas.sharding.patterns import ops as oprules
+from tapas.sharding import rules as oprules
 from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern
 from tapas.sharding.placements import Placement, Replica, Split
 

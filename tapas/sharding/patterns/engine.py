@@ -5,7 +5,7 @@ In:  a GraphNode, a :class:`tapas.sharding.patterns.base.PatternSeed` (placement
 Out: a :class:`tapas.sharding.patterns.base.ShardingPattern`, or :class:`Invalid` with the reason.
 
 Forward pass, op by op in the node's (topological) order, with the rules of
-``tapas.sharding.patterns.ops``:
+``tapas.sharding.rules``:
 
 - an op may split at most one label; an input split on a label the op forbids
   (``no_split``) or a non-divisible dimension makes the pattern invalid;
@@ -35,7 +35,7 @@ from typing import Any
 
 from tapas.sharding.placements import Collective
 from tapas.ir import GraphNode, Kind, OpInfo, WeightInfo
-from tapas.sharding.patterns import ops as oprules
+from tapas.sharding import rules as oprules
 from tapas.sharding.patterns.base import GraphIndex, PatternSeed, ShardingPattern
 from tapas.sharding.expressions import Apply, Coll, Expr, Leaf
 from tapas.sharding.placements import Comm, Partial, Placement, Replica, Split
