@@ -7,7 +7,7 @@ Out: :func:`patterns_for` -- the valid :class:`ShardingPattern` s of the node, i
 
 Families register seed functions per :class:`tapas.ir.Kind` with ``@register`` (one module
 each: ``dense``, ``attention``, ``conv``, ``embedding``, ``moe``, ``follow``, ``replicate``);
-a seed says which inputs and weights to split, and ``tapas.sharding.patterns.engine`` propagates
+a seed says which inputs and weights to split, and ``tapas.sharding.patterns.propagation`` propagates
 it through the node's ops with the per-op rules of ``tapas.sharding.rules``, which decide
 the placement of every tensor, the collectives and the local rewrites. Results are cached
 per (signature, weight shapes, N): identical GraphNodes (the layers of a T5) are
@@ -41,12 +41,12 @@ from typing import Any
 from tapas.ir import Graph, GraphNode
 from tapas.sharding.patterns import (attention, conv, dense, embedding, follow, moe,
                                      replicate, whole_layer)
-from tapas.sharding.patterns.base import (REGISTRY, GraphIndex, PatternSeed, SeedContext,
-                                          ShardingPattern, register)
-from tapas.sharding.patterns.engine import Invalid, propagate
+from tapas.sharding.patterns.pattern import Family, PatternSeed, Rewrite, ShardingPattern
+from tapas.sharding.patterns.propagation import GraphIndex, Invalid, propagate
+from tapas.sharding.patterns.seeds import REGISTRY, SeedContext, register
 from tapas.sharding.patterns.pins import PinError, apply_pin
 
-__all__ = ["ShardingPattern", "PatternSeed", "register", "REGISTRY", "patterns_for",
+__all__ = ["ShardingPattern", "PatternSeed", "Family", "Rewrite", "register", "REGISTRY", "patterns_for",
            "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid", "PinError"]
 
 _ = (attention, conv, dense, embedding, follow, moe, replicate, whole_layer)  # imported to fill the registry

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, register
+from tapas.sharding.patterns.pattern import PatternSeed
+from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.patterns.common import label_seeds
 
 

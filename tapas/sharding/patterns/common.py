@@ -1,7 +1,7 @@
 """Seed helpers shared by the pattern families.
 
-In:  a :class:`tapas.sharding.patterns.base.SeedContext`.
-Out: :class:`tapas.sharding.patterns.base.PatternSeed` lists: the batch split, the follow-your-input
+In:  a :class:`tapas.sharding.patterns.seeds.SeedContext`.
+Out: :class:`tapas.sharding.patterns.pattern.PatternSeed` lists: the batch split, the follow-your-input
      splits, the splits of a weight along each of its axes (named by what the split does
      to the node's contraction: partial sums, i.e. ``row``/``in-channel``/``vocab``, or
      not, i.e. ``column``/``out-channel``/``hidden``), and the per-label splits of a
@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 
 from tapas.ir import GraphNode, WeightInfo
 from tapas.sharding import rules as oprules
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern
+from tapas.sharding.patterns.pattern import PatternSeed, ShardingPattern
+from tapas.sharding.patterns.seeds import SeedContext
 from tapas.sharding.placements import Placement, Replica, Split
 
 __all__ = ["batch_seed", "follow_seeds", "weight_seeds", "label_seeds", "unit", "dedupe_names"]

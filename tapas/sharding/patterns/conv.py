@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern, register
+from tapas.sharding.patterns.pattern import PatternSeed, ShardingPattern
+from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.patterns.common import batch_seed, dedupe_names, weight_seeds
 
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tapas.ir import GraphNode, Kind
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, register
+from tapas.sharding.patterns.pattern import PatternSeed
+from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.placements import Placement, Replica, Split
 
 __all__ = ["attention_seeds", "feed_forward_seeds", "moe_seeds"]

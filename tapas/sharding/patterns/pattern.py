@@ -1,10 +1,10 @@
-"""Types and the registry of the pattern stage.
+"""What the pattern stage produces: sharding patterns and the seeds they grow from.
 
 In:  nothing (definitions).
 Out: :class:`ShardingPattern` (one parallel implementation of one GraphNode, see
      docs/sharding.md), :class:`PatternSeed` (which input/weight splits a family wants
-     tried), :class:`SeedContext` (what a family's seed function may read), the
-     ``register`` decorator and the registry it fills.
+     tried), :class:`Rewrite` (a local program an op needs instead of its own) and
+     :class:`Family` (what kind of parallelism a pattern is).
 
 This module imports no TensorFlow.
 """
@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo
-from tapas.sharding.placements import Comm, Partial, Placement, Replica, Split
+from tapas.sharding.placements import Comm, Placement, Replica
 
-__all__ = ["Family", "Rewrite", "ShardingPattern", "PatternSeed", "SeedContext", "SeedFn", "register", "REGISTRY",
-           "GraphIndex"]
+__all__ = ["Family", "Rewrite", "ShardingPattern", "PatternSeed"]
 
 
 class Rewrite(str, enum.Enum):
@@ -147,107 +145,3 @@ class PatternSeed:
     inputs: tuple[Placement, ...]
     weights: Mapping[str, Placement] = dataclasses.field(default_factory=dict)
     outputs: tuple[Placement, ...] | None = None
-
-
-class GraphIndex:
-    """Graph-wide lookups: producing op and static shape of every tensor."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.op_of: dict[str, OpInfo] = {}
-        self.tensor: dict[str, TensorInfo] = {}
-        for n in graph.nodes:
-            for op in n.ops:
-                self.op_of[op.name] = op
-                for t in op.outputs:
-                    self.tensor[t.name] = t
-        for t in graph.inputs:
-            self.tensor.setdefault(t.name, t)
-
-    def const_value(self, tensor_name: str) -> Any:
-        op = self.op_of.get(tensor_name.rsplit(":", 1)[0])
-        if op is None:
-            return None
-        if op.type == "Const":
-            return op.value
-        if op.type in ("Identity", "Snapshot") and op.inputs:
-            return self.const_value(op.inputs[0])
-        return None
-
-
-@dataclasses.dataclass(frozen=True)
-class SeedContext:
-    """What a seed function reads: the node, the graph index and the device count."""
-
-    node: GraphNode
-    index: GraphIndex
-    num_devices: int
-    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-
-    def trial(self, seed: PatternSeed) -> ShardingPattern | None:
-        """The pattern ``seed`` gives (named after the seed), or None when invalid; memoised,
-        so a family may try seeds to name them by their result."""
-        from tapas.sharding.patterns.engine import Invalid, propagate
-        key = _seed_key(seed)
-        if key not in self.memo:
-            try:
-                self.memo[key] = propagate(self.node, self.index, self.num_devices, seed)
-            except Invalid as e:
-                self.memo[key] = e
-        got = self.memo[key]
-        if isinstance(got, ShardingPattern):
-            return dataclasses.replace(got, name=seed.name, family=None, data_parallel=None)
-        return None
-
-    def invalid_reason(self, seed: PatternSeed) -> str | None:
-        self.trial(seed)
-        got = self.memo[_seed_key(seed)]
-        return None if isinstance(got, ShardingPattern) else str(got)
-
-    @property
-    def graph(self) -> Graph:
-        return self.index.graph
-
-    def split_all(self, axis: int) -> tuple[Placement, ...]:
-        """Every node input split on ``axis`` (inputs too small or of other size there, R):
-        right-aligned like numpy broadcasting against the first input of largest rank."""
-        ins = self.node.inputs
-        if not ins:
-            return ()
-        ref = max(ins, key=lambda t: len(t.shape or ()))
-        r = len(ref.shape or ())
-        if not 0 <= axis < r:
-            return tuple(Replica() for _ in ins)
-        size = ref.shape[axis]  # type: ignore[index]
-        out: list[Placement] = []
-        for t in ins:
-            s = t.shape or ()
-            a = axis - (r - len(s))
-            out.append(Split(a) if 0 <= a < len(s) and s[a] == size and size != 1
-                       else Replica())
-        return tuple(out)
-
-
-def _seed_key(seed: PatternSeed) -> tuple[Any, ...]:
-    return (seed.inputs, tuple(sorted(seed.weights.items(), key=str)), seed.outputs)
-
-
-SeedFn = Callable[[GraphNode, SeedContext], Iterable[PatternSeed]]
-REGISTRY: dict[Kind, list[SeedFn]] = {k: [] for k in Kind}
-
-
-def register(*kinds: Kind) -> Callable[[SeedFn], SeedFn]:
-    """Register a seed function for GraphNodes of the given kinds."""
-    def deco(fn: SeedFn) -> SeedFn:
-        for k in kinds:
-            REGISTRY[Kind(k)].append(fn)
-        return fn
-    return deco
-
-
-def is_split(p: Placement) -> bool:
-    return isinstance(p, Split)
-
-
-def is_partial(p: Placement) -> bool:
-    return isinstance(p, Partial)
