@@ -95,6 +95,10 @@ def _seeds(node: GraphNode, ctx: SeedContext) -> list[PatternSeed]:
     names = {"replicate"}
     for fn in REGISTRY[node.kind]:
         for s in fn(node, ctx):
+            if s.family is None:
+                raise TypeError(f"seed function {fn.__module__}.{fn.__qualname__} proposed "
+                                f"seed {s.name!r} for GraphNode '{node.name}' without a "
+                                "family: pass PatternSeed(..., family=Family.<kind>)")
             if s.name not in names:
                 names.add(s.name)
                 seeds.append(s)

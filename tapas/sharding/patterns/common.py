@@ -17,11 +17,12 @@ This module imports no TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 from tapas.ir import GraphNode, WeightInfo
 from tapas.sharding import rules as oprules
-from tapas.sharding.patterns.pattern import PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext
 from tapas.sharding.placements import Placement, Replica, Split
 
@@ -42,7 +43,7 @@ def batch_seed(ctx: SeedContext) -> list[PatternSeed]:
     ins = ctx.split_all(0)
     if not any(isinstance(p, Split) for p in ins):
         return []
-    return [PatternSeed("batch", ins)]
+    return [PatternSeed("batch", ins, family=Family.BATCH)]
 
 
 def follow_seeds(ctx: SeedContext) -> list[PatternSeed]:
@@ -55,7 +56,7 @@ def follow_seeds(ctx: SeedContext) -> list[PatternSeed]:
     for a in range(1, rank):
         pl = ctx.split_all(a)
         if any(isinstance(p, Split) for p in pl):
-            seeds.append(PatternSeed(f"follow-S{a}", pl))
+            seeds.append(PatternSeed(f"follow-S{a}", pl, family=Family.FOLLOW))
     return seeds
 
 
@@ -70,12 +71,14 @@ def _input_choices(node: GraphNode) -> Iterator[tuple[Placement, ...]]:
         break
 
 
-def weight_seeds(ctx: SeedContext, name_of: Callable[[WeightInfo, int, ShardingPattern], str],
-                 min_rank: int = 2) -> list[PatternSeed]:
+Role = Callable[[WeightInfo, int, ShardingPattern], tuple[str, Family]]
+
+
+def weight_seeds(ctx: SeedContext, role_of: Role, min_rank: int = 2) -> list[PatternSeed]:
     """For every trainable weight of rank >= ``min_rank`` and each of its axes: the input
     placement (all replicated, or the first float input split on one axis) whose pattern on
-    one device is valid with the fewest collectives, named by ``name_of(weight, axis,
-    pattern on one device)``."""
+    one device is valid with the fewest collectives, named and given a family by
+    ``role_of(weight, axis, pattern on one device)``."""
     one = unit(ctx)
     seeds: list[PatternSeed] = []
     for w in ctx.node.weights:
@@ -91,7 +94,8 @@ def weight_seeds(ctx: SeedContext, name_of: Callable[[WeightInfo, int, ShardingP
                     best = (len(pat.comms), ins, pat)
             if best is not None:
                 _, ins, pat = best
-                seeds.append(PatternSeed(name_of(w, a, pat), ins, {w.path: Split(a)}))
+                name, family = role_of(w, a, pat)
+                seeds.append(PatternSeed(name, ins, {w.path: Split(a)}, family=family))
     return dedupe_names(seeds)
 
 
@@ -136,12 +140,12 @@ def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
         in_all = all(lab in (labs or ()) for labs in spec.inputs) and lab in out_labels
         first = spec.inputs[0] or ()
         if in_all and first and first[0] == lab:
-            name = "batch"
+            name, family = "batch", Family.BATCH
         elif in_all and heads:
-            name = "heads"
+            name, family = "heads", Family.HEADS
         else:
-            name = "split-" + "-".join(str(p) for p in pl)
-        seeds.append(PatternSeed(name, tuple(pl)))
+            name, family = "split-" + "-".join(str(p) for p in pl), Family.SPLIT
+        seeds.append(PatternSeed(name, tuple(pl), family=family))
     return dedupe_names(seeds)
 
 
@@ -152,6 +156,5 @@ def dedupe_names(seeds: list[PatternSeed]) -> list[PatternSeed]:
     for s in seeds:
         k = seen.get(s.name, 0) + 1
         seen[s.name] = k
-        out.append(s if k == 1 else PatternSeed(f"{s.name}-{k}", s.inputs, s.weights,
-                                                 s.outputs))
+        out.append(s if k == 1 else dataclasses.replace(s, name=f"{s.name}-{k}"))
     return out

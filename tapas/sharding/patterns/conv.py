@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
-from tapas.sharding.patterns.pattern import PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.patterns.common import batch_seed, dedupe_names, weight_seeds
 
 
-def conv_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
-    return "in-channel" if pat.fwd_comms else "out-channel"
+def conv_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
+    return ("in-channel", Family.ROW) if pat.fwd_comms else ("out-channel", Family.COLUMN)
 
 
 @register(Kind.CONV)

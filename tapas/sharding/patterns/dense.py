@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
-from tapas.sharding.patterns.pattern import PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.patterns.common import batch_seed, dedupe_names, follow_seeds, weight_seeds
 
 
-def dense_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
-    return "row" if pat.fwd_comms else "column"
+def dense_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
+    return ("row", Family.ROW) if pat.fwd_comms else ("column", Family.COLUMN)
 
 
 @register(Kind.DENSE, Kind.MATMUL)

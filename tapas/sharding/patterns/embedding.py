@@ -14,15 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
-from tapas.sharding.patterns.pattern import PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import Family, PatternSeed, Rewrite, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.patterns.common import batch_seed, dedupe_names, follow_seeds, weight_seeds
 
 
-def embedding_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
-    if "vocab-gather" in pat.rewrites.values():
-        return "vocab"
-    return "row" if pat.fwd_comms else "hidden"
+def embedding_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
+    if Rewrite.VOCAB_GATHER in pat.rewrites.values():
+        return "vocab", Family.ROW
+    return ("row", Family.ROW) if pat.fwd_comms else ("hidden", Family.HIDDEN)
 
 
 @register(Kind.EMBEDDING)

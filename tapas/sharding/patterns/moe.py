@@ -16,16 +16,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
-from tapas.sharding.patterns.pattern import PatternSeed, ShardingPattern
+from tapas.sharding.patterns.dense import dense_role
+from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.patterns.common import batch_seed, dedupe_names, follow_seeds, weight_seeds
 from tapas.sharding.placements import Split
 
 
-def expert_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
+def expert_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
     if axis == 0 and any(isinstance(p, Split) for p in pat.inputs) and not pat.fwd_comms:
-        return "expert"
-    return "row" if pat.fwd_comms else "column"
+        return "expert", Family.EXPERT
+    return dense_role(w, axis, pat)
 
 
 @register(Kind.EXPERT_EINSUM)

@@ -16,7 +16,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from tapas.sharding.placements import Comm, Placement, Replica
+from tapas.sharding.placements import Comm, Placement, Replica, Split
 
 __all__ = ["Family", "Rewrite", "ShardingPattern", "PatternSeed"]
 
@@ -43,8 +43,10 @@ class Family(str, enum.Enum):
     BATCH = "batch"              # the batch axis split, weights replicated (data parallel)
     FOLLOW = "follow"            # a weight-less node taking the split its input has
     SPLIT = "split"              # a weight-less node with inputs split some other way
-    COLUMN = "column"            # a weight's output axis split (no forward collective)
-    ROW = "row"                  # a weight's contraction axis split (forward all-reduce)
+    COLUMN = "column"            # a weight's output axis split, no forward collective
+                                 # (dense column, conv out-channel)
+    ROW = "row"                  # a weight's contraction axis split, forward all-reduce
+                                 # (dense row, conv in-channel, embedding vocab)
     HIDDEN = "hidden"            # an embedding table split on its hidden axis
     HEADS = "heads"              # attention split on heads
     COLUMN_ROW = "column-row"    # a whole feed-forward layer: column then row (Megatron)
@@ -52,25 +54,6 @@ class Family(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-def _family_of(name: str) -> tuple[Family | None, bool]:
-    """The family of a pattern name and whether it is data parallel (None: a name the
-    families do not use, such as the placeholder of a pattern being built)."""
-    head = name.split("-", 1)[0]
-    if name == "column-row":
-        return Family.COLUMN_ROW, False
-    if name.startswith("expert"):
-        return Family.EXPERT, False
-    if head == "follow":
-        return Family.FOLLOW, name == "follow-S0"
-    if head == "split":
-        return Family.SPLIT, name == "split-S0-S0"
-    try:
-        family = Family(name)
-    except ValueError:
-        return None, False
-    return family, family is Family.BATCH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,17 +76,22 @@ class ShardingPattern:
     rewrites: Mapping[str, Rewrite]
     expr: str
     flops: float
-    family: Family | None = None         # filled from the name when not given
-    data_parallel: bool | None = None    # the batch axis split: what data parallelism does
+    family: Family | None     # None only for a probe (see PatternSeed)
 
     def __post_init__(self) -> None:
-        family, dp = _family_of(self.name)
-        if self.family is None:
-            object.__setattr__(self, "family", family)
-        if self.data_parallel is None:
-            object.__setattr__(self, "data_parallel", dp)
+        if self.family is not None:
+            object.__setattr__(self, "family", Family(self.family))
         object.__setattr__(self, "rewrites",
                            {k: Rewrite(v) for k, v in self.rewrites.items()})
+
+    @property
+    def data_parallel(self) -> bool:
+        """What data parallelism does: the batch split, or a weight-less follow/split
+        pattern with every input split on axis 0 (the batch axis)."""
+        if self.family is Family.BATCH:
+            return True
+        return (self.family in (Family.FOLLOW, Family.SPLIT) and bool(self.inputs)
+                and all(p == Split(0) for p in self.inputs))
 
     @property
     def fwd_comms(self) -> tuple[Comm, ...]:
@@ -139,9 +127,14 @@ class ShardingPattern:
 class PatternSeed:
     """Where a family wants a split: the placement of every node input, of some weights
     (by path; the others are inferred: replicated, or split where every use of them is
-    split on one axis) and, for source nodes (graph inputs), of the outputs."""
+    split on one axis) and, for source nodes (graph inputs), of the outputs.
+
+    ``family`` is the kind of parallelism the seed function proposes; it is carried into
+    the pattern. Only a *probe* -- a seed a family tries to learn what a split does, and
+    never returns (``tapas.sharding.patterns.common.weight_seeds``) -- has none."""
 
     name: str
     inputs: tuple[Placement, ...]
     weights: Mapping[str, Placement] = dataclasses.field(default_factory=dict)
     outputs: tuple[Placement, ...] | None = None
+    family: Family | None = dataclasses.field(default=None, kw_only=True)

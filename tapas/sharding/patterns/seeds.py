@@ -42,7 +42,7 @@ class SeedContext:
                 self.memo[key] = e
         got = self.memo[key]
         if isinstance(got, ShardingPattern):
-            return dataclasses.replace(got, name=seed.name, family=None, data_parallel=None)
+            return dataclasses.replace(got, name=seed.name, family=seed.family)
         return None
 
     def invalid_reason(self, seed: PatternSeed) -> str | None:
