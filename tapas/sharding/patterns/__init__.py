@@ -5,11 +5,17 @@ Out: :func:`patterns_for` -- the valid :class:`ShardingPattern` s of the node, i
      order, ``replicate`` first; :func:`explain` -- why a named pattern is invalid;
      :func:`pattern_by_name`.
 
-Families register seed functions per :class:`tapas.ir.Kind` with ``@register`` (one module
-each: ``dense``, ``attention``, ``conv``, ``embedding``, ``moe``, ``follow``, ``replicate``);
-a seed says which inputs and weights to split, and ``tapas.sharding.patterns.propagation`` propagates
-it through the node's ops with the per-op rules of ``tapas.sharding.rules``, which decide
-the placement of every tensor, the collectives and the local rewrites. Results are cached
+The pipeline of this package, one module each:
+
+* :mod:`~.pattern` -- ``ShardingPattern``, ``PatternSeed``, ``Family``, ``Rewrite``;
+* :mod:`~.families` -- per :class:`tapas.ir.Kind`, the seeds to try (registered with
+  ``@register`` in :mod:`~.seeds`): which inputs and weights to split;
+* :mod:`~.propagation` -- a seed through the node's ops with the per-op rules of
+  :mod:`tapas.sharding.rules`, which decide the placement of every tensor, the
+  collectives and the local rewrites;
+* :mod:`~.pins` -- the ``shard=`` pins of ``tapas.layers`` layers;
+* this module -- the valid patterns of a node, their cache, and ``explain``.
+ Results are cached
 per (signature, weight shapes, N): identical GraphNodes (the layers of a T5) are
 propagated once and renamed.
 
@@ -39,17 +45,17 @@ import threading
 from typing import Any
 
 from tapas.ir import Graph, GraphNode
-from tapas.sharding.patterns import (attention, conv, dense, embedding, follow, moe,
-                                     replicate, whole_layer)
+from tapas.sharding.patterns import families
 from tapas.sharding.patterns.pattern import Family, PatternSeed, Rewrite, ShardingPattern
-from tapas.sharding.patterns.propagation import GraphIndex, Invalid, propagate
-from tapas.sharding.patterns.seeds import REGISTRY, SeedContext, register
 from tapas.sharding.patterns.pins import PinError, apply_pin
+from tapas.sharding.patterns.propagation import GraphIndex, Invalid, propagate
+from tapas.sharding.patterns.seeds import REGISTRY, SeedContext, register, replicate_seed
 
-__all__ = ["ShardingPattern", "PatternSeed", "Family", "Rewrite", "register", "REGISTRY", "patterns_for",
-           "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid", "PinError"]
+__all__ = ["ShardingPattern", "PatternSeed", "Family", "Rewrite", "register", "REGISTRY",
+           "patterns_for", "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid",
+           "PinError"]
 
-_ = (attention, conv, dense, embedding, follow, moe, replicate, whole_layer)  # imported to fill the registry
+_ = families  # imported to fill the registry
 
 _LOCK = threading.Lock()
 _INDEX: dict[int, tuple[Graph, GraphIndex]] = {}
@@ -91,7 +97,7 @@ def seeds_for(node: GraphNode, graph: Graph, num_devices: int) -> list[PatternSe
 
 
 def _seeds(node: GraphNode, ctx: SeedContext) -> list[PatternSeed]:
-    seeds = [replicate.replicate_seed(node)]
+    seeds = [replicate_seed(node)]
     names = {"replicate"}
     for fn in REGISTRY[node.kind]:
         for s in fn(node, ctx):

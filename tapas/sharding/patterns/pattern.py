@@ -131,7 +131,7 @@ class PatternSeed:
 
     ``family`` is the kind of parallelism the seed function proposes; it is carried into
     the pattern. Only a *probe* -- a seed a family tries to learn what a split does, and
-    never returns (``tapas.sharding.patterns.common.weight_seeds``) -- has none."""
+    never returns (``tapas.sharding.patterns.families.shared_seeds.weight_seeds``) -- has none."""
 
     name: str
     inputs: tuple[Placement, ...]

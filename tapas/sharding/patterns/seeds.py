@@ -3,7 +3,9 @@
 In:  a GraphNode, the graph index and N.
 Out: :class:`SeedContext` -- the node, the index and N, :meth:`SeedContext.trial` (the
      pattern a seed gives, memoised) and :meth:`SeedContext.split_all`; the ``register``
-     decorator and ``REGISTRY``, the seed functions of every :class:`tapas.ir.Kind`.
+     decorator and ``REGISTRY``, the seed functions of every :class:`tapas.ir.Kind`
+     (filled by :mod:`tapas.sharding.patterns.families`); :func:`replicate_seed`, the seed
+     every GraphNode has.
 
 This module imports no TensorFlow.
 """
@@ -15,11 +17,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tapas.ir import Graph, GraphNode, Kind
-from tapas.sharding.patterns.pattern import PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.propagation import GraphIndex, Invalid, propagate
 from tapas.sharding.placements import Placement, Replica, Split
 
-__all__ = ["SeedContext", "SeedFn", "register", "REGISTRY"]
+__all__ = ["SeedContext", "SeedFn", "register", "REGISTRY", "replicate_seed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,3 +91,11 @@ def register(*kinds: Kind) -> Callable[[SeedFn], SeedFn]:
             REGISTRY[Kind(k)].append(fn)
         return fn
     return deco
+
+
+def replicate_seed(node: GraphNode) -> PatternSeed:
+    """Everything replicated (an input GraphNode's outputs too): valid for every kind."""
+    return PatternSeed("replicate", tuple(Replica() for _ in node.inputs),
+                       {w.path: Replica() for w in node.weights},
+                       tuple(Replica() for _ in node.outputs) if node.kind is Kind.INPUT
+                       else None, family=Family.REPLICATE)

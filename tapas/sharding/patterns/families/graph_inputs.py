@@ -1,5 +1,9 @@
-"""Sources: graph inputs get ``batch`` (split on axis 0); constants and opaque GraphNodes
-get only ``replicate``, which every kind has (added by ``patterns_for``).
+"""Graph inputs: the ``batch`` pattern (every output split on axis 0) of an input GraphNode.
+
+In:  a GraphNode of kind ``input`` and its :class:`~tapas.sharding.patterns.seeds.SeedContext`.
+Out: its ``batch`` seed (none when an output's shape is unknown). Constants and opaque
+     GraphNodes get only ``replicate``, which every kind has
+     (:func:`tapas.sharding.patterns.seeds.replicate_seed`).
 
 This module imports no TensorFlow.
 """
@@ -21,9 +25,3 @@ def input_patterns(node: GraphNode, ctx: SeedContext) -> Iterable[PatternSeed]:
     return [PatternSeed("batch", tuple(Replica() for _ in node.inputs),
                         outputs=tuple(Split(0) for _ in node.outputs), family=Family.BATCH)]
 
-
-def replicate_seed(node: GraphNode) -> PatternSeed:
-    return PatternSeed("replicate", tuple(Replica() for _ in node.inputs),
-                       {w.path: Replica() for w in node.weights},
-                       tuple(Replica() for _ in node.outputs) if node.kind is Kind.INPUT
-                       else None, family=Family.REPLICATE)
