@@ -14,7 +14,9 @@ The pipeline of this package, one module each:
   :mod:`tapas.sharding.rules`, which decide the placement of every tensor, the
   collectives and the local rewrites;
 * :mod:`~.pins` -- the ``shard=`` pins of ``tapas.layers`` layers;
-* this module -- the valid patterns of a node, their cache, and ``explain``.
+* :mod:`~.cache` -- graph indexes, and patterns per GraphNode signature, renamed onto
+  identical nodes;
+* this module -- the valid patterns of a node, and ``explain``.
  Results are cached
 per (signature, weight shapes, N): identical GraphNodes (the layers of a T5) are
 propagated once and renamed.
@@ -40,15 +42,13 @@ This package imports no TensorFlow.
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 from typing import Any
 
 from tapas.ir import Graph, GraphNode
-from tapas.sharding.patterns import families
+from tapas.sharding.patterns import cache, families
 from tapas.sharding.patterns.pattern import Family, PatternSeed, Rewrite, ShardingPattern
 from tapas.sharding.patterns.pins import PinError, apply_pin
-from tapas.sharding.patterns.propagation import GraphIndex, Invalid, propagate
+from tapas.sharding.patterns.propagation import Invalid, propagate
 from tapas.sharding.patterns.seeds import REGISTRY, SeedContext, register, replicate_seed
 
 __all__ = ["ShardingPattern", "PatternSeed", "Family", "Rewrite", "register", "REGISTRY",
@@ -57,30 +57,10 @@ __all__ = ["ShardingPattern", "PatternSeed", "Family", "Rewrite", "register", "R
 
 _ = families  # imported to fill the registry
 
-_LOCK = threading.Lock()
-_INDEX: dict[int, tuple[Graph, GraphIndex]] = {}
-_CACHE: dict[tuple[Any, ...], tuple[GraphNode, list[ShardingPattern]]] = {}
-_MAX_INDEXES = 4
-
 
 def clear_cache() -> None:
     """Forget cached graph indexes and patterns."""
-    with _LOCK:
-        _INDEX.clear()
-        _CACHE.clear()
-
-
-def _index(graph: Graph) -> GraphIndex:
-    with _LOCK:
-        hit = _INDEX.get(id(graph))
-        if hit is not None and hit[0] is graph:
-            return hit[1]
-    idx = GraphIndex(graph)
-    with _LOCK:
-        if len(_INDEX) >= _MAX_INDEXES:
-            _INDEX.pop(next(iter(_INDEX)))
-        _INDEX[id(graph)] = (graph, idx)
-    return idx
+    cache.clear()
 
 
 def _check_n(num_devices: int) -> None:
@@ -92,7 +72,7 @@ def _check_n(num_devices: int) -> None:
 def seeds_for(node: GraphNode, graph: Graph, num_devices: int) -> list[PatternSeed]:
     """Every seed the families propose for ``node``, ``replicate`` first, names unique."""
     _check_n(num_devices)
-    ctx = SeedContext(node, _index(graph), num_devices)
+    ctx = SeedContext(node, cache.graph_index(graph), num_devices)
     return _seeds(node, ctx)
 
 
@@ -132,12 +112,6 @@ def _compute(node: GraphNode, ctx: SeedContext) -> list[ShardingPattern]:
     return out
 
 
-def _cache_key(node: GraphNode, n: int) -> tuple[Any, ...]:
-    return (node.signature or node.name, node.kind, n, len(node.ops),
-            tuple((w.shape, w.trainable) for w in node.weights),
-            tuple(t.shape for t in node.inputs), tuple(t.shape for t in node.outputs))
-
-
 def patterns_for(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:
     """The valid sharding patterns of ``node`` on ``num_devices`` devices, ``replicate``
     first, then the families' patterns in their order (identical implementations once).
@@ -153,19 +127,11 @@ def patterns_for(node: GraphNode, graph: Graph, num_devices: int) -> list[Shardi
 
 def _unpinned(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:
     _check_n(num_devices)
-    key = _cache_key(node, num_devices)
-    with _LOCK:
-        hit = _CACHE.get(key)
-    if hit is not None:
-        ref, pats = hit
-        if ref is node:
-            return list(pats)
-        renamed = _rename(ref, node, pats)
-        if renamed is not None:
-            return renamed
-    pats = _compute(node, SeedContext(node, _index(graph), num_devices))
-    with _LOCK:
-        _CACHE[key] = (node, pats)
+    pats = cache.lookup(node, num_devices)
+    if pats is not None:
+        return pats
+    pats = _compute(node, SeedContext(node, cache.graph_index(graph), num_devices))
+    cache.store(node, num_devices, pats)
     return list(pats)
 
 
@@ -182,7 +148,7 @@ def explain(node: GraphNode, graph: Graph, num_devices: int, name: str) -> str:
     """Why pattern ``name`` is not a valid pattern of ``node`` on ``num_devices`` devices
     (or that it is valid)."""
     _check_n(num_devices)
-    ctx = SeedContext(node, _index(graph), num_devices)
+    ctx = SeedContext(node, cache.graph_index(graph), num_devices)
     seeds = _seeds(node, ctx)
     seed = next((s for s in seeds if s.name == name), None)
     if seed is None:
@@ -201,39 +167,3 @@ def explain(node: GraphNode, graph: Graph, num_devices: int, name: str) -> str:
         return (f"pattern {name!r} of GraphNode '{node.name}' is valid on {num_devices} "
                 f"devices but is the same implementation as {same!r}, listed under that name")
     return f"pattern {name!r} of GraphNode '{node.name}' is valid on {num_devices} devices"
-
-
-# ---- renaming a cached node's patterns onto an identical node ---------------------------
-
-def _rename(ref: GraphNode, node: GraphNode,
-            pats: list[ShardingPattern]) -> list[ShardingPattern] | None:
-    if len(ref.ops) != len(node.ops) or len(ref.weights) != len(node.weights):
-        return None
-    tmap: dict[str, str] = {}
-    omap: dict[str, str] = {}
-    for a, b in zip(ref.ops, node.ops):
-        if a.type != b.type or len(a.outputs) != len(b.outputs):
-            return None
-        omap[a.name] = b.name
-        for ta, tb in zip(a.outputs, b.outputs):
-            tmap[ta.name] = tb.name
-    for ta, tb in zip(ref.inputs, node.inputs):
-        tmap[ta.name] = tb.name
-    wmap: dict[str, str] = {}
-    for wa, wb in zip(ref.weights, node.weights):
-        if wa.shape != wb.shape:
-            return None
-        wmap[wa.path] = wb.path
-        tmap[f"{wa.placeholder}:0"] = f"{wb.placeholder}:0"
-    out = []
-    for p in pats:
-        try:
-            out.append(dataclasses.replace(
-                p,
-                weights={wmap[k]: v for k, v in p.weights.items()},
-                tensors={tmap[k]: v for k, v in p.tensors.items()},
-                comms=tuple(dataclasses.replace(c, tensor=tmap[c.tensor]) for c in p.comms),
-                rewrites={omap[k]: v for k, v in p.rewrites.items()}))
-        except KeyError:
-            return None
-    return out

@@ -1,6 +1,10 @@
 """Attention family: weight-less batched matmuls/einsums of scores and context, and the
 MoE dispatch/combine einsums (kind ``matmul``).
 
+In:  a GraphNode of kind ``attention-score``, ``attention-context`` or a weight-less
+     ``matmul``, and its SeedContext.
+Out: one seed per label of its first contraction (family ``batch``, ``heads`` or ``split``).
+
 One seed per label of the contraction: ``batch`` (the leading label shared by every
 operand), ``heads`` (another label shared by every operand and the output: attention
 heads), ``split-...`` for the others (named by the input placements, e.g. ``split-S2-R``

@@ -1,5 +1,8 @@
 """Convolution family (NHWC; spatial dimensions are never split).
 
+In:  a GraphNode of kind ``conv`` and its SeedContext.
+Out: its seeds (family ``batch``, ``column`` for out-channel, ``row`` for in-channel):
+
 - ``batch``: the input split on axis 0 (data parallel);
 - ``out-channel``: the kernel split on its output channels, the input replicated; a batch
   norm and bias that follow are split with it;

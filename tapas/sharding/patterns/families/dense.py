@@ -1,5 +1,8 @@
 """Dense / matmul family: data parallel, column and row (Megatron) splits.
 
+In:  a GraphNode of kind ``dense`` or ``matmul`` that reads weights, and its SeedContext.
+Out: its seeds, one per pattern below (family ``batch``, ``column``, ``row``, ``follow``):
+
 - ``batch``: the input split on axis 0, weights replicated (their gradients all-reduced);
 - ``column``: the kernel split on an output axis, the input replicated (its gradient
   all-reduced: Megatron's ``f``), the output split on its last axis (for a

@@ -1,5 +1,8 @@
 """Embedding family: gathers from a weight table.
 
+In:  a GraphNode of kind ``embedding`` and its SeedContext.
+Out: its seeds (family ``row`` for vocab, ``hidden``, ``batch``, ``follow``):
+
 - ``vocab``: the table split on its rows; each device looks up the ids that fall into
   its shard (rewrite ``vocab-gather``: ids shifted by the shard's first row, rows outside
   the shard zeroed), the partial result is all-reduced;

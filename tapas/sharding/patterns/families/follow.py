@@ -1,5 +1,9 @@
 """Follow-your-input family: norm, elementwise, softmax, reshape, reduce.
 
+In:  a GraphNode of kind ``norm``, ``elementwise``, ``softmax``, ``reshape`` or ``reduce``,
+     and its SeedContext.
+Out: its seeds (family ``batch`` and ``follow``):
+
 - ``batch``: every input split on axis 0;
 - ``follow-S{a}``: every input split on axis a (inputs broadcast against it stay
   replicated); valid where the op rules allow it -- an elementwise op on its last axis,

@@ -1,5 +1,8 @@
 """MoE expert einsum family: a stacked expert weight ``[E, ...]`` applied per expert.
 
+In:  a GraphNode of kind ``expert-einsum`` and its SeedContext.
+Out: its seeds (family ``expert``, ``column``, ``row``, ``batch``, ``follow``):
+
 - ``expert``: the weight and the dispatched tokens split on the expert dimension (each
   device runs E / N experts; no communication inside the node);
 - ``column``/``row``: a split of the per-expert matrix, as for a dense layer;
