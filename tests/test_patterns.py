@@ -1,4 +1,5 @@
-"""tapas.sharding.patterns: per-op rules, the propagation engine and every pattern family.
+"""tapas.sharding.patterns (and tapas.sharding.rules): per-op rules, the propagation and every
+pattern family.
 
 GraphNodes come from tapas.capture on tiny Keras layers and the tiny zoo models (the
 tests may import TensorFlow; the pattern modules may not, see tests/test_placements.py)."""

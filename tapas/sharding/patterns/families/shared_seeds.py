@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 from tapas.ir import GraphNode, WeightInfo
-from tapas.sharding import rules as oprules
+from tapas.sharding import rules
 from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext
 from tapas.sharding.placements import Placement, Replica, Split
@@ -103,12 +103,12 @@ def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
     """One seed per label of the node's first contraction op: its operands split where
     they carry the label, other node inputs split where their shape matches the output's."""
     node = ctx.node
-    op = next((o for o in node.ops if o.type in oprules.CONTRACTION_OPS), None)
+    op = next((o for o in node.ops if o.type in rules.CONTRACTION_OPS), None)
     if op is None or not node.inputs:
         return []
     names = [x for x in op.inputs if not x.startswith("^")]
     shapes = tuple(ctx.index.tensor[x].shape if x in ctx.index.tensor else None for x in names)
-    spec = oprules.spec_for(op, oprules.OpContext(
+    spec = rules.spec_for(op, rules.OpContext(
         shapes, tuple(t.shape for t in op.outputs),
         lambda i: ctx.index.const_value(names[i])))
     if isinstance(spec, str):

@@ -87,5 +87,5 @@ def feed_forward_seeds(node: GraphNode, ctx: SeedContext) -> Iterator[PatternSee
 def moe_seeds(node: GraphNode, ctx: SeedContext) -> Iterator[PatternSeed]:
     # Only data parallelism: an expert split would need the input's gradient to be the
     # sum of a full part (through the replicated gate) and a partial part (through the
-    # experts) inside one GraphNode, which the engine rejects (see tapas.layers.MoE).
+    # experts) inside one GraphNode, which the propagation rejects (see tapas.layers.MoE).
     yield _batch(node, ctx)
