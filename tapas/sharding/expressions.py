@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Union
 
 from tapas.sharding.placements import _PLACEMENT_RE, Collective, Placement, parse_placement
 
@@ -89,7 +88,7 @@ class Coll:
         return f"C_{self.kind.value}{suffix}({self.arg})"
 
 
-Expr = Union[Leaf, Apply, Coll]
+Expr = Leaf | Apply | Coll
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_./:\-]+")
 _RESERVED_RE = re.compile(r"R|P|S\d+|C_.*")

@@ -26,7 +26,6 @@ import dataclasses
 import enum
 import re
 from collections.abc import Sequence
-from typing import Union
 
 import numpy as np
 
@@ -51,7 +50,7 @@ class Collective(str, enum.Enum):
         return self.name.lower()
 
     @classmethod
-    def parse(cls, value: Union[Collective, str]) -> Collective:
+    def parse(cls, value: Collective | str) -> Collective:
         """``Collective`` from itself, a short name ("AR") or a long one ("all_reduce")."""
         if isinstance(value, Collective):
             return value
@@ -169,7 +168,7 @@ class Partial(_Placement):
         return np.sum([np.asarray(p) for p in parts], axis=0)
 
 
-Placement = Union[Split, Replica, Partial]
+Placement = Split | Replica | Partial
 
 _PLACEMENT_RE = re.compile(r"^(?:S(\d+)|R|P)$")
 
