@@ -86,8 +86,8 @@ class ShardingPattern:
 
     @property
     def data_parallel(self) -> bool:
-        """What data parallelism does: the batch split, or a weight-less follow/split
-        pattern with every input split on axis 0 (the batch axis)."""
+        """What data parallelism does: the batch split, or a follow/split pattern with every
+        input split on axis 0 (the batch axis)."""
         if self.family is Family.BATCH:
             return True
         return (self.family in (Family.FOLLOW, Family.SPLIT) and bool(self.inputs)

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind
+from tapas.sharding.patterns.families.shared_seeds import label_seeds
 from tapas.sharding.patterns.pattern import PatternSeed
 from tapas.sharding.patterns.seeds import SeedContext, register
-from tapas.sharding.patterns.families.shared_seeds import label_seeds
 
 
 @register(Kind.ATTENTION_SCORE, Kind.ATTENTION_CONTEXT)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
+from tapas.sharding.patterns.families.shared_seeds import batch_seed, dedupe_names, weight_seeds
 from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext, register
-from tapas.sharding.patterns.families.shared_seeds import batch_seed, dedupe_names, weight_seeds
 
 
 def conv_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:

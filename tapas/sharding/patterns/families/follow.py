@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind
+from tapas.sharding.patterns.families.shared_seeds import batch_seed, follow_seeds
 from tapas.sharding.patterns.pattern import PatternSeed
 from tapas.sharding.patterns.seeds import SeedContext, register
-from tapas.sharding.patterns.families.shared_seeds import batch_seed, follow_seeds
 
 
 @register(Kind.NORM, Kind.ELEMENTWISE, Kind.SOFTMAX, Kind.RESHAPE, Kind.REDUCE)

@@ -20,9 +20,10 @@ from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
 from tapas.sharding.patterns.families.dense import dense_role
+from tapas.sharding.patterns.families.shared_seeds import (
+    batch_seed, dedupe_names, follow_seeds, weight_seeds)
 from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext, register
-from tapas.sharding.patterns.families.shared_seeds import batch_seed, dedupe_names, follow_seeds, weight_seeds
 from tapas.sharding.placements import Split
 
 

@@ -1,11 +1,12 @@
 """Seed helpers shared by the pattern families.
 
 In:  a :class:`tapas.sharding.patterns.seeds.SeedContext`.
-Out: :class:`tapas.sharding.patterns.pattern.PatternSeed` lists: the batch split, the follow-your-input
-     splits, the splits of a weight along each of its axes (named by what the split does
-     to the node's contraction: partial sums, i.e. ``row``/``in-channel``/``vocab``, or
-     not, i.e. ``column``/``out-channel``/``hidden``), and the per-label splits of a
-     weight-less contraction (attention, MoE dispatch/combine).
+Out: :class:`tapas.sharding.patterns.pattern.PatternSeed` lists: the batch split, the
+     follow-your-input splits, the splits of a weight along each of its axes (named by
+     what the split does to the node's contraction: partial sums, i.e.
+     ``row``/``in-channel``/``vocab``, or not, i.e. ``column``/``out-channel``/``hidden``),
+     and the per-label splits of a weight-less contraction (attention, MoE
+     dispatch/combine).
 
 A role is found by propagating the seed on one device (N = 1), where every split is
 divisible: the structure of the result (a forward all-reduce, a ``vocab-gather``
@@ -20,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from tapas.ir import GraphNode, WeightInfo
+from tapas.ir import GraphNode, OpInfo, TensorInfo, WeightInfo
 from tapas.sharding import rules
 from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext
@@ -101,20 +102,13 @@ def weight_seeds(ctx: SeedContext, role_of: Role, min_rank: int = 2) -> list[Pat
 
 def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
     """One seed per label of the node's first contraction op: its operands split where
-    they carry the label, other node inputs split where their shape matches the output's."""
-    node = ctx.node
-    op = next((o for o in node.ops if o.type in rules.CONTRACTION_OPS), None)
-    if op is None or not node.inputs:
+    they carry the label, other node inputs split where their shape matches the output's.
+    Named ``batch`` (the leading label of every operand and the output), ``heads`` (another
+    such label, when ``heads``) or ``split-<placements>``."""
+    found = _first_contraction(ctx)
+    if found is None:
         return []
-    names = [x for x in op.inputs if not x.startswith("^")]
-    shapes = tuple(ctx.index.tensor[x].shape if x in ctx.index.tensor else None for x in names)
-    spec = rules.spec_for(op, rules.OpContext(
-        shapes, tuple(t.shape for t in op.outputs),
-        lambda i: ctx.index.const_value(names[i])))
-    if isinstance(spec, str):
-        return []
-    out_labels = spec.outputs[0] or ()
-    out_shape = op.outputs[0].shape or ()
+    op, names, spec = found
     labels: list[str] = []
     for labs in spec.inputs:
         for lab in labs or ():
@@ -122,22 +116,10 @@ def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
                 labels.append(lab)
     seeds: list[PatternSeed] = []
     for lab in labels:
-        pl: list[Placement] = []
-        for t in node.inputs:
-            if t.name in names:
-                labs = spec.inputs[names.index(t.name)] or ()
-                pl.append(Split(labs.index(lab)) if lab in labs else _R)
-            elif lab in out_labels:
-                a = out_labels.index(lab)
-                s = t.shape or ()
-                off = len(out_shape) - len(s)
-                ok = 0 <= a - off < len(s) and s[a - off] == out_shape[a] and s[a - off] != 1
-                pl.append(Split(a - off) if ok else _R)
-            else:
-                pl.append(_R)
+        pl = tuple(_label_placement(t, lab, op, names, spec) for t in ctx.node.inputs)
         if not any(isinstance(p, Split) for p in pl):
             continue
-        in_all = all(lab in (labs or ()) for labs in spec.inputs) and lab in out_labels
+        in_all = all(lab in (labs or ()) for labs in spec.inputs) and lab in (spec.outputs[0] or ())
         first = spec.inputs[0] or ()
         if in_all and first and first[0] == lab:
             name, family = "batch", Family.BATCH
@@ -145,8 +127,41 @@ def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
             name, family = "heads", Family.HEADS
         else:
             name, family = "split-" + "-".join(str(p) for p in pl), Family.SPLIT
-        seeds.append(PatternSeed(name, tuple(pl), family=family))
+        seeds.append(PatternSeed(name, pl, family=family))
     return dedupe_names(seeds)
+
+
+def _first_contraction(ctx: SeedContext) -> tuple[OpInfo, list[str], rules.OpSpec] | None:
+    """The node's first contraction op, its operand names and its spec (None without one)."""
+    node = ctx.node
+    op = next((o for o in node.ops if o.type in rules.CONTRACTION_OPS), None)
+    if op is None or not node.inputs:
+        return None
+    names = [x for x in op.inputs if not x.startswith("^")]
+    shapes = tuple(ctx.index.tensor[x].shape if x in ctx.index.tensor else None for x in names)
+    spec = rules.spec_for(op, rules.OpContext(
+        shapes, tuple(t.shape for t in op.outputs),
+        lambda i: ctx.index.const_value(names[i])))
+    return None if isinstance(spec, str) else (op, names, spec)
+
+
+def _label_placement(t: TensorInfo, lab: str, op: OpInfo, names: list[str],
+                     spec: rules.OpSpec) -> Placement:
+    """Node input ``t`` split where it carries label ``lab``: as an operand of the
+    contraction, by the operand's labels; otherwise where its shape matches the output's
+    (right-aligned); else replicated."""
+    if t.name in names:
+        labs = spec.inputs[names.index(t.name)] or ()
+        return Split(labs.index(lab)) if lab in labs else _R
+    out_labels = spec.outputs[0] or ()
+    if lab not in out_labels:
+        return _R
+    out_shape = op.outputs[0].shape or ()
+    a = out_labels.index(lab)
+    s = t.shape or ()
+    off = len(out_shape) - len(s)
+    ok = 0 <= a - off < len(s) and s[a - off] == out_shape[a] and s[a - off] != 1
+    return Split(a - off) if ok else _R
 
 
 def dedupe_names(seeds: list[PatternSeed]) -> list[PatternSeed]:
