@@ -52,7 +52,7 @@ from tapas.sharding.patterns.propagation import Invalid, propagate
 from tapas.sharding.patterns.seeds import REGISTRY, SeedContext, register, replicate_seed
 
 __all__ = ["ShardingPattern", "PatternSeed", "Family", "Rewrite", "register", "REGISTRY",
-           "patterns_for", "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid",
+           "patterns_for", "explain", "pattern_by_name", "clear_cache", "Invalid",
            "PinError"]
 
 _ = families  # imported to fill the registry
@@ -67,13 +67,6 @@ def _check_n(num_devices: int) -> None:
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise ValueError(f"num_devices={num_devices!r}: must be an int >= 1 (the size of the "
                          "1-D device mesh)")
-
-
-def seeds_for(node: GraphNode, graph: Graph, num_devices: int) -> list[PatternSeed]:
-    """Every seed the families propose for ``node``, ``replicate`` first, names unique."""
-    _check_n(num_devices)
-    ctx = SeedContext(node, cache.graph_index(graph), num_devices)
-    return _seeds(node, ctx)
 
 
 def _seeds(node: GraphNode, ctx: SeedContext) -> list[PatternSeed]:

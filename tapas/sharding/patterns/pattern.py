@@ -98,10 +98,6 @@ class ShardingPattern:
         return tuple(c for c in self.comms if c.phase == "fwd")
 
     @property
-    def bwd_comms(self) -> tuple[Comm, ...]:
-        return tuple(c for c in self.comms if c.phase == "bwd")
-
-    @property
     def is_replicated(self) -> bool:
         return not self.comms and all(isinstance(p, Replica) for p in
                                       (*self.inputs, *self.outputs, *self.weights.values()))

@@ -47,11 +47,6 @@ class SeedContext:
             return dataclasses.replace(got, name=seed.name, family=seed.family)
         return None
 
-    def invalid_reason(self, seed: PatternSeed) -> str | None:
-        self.trial(seed)
-        got = self.memo[_seed_key(seed)]
-        return None if isinstance(got, ShardingPattern) else str(got)
-
     @property
     def graph(self) -> Graph:
         return self.index.graph
