@@ -11,13 +11,18 @@ import numpy as np
 import pytest
 
 from tapas.sharding.placements import (Collective, Comm, Partial, Replica, Split,
-                                       parse_placement, reshard)
+                                       is_placement_text, parse_placement, reshard)
 
 
 def test_placement_short_forms_round_trip() -> None:
     for p in (Split(0), Split(3), Split(12), Replica(), Partial()):
         assert parse_placement(str(p)) == p
     assert str(Split(1)) == "S1" and str(Replica()) == "R" and str(Partial()) == "P"
+
+
+def test_is_placement_text() -> None:
+    assert all(is_placement_text(t) for t in ("S0", "S12", "R", "P"))
+    assert not any(is_placement_text(t) for t in ("S", "X", "MatMul", "RS", "s1", ""))
 
 
 @pytest.mark.parametrize("bad", ["S", "Q", "S-1", "s1", ""])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from tapas.sharding.placements import _PLACEMENT_RE, Collective, Placement, parse_placement
+from tapas.sharding.placements import Collective, Placement, is_placement_text, parse_placement
 
 __all__ = ["Leaf", "Apply", "Coll", "Expr", "parse"]
 
@@ -128,7 +128,7 @@ def _parse_expr(text: str, tokens: list[str], i: int) -> tuple[Expr, int]:
         raise ValueError(f"SRC expression {text!r}: expected a name, found {got!r}")
     head = tokens[i]
     i = _expect(text, tokens, i + 1, "(")
-    if _PLACEMENT_RE.match(head):
+    if is_placement_text(head):
         if i >= len(tokens) or tokens[i] in "(),":
             raise ValueError(f"SRC expression {text!r}: placement {head} must wrap a tensor "
                              "name, e.g. R(X)")

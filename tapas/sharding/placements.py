@@ -31,8 +31,8 @@ import numpy as np
 
 from tapas.ir import dtype_bytes
 
-__all__ = ["Split", "Replica", "Partial", "Placement", "parse_placement", "Collective", "Comm",
-           "reshard", "PHASES"]
+__all__ = ["Split", "Replica", "Partial", "Placement", "parse_placement", "is_placement_text",
+           "Collective", "Comm", "reshard", "PHASES"]
 
 PHASES = ("fwd", "bwd")
 
@@ -171,6 +171,11 @@ class Partial(_Placement):
 Placement = Split | Replica | Partial
 
 _PLACEMENT_RE = re.compile(r"^(?:S(\d+)|R|P)$")
+
+
+def is_placement_text(text: str) -> bool:
+    """Whether ``text`` is a placement's short form (``"S1"``, ``"R"``, ``"P"``)."""
+    return _PLACEMENT_RE.match(text) is not None
 
 
 def parse_placement(text: str | Placement) -> Placement:
