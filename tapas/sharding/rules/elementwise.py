@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal
 
 from tapas.ir import OpInfo
 from tapas.sharding.rules.spec import Fresh, Labels, OpContext, OpSpec, broadcast, rank
@@ -37,7 +38,7 @@ _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def elementwise(op: OpInfo, ctx: OpContext, data: Sequence[int],
-                linear: str | tuple[int, ...]) -> OpSpec:
+                linear: Literal["all"] | tuple[int, ...]) -> OpSpec:
     """Operands ``data`` broadcast against output 0; the others are meta operands."""
     fresh = Fresh()
     out = ctx.out_shapes[0]

@@ -17,15 +17,21 @@ import dataclasses
 import itertools
 import string
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from tapas.ir import OpInfo
 
-__all__ = ["Labels", "Shape", "OpSpec", "OpContext", "Rule", "Fresh", "rank", "axis", "axes",
+__all__ = ["Labels", "Shape", "Reduction", "FlopsKind", "OpSpec", "OpContext", "Rule", "Fresh", "rank", "axis", "axes",
            "broadcast", "data_format_axes"]
 
 Labels = tuple[str, ...]
 Shape = tuple[int, ...]
+# what a split label missing from the outputs leaves: a partial sum ("sum"), a partial
+# mean ("mean": the partial-mean rewrite), a masked lookup ("gather": vocab-gather), or
+# nothing valid ("none")
+Reduction = Literal["sum", "mean", "gather", "none"]
+# how the flops of the op are counted (tapas.sharding.patterns.propagation.flops)
+FlopsKind = Literal["contract", "conv", "reduce", "elementwise", "none"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +42,10 @@ class OpSpec:
     inputs: tuple[Labels | None, ...]
     outputs: tuple[Labels | None, ...]
     no_split: frozenset[str] = frozenset()
-    reduce: str = "none"                  # "sum" | "mean" | "gather" | "none"
-    linear: str | tuple[int, ...] = ()     # "all" or indices of inputs that may be P
+    reduce: Reduction = "none"
+    linear: Literal["all"] | tuple[int, ...] = ()   # "all" or indices of inputs that may be P
     meta_any: bool = False                 # meta inputs may have any placement
-    flops: str = "elementwise"             # "contract" | "conv" | "reduce" | "elementwise" | "none"
+    flops: FlopsKind = "elementwise"
     global_shape: bool = False             # output is the *global* shape of input 0
 
 
