@@ -221,7 +221,7 @@ def test_zoo_models_built_from_tapas_layers(name, kinds):
 
 
 def test_whole_layer_kinds_get_their_sharding_patterns():
-    """tapas.sharding.patterns.whole_layer: heads for attention, Megatron column-row for the
+    """tapas.sharding.patterns.families.whole_layer: heads for attention, Megatron column-row for the
     feed-forward, batch for all three (the MoE's expert split is not offered: see
     tapas.layers.MoE)."""
     from tapas import models

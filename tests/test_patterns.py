@@ -1,7 +1,8 @@
-"""tapas.sharding.patterns: per-op rules, the propagation engine and every pattern family.
+"""tapas.sharding.patterns (and tapas.sharding.rules): per-op rules, the propagation and every
+pattern family.
 
 GraphNodes come from tapas.capture on tiny Keras layers and the tiny zoo models (the
-tests may import TensorFlow; the pattern modules may not, see tests/test_src.py)."""
+tests may import TensorFlow; the pattern modules may not, see tests/test_placements.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import tapas
 from tapas import models
 from tapas.sharding import patterns
 from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo
-from tapas.sharding.patterns import explain, pattern_by_name, patterns_for
+from tapas.sharding.patterns import Family, PatternSeed, explain, pattern_by_name, patterns_for
 from tapas.sharding.placements import Partial, Replica, Split
 
 R, P = Replica(), Partial()
@@ -49,6 +50,8 @@ def _capture(name: str) -> Graph:
         m = keras.Sequential([keras.Input((4, 8)), keras.layers.LayerNormalization()])
         return tapas.capture(m, tf.TensorSpec([2, 4, 8]))
     entry = models.get(name)
+    if name == "moe-tiny-tapas":     # tapas.layers: whole-layer GraphNodes
+        return tapas.capture(entry.build(fast_init=True), list(entry.input_spec(2)))
     return tapas.capture(entry.build(fast_init=True), entry.input_spec())
 
 
@@ -267,6 +270,62 @@ def test_every_zoo_node_has_valid_complete_patterns(name: str, num_devices: int)
     assert split_somewhere > len(g.nodes) // 2
 
 
+# ---- pattern roles as data: family and data_parallel ------------------------------------------
+
+_DATA_PARALLEL_NAMES = {"batch", "follow-S0", "split-S0-S0"}
+
+
+@pytest.mark.parametrize("name", ["t5-tiny", "moe-tiny", "resnet-tiny", "moe-tiny-tapas"])
+def test_every_zoo_pattern_has_a_family_and_data_parallel_means_the_batch_split(
+        name: str) -> None:
+    """Families come from the seed functions, not from the names; ``data_parallel`` is
+    true exactly for the patterns the reference data-parallel plan has always used."""
+    g = _capture(name)
+    families: set[Family] = set()
+    for node in g.nodes:
+        for p in patterns_for(node, g, 2):
+            assert isinstance(p.family, Family), (node.name, p.name)
+            assert p.data_parallel == (p.name in _DATA_PARALLEL_NAMES), (node.name, p.name)
+            families.add(p.family)
+            head = p.name.split("-")[0]
+            if head in ("batch", "follow", "split", "heads", "hidden", "expert", "replicate"):
+                assert p.family.value == head, (node.name, p.name)
+    assert {Family.REPLICATE, Family.BATCH} <= families
+
+
+def test_families_of_weight_splits_follow_what_the_split_does() -> None:
+    """in-channel and vocab leave partial sums (row), out-channel does not (column)."""
+    g = _capture("convbn")
+    (c,) = _nodes(g, Kind.CONV)
+    ps = _by_name(c, g, 2)
+    assert ps["in-channel"].family is Family.ROW and ps["out-channel"].family is Family.COLUMN
+    g = _capture("embedding")
+    (e,) = _nodes(g, Kind.EMBEDDING)
+    ps = _by_name(e, g, 2)
+    assert ps["vocab"].family is Family.ROW and ps["hidden"].family is Family.HIDDEN
+    g = _capture("mlp")
+    d1 = _nodes(g, Kind.DENSE)[0]
+    ps = _by_name(d1, g, 2)
+    assert (ps["row"].family, ps["column"].family) == (Family.ROW, Family.COLUMN)
+    assert ps["batch"].data_parallel and not ps["row"].data_parallel
+
+
+def test_a_seed_without_a_family_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = _capture("layernorm")
+    (n,) = _nodes(g, Kind.NORM)
+
+    def no_family(node: GraphNode, ctx) -> list[PatternSeed]:
+        return [PatternSeed("mystery", tuple(R for _ in node.inputs))]
+
+    monkeypatch.setitem(patterns.REGISTRY, Kind.NORM, [*patterns.REGISTRY[Kind.NORM], no_family])
+    patterns.clear_cache()
+    try:
+        with pytest.raises(TypeError, match="'mystery'.*without a family.*family=Family"):
+            patterns_for(n, g, 2)
+    finally:
+        patterns.clear_cache()
+
+
 def test_identical_nodes_share_names_and_get_their_own_tensors() -> None:
     g = _capture("t5-tiny")
     by_sig: dict[str, list[GraphNode]] = {}
@@ -278,6 +337,7 @@ def test_identical_nodes_share_names_and_get_their_own_tensors() -> None:
     for x, y in zip(pa, pb):
         _check_complete(b, y)
         assert x.inputs == y.inputs and x.outputs == y.outputs and x.expr == y.expr
+        assert x.family is y.family and x.data_parallel == y.data_parallel
         assert set(y.weights) == {w.path for w in b.weights}
 
 

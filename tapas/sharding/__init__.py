@@ -8,8 +8,11 @@ Out: for every GraphNode, its :class:`~tapas.sharding.patterns.ShardingPattern` 
 * :mod:`tapas.sharding.placements`: ``Split``/``Replica``/``Partial``, ``Collective``,
   ``Comm`` and ``reshard`` -- the vocabulary.
 * :mod:`tapas.sharding.expressions`: SRC expressions (``C_AR(MatMul(S1(X), S0(W)))``).
-* :mod:`tapas.sharding.patterns`: the pattern families (one module each), the registry they
-  fill, the propagation engine that checks a seed op by op, and ``tapas.layers`` pins.
+* :mod:`tapas.sharding.rules`: how each TF op type may be split (einsum-style axis labels),
+  one table from op type to rule -- where a new op's rule goes.
+* :mod:`tapas.sharding.patterns`: the pattern families (which splits to try on each kind
+  of GraphNode), the propagation that checks a seed op by op with the rules, and
+  ``tapas.layers`` pins.
 """
 
 from tapas.sharding.placements import (Collective, Comm, Partial, Placement, Replica, Split,

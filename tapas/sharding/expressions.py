@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Union
 
-from tapas.sharding.placements import _PLACEMENT_RE, Collective, Placement, parse_placement
+from tapas.sharding.placements import Collective, Placement, is_placement_text, parse_placement
 
 __all__ = ["Leaf", "Apply", "Coll", "Expr", "parse"]
 
@@ -89,7 +88,7 @@ class Coll:
         return f"C_{self.kind.value}{suffix}({self.arg})"
 
 
-Expr = Union[Leaf, Apply, Coll]
+Expr = Leaf | Apply | Coll
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_./:\-]+")
 _RESERVED_RE = re.compile(r"R|P|S\d+|C_.*")
@@ -129,7 +128,7 @@ def _parse_expr(text: str, tokens: list[str], i: int) -> tuple[Expr, int]:
         raise ValueError(f"SRC expression {text!r}: expected a name, found {got!r}")
     head = tokens[i]
     i = _expect(text, tokens, i + 1, "(")
-    if _PLACEMENT_RE.match(head):
+    if is_placement_text(head):
         if i >= len(tokens) or tokens[i] in "(),":
             raise ValueError(f"SRC expression {text!r}: placement {head} must wrap a tensor "
                              "name, e.g. R(X)")

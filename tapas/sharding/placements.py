@@ -26,14 +26,13 @@ import dataclasses
 import enum
 import re
 from collections.abc import Sequence
-from typing import Union
 
 import numpy as np
 
 from tapas.ir import dtype_bytes
 
-__all__ = ["Split", "Replica", "Partial", "Placement", "parse_placement", "Collective", "Comm",
-           "reshard", "PHASES"]
+__all__ = ["Split", "Replica", "Partial", "Placement", "parse_placement", "is_placement_text",
+           "Collective", "Comm", "reshard", "PHASES"]
 
 PHASES = ("fwd", "bwd")
 
@@ -51,7 +50,7 @@ class Collective(str, enum.Enum):
         return self.name.lower()
 
     @classmethod
-    def parse(cls, value: Union[Collective, str]) -> Collective:
+    def parse(cls, value: Collective | str) -> Collective:
         """``Collective`` from itself, a short name ("AR") or a long one ("all_reduce")."""
         if isinstance(value, Collective):
             return value
@@ -169,9 +168,14 @@ class Partial(_Placement):
         return np.sum([np.asarray(p) for p in parts], axis=0)
 
 
-Placement = Union[Split, Replica, Partial]
+Placement = Split | Replica | Partial
 
 _PLACEMENT_RE = re.compile(r"^(?:S(\d+)|R|P)$")
+
+
+def is_placement_text(text: str) -> bool:
+    """Whether ``text`` is a placement's short form (``"S1"``, ``"R"``, ``"P"``)."""
+    return _PLACEMENT_RE.match(text) is not None
 
 
 def parse_placement(text: str | Placement) -> Placement:

@@ -5,11 +5,19 @@ Out: :func:`patterns_for` -- the valid :class:`ShardingPattern` s of the node, i
      order, ``replicate`` first; :func:`explain` -- why a named pattern is invalid;
      :func:`pattern_by_name`.
 
-Families register seed functions per :class:`tapas.ir.Kind` with ``@register`` (one module
-each: ``dense``, ``attention``, ``conv``, ``embedding``, ``moe``, ``follow``, ``replicate``);
-a seed says which inputs and weights to split, and ``tapas.sharding.patterns.engine`` propagates
-it through the node's ops with the per-op rules of ``tapas.sharding.patterns.ops``, which decide
-the placement of every tensor, the collectives and the local rewrites. Results are cached
+The pipeline of this package, one module each:
+
+* :mod:`~.pattern` -- ``ShardingPattern``, ``PatternSeed``, ``Family``, ``Rewrite``;
+* :mod:`~.families` -- per :class:`tapas.ir.Kind`, the seeds to try (registered with
+  ``@register`` in :mod:`~.seeds`): which inputs and weights to split;
+* :mod:`~.propagation` -- a seed through the node's ops with the per-op rules of
+  :mod:`tapas.sharding.rules`, which decide the placement of every tensor, the
+  collectives and the local rewrites;
+* :mod:`~.pins` -- the ``shard=`` pins of ``tapas.layers`` layers;
+* :mod:`~.cache` -- graph indexes, and patterns per GraphNode signature, renamed onto
+  identical nodes;
+* this module -- the valid patterns of a node, and ``explain``.
+ Results are cached
 per (signature, weight shapes, N): identical GraphNodes (the layers of a T5) are
 propagated once and renamed.
 
@@ -34,48 +42,25 @@ This package imports no TensorFlow.
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 from typing import Any
 
 from tapas.ir import Graph, GraphNode
-from tapas.sharding.patterns import (attention, conv, dense, embedding, follow, moe, ops,
-                                     replicate, whole_layer)
-from tapas.sharding.patterns.base import (REGISTRY, GraphIndex, PatternSeed, SeedContext,
-                                          ShardingPattern, register)
-from tapas.sharding.patterns.engine import Invalid, propagate
+from tapas.sharding.patterns import cache, families
+from tapas.sharding.patterns.pattern import Family, PatternSeed, Rewrite, ShardingPattern
 from tapas.sharding.patterns.pins import PinError, apply_pin
+from tapas.sharding.patterns.propagation import Invalid, propagate
+from tapas.sharding.patterns.seeds import REGISTRY, SeedContext, register, replicate_seed
 
-__all__ = ["ShardingPattern", "PatternSeed", "register", "REGISTRY", "patterns_for",
-           "explain", "pattern_by_name", "seeds_for", "clear_cache", "Invalid", "ops",
+__all__ = ["ShardingPattern", "PatternSeed", "Family", "Rewrite", "register", "REGISTRY",
+           "patterns_for", "explain", "pattern_by_name", "clear_cache", "Invalid",
            "PinError"]
 
-_ = (attention, conv, dense, embedding, follow, moe, replicate, whole_layer)  # imported to fill the registry
-
-_LOCK = threading.Lock()
-_INDEX: dict[int, tuple[Graph, GraphIndex]] = {}
-_CACHE: dict[tuple[Any, ...], tuple[GraphNode, list[ShardingPattern]]] = {}
-_MAX_INDEXES = 4
+_ = families  # imported to fill the registry
 
 
 def clear_cache() -> None:
     """Forget cached graph indexes and patterns."""
-    with _LOCK:
-        _INDEX.clear()
-        _CACHE.clear()
-
-
-def _index(graph: Graph) -> GraphIndex:
-    with _LOCK:
-        hit = _INDEX.get(id(graph))
-        if hit is not None and hit[0] is graph:
-            return hit[1]
-    idx = GraphIndex(graph)
-    with _LOCK:
-        if len(_INDEX) >= _MAX_INDEXES:
-            _INDEX.pop(next(iter(_INDEX)))
-        _INDEX[id(graph)] = (graph, idx)
-    return idx
+    cache.clear()
 
 
 def _check_n(num_devices: int) -> None:
@@ -84,18 +69,15 @@ def _check_n(num_devices: int) -> None:
                          "1-D device mesh)")
 
 
-def seeds_for(node: GraphNode, graph: Graph, num_devices: int) -> list[PatternSeed]:
-    """Every seed the families propose for ``node``, ``replicate`` first, names unique."""
-    _check_n(num_devices)
-    ctx = SeedContext(node, _index(graph), num_devices)
-    return _seeds(node, ctx)
-
-
 def _seeds(node: GraphNode, ctx: SeedContext) -> list[PatternSeed]:
-    seeds = [replicate.replicate_seed(node)]
+    seeds = [replicate_seed(node)]
     names = {"replicate"}
     for fn in REGISTRY[node.kind]:
         for s in fn(node, ctx):
+            if s.family is None:
+                raise TypeError(f"seed function {fn.__module__}.{fn.__qualname__} proposed "
+                                f"seed {s.name!r} for GraphNode '{node.name}' without a "
+                                "family: pass PatternSeed(..., family=Family.<kind>)")
             if s.name not in names:
                 names.add(s.name)
                 seeds.append(s)
@@ -123,12 +105,6 @@ def _compute(node: GraphNode, ctx: SeedContext) -> list[ShardingPattern]:
     return out
 
 
-def _cache_key(node: GraphNode, n: int) -> tuple[Any, ...]:
-    return (node.signature or node.name, node.kind, n, len(node.ops),
-            tuple((w.shape, w.trainable) for w in node.weights),
-            tuple(t.shape for t in node.inputs), tuple(t.shape for t in node.outputs))
-
-
 def patterns_for(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:
     """The valid sharding patterns of ``node`` on ``num_devices`` devices, ``replicate``
     first, then the families' patterns in their order (identical implementations once).
@@ -144,19 +120,11 @@ def patterns_for(node: GraphNode, graph: Graph, num_devices: int) -> list[Shardi
 
 def _unpinned(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:
     _check_n(num_devices)
-    key = _cache_key(node, num_devices)
-    with _LOCK:
-        hit = _CACHE.get(key)
-    if hit is not None:
-        ref, pats = hit
-        if ref is node:
-            return list(pats)
-        renamed = _rename(ref, node, pats)
-        if renamed is not None:
-            return renamed
-    pats = _compute(node, SeedContext(node, _index(graph), num_devices))
-    with _LOCK:
-        _CACHE[key] = (node, pats)
+    pats = cache.lookup(node, num_devices)
+    if pats is not None:
+        return pats
+    pats = _compute(node, SeedContext(node, cache.graph_index(graph), num_devices))
+    cache.store(node, num_devices, pats)
     return list(pats)
 
 
@@ -173,7 +141,7 @@ def explain(node: GraphNode, graph: Graph, num_devices: int, name: str) -> str:
     """Why pattern ``name`` is not a valid pattern of ``node`` on ``num_devices`` devices
     (or that it is valid)."""
     _check_n(num_devices)
-    ctx = SeedContext(node, _index(graph), num_devices)
+    ctx = SeedContext(node, cache.graph_index(graph), num_devices)
     seeds = _seeds(node, ctx)
     seed = next((s for s in seeds if s.name == name), None)
     if seed is None:
@@ -192,39 +160,3 @@ def explain(node: GraphNode, graph: Graph, num_devices: int, name: str) -> str:
         return (f"pattern {name!r} of GraphNode '{node.name}' is valid on {num_devices} "
                 f"devices but is the same implementation as {same!r}, listed under that name")
     return f"pattern {name!r} of GraphNode '{node.name}' is valid on {num_devices} devices"
-
-
-# ---- renaming a cached node's patterns onto an identical node ---------------------------
-
-def _rename(ref: GraphNode, node: GraphNode,
-            pats: list[ShardingPattern]) -> list[ShardingPattern] | None:
-    if len(ref.ops) != len(node.ops) or len(ref.weights) != len(node.weights):
-        return None
-    tmap: dict[str, str] = {}
-    omap: dict[str, str] = {}
-    for a, b in zip(ref.ops, node.ops):
-        if a.type != b.type or len(a.outputs) != len(b.outputs):
-            return None
-        omap[a.name] = b.name
-        for ta, tb in zip(a.outputs, b.outputs):
-            tmap[ta.name] = tb.name
-    for ta, tb in zip(ref.inputs, node.inputs):
-        tmap[ta.name] = tb.name
-    wmap: dict[str, str] = {}
-    for wa, wb in zip(ref.weights, node.weights):
-        if wa.shape != wb.shape:
-            return None
-        wmap[wa.path] = wb.path
-        tmap[f"{wa.placeholder}:0"] = f"{wb.placeholder}:0"
-    out = []
-    for p in pats:
-        try:
-            out.append(dataclasses.replace(
-                p,
-                weights={wmap[k]: v for k, v in p.weights.items()},
-                tensors={tmap[k]: v for k, v in p.tensors.items()},
-                comms=tuple(dataclasses.replace(c, tensor=tmap[c.tensor]) for c in p.comms),
-                rewrites={omap[k]: v for k, v in p.rewrites.items()}))
-        except KeyError:
-            return None
-    return out

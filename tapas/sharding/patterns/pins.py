@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from tapas.sharding import expressions
 from tapas.ir import GraphNode
-from tapas.sharding.patterns.base import ShardingPattern
+from tapas.sharding.patterns.pattern import ShardingPattern
 
 __all__ = ["PinError", "apply_pin"]
 

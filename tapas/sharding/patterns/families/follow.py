@@ -1,5 +1,9 @@
 """Follow-your-input family: norm, elementwise, softmax, reshape, reduce.
 
+In:  a GraphNode of kind ``norm``, ``elementwise``, ``softmax``, ``reshape`` or ``reduce``,
+     and its SeedContext.
+Out: its seeds (family ``batch`` and ``follow``):
+
 - ``batch``: every input split on axis 0;
 - ``follow-S{a}``: every input split on axis a (inputs broadcast against it stay
   replicated); valid where the op rules allow it -- an elementwise op on its last axis,
@@ -16,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, register
-from tapas.sharding.patterns.common import batch_seed, follow_seeds
+from tapas.sharding.patterns.families.shared_seeds import batch_seed, follow_seeds
+from tapas.sharding.patterns.pattern import PatternSeed
+from tapas.sharding.patterns.seeds import SeedContext, register
 
 
 @register(Kind.NORM, Kind.ELEMENTWISE, Kind.SOFTMAX, Kind.RESHAPE, Kind.REDUCE)

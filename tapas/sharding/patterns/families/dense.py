@@ -1,5 +1,8 @@
 """Dense / matmul family: data parallel, column and row (Megatron) splits.
 
+In:  a GraphNode of kind ``dense`` or ``matmul`` that reads weights, and its SeedContext.
+Out: its seeds, one per pattern below (family ``batch``, ``column``, ``row``, ``follow``):
+
 - ``batch``: the input split on axis 0, weights replicated (their gradients all-reduced);
 - ``column``: the kernel split on an output axis, the input replicated (its gradient
   all-reduced: Megatron's ``f``), the output split on its last axis (for a
@@ -18,12 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern, register
-from tapas.sharding.patterns.common import batch_seed, dedupe_names, follow_seeds, weight_seeds
+from tapas.sharding.patterns.families.shared_seeds import (
+    batch_seed, dedupe_names, follow_seeds, weight_seeds)
+from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
+from tapas.sharding.patterns.seeds import SeedContext, register
 
 
-def dense_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
-    return "row" if pat.fwd_comms else "column"
+def dense_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
+    return ("row", Family.ROW) if pat.fwd_comms else ("column", Family.COLUMN)
 
 
 @register(Kind.DENSE, Kind.MATMUL)

@@ -1,11 +1,12 @@
 """Seed helpers shared by the pattern families.
 
-In:  a :class:`tapas.sharding.patterns.base.SeedContext`.
-Out: :class:`tapas.sharding.patterns.base.PatternSeed` lists: the batch split, the follow-your-input
-     splits, the splits of a weight along each of its axes (named by what the split does
-     to the node's contraction: partial sums, i.e. ``row``/``in-channel``/``vocab``, or
-     not, i.e. ``column``/``out-channel``/``hidden``), and the per-label splits of a
-     weight-less contraction (attention, MoE dispatch/combine).
+In:  a :class:`tapas.sharding.patterns.seeds.SeedContext`.
+Out: :class:`tapas.sharding.patterns.pattern.PatternSeed` lists: the batch split, the
+     follow-your-input splits, the splits of a weight along each of its axes (named by
+     what the split does to the node's contraction: partial sums, i.e.
+     ``row``/``in-channel``/``vocab``, or not, i.e. ``column``/``out-channel``/``hidden``),
+     and the per-label splits of a weight-less contraction (attention, MoE
+     dispatch/combine).
 
 A role is found by propagating the seed on one device (N = 1), where every split is
 divisible: the structure of the result (a forward all-reduce, a ``vocab-gather``
@@ -17,11 +18,13 @@ This module imports no TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
-from tapas.ir import GraphNode, WeightInfo
-from tapas.sharding.patterns import ops as oprules
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern
+from tapas.ir import GraphNode, OpInfo, TensorInfo, WeightInfo
+from tapas.sharding import rules
+from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
+from tapas.sharding.patterns.seeds import SeedContext
 from tapas.sharding.placements import Placement, Replica, Split
 
 __all__ = ["batch_seed", "follow_seeds", "weight_seeds", "label_seeds", "unit", "dedupe_names"]
@@ -41,7 +44,7 @@ def batch_seed(ctx: SeedContext) -> list[PatternSeed]:
     ins = ctx.split_all(0)
     if not any(isinstance(p, Split) for p in ins):
         return []
-    return [PatternSeed("batch", ins)]
+    return [PatternSeed("batch", ins, family=Family.BATCH)]
 
 
 def follow_seeds(ctx: SeedContext) -> list[PatternSeed]:
@@ -54,7 +57,7 @@ def follow_seeds(ctx: SeedContext) -> list[PatternSeed]:
     for a in range(1, rank):
         pl = ctx.split_all(a)
         if any(isinstance(p, Split) for p in pl):
-            seeds.append(PatternSeed(f"follow-S{a}", pl))
+            seeds.append(PatternSeed(f"follow-S{a}", pl, family=Family.FOLLOW))
     return seeds
 
 
@@ -69,12 +72,14 @@ def _input_choices(node: GraphNode) -> Iterator[tuple[Placement, ...]]:
         break
 
 
-def weight_seeds(ctx: SeedContext, name_of: Callable[[WeightInfo, int, ShardingPattern], str],
-                 min_rank: int = 2) -> list[PatternSeed]:
+Role = Callable[[WeightInfo, int, ShardingPattern], tuple[str, Family]]
+
+
+def weight_seeds(ctx: SeedContext, role_of: Role, min_rank: int = 2) -> list[PatternSeed]:
     """For every trainable weight of rank >= ``min_rank`` and each of its axes: the input
     placement (all replicated, or the first float input split on one axis) whose pattern on
-    one device is valid with the fewest collectives, named by ``name_of(weight, axis,
-    pattern on one device)``."""
+    one device is valid with the fewest collectives, named and given a family by
+    ``role_of(weight, axis, pattern on one device)``."""
     one = unit(ctx)
     seeds: list[PatternSeed] = []
     for w in ctx.node.weights:
@@ -90,26 +95,20 @@ def weight_seeds(ctx: SeedContext, name_of: Callable[[WeightInfo, int, ShardingP
                     best = (len(pat.comms), ins, pat)
             if best is not None:
                 _, ins, pat = best
-                seeds.append(PatternSeed(name_of(w, a, pat), ins, {w.path: Split(a)}))
+                name, family = role_of(w, a, pat)
+                seeds.append(PatternSeed(name, ins, {w.path: Split(a)}, family=family))
     return dedupe_names(seeds)
 
 
 def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
     """One seed per label of the node's first contraction op: its operands split where
-    they carry the label, other node inputs split where their shape matches the output's."""
-    node = ctx.node
-    op = next((o for o in node.ops if o.type in oprules.CONTRACTION_OPS), None)
-    if op is None or not node.inputs:
+    they carry the label, other node inputs split where their shape matches the output's.
+    Named ``batch`` (the leading label of every operand and the output), ``heads`` (another
+    such label, when ``heads``) or ``split-<placements>``."""
+    found = _first_contraction(ctx)
+    if found is None:
         return []
-    names = [x for x in op.inputs if not x.startswith("^")]
-    shapes = tuple(ctx.index.tensor[x].shape if x in ctx.index.tensor else None for x in names)
-    spec = oprules.spec_for(op, oprules.OpContext(
-        shapes, tuple(t.shape for t in op.outputs),
-        lambda i: ctx.index.const_value(names[i])))
-    if isinstance(spec, str):
-        return []
-    out_labels = spec.outputs[0] or ()
-    out_shape = op.outputs[0].shape or ()
+    op, names, spec = found
     labels: list[str] = []
     for labs in spec.inputs:
         for lab in labs or ():
@@ -117,31 +116,52 @@ def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
                 labels.append(lab)
     seeds: list[PatternSeed] = []
     for lab in labels:
-        pl: list[Placement] = []
-        for t in node.inputs:
-            if t.name in names:
-                labs = spec.inputs[names.index(t.name)] or ()
-                pl.append(Split(labs.index(lab)) if lab in labs else _R)
-            elif lab in out_labels:
-                a = out_labels.index(lab)
-                s = t.shape or ()
-                off = len(out_shape) - len(s)
-                ok = 0 <= a - off < len(s) and s[a - off] == out_shape[a] and s[a - off] != 1
-                pl.append(Split(a - off) if ok else _R)
-            else:
-                pl.append(_R)
+        pl = tuple(_label_placement(t, lab, op, names, spec) for t in ctx.node.inputs)
         if not any(isinstance(p, Split) for p in pl):
             continue
-        in_all = all(lab in (labs or ()) for labs in spec.inputs) and lab in out_labels
+        in_all = all(lab in (labs or ()) for labs in spec.inputs) and lab in (spec.outputs[0] or ())
         first = spec.inputs[0] or ()
         if in_all and first and first[0] == lab:
-            name = "batch"
+            name, family = "batch", Family.BATCH
         elif in_all and heads:
-            name = "heads"
+            name, family = "heads", Family.HEADS
         else:
-            name = "split-" + "-".join(str(p) for p in pl)
-        seeds.append(PatternSeed(name, tuple(pl)))
+            name, family = "split-" + "-".join(str(p) for p in pl), Family.SPLIT
+        seeds.append(PatternSeed(name, pl, family=family))
     return dedupe_names(seeds)
+
+
+def _first_contraction(ctx: SeedContext) -> tuple[OpInfo, list[str], rules.OpSpec] | None:
+    """The node's first contraction op, its operand names and its spec (None without one)."""
+    node = ctx.node
+    op = next((o for o in node.ops if o.type in rules.CONTRACTION_OPS), None)
+    if op is None or not node.inputs:
+        return None
+    names = [x for x in op.inputs if not x.startswith("^")]
+    shapes = tuple(ctx.index.tensor[x].shape if x in ctx.index.tensor else None for x in names)
+    spec = rules.spec_for(op, rules.OpContext(
+        shapes, tuple(t.shape for t in op.outputs),
+        lambda i: ctx.index.const_value(names[i])))
+    return None if isinstance(spec, str) else (op, names, spec)
+
+
+def _label_placement(t: TensorInfo, lab: str, op: OpInfo, names: list[str],
+                     spec: rules.OpSpec) -> Placement:
+    """Node input ``t`` split where it carries label ``lab``: as an operand of the
+    contraction, by the operand's labels; otherwise where its shape matches the output's
+    (right-aligned); else replicated."""
+    if t.name in names:
+        labs = spec.inputs[names.index(t.name)] or ()
+        return Split(labs.index(lab)) if lab in labs else _R
+    out_labels = spec.outputs[0] or ()
+    if lab not in out_labels:
+        return _R
+    out_shape = op.outputs[0].shape or ()
+    a = out_labels.index(lab)
+    s = t.shape or ()
+    off = len(out_shape) - len(s)
+    ok = 0 <= a - off < len(s) and s[a - off] == out_shape[a] and s[a - off] != 1
+    return Split(a - off) if ok else _R
 
 
 def dedupe_names(seeds: list[PatternSeed]) -> list[PatternSeed]:
@@ -151,6 +171,5 @@ def dedupe_names(seeds: list[PatternSeed]) -> list[PatternSeed]:
     for s in seeds:
         k = seen.get(s.name, 0) + 1
         seen[s.name] = k
-        out.append(s if k == 1 else PatternSeed(f"{s.name}-{k}", s.inputs, s.weights,
-                                                 s.outputs))
+        out.append(s if k == 1 else dataclasses.replace(s, name=f"{s.name}-{k}"))
     return out

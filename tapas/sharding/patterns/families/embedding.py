@@ -1,5 +1,8 @@
 """Embedding family: gathers from a weight table.
 
+In:  a GraphNode of kind ``embedding`` and its SeedContext.
+Out: its seeds (family ``row`` for vocab, ``hidden``, ``batch``, ``follow``):
+
 - ``vocab``: the table split on its rows; each device looks up the ids that fall into
   its shard (rewrite ``vocab-gather``: ids shifted by the shard's first row, rows outside
   the shard zeroed), the partial result is all-reduced;
@@ -14,14 +17,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern, register
-from tapas.sharding.patterns.common import batch_seed, dedupe_names, follow_seeds, weight_seeds
+from tapas.sharding.patterns.families.shared_seeds import (
+    batch_seed, dedupe_names, follow_seeds, weight_seeds)
+from tapas.sharding.patterns.pattern import Family, PatternSeed, Rewrite, ShardingPattern
+from tapas.sharding.patterns.seeds import SeedContext, register
 
 
-def embedding_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
-    if "vocab-gather" in pat.rewrites.values():
-        return "vocab"
-    return "row" if pat.fwd_comms else "hidden"
+def embedding_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
+    if Rewrite.VOCAB_GATHER in pat.rewrites.values():
+        return "vocab", Family.ROW
+    return ("row", Family.ROW) if pat.fwd_comms else ("hidden", Family.HIDDEN)
 
 
 @register(Kind.EMBEDDING)

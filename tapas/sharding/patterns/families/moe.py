@@ -1,5 +1,8 @@
 """MoE expert einsum family: a stacked expert weight ``[E, ...]`` applied per expert.
 
+In:  a GraphNode of kind ``expert-einsum`` and its SeedContext.
+Out: its seeds (family ``expert``, ``column``, ``row``, ``batch``, ``follow``):
+
 - ``expert``: the weight and the dispatched tokens split on the expert dimension (each
   device runs E / N experts; no communication inside the node);
 - ``column``/``row``: a split of the per-expert matrix, as for a dense layer;
@@ -16,15 +19,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern, register
-from tapas.sharding.patterns.common import batch_seed, dedupe_names, follow_seeds, weight_seeds
+from tapas.sharding.patterns.families.dense import dense_role
+from tapas.sharding.patterns.families.shared_seeds import (
+    batch_seed, dedupe_names, follow_seeds, weight_seeds)
+from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
+from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.placements import Split
 
 
-def expert_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
+def expert_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
     if axis == 0 and any(isinstance(p, Split) for p in pat.inputs) and not pat.fwd_comms:
-        return "expert"
-    return "row" if pat.fwd_comms else "column"
+        return "expert", Family.EXPERT
+    return dense_role(w, axis, pat)
 
 
 @register(Kind.EXPERT_EINSUM)

@@ -1,5 +1,8 @@
 """Convolution family (NHWC; spatial dimensions are never split).
 
+In:  a GraphNode of kind ``conv`` and its SeedContext.
+Out: its seeds (family ``batch``, ``column`` for out-channel, ``row`` for in-channel):
+
 - ``batch``: the input split on axis 0 (data parallel);
 - ``out-channel``: the kernel split on its output channels, the input replicated; a batch
   norm and bias that follow are split with it;
@@ -14,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, ShardingPattern, register
-from tapas.sharding.patterns.common import batch_seed, dedupe_names, weight_seeds
+from tapas.sharding.patterns.families.shared_seeds import batch_seed, dedupe_names, weight_seeds
+from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
+from tapas.sharding.patterns.seeds import SeedContext, register
 
 
-def conv_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> str:
-    return "in-channel" if pat.fwd_comms else "out-channel"
+def conv_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
+    return ("in-channel", Family.ROW) if pat.fwd_comms else ("out-channel", Family.COLUMN)
 
 
 @register(Kind.CONV)

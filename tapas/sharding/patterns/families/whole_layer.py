@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tapas.ir import GraphNode, Kind
-from tapas.sharding.patterns.base import PatternSeed, SeedContext, register
+from tapas.sharding.patterns.pattern import Family, PatternSeed
+from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.placements import Placement, Replica, Split
 
 __all__ = ["attention_seeds", "feed_forward_seeds", "moe_seeds"]
@@ -41,7 +42,7 @@ def _batch(node: GraphNode, ctx: SeedContext) -> PatternSeed:
     batch = max(sizes, default=1)
     return PatternSeed("batch", tuple(
         Split(0) if batch > 1 and t.shape and t.shape[0] == batch else Replica()
-        for t in node.inputs))
+        for t in node.inputs), family=Family.BATCH)
 
 
 @register(Kind.ATTENTION)
@@ -61,7 +62,7 @@ def attention_seeds(node: GraphNode, ctx: SeedContext) -> Iterator[PatternSeed]:
     # inputs: query, value (when given) replicated; a rank-4 score bias split on heads
     inputs = tuple(Split(1) if len(t.shape or ()) == 4 and (t.shape or (0, 0))[1] > 1
                    else Replica() for t in node.inputs)
-    yield PatternSeed("heads", inputs, weights)
+    yield PatternSeed("heads", inputs, weights, family=Family.HEADS)
 
 
 @register(Kind.FEED_FORWARD)
@@ -78,12 +79,13 @@ def feed_forward_seeds(node: GraphNode, ctx: SeedContext) -> Iterator[PatternSee
             weights[path] = Split(0)
         elif name == "wo_bias":
             weights[path] = Replica()
-    yield PatternSeed("column-row", tuple(Replica() for _ in node.inputs), weights)
+    yield PatternSeed("column-row", tuple(Replica() for _ in node.inputs), weights,
+                      family=Family.COLUMN_ROW)
 
 
 @register(Kind.MOE)
 def moe_seeds(node: GraphNode, ctx: SeedContext) -> Iterator[PatternSeed]:
     # Only data parallelism: an expert split would need the input's gradient to be the
     # sum of a full part (through the replicated gate) and a partial part (through the
-    # experts) inside one GraphNode, which the engine rejects (see tapas.layers.MoE).
+    # experts) inside one GraphNode, which the propagation rejects (see tapas.layers.MoE).
     yield _batch(node, ctx)

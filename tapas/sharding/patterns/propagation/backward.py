@@ -1,0 +1,145 @@
+"""The backward pass: the collectives that make every gradient full.
+
+In:  a :class:`~tapas.sharding.patterns.propagation.trial.Trial`, its finished
+     :class:`~tapas.sharding.patterns.propagation.forward.Forward` and the weights the seed
+     placed itself.
+Out: the backward comms, and the free weights to split instead (``{path: axis}``).
+
+In reverse op order, the gradient of every replicated, differentiable tensor is *full*
+(``"ok"``), *partial* (each device holds an addend: a consumer split on a dimension the
+tensor lacks, or one multiplying it with a partial sum) or *sliced* on axis a
+(``("slice", a)``: a consumer read only a local slice). Partial and sliced gradients pass
+lazily backward through replicated ops; where they reach a node input, a weight, a forward
+comm or a mix with full gradients, a backward comm makes them full: ``AR`` (partial) or
+``AG(a)`` (sliced). A weight the seed leaves free whose gradient is sliced on one axis is
+split on that axis instead (a bias follows its kernel), and the driver runs the passes
+again.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tapas.sharding.patterns.propagation.forward import Contribution, Forward
+from tapas.sharding.patterns.propagation.trial import Invalid, Trial
+from tapas.sharding.placements import Collective, Comm, Partial, Placement, Replica, Split
+
+__all__ = ["backward_comms"]
+
+_R = Replica()
+_P = Partial()
+
+
+def backward_comms(trial: Trial, fw: Forward,
+                   fixed: Mapping[str, Placement]) -> tuple[list[Comm], dict[str, int]]:
+    """Backward comms, and weight upgrades {path: axis} for free weights whose gradient
+    is sliced on one axis."""
+    return _Backward(trial, fw, fixed).run()
+
+
+class _Backward:
+    def __init__(self, trial: Trial, fw: Forward, fixed: Mapping[str, Placement]) -> None:
+        self.trial, self.fw, self.fixed = trial, fw, fixed
+        self.state: dict[str, Contribution] = {}
+        self.comms: list[Comm] = []
+        self.upgrades: dict[str, int] = {}
+        self.reduced = {c.tensor for c in fw.fwd_comms}
+        self.boundary = {t.name for t in trial.node.inputs} | set(trial.weight_tensors)
+
+    def run(self) -> tuple[list[Comm], dict[str, int]]:
+        fw = self.fw
+        order = [o.name for k in range(len(fw.recs) - 1, -1, -1)
+                 for o in fw.recs[k].op.outputs if o.name not in self.boundary]
+        order += [t.name for t in self.trial.node.inputs] + list(self.trial.weight_tensors)
+        done: set[str] = set()
+        for t in order:
+            if t not in done and t in fw.needs_grad and isinstance(fw.place.get(t), Replica):
+                done.add(t)
+                self._resolve(t)
+        return self.comms, self.upgrades
+
+    def _materialize(self, t: str, s: Contribution) -> None:
+        """A backward comm that makes the gradient of ``t`` full."""
+        w = self.trial.weight_tensors.get(t)
+        if w is not None and not w.trainable:
+            self.state[t] = "ok"   # no gradient: nothing to reduce
+            return
+        shape = self.fw.shapes.get(t) or ()
+        dtype = self.fw.dtypes.get(t, "float32")
+        if s == "partial":
+            self.comms.append(Comm(Collective.ALL_REDUCE, t, shape, dtype, _P, _R, "bwd"))
+        else:
+            a = s[1]
+            self.comms.append(Comm(Collective.ALL_GATHER, t, shape, dtype, Split(a), _R,
+                                   "bwd", a))
+        self.state[t] = "ok"
+
+    def _through(self, k: int, i: int) -> Contribution:
+        """The gradient replicated op ``k`` hands its operand ``i``: its outputs' state,
+        mapped onto the operand's axes."""
+        rec = self.fw.recs[k]
+        outs = [t.name for t in rec.op.outputs if t.name in self.fw.needs_grad]
+        bad = [(t, self.state.get(t, "ok")) for t in outs if self.state.get(t, "ok") != "ok"]
+        if not bad:
+            return "ok"
+        if len(bad) > 1:
+            for t, s in bad:
+                self._materialize(t, s)
+            return "ok"
+        t, s = bad[0]
+        if s == "partial":
+            return "partial"
+        spec = rec.spec
+        if spec is None or spec.flops not in ("elementwise", "none"):
+            return "partial"
+        j = [x.name for x in rec.op.outputs].index(t)
+        olabs = spec.outputs[j]
+        ilabs = spec.inputs[i]
+        if olabs is None or ilabs is None:
+            return "partial"
+        lab = olabs[s[1]]
+        if lab in spec.no_split or lab not in ilabs:
+            return "partial"
+        return ("slice", ilabs.index(lab))
+
+    def _kinds(self, t: str) -> list[Contribution]:
+        return [self._through(k, i) if kind == "via" else kind
+                for kind, k, i in self.fw.contrib.get(t, [])]
+
+    def _settle_mixed(self, t: str, kinds: list[Contribution]) -> list[Contribution]:
+        """Full and lazy contributions (``kinds``) meet at ``t``: reduce the lazy ones where
+        they come from; Invalid if that leaves a mix."""
+        for (kind, k, i), s in zip(self.fw.contrib.get(t, []), kinds):
+            if kind == "via" and s != "ok":
+                for o in self.fw.recs[k].op.outputs:
+                    if self.state.get(o.name, "ok") != "ok":
+                        self._materialize(o.name, self.state[o.name])
+        kinds = self._kinds(t)
+        if any(x == "ok" for x in kinds) and any(x != "ok" for x in kinds):
+            raise Invalid(f"the gradient of '{t}' would mix full and partial "
+                          "contributions inside the node")
+        return kinds
+
+    def _resolve(self, t: str) -> None:
+        """The state of the gradient of ``t`` from its consumers' contributions."""
+        kinds = self._kinds(t)
+        if any(x == "ok" for x in kinds) and not all(x == "ok" for x in kinds):
+            kinds = self._settle_mixed(t, kinds)
+        if all(x == "ok" for x in kinds):
+            self.state[t] = "ok"
+            return
+        slices = {x for x in kinds if x != "partial"}
+        s: Contribution = next(iter(slices)) if len(slices) == 1 and "partial" not in kinds \
+            else "partial"
+        w = self.trial.weight_tensors.get(t)
+        if w is not None and w.path not in self.fixed and s != "partial":
+            self.upgrades[w.path] = s[1]
+            self.state[t] = "ok"
+            return
+        k = self.fw.producer.get(t)
+        if t in self.boundary or t in self.reduced or k is None or not self.fw.recs[k].replicated:
+            self._materialize(t, s)
+        else:
+            self.state[t] = s

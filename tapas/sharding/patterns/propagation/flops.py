@@ -1,0 +1,64 @@
+"""Flops one device spends on one op under a pattern.
+
+In:  the op, its :class:`~tapas.sharding.rules.OpSpec`, the placements of its operands, the
+     split label, and the shapes and placements the forward pass has found.
+Out: :func:`op_flops` -- 2 x the local contraction volume for contractions and
+     convolutions, the local input size for reductions, the local output size for
+     elementwise ops, 0 for data movement; :func:`volume`, a shape's element count.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from tapas.ir import OpInfo
+from tapas.sharding import rules
+from tapas.sharding.placements import Placement, Replica
+
+__all__ = ["op_flops", "volume"]
+
+
+def volume(shape: Sequence[int]) -> float:
+    """Element count (negative dimensions count as 0)."""
+    out = 1.0
+    for x in shape:
+        out *= max(int(x), 0)
+    return out
+
+
+def op_flops(n: int, op: OpInfo, spec: rules.OpSpec, names: Sequence[str],
+             in_pl: Sequence[Placement], label: str | None,
+             shapes: Mapping[str, tuple[int, ...] | None],
+             produced: Mapping[str, Placement]) -> float:
+    if spec.flops == "none" or not op.outputs:
+        return 0.0
+    if spec.flops == "contract":
+        return _contraction(n, spec, names, label, shapes)
+    out = op.outputs[0]
+    out_local = produced.get(out.name, Replica()).local_shape(out.shape or (), n)
+    if spec.flops == "conv":
+        kshape = shapes.get(names[1]) or ()
+        kl = spec.inputs[1] or ()
+        k = volume(kshape[:-1])
+        if label is not None and len(kl) >= 2 and kl[-2] == label:
+            k /= n
+        return 2.0 * volume(out_local) * k
+    if spec.flops == "reduce":
+        return volume(in_pl[0].local_shape(shapes.get(names[0]) or (), n))
+    return volume(out_local)
+
+
+def _contraction(n: int, spec: rules.OpSpec, names: Sequence[str], label: str | None,
+                 shapes: Mapping[str, tuple[int, ...] | None]) -> float:
+    """2 x the product of every label's size, the split one divided by N."""
+    sizes: dict[str, int] = {}
+    for x, labs in zip(names, spec.inputs):
+        if labs is None:
+            continue
+        for lab, d in zip(labs, shapes.get(x) or ()):
+            sizes[lab] = max(sizes.get(lab, 1), d)
+    if label is not None and label in sizes:
+        sizes[label] //= n
+    return 2.0 * volume(list(sizes.values()))

@@ -1,0 +1,63 @@
+"""Rules of convolutions and pooling (NHWC or NCHW; spatial dimensions are never split).
+
+In:  a convolution or pooling :class:`tapas.ir.OpInfo` and its
+     :class:`~tapas.sharding.rules.spec.OpContext`.
+Out: its :class:`~tapas.sharding.rules.spec.OpSpec`: batch and channels may be split (a
+     convolution's input channels leave a partial sum), spatial axes and kernel windows not.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from tapas.ir import OpInfo
+from tapas.sharding.rules.spec import Fresh, Labels, OpContext, OpSpec, data_format_axes, rank
+
+CONV = ("Conv1D", "Conv2D", "Conv3D")
+POOL = ("MaxPool", "MaxPoolV2", "AvgPool", "MaxPool3D", "AvgPool3D")
+
+
+def conv(op: OpInfo, ctx: OpContext) -> OpSpec:
+    r = rank(ctx.in_shapes[0])
+    b, c, sp = data_format_axes(op, r)
+    fresh = Fresh()
+    xl = list(fresh.many(r))
+    ol = list(fresh.many(r))
+    ol[b] = xl[b]
+    co = fresh()
+    ol[c] = co
+    kl = tuple(fresh.many(r - 2)) + (xl[c], co)
+    spatial = frozenset(xl[i] for i in sp) | frozenset(ol[i] for i in sp) | frozenset(kl[:-2])
+    return OpSpec((tuple(xl), kl), (tuple(ol),), no_split=spatial, reduce="sum",
+                  linear=(0, 1), flops="conv")
+
+
+def depthwise_conv(op: OpInfo, ctx: OpContext) -> OpSpec:
+    """Channels split with the input (output channel c*m + j is contiguous in c); the
+    channel multiplier has a label of its own that is never split."""
+    r = rank(ctx.in_shapes[0])
+    b, c, sp = data_format_axes(op, r)
+    fresh = Fresh()
+    xl = list(fresh.many(r))
+    ol = list(fresh.many(r))
+    ol[b] = xl[b]
+    ol[c] = xl[c]
+    mult = fresh()
+    kl = tuple(fresh.many(r - 2)) + (xl[c], mult)
+    no = frozenset(xl[i] for i in sp) | frozenset(ol[i] for i in sp) | frozenset(kl[:-2]) | {mult}
+    return OpSpec((tuple(xl), kl), (tuple(ol),), no_split=no, reduce="none", linear=(0, 1),
+                  flops="conv")
+
+
+def pool(op: OpInfo, ctx: OpContext) -> OpSpec:
+    """Batch and channels kept; average pooling is linear, max pooling is not."""
+    r = rank(ctx.in_shapes[0])
+    b, c, sp = data_format_axes(op, r)
+    fresh = Fresh()
+    xl = list(fresh.many(r))
+    ol = list(fresh.many(r))
+    ol[b], ol[c] = xl[b], xl[c]
+    no = frozenset(xl[i] for i in sp) | frozenset(ol[i] for i in sp)
+    inputs: list[Labels | None] = [tuple(xl)] + [None] * (len(op.inputs) - 1)
+    linear = (0,) if op.type.startswith("Avg") else ()
+    return OpSpec(tuple(inputs), (tuple(ol),), no_split=no, linear=linear, flops="reduce")

@@ -1,0 +1,54 @@
+"""Rules of ops that compute no values from their operands: shape queries, constants,
+variable reads, no-ops and IdentityN.
+
+In:  such an :class:`tapas.ir.OpInfo` and its :class:`~tapas.sharding.rules.spec.OpContext`.
+Out: its :class:`~tapas.sharding.rules.spec.OpSpec`. A shape query reads only the static
+     shape of its operand, which may be placed anyhow (``meta_any``); on a split operand it
+     needs the ``global-shape`` rewrite (``global_shape``). Constants have no data operands;
+     a variable read and IdentityN pass placements through.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from tapas.ir import OpInfo
+from tapas.sharding.rules.spec import Fresh, OpContext, OpSpec, rank
+
+SHAPE_QUERY = ("Shape", "Size", "Rank")
+CONSTANT = ("Const", "Range", "Fill", "LinSpace", "BroadcastArgs")
+
+
+def shape_query(op: OpInfo, ctx: OpContext) -> OpSpec:
+    return OpSpec((None,), (Fresh().many(rank(ctx.out_shapes[0])),), meta_any=True,
+                  flops="none", global_shape=True)
+
+
+def shape_n(op: OpInfo, ctx: OpContext) -> OpSpec:
+    fresh = Fresh()
+    return OpSpec(tuple(None for _ in op.inputs),
+                  tuple(fresh.many(rank(s)) for s in ctx.out_shapes), meta_any=True,
+                  flops="none", global_shape=True)
+
+
+def constant(op: OpInfo, ctx: OpContext) -> OpSpec:
+    fresh = Fresh()
+    return OpSpec(tuple(None for _ in op.inputs),
+                  tuple(None if s is None else fresh.many(len(s)) for s in ctx.out_shapes),
+                  flops="none")
+
+
+def no_op(op: OpInfo, ctx: OpContext) -> OpSpec:
+    return OpSpec(tuple(None for _ in op.inputs), (), flops="none")
+
+
+def read_variable(op: OpInfo, ctx: OpContext) -> OpSpec:
+    xl = Fresh().many(rank(ctx.out_shapes[0]))
+    return OpSpec((xl,), (xl,), linear=(0,), flops="none")
+
+
+def identity_n(op: OpInfo, ctx: OpContext) -> OpSpec:
+    """Output i is input i: linear in each, no mixing between them."""
+    fresh = Fresh()
+    labs = tuple(fresh.many(rank(s)) for s in ctx.in_shapes)
+    return OpSpec(labs, labs, linear=tuple(range(len(labs))), flops="none")

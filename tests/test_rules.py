@@ -1,0 +1,84 @@
+"""tapas.sharding.rules: the per-op sharding rules, on hand-made ops (pure: no TensorFlow).
+
+The rules on captured models are exercised by tests/test_patterns.py and checked
+numerically by tests/test_pattern_checker.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tapas.ir import OpInfo, TensorInfo
+from tapas.sharding import rules
+from tapas.sharding.rules.shape import reshape_labels
+from tapas.sharding.rules.spec import Fresh
+
+
+def _spec(op_type: str, ins: list[tuple[int, ...] | None], outs: list[tuple[int, ...]],
+          attrs: dict[str, Any] | None = None,
+          consts: dict[int, Any] | None = None) -> rules.OpSpec | str:
+    op = OpInfo("op", op_type, tuple(f"i{k}:0" for k in range(len(ins))),
+                tuple(TensorInfo(f"op:{k}", s, "float32") for k, s in enumerate(outs)),
+                attrs or {})
+    ctx = rules.OpContext(tuple(ins), tuple(outs), lambda i: (consts or {}).get(i))
+    return rules.spec_for(op, ctx)
+
+
+def test_matmul_is_an_einsum_with_a_summed_contraction() -> None:
+    spec = _spec("MatMul", [(8, 16), (16, 32)], [(8, 32)])
+    assert spec.inputs == (("m", "k"), ("k", "n")) and spec.outputs == (("m", "n"),)
+    assert spec.reduce == "sum" and spec.linear == (0, 1) and spec.flops == "contract"
+    t = _spec("MatMul", [(16, 8), (32, 16)], [(8, 32)],
+              {"transpose_a": True, "transpose_b": True})
+    assert t.inputs == (("k", "m"), ("n", "k"))
+
+
+def test_broadcast_dimensions_get_labels_of_their_own() -> None:
+    spec = _spec("AddV2", [(4, 8), (1, 8)], [(4, 8)])
+    (a0, a1), (b0, b1) = spec.inputs
+    assert spec.outputs[0] == (a0, a1) and b1 == a1 and b0 != a0
+    assert spec.linear == "all"
+
+
+def test_softmax_axis_and_conv_space_are_never_split() -> None:
+    sm = _spec("Softmax", [(4, 8)], [(4, 8)])
+    assert sm.no_split == {sm.inputs[0][-1]}
+    conv = _spec("Conv2D", [(2, 8, 8, 4), (3, 3, 4, 6)], [(2, 6, 6, 6)])
+    x, k = conv.inputs
+    assert {x[1], x[2], k[0], k[1]} <= conv.no_split and x[0] not in conv.no_split
+    assert x[3] == k[2] and conv.reduce == "sum"     # input channels: a partial sum
+
+
+def test_reshape_keeps_the_leading_factor_of_a_merge() -> None:
+    src, dst, no = reshape_labels((4, 8, 6), (32, 6), Fresh())
+    assert src[0] == dst[0] and src[0] not in no     # a split of 4 stays a split of 32
+    assert src[1] in no and src[2] == dst[1]
+    with pytest.raises(ValueError, match="element counts differ"):
+        reshape_labels((4, 8), (5, 8), Fresh())
+
+
+def test_mean_and_gather_need_rewrites() -> None:
+    assert _spec("Mean", [(4, 8), None], [(4,)], consts={1: 1}).reduce == "mean"
+    assert _spec("GatherV2", [(16, 8), (4,), None], [(4, 8)], consts={2: 0}).reduce == "gather"
+    assert _spec("Max", [(4, 8), None], [(4,)], consts={1: [1]}).reduce == "none"
+
+
+def test_strided_slice_keeps_only_whole_axes() -> None:
+    spec = _spec("StridedSlice", [(4, 8, 6), None, None, None], [(4, 6)],
+                 {"shrink_axis_mask": 2, "end_mask": 5}, {1: [0, 3, 0], 2: [0, 4, 0], 3: [1, 1, 1]})
+    x = spec.inputs[0]
+    assert spec.outputs[0] == (x[0], x[2]) and x[1] in spec.no_split
+
+
+def test_why_an_op_has_no_spec() -> None:
+    assert _spec("FooBar", [(4,)], [(4,)]) == "op 'op' has type FooBar, which has no placement rule"
+    why = _spec("Transpose", [(4, 8), None], [(8, 4)])
+    assert "cannot read its attributes or constants" in why and "permutation" in why
+
+
+def test_one_table_names_every_rule() -> None:
+    """Every rule of the package is reachable from RULES, and the op tables agree with it."""
+    assert all(callable(r) for r in rules.RULES.values())
+    assert rules.CONTRACTION_OPS <= set(rules.RULES)
+    assert {"MatMul", "Reshape", "GatherV2", "FusedBatchNormV3", "Shape"} <= set(rules.RULES)
