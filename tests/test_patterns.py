@@ -15,7 +15,7 @@ import tensorflow as tf
 import tapas
 from tapas import models
 from tapas.sharding import patterns
-from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo
+from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
 from tapas.sharding.patterns import Family, PatternSeed, explain, pattern_by_name, patterns_for
 from tapas.sharding.placements import Partial, Replica, Split
 
@@ -357,3 +357,57 @@ def test_bad_device_count() -> None:
     g = _capture("mlp")
     with pytest.raises(ValueError, match="num_devices=0"):
         patterns_for(g.nodes[1], g, 0)
+
+
+def test_a_seed_that_cannot_be_built_leaves_replicate_with_a_note(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    g = _capture("mlp")
+    d1 = _nodes(g, Kind.DENSE)[0]
+
+    def broken(self, seed):
+        raise ValueError(f"cannot build {seed.name}")
+
+    monkeypatch.setattr(patterns.SeedContext, "trial", broken)
+    patterns.clear_cache()
+    try:
+        pats = patterns_for(d1, g, 2)
+    finally:
+        patterns.clear_cache()
+    assert [p.name for p in pats] == ["replicate"]
+    assert "(ValueError: cannot build " in pats[0].note
+    assert "could not be built and were left out" in pats[0].note
+    monkeypatch.undo()
+    patterns.clear_cache()
+    assert patterns_for(d1, g, 2)[0].note == ""        # the real patterns again
+
+
+def test_even_replicate_failing_gives_a_bare_replicate(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = _capture("mlp")
+    d1 = _nodes(g, Kind.DENSE)[0]
+
+    def broken(*args, **kwargs):
+        raise KeyError("no rule")
+
+    monkeypatch.setattr(patterns, "propagate", broken)
+    monkeypatch.setattr(patterns.SeedContext, "trial", lambda self, seed: broken())
+    patterns.clear_cache()
+    try:
+        (rep,) = patterns_for(d1, g, 2)
+    finally:
+        patterns.clear_cache()
+    _check_complete(d1, rep)
+    assert rep.is_replicated and rep.family is Family.REPLICATE and "'replicate'" in rep.note
+
+
+def test_a_node_nobody_reads_has_patterns() -> None:
+    # a dead branch that still reads its weights (a backbone's unused pooler)
+    x = TensorInfo("x:0", (4, 8), "float32")
+    r = TensorInfo("r:0", (8, 8), "float32")
+    w = WeightInfo("pooler/kernel", (8, 8), "float32", True, "w")
+    src = GraphNode(0, "x", Kind.INPUT, (OpInfo("x", "Placeholder", (), (x,)),), (), (x,), ())
+    unread = GraphNode(1, "pooler", Kind.CONSTANT,
+                       (OpInfo("w", "Placeholder", (), (TensorInfo("w:0", (), "resource"),)),
+                        OpInfo("r", "ReadVariableOp", ("w:0",), (r,))), (), (), (w,))
+    g = Graph.build([src, unread])
+    pats = patterns_for(g.nodes[1], g, 2)
+    assert pats[0].name == "replicate" and pats[0].expr.startswith("Unread(")

@@ -42,6 +42,7 @@ This package imports no TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tapas.ir import Graph, GraphNode
@@ -50,6 +51,7 @@ from tapas.sharding.patterns.pattern import Family, PatternSeed, Rewrite, Shardi
 from tapas.sharding.patterns.pins import PinError, apply_pin
 from tapas.sharding.patterns.propagation import Invalid, propagate
 from tapas.sharding.patterns.seeds import REGISTRY, SeedContext, register, replicate_seed
+from tapas.sharding.placements import Replica
 
 __all__ = ["ShardingPattern", "PatternSeed", "Family", "Rewrite", "register", "REGISTRY",
            "patterns_for", "explain", "pattern_by_name", "clear_cache", "Invalid",
@@ -69,11 +71,24 @@ def _check_n(num_devices: int) -> None:
                          "1-D device mesh)")
 
 
-def _seeds(node: GraphNode, ctx: SeedContext) -> list[PatternSeed]:
+_BUILD_ERRORS = (ValueError, KeyError, IndexError, TypeError, ArithmeticError)
+
+
+def _seeds(node: GraphNode, ctx: SeedContext,
+           failed: list[str] | None = None) -> list[PatternSeed]:
+    """``replicate`` and every family's seeds for ``node``. A family function that fails
+    for an unexpected reason is recorded in ``failed`` (when given) and skipped."""
     seeds = [replicate_seed(node)]
     names = {"replicate"}
     for fn in REGISTRY[node.kind]:
-        for s in fn(node, ctx):
+        try:
+            proposed = list(fn(node, ctx))
+        except _BUILD_ERRORS as e:
+            if failed is None:
+                raise
+            failed.append(f"{fn.__name__} ({type(e).__name__}: {e})")
+            continue
+        for s in proposed:
             if s.family is None:
                 raise TypeError(f"seed function {fn.__module__}.{fn.__qualname__} proposed "
                                 f"seed {s.name!r} for GraphNode '{node.name}' without a "
@@ -85,9 +100,13 @@ def _seeds(node: GraphNode, ctx: SeedContext) -> list[PatternSeed]:
 
 
 def _compute(node: GraphNode, ctx: SeedContext) -> list[ShardingPattern]:
+    """The node's patterns. A seed that fails for an unexpected reason (a bug, or an op
+    this stage has not met) is left out, never fatal: the node keeps ``replicate``, with
+    a note saying what could not be built, and the search reports the note."""
     out: list[ShardingPattern] = []
     keys: set[Any] = set()
-    for seed in _seeds(node, ctx):
+    failed: list[str] = []
+    for seed in _seeds(node, ctx, failed):
         try:
             if seed.name == "replicate":
                 pat = propagate(node, ctx.index, ctx.num_devices, seed, replicate_unknown=True)
@@ -97,12 +116,33 @@ def _compute(node: GraphNode, ctx: SeedContext) -> list[ShardingPattern]:
                     continue
         except Invalid:
             continue
+        except _BUILD_ERRORS as e:
+            failed.append(f"{seed.name!r} ({type(e).__name__}: {e})")
+            continue
         k = pat.key()
         if k in keys:
             continue
         keys.add(k)
         out.append(pat)
+    if not failed:
+        return out
+    note = f"pattern(s) {', '.join(failed)} could not be built and were left out"
+    if not out or out[0].name != "replicate":
+        out.insert(0, bare_replicate(node))
+    out[0] = dataclasses.replace(out[0], note=note)
     return out
+
+
+def bare_replicate(node: GraphNode) -> ShardingPattern:
+    """``replicate`` written down without propagation: every tensor whole on every device,
+    no collective (what the node does on one device, on each of them)."""
+    r = Replica()
+    return ShardingPattern(
+        name="replicate", inputs=tuple(r for _ in node.inputs),
+        outputs=tuple(r for _ in node.outputs), weights={w.path: r for w in node.weights},
+        tensors={t.name: r for op in node.ops for t in op.outputs}, comms=(), rewrites={},
+        expr=f"{''.join(p.capitalize() for p in node.kind.value.split('-'))}(R(X))", flops=0.0,
+        family=Family.REPLICATE)
 
 
 def patterns_for(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:

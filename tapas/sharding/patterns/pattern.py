@@ -77,6 +77,7 @@ class ShardingPattern:
     expr: str
     flops: float
     family: Family | None     # None only for a probe (see PatternSeed)
+    note: str = ""            # why a pattern of this node could not be built (then replicated)
 
     def __post_init__(self) -> None:
         if self.family is not None:

@@ -37,6 +37,9 @@ def node_expression(trial: Trial, fw: Forward, weights: Mapping[str, Placement])
     one_w = len(node.weights) == 1
     for j, w in enumerate(node.weights):
         leaves[f"{w.placeholder}:0"] = Leaf(weights[w.path], "W" if one_w else f"W{j}")
+    if not node.outputs:
+        # a node whose results nobody reads (a dead branch that still reads its weights)
+        return str(Apply("Unread", tuple(leaves.values()) or (Leaf(Replica(), "const"),)))
     builder = _Builder(fw, leaves)
     outs = [builder.build(t.name) for t in node.outputs]
     if builder.applies > _MAX_EXPR_APPLIES:
