@@ -1,7 +1,7 @@
 """Strategy exploration: enumerate and validate combinations of sharding patterns (paper 4.4).
 
 In:  a :class:`tapas.ir.Graph`, optionally its :class:`tapas.mining.FoldedGraph`, the number
-     of devices N, a :class:`tapas.planning.cost.Cluster` and :class:`tapas.planning.cost.CostOptions`.
+     of devices N, a :class:`tapas.planning.cluster.Cluster` and :class:`tapas.planning.cost.CostOptions`.
 Out: :class:`ExploreResult` -- the best whole-graph plans (one ShardingPattern index per
      GraphNode), ranked by the cost model, with the counts of what was enumerated and
      how long each phase took. ``tapas.search`` turns the best plan into a Strategy.

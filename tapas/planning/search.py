@@ -1,7 +1,7 @@
 """Strategy search: the best tensor-parallel plan for a model on a cluster (paper 4.4, 4.6).
 
 In:  a :class:`tapas.ir.Graph` (or a Keras model and its input spec, captured here with
-     ``tapas.capture``), a :class:`tapas.planning.cost.Cluster` S(m, n) whose m * n devices form the
+     ``tapas.capture``), a :class:`tapas.planning.cluster.Cluster` S(m, n) whose m * n devices form the
      1-D mesh, a mode (``"gp"`` graph-pruned or ``"es"`` exhaustive) and
      :class:`tapas.planning.cost.CostOptions`.
 Out: :class:`Strategy` -- the chosen ShardingPattern name per GraphNode, the resharding
