@@ -43,12 +43,12 @@ Example (a made-up 1 GB/s, 1 us link; 4 workers all-reduce 1 MB in the forward p
 >>> collective_time("AR", 1_000_000, 1, c)                        # one worker: no communication
 0.0
 
-Plan level (used by ``tapas.planning.explore``; docs/search.md): ``comm_cost`` prices one
-``tapas.sharding.placements.Comm`` (an all-to-all's N is the global size over W), ``compute_time`` turns a
-pattern's forward FLOPs per device into seconds of a training step (``CostOptions.compute``,
-``backward_flops_factor``), ``weight_memory`` / ``MemoryEstimate`` count bytes per device
-(weights, gradients, optimizer state per ``CostOptions.optimizer``, activations) and
-``PlanCost`` adds them up for a whole plan.
+Plan level (used by ``tapas.planning.table`` and ``tapas.planning.explore``; docs/search.md):
+``comm_cost`` prices one ``tapas.sharding.placements.Comm`` (an all-to-all's N is the global
+size over W), ``compute_time`` turns a pattern's forward FLOPs per device into seconds of a
+training step (``CostOptions.compute``, ``backward_flops_factor``), ``weight_memory`` /
+``MemoryEstimate`` count bytes per device (weights, gradients, optimizer state per
+``CostOptions.optimizer``, activations) and ``PlanCost`` adds them up for a whole plan.
 
 The cluster itself (``Cluster``, ``Link``, ``Group``, the presets) is
 ``tapas.planning.cluster``; it is re-exported here, where the other stages import it from.
@@ -64,7 +64,6 @@ import types
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Union
 
-from tapas.ir import DTYPE_BYTES, dtype_bytes
 from tapas.planning.cluster import (CLUSTER_PRESETS, SOURCE_KEYS, Cluster, Group, Link,
                                     check_count)
 from tapas.sharding.placements import Collective
@@ -72,8 +71,8 @@ from tapas.sharding.placements import Collective
 __all__ = [
     "Collective", "Link", "Cluster", "Group", "CostOptions", "CostTerm", "CostBreakdown",
     "collective_cost", "collective_time", "ring_factor", "DEFAULT_EPSILON", "DEFAULT_GAMMA",
-    "CLUSTER_PRESETS", "SOURCE_KEYS", "OPTIMIZER_SLOTS", "DTYPE_BYTES", "dtype_bytes",
-    "comm_cost", "compute_time", "MemoryEstimate", "weight_memory", "PlanCost",
+    "CLUSTER_PRESETS", "SOURCE_KEYS", "OPTIMIZER_SLOTS", "comm_cost", "compute_time",
+    "MemoryEstimate", "weight_memory", "PlanCost",
 ]
 
 

@@ -37,9 +37,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tapas.ir import Graph, GraphNode, Kind
 from tapas.planning import explore as ex
 from tapas.planning.cost import Cluster, CostOptions, Link, MemoryEstimate, PlanCost
-from tapas.ir import Graph, GraphNode, Kind, TensorInfo
+from tapas.planning.table import PatternInfo
+from tapas.sharding.patterns.base import Family
+from tapas.sharding.placements import Replica
 
 __all__ = ["search", "Strategy", "EdgeReshard", "Alternative", "MemoryBudgetError",
            "graph_digest", "REFERENCE_PLANS", "reference_filter", "node_roles"]
@@ -124,14 +127,19 @@ def node_roles(graph: Graph) -> list[str]:
     return roles
 
 
-def _is_batch(name: str) -> bool:
-    """A data-parallel pattern name: the batch (axis 0) split or its followers."""
-    return name == "batch" or name == "follow-S0" or name == "split-S0-S0"
+# the roles each tensor-parallel reference plan shards
+_SHARDED_ROLES: Mapping[str, tuple[str, ...]] = {
+    "megatron": ("attention", "attention-core", "ffn"), "ffn-only": ("ffn",),
+    "mha-only": ("attention", "attention-core"), "expert": ("expert",)}
+# the pattern families a sharded role may take
+_ROLE_FAMILIES: Mapping[str, tuple[Family, ...]] = {
+    "attention": (Family.HEADS, Family.COLUMN, Family.ROW),
+    "ffn": (Family.COLUMN, Family.ROW, Family.COLUMN_ROW),
+    "expert": (Family.EXPERT,),
+    "attention-core": (Family.HEADS, Family.FOLLOW)}
 
-
-def _tensor_parallel(name: str) -> bool:
-    return not _is_batch(name)
-
+# a plan whose every pattern is of these families splits no weight
+_UNSPLIT_FAMILIES = (Family.REPLICATE, Family.BATCH, Family.FOLLOW)
 
 # plan name -> description; the predicate is built by reference_filter
 REFERENCE_PLANS: Mapping[str, str] = {
@@ -153,28 +161,20 @@ def reference_filter(plan: str, graph: Graph) -> ex.Allowed:
                          f"{list(REFERENCE_PLANS)}")
     roles = node_roles(graph)
 
-    def allowed(node: GraphNode, name: str) -> bool:
+    def allowed(node: GraphNode, pattern: PatternInfo) -> bool:
         role = roles[node.id]
+        family = pattern.family
         if plan == "replicate":
-            return name == "replicate"
+            return family is Family.REPLICATE
         if plan == "data-parallel":
-            return _is_batch(name)
-        if not _tensor_parallel(name):
+            return pattern.data_parallel
+        if pattern.data_parallel:
             return False
-        sharded = {"megatron": ("attention", "attention-core", "ffn"),
-                   "ffn-only": ("ffn",), "mha-only": ("attention", "attention-core"),
-                   "expert": ("expert",)}[plan]
-        if role in sharded:
-            if role == "attention":
-                return name in ("heads", "column", "row")
-            if role == "ffn":
-                return name in ("column", "row", "column-row")
-            if role == "expert":
-                return name.startswith("expert")
-            return name == "heads" or name.startswith("follow-")
-        if role in ("attention", "attention-core", "ffn", "expert"):
-            return name == "replicate"       # a family this plan leaves whole
-        return True                          # the rest (embeddings, head, glue): searched
+        if role in _SHARDED_ROLES[plan]:
+            return family in _ROLE_FAMILIES[role]
+        if role in _ROLE_FAMILIES:
+            return family is Family.REPLICATE      # a role this plan leaves whole
+        return True                                # the rest (embeddings, head, glue): searched
     return allowed
 
 
@@ -633,7 +633,7 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
             continue
         plan, pc, _ = _evaluate(graph, table, r.best, edges)
         if name == "data-parallel" and not any(
-                _is_batch(table.infos[v][plan.patterns[v]].name) for v in range(len(graph.nodes))):
+                table.infos[v][plan.patterns[v]].data_parallel for v in range(len(graph.nodes))):
             refs.append(Alternative(name, math.inf, math.inf, math.inf, math.inf, False, {},
                                     REFERENCE_PLANS[name],
                                     f"no GraphNode splits its batch over {n} devices (batch "
@@ -650,7 +650,7 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
         tensor = graph.nodes[dst].inputs[j]
         kinds = tuple(f"{tm.kind.value} {'bwd' if tm.backward else 'fwd'}"
                       for tm in edges.terms(tensor, have, want))
-        resh.append(EdgeReshard(src, dst, j, tensor.name, have, want, kinds))
+        resh.append(EdgeReshard(src, dst, j, tensor.name, str(have), str(want), kinds))
     cost_json = best_pc.to_json()
     cost_json["per_template"] = _per_unit(graph, table, best_plan.patterns, folded, best_resh,
                                           edges)
@@ -660,12 +660,12 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     for tin in graph.inputs:
         p = prod.get(tin.name)
         if p is not None:
-            ins[tin.name] = table.infos[p[0]][best_plan.patterns[p[0]]].outputs[p[1]]
+            ins[tin.name] = str(table.infos[p[0]][best_plan.patterns[p[0]]].outputs[p[1]])
     outs = {}
     for tout in graph.outputs:
         p = prod.get(tout.name)
         if p is not None:
-            outs[tout.name] = table.infos[p[0]][best_plan.patterns[p[0]]].outputs[p[1]]
+            outs[tout.name] = str(table.infos[p[0]][best_plan.patterns[p[0]]].outputs[p[1]])
     counts = result.counts.to_json()
     counts.update(templates=len(folded.templates) if folded is not None else 0,
                   units=(folded.num_unique if folded is not None else len(graph.nodes)),
@@ -675,7 +675,8 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     if not any(n_.weights for n_ in graph.nodes):
         notes.append("the model has no weights to shard: only data parallelism or "
                      "replication can apply")
-    elif all(nm in ("replicate", "batch") or nm.startswith("follow-") for nm in names):
+    elif all(table.infos[v][best_plan.patterns[v]].family in _UNSPLIT_FAMILIES
+             for v in range(len(graph.nodes))):
         notes.append("no weight is split in the chosen plan: data parallelism or replication "
                      "is cheapest here")
     if penalty_rounds:
@@ -684,8 +685,8 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     wsplit: dict[str, str] = {}
     for v in range(len(graph.nodes)):
         for path, pl in table.infos[v][best_plan.patterns[v]].weights:
-            if pl != "R":
-                wsplit[path] = pl
+            if not isinstance(pl, Replica):
+                wsplit[path] = str(pl)
     templates = () if folded is None else tuple(
         (t.id, t.name, tuple(tuple(i) for i in t.instances)) for t in folded.templates)
     return Strategy(
