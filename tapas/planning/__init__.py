@@ -7,6 +7,11 @@ Out: a :class:`tapas.planning.search.Strategy`: one pattern per GraphNode, the r
 
 * :mod:`tapas.planning.cluster`: the cluster S(m, n), its links and presets.
 * :mod:`tapas.planning.cost`: the overlap-aware alpha-beta costs, compute and memory.
+* :mod:`tapas.planning.table`: every GraphNode's patterns summarised and costed; edge costs.
+* :mod:`tapas.planning.frontier`: the enumeration engine (DP over frontiers of placements).
 * :mod:`tapas.planning.explore`: enumeration with early stopping, gp (per template) and es.
-* :mod:`tapas.planning.search`: ``tapas.search``, the Strategy and the reference plans.
+* :mod:`tapas.planning.references`: the reference plans (Megatron, data parallel, ...).
+* :mod:`tapas.planning.strategy`: the Strategy and its JSON format.
+* :mod:`tapas.planning.report`: the readable report of a Strategy.
+* :mod:`tapas.planning.search`: ``tapas.search``, the pipeline of the phases above.
 """
