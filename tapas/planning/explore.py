@@ -158,7 +158,6 @@ class ExploreResult:
     table: PatternTable
     templates: tuple[TemplateResult, ...]
     counts: Counts            # everything: templates + stitching (gp) or the whole graph (es)
-    stitch_counts: Counts
     timings: Mapping[str, float]
     exact: bool
 
@@ -369,7 +368,7 @@ def _explore_es(pb: _Problem) -> ExploreResult:
     plans = _plans_from(final, steps, pb.options.top_k, len(pb.graph.nodes))
     if not plans:
         raise ValueError(_no_plan_message(pb.graph, pb.options))
-    return ExploreResult("es", plans, pb.table, (), counts, counts, pb.timings, exact)
+    return ExploreResult("es", plans, pb.table, (), counts, pb.timings, exact)
 
 
 def _explore_gp(pb: _Problem, folded: Any) -> ExploreResult:
@@ -400,7 +399,7 @@ def _explore_gp(pb: _Problem, folded: Any) -> ExploreResult:
     total = scounts
     for r in results:
         total = total + r.counts
-    return ExploreResult("gp", plans, pb.table, tuple(results), total, scounts, pb.timings,
+    return ExploreResult("gp", plans, pb.table, tuple(results), total, pb.timings,
                          sexact and all(r.exact for r in results))
 
 
