@@ -277,7 +277,8 @@ def test_breakdown_is_frozen_and_addable(node: Cluster) -> None:
 
 
 def test_module_does_not_import_tensorflow() -> None:
-    code = "import sys, tapas.planning.cost, tapas.planning.cluster; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
+    code = ("import sys, tapas.planning.cost, tapas.planning.cluster; "
+            "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

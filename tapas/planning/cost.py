@@ -291,7 +291,8 @@ def collective_time(kind: KindLike, nbytes: int, group_size: int, cluster: Clust
 
 def comm_cost(comm: object, group_size: int, cluster: Cluster,
               options: CostOptions | None = None, label: str = "") -> CostTerm:
-    """The cost of one ``tapas.sharding.placements.Comm`` (anything with ``kind``, ``bytes`` and ``phase``).
+    """The cost of one ``tapas.sharding.placements.Comm`` (anything with ``kind``, ``bytes``
+    and ``phase``).
 
     ``comm.bytes`` is the global tensor's size, which is N for AR, AG and RS (module doc);
     an all-to-all's N is each worker's buffer, the global size over the group. ``phase``

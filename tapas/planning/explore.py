@@ -53,7 +53,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tapas.ir import Graph, TensorInfo
 from tapas.planning import cost as cost_lib
@@ -64,6 +64,9 @@ from tapas.planning.frontier import (Allowed, Counts, Progress, SearchTimeout, S
 from tapas.planning.table import (EdgeCoster, PatternInfo, PatternsFn, PatternTable, ReshardFn,
                                   pattern_table)
 from tapas.sharding.placements import Placement
+
+if TYPE_CHECKING:
+    from tapas.mining import FoldedGraph, Template
 
 __all__ = [
     "explore", "explore_template", "pattern_table", "plan_cost", "plan_memory", "node_memory",
@@ -170,7 +173,7 @@ class ExploreResult:
 # Templates
 # =========================================================================================
 
-def explore_template(graph: Graph, template: Any, table: PatternTable, edges: EdgeCoster,
+def explore_template(graph: Graph, template: Template, table: PatternTable, edges: EdgeCoster,
                      options: ExploreOptions, allowed: Allowed | None = None,
                      deadline: float | None = None) -> TemplateResult:
     """Enumerate the combinations of one template (on its first instance); keep the best
@@ -213,7 +216,7 @@ def _whole_graph_steps(graph: Graph, table: PatternTable, allowed: Allowed | Non
                       lambda v, oi, t: t.name in outputs)
 
 
-def _tie_options(graph: Graph, template: Any, result: TemplateResult, table: PatternTable,
+def _tie_options(graph: Graph, template: Template, result: TemplateResult, table: PatternTable,
                  penalty: float, prod: Mapping[str, tuple[int, int]],
                  readers: Mapping[str, list[int]]) -> list[tuple[tuple[int, ...], float]]:
     """A template's candidates as the stitch sees them: one per distinct boundary (cheapest
@@ -240,7 +243,7 @@ def _tie_options(graph: Graph, template: Any, result: TemplateResult, table: Pat
     return out
 
 
-def _stitch_steps(graph: Graph, folded: Any, results: Sequence[TemplateResult],
+def _stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateResult],
                   table: PatternTable, allowed: Allowed | None, penalty: float,
                   ) -> tuple[list[Step], dict[int, list[tuple[tuple[int, ...], float]]]]:
     """Whole-graph steps where each template's GraphNodes follow one tied candidate.
@@ -307,7 +310,7 @@ def _no_plan_message(graph: Graph, options: ExploreOptions) -> str:
 # =========================================================================================
 
 def explore(graph: Graph, num_devices: int, cluster: Cluster, *, mode: str = "gp",
-            folded: Any = None, cost_options: CostOptions | None = None,
+            folded: FoldedGraph | None = None, cost_options: CostOptions | None = None,
             options: ExploreOptions | None = None, table: PatternTable | None = None,
             patterns_fn: PatternsFn | None = None, reshard_fn: ReshardFn | None = None,
             allowed: Allowed | None = None, progress: Progress | None = None) -> ExploreResult:
@@ -371,7 +374,7 @@ def _explore_es(pb: _Problem) -> ExploreResult:
     return ExploreResult("es", plans, pb.table, (), counts, pb.timings, exact)
 
 
-def _explore_gp(pb: _Problem, folded: Any) -> ExploreResult:
+def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
     """gp: every template once, then the whole graph stitched with tied instances."""
     t = time.perf_counter()
     results = []

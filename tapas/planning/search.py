@@ -36,9 +36,9 @@ import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tapas.ir import Graph
+from tapas.ir import Graph, TensorInfo
 from tapas.planning import explore as ex
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, PlanCost
@@ -49,6 +49,9 @@ from tapas.planning.strategy import Alternative, EdgeReshard, Strategy, graph_di
 from tapas.planning.table import EdgeCoster, PatternsFn, PatternTable, ReshardFn, pattern_table
 from tapas.sharding.patterns.base import Family
 from tapas.sharding.placements import Replica
+
+if TYPE_CHECKING:
+    from tapas.mining import FoldedGraph
 
 __all__ = ["search", "Strategy", "EdgeReshard", "Alternative", "MemoryBudgetError",
            "graph_digest", "REFERENCE_PLANS", "reference_filter", "node_roles"]
@@ -67,7 +70,7 @@ class MemoryBudgetError(ValueError):
 def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | None = None,
            mode: str = "gp", top_k: int = 5, options: CostOptions | None = None,
            memory_budget: float | None = None, explore_options: ex.ExploreOptions | None = None,
-           references: Sequence[str] | None = None, folded: Any = None,
+           references: Sequence[str] | None = None, folded: FoldedGraph | None = None,
            progress: Progress | None = None, patterns_fn: PatternsFn | None = None,
            reshard_fn: ReshardFn | None = None) -> Strategy:
     """Find the best tensor-parallel strategy of a model (or captured graph) on ``cluster``.
@@ -152,7 +155,7 @@ class _Runner:
     graph: Graph
     cluster: Cluster
     mode: str
-    folded: Any
+    folded: FoldedGraph | None
     options: CostOptions
     table: PatternTable
     edges: EdgeCoster
@@ -286,7 +289,7 @@ def _boundary_placements(graph: Graph, infos: Sequence[ex.PatternInfo]
     """The placements (short form) of the graph inputs and outputs in the chosen plan."""
     prod = {t.name: (node.id, i) for node in graph.nodes for i, t in enumerate(node.outputs)}
 
-    def placed(tensors: Sequence[Any]) -> dict[str, str]:
+    def placed(tensors: Sequence[TensorInfo]) -> dict[str, str]:
         out = {}
         for t in tensors:
             p = prod.get(t.name)
@@ -296,8 +299,8 @@ def _boundary_placements(graph: Graph, infos: Sequence[ex.PatternInfo]
     return placed(graph.inputs), placed(graph.outputs)
 
 
-def _counts(graph: Graph, table: PatternTable, folded: Any, result: ex.ExploreResult,
-            rounds: int) -> dict[str, Any]:
+def _counts(graph: Graph, table: PatternTable, folded: FoldedGraph | None,
+            result: ex.ExploreResult, rounds: int) -> dict[str, Any]:
     counts: dict[str, Any] = result.counts.to_json()
     counts.update(templates=len(folded.templates) if folded is not None else 0,
                   units=(folded.num_unique if folded is not None else len(graph.nodes)),
@@ -328,7 +331,7 @@ def _weight_splits(infos: Sequence[ex.PatternInfo]) -> dict[str, str]:
             if not isinstance(pl, Replica)}
 
 
-def _per_unit(graph: Graph, infos: Sequence[ex.PatternInfo], folded: Any,
+def _per_unit(graph: Graph, infos: Sequence[ex.PatternInfo], folded: FoldedGraph | None,
               resharded: Sequence[ex.Resharded], edges: EdgeCoster) -> dict[str, float]:
     """Seconds per step by unit: each template (all its instances) and 'uncovered'."""
     unit = ["uncovered"] * len(graph.nodes)

@@ -26,6 +26,8 @@ from tapas.planning import report
 from tapas.planning.cluster import Cluster, Link
 from tapas.planning.cost import MemoryEstimate
 from tapas.planning.table import PatternTable
+from tapas.sharding.patterns.base import ShardingPattern
+from tapas.sharding.placements import Comm, parse_placement, reshard
 
 __all__ = ["Strategy", "EdgeReshard", "Alternative", "graph_digest"]
 
@@ -48,7 +50,8 @@ def graph_digest(graph: Graph) -> str:
 class EdgeReshard:
     """A resharding between two GraphNodes: input ``input_index`` of GraphNode ``dst`` reads
     ``tensor`` from GraphNode ``src`` in placement ``src_placement`` and needs
-    ``dst_placement``. ``comms`` are the ``tapas.sharding.placements.Comm``s (recomputed from the graph)."""
+    ``dst_placement`` (short forms, as in the JSON). ``comms`` are the
+    ``tapas.sharding.placements.Comm``s (recomputed from the graph)."""
 
     src: int
     dst: int
@@ -57,7 +60,7 @@ class EdgeReshard:
     src_placement: str
     dst_placement: str
     kinds: tuple[str, ...] = ()      # e.g. ("AG fwd",) for display
-    comms: tuple[Any, ...] = ()
+    comms: tuple[Comm, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"src": self.src, "dst": self.dst, "input_index": self.input_index,
@@ -175,8 +178,8 @@ class Strategy:
                              f"({self.cluster.name}) but {num_devices} were given: search "
                              f"again with {num_devices} devices, or run on {self.num_devices}")
 
-    def pattern(self, node_id: int) -> Any:
-        """The full ShardingPattern chosen for GraphNode ``node_id`` (from tapas.sharding.patterns)."""
+    def pattern(self, node_id: int) -> ShardingPattern:
+        """The full ShardingPattern chosen for GraphNode ``node_id`` (tapas.sharding.patterns)."""
         from tapas.sharding import patterns
         graph = self._bound()
         if not 0 <= node_id < len(graph.nodes):
@@ -192,15 +195,14 @@ class Strategy:
 
     @property
     def edge_comms(self) -> tuple[EdgeReshard, ...]:
-        """The resharding edges with their ``tapas.sharding.placements.Comm``s (needs a bound graph)."""
-        from tapas.sharding import placements
+        """The resharding edges with their ``tapas.sharding.placements.Comm``s (needs a bound
+        graph)."""
         graph = self._bound()
         out = []
         for e in self.edges:
             t = graph.nodes[e.dst].inputs[e.input_index]
-            comms = tuple(placements.reshard(placements.parse_placement(e.src_placement),
-                                      placements.parse_placement(e.dst_placement), t.shape or (),
-                                      t.dtype, t.name))
+            comms = reshard(parse_placement(e.src_placement), parse_placement(e.dst_placement),
+                            t.shape or (), t.dtype, t.name)
             out.append(dataclasses.replace(e, comms=comms))
         return tuple(out)
 
