@@ -263,14 +263,14 @@ def _stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateR
     tie_options = {r.template: _tie_options(graph, by_id[r.template], r, table, penalty, prod,
                                             readers)
                    for r in results}
+    tied = []
     for step in steps:
         w = where.get(step.node)
-        if w is None:
-            continue
-        step.tie, step.tie_pos = w
-        if step.node == last[w[0]]:
-            step.release.append(w[0])
-    return steps, tie_options
+        if w is not None:
+            step = dataclasses.replace(step, tie=w[0], tie_pos=w[1],
+                                       release=(w[0],) if step.node == last[w[0]] else ())
+        tied.append(step)
+    return tied, tie_options
 
 
 def _plans_from(final: Sequence[tuple[float, Any, Any]], steps: Sequence[Step], top_k: int,

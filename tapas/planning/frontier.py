@@ -78,18 +78,18 @@ class Counts:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Step:
     """One GraphNode of a problem: what it reads and writes and its options."""
 
     node: int
-    reads: list[tuple[Any, TensorInfo]]            # (tensor key, tensor) per input
-    writes: list[tuple[int, Any]]                  # (output index, key) kept in the frontier
-    drops: list[Any]                               # keys read for the last time here
-    options: list[tuple[int, float]]               # (pattern index, cost)
+    reads: tuple[tuple[Any, TensorInfo], ...]      # (tensor key, tensor) per input
+    writes: tuple[tuple[int, Any], ...]            # (output index, key) kept in the frontier
+    drops: tuple[Any, ...]                         # keys read for the last time here
+    options: tuple[tuple[int, float], ...]         # (pattern index, cost)
     tie: int | None = None                         # template whose candidate fixes this node
-    tie_pos: int = 0
-    release: list[int] = dataclasses.field(default_factory=list)   # ties to forget after
+    tie_pos: int = 0                               # this node's position in the template
+    release: tuple[int, ...] = ()                  # ties to forget after this step
     free: frozenset[Any] = frozenset()             # keys set by their first reader
 
 
@@ -269,14 +269,14 @@ def consumers(graph: Graph) -> dict[str, list[int]]:
 
 
 def _step_options(table: PatternTable, node: GraphNode, allowed: Allowed | None,
-                  penalty: float) -> list[tuple[int, float]]:
+                  penalty: float) -> tuple[tuple[int, float], ...]:
     infos = table.infos[node.id]
     opts = [(i, p.cost(penalty)) for i, p in enumerate(infos)
             if allowed is None or allowed(node, p)]
     if not opts:   # a restriction that leaves nothing falls back to replication
         opts = [(i, p.cost(penalty)) for i, p in enumerate(infos)
                 if p.family is Family.REPLICATE]
-    return opts or [(i, p.cost(penalty)) for i, p in enumerate(infos)]
+    return tuple(opts or [(i, p.cost(penalty)) for i, p in enumerate(infos)])
 
 
 def _reads(graph: Graph, order: Sequence[int]
@@ -327,7 +327,8 @@ def node_steps(graph: Graph, order: Sequence[int], table: PatternTable,
     for key, i in last_read.items():
         if key not in kept and key not in free:
             drops_at.setdefault(i, []).append(key)
-    return [Step(node=v, reads=reads_of[i], writes=writes_of[i], drops=drops_at.get(i, []),
+    return [Step(node=v, reads=tuple(reads_of[i]), writes=tuple(writes_of[i]),
+                 drops=tuple(drops_at.get(i, ())),
                  options=_step_options(table, graph.nodes[v], allowed, penalty),
                  free=frozenset(free))
             for i, v in enumerate(order)]
