@@ -28,8 +28,9 @@ from tapas.ir import Graph, GraphNode, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
+from tapas.sharding.patterns import patterns_for
 from tapas.sharding.patterns.base import Family
-from tapas.sharding.placements import Placement, Replica, parse_placement
+from tapas.sharding.placements import Placement, Replica, parse_placement, reshard
 
 __all__ = ["PatternInfo", "PatternTable", "pattern_table", "EdgeCoster", "PatternsFn",
            "ReshardFn"]
@@ -108,18 +109,13 @@ class PatternTable:
         raise KeyError(f"GraphNode {node_id} has no pattern {name!r}: it has {names}")
 
 
-def _default_patterns_fn() -> PatternsFn:
-    from tapas.sharding import patterns
-    return patterns.patterns_for
-
-
 def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
                   options: CostOptions | None = None,
                   patterns_fn: PatternsFn | None = None) -> PatternTable:
     """Summarise every GraphNode's patterns, calling ``patterns_fn`` once per signature."""
     start = time.perf_counter()
     options = CostOptions() if options is None else options
-    patterns_fn = patterns_fn or _default_patterns_fn()
+    patterns_fn = patterns_fn or patterns_for
     first_of: dict[str, int] = {}
     infos: list[tuple[PatternInfo, ...]] = []
     generate = 0.0
@@ -146,8 +142,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
 
 
 def _default_reshard(src: Placement, dst: Placement, tensor: TensorInfo) -> Sequence[Any]:
-    from tapas.sharding import placements
-    return placements.reshard(src, dst, tensor.shape or (), tensor.dtype, tensor.name)
+    return reshard(src, dst, tensor.shape or (), tensor.dtype, tensor.name)
 
 
 class EdgeCoster:
