@@ -26,6 +26,7 @@ from tapas.planning import report
 from tapas.planning.cluster import Cluster, Link
 from tapas.planning.cost import MemoryEstimate
 from tapas.planning.table import PatternTable
+from tapas.sharding.patterns import patterns_for
 from tapas.sharding.patterns.base import ShardingPattern
 from tapas.sharding.placements import Comm, parse_placement, reshard
 
@@ -180,13 +181,12 @@ class Strategy:
 
     def pattern(self, node_id: int) -> ShardingPattern:
         """The full ShardingPattern chosen for GraphNode ``node_id`` (tapas.sharding.patterns)."""
-        from tapas.sharding import patterns
         graph = self._bound()
         if not 0 <= node_id < len(graph.nodes):
             raise IndexError(f"node_id={node_id}: the graph has GraphNodes 0.."
                              f"{len(graph.nodes) - 1}")
         node = graph.nodes[node_id]
-        for p in patterns.patterns_for(node, graph, self.num_devices):
+        for p in patterns_for(node, graph, self.num_devices):
             if p.name == self.patterns[node_id]:
                 return p
         raise ValueError(f"GraphNode {node_id} '{node.name}' has no pattern "
