@@ -208,22 +208,7 @@ class Strategy:
 
     # ---- JSON ----------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": _FORMAT, "graph_name": self.graph_name, "graph_digest": self.graph_digest,
-            "num_nodes": self.num_nodes, "num_devices": self.num_devices,
-            "cluster": _cluster_json(self.cluster), "mode": self.mode,
-            "patterns": list(self.patterns), "edges": [e.to_json() for e in self.edges],
-            "input_placements": dict(self.input_placements),
-            "output_placements": dict(self.output_placements),
-            "cost": dict(self.cost), "memory": self.memory.to_json(),
-            "memory_budget": self.memory_budget,
-            "alternatives": [a.to_json() for a in self.alternatives],
-            "references": [a.to_json() for a in self.references],
-            "timings": dict(self.timings), "counts": dict(self.counts),
-            "templates": [[t, name, [list(i) for i in insts]] for t, name, insts in
-                          self.templates],
-            "exact": self.exact, "notes": list(self.notes),
-            "weight_placements": dict(self.weight_placements)}
+        return _strategy_json(self)
 
     def dumps(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_json(), indent=indent)
@@ -231,25 +216,8 @@ class Strategy:
     @staticmethod
     def from_json(d: Mapping[str, Any], graph: Graph | None = None,
                   num_devices: int | None = None) -> Strategy:
-        if d.get("format") != _FORMAT:
-            raise ValueError(f"not a TAPAS strategy: 'format' is {d.get('format')!r}, "
-                             f"expected {_FORMAT!r} (write one with Strategy.save)")
-        s = Strategy(
-            graph_name=d["graph_name"], graph_digest=d["graph_digest"],
-            num_nodes=d["num_nodes"], num_devices=d["num_devices"],
-            cluster=_cluster_from_json(d["cluster"]), mode=d["mode"],
-            patterns=tuple(d["patterns"]),
-            edges=tuple(EdgeReshard.from_json(e) for e in d["edges"]),
-            input_placements=dict(d["input_placements"]),
-            output_placements=dict(d["output_placements"]), cost=dict(d["cost"]),
-            memory=MemoryEstimate.from_json(d["memory"]), memory_budget=d["memory_budget"],
-            alternatives=tuple(Alternative.from_json(a) for a in d["alternatives"]),
-            references=tuple(Alternative.from_json(a) for a in d["references"]),
-            timings=dict(d["timings"]), counts=dict(d["counts"]),
-            templates=tuple((t, name, tuple(tuple(i) for i in insts))
-                            for t, name, insts in d.get("templates", ())),
-            exact=d.get("exact", True), notes=tuple(d.get("notes", ())),
-            weight_placements=dict(d.get("weight_placements", {})))
+        """A strategy from its JSON; with ``graph`` / ``num_devices`` checked and bound."""
+        s = _strategy_from_json(d)
         s.check(graph, num_devices)
         return s if graph is None else dataclasses.replace(s, _graph=graph)
 
@@ -271,3 +239,43 @@ class Strategy:
                 max_rows: int = 60) -> str:
         """A readable report: cost, memory, per-layer table, alternatives, references."""
         return report.summary(self, graph or self._graph, table or self._table, max_rows)
+
+
+def _strategy_json(s: Strategy) -> dict[str, Any]:
+    return {
+        "format": _FORMAT, "graph_name": s.graph_name, "graph_digest": s.graph_digest,
+        "num_nodes": s.num_nodes, "num_devices": s.num_devices,
+        "cluster": _cluster_json(s.cluster), "mode": s.mode,
+        "patterns": list(s.patterns), "edges": [e.to_json() for e in s.edges],
+        "input_placements": dict(s.input_placements),
+        "output_placements": dict(s.output_placements),
+        "cost": dict(s.cost), "memory": s.memory.to_json(),
+        "memory_budget": s.memory_budget,
+        "alternatives": [a.to_json() for a in s.alternatives],
+        "references": [a.to_json() for a in s.references],
+        "timings": dict(s.timings), "counts": dict(s.counts),
+        "templates": [[t, name, [list(i) for i in insts]] for t, name, insts in s.templates],
+        "exact": s.exact, "notes": list(s.notes),
+        "weight_placements": dict(s.weight_placements)}
+
+
+def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
+    if d.get("format") != _FORMAT:
+        raise ValueError(f"not a TAPAS strategy: 'format' is {d.get('format')!r}, "
+                         f"expected {_FORMAT!r} (write one with Strategy.save)")
+    return Strategy(
+        graph_name=d["graph_name"], graph_digest=d["graph_digest"],
+        num_nodes=d["num_nodes"], num_devices=d["num_devices"],
+        cluster=_cluster_from_json(d["cluster"]), mode=d["mode"],
+        patterns=tuple(d["patterns"]),
+        edges=tuple(EdgeReshard.from_json(e) for e in d["edges"]),
+        input_placements=dict(d["input_placements"]),
+        output_placements=dict(d["output_placements"]), cost=dict(d["cost"]),
+        memory=MemoryEstimate.from_json(d["memory"]), memory_budget=d["memory_budget"],
+        alternatives=tuple(Alternative.from_json(a) for a in d["alternatives"]),
+        references=tuple(Alternative.from_json(a) for a in d["references"]),
+        timings=dict(d["timings"]), counts=dict(d["counts"]),
+        templates=tuple((t, name, tuple(tuple(i) for i in insts))
+                        for t, name, insts in d.get("templates", ())),
+        exact=d.get("exact", True), notes=tuple(d.get("notes", ())),
+        weight_placements=dict(d.get("weight_placements", {})))
