@@ -52,7 +52,7 @@ T5_LARGE_TARGET_S = 10.0
 
 def run_search(graph, mode: str, limit: float | None) -> dict:
     from tapas.planning import explore, search
-    from tapas.planning.cost import Cluster
+    from tapas.planning.cluster import Cluster
     from tapas.sharding.patterns import clear_cache
     clear_cache()          # every run generates its patterns (no warm cache)
     gc.collect()

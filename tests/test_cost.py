@@ -277,7 +277,8 @@ def test_breakdown_is_frozen_and_addable(node: Cluster) -> None:
 
 
 def test_module_does_not_import_tensorflow() -> None:
-    code = "import sys, tapas.planning.cost; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
+    code = ("import sys, tapas.planning.cost, tapas.planning.cluster; "
+            "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -316,6 +317,19 @@ def test_module_doctest():
     from tapas.planning import cost as cost_module
     failures, tried = doctest.testmod(cost_module)
     assert tried > 0 and failures == 0
+
+
+def test_cluster_module_doctest():
+    import doctest
+    from tapas.planning import cluster as cluster_module
+    failures, tried = doctest.testmod(cluster_module)
+    assert tried > 0 and failures == 0
+
+
+def test_cluster_is_one_class_in_both_modules():
+    from tapas.planning import cluster as cluster_module
+    assert cost.Cluster is cluster_module.Cluster and cost.Link is cluster_module.Link
+    assert cost.CLUSTER_PRESETS is cluster_module.CLUSTER_PRESETS
 
 
 def test_cluster_presets_by_name():

@@ -16,6 +16,8 @@ from tapas.planning import explore
 from tapas import mining
 from tapas.planning.cost import Cluster, CostOptions, collective_cost
 from tapas.planning.explore import EdgeCoster, ExploreOptions, SearchTimeout
+from tapas.sharding.patterns.base import Family
+from tapas.sharding.placements import Placement, Replica, Split
 from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
 
 B, H, F = 8, 16, 64          # batch, hidden, FFN width
@@ -35,6 +37,11 @@ class FakeComm:
         return math.prod(self.shape) * FP32
 
 
+# the family of each fake pattern, as the pattern stage sets it
+FAMILY = {"replicate": Family.REPLICATE, "batch": Family.BATCH, "column": Family.COLUMN,
+          "row": Family.ROW}
+
+
 @dataclasses.dataclass(frozen=True)
 class FakePattern:
     name: str
@@ -43,6 +50,14 @@ class FakePattern:
     weights: dict
     comms: tuple[FakeComm, ...] = ()
     flops: float = 0.0
+
+    @property
+    def family(self) -> Family:
+        return FAMILY[self.name]
+
+    @property
+    def data_parallel(self) -> bool:
+        return self.name == "batch"
 
 
 def fake_patterns(node: GraphNode, graph: Graph, n: int) -> list[FakePattern]:
@@ -70,7 +85,8 @@ def fake_patterns(node: GraphNode, graph: Graph, n: int) -> list[FakePattern]:
     return pats
 
 
-def fake_reshard(a: str, b: str, t: TensorInfo) -> tuple[FakeComm, ...]:
+def fake_reshard(src: Placement, dst: Placement, t: TensorInfo) -> tuple[FakeComm, ...]:
+    a, b = str(src), str(dst)
     if b == "P" or a == "P":
         raise ValueError(f"cannot reshard {a} -> {b}")
     if a.startswith("S") and b == "R":
@@ -195,8 +211,8 @@ def test_reshard_allowed_makes_row_then_row_valid_at_a_cost(cluster):
     # x (R) -> row wants S1: free slice forward, all-gather of the gradient backward
     x = B * H * FP32
     ag_bwd = collective_cost("AG", x, N, cluster, opts, backward=True).total
-    assert [(s, d, have, want) for s, d, _, have, want in resharded] == [(0, 1, "R", "S1"),
-                                                                         (1, 2, "R", "S1")]
+    assert [(s, d, have, want) for s, d, _, have, want in resharded] == [
+        (0, 1, Replica(), Split(1)), (1, 2, Replica(), Split(1))]
     assert math.isclose(pc.total, rr.cost, rel_tol=1e-12)
     ar_fwd = lambda nbytes: collective_cost("AR", nbytes, N, cluster, opts).total  # noqa: E731
     assert math.isclose(rr.cost, ar_fwd(B * F * FP32) + ar_fwd(B * H * FP32)
@@ -241,6 +257,23 @@ def test_es_matches_brute_force_best(cluster):
                             p.cost, rel_tol=1e-9)
 
 
+def test_pattern_infos_carry_typed_placements_family_and_memory(cluster):
+    g = mlp(1)
+    res = run(g, cluster)
+    col = res.table.infos[1][res.table.index(1, "column")]
+    assert col.inputs == (Replica(),) and col.outputs == (Split(1),)
+    assert col.family is Family.COLUMN and not col.data_parallel
+    assert dict(col.weights) == {"l0/up/kernel": Split(1)} and str(col.outputs[0]) == "S1"
+    batch = res.table.infos[1][res.table.index(1, "batch")]
+    assert batch.family is Family.BATCH and batch.data_parallel
+    assert dict(batch.weights) == {"l0/up/kernel": Replica()}
+    # the kernel split over N devices, its gradient and Adam's two slots; the output split
+    w = H * F * FP32 / N
+    assert (col.memory.weights, col.memory.gradients, col.memory.optimizer) == (w, w, 2 * w)
+    assert col.memory.activations == B * F * FP32 / N
+    assert batch.memory.weights == H * F * FP32
+
+
 # ---- gp: templates, ties, stitching -------------------------------------------------------
 
 def test_gp_ties_instances_and_matches_es_on_a_repeated_stack(cluster):
@@ -262,9 +295,9 @@ def test_gp_ties_instances_and_matches_es_on_a_repeated_stack(cluster):
 
 def test_allowed_restricts_and_falls_back_to_replicate(cluster):
     g = mlp(2)
-    res = run(g, cluster, allowed=lambda node, name: name in ("column", "row"))
+    res = run(g, cluster, allowed=lambda node, p: p.name in ("column", "row"))
     assert names(res, g, res.best) == ("replicate", "column", "row", "column", "row")
-    res = run(g, cluster, allowed=lambda node, name: name == "replicate")
+    res = run(g, cluster, allowed=lambda node, p: p.family is Family.REPLICATE)
     assert set(names(res, g, res.best)) == {"replicate"}
 
 

@@ -130,7 +130,10 @@ def test_graph_digest_ignores_names_but_not_structure():
 
 
 def test_search_imports_no_tensorflow():
-    code = ("import sys; import tapas.planning.search, tapas.planning.explore, tapas.planning.cost; "
+    code = ("import sys; import tapas.planning.search, tapas.planning.explore, "
+            "tapas.planning.cost, tapas.planning.cluster, tapas.planning.table, "
+            "tapas.planning.frontier, tapas.planning.references, tapas.planning.strategy, "
+            "tapas.planning.report; "
             "print(any(m.startswith('tensorflow') for m in sys.modules))")
     import subprocess
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,12 +1,14 @@
-"""Cost layer: clusters, collective primitives and their overlap-aware alpha-beta time.
+"""Costs: collective primitives and their overlap-aware alpha-beta time, compute and memory.
 
-What comes in: a ``Cluster`` (``num_nodes`` nodes of ``devices_per_node`` devices, an
-intra-node and an inter-node ``Link``), a collective kind (``Collective``), a message size
-``N`` in bytes, a group size ``W`` and ``CostOptions`` (which terms of the model are on).
-What goes out: a ``CostTerm`` (one collective's latency and transmission time, in seconds)
-and ``CostBreakdown`` (a sum of terms, by kind and by direction). The stage that attaches
-collectives to sharding patterns calls ``collective_cost`` once per collective on the
-critical path and adds the terms.
+In:  a ``tapas.planning.cluster.Cluster`` (``num_nodes`` nodes of ``devices_per_node``
+     devices, an intra-node and an inter-node ``Link``), a collective kind
+     (``Collective``), a message size ``N`` in bytes, a group size ``W`` and
+     ``CostOptions`` (which terms of the model are on); at plan level, a pattern's
+     ``Comm``s, forward FLOPs per device and bytes per device.
+Out: a ``CostTerm`` (one collective's latency and transmission time, in seconds),
+     ``CostBreakdown`` (a sum of terms, by kind and by direction), compute seconds, a
+     ``MemoryEstimate`` and a whole plan's ``PlanCost``. The search calls
+     ``collective_cost`` once per collective on the critical path and adds the terms.
 
 The model is TAPAS's (paper section 4.6), per collective c of kind k over W workers:
 
@@ -41,12 +43,15 @@ Example (a made-up 1 GB/s, 1 us link; 4 workers all-reduce 1 MB in the forward p
 >>> collective_time("AR", 1_000_000, 1, c)                        # one worker: no communication
 0.0
 
-Plan level (used by ``tapas.planning.explore``; docs/search.md): ``comm_cost`` prices one
-``tapas.sharding.placements.Comm`` (an all-to-all's N is the global size over W), ``compute_time`` turns a
-pattern's forward FLOPs per device into seconds of a training step (``CostOptions.compute``,
-``backward_flops_factor``), ``weight_memory`` / ``MemoryEstimate`` count bytes per device
-(weights, gradients, optimizer state per ``CostOptions.optimizer``, activations) and
-``PlanCost`` adds them up for a whole plan.
+Plan level (used by ``tapas.planning.table`` and ``tapas.planning.explore``; docs/search.md):
+``comm_cost`` prices one ``tapas.sharding.placements.Comm`` (an all-to-all's N is the global
+size over W), ``compute_time`` turns a pattern's forward FLOPs per device into seconds of a
+training step (``CostOptions.compute``, ``backward_flops_factor``), ``weight_memory`` /
+``MemoryEstimate`` count bytes per device (weights, gradients, optimizer state per
+``CostOptions.optimizer``, activations) and ``PlanCost`` adds them up for a whole plan.
+
+The cluster itself (``Cluster``, ``Link``, ``Group``, the presets) is
+``tapas.planning.cluster``; it is re-exported here, where the other stages import it from.
 
 This module imports no TensorFlow.
 """
@@ -54,20 +59,19 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Union
 
-from tapas.ir import DTYPE_BYTES, dtype_bytes
+from tapas.planning.cluster import (CLUSTER_PRESETS, SOURCE_KEYS, Cluster, Group, Link,
+                                    check_count)
 from tapas.sharding.placements import Collective
 
 __all__ = [
     "Collective", "Link", "Cluster", "Group", "CostOptions", "CostTerm", "CostBreakdown",
     "collective_cost", "collective_time", "ring_factor", "DEFAULT_EPSILON", "DEFAULT_GAMMA",
-    "CLUSTER_PRESETS", "OPTIMIZER_SLOTS", "DTYPE_BYTES", "dtype_bytes", "comm_cost",
-    "compute_time",
+    "CLUSTER_PRESETS", "SOURCE_KEYS", "OPTIMIZER_SLOTS", "comm_cost", "compute_time",
     "MemoryEstimate", "weight_memory", "PlanCost",
 ]
 
@@ -89,230 +93,11 @@ DEFAULT_EPSILON: Mapping[str, float] = types.MappingProxyType(
 def ring_factor(kind: KindLike, group_size: int) -> float:
     """Bytes each worker sends per byte of message N, for the ring algorithm (see module doc)."""
     kind = Collective.parse(kind)
-    _check_count("group_size", group_size, "a collective runs over at least one worker")
+    check_count("group_size", group_size, "a collective runs over at least one worker")
     w = group_size
     if kind is Collective.ALL_REDUCE:
         return 2.0 * (w - 1) / w
     return (w - 1) / w
-
-
-def _check_count(name: str, value: object, why: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}={value!r}: must be an int ({why})")
-    if value < 1:
-        raise ValueError(f"{name}={value}: must be at least 1 ({why})")
-
-
-def _check_positive(name: str, value: object, unit: str, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}={value!r}: must be a number of {unit}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value}: must be a positive, finite number of {unit}; {fix}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Link:
-    """A network link: ``bandwidth`` in bytes/s per direction, ``latency`` (alpha') in s per hop."""
-
-    bandwidth: float
-    latency: float
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        label = f"{self.name or 'link'}.bandwidth"
-        _check_positive(label, self.bandwidth, "bytes/s",
-                        "e.g. 12.5e9 for 100 Gb/s Ethernet (bits / 8)")
-        if isinstance(self.latency, bool) or not isinstance(self.latency, (int, float)):
-            raise TypeError(f"{self.name or 'link'}.latency={self.latency!r}: must be seconds")
-        if not math.isfinite(self.latency) or self.latency < 0:
-            raise ValueError(f"{self.name or 'link'}.latency={self.latency}: must be a finite "
-                             "number of seconds >= 0 (use 0 to ignore latency)")
-
-    @property
-    def beta(self) -> float:
-        """Seconds per byte (1 / bandwidth)."""
-        return 1.0 / self.bandwidth
-
-
-@dataclasses.dataclass(frozen=True)
-class Group:
-    """A group of ``size`` workers placed on ``nodes`` nodes, and the link its ring pays."""
-
-    size: int
-    nodes: int
-    link: Link
-
-    @property
-    def spans_nodes(self) -> bool:
-        return self.nodes > 1
-
-
-# the constants each Cluster documents in ``sources``
-SOURCE_KEYS = ("intra.bandwidth", "intra.latency", "inter.bandwidth", "inter.latency",
-               "device_memory", "device_peak_flops")
-
-
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """S(m, n): ``num_nodes`` nodes of ``devices_per_node`` devices each.
-
-    ``intra`` links devices inside a node, ``inter`` links nodes. ``device_memory`` is bytes per
-    device, ``device_peak_flops`` FLOP/s per device. ``sources`` says where each constant comes
-    from (keys: ``SOURCE_KEYS``; a missing one reads "unspecified").
-    """
-
-    name: str
-    num_nodes: int
-    devices_per_node: int
-    intra: Link
-    inter: Link
-    device_memory: float
-    device_peak_flops: float
-    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False,
-                                                   repr=False)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.num_nodes, int) and not isinstance(self.num_nodes, bool) \
-                and self.num_nodes < 1:
-            raise ValueError(f"num_nodes={self.num_nodes}: a cluster needs at least one node; "
-                             "use Cluster.single_node(n) for one machine")
-        _check_count("num_nodes", self.num_nodes, "a cluster needs at least one node")
-        if isinstance(self.devices_per_node, int) and not isinstance(self.devices_per_node, bool) \
-                and self.devices_per_node < 1:
-            raise ValueError(f"devices_per_node={self.devices_per_node}: a cluster with no "
-                             "devices cannot run anything; give each node at least one device")
-        _check_count("devices_per_node", self.devices_per_node, "each node needs a device")
-        for field, link in (("intra", self.intra), ("inter", self.inter)):
-            if not isinstance(link, Link):
-                raise TypeError(f"{field}={link!r}: must be a Link(bandwidth, latency)")
-        _check_positive("device_memory", self.device_memory, "bytes", "e.g. 32 * 2**30")
-        _check_positive("device_peak_flops", self.device_peak_flops, "FLOP/s", "e.g. 15.7e12")
-        unknown = sorted(set(self.sources) - set(SOURCE_KEYS))
-        if unknown:
-            raise ValueError(f"sources has unknown keys {unknown}: use {list(SOURCE_KEYS)}")
-        object.__setattr__(self, "sources", types.MappingProxyType(dict(self.sources)))
-
-    @property
-    def num_devices(self) -> int:
-        return self.num_nodes * self.devices_per_node
-
-    def source(self, key: str) -> str:
-        """Where the constant ``key`` (one of ``SOURCE_KEYS``) comes from."""
-        if key not in SOURCE_KEYS:
-            raise KeyError(f"{key!r} is not a cluster constant: use one of {list(SOURCE_KEYS)}")
-        return self.sources.get(key, "unspecified")
-
-    def group(self, size: int, nodes: int | None = None) -> Group:
-        """The group of ``size`` workers, filling a node before the next (or over ``nodes``).
-
-        A group inside one node pays ``intra``; one that spans nodes pays ``inter``.
-        """
-        _check_count("size", size, "a group has at least one worker")
-        if size > self.num_devices:
-            raise ValueError(f"size={size}: the cluster {self.name!r} has only "
-                             f"{self.num_devices} devices ({self.num_nodes} x "
-                             f"{self.devices_per_node}); use a smaller group or a bigger cluster")
-        fewest = -(-size // self.devices_per_node)
-        if nodes is None:
-            nodes = fewest
-        _check_count("nodes", nodes, "a group lies on at least one node")
-        most = min(size, self.num_nodes)
-        if not fewest <= nodes <= most:
-            raise ValueError(f"nodes={nodes}: a group of {size} on {self.name!r} lies on "
-                             f"{fewest} to {most} nodes")
-        return Group(size=size, nodes=nodes, link=self.intra if nodes == 1 else self.inter)
-
-    def with_shape(self, num_nodes: int, devices_per_node: int) -> Cluster:
-        """The same hardware with another shape."""
-        return dataclasses.replace(self, num_nodes=num_nodes, devices_per_node=devices_per_node,
-                                   name=_shape_name(self.name, num_nodes, devices_per_node))
-
-    # ---- presets --------------------------------------------------------------------------
-
-    @classmethod
-    def single_node(cls, devices: int, like: Cluster | None = None) -> Cluster:
-        """One machine with ``devices`` devices, hardware as ``like`` (default: V100 node)."""
-        _check_count("devices", devices, "a machine needs at least one device")
-        return (like or cls.v100_ethernet()).with_shape(1, devices)
-
-    @classmethod
-    def v100_ethernet(cls, num_nodes: int = 1, devices_per_node: int = 8) -> Cluster:
-        """The paper's cluster (section 5.1): V100 SXM2 32 GB, NVLink2 in a node, 100 Gb/s
-        Ethernet between nodes."""
-        return cls(
-            name=_shape_name("v100-ethernet", num_nodes, devices_per_node),
-            num_nodes=num_nodes, devices_per_node=devices_per_node,
-            intra=Link(bandwidth=150e9, latency=3.4e-6, name="nvlink2"),
-            inter=Link(bandwidth=100e9 / 8, latency=9.6e-6, name="ethernet-100g"),
-            device_memory=32 * 2**30, device_peak_flops=15.7e12,
-            sources=V100_SOURCES)
-
-    @classmethod
-    def loopback_cpu(cls, devices: int = 4) -> Cluster:
-        """``devices`` logical CPU devices on one machine, as MirroredStrategy runs them here.
-
-        Constants measured by benchmarks/measure_collectives.py (all-reduce fit, 4 devices);
-        the devices share the cores, so this is for tests and ranking on this machine only.
-        """
-        return cls(
-            name=f"loopback-cpu-{devices}",
-            num_nodes=1, devices_per_node=devices,
-            intra=Link(bandwidth=LOOPBACK_BANDWIDTH, latency=LOOPBACK_LATENCY, name="loopback"),
-            inter=Link(bandwidth=LOOPBACK_BANDWIDTH, latency=LOOPBACK_LATENCY, name="loopback"),
-            device_memory=LOOPBACK_MEMORY, device_peak_flops=LOOPBACK_FLOPS,
-            sources=LOOPBACK_SOURCES)
-
-    @classmethod
-    def preset(cls, name: str, num_nodes: int = 1, devices_per_node: int = 8) -> Cluster:
-        """A named cluster of ``num_nodes`` x ``devices_per_node`` devices: ``"v100"`` (the
-        paper's V100 nodes on 100 Gb/s Ethernet) or ``"cpu"`` (this machine's logical CPU
-        devices, measured constants). The ``--cluster`` flag of ``tapas search``/``train``."""
-        if name not in CLUSTER_PRESETS:
-            raise ValueError(f"cluster preset {name!r} is unknown: use one of "
-                             f"{sorted(CLUSTER_PRESETS)}")
-        return CLUSTER_PRESETS[name]().with_shape(num_nodes, devices_per_node)
-
-
-def _shape_name(base: str, num_nodes: int, devices_per_node: int) -> str:
-    base = base.split("/")[0]
-    return f"{base}/{num_nodes}x{devices_per_node}"
-
-
-V100_SOURCES: Mapping[str, str] = types.MappingProxyType({
-    "intra.bandwidth": "NVIDIA Tesla V100 datasheet: NVLink2 300 GB/s aggregate bidirectional "
-                       "(6 links x 25 GB/s per direction); a ring sends one way: 150 GB/s",
-    "intra.latency": "NCCL src/graph/tuning.cc hwLat, NVLink, Ring/Simple protocol: "
-                     "3.4 us per ring hop",
-    "inter.bandwidth": "paper section 5.1: nodes interconnected by 100 Gb/s Ethernet = 12.5 GB/s",
-    "inter.latency": "NCCL src/graph/tuning.cc hwLat, network, Ring/Simple protocol: "
-                     "9.6 us per ring hop",
-    "device_memory": "NVIDIA Tesla V100 SXM2 32 GB datasheet: 32 GB HBM2 (taken as 32 GiB)",
-    "device_peak_flops": "NVIDIA Tesla V100 SXM2 datasheet: 15.7 TFLOP/s single precision",
-})
-
-# Measured by benchmarks/measure_collectives.py --devices=4 on this development machine
-# (2 cores, 24 GiB, tensorflow-cpu 2.21); JSON: benchmarks/results/collectives_cpu.json.
-LOOPBACK_DATE = "2026-11-22"
-LOOPBACK_LATENCY = 5.0e-4       # alpha' = all-reduce intercept / W, s per worker
-LOOPBACK_BANDWIDTH = 3.75e8     # 1 / beta of the all-reduce fit, bytes/s (ring bytes)
-LOOPBACK_FLOPS = 3.6e10         # float32 matmul on one logical device, FLOP/s
-LOOPBACK_MEMORY = 24 * 2**30    # the machine's RAM, shared by all logical devices
-_MEASURED = f"measured by benchmarks/measure_collectives.py on {LOOPBACK_DATE}"
-LOOPBACK_SOURCES: Mapping[str, str] = types.MappingProxyType({
-    "intra.bandwidth": f"{_MEASURED} (all-reduce slope, 4 logical CPU devices)",
-    "intra.latency": f"{_MEASURED} (all-reduce intercept / W; mostly tf.function dispatch)",
-    "inter.bandwidth": "no second node: same as intra",
-    "inter.latency": "no second node: same as intra",
-    "device_memory": "this machine's 24 GiB RAM, shared by all logical devices",
-    "device_peak_flops": f"{_MEASURED} (2048^2 float32 matmul, one logical device)",
-})
-
-
-# preset name -> a Cluster of that hardware (its shape is set by Cluster.preset)
-CLUSTER_PRESETS: Mapping[str, Callable[[], Cluster]] = types.MappingProxyType({
-    "v100": lambda: Cluster.v100_ethernet(1, 8),
-    "cpu": lambda: Cluster.loopback_cpu(4),
-})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -504,10 +289,10 @@ def collective_time(kind: KindLike, nbytes: int, group_size: int, cluster: Clust
 # Plan level: a sharding pattern's collectives, compute time and memory
 # =========================================================================================
 
-# bytes per element of the dtypes TF graphs carry (tapas.ir dtype strings)
 def comm_cost(comm: object, group_size: int, cluster: Cluster,
               options: CostOptions | None = None, label: str = "") -> CostTerm:
-    """The cost of one ``tapas.sharding.placements.Comm`` (anything with ``kind``, ``bytes`` and ``phase``).
+    """The cost of one ``tapas.sharding.placements.Comm`` (anything with ``kind``, ``bytes``
+    and ``phase``).
 
     ``comm.bytes`` is the global tensor's size, which is N for AR, AG and RS (module doc);
     an all-to-all's N is each worker's buffer, the global size over the group. ``phase``

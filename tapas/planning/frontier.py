@@ -1,0 +1,334 @@
+"""The enumeration engine: dynamic programming over frontiers of placements (paper 4.4).
+
+In:  a problem as a list of :class:`Step` (one GraphNode each, in topological order: the
+     tensors it reads and writes, the patterns it may take and their costs), the
+     :class:`tapas.planning.table.PatternTable` and :class:`tapas.planning.table.EdgeCoster`,
+     the k best to keep per frontier and the most frontiers to keep (a beam).
+Out: the final ``(cost, frontier, path)`` entries, cheapest first, with :class:`Counts` of
+     what was generated, pruned, costed and dominated, and whether the result is exact;
+     :func:`unwind` turns a path into the option chosen at every step.
+
+A prefix (options chosen for the first i steps) is extended by each option of step i; each
+producer -> consumer pair is checked as soon as both ends are chosen: equal placements, or
+a costed resharding, or the extension is abandoned (*pruned early*). Prefixes that leave
+the same placements on the tensors still to be read (the *frontier*) have the same valid
+completions, so only the k cheapest of them go on (the others are *dominated*). A step that
+belongs to a template instance (``tie``) takes the candidate its template chose at its first
+step, so that every instance follows one candidate.
+
+:func:`node_steps` builds the steps of a subset of the graph's GraphNodes.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tapas.ir import Graph, GraphNode, TensorInfo
+from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable
+from tapas.sharding.patterns.base import Family
+from tapas.sharding.placements import Placement
+
+__all__ = ["Step", "Counts", "SearchTimeout", "Allowed", "TieOptions", "Progress", "run",
+           "unwind", "node_steps", "producers", "consumers"]
+
+# a long enumeration reports progress this often (seconds)
+_PROGRESS_SECONDS = 2.0
+
+# Allowed(node, pattern) -> bool: restricts the search (reference plans)
+Allowed = Callable[[GraphNode, PatternInfo], bool]
+# template id -> its candidates as (pattern index per position, cost), cheapest first
+TieOptions = Mapping[int, Sequence[tuple[tuple[int, ...], float]]]
+# progress(phase, done, total)
+Progress = Callable[[str, int, int], None]
+# a frontier: (tensor key, placement) pairs, sorted by key; ("tie", t) keys hold a choice
+State = tuple[tuple[Any, Any], ...]
+
+
+class SearchTimeout(RuntimeError):
+    """The search ran past its time limit (``es`` on a large graph): it did not finish."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """What an enumeration did. ``generated``: prefix extensions tried (a prefix plus one
+    pattern); ``pruned_early``: of those, abandoned at once because a pair was invalid;
+    ``costed``: valid extensions whose cost was computed; ``dominated``: valid prefixes
+    dropped because k cheaper ones left the same frontier (or cut by the beam: ``beam``);
+    ``valid``: complete valid combinations reached at the end; ``resharded``: costed
+    extensions that needed a resharding collective on an edge to be valid."""
+
+    generated: int = 0
+    pruned_early: int = 0
+    costed: int = 0
+    dominated: int = 0
+    beam: int = 0
+    valid: int = 0
+    resharded: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(*(a + b for a, b in zip(dataclasses.astuple(self),
+                                              dataclasses.astuple(other))))
+
+    def to_json(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One GraphNode of a problem: what it reads and writes and its options."""
+
+    node: int
+    reads: tuple[tuple[Any, TensorInfo], ...]      # (tensor key, tensor) per input
+    writes: tuple[tuple[int, Any], ...]            # (output index, key) kept in the frontier
+    drops: tuple[Any, ...]                         # keys read for the last time here
+    options: tuple[tuple[int, float], ...]         # (pattern index, cost)
+    tie: int | None = None                         # template whose candidate fixes this node
+    tie_pos: int = 0                               # this node's position in the template
+    release: tuple[int, ...] = ()                  # ties to forget after this step
+    free: frozenset[Any] = frozenset()             # keys set by their first reader
+
+
+@dataclasses.dataclass
+class _Tally:
+    """The running counts of :func:`run` (see :class:`Counts`)."""
+
+    generated: int = 0
+    pruned: int = 0
+    costed: int = 0
+    dominated: int = 0
+    beamed: int = 0
+    resharded: int = 0
+    exact: bool = True
+
+
+def _branches(step: Step, state: Mapping[Any, Any], tie_options: TieOptions | None
+              ) -> list[tuple[int, int, float, int | None]]:
+    """The options of ``step`` from ``state``: (option index, pattern index, cost, the tie
+    choice to record or None). A tied step follows its template's choice, or makes it."""
+    if step.tie is None:
+        return [(pi, pi, c, None) for pi, c in step.options]
+    assert tie_options is not None
+    cands = tie_options[step.tie]
+    chosen = state.get(("tie", step.tie))
+    if chosen is None:
+        return [(ci, c[0][step.tie_pos], c[1], ci) for ci, c in enumerate(cands)]
+    return [(chosen, cands[chosen][0][step.tie_pos], 0.0, None)]
+
+
+def _match_inputs(step: Step, info: PatternInfo, state: Mapping[Any, Any], edges: EdgeCoster,
+                  base: float) -> tuple[float, dict[Any, Placement], bool] | None:
+    """Check every input of ``step`` under pattern ``info`` against ``state``: ``base``
+    plus the seconds of the resharding needed, the free keys this reader sets, and whether
+    any edge reshards; None when some edge cannot be made to match."""
+    sets: dict[Any, Placement] = {}
+    extra = base
+    moved = False
+    for (key, tensor), want in zip(step.reads, info.inputs):
+        have = sets.get(key) or state.get(key)
+        if have is None:
+            if key in step.free:
+                sets[key] = want
+                continue
+            raise AssertionError(f"GraphNode {step.node} reads {key!r} before it is produced")
+        if have == want:
+            continue
+        c = edges.cost(tensor, have, want)
+        if c is None:
+            return None
+        extra += c
+        moved = True
+    return extra, sets, moved
+
+
+def _next_state(step: Step, info: PatternInfo, state: Mapping[Any, Any],
+                sets: Mapping[Any, Placement], tie_set: int | None) -> State:
+    """The frontier after ``step`` takes pattern ``info``."""
+    nd = dict(state)
+    nd.update(sets)
+    for out_i, key in step.writes:
+        nd[key] = info.outputs[out_i]
+    for key in step.drops:
+        nd.pop(key, None)
+    if tie_set is not None:
+        nd[("tie", step.tie)] = tie_set
+    for t in step.release:
+        nd.pop(("tie", t), None)
+    return tuple(sorted(nd.items(), key=_item_key))
+
+
+def _advance(step: Step, frontier: Mapping[State, list[tuple[float, Any]]],
+             infos: Sequence[PatternInfo], edges: EdgeCoster, tie_options: TieOptions | None,
+             tally: _Tally) -> dict[State, list[tuple[float, Any]]]:
+    """Extend every prefix of ``frontier`` by every option of ``step``."""
+    nxt: dict[State, list[tuple[float, Any]]] = {}
+    for state, entries in frontier.items():
+        sd = dict(state)
+        for oi, pi, base, tie_set in _branches(step, sd, tie_options):
+            tally.generated += len(entries)
+            info = infos[pi]
+            matched = _match_inputs(step, info, sd, edges, base)
+            if matched is None:
+                tally.pruned += len(entries)
+                continue
+            extra, sets, moved = matched
+            tally.costed += len(entries)
+            if moved:
+                tally.resharded += len(entries)
+            bucket = nxt.setdefault(_next_state(step, info, sd, sets, tie_set), [])
+            for c, path in entries:
+                bucket.append((c + extra, (path, oi)))
+    return nxt
+
+
+def _keep_best(nxt: dict[State, list[tuple[float, Any]]], k: int, max_states: int,
+               tally: _Tally) -> dict[State, list[tuple[float, Any]]]:
+    """The k cheapest prefixes per frontier, and at most ``max_states`` frontiers."""
+    for bucket in nxt.values():
+        if len(bucket) > k:
+            bucket.sort(key=lambda e: e[0])
+            tally.dominated += len(bucket) - k
+            del bucket[k:]
+    if len(nxt) <= max_states:
+        return nxt
+    ranked = sorted(nxt.items(), key=lambda kv: min(e[0] for e in kv[1]))
+    for _, b in ranked[max_states:]:
+        tally.beamed += len(b)
+    tally.exact = False
+    return dict(ranked[:max_states])
+
+
+def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
+        max_states: int, deadline: float | None, tie_options: TieOptions | None = None,
+        progress: Progress | None = None, phase: str = "enumeration",
+        ) -> tuple[list[tuple[float, State, Any]], Counts, bool]:
+    """Enumerate the steps in order; return the final (cost, frontier, path) entries.
+
+    ``tie_options[t]`` lists template t's candidates as (pattern index per position, cost):
+    the first step of template t branches over them (paying the cost), later steps of t
+    take the chosen candidate's pattern at their position for free.
+    """
+    tally = _Tally()
+    frontier: dict[State, list[tuple[float, Any]]] = {(): [(0.0, None)]}
+    next_report = time.perf_counter() + _PROGRESS_SECONDS
+    for si, step in enumerate(steps):
+        now = time.perf_counter()
+        if progress is not None and now > next_report:
+            progress(phase, si, len(steps))
+            next_report = now + _PROGRESS_SECONDS
+        if deadline is not None and now > deadline:
+            raise SearchTimeout(f"enumeration stopped at GraphNode {si} of {len(steps)}: "
+                                "time limit reached")
+        nxt = _advance(step, frontier, table.infos[step.node], edges, tie_options, tally)
+        frontier = _keep_best(nxt, k, max_states, tally)
+    final = [(c, state, path) for state, entries in frontier.items() for c, path in entries]
+    final.sort(key=lambda e: e[0])
+    counts = Counts(tally.generated, tally.pruned, tally.costed, tally.dominated,
+                    tally.beamed, len(final), tally.resharded)
+    return final, counts, tally.exact
+
+
+def _item_key(item: tuple[Any, Any]) -> str:
+    return repr(item[0])
+
+
+def unwind(path: Any, n: int) -> list[int]:
+    """The option chosen at each of the ``n`` steps, from a final entry's path."""
+    out: list[int] = []
+    while path is not None:
+        path, oi = path
+        out.append(oi)
+    out.reverse()
+    assert len(out) == n
+    return out
+
+
+# =========================================================================================
+# Problems: the steps of a subset of the graph
+# =========================================================================================
+
+def producers(graph: Graph) -> dict[str, tuple[int, int]]:
+    """Tensor name -> (GraphNode id, output index) of the GraphNode producing it."""
+    out: dict[str, tuple[int, int]] = {}
+    for node in graph.nodes:
+        for i, t in enumerate(node.outputs):
+            out[t.name] = (node.id, i)
+    return out
+
+
+def consumers(graph: Graph) -> dict[str, list[int]]:
+    """Tensor name -> the GraphNodes reading it (one entry per edge)."""
+    out: dict[str, list[int]] = {}
+    for e in graph.edges:
+        out.setdefault(e.tensor.name, []).append(e.dst)
+    return out
+
+
+def _step_options(table: PatternTable, node: GraphNode, allowed: Allowed | None,
+                  penalty: float) -> tuple[tuple[int, float], ...]:
+    infos = table.infos[node.id]
+    opts = [(i, p.cost(penalty)) for i, p in enumerate(infos)
+            if allowed is None or allowed(node, p)]
+    if not opts:   # a restriction that leaves nothing falls back to replication
+        opts = [(i, p.cost(penalty)) for i, p in enumerate(infos)
+                if p.family is Family.REPLICATE]
+    return tuple(opts or [(i, p.cost(penalty)) for i, p in enumerate(infos)])
+
+
+def _reads(graph: Graph, order: Sequence[int]
+           ) -> tuple[list[list[tuple[Any, TensorInfo]]], dict[Any, int], set[Any]]:
+    """Per step, its (key, tensor) reads; the step of each key's last read; the free keys
+    (tensors from outside ``order``, set by their first reader)."""
+    prod = producers(graph)
+    inside = set(order)
+    last_read: dict[Any, int] = {}
+    reads_of: list[list[tuple[Any, TensorInfo]]] = []
+    free: set[Any] = set()
+    for i, v in enumerate(order):
+        reads = []
+        for t in graph.nodes[v].inputs:
+            src = prod.get(t.name)
+            if src is not None and src[0] in inside:
+                key: Any = src
+            else:
+                key = ("x", t.name)
+                free.add(key)
+            reads.append((key, t))
+            last_read[key] = i
+        reads_of.append(reads)
+    return reads_of, last_read, free
+
+
+def node_steps(graph: Graph, order: Sequence[int], table: PatternTable,
+               allowed: Allowed | None, penalty: float,
+               keep_outputs: Callable[[int, int, TensorInfo], bool]) -> list[Step]:
+    """Steps for ``order`` (a topologically ordered subset of GraphNodes). A tensor from a
+    GraphNode outside the subset is an external key, set by its first reader; a written
+    tensor stays in the frontier until its last reader in the subset, or to the end when
+    ``keep_outputs(node, index, tensor)`` (read outside, or a graph output)."""
+    reads_of, last_read, free = _reads(graph, order)
+    kept: set[Any] = set()
+    writes_of: list[list[tuple[int, Any]]] = []
+    for v in order:
+        writes = []
+        for oi, t in enumerate(graph.nodes[v].outputs):
+            key = (v, oi)
+            keep = keep_outputs(v, oi, t)
+            if keep:
+                kept.add(key)
+            if keep or key in last_read:
+                writes.append((oi, key))
+        writes_of.append(writes)
+    drops_at: dict[int, list[Any]] = {}
+    for key, i in last_read.items():
+        if key not in kept and key not in free:
+            drops_at.setdefault(i, []).append(key)
+    return [Step(node=v, reads=tuple(reads_of[i]), writes=tuple(writes_of[i]),
+                 drops=tuple(drops_at.get(i, ())),
+                 options=_step_options(table, graph.nodes[v], allowed, penalty),
+                 free=frozenset(free))
+            for i, v in enumerate(order)]

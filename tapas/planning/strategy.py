@@ -1,0 +1,281 @@
+"""The Strategy: what the search chose, and its JSON file format.
+
+In:  the search's result (one pattern name per GraphNode, the resharded edges, the boundary
+     and weight placements as short strings, the cost, memory, alternatives, reference plans,
+     counts and timings), or a JSON file written by :meth:`Strategy.save`.
+Out: :class:`Strategy` (frozen): ``save``/``load``/``to_json``/``from_json`` (format
+     ``tapas.search.Strategy/1``), ``check``/``bind`` against a graph (``graph_digest``),
+     and what reconstruction reads: ``pattern(node_id)`` (the full ShardingPattern) and
+     ``edge_comms`` (the resharding Comms). :class:`EdgeReshard` is one resharded edge,
+     :class:`Alternative` one ranked alternative or reference plan. ``summary()`` is the
+     readable report of :mod:`tapas.planning.report`.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from tapas.ir import Graph
+from tapas.planning import report
+from tapas.planning.cluster import Cluster, Link
+from tapas.planning.cost import MemoryEstimate
+from tapas.planning.table import PatternTable
+from tapas.sharding.patterns import patterns_for
+from tapas.sharding.patterns.base import ShardingPattern
+from tapas.sharding.placements import Comm, parse_placement, reshard
+
+__all__ = ["Strategy", "EdgeReshard", "Alternative", "graph_digest"]
+
+_FORMAT = "tapas.search.Strategy/1"   # file format id (kept across module moves)
+
+
+def graph_digest(graph: Graph) -> str:
+    """A short hash of the graph's structure: node signatures and kinds, edges with their
+    shapes, input and output shapes (not names: the same model captured twice matches)."""
+    parts = [[n.signature, n.kind.value, [list(t.shape or ()) for t in n.outputs]]
+             for n in graph.nodes]
+    parts.append([[e.src, e.dst, list(e.tensor.shape or ())] for e in graph.edges])
+    parts.append([[list(t.shape or ()), t.dtype] for t in graph.inputs])
+    parts.append([[list(t.shape or ()), t.dtype] for t in graph.outputs])
+    blob = json.dumps(parts, separators=(",", ":"))
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class EdgeReshard:
+    """A resharding between two GraphNodes: input ``input_index`` of GraphNode ``dst`` reads
+    ``tensor`` from GraphNode ``src`` in placement ``src_placement`` and needs
+    ``dst_placement`` (short forms, as in the JSON). ``comms`` are the
+    ``tapas.sharding.placements.Comm``s (recomputed from the graph)."""
+
+    src: int
+    dst: int
+    input_index: int
+    tensor: str
+    src_placement: str
+    dst_placement: str
+    kinds: tuple[str, ...] = ()      # e.g. ("AG fwd",) for display
+    comms: tuple[Comm, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"src": self.src, "dst": self.dst, "input_index": self.input_index,
+                "tensor": self.tensor, "from": self.src_placement, "to": self.dst_placement,
+                "collectives": list(self.kinds)}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> EdgeReshard:
+        return EdgeReshard(d["src"], d["dst"], d["input_index"], d["tensor"], d["from"],
+                           d["to"], tuple(d.get("collectives", ())))
+
+
+@dataclasses.dataclass(frozen=True)
+class Alternative:
+    """A ranked alternative or a reference plan: its name, cost (seconds per step),
+    memory per device, whether it fits the budget, and the GraphNodes whose pattern differs
+    from the chosen strategy (``{node id: pattern name}``)."""
+
+    name: str
+    cost: float
+    communication: float
+    compute: float
+    memory: float
+    fits: bool
+    changes: Mapping[int, str]
+    description: str = ""
+    error: str = ""           # a reference plan that could not be built: why
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "cost": self.cost, "communication": self.communication,
+                "compute": self.compute, "memory": self.memory, "fits": self.fits,
+                "changes": {str(k): v for k, v in self.changes.items()},
+                "description": self.description, "error": self.error}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Alternative:
+        return Alternative(d["name"], d["cost"], d["communication"], d["compute"], d["memory"],
+                           d["fits"], {int(k): v for k, v in d["changes"].items()},
+                           d.get("description", ""), d.get("error", ""))
+
+
+def _cluster_json(c: Cluster) -> dict[str, Any]:
+    return {"name": c.name, "num_nodes": c.num_nodes, "devices_per_node": c.devices_per_node,
+            "intra": [c.intra.bandwidth, c.intra.latency, c.intra.name],
+            "inter": [c.inter.bandwidth, c.inter.latency, c.inter.name],
+            "device_memory": c.device_memory, "device_peak_flops": c.device_peak_flops,
+            "sources": dict(c.sources)}
+
+
+def _cluster_from_json(d: Mapping[str, Any]) -> Cluster:
+    return Cluster(d["name"], d["num_nodes"], d["devices_per_node"], Link(*d["intra"]),
+                   Link(*d["inter"]), d["device_memory"], d["device_peak_flops"],
+                   d.get("sources", {}))
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """The result of ``tapas.search`` (:func:`tapas.planning.search.search`).
+    ``patterns[node_id]`` is the name of the chosen ShardingPattern of each GraphNode."""
+
+    graph_name: str
+    graph_digest: str
+    num_nodes: int
+    num_devices: int
+    cluster: Cluster
+    mode: str
+    patterns: tuple[str, ...]
+    edges: tuple[EdgeReshard, ...]
+    input_placements: Mapping[str, str]
+    output_placements: Mapping[str, str]
+    cost: Mapping[str, Any]              # PlanCost.to_json() + "per_template"
+    memory: MemoryEstimate
+    memory_budget: float
+    alternatives: tuple[Alternative, ...]
+    references: tuple[Alternative, ...]
+    timings: Mapping[str, float]
+    counts: Mapping[str, Any]
+    templates: tuple[tuple[int, str, tuple[tuple[int, ...], ...]], ...] = ()
+    exact: bool = True
+    notes: tuple[str, ...] = ()
+    weight_placements: Mapping[str, str] = dataclasses.field(default_factory=dict)  # splits
+    _graph: Graph | None = dataclasses.field(default=None, compare=False, repr=False)
+    _table: PatternTable | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    # ---- what reconstruction reads -------------------------------------------------------
+    @property
+    def total_cost(self) -> float:
+        return float(self.cost["total"])
+
+    def _bound(self) -> Graph:
+        if self._graph is None:
+            raise ValueError("this Strategy is not bound to a graph: load it with "
+                             "Strategy.load(path, graph) or call strategy.bind(graph)")
+        return self._graph
+
+    def bind(self, graph: Graph) -> Strategy:
+        """This strategy attached to ``graph`` (checked: same structure)."""
+        self.check(graph)
+        return dataclasses.replace(self, _graph=graph)
+
+    def check(self, graph: Graph | None = None, num_devices: int | None = None) -> None:
+        """Raise ValueError if ``graph`` or ``num_devices`` is not what this was searched for."""
+        if graph is not None:
+            digest = graph_digest(graph)
+            if digest != self.graph_digest or len(graph.nodes) != self.num_nodes:
+                raise ValueError(
+                    f"this strategy was searched for graph '{self.graph_name}' (digest "
+                    f"{self.graph_digest}, {self.num_nodes} GraphNodes) but the given graph is "
+                    f"'{graph.name}' (digest {digest}, {len(graph.nodes)} GraphNodes): a "
+                    "strategy only fits the model it was searched for; run tapas search on "
+                    "this model")
+        if num_devices is not None and num_devices != self.num_devices:
+            raise ValueError(f"this strategy shards over {self.num_devices} devices "
+                             f"({self.cluster.name}) but {num_devices} were given: search "
+                             f"again with {num_devices} devices, or run on {self.num_devices}")
+
+    def pattern(self, node_id: int) -> ShardingPattern:
+        """The full ShardingPattern chosen for GraphNode ``node_id`` (tapas.sharding.patterns)."""
+        graph = self._bound()
+        if not 0 <= node_id < len(graph.nodes):
+            raise IndexError(f"node_id={node_id}: the graph has GraphNodes 0.."
+                             f"{len(graph.nodes) - 1}")
+        node = graph.nodes[node_id]
+        for p in patterns_for(node, graph, self.num_devices):
+            if p.name == self.patterns[node_id]:
+                return p
+        raise ValueError(f"GraphNode {node_id} '{node.name}' has no pattern "
+                         f"{self.patterns[node_id]!r} on {self.num_devices} devices any more "
+                         "(tapas.sharding.patterns changed?): search again")
+
+    @property
+    def edge_comms(self) -> tuple[EdgeReshard, ...]:
+        """The resharding edges with their ``tapas.sharding.placements.Comm``s (needs a bound
+        graph)."""
+        graph = self._bound()
+        out = []
+        for e in self.edges:
+            t = graph.nodes[e.dst].inputs[e.input_index]
+            comms = reshard(parse_placement(e.src_placement), parse_placement(e.dst_placement),
+                            t.shape or (), t.dtype, t.name)
+            out.append(dataclasses.replace(e, comms=comms))
+        return tuple(out)
+
+    # ---- JSON ----------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return _strategy_json(self)
+
+    def dumps(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_json(), indent=indent)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any], graph: Graph | None = None,
+                  num_devices: int | None = None) -> Strategy:
+        """A strategy from its JSON; with ``graph`` / ``num_devices`` checked and bound."""
+        s = _strategy_from_json(d)
+        s.check(graph, num_devices)
+        return s if graph is None else dataclasses.replace(s, _graph=graph)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.dumps())
+
+    @staticmethod
+    def load(path: str, graph: Graph | None = None, num_devices: int | None = None) -> Strategy:
+        """Read a strategy; with ``graph`` / ``num_devices`` check that it is theirs."""
+        with open(path) as f:
+            d = json.load(f)
+        try:
+            return Strategy.from_json(d, graph, num_devices)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    def summary(self, graph: Graph | None = None, table: PatternTable | None = None,
+                max_rows: int = 60) -> str:
+        """A readable report: cost, memory, per-layer table, alternatives, references."""
+        return report.summary(self, graph or self._graph, table or self._table, max_rows)
+
+
+def _strategy_json(s: Strategy) -> dict[str, Any]:
+    return {
+        "format": _FORMAT, "graph_name": s.graph_name, "graph_digest": s.graph_digest,
+        "num_nodes": s.num_nodes, "num_devices": s.num_devices,
+        "cluster": _cluster_json(s.cluster), "mode": s.mode,
+        "patterns": list(s.patterns), "edges": [e.to_json() for e in s.edges],
+        "input_placements": dict(s.input_placements),
+        "output_placements": dict(s.output_placements),
+        "cost": dict(s.cost), "memory": s.memory.to_json(),
+        "memory_budget": s.memory_budget,
+        "alternatives": [a.to_json() for a in s.alternatives],
+        "references": [a.to_json() for a in s.references],
+        "timings": dict(s.timings), "counts": dict(s.counts),
+        "templates": [[t, name, [list(i) for i in insts]] for t, name, insts in s.templates],
+        "exact": s.exact, "notes": list(s.notes),
+        "weight_placements": dict(s.weight_placements)}
+
+
+def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
+    if d.get("format") != _FORMAT:
+        raise ValueError(f"not a TAPAS strategy: 'format' is {d.get('format')!r}, "
+                         f"expected {_FORMAT!r} (write one with Strategy.save)")
+    return Strategy(
+        graph_name=d["graph_name"], graph_digest=d["graph_digest"],
+        num_nodes=d["num_nodes"], num_devices=d["num_devices"],
+        cluster=_cluster_from_json(d["cluster"]), mode=d["mode"],
+        patterns=tuple(d["patterns"]),
+        edges=tuple(EdgeReshard.from_json(e) for e in d["edges"]),
+        input_placements=dict(d["input_placements"]),
+        output_placements=dict(d["output_placements"]), cost=dict(d["cost"]),
+        memory=MemoryEstimate.from_json(d["memory"]), memory_budget=d["memory_budget"],
+        alternatives=tuple(Alternative.from_json(a) for a in d["alternatives"]),
+        references=tuple(Alternative.from_json(a) for a in d["references"]),
+        timings=dict(d["timings"]), counts=dict(d["counts"]),
+        templates=tuple((t, name, tuple(tuple(i) for i in insts))
+                        for t, name, insts in d.get("templates", ())),
+        exact=d.get("exact", True), notes=tuple(d.get("notes", ())),
+        weight_placements=dict(d.get("weight_placements", {})))

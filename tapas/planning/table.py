@@ -1,0 +1,185 @@
+"""The pattern table and the edge coster: what the enumeration reads about patterns and edges.
+
+In:  a :class:`tapas.ir.Graph`, the number of devices N, a
+     :class:`tapas.planning.cluster.Cluster`, :class:`tapas.planning.cost.CostOptions` and
+     the ShardingPatterns of every GraphNode (``tapas.sharding.patterns.patterns_for``, or
+     any function of the same shape).
+Out: :class:`PatternTable` -- per GraphNode, one :class:`PatternInfo` per pattern: its
+     placements (typed :mod:`tapas.sharding.placements` objects), its family and whether it
+     is data parallel, the seconds of its collectives and compute, its memory per device --
+     and :class:`EdgeCoster`, the resharding collectives of an edge tensor between two
+     placements and their seconds (``tapas.sharding.placements.reshard``, cached).
+
+``patterns_for`` is called once per GraphNode signature: identical GraphNodes have
+identical patterns, only their weight paths differ.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tapas.ir import Graph, GraphNode, TensorInfo
+from tapas.planning import cost as cost_lib
+from tapas.planning.cluster import Cluster
+from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
+from tapas.sharding.patterns import patterns_for
+from tapas.sharding.patterns.base import Family
+from tapas.sharding.placements import Placement, Replica, parse_placement, reshard
+
+__all__ = ["PatternInfo", "PatternTable", "pattern_table", "EdgeCoster", "PatternsFn",
+           "ReshardFn"]
+
+# PatternsFn(node, graph, num_devices) -> the node's ShardingPatterns (or objects with the
+# same fields: name, inputs, outputs, weights, comms, flops, family, data_parallel)
+PatternsFn = Callable[[GraphNode, Graph, int], Sequence[Any]]
+# ReshardFn(src placement, dst placement, tensor) -> tuple of Comm-like objects; raises
+# ValueError when no collective turns src into dst
+ReshardFn = Callable[[Placement, Placement, TensorInfo], Sequence[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternInfo:
+    """What the search needs of one ShardingPattern of one GraphNode."""
+
+    name: str
+    family: Family | None                     # the kind of parallelism (reference plans)
+    data_parallel: bool                       # splits the batch axis (data parallelism)
+    inputs: tuple[Placement, ...]
+    outputs: tuple[Placement, ...]
+    weights: tuple[tuple[str, Placement], ...]   # (weight path, placement)
+    comm_terms: tuple[CostTerm, ...]
+    comm_time: float
+    compute_time: float
+    flops: float
+    memory: MemoryEstimate                    # this node's weights (untied) + activations
+
+    def cost(self, memory_penalty: float = 0.0) -> float:
+        """Seconds per step of this pattern, plus ``memory_penalty`` seconds per byte."""
+        c = self.comm_time + self.compute_time
+        return c + memory_penalty * self.memory.total if memory_penalty else c
+
+
+def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
+               options: CostOptions) -> PatternInfo:
+    terms = tuple(cost_lib.comm_cost(c, n, cluster, options,
+                                     label=f"{node.name} [{pattern.name}] {c.tensor}")
+                  for c in pattern.comms)
+    outputs = tuple(parse_placement(p) for p in pattern.outputs)
+    weights = tuple((w.path, parse_placement(pattern.weights.get(w.path, Replica())))
+                    for w in node.weights)
+    mem = MemoryEstimate()
+    for w, (_, pl) in zip(node.weights, weights):
+        mem = mem + cost_lib.weight_memory(pl.local_bytes(w.shape, w.dtype, n), w.trainable,
+                                           options)
+    act = math.fsum(pl.local_bytes(t.shape, t.dtype, n) for t, pl in zip(node.outputs, outputs))
+    mem = mem + MemoryEstimate(activations=act)
+    flops = float(getattr(pattern, "flops", 0.0) or 0.0)
+    return PatternInfo(
+        name=pattern.name, family=pattern.family, data_parallel=bool(pattern.data_parallel),
+        inputs=tuple(parse_placement(p) for p in pattern.inputs),
+        outputs=outputs, weights=weights, comm_terms=terms,
+        comm_time=math.fsum(t.total for t in terms),
+        compute_time=cost_lib.compute_time(flops, cluster, options), flops=flops, memory=mem)
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternTable:
+    """The patterns of every GraphNode: ``infos[node_id]`` lists its PatternInfos in
+    ``patterns_for`` order (a pattern's index is its position there)."""
+
+    infos: tuple[tuple[PatternInfo, ...], ...]
+    num_devices: int
+    signatures: int          # distinct signatures for which patterns_for was called
+    seconds: float
+    options: CostOptions = dataclasses.field(default_factory=CostOptions)
+    generate_seconds: float = 0.0   # of ``seconds``: inside patterns_for (the rest: costing)
+
+    def index(self, node_id: int, name: str) -> int:
+        """The index of GraphNode ``node_id``'s pattern called ``name``."""
+        for i, p in enumerate(self.infos[node_id]):
+            if p.name == name:
+                return i
+        names = [p.name for p in self.infos[node_id]]
+        raise KeyError(f"GraphNode {node_id} has no pattern {name!r}: it has {names}")
+
+
+def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
+                  options: CostOptions | None = None,
+                  patterns_fn: PatternsFn | None = None) -> PatternTable:
+    """Summarise every GraphNode's patterns, calling ``patterns_fn`` once per signature."""
+    start = time.perf_counter()
+    options = CostOptions() if options is None else options
+    patterns_fn = patterns_fn or patterns_for
+    first_of: dict[str, int] = {}
+    infos: list[tuple[PatternInfo, ...]] = []
+    generate = 0.0
+    for node in graph.nodes:
+        key = node.signature or f"#{node.id}"
+        if key in first_of:
+            # same signature: same placements and costs, only weight paths differ
+            infos.append(tuple(
+                dataclasses.replace(info, weights=tuple(
+                    (w.path, pl) for w, (_, pl) in zip(node.weights, info.weights)))
+                for info in infos[first_of[key]]))
+            continue
+        t = time.perf_counter()
+        pats = tuple(patterns_fn(node, graph, num_devices))
+        generate += time.perf_counter() - t
+        if not pats:
+            raise ValueError(f"patterns_for returned no pattern for GraphNode {node.id} "
+                             f"'{node.name}' ({node.kind.value}): every kind must at least "
+                             "offer 'replicate'")
+        first_of[key] = node.id
+        infos.append(tuple(_summarize(node, p, num_devices, cluster, options) for p in pats))
+    return PatternTable(tuple(infos), num_devices, len(first_of), time.perf_counter() - start,
+                        options, generate)
+
+
+def _default_reshard(src: Placement, dst: Placement, tensor: TensorInfo) -> Sequence[Any]:
+    return reshard(src, dst, tensor.shape or (), tensor.dtype, tensor.name)
+
+
+class EdgeCoster:
+    """The resharding collectives of an edge tensor between two placements, and their cost
+    (cached by shape, dtype and placements). ``cost`` returns None where no collective
+    turns one placement into the other, or where resharding is not allowed."""
+
+    def __init__(self, num_devices: int, cluster: Cluster, options: CostOptions,
+                 reshard_fn: ReshardFn | None = None, allow_reshard: bool = True) -> None:
+        self.n, self.cluster, self.options = num_devices, cluster, options
+        self.allow = allow_reshard
+        self.reshard_fn: ReshardFn = reshard_fn or _default_reshard
+        self._cache: dict[tuple[Any, ...], float | None] = {}
+
+    def comms(self, tensor: TensorInfo, src: Placement, dst: Placement) -> tuple[Any, ...]:
+        """The Comms turning ``src`` into ``dst`` (ValueError if none can)."""
+        if src == dst:
+            return ()
+        return tuple(self.reshard_fn(src, dst, tensor))
+
+    def terms(self, tensor: TensorInfo, src: Placement, dst: Placement,
+              label: str = "") -> tuple[CostTerm, ...]:
+        """The cost terms of those Comms."""
+        return tuple(cost_lib.comm_cost(c, self.n, self.cluster, self.options, label=label)
+                     for c in self.comms(tensor, src, dst))
+
+    def cost(self, tensor: TensorInfo, src: Placement, dst: Placement) -> float | None:
+        """Seconds to turn ``src`` into ``dst``; None if it cannot be done (or is not allowed)."""
+        if src == dst:
+            return 0.0
+        if not self.allow:
+            return None
+        key = (tensor.shape, tensor.dtype, src, dst)
+        if key not in self._cache:
+            try:
+                terms = self.terms(tensor, src, dst)
+                self._cache[key] = math.fsum(t.total for t in terms)
+            except ValueError:
+                self._cache[key] = None
+        return self._cache[key]
