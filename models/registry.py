@@ -30,6 +30,15 @@ its source):
   ``resnet-tiny`` (tests) and ``resnet{50,101,152}-{1k,10k,100k,250k,400k}``.
 * ``t5-tiny-tapas``, ``t5-large-tapas``, ``moe-tiny-tapas``, ``moe-1.3b-tapas``:
   the same models built from ``tapas.layers`` (``layer_impl="tapas"``).
+* T5 with padding-mask inputs read by every attention layer (as T5s written for
+  batched text have): ``t5-tiny-masked`` (tests) and
+  ``t5-large-masked-depth{6,12,24,48}``.
+* BERT (Devlin et al., 2019) masked-LM: ``bert-tiny`` (tests), ``bert-base``,
+  ``bert-large``: token/segment/padding-mask inputs, post-norm layers, a backbone
+  whose pooler output the head leaves unused.
+* Llama-style decoders (Touvron et al., 2023; Llama 3.2 1B sizes): ``llama-tiny``
+  and ``llama-tiny-fused`` (tests), ``llama-1b``: rotary
+  embeddings, grouped-query attention, separate or fused q/k/v, SwiGLU.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from . import moe, resnet, t5
+from . import bert, llama, moe, resnet, t5
 from ._common import require_positive_int, resolve_batch_size
 
 __all__ = [
@@ -59,13 +68,15 @@ __all__ = [
 ]
 
 #: Any family config.
-ModelConfig = Union[t5.T5Config, moe.MoEConfig, resnet.ResNetConfig]
+ModelConfig = Union[t5.T5Config, moe.MoEConfig, resnet.ResNetConfig, bert.BertConfig, llama.LlamaConfig]
 
 # family name -> (module implementing the family API, its config class)
 _FAMILY_MODULES: dict[str, tuple[ModuleType, type]] = {
     "t5": (t5, t5.T5Config),
     "moe": (moe, moe.MoEConfig),
     "resnet": (resnet, resnet.ResNetConfig),
+    "bert": (bert, bert.BertConfig),
+    "llama": (llama, llama.LlamaConfig),
 }
 
 #: The model families, in registration order.
@@ -388,6 +399,59 @@ def _register_builtin_presets() -> None:
                 config=dataclasses.replace(entry.config, layer_impl="tapas"),
             )
         )
+
+    _register_text_presets()
+
+
+_BERT_SOURCE = "Devlin et al. 2019 (NAACL), sec. 3"
+_LLAMA_SOURCE = "Llama 3.2 1B (Meta 2024): 16 layers, hidden 2048, 32 query / 8 key-value heads, ffn 8192"
+
+
+def _register_text_presets() -> None:
+    """Transformer stacks with the traits models from other libraries have (issue 10):
+    padding masks as inputs, post-norm BERT encoders, pre-norm decoders with rotary
+    embeddings and grouped-query attention, separate and fused q/k/v projections."""
+    base = _REGISTRY["t5-tiny"]
+    register(dataclasses.replace(
+        base, name="t5-tiny-masked", config=dataclasses.replace(base.config, padding_mask=True),
+        description="t5-tiny with encoder/decoder padding-mask inputs read by every attention layer."))
+    for depth in (6, 12, 24, 48):
+        register(ModelEntry(
+            name=f"t5-large-masked-depth{depth}", family="t5",
+            description=(f"T5-Large widths ({_T5_SOURCE}), {depth}+{depth} layers, with padding-mask inputs "
+                         "read by every attention layer and the shared relative position bias, seq 128/128."),
+            config=dataclasses.replace(_t5_config(depth, _T5_LARGE), padding_mask=True),
+            default_batch_size=8))
+    register(ModelEntry(
+        name="bert-tiny", family="bert",
+        description="Tiny BERT masked-LM for tests (2 layers, hidden 64, 4 heads, seq 16, vocab 512).",
+        config=bert.BertConfig(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=256,
+                               vocab_size=512, seq_len=16),
+        default_batch_size=4))
+    for name, label, layers, hidden, heads in (("bert-base", "BERT-Base", 12, 768, 12),
+                                               ("bert-large", "BERT-Large", 24, 1024, 16)):
+        register(ModelEntry(
+            name=name, family="bert",
+            description=(f"{label} masked-LM ({layers} layers, hidden {hidden}, {heads} heads, vocab 30522; "
+                         f"{_BERT_SOURCE}), seq 128."),
+            config=bert.BertConfig(num_layers=layers, hidden_size=hidden, num_heads=heads,
+                                   intermediate_size=4 * hidden, vocab_size=30522, seq_len=128),
+            default_batch_size=8))
+    for fused in (False, True):
+        qkv = "fused qkv" if fused else "separate q/k/v"
+        register(ModelEntry(
+            name="llama-tiny-fused" if fused else "llama-tiny", family="llama",
+            description=(f"Tiny Llama-style decoder for tests (2 layers, hidden 64, 4 query / 2 key-value heads, "
+                         f"{qkv}, seq 16, vocab 512)."),
+            config=llama.LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                                     intermediate_size=176, vocab_size=512, seq_len=16, fused_qkv=fused),
+            default_batch_size=4))
+    register(ModelEntry(
+        name="llama-1b", family="llama",
+        description=f"Llama-style decoder ({_LLAMA_SOURCE}, vocab 128256, tied embeddings), seq 128.",
+        config=llama.LlamaConfig(num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8,
+                                 intermediate_size=8192, vocab_size=128256, seq_len=128),
+        default_batch_size=8))
 
 
 _register_builtin_presets()

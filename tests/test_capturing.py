@@ -304,6 +304,9 @@ def test_resnet_bottlenecks_within_a_stage_share_signatures():
         assert blocks[(stage, "1")] != later[0], "the first block has the projection shortcut"
 
 
+UNUSED_BY_FAMILY = {"bert": {"pooler/kernel", "pooler/bias"}}
+
+
 @pytest.mark.parametrize("name", __import__("tapas.models", fromlist=["names"]).names())
 def test_every_zoo_preset_captures_with_every_weight(name):
     """Issue 2: capture works on every zoo preset, every weight accounted for (batch 1,
@@ -313,9 +316,34 @@ def test_every_zoo_preset_captures_with_every_weight(name):
     entry = models.get(name)
     model = entry.build(fast_init=True)
     g = tapas.capture(model, list(entry.input_spec(1)))
-    assert g.num_params == entry.param_count() == model.count_params()
-    assert not g.unused_weights
+    unused = sum(int(np.prod(w.shape)) for w in g.unused_weights)
+    assert g.num_params + unused == entry.param_count() == model.count_params()
+    # only BERT has a dead branch: the backbone's pooler, which the masked-LM head ignores
+    assert {w.path for w in g.unused_weights} == UNUSED_BY_FAMILY.get(entry.family, set())
     assert not any(n.kind == Kind.OPAQUE for n in g.nodes)
     del model, g
     keras.backend.clear_session()
     gc.collect()
+
+
+def test_weights_read_only_by_a_dead_branch_are_unused_not_a_graphnode():
+    """Issue 10: a backbone's pooler whose output nothing reads. TF still orders its
+    variable reads before the function returns (control edges); those reads are dead."""
+    from tapas import models
+    entry = models.get("bert-tiny")
+    g = tapas.capture(entry.build(seed=0), list(entry.input_spec()))
+    assert {w.path for w in g.unused_weights} == {"pooler/kernel", "pooler/bias"}
+    assert all(n.outputs for n in g.nodes), "a GraphNode whose results nobody reads"
+    assert any("pooler" in op for op in g.dead_ops)
+
+
+def test_tied_embedding_lookup_and_lm_head_are_two_graphnodes():
+    """Issue 10: in a one-layer decoder the embedding lookup and the tied LM head reading
+    the same table lie a few ops apart; they are still two GraphNodes."""
+    from tapas.models import llama
+    config = llama.LlamaConfig(num_layers=1, hidden_size=64, num_heads=4, num_kv_heads=2,
+                               intermediate_size=176, vocab_size=512, seq_len=16)
+    g = tapas.capture(llama.build_model(config, seed=0), list(llama.input_spec(config, 2)))
+    readers = [n for n in g.nodes if any(w.path.endswith("token_embedding/embeddings")
+                                         for w in n.weights)]
+    assert sorted(n.kind.value for n in readers) == ["dense", "embedding"]

@@ -16,7 +16,7 @@ from tapas.planning import explore
 from tapas import mining
 from tapas.planning.cost import Cluster, CostOptions, collective_cost
 from tapas.planning.explore import EdgeCoster, ExploreOptions, SearchTimeout
-from tapas.sharding.patterns.base import Family
+from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Placement, Replica, Split
 from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
 

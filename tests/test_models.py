@@ -19,12 +19,22 @@ import tensorflow as tf  # noqa: E402
 from tapas import models  # noqa: E402
 from tapas.models import moe, resnet, t5  # noqa: E402
 
-TINY = ["t5-tiny", "moe-tiny", "resnet-tiny"]
+TINY = ["t5-tiny", "moe-tiny", "resnet-tiny", "t5-tiny-masked", "bert-tiny", "llama-tiny",
+        "llama-tiny-fused"]
 INPUT_NAMES = {
     "t5": ("encoder_input_ids", "decoder_input_ids"),
     "moe": ("input_ids",),
     "resnet": ("images",),
+    "bert": ("token_ids", "segment_ids", "padding_mask"),
+    "llama": ("token_ids", "padding_mask"),
 }
+MASKED_T5_INPUTS = INPUT_NAMES["t5"] + ("encoder_padding_mask", "decoder_padding_mask")
+
+
+def _input_names(entry: models.ModelEntry) -> tuple[str, ...]:
+    if entry.family == "t5" and entry.config.padding_mask:
+        return MASKED_T5_INPUTS
+    return INPUT_NAMES[entry.family]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +46,7 @@ def _expected_logits_shape(entry: models.ModelEntry, batch: int) -> tuple[int, .
     c = entry.config
     if entry.family == "t5":
         return (batch, c.decoder_seq_len, c.vocab_size)
-    if entry.family == "moe":
+    if entry.family in ("moe", "bert", "llama"):
         return (batch, c.seq_len, c.vocab_size)
     return (batch, c.num_classes)
 
@@ -63,7 +73,7 @@ def test_every_preset_is_well_formed(name: str) -> None:
     assert isinstance(count, int) and count > 0
     for batch in (None, 1 if entry.family != "moe" else entry.default_batch_size):
         specs = entry.input_spec(batch)
-        assert tuple(s.name for s in specs) == INPUT_NAMES[entry.family]
+        assert tuple(s.name for s in specs) == _input_names(entry)
         for spec in specs:
             assert spec.shape.is_fully_defined(), spec
             assert spec.shape[0] == (batch or entry.default_batch_size)
@@ -140,7 +150,7 @@ def test_config_errors_name_the_bad_value() -> None:
 def test_tiny_forward_and_param_count(name: str, tiny_models: dict[str, keras.Model]) -> None:
     entry, model = models.get(name), tiny_models[name]
     assert entry.param_count() == model.count_params()
-    assert tuple(t.name for t in model.inputs) == INPUT_NAMES[entry.family]
+    assert tuple(t.name for t in model.inputs) == _input_names(entry)
     inputs, targets = entry.synthetic_batch()
     for array, spec in zip(inputs, entry.input_spec()):
         assert array.shape == tuple(spec.shape) and array.dtype == spec.dtype.as_numpy_dtype

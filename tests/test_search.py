@@ -267,3 +267,28 @@ def test_gp_is_within_1_5_percent_of_es_on_tiny_presets(preset, devices):
     assert gp.total_cost <= es.total_cost * 1.015
     assert es.counts["templates"] == 0 and es.counts["units"] == len(g.nodes)
     assert gp.counts["units"] <= len(g.nodes)
+
+
+def test_a_node_whose_patterns_fail_is_noted_not_fatal(mlp_graph, monkeypatch):
+    """Issue 10: a GraphNode whose patterns cannot be built keeps replicate, and the
+    strategy says so."""
+    from tapas.sharding import patterns
+    g = mlp_graph
+    dense = g.nodes[_dense_ids(g)[0]]
+    real_trial = patterns.SeedContext.trial
+
+    def trial(self, seed):
+        if self.node.id == dense.id:
+            raise ValueError("an op this stage has not met")
+        return real_trial(self, seed)
+
+    monkeypatch.setattr(patterns.SeedContext, "trial", trial)
+    patterns.clear_cache()
+    try:
+        s = search.search(g, cluster=Cluster.v100_ethernet(1, 2))
+    finally:
+        patterns.clear_cache()
+    assert s.patterns[dense.id] == "replicate"
+    (note,) = [n for n in s.notes if n.startswith(f"GraphNode {dense.id} ")]
+    assert "ValueError: an op this stage has not met" in note and "left out" in note
+    assert note in s.summary()

@@ -30,7 +30,7 @@ from typing import Any
 
 from tapas.ir import Graph, GraphNode, TensorInfo
 from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable
-from tapas.sharding.patterns.base import Family
+from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Placement
 
 __all__ = ["Step", "Counts", "SearchTimeout", "Allowed", "TieOptions", "Progress", "run",

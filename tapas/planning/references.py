@@ -6,7 +6,7 @@ Out: the role of every GraphNode (:func:`node_roles`: attention, attention core,
      expert or other), the plans that apply to a graph (:func:`applicable_references`) and
      the predicate ``allowed(node, pattern_info)`` that restricts the search to one plan
      (:func:`reference_filter`). A predicate reads the pattern's ``family`` and
-     ``data_parallel`` (``tapas.sharding.patterns.base.Family``), never its name.
+     ``data_parallel`` (``tapas.sharding.patterns.Family``), never its name.
 
 This module imports no TensorFlow.
 """
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from tapas.ir import Graph, GraphNode, Kind
 from tapas.planning.frontier import Allowed
 from tapas.planning.table import PatternInfo
-from tapas.sharding.patterns.base import Family
+from tapas.sharding.patterns.pattern import Family
 
 __all__ = ["REFERENCE_PLANS", "reference_filter", "node_roles", "applicable_references"]
 

@@ -47,7 +47,7 @@ from tapas.planning.references import (REFERENCE_PLANS, applicable_references, n
                                        reference_filter)
 from tapas.planning.strategy import Alternative, EdgeReshard, Strategy, graph_digest
 from tapas.planning.table import EdgeCoster, PatternsFn, PatternTable, ReshardFn, pattern_table
-from tapas.sharding.patterns.base import Family
+from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Replica
 
 if TYPE_CHECKING:
@@ -269,7 +269,7 @@ def _strategy(runner: _Runner, result: ex.ExploreResult, best: Evaluated,
         timings={k: round(v, 6) for k, v in timings.items()},
         counts=_counts(graph, table, folded, result, rounds),
         templates=templates, exact=result.exact,
-        notes=_notes(graph, infos, budget, rounds),
+        notes=_notes(graph, infos, budget, rounds) + _pattern_notes(graph, table),
         weight_placements=_weight_splits(infos), _graph=graph, _table=table)
 
 
@@ -322,6 +322,15 @@ def _notes(graph: Graph, infos: Sequence[ex.PatternInfo], budget: float,
         notes.append(f"the cheapest plans did not fit {budget / 2**30:.3f} GiB per device; "
                      f"searched again with a memory penalty ({rounds} round(s))")
     return tuple(notes)
+
+
+def _pattern_notes(graph: Graph, table: ex.PatternTable) -> tuple[str, ...]:
+    """One note per GraphNode some of whose patterns could not be built (they were left
+    out of the search; the node kept the others, ``replicate`` at least)."""
+    return tuple(f"GraphNode {node.id} '{node.name}' ({node.kind.value}): "
+                 f"{table.infos[node.id][0].note}"
+                 for node in graph.nodes
+                 if table.infos[node.id] and table.infos[node.id][0].note)
 
 
 def _weight_splits(infos: Sequence[ex.PatternInfo]) -> dict[str, str]:

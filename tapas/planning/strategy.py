@@ -27,7 +27,7 @@ from tapas.planning.cluster import Cluster, Link
 from tapas.planning.cost import MemoryEstimate
 from tapas.planning.table import PatternTable
 from tapas.sharding.patterns import patterns_for
-from tapas.sharding.patterns.base import ShardingPattern
+from tapas.sharding.patterns.pattern import ShardingPattern
 from tapas.sharding.placements import Comm, parse_placement, reshard
 
 __all__ = ["Strategy", "EdgeReshard", "Alternative", "graph_digest"]

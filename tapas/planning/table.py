@@ -29,7 +29,7 @@ from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.sharding.patterns import patterns_for
-from tapas.sharding.patterns.base import Family
+from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Placement, Replica, parse_placement, reshard
 
 __all__ = ["PatternInfo", "PatternTable", "pattern_table", "EdgeCoster", "PatternsFn",
@@ -58,6 +58,7 @@ class PatternInfo:
     compute_time: float
     flops: float
     memory: MemoryEstimate                    # this node's weights (untied) + activations
+    note: str = ""                            # what of the node's patterns could not be built
 
     def cost(self, memory_penalty: float = 0.0) -> float:
         """Seconds per step of this pattern, plus ``memory_penalty`` seconds per byte."""
@@ -85,7 +86,8 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
         inputs=tuple(parse_placement(p) for p in pattern.inputs),
         outputs=outputs, weights=weights, comm_terms=terms,
         comm_time=math.fsum(t.total for t in terms),
-        compute_time=cost_lib.compute_time(flops, cluster, options), flops=flops, memory=mem)
+        compute_time=cost_lib.compute_time(flops, cluster, options), flops=flops, memory=mem,
+        note=getattr(pattern, "note", ""))
 
 
 @dataclasses.dataclass(frozen=True)

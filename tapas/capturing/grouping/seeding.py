@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 from tapas.ir import Kind
-from tapas.capturing.op_kinds import HEAVY_OPS, SIDE_EFFECT_OPS
+from tapas.capturing.op_kinds import GATHER_OPS, HEAVY_OPS, SIDE_EFFECT_OPS
 from tapas.capturing.grouping.raw import common_prefix, tapas_marker
 from tapas.capturing.grouping.state import MAX_SEED_HOPS
 from tapas.capturing.grouping.state import GroupingState
@@ -107,7 +107,9 @@ class Seeding(GroupingState):
 
     def _cluster_seeds(self, seeds: list[int]) -> list[list[int]]:
         """Split one layer's seeds into applications: seeds a few hops apart belong to one
-        call of the layer; a layer applied twice (shared weights) gives two clusters."""
+        call of the layer; a layer applied twice (shared weights) gives two clusters. A
+        lookup (gather) and a matmul of the same table are never one application: that is
+        a tied embedding and LM head, however close a shallow model puts them."""
         parent = {s: s for s in seeds}
 
         def find(x: int) -> int:
@@ -117,9 +119,10 @@ class Seeding(GroupingState):
             return x
 
         seed_set = set(seeds)
+        lookup = {s: self.ops[s].type in GATHER_OPS for s in seeds}
         for s in seeds:
             for t in self._downstream(s, MAX_SEED_HOPS):
-                if t in seed_set and t != s:
+                if t in seed_set and t != s and lookup[t] == lookup[s]:
                     parent[find(t)] = find(s)
         clusters: dict[int, list[int]] = {}
         for s in seeds:

@@ -54,18 +54,28 @@ class GroupingState:
         self.leftover: list[bool] = []
 
     # ---- classification ----------------------------------------------------------------
+    def _pure(self, i: int) -> bool:
+        """An op known to compute a value and nothing else (no side effect)."""
+        t = self.ops[i].type
+        return t in KNOWN_OPS and t not in SIDE_EFFECT_OPS and t != "Placeholder"
+
     def classify(self) -> None:
         ops, n = self.ops, len(self.ops)
         out_ops = {self.index[op_name(t.name)] for t in self.raw.outputs
                    if op_name(t.name) in self.index}
-        # live = ancestors of the outputs through data and control edges
+        # live = ancestors of the outputs through data edges, and through control edges
+        # into ops that may have side effects. TF orders every stateful op before the
+        # function returns, so a variable read whose value nobody uses (the pooler of a
+        # backbone whose pooled output is ignored) hangs off the outputs by a control edge
+        # only: that read is dead, and its weight unused.
         live = [False] * n
         stack = list(out_ops)
         for s in stack:
             live[s] = True
         while stack:
             i = stack.pop()
-            for p in self.producers[i] + self.ctrl_in[i]:
+            effectful = [p for p in self.ctrl_in[i] if p >= 0 and not self._pure(p)]
+            for p in self.producers[i] + effectful:
                 if p >= 0 and not live[p]:
                     live[p] = True
                     stack.append(p)
