@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -204,9 +205,33 @@ def cmd_mine() -> dict[str, Any]:
 
 # ---- search ----------------------------------------------------------------------------------
 
-def cmd_search() -> dict[str, Any]:
-    from absl import logging
+class SearchProgress:
+    """A ``progress`` callback for ``tapas.search`` that shows the phase, the steps done of
+    its total and the candidates generated so far on stderr: one line rewritten in place on
+    a terminal, one line per report otherwise (the search reports every 2 s at most, so a
+    fast search prints nothing). ``close()`` ends the terminal line."""
 
+    def __init__(self, start: float, stream: Any = None) -> None:
+        self.start = start
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.shown = False
+
+    def __call__(self, phase: str, done: int, total: int, candidates: int) -> None:
+        unit = "templates" if phase.endswith("enumeration") else "GraphNodes"
+        line = (f"search {phase}: {done}/{total} {unit}, {candidates:,} candidates, "
+                f"{time.perf_counter() - self.start:.1f} s")
+        self.stream.write(("\r" + line.ljust(100)) if self.tty else line + "\n")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.tty and self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def cmd_search() -> dict[str, Any]:
     from tapas.planning import explore
     from tapas.planning import search as search_lib
     from tapas.planning.cost import Cluster
@@ -221,9 +246,7 @@ def cmd_search() -> dict[str, Any]:
           f"searching ({FLAGS.mode}) on {cluster.name} ({cluster.num_devices} devices)")
     start = time.perf_counter()
 
-    def progress(phase: str, done: int, total: int) -> None:
-        logging.info("search %s: %d/%d (%.1f s)", phase, done, total,
-                     time.perf_counter() - start)
+    progress = SearchProgress(start)
 
     budget = None if FLAGS.memory_budget_gib is None else FLAGS.memory_budget_gib * 2**30
     try:
@@ -238,6 +261,8 @@ def cmd_search() -> dict[str, Any]:
                              "--time_limit") from None
     except ValueError as e:
         raise app.UsageError(str(e)) from None
+    finally:
+        progress.close()
     print(strategy.summary(graph))
     report = {"model": graph.name, "capture_seconds": round(capture_s, 4),
               "strategy": strategy.to_json()}

@@ -292,3 +292,27 @@ def test_a_node_whose_patterns_fail_is_noted_not_fatal(mlp_graph, monkeypatch):
     (note,) = [n for n in s.notes if n.startswith(f"GraphNode {dense.id} ")]
     assert "ValueError: an op this stage has not met" in note and "left out" in note
     assert note in s.summary()
+
+
+def test_progress_reports_steps_and_candidates(monkeypatch):
+    """Issue 10: a slow search shows units done / total and a running candidate count."""
+    import io
+
+    from tapas.cli import SearchProgress
+    from tapas.planning import frontier
+    monkeypatch.setattr(frontier, "_PROGRESS_SECONDS", 0.0)   # report at every step
+    g = mlp(4, residual=True)
+    calls = []
+    search.search(g, cluster=Cluster.v100_ethernet(1, 4), mode="gp", patterns_fn=fake_patterns,
+                  reshard_fn=fake_reshard, progress=lambda *a: calls.append(a))
+    phases = {c[0] for c in calls}
+    assert {"enumeration", "stitching"} <= phases
+    assert any(p.startswith("reference ") for p in phases)
+    stitched = [c for c in calls if c[0] == "stitching"]
+    assert all(0 <= done <= total and cand >= 0 for _, done, total, cand in stitched)
+    assert stitched[-1][3] > stitched[0][3] >= 0          # candidates keep counting
+    out = io.StringIO()
+    show = SearchProgress(0.0, out)
+    show("stitching", 3, 10, 12345)
+    show.close()
+    assert "search stitching: 3/10 GraphNodes, 12,345 candidates" in out.getvalue()

@@ -387,7 +387,8 @@ def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
                              + _no_plan_message(pb.graph, pb.options))
         results.append(res)
         if pb.progress is not None:
-            pb.progress("enumeration", i + 1, len(folded.templates))
+            pb.progress("enumeration", i + 1, len(folded.templates),
+                        sum(r.counts.generated for r in results))
     pb.timings["enumeration"] = time.perf_counter() - t
     t = time.perf_counter()
     steps, tie_options = _stitch_steps(pb.graph, folded, results, pb.table, pb.allowed,

@@ -43,8 +43,9 @@ _PROGRESS_SECONDS = 2.0
 Allowed = Callable[[GraphNode, PatternInfo], bool]
 # template id -> its candidates as (pattern index per position, cost), cheapest first
 TieOptions = Mapping[int, Sequence[tuple[tuple[int, ...], float]]]
-# progress(phase, done, total)
-Progress = Callable[[str, int, int], None]
+# progress(phase, done, total, candidates): steps done of total in this phase, and the
+# candidates (prefix extensions) generated so far in it
+Progress = Callable[[str, int, int, int], None]
 # a frontier: (tensor key, placement) pairs, sorted by key; ("tie", t) keys hold a choice
 State = tuple[tuple[Any, Any], ...]
 
@@ -218,7 +219,7 @@ def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
     for si, step in enumerate(steps):
         now = time.perf_counter()
         if progress is not None and now > next_report:
-            progress(phase, si, len(steps))
+            progress(phase, si, len(steps), tally.generated)
             next_report = now + _PROGRESS_SECONDS
         if deadline is not None and now > deadline:
             raise SearchTimeout(f"enumeration stopped at GraphNode {si} of {len(steps)}: "

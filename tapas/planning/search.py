@@ -80,7 +80,9 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     subgraph once) or ``"es"`` (the whole graph). ``memory_budget`` (bytes per device)
     defaults to the cluster's device memory. ``references`` names the reference plans to
     cost (default: all of REFERENCE_PLANS that apply to the graph). ``progress(phase,
-    done, total)`` is called during long phases.
+    done, total, candidates)`` is called during long phases (every 2 s at most): steps
+    done of the phase's total (templates while enumerating, GraphNodes while stitching)
+    and the candidates generated so far.
     """
     timings: dict[str, float] = {}
     cluster = Cluster.v100_ethernet() if cluster is None else cluster
@@ -221,6 +223,10 @@ def _reference(runner: _Runner, name: str, xopts: ex.ExploreOptions, best: ex.Pl
                            REFERENCE_PLANS[name], why)
 
     allowed = reference_filter(name, runner.graph)
+    if runner.progress is not None:
+        outer = runner.progress
+        runner = dataclasses.replace(
+            runner, progress=lambda phase, *counts: outer(f"reference {name}: {phase}", *counts))
     try:
         r = runner.explore(allowed, dataclasses.replace(xopts, top_k=1, memory_penalty=0.0))
     except ValueError as e:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 
 
-from tapas.capturing.op_kinds import (GATHER_OPS, HEAVY_OPS, KNOWN_OPS, META_OPS, SIDE_EFFECT_OPS,
-                                      SOURCE_OPS)
+from tapas.capturing.op_kinds import (GATHER_OPS, HEAVY_OPS, KNOWN_OPS, META_OPS, READ_OPS,
+                                      SIDE_EFFECT_OPS, SOURCE_OPS)
 from tapas.capturing.grouping.raw import RawGraph, op_name, scope_of
 
 
@@ -54,27 +54,22 @@ class GroupingState:
         self.leftover: list[bool] = []
 
     # ---- classification ----------------------------------------------------------------
-    def _pure(self, i: int) -> bool:
-        """An op known to compute a value and nothing else (no side effect)."""
-        t = self.ops[i].type
-        return t in KNOWN_OPS and t not in SIDE_EFFECT_OPS and t != "Placeholder"
-
     def classify(self) -> None:
         ops, n = self.ops, len(self.ops)
         out_ops = {self.index[op_name(t.name)] for t in self.raw.outputs
                    if op_name(t.name) in self.index}
-        # live = ancestors of the outputs through data edges, and through control edges
-        # into ops that may have side effects. TF orders every stateful op before the
-        # function returns, so a variable read whose value nobody uses (the pooler of a
-        # backbone whose pooled output is ignored) hangs off the outputs by a control edge
-        # only: that read is dead, and its weight unused.
+        # live = ancestors of the outputs through data and control edges, except control
+        # edges into variable reads. TF orders every stateful op before the function
+        # returns, so a variable read whose value nobody uses (the pooler of a backbone
+        # whose pooled output is ignored) hangs off the outputs by a control edge only:
+        # that read is dead, and its weight unused.
         live = [False] * n
         stack = list(out_ops)
         for s in stack:
             live[s] = True
         while stack:
             i = stack.pop()
-            effectful = [p for p in self.ctrl_in[i] if p >= 0 and not self._pure(p)]
+            effectful = [p for p in self.ctrl_in[i] if p >= 0 and self.ops[p].type not in READ_OPS]
             for p in self.producers[i] + effectful:
                 if p >= 0 and not live[p]:
                     live[p] = True
