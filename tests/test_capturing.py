@@ -347,3 +347,26 @@ def test_tied_embedding_lookup_and_lm_head_are_two_graphnodes():
     readers = [n for n in g.nodes if any(w.path.endswith("token_embedding/embeddings")
                                          for w in n.weights)]
     assert sorted(n.kind.value for n in readers) == ["dense", "embedding"]
+
+
+def test_keras2_tf_keras_models_capture_like_keras3_ones():
+    """Issue 10: much production code still builds Keras 2 models (tf_keras). They capture
+    as Keras 3 models do, their weights named by variable name."""
+    import tf_keras as k2
+    x = k2.Input((16,), batch_size=4, name="x")
+    h = k2.layers.Dense(64, activation="relu", name="up")(x)
+    model2 = k2.Model(x, k2.layers.Dense(16, name="down")(h), name="mlp2")
+    g2 = tapas.capture(model2)
+    inputs = keras.Input((16,), batch_size=4, name="x")
+    h = keras.layers.Dense(64, activation="relu", name="up")(inputs)
+    g3 = tapas.capture(keras.Model(inputs, keras.layers.Dense(16, name="down")(h)))
+    assert sorted(w.path for w in g2.weights) == ["down/bias", "down/kernel", "up/bias",
+                                                  "up/kernel"]
+    assert g2.num_params == model2.count_params() == g3.num_params
+    assert [n.kind for n in g2.nodes] == [n.kind for n in g3.nodes]
+    assert [[w.shape for w in n.weights] for n in g2.nodes] == \
+        [[w.shape for w in n.weights] for n in g3.nodes]
+    strategy = tapas.search(g2, cluster=tapas.Cluster.v100_ethernet(1, 2))
+    assert len(strategy.patterns) == len(g2.nodes)
+    with pytest.raises(tapas.CaptureError, match="Keras 2 from tf_keras"):
+        tapas.capture(object())

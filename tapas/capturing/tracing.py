@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -91,7 +92,7 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
           training: bool = False, name: str | None = None) -> Trace:
     """Trace a concrete function with static shapes; see :func:`capture`."""
     start = time.perf_counter()
-    if isinstance(model_or_function, keras.Layer):
+    if _is_keras_layer(model_or_function):
         cf, specs, model_weights, label = _trace_keras(model_or_function, input_spec,
                                                        batch_size, training)
         variables = list(model_or_function.weights)
@@ -104,8 +105,8 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
     else:
         raise CaptureError(
             f"tapas.capture got a {type(model_or_function).__name__}, which is neither a Keras "
-            "model/layer nor a tf.function: wrap a Python function with @tf.function, or pass "
-            "a keras.Model")
+            "model/layer (Keras 3, or Keras 2 from tf_keras) nor a tf.function: wrap a Python "
+            "function with @tf.function, or pass a keras.Model")
     by_handle = {}
     for v in variables:
         handle = _handle(v)
@@ -142,6 +143,16 @@ def _pins(layer: Any) -> dict[str, str]:
             for w in sub.weights:
                 pins[w.path] = sub.shard
     return pins
+
+
+def _is_keras_layer(obj: Any) -> bool:
+    """A Keras 3 layer or model, or a Keras 2 (``tf_keras``) one when tf_keras is in use:
+    both trace the same way, and a Keras 2 weight is named by its variable name
+    (``dense/kernel``) where Keras 3 gives a path."""
+    if isinstance(obj, keras.Layer):
+        return True
+    tf_keras = sys.modules.get("tf_keras")
+    return tf_keras is not None and isinstance(obj, tf_keras.layers.Layer)
 
 
 def _is_concrete(obj: Any) -> bool:
