@@ -104,9 +104,12 @@ def ring_factor(kind: KindLike, group_size: int) -> float:
 class CostOptions:
     """Which terms of the cost model are on; switch one off for the paper's ablation (Table 2)."""
 
-    # the alpha' * W latency term (eq. 2), the constant part of the cost the paper's ablation
-    # calls "CF" (constant filter); off: only transmission time counts
+    # the alpha' * W latency term (eq. 2); off: only transmission time counts
     latency: bool = True
+    # filter constant tensors (the paper's "CF", Table 2): GraphNodes computed only from
+    # graph inputs and constants (masks, position ids, rotary tables) run replicated and
+    # their placements are not searched (tapas.planning.table.constant_nodes); off: searched
+    constant_filter: bool = True
     # discount backward-pass transmission by gamma (eq. 3, "GO"); off: gamma = 1
     gradient_overlap: bool = True
     # the discount: how much of a backward collective's transmission is not hidden, in (0, 1]
@@ -128,7 +131,8 @@ class CostOptions:
     optimizer: str = "adam"
 
     def __post_init__(self) -> None:
-        for name in ("latency", "gradient_overlap", "collective_efficiency", "compute"):
+        for name in ("latency", "constant_filter", "gradient_overlap", "collective_efficiency",
+                     "compute"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r}: must be True or False")
         if isinstance(self.backward_flops_factor, bool) or \

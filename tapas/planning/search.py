@@ -311,6 +311,7 @@ def _counts(graph: Graph, table: PatternTable, folded: FoldedGraph | None,
     counts.update(templates=len(folded.templates) if folded is not None else 0,
                   units=(folded.num_unique if folded is not None else len(graph.nodes)),
                   signatures=table.signatures, penalty_rounds=rounds,
+                  constant_nodes=len(table.constant),
                   per_template={f"T{r.template}": r.counts.to_json() for r in result.templates})
     return counts
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tapas.ir import Graph, GraphNode, TensorInfo
+from tapas.ir import Graph, GraphNode, Kind, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
@@ -32,8 +32,8 @@ from tapas.sharding.patterns import patterns_for
 from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Placement, Replica, parse_placement, reshard
 
-__all__ = ["PatternInfo", "PatternTable", "pattern_table", "EdgeCoster", "PatternsFn",
-           "ReshardFn"]
+__all__ = ["PatternInfo", "PatternTable", "pattern_table", "constant_nodes", "EdgeCoster",
+           "PatternsFn", "ReshardFn"]
 
 # PatternsFn(node, graph, num_devices) -> the node's ShardingPatterns (or objects with the
 # same fields: name, inputs, outputs, weights, comms, flops, family, data_parallel)
@@ -101,6 +101,7 @@ class PatternTable:
     seconds: float
     options: CostOptions = dataclasses.field(default_factory=CostOptions)
     generate_seconds: float = 0.0   # of ``seconds``: inside patterns_for (the rest: costing)
+    constant: frozenset[int] = frozenset()   # GraphNodes filtered to replicate (constants)
 
     def index(self, node_id: int, name: str) -> int:
         """The index of GraphNode ``node_id``'s pattern called ``name``."""
@@ -121,6 +122,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
     first_of: dict[str, int] = {}
     infos: list[tuple[PatternInfo, ...]] = []
     generate = 0.0
+    constant = constant_nodes(graph) if options.constant_filter else frozenset()
     for node in graph.nodes:
         key = node.signature or f"#{node.id}"
         if key in first_of:
@@ -139,8 +141,35 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
                              "offer 'replicate'")
         first_of[key] = node.id
         infos.append(tuple(_summarize(node, p, num_devices, cluster, options) for p in pats))
+    infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
     return PatternTable(tuple(infos), num_devices, len(first_of), time.perf_counter() - start,
-                        options, generate)
+                        options, generate, frozenset(constant))
+
+
+def constant_nodes(graph: Graph) -> frozenset[int]:
+    """The GraphNodes that compute only from graph inputs and constants, with no weight:
+    padding-mask biases, position ids, rotary tables, shape arithmetic (not the graph
+    inputs themselves, whose placement says how the batch is fed).
+
+    The paper's *constant filtering*: such a node is computed whole on every device (its
+    ``replicate`` pattern), so every reader can take the split it wants by a local slice.
+    Searching their placements would only multiply the frontier, since these tensors live
+    from the start of the model to its last layer (every layer reads the mask)."""
+    producer = {t.name: node.id for node in graph.nodes for t in node.outputs}
+    constant: set[int] = set()
+    for node in graph.nodes:
+        if node.kind is Kind.INPUT or node.weights:
+            continue
+        sources = [producer.get(t.name) for t in node.inputs]
+        if all(s is None or s in constant or graph.nodes[s].kind is Kind.INPUT
+               for s in sources):
+            constant.add(node.id)
+    return frozenset(constant)
+
+
+def _only_replicate(row: tuple[PatternInfo, ...]) -> tuple[PatternInfo, ...]:
+    kept = tuple(info for info in row if info.family is Family.REPLICATE)
+    return kept or row
 
 
 def _default_reshard(src: Placement, dst: Placement, tensor: TensorInfo) -> Sequence[Any]:
