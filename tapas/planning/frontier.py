@@ -31,7 +31,7 @@ from typing import Any
 from tapas.ir import Graph, GraphNode, TensorInfo
 from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable
 from tapas.sharding.patterns.pattern import Family
-from tapas.sharding.placements import Placement
+from tapas.sharding.placements import Placement, Replica
 
 __all__ = ["Step", "Counts", "SearchTimeout", "Allowed", "TieOptions", "Progress", "run",
            "unwind", "node_steps", "producers", "consumers"]
@@ -92,6 +92,8 @@ class Step:
     tie_pos: int = 0                               # this node's position in the template
     release: tuple[int, ...] = ()                  # ties to forget after this step
     free: frozenset[Any] = frozenset()             # keys set by their first reader
+    # external keys with a known placement: outputs of constant-filtered GraphNodes (R)
+    fixed: Mapping[Any, Placement] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -130,7 +132,7 @@ def _match_inputs(step: Step, info: PatternInfo, state: Mapping[Any, Any], edges
     extra = base
     moved = False
     for (key, tensor), want in zip(step.reads, info.inputs):
-        have = sets.get(key) or state.get(key)
+        have = sets.get(key) or state.get(key) or step.fixed.get(key)
         if have is None:
             if key in step.free:
                 sets[key] = want
@@ -312,6 +314,10 @@ def node_steps(graph: Graph, order: Sequence[int], table: PatternTable,
     tensor stays in the frontier until its last reader in the subset, or to the end when
     ``keep_outputs(node, index, tensor)`` (read outside, or a graph output)."""
     reads_of, last_read, free = _reads(graph, order)
+    prod = producers(graph)
+    fixed = {key: Replica() for key in free
+             if prod.get(key[1]) is not None and prod[key[1]][0] in table.constant}
+    free -= set(fixed)
     kept: set[Any] = set()
     writes_of: list[list[tuple[int, Any]]] = []
     for v in order:
@@ -326,10 +332,10 @@ def node_steps(graph: Graph, order: Sequence[int], table: PatternTable,
         writes_of.append(writes)
     drops_at: dict[int, list[Any]] = {}
     for key, i in last_read.items():
-        if key not in kept and key not in free:
+        if key not in kept and key not in free and key not in fixed:
             drops_at.setdefault(i, []).append(key)
     return [Step(node=v, reads=tuple(reads_of[i]), writes=tuple(writes_of[i]),
                  drops=tuple(drops_at.get(i, ())),
                  options=_step_options(table, graph.nodes[v], allowed, penalty),
-                 free=frozenset(free))
+                 free=frozenset(free), fixed=fixed)
             for i, v in enumerate(order)]
