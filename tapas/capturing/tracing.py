@@ -24,7 +24,7 @@ import dataclasses
 import gc
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
