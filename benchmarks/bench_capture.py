@@ -12,17 +12,16 @@ tracing are reported but are TensorFlow's time, not tapas's.
 from __future__ import annotations
 
 import gc
-import json
 import os
-import platform
 import resource
 import statistics
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags  # noqa: E402
+
+import report  # noqa: E402  (benchmarks/report.py, beside this script)
 
 flags.DEFINE_list("models", ["t5-large", "resnet152-1k", "moe-1.3b"], "Zoo presets to capture.")
 flags.DEFINE_integer("repeats", 3, "IR conversions per model (the median is reported).")
@@ -68,16 +67,10 @@ def main(argv):
         print(f"{r['model']}: IR conversion {r['ir_s_median']:.3f} s for {r['tf_ops']:,} ops "
               f"{verdict} the < {TARGET_IR_SECONDS:.0f} s target")
     result = {"benchmark": "capture", "target_ir_seconds": TARGET_IR_SECONDS,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "platform": platform.platform()},
+              "machine": report.machine(),
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
               "rows": rows}
-    d = os.path.dirname(FLAGS.json_out)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    with open(FLAGS.json_out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"results written to {FLAGS.json_out}")
+    report.write_json(FLAGS.json_out, result)
 
 
 if __name__ == "__main__":

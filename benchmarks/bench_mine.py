@@ -19,9 +19,7 @@ Prints tables and writes every number as JSON.
 from __future__ import annotations
 
 import gc
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,6 +28,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from absl import app, flags  # noqa: E402
+
+import report  # noqa: E402  (benchmarks/report.py, beside this script)
 
 flags.DEFINE_list("models", ["t5-large", "resnet152-100k", "moe-1.3b"], "Zoo presets to mine.")
 flags.DEFINE_list("depths", ["6", "12", "24", "48"],
@@ -134,16 +134,11 @@ def main(argv):
         print(f"time growth / node growth from {first['depth']} to {last['depth']} layers: "
               f"{overall:.2f} (<= ~1: linear or better)")
 
-    out = {"benchmark": "tapas.mine", "machine": {
-               "python": platform.python_version(), "platform": platform.platform(),
-               "cpus": os.cpu_count()},
+    out = {"benchmark": "tapas.mine", "machine": report.machine(),
            "repeats": FLAGS.repeats, "models": rows, "depth_scan": depth_rows,
            "scaling": scaling}
     if FLAGS.json_out:
-        os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(out, f, indent=2)
-        print(f"\nwrote {FLAGS.json_out}")
+        report.write_json(FLAGS.json_out, out)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,7 @@ TensorFlow. Prints tables and writes every number as JSON.
 from __future__ import annotations
 
 import gc
-import json
 import os
-import platform
 import sys
 import time
 
@@ -39,6 +37,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from absl import app, flags  # noqa: E402
+
+import report  # noqa: E402  (benchmarks/report.py, beside this script)
 
 flags.DEFINE_list("compare", ["t5-tiny", "moe-tiny", "resnet-tiny", "t5-small",
                               "t5-tiny-masked", "bert-tiny", "llama-tiny", "llama-tiny-fused"],
@@ -173,15 +173,11 @@ def main(argv):
                   "target: at most 1.5x)")
 
     out = {"benchmark": "tapas.search", "devices": FLAGS.devices,
-           "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                       "cpus": os.cpu_count()},
+           "machine": report.machine(),
            "compare": rows, "speed": speed_rows, "depth_scan": depth_rows,
            "masked_depth_scan": masked_rows, "depth_growth": growth}
     if FLAGS.json_out:
-        os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(out, f, indent=2)
-        print(f"\nwrote {FLAGS.json_out}")
+        report.write_json(FLAGS.json_out, out)
 
 
 if __name__ == "__main__":

@@ -30,15 +30,15 @@ about a minute on 2 cores with the defaults.
 from __future__ import annotations
 
 import datetime
-import json
 import os
-import platform
 import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags, logging  # noqa: E402
+
+import report  # noqa: E402  (benchmarks/report.py, beside this script)
 
 flags.DEFINE_integer("devices", 4, "Number of logical CPU devices (the group size W).")
 flags.DEFINE_integer("repeats", 7, "Timed calls per message size (the median is reported).")
@@ -166,16 +166,10 @@ def main(argv):
               "date": datetime.date.today().isoformat(),
               "devices": w, "repeats": FLAGS.repeats,
               "tensorflow": tf.__version__,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "platform": platform.platform()},
+              "machine": report.machine(),
               "model": "t = intercept + beta * ring_factor * N; alpha' = intercept / W",
               "fits": fits, "matmul": matmul, "rows": rows}
-    d = os.path.dirname(FLAGS.json_out)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    with open(FLAGS.json_out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"results written to {FLAGS.json_out}")
+    report.write_json(FLAGS.json_out, result)
 
 
 if __name__ == "__main__":

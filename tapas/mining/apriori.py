@@ -230,6 +230,17 @@ def canonical(labels: Sequence[int], edges: Sequence[tuple[int, int, int]],
     return ("~", new_labels, colors, tuple(inv_edges)), order, False, colors
 
 
+def permute(embs: Sequence[tuple[int, ...]], f: Sequence[int]) -> list[tuple[int, ...]]:
+    """Embeddings re-ordered by an isomorphism ``f`` (position p goes to position f[p])."""
+    moved = []
+    for e in embs:
+        t = [0] * len(f)
+        for p, q in enumerate(f):
+            t[q] = e[p]
+        moved.append(tuple(t))
+    return moved
+
+
 def find_isomorphism(a: Pattern, b: Pattern, rev: Sequence[int]) -> list[int] | None:
     """A colour-, label- and edge-preserving bijection from a's positions to b's (induced:
     non-edges map to non-edges), or None. Both patterns are in refined-colour order."""
@@ -299,13 +310,7 @@ class _Registry:
         for old in self.fuzzy[key]:
             f = find_isomorphism(cand, old, self.rev)
             if f is not None:
-                moved = []
-                for e in new_embs:
-                    t = [0] * len(f)
-                    for p, q in enumerate(f):
-                        t[q] = e[p]
-                    moved.append(tuple(t))
-                self._merge(old, moved, fronts)
+                self._merge(old, permute(new_embs, f), fronts)
                 return
         self.fuzzy[key].append(cand)
         self.members.append(cand)

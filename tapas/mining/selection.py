@@ -18,7 +18,8 @@ from typing import Any
 
 
 from tapas.ir import Graph
-from tapas.mining.apriori import Index, Pattern, canonical, find_isomorphism, pick_nonoverlapping
+from tapas.mining.apriori import (Index, Pattern, canonical, find_isomorphism, permute,
+                                  pick_nonoverlapping)
 from tapas.mining.folded import Template
 
 
@@ -200,13 +201,7 @@ def merge_isomorphic(index: Index, chosen: list[tuple[tuple[int, ...], list[tupl
             for j, other in fuzzy[key]:
                 f = find_isomorphism(pat, other, index.rev)
                 if f is not None:
-                    moved = []
-                    for e in can_insts:
-                        t = [0] * len(f)
-                        for p, q in enumerate(f):
-                            t[q] = e[p]
-                        moved.append(tuple(t))
-                    can_insts, target = moved, j
+                    can_insts, target = permute(can_insts, f), j
                     break
             else:
                 fuzzy[key].append((len(out), pat))
