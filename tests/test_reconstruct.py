@@ -10,6 +10,7 @@ import keras
 
 from tapas import capturing, models
 from tapas.sharding import patterns, placements
+from tapas.execution import audit
 from tapas.execution import reconstruct as rc
 from tapas.planning.cost import Cluster
 from tapas.sharding.placements import Collective
@@ -151,9 +152,9 @@ def test_megatron_mlp_equals_one_device_with_one_all_reduce_each_way(n):
     assert cmp.ok(rtol=1e-5, atol=1e-5), str(cmp.worst)
     assert sorted((r.kind.value, r.phase) for r in cmp.audit) == [("AR", "bwd"), ("AR", "fwd")]
     prog = rc.Program(t, g, plan)
-    assert rc.compare_audit(cmp.audit, rc.predicted_comms(prog, input_gradients=True)) == []
+    assert audit.compare_audit(cmp.audit, audit.program_comms(prog, input_gradients=True)) == []
     # in training (no input gradient) the backward all-reduce of x is not needed
-    assert [r.phase for r in rc.predicted_comms(prog)] == ["fwd"]
+    assert [r.phase for r in audit.program_comms(prog)] == ["fwd"]
     assert prog.weight_layouts[g.nodes[1].weights[1].path].local_shape[-1] == 16 // n
 
 
@@ -183,7 +184,7 @@ def test_resharding_between_nodes_batch_then_row():
     kinds = sorted((r.kind.value, r.phase) for r in cmp.audit)
     assert ("A2A", "fwd") in kinds and ("A2A", "bwd") in kinds
     prog = rc.Program(t, g, plan)
-    assert rc.compare_audit(cmp.audit, rc.predicted_comms(prog, input_gradients=True)) == []
+    assert audit.compare_audit(cmp.audit, audit.program_comms(prog, input_gradients=True)) == []
 
 
 # ---- whole models with random valid plans -------------------------------------------------
@@ -216,7 +217,7 @@ def test_random_whole_model_plans_equal_one_device(name, n, seeds):
         names = {i: plan.patterns[i].name for i in plan.patterns}
         assert cmp.ok(rtol=1e-5, atol=1e-5), f"seed {seed}: {cmp.worst}; plan {names}"
         prog = rc.Program(t, g, plan)
-        diff = rc.compare_audit(cmp.audit, rc.predicted_comms(prog, input_gradients=True))
+        diff = audit.compare_audit(cmp.audit, audit.program_comms(prog, input_gradients=True))
         assert diff == [], f"seed {seed}: {diff}"
 
 
@@ -230,7 +231,7 @@ def test_searched_strategy_runs_and_matches_its_prediction():
     cmp = rc.compare_with_single_device(t, g, plan, _inputs(specs))
     assert cmp.ok(rtol=1e-5, atol=1e-5), str(cmp.worst)
     prog = rc.Program(t, g, plan)
-    assert rc.compare_audit(cmp.audit, rc.predicted_comms(prog, input_gradients=True)) == []
+    assert audit.compare_audit(cmp.audit, audit.program_comms(prog, input_gradients=True)) == []
 
 
 # ---- bad input ----------------------------------------------------------------------------
@@ -258,9 +259,9 @@ def test_plan_for_another_graph_and_wrong_device_count_are_named():
 
 def test_shard_and_unshard_round_trip():
     x = np.arange(24, dtype="float32").reshape(4, 6)
-    parts = [rc.shard(x, S(1), 3, i) for i in range(3)]
+    parts = [S(1).shard(x, 3, i) for i in range(3)]
     assert parts[1].shape == (4, 2)
-    np.testing.assert_array_equal(rc.unshard(parts, S(1)), x)
-    assert rc.unshard([x, x], R) is x
-    with pytest.raises(rc.ReconstructError, match="cannot be sharded as P"):
-        rc.shard(x, P, 2, 0)
+    np.testing.assert_array_equal(S(1).unshard(parts), x)
+    assert R.unshard([x, x]) is x
+    with pytest.raises(ValueError, match="cannot be sharded as P"):
+        P.shard(x, 2, 0)

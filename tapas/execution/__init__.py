@@ -8,6 +8,9 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
 
 * :mod:`tapas.execution.reconstruct`: Strategy -> per-replica program.
 * :mod:`tapas.execution.collectives`: the collectives (simulated or ``ReplicaContext``).
+* :mod:`tapas.execution.gradients`: which tensors get a gradient in a training step.
+* :mod:`tapas.execution.audit`: the collectives a plan predicts against those recorded.
+* :mod:`tapas.execution.verify`: the sharded program against the single-device model.
 * :mod:`tapas.execution.runtime`: devices, tf.distribute strategy, optimizers, checkpoints.
 * :mod:`tapas.execution.parallel`: ``tapas.parallelize`` and ``ParallelModel``.
 * :mod:`tapas.execution.train`, :mod:`tapas.execution.launch`: ``tapas train`` and its

@@ -44,7 +44,6 @@ Example (single device: forward and tape gradients equal the model's)::
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,6 +53,12 @@ import tensorflow as tf
 from tapas.execution import replay as _tf_internal
 from tapas import ir
 from tapas.sharding import placements
+# the audit of a Program lives in tapas.execution.audit, the comparison with one device in
+# tapas.execution.verify; these names stay importable from here for the pattern checker
+# (tests/test_pattern_checker.py)
+from tapas.execution.audit import compare_audit
+from tapas.execution.audit import program_comms as predicted_comms
+from tapas.execution.verify import Comparison, compare_with_single_device
 from tapas.execution.collectives import (Audit, Collectives, CommRecord, ReplicaContextCollectives,
                                          SimulatedCollectives, local_slice)
 from tapas.sharding.placements import Collective
@@ -61,7 +66,7 @@ from tapas.sharding.placements import Partial, Placement, Replica, Split
 
 __all__ = ["NodeSharding", "Plan", "Program", "WeightLayout", "ReconstructError",
            "predicted_comms", "compare_audit", "compare_with_single_device", "Comparison",
-           "local_shape", "shard", "unshard", "Audit", "CommRecord", "SimulatedCollectives",
+           "Audit", "CommRecord", "SimulatedCollectives",
            "ReplicaContextCollectives", "REWRITES"]
 
 # op type -> index of the input that holds the op's output shape
@@ -163,37 +168,6 @@ class WeightLayout:
     trainable: bool
 
 
-def local_shape(shape: Sequence[int], placement: Placement, num_devices: int) -> tuple[int, ...]:
-    """The shape one device holds of a tensor of global ``shape`` placed as ``placement``."""
-    out = [int(d) for d in shape]
-    if isinstance(placement, Split):
-        out[placement.axis] //= num_devices
-    return tuple(out)
-
-
-def shard(value: Any, placement: Placement, num_devices: int, index: int) -> Any:
-    """Replica ``index``'s local part of a global value (numpy array or tensor)."""
-    if isinstance(placement, Split):
-        if isinstance(value, np.ndarray):
-            return np.split(value, num_devices, axis=placement.axis)[index]
-        return local_slice(tf.convert_to_tensor(value), placement.axis, num_devices, index)
-    if isinstance(placement, Partial):
-        raise ReconstructError("a global value cannot be sharded as P (partial sum): use R "
-                               "or S(axis)")
-    return value
-
-
-def unshard(values: Sequence[Any], placement: Placement) -> Any:
-    """The global value from the local parts of every replica, in replica order."""
-    if isinstance(placement, Split):
-        if all(isinstance(v, np.ndarray) for v in values):
-            return np.concatenate(list(values), axis=placement.axis)
-        return tf.concat(list(values), axis=placement.axis)
-    if isinstance(placement, Partial):
-        return tf.add_n(list(values))
-    return values[0]
-
-
 def _place(p: Any) -> Placement:
     return placements.parse_placement(p) if isinstance(p, str) else p
 
@@ -278,7 +252,7 @@ class Program:
                     continue
                 p = _place(pat.weights[w.path])
                 layouts[w.path] = WeightLayout(w.path, tuple(w.shape), w.dtype, p,
-                                               local_shape(w.shape, p, self.num_devices),
+                                               p.local_shape(w.shape, self.num_devices),
                                                w.trainable)
         return layouts
 
@@ -317,17 +291,6 @@ class Program:
     def trace_weights(self) -> dict[str, list[Any]]:
         """The traced model's own variables, ``{path: [variable]}`` (single device)."""
         return {self._weight_of_ph[ph]: [v] for ph, v in self.trace.variables.items()}
-
-    def shard_weights(self, values: Mapping[str, Any]) -> dict[str, list[Any]]:
-        """Global weight values ``{path: array}`` -> ``{path: [local shard per replica]}``."""
-        out = {}
-        for path, layout in self.weight_layouts.items():
-            if path not in values:
-                raise ReconstructError(f"no value for weight '{path}': pass every weight of "
-                                       f"the model ({len(self.weight_layouts)} in all)")
-            out[path] = [shard(values[path], layout.placement, self.num_devices, i)
-                         for i in range(self.num_devices)]
-        return out
 
     # ---- the program --------------------------------------------------------------------
     def __call__(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
@@ -423,7 +386,7 @@ class _Run:
                 raise ReconstructError(f"input '{name}' has {len(vals)} local part(s); the "
                                        f"collectives run {self.n_local} local replica(s)")
             info = self._info(name)
-            want = local_shape(info.shape, p.input_placements[k], self.n)
+            want = p.input_placements[k].local_shape(info.shape, self.n)
             for v in vals:
                 if tuple(v.shape.as_list()) != want:
                     raise ReconstructError(
@@ -593,7 +556,7 @@ class _Run:
             out = op.outputs[0]
             plc = tensors.get(out.name)
             if plc is not None and out.shape is not None and all(d >= 0 for d in out.shape):
-                target = local_shape(out.shape, plc, self.n)
+                target = plc.local_shape(out.shape, self.n)
                 dt = tf_op.inputs[idx].dtype
                 ins = list(ins)
                 ins[idx] = [tf.constant(target, dtype=dt)] * self.n_local
@@ -666,7 +629,7 @@ class _Run:
             raise ReconstructError(f"{label}: op '{op.name}' ({op.type}) yields local shape "
                                    f"{got} for global {glob}, which is no placement on "
                                    f"{self.n} devices: name it in the pattern's tensors")
-        expect = local_shape(glob, want, self.n)
+        expect = want.local_shape(glob, self.n)
         if got == expect:
             return vals, want
         if got == glob and isinstance(want, Split):
@@ -704,220 +667,6 @@ class _Run:
             out.append(got * tf.reshape(mask, mask.shape.as_list() + [1] *
                                         (got.shape.rank - mask.shape.rank)))
         return out
-
-
-# ---- checking a plan against the single-device model ------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Difference:
-    """The largest difference between the simulated sharded program and the reference."""
-
-    what: str             # "output 0", "gradient of 'dense/kernel'", "gradient of input 0"
-    abs_diff: float       # largest |sharded - reference|
-    magnitude: float      # largest |reference| of that value
-
-    def __str__(self) -> str:
-        return f"{self.what}: |diff| {self.abs_diff:.3g} (reference magnitude {self.magnitude:.3g})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Comparison:
-    """Forward outputs and gradients of a plan, simulated on N shards, against one device."""
-
-    differences: tuple[Difference, ...]
-    audit: tuple[CommRecord, ...]
-
-    @property
-    def worst(self) -> Difference:
-        return max(self.differences, key=lambda d: d.abs_diff / max(d.magnitude, 1e-30))
-
-    def ok(self, rtol: float = 1e-5, atol: float = 1e-5) -> bool:
-        """Every difference within ``atol * magnitude + rtol * magnitude``."""
-        return all(d.abs_diff <= (atol + rtol) * max(d.magnitude, 1e-30) for d in self.differences)
-
-
-def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Plan,
-                               inputs: Sequence[Any], seed: int = 0) -> Comparison:
-    """Run ``plan`` on ``plan.num_devices`` simulated shards (``SimulatedCollectives``) and
-    the traced function on one device, with the model's current weights and ``inputs``
-    (one global array per trace input); compare outputs and gradients.
-
-    The loss is ``sum(output * c)`` for a fixed random ``c`` per output: each replica takes
-    the full loss of a replicated output and its own share of a split one, so the sharded
-    gradients must equal the single-device ones exactly (up to float rounding).
-    """
-    prog = Program(trace, graph, plan)
-    n = prog.num_devices
-    rng = np.random.default_rng(seed)
-    values = {prog._weight_of_ph[ph]: np.asarray(tf.convert_to_tensor(v))
-              for ph, v in trace.variables.items()
-              if prog._weight_of_ph[ph] in prog.weight_layouts}
-    paths = sorted(values)
-    trainable = [p for p in paths if prog.weight_layouts[p].trainable]  # gradients compared
-    inputs = [np.asarray(x) for x in inputs]
-    out_infos = graph.outputs
-    coeffs = [rng.standard_normal(t.shape).astype(t.dtype) if t.dtype.startswith("float")
-              else None for t in out_infos]
-    float_inputs = [k for k, x in enumerate(inputs) if x.dtype.kind == "f"]
-    audit = Audit()
-
-    @tf.function(autograph=False)
-    def sharded():
-        coll = SimulatedCollectives(n, audit)
-        local_w = {p: [tf.constant(shard(values[p], prog.weight_layouts[p].placement, n, i))
-                       for i in range(n)] for p in paths}
-        local_x = [[tf.constant(shard(x, prog.input_placements[k], n, i)) for i in range(n)]
-                   for k, x in enumerate(inputs)]
-        with tf.GradientTape() as tape:
-            tape.watch([w for p in paths for w in local_w[p]])
-            tape.watch([x for k in float_inputs for x in local_x[k]])
-            outs = prog(local_x, local_w, coll)
-            loss = tf.constant(0.0)
-            for k, c in enumerate(coeffs):
-                if c is None:
-                    continue
-                plc = prog.output_placements[k]
-                for i, o in enumerate(outs[k]):
-                    loss += tf.cast(tf.reduce_sum(o * shard(c, plc, n, i)), tf.float32)
-        grads = tape.gradient(loss, ([local_w[p] for p in trainable],
-                                     [local_x[k] for k in float_inputs]),
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return outs, grads
-
-    @tf.function(autograph=False)
-    def reference():
-        ws = {p: tf.constant(values[p]) for p in paths}
-        xs = [tf.constant(x) for x in inputs]
-        single = Program(trace, graph, Plan.replicated(graph, 1))
-        with tf.GradientTape() as tape:
-            tape.watch(list(ws.values()))
-            tape.watch([xs[k] for k in float_inputs])
-            outs = [o[0] for o in single([[x] for x in xs], {p: [ws[p]] for p in paths},
-                                         SimulatedCollectives(1))]
-            loss = tf.constant(0.0)
-            for o, c in zip(outs, coeffs):
-                if c is not None:
-                    loss += tf.cast(tf.reduce_sum(o * c), tf.float32)
-        grads = tape.gradient(loss, ([ws[p] for p in trainable], [xs[k] for k in float_inputs]),
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return outs, grads
-
-    s_outs, (s_wg, s_xg) = sharded()
-    r_outs, (r_wg, r_xg) = reference()
-    diffs: list[Difference] = []
-
-    def diff(what: str, locals_: Sequence[Any], ref: Any, plc: Placement) -> None:
-        ref = np.asarray(tf.convert_to_tensor(ref), dtype=np.float64)
-        mag = float(np.max(np.abs(ref))) if ref.size else 0.0
-        if isinstance(plc, Split):
-            got = np.concatenate([np.asarray(tf.convert_to_tensor(v), dtype=np.float64)
-                                  for v in locals_], axis=plc.axis)
-            worst = float(np.max(np.abs(got - ref))) if ref.size else 0.0
-        else:  # every replica must hold the whole value
-            worst = max(float(np.max(np.abs(np.asarray(tf.convert_to_tensor(v), np.float64)
-                                            - ref))) if ref.size else 0.0 for v in locals_)
-        diffs.append(Difference(what, worst, mag))
-
-    for k, (so, ro) in enumerate(zip(s_outs, r_outs)):
-        diff(f"output {k} '{out_infos[k].name}'", so, ro, prog.output_placements[k])
-    for p, sg, rg in zip(trainable, s_wg, r_wg):
-        diff(f"gradient of '{p}'", sg, rg, prog.weight_layouts[p].placement)
-    for k, sg, rg in zip(float_inputs, s_xg, r_xg):
-        diff(f"gradient of input {k}", sg, rg, prog.input_placements[k])
-    return Comparison(tuple(diffs), audit.records)
-
-
-# ---- the audit against the plan's prediction ---------------------------------------------
-
-def _differentiable(prog: Program) -> set[str]:
-    """Tensors whose gradient a training step computes: float tensors downstream of a
-    trainable weight, and the trainable weights themselves (by path)."""
-    trainable_ph = {ph for ph, w in prog.trace.weights.items() if w.trainable}
-    out: set[str] = {w.path for w in prog.trace.weights.values() if w.trainable}
-    out |= {f"{ph}:0" for ph in trainable_ph}
-    for node in prog.graph.nodes:
-        for op in node.ops:
-            reads = [i.split(":")[0] for i in op.inputs]
-            hot = (op.type == "ReadVariableOp" and reads and reads[0] in trainable_ph) or \
-                any(i in out for i in op.inputs)
-            if hot:
-                out.update(t.name for t in op.outputs if t.dtype.startswith(("float", "bfloat")))
-    return out
-
-
-def predicted_comms(prog: Program, strategy: Any = None, *,
-                    input_gradients: bool = False) -> list[CommRecord]:
-    """The collectives ``prog`` must run for one forward and backward pass, as the plan
-    predicts them: every pattern's ``comms`` plus the resharding between GraphNodes (from
-    ``strategy.edge_comms`` when a Strategy is given, else from the placements), one
-    resharding per (tensor, target placement) however many consumers read it, and the
-    resharding of a tied weight read with another placement than it is stored. Backward
-    comms on tensors no gradient reaches (integer ids, values computed from inputs only)
-    are left out unless ``input_gradients`` (gradients w.r.t. float graph inputs too)."""
-    graph = prog.graph
-    grads = _differentiable(prog)
-    if input_gradients:
-        grads |= {t.name for t in graph.inputs if t.dtype.startswith("float")}
-        for node in graph.nodes:  # everything downstream of a float input, too
-            for op in node.ops:
-                if any(i in grads for i in op.inputs):
-                    grads.update(t.name for t in op.outputs if t.dtype.startswith("float"))
-    comms: list[Any] = []
-    for node in graph.nodes:
-        comms.extend(getattr(prog.plan.pattern(node), "comms", ()))
-    seen: set[tuple[str, str]] = set()
-    if strategy is not None:
-        edges = [(e.tensor, str(e.dst_placement), e.comms) for e in strategy.edge_comms]
-    else:
-        producer = {}
-        for node in graph.nodes:
-            pat = prog.plan.pattern(node)
-            for k, t in enumerate(node.outputs):
-                producer[t.name] = (_place(pat.outputs[k]), t)
-        edges = []
-        for node in graph.nodes:
-            pat = prog.plan.pattern(node)
-            for k, t in enumerate(node.inputs):
-                want = _place(pat.inputs[k])
-                # a graph input arrives placed as its first consumer wants it
-                have, info = producer.get(t.name, (prog.input_placements[
-                    prog._input_names.index(t.name)] if t.name in prog._input_names else want, t))
-                edges.append((t.name, str(want), placements.reshard(have, want, info.shape or (),
-                                                             info.dtype, t.name)))
-    for node in graph.nodes:  # a tied weight read with another placement than it is stored
-        pat = prog.plan.pattern(node)
-        for w in node.weights:
-            layout = prog.weight_layouts[w.path]
-            want = _place(pat.weights[w.path])
-            if want != layout.placement:
-                edges.append((w.path, str(want), placements.reshard(
-                    layout.placement, want, layout.global_shape, layout.dtype, w.path)))
-    for tensor, want, cs in edges:
-        if (tensor, want) in seen:
-            continue
-        seen.add((tensor, want))
-        comms.extend(cs)
-    out = []
-    for c in comms:
-        if c.phase == "bwd" and c.tensor not in grads:
-            continue
-        out.append(CommRecord(Collective.parse(c.kind), c.tensor, tuple(c.shape), c.dtype,
-                              c.phase, c.axis))
-    return out
-
-
-def compare_audit(records: Sequence[CommRecord], predicted: Sequence[CommRecord]) -> list[str]:
-    """Differences between what the program ran and what was predicted, as readable lines
-    (empty: they agree on every (kind, phase, tensor, bytes), counted with multiplicity)."""
-    def key(r: CommRecord) -> tuple[str, str, str, int]:
-        return (r.kind.value, r.phase, r.tensor, r.bytes)
-    ran, want = Counter(key(r) for r in records), Counter(key(r) for r in predicted)
-    lines = []
-    for k in sorted(set(ran) | set(want)):
-        if ran[k] != want[k]:
-            lines.append(f"{k[1]} {k[0]} on '{k[2]}' ({k[3]} bytes): ran {ran[k]}, "
-                         f"predicted {want[k]}")
-    return lines
 
 
 # ---- one GraphNode alone (the pattern checker) --------------------------------------------

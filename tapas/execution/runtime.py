@@ -60,10 +60,11 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.execution import launch
+from tapas.execution.reconstruct import WeightLayout
 from tapas.sharding.placements import Partial, Replica, Split, parse_placement
 
 __all__ = ["setup_devices", "make_strategy", "tf_config", "StepError",
-           "SGD", "Adam", "make_optimizer", "Runtime", "shard", "unshard",
+           "SGD", "Adam", "make_optimizer", "Runtime",
            "CHECKPOINT_META"]
 
 CHECKPOINT_META = "tapas-checkpoint.json"
@@ -189,7 +190,7 @@ def _placed(x: tf.Tensor) -> tf.Tensor:
     return tf.identity(x)
 
 
-# ---- placements: slicing global values --------------------------------------------------------
+# ---- placements --------------------------------------------------------------------------------
 
 def _axis(placement: Any) -> int | None:
     p = parse_placement(placement)
@@ -197,28 +198,6 @@ def _axis(placement: Any) -> int | None:
         raise ValueError("a weight, input or output cannot be placed P (partial sums): "
                          "patterns reduce their partial sums inside the node")
     return p.axis if isinstance(p, Split) else None
-
-
-def shard(value: np.ndarray, placement: Any, n: int, i: int) -> np.ndarray:
-    """Replica ``i``'s part of the global ``value`` under ``placement`` on ``n`` devices."""
-    axis = _axis(placement)
-    value = np.asarray(value)
-    if axis is None:
-        return value
-    size = value.shape[axis]
-    if size % n:
-        raise ValueError(f"cannot split dimension {axis} of size {size} into {n} equal shards "
-                         f"(shape {list(value.shape)}, placement S{axis})")
-    step = size // n
-    index = [slice(None)] * value.ndim
-    index[axis] = slice(i * step, (i + 1) * step)
-    return value[tuple(index)]
-
-
-def unshard(parts: Sequence[np.ndarray], placement: Any) -> np.ndarray:
-    """The global value from every replica's part (in replica order)."""
-    axis = _axis(placement)
-    return np.asarray(parts[0]) if axis is None else np.concatenate(parts, axis=axis)
 
 
 # ---- optimizers ---------------------------------------------------------------------------
@@ -312,15 +291,6 @@ def make_optimizer(name: str | Optimizer, learning_rate: float | None = None) ->
 
 # ---- the runtime ------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class _WeightSpec:
-    path: str
-    global_shape: tuple[int, ...]
-    placement: Any
-    trainable: bool
-    dtype: tf.DType
-
-
 class Runtime:
     """Shards, training step, ``predict`` and checkpoints of one program under one strategy.
 
@@ -354,7 +324,7 @@ class Runtime:
                              f"{len(self.input_specs)} input specs were given")
         for spec, p in zip(self.input_specs, self.input_placements):
             self._check_divisible(f"input '{spec.name}'", tuple(spec.shape), p)
-        self.specs: dict[str, _WeightSpec] = {}
+        self.specs: dict[str, WeightLayout] = {}   # the layouts, with the values' dtypes
         for path, layout in program.weight_layouts.items():
             if path not in initial_weights:
                 raise ValueError(f"no initial value for weight '{path}'")
@@ -364,8 +334,10 @@ class Runtime:
                 raise ValueError(f"weight '{path}': initial value has shape {list(value.shape)}, "
                                  f"the program expects {list(shape)}")
             self._check_divisible(f"weight '{path}'", shape, layout.placement)
-            self.specs[path] = _WeightSpec(path, shape, parse_placement(layout.placement),
-                                           bool(layout.trainable), tf.as_dtype(value.dtype))
+            placement = parse_placement(layout.placement)
+            self.specs[path] = WeightLayout(path, shape, tf.as_dtype(value.dtype).name, placement,
+                                            placement.local_shape(shape, self.num_devices),
+                                            bool(layout.trainable))
         self.paths = list(self.specs)
         self.trainable_paths = [p for p in self.paths if self.specs[p].trainable]
         self.local_replicas = _local_replica_ids(strategy)
@@ -376,8 +348,8 @@ class Runtime:
         self._slots: dict[int, dict[str, dict[str, tf.Variable]]] = {}
         for r in self.local_replicas:
             with tf.device(self._device[r]):
-                self._vars[r] = {p: tf.Variable(shard(initial_weights[p], s.placement,
-                                                      self.num_devices, r),
+                self._vars[r] = {p: tf.Variable(s.placement.shard(initial_weights[p],
+                                                                  self.num_devices, r),
                                                 trainable=s.trainable, name=f"w{k}_r{r}")
                                  for k, (p, s) in enumerate(self.specs.items())}
                 self._slots[r] = {p: {name: tf.Variable(tf.zeros_like(self._vars[r][p]),
@@ -421,7 +393,7 @@ class Runtime:
         def value_fn(ctx: tf.distribute.experimental.ValueContext) -> tuple[tf.Tensor, ...]:
             r = ctx.replica_id_in_sync_group
             with tf.device(self._device[r]):
-                return tuple(tf.constant(shard(a, p, self.num_devices, r))
+                return tuple(tf.constant(p.shard(a, self.num_devices, r))
                              for a, p in zip(arrays, placements))
 
         return self.strategy.experimental_distribute_values_from_function(value_fn)
@@ -695,8 +667,8 @@ class Runtime:
     def _global(self, tensors: Mapping[int, Mapping[str, tf.Variable]],
                 paths: Sequence[str]) -> dict[str, np.ndarray]:
         if self._all_local():
-            return {p: unshard([tensors[r][p].numpy() for r in self.local_replicas],
-                               self.specs[p].placement) for p in paths}
+            return {p: self.specs[p].placement.unshard(
+                [tensors[r][p].numpy() for r in self.local_replicas]) for p in paths}
         dist = self.strategy.experimental_distribute_values_from_function(
             lambda ctx: {p: tensors[ctx.replica_id_in_sync_group][p] for p in paths})
 
@@ -727,11 +699,11 @@ class Runtime:
         """Cut global values into this layout's shards and assign them."""
         for r in self.local_replicas:
             for p, v in values.items():
-                self._vars[r][p].assign(shard(v, self.specs[p].placement, self.num_devices, r))
+                self._vars[r][p].assign(self.specs[p].placement.shard(v, self.num_devices, r))
             for k, per_path in (slots or {}).items():
                 for p, v in per_path.items():
                     self._slots[r][p][k].assign(
-                        shard(v, self.specs[p].placement, self.num_devices, r))
+                        self.specs[p].placement.shard(v, self.num_devices, r))
 
     def to_keras(self, model: Any) -> Any:
         """Write the global weights into the single-device Keras ``model`` (matched by
@@ -765,7 +737,7 @@ class Runtime:
                 "optimizer": dataclasses.asdict(self.optimizer) | {"name": self.optimizer.name},
                 "weights": [{"path": s.path, "shape": list(s.global_shape),
                              "placement": str(s.placement), "trainable": s.trainable,
-                             "dtype": s.dtype.name} for s in self.specs.values()]}
+                             "dtype": s.dtype} for s in self.specs.values()]}
 
     def save(self, path: str) -> str:
         """Write shards, optimizer slots and the step counter under directory ``path``."""
@@ -841,7 +813,7 @@ class Runtime:
                     raise ValueError(f"checkpoint {path} lacks the shard {key}: a worker's file "
                                      "is missing")
                 parts.append(keys[key].get_tensor(key))
-            return unshard(parts, placement)
+            return parse_placement(placement).unshard(parts)
 
         values, slots = {}, {k: {} for k in self.optimizer.slot_names}
         same_opt = meta["optimizer"]["name"] == self.optimizer.name

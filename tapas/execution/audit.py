@@ -1,0 +1,224 @@
+"""The collective audit: what a plan predicts a training step runs, against what it ran.
+
+In:  a plan (a ``tapas.execution.reconstruct.Plan``, or a ``tapas.planning.search.Strategy``
+     with its resharding edges) and its :class:`tapas.ir.Graph`; the
+     :class:`tapas.execution.collectives.CommRecord` s an ``Audit`` recorded.
+Out: the predicted ``tapas.sharding.placements.Comm`` s (:func:`predicted_comm_list`), the
+     same as ``CommRecord`` s for a ``Program`` (:func:`program_comms`), the differences as
+     readable lines (:func:`compare_audit`) and the report of a ``ParallelModel``
+     (:class:`AuditReport`).
+
+The prediction is every GraphNode pattern's ``comms``, plus the resharding between
+GraphNodes (a Strategy's ``edge_comms``, else where a consumer expects another placement
+than its producer gives), once per (tensor, wanted placement), plus the resharding of a
+weight read in another placement than it is stored (a tied embedding and LM head).
+TensorFlow never runs the backward of a value whose gradient nothing needs, and neither
+does the program: such backward comms are left out (``tapas.execution.gradients``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tapas import ir
+from tapas.execution.collectives import Audit, CommRecord
+from tapas.execution.gradients import NO_GRADIENT, GradientFlow, gradient_flow
+from tapas.sharding import placements
+from tapas.sharding.placements import Collective, parse_placement
+
+__all__ = ["AuditReport", "predicted_comm_list", "program_comms", "compare_audit"]
+
+# a comm with the (tensor or weight path, wanted placement) of the resharding it belongs
+# to, or None for a pattern's own comm
+_Tagged = tuple[Any, "tuple[str, str] | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditReport:
+    """Collectives of the reconstructed training step against the strategy's prediction.
+
+    ``measured``/``predicted`` map ``(kind, phase)`` to a count; ``loss`` lists what the
+    runtime added to compute the loss (an all-gather of class-split logits).
+    """
+
+    measured: Mapping[tuple[str, str], int]
+    predicted: Mapping[tuple[str, str], int]
+    measured_bytes: Mapping[tuple[str, str], int]
+    predicted_bytes: Mapping[tuple[str, str], int]
+    loss: tuple[tuple[str, int], ...]
+    differences: tuple[str, ...] = ()   # "+" in the program only, "-" predicted only
+
+    @property
+    def matches(self) -> bool:
+        return dict(self.measured) == dict(self.predicted) and \
+            dict(self.measured_bytes) == dict(self.predicted_bytes)
+
+    def table(self) -> str:
+        keys = sorted(set(self.measured) | set(self.predicted))
+        lines = [f"{'collective':<10} {'phase':<5} {'program':>8} {'predicted':>10} "
+                 f"{'bytes (program)':>16} {'bytes (predicted)':>18}"]
+        for k in keys:
+            lines.append(f"{k[0]:<10} {k[1]:<5} {self.measured.get(k, 0):>8} "
+                         f"{self.predicted.get(k, 0):>10} {self.measured_bytes.get(k, 0):>16,} "
+                         f"{self.predicted_bytes.get(k, 0):>18,}")
+        if not keys:
+            lines.append("(no collectives)")
+        for kind, nbytes in self.loss:
+            lines.append(f"{kind:<10} {'loss':<5} {1:>8} {'-':>10} {nbytes:>16,}")
+        lines.append("audit " + ("matches the strategy's prediction" if self.matches else
+                                 "DIFFERS from the strategy's prediction"))
+        lines += [f"  {d}" for d in self.differences[:12]]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        key = lambda k: f"{k[0]} {k[1]}"  # noqa: E731
+        return {"measured": {key(k): v for k, v in self.measured.items()},
+                "predicted": {key(k): v for k, v in self.predicted.items()},
+                "measured_bytes": {key(k): v for k, v in self.measured_bytes.items()},
+                "predicted_bytes": {key(k): v for k, v in self.predicted_bytes.items()},
+                "loss": [list(x) for x in self.loss], "matches": self.matches,
+                "differences": list(self.differences)}
+
+    @staticmethod
+    def of(audit: Audit, comms: Sequence[Any], loss: tuple[tuple[str, int], ...]) -> AuditReport:
+        """The report of what ``audit`` recorded against the predicted ``comms``."""
+        predicted, predicted_bytes = _tally(comms)
+        got = Counter((r.kind.value, r.phase, r.tensor) for r in audit.records)
+        want = Counter((Collective.parse(c.kind).value, c.phase, c.tensor) for c in comms)
+        diffs = [f"+ {k} {p} {t} (in the program only)" for (k, p, t) in got - want]
+        diffs += [f"- {k} {p} {t} (predicted only)" for (k, p, t) in want - got]
+        return AuditReport(audit.counts(), predicted, audit.bytes(), predicted_bytes, loss,
+                           tuple(sorted(diffs)))
+
+
+def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
+                        input_gradients: bool = False) -> list:
+    """The ``tapas.sharding.placements.Comm`` s a training step of ``strategy`` (a Strategy
+    or a Plan) runs on ``graph`` (see the module docstring); with ``input_gradients``, the
+    gradients with respect to the float graph inputs are computed too."""
+    from tapas.execution import reconstruct
+    plan = strategy if isinstance(strategy, reconstruct.Plan) else None
+    if plan is None:
+        plan = reconstruct.Plan(strategy.num_devices,
+                                {node.id: strategy.pattern(node.id) for node in graph.nodes})
+    tagged: list[_Tagged] = [(c, None) for node in graph.nodes for c in plan.pattern(node).comms]
+    if hasattr(strategy, "edge_comms"):
+        for e in strategy.edge_comms:
+            tensor = graph.nodes[e.dst].inputs[e.input_index].name
+            tagged += [(c, (tensor, e.dst_placement)) for c in e.comms]
+        # a weight read in two placements is stored as its first reader wants it and
+        # resharded for the others: not an edge of the graph
+        weights = {w.path for w in graph.weights}
+        tagged += [(c, key) for c, key in _plan_reshards(plan, graph) if key[0] in weights]
+    else:
+        tagged += _plan_reshards(plan, graph)
+    flow = gradient_flow(graph, input_gradients=input_gradients)
+    readers = _readers(plan, graph)
+    return [c for c, key in tagged if _runs(c, key, flow, readers, graph)]
+
+
+def program_comms(prog: Any, strategy: Any = None, *,
+                  input_gradients: bool = False) -> list[CommRecord]:
+    """:func:`predicted_comm_list` of a ``tapas.execution.reconstruct.Program`` (its plan, or
+    the Strategy it was built from, with the Strategy's resharding edges), as the
+    ``CommRecord`` s its ``Audit`` records (compare them with :func:`compare_audit`)."""
+    comms = predicted_comm_list(prog.plan if strategy is None else strategy, prog.graph,
+                                input_gradients=input_gradients)
+    return [CommRecord(Collective.parse(c.kind), c.tensor, tuple(c.shape), c.dtype, c.phase,
+                       c.axis) for c in comms]
+
+
+def compare_audit(records: Sequence[CommRecord], predicted: Sequence[CommRecord]) -> list[str]:
+    """Differences between what the program ran and what was predicted, as readable lines
+    (empty: they agree on every (kind, phase, tensor, bytes), counted with multiplicity)."""
+    def key(r: CommRecord) -> tuple[str, str, str, int]:
+        return (r.kind.value, r.phase, r.tensor, r.bytes)
+    ran, want = Counter(key(r) for r in records), Counter(key(r) for r in predicted)
+    lines = []
+    for k in sorted(set(ran) | set(want)):
+        if ran[k] != want[k]:
+            lines.append(f"{k[1]} {k[0]} on '{k[2]}' ({k[3]} bytes): ran {ran[k]}, "
+                         f"predicted {want[k]}")
+    return lines
+
+
+def _runs(comm: Any, key: tuple[str, str] | None, flow: GradientFlow,
+          readers: Mapping[tuple[str, str], list], graph: ir.Graph) -> bool:
+    """Whether the program runs ``comm``: a forward comm always; a pattern's backward comm
+    when its tensor gets a gradient; a resharding's backward comm when the tensor is
+    computed from a gradient source and a reader in the wanted placement passes a gradient
+    back from a value the outputs depend on."""
+    if comm.phase != "bwd":
+        return True
+    if key is None:
+        return comm.tensor in flow.needed
+    tensor = _weight_tensor(graph, key[0])
+    return tensor in flow.forward and any(
+        op.type not in NO_GRADIENT and any(o.name in flow.backward for o in op.outputs)
+        for op in readers.get((tensor, key[1]), ()))
+
+
+def _weight_tensor(graph: ir.Graph, name: str) -> str:
+    """The tensor a weight path stands for in op inputs (its resource placeholder)."""
+    for w in graph.weights:
+        if w.path == name:
+            return w.placeholder + ":0"
+    return name
+
+
+def _readers(plan: Any, graph: ir.Graph) -> dict[tuple[str, str], list]:
+    """(tensor, placement wanted) -> the ops that read the tensor in that placement."""
+    out: dict[tuple[str, str], list] = {}
+    for node in graph.nodes:
+        pat = plan.pattern(node)
+        wants = {t.name: str(parse_placement(p)) for t, p in zip(node.inputs, pat.inputs)}
+        wants.update({w.placeholder + ":0": str(parse_placement(pat.weights[w.path]))
+                      for w in node.weights})
+        for op in node.ops:
+            for name in op.inputs:
+                if name in wants:
+                    out.setdefault((name, wants[name]), []).append(op)
+    return out
+
+
+def _plan_reshards(plan: Any, graph: ir.Graph) -> list[_Tagged]:
+    """The resharding comms a plan needs between GraphNodes, each with its (tensor or weight
+    path, wanted placement): where a consumer expects another placement than its producer
+    gives (a graph input is placed as its first consumer wants it; a weight is stored as its
+    first reader wants it), once per (tensor, wanted placement)."""
+    place: dict[str, Any] = {}
+    for node in graph.nodes:
+        for t, p in zip(node.outputs, plan.pattern(node).outputs):
+            place[t.name] = parse_placement(p)
+    stored: dict[str, Any] = {}
+    seen: set[tuple[str, str]] = set()
+    comms: list[_Tagged] = []
+    for node in graph.nodes:
+        pat = plan.pattern(node)
+        wanted = [(t.name, t.shape, t.dtype, parse_placement(p))
+                  for t, p in zip(node.inputs, pat.inputs)]
+        for w in node.weights:
+            p = parse_placement(pat.weights[w.path])
+            stored.setdefault(w.path, p)
+            wanted.append((w.path, w.shape, w.dtype, p))
+        for name, shape, dtype, want in wanted:
+            have = stored.get(name, place.setdefault(name, want))
+            if have != want and (name, str(want)) not in seen:
+                seen.add((name, str(want)))
+                comms += [(c, (name, str(want)))
+                          for c in placements.reshard(have, want, tuple(shape or ()), dtype, name)]
+    return comms
+
+
+def _tally(comms: Sequence[Any]) -> tuple[dict, dict]:
+    counts: Counter = Counter()
+    sizes: Counter = Counter()
+    for c in comms:
+        key = (Collective.parse(c.kind).value, c.phase)
+        counts[key] += 1
+        sizes[key] += int(c.bytes)
+    return dict(counts), dict(sizes)
+

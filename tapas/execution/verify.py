@@ -1,0 +1,305 @@
+"""Equivalence with the single-device model: a sharded program against one device.
+
+In:  either a traced model, its :class:`tapas.ir.Graph`, a ``tapas.execution.reconstruct.Plan``
+     and global input arrays (:func:`compare_with_single_device`: the plan simulated on N
+     shards in one process), or a ``tapas.execution.parallel.ParallelModel`` and a batch
+     (:func:`verify_with_keras`: the runtime on its devices against the Keras model).
+Out: :class:`Comparison` (the largest difference of every output and gradient, and the
+     collectives the simulated program recorded), or the ``verify`` report: per quantity
+     (outputs, loss, gradients, step losses, weights after the steps) the largest
+     difference and whether it is within ``|got - want| <= atol + rtol |want|``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tapas import ir
+from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
+from tapas.sharding.placements import Placement, Split
+
+__all__ = ["Difference", "Comparison", "compare_with_single_device", "compare",
+           "verify_with_keras", "RTOL", "ATOL_FACTOR"]
+
+RTOL = 1e-5
+ATOL_FACTOR = 1e-5   # absolute tolerance, times the largest reference magnitude
+
+
+# ---- a plan simulated on N shards against one device ---------------------------------------
+
+#SINGLE
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """The largest difference between the simulated sharded program and the reference."""
+
+    what: str             # "output 0", "gradient of 'dense/kernel'", "gradient of input 0"
+    abs_diff: float       # largest |sharded - reference|
+    magnitude: float      # largest |reference| of that value
+
+    def __str__(self) -> str:
+        return f"{self.what}: |diff| {self.abs_diff:.3g} (reference magnitude {self.magnitude:.3g})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Forward outputs and gradients of a plan, simulated on N shards, against one device."""
+
+    differences: tuple[Difference, ...]
+    audit: tuple[CommRecord, ...]
+
+    @property
+    def worst(self) -> Difference:
+        return max(self.differences, key=lambda d: d.abs_diff / max(d.magnitude, 1e-30))
+
+    def ok(self, rtol: float = 1e-5, atol: float = 1e-5) -> bool:
+        """Every difference within ``atol * magnitude + rtol * magnitude``."""
+        return all(d.abs_diff <= (atol + rtol) * max(d.magnitude, 1e-30) for d in self.differences)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    """What both runs of :func:`compare_with_single_device` share."""
+
+    prog: Any                            # the sharded Program
+    values: Mapping[str, np.ndarray]     # global weight values by path
+    paths: tuple[str, ...]
+    trainable: tuple[str, ...]           # weights whose gradients are compared
+    inputs: tuple[np.ndarray, ...]
+    float_inputs: tuple[int, ...]        # inputs whose gradients are compared
+    coeffs: tuple[np.ndarray | None, ...]   # the loss is sum(output * coeff)
+
+
+def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
+                               inputs: Sequence[Any], seed: int = 0) -> Comparison:
+    """Run ``plan`` on ``plan.num_devices`` simulated shards (``SimulatedCollectives``) and
+    the traced function on one device, with the model's current weights and ``inputs``
+    (one global array per trace input); compare outputs and gradients.
+
+    The loss is ``sum(output * c)`` for a fixed random ``c`` per output: each replica takes
+    the full loss of a replicated output and its own share of a split one, so the sharded
+    gradients must equal the single-device ones exactly (up to float rounding).
+    """
+    from tapas.execution.reconstruct import Plan, Program
+    prog = Program(trace, graph, plan)
+    rng = np.random.default_rng(seed)
+    values = {prog._weight_of_ph[ph]: np.asarray(tf.convert_to_tensor(v))
+              for ph, v in trace.variables.items()
+              if prog._weight_of_ph[ph] in prog.weight_layouts}
+    paths = tuple(sorted(values))
+    arrays = tuple(np.asarray(x) for x in inputs)
+    case = _Case(prog, values, paths,
+                 tuple(p for p in paths if prog.weight_layouts[p].trainable), arrays,
+                 tuple(k for k, x in enumerate(arrays) if x.dtype.kind == "f"),
+                 tuple(rng.standard_normal(t.shape).astype(t.dtype)
+                       if t.dtype.startswith("float") else None for t in graph.outputs))
+    audit = Audit()
+    s_outs, (s_wg, s_xg) = _sharded_run(case, audit)
+    r_outs, (r_wg, r_xg) = _reference_run(case, Program(trace, graph, Plan.replicated(graph, 1)))
+    diffs = [_difference(f"output {k} '{graph.outputs[k].name}'", so, ro,
+                         prog.output_placements[k])
+             for k, (so, ro) in enumerate(zip(s_outs, r_outs))]
+    diffs += [_difference(f"gradient of '{p}'", sg, rg, prog.weight_layouts[p].placement)
+              for p, sg, rg in zip(case.trainable, s_wg, r_wg)]
+    diffs += [_difference(f"gradient of input {k}", sg, rg, prog.input_placements[k])
+              for k, sg, rg in zip(case.float_inputs, s_xg, r_xg)]
+    return Comparison(tuple(diffs), audit.records)
+
+
+def _sharded_run(case: _Case, audit: Audit) -> Any:
+    """Outputs and gradients of the plan on N simulated shards, recording into ``audit``."""
+    prog, n = case.prog, case.prog.num_devices
+
+    @tf.function(autograph=False)
+    def sharded():
+        coll = SimulatedCollectives(n, audit)
+        local_w = {p: [tf.constant(prog.weight_layouts[p].placement.shard(case.values[p], n, i))
+                       for i in range(n)] for p in case.paths}
+        local_x = [[tf.constant(prog.input_placements[k].shard(x, n, i)) for i in range(n)]
+                   for k, x in enumerate(case.inputs)]
+        with tf.GradientTape() as tape:
+            tape.watch([w for p in case.paths for w in local_w[p]])
+            tape.watch([x for k in case.float_inputs for x in local_x[k]])
+            outs = prog(local_x, local_w, coll)
+            loss = tf.constant(0.0)
+            for k, c in enumerate(case.coeffs):
+                if c is None:
+                    continue
+                plc = prog.output_placements[k]
+                for i, o in enumerate(outs[k]):
+                    loss += tf.cast(tf.reduce_sum(o * plc.shard(c, n, i)), tf.float32)
+        grads = tape.gradient(loss, ([local_w[p] for p in case.trainable],
+                                     [local_x[k] for k in case.float_inputs]),
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return outs, grads
+
+    return sharded()
+
+
+def _reference_run(case: _Case, single: Any) -> Any:
+    """Outputs and gradients of the single-device program ``single``."""
+
+    @tf.function(autograph=False)
+    def reference():
+        ws = {p: tf.constant(case.values[p]) for p in case.paths}
+        xs = [tf.constant(x) for x in case.inputs]
+        with tf.GradientTape() as tape:
+            tape.watch(list(ws.values()))
+            tape.watch([xs[k] for k in case.float_inputs])
+            outs = [o[0] for o in single([[x] for x in xs], {p: [ws[p]] for p in case.paths},
+                                         SimulatedCollectives(1))]
+            loss = tf.constant(0.0)
+            for o, c in zip(outs, case.coeffs):
+                if c is not None:
+                    loss += tf.cast(tf.reduce_sum(o * c), tf.float32)
+        grads = tape.gradient(loss, ([ws[p] for p in case.trainable],
+                                     [xs[k] for k in case.float_inputs]),
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return outs, grads
+
+    return reference()
+
+
+def _difference(what: str, locals_: Sequence[Any], ref: Any, plc: Placement) -> Difference:
+    """The largest difference of the local values ``locals_`` (placed ``plc``) from ``ref``."""
+    ref = np.asarray(tf.convert_to_tensor(ref), dtype=np.float64)
+    mag = float(np.max(np.abs(ref))) if ref.size else 0.0
+    if isinstance(plc, Split):
+        got = np.concatenate([np.asarray(tf.convert_to_tensor(v), dtype=np.float64)
+                              for v in locals_], axis=plc.axis)
+        worst = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+    else:  # every replica must hold the whole value
+        worst = max(float(np.max(np.abs(np.asarray(tf.convert_to_tensor(v), np.float64)
+                                        - ref))) if ref.size else 0.0 for v in locals_)
+    return Difference(what, worst, mag)
+
+
+# ---- the runtime against the Keras model ----------------------------------------------------
+
+def compare(got: Any, want: Any, rtol: float = RTOL, atol_factor: float = ATOL_FACTOR,
+            scale: float | None = None) -> dict[str, float | bool]:
+    """Largest difference of two arrays and whether ``|got - want| <= atol + rtol |want|``
+    with ``atol = atol_factor * scale``; ``scale`` defaults to ``max |want|`` (``verify``
+    passes the largest magnitude over all weights, or all gradients)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        raise ValueError(f"shapes differ: {got.shape} vs reference {want.shape}")
+    if scale is None:
+        scale = float(np.abs(want).max()) if want.size else 0.0
+    diff = np.abs(got - want)
+    ok = bool(np.all(diff <= atol_factor * scale + rtol * np.abs(want)))
+    return {"max_abs_diff": float(diff.max()) if diff.size else 0.0, "scale": scale, "ok": ok}
+
+
+def _worst(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The largest of several :func:`compare` results, whether all are ok, and how many
+    elements Adam's comparison left out as ill-conditioned."""
+    if not results:
+        return {"max_abs_diff": 0.0, "ok": True, "worst": None, "count": 0}
+    name = max(results, key=lambda k: results[k]["max_abs_diff"])
+    out = {"max_abs_diff": results[name]["max_abs_diff"], "scale": results[name]["scale"],
+           "ok": all(r["ok"] for r in results.values()), "worst": name,
+           "count": len(results)}
+    ill = sum(int(r.get("ill_conditioned", 0)) for r in results.values())
+    if ill:
+        out["ill_conditioned"] = ill
+        out["max_abs_diff_all"] = max(r.get("max_abs_diff_all", r["max_abs_diff"])
+                                      for r in results.values())
+    return out
+
+
+def _adam_compare(got: np.ndarray, want: np.ndarray, grad: np.ndarray | None,
+                  noise: float, scale: float) -> dict[str, Any]:
+    """Weights after Adam steps: Adam divides each gradient by its own running magnitude,
+    so an element whose gradient is rounding noise (|g| within 10x the largest gradient
+    difference measured between the two programs) moves by +-lr in either program. Those
+    elements are counted (``ill_conditioned``), not compared; every other element must meet
+    the usual tolerance."""
+    strict = compare(got, want, scale=scale)
+    if strict["ok"] or grad is None:
+        return strict
+    keep = np.abs(grad) > 10.0 * noise
+    masked = compare(np.where(keep, got, want), want, scale=scale)
+    return {**masked, "max_abs_diff_all": strict["max_abs_diff"], "strict_ok": False,
+            "ill_conditioned": int((~keep).sum())}
+
+
+def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
+                      on_step: Any = None) -> dict[str, Any]:
+    """``ParallelModel.verify``: the parallel model ``pm`` and its single-device Keras model
+    from the same weights: outputs, loss and gradients of one batch, then ``steps``
+    optimizer steps of both (the Keras optimizer with the same hyper-parameters), the
+    losses of each step and the weights after them. Trains ``pm.model`` as the reference."""
+    rt = pm.runtime
+    if int(rt.iterations.numpy()) != 0:
+        raise RuntimeError("verify() compares from the initial state: call it before any "
+                           "train_step, on a freshly parallelized model")
+    model = pm.model
+    call = (lambda: model(xs if len(xs) > 1 else xs[0], training=pm.training))
+    report, ref_g = _first_batch(rt, model, call, xs, y)
+    report["losses"] = _train_side_by_side(pm, call, xs, y, steps, on_step)
+    report["step_losses"] = _worst({f"step {i + 1}": compare(a, b)
+                                    for i, (a, b) in enumerate(report["losses"])})
+    report["weights"] = _weights_after(pm, ref_g, report["gradients"]["max_abs_diff"])
+    report["ok"] = all(report[k]["ok"] for k in
+                       ("outputs", "loss", "gradients", "weights", "step_losses"))
+    return report
+
+
+def _first_batch(rt: Any, model: Any, call: Any, xs: list,
+                 y: Any) -> tuple[dict[str, Any], dict]:
+    """Outputs, loss and gradients of one batch; also the reference gradients by path."""
+    report: dict[str, Any] = {}
+    ref_out = np.asarray(call())
+    outs, loss, grads = rt.evaluate(xs, y)
+    report["outputs"] = compare(outs[0], ref_out)   # scale: the largest output
+    trainable = [w for w in model.trainable_weights if w.path in grads]
+    with tf.GradientTape() as tape:
+        ref_loss = rt.loss(y, call())
+    ref_grads = tape.gradient(ref_loss, trainable)
+    report["loss"] = compare(loss, float(ref_loss))
+    ref_g = {w.path: tf.convert_to_tensor(g).numpy() for w, g in zip(trainable, ref_grads)}
+    g_scale = max((float(np.abs(g).max()) for g in ref_g.values() if g.size), default=0.0)
+    report["gradients"] = _worst({p: compare(grads[p], g, scale=g_scale)
+                                  for p, g in ref_g.items()})
+    return report, ref_g
+
+
+def _train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
+                        on_step: Any) -> list[tuple[float, float]]:
+    """``steps`` training steps of ``pm`` and of its Keras model; their losses."""
+    model, loss_fn = pm.model, pm.runtime.loss
+    optimizer = pm.runtime.optimizer.keras()
+    losses = []
+    for step in range(steps):
+        start = time.perf_counter()
+        got = pm.train_step(xs, y)
+        seconds = time.perf_counter() - start
+        with tf.GradientTape() as tape:
+            ref = loss_fn(y, call())
+        g = tape.gradient(ref, model.trainable_weights)
+        optimizer.apply_gradients([(gi, w) for gi, w in zip(g, model.trainable_weights)
+                                   if gi is not None])
+        losses.append((got, float(ref)))
+        if on_step is not None:
+            on_step(step, got, float(ref), seconds)
+    return losses
+
+
+def _weights_after(pm: Any, ref_g: Mapping[str, np.ndarray], noise: float) -> dict[str, Any]:
+    """The global weights of ``pm`` against its Keras model's, after the steps; ``noise``
+    is the largest gradient difference (Adam's ill-conditioned elements, see
+    :func:`_adam_compare`)."""
+    from tapas.execution.runtime import Adam
+    weights = pm.global_weights()
+    by_path = {w.path: w for w in pm.model.weights}
+    refs = {p: by_path[p].numpy() for p in weights}
+    scale = max((float(np.abs(v).max()) for v in refs.values() if v.size), default=0.0)
+    adam = isinstance(pm.runtime.optimizer, Adam)
+    return _worst({p: _adam_compare(v, refs[p], ref_g.get(p), noise, scale) if adam
+                   else compare(v, refs[p], scale=scale) for p, v in weights.items()})
