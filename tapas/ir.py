@@ -169,7 +169,8 @@ class WeightInfo:
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> WeightInfo:
-        return WeightInfo(d["path"], tuple(d["shape"]), d["dtype"], d["trainable"], d["placeholder"])
+        return WeightInfo(d["path"], tuple(d["shape"]), d["dtype"], d["trainable"],
+                          d["placeholder"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,7 +48,8 @@ def check_positive(name: str, value: object, unit: str, fix: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Link:
-    """A network link: ``bandwidth`` in bytes/s per direction, ``latency`` (alpha') in s per hop."""
+    """A network link: ``bandwidth`` in bytes/s per direction, ``latency`` (alpha') in s per
+    hop."""
 
     bandwidth: float
     latency: float

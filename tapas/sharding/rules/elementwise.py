@@ -104,4 +104,5 @@ def bias_add(op: OpInfo, ctx: OpContext) -> OpSpec:
 def softmax(op: OpInfo, ctx: OpContext) -> OpSpec:
     """Softmax, LogSoftmax: elementwise, but the softmax (last) axis is never split."""
     spec = elementwise(op, ctx, [0], ())
-    return dataclasses.replace(spec, no_split=frozenset({spec.inputs[0][-1]}))  # type: ignore[index]
+    last = spec.inputs[0][-1]  # type: ignore[index]
+    return dataclasses.replace(spec, no_split=frozenset({last}))

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 from tapas.ir import OpInfo
-from tapas.sharding.rules.spec import Fresh, Labels, OpContext, OpSpec, Shape, axis, broadcast, rank
+from tapas.sharding.rules.spec import (Fresh, Labels, OpContext, OpSpec, Shape, axis, broadcast,
+                                       rank)
 
 SQUEEZE = ("Squeeze", "ExpandDims")
 TRANSPOSE = ("Transpose", "ConjugateTranspose")

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from tapas.ir import OpInfo
 
-__all__ = ["Labels", "Shape", "Reduction", "FlopsKind", "OpSpec", "OpContext", "Rule", "Fresh", "rank", "axis", "axes",
-           "broadcast", "data_format_axes"]
+__all__ = ["Labels", "Shape", "Reduction", "FlopsKind", "OpSpec", "OpContext", "Rule", "Fresh",
+           "rank", "axis", "axes", "broadcast", "data_format_axes"]
 
 Labels = tuple[str, ...]
 Shape = tuple[int, ...]

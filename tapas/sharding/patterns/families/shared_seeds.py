@@ -119,7 +119,8 @@ def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
         pl = tuple(_label_placement(t, lab, op, names, spec) for t in ctx.node.inputs)
         if not any(isinstance(p, Split) for p in pl):
             continue
-        in_all = all(lab in (labs or ()) for labs in spec.inputs) and lab in (spec.outputs[0] or ())
+        in_all = (all(lab in (labs or ()) for labs in spec.inputs)
+                  and lab in (spec.outputs[0] or ()))
         first = spec.inputs[0] or ()
         if in_all and first and first[0] == lab:
             name, family = "batch", Family.BATCH
