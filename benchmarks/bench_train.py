@@ -41,8 +41,8 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> None:
     del argv
-    from tapas.execution import runtime
-    runtime.setup_devices(FLAGS.devices, "cpu")
+    from tapas.execution import devices, optimizers
+    devices.setup_devices(FLAGS.devices, "cpu")
     import tensorflow as tf
 
     from tapas import capturing, models
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
     from tapas.planning.cost import Cluster
     logging.set_verbosity(logging.WARNING)
     n = FLAGS.devices
-    strategy = runtime.make_strategy(n)
+    strategy = devices.make_strategy(n)
     rows = []
     for name in FLAGS.models:
         entry = models.get(name)
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> None:
         specs = list(entry.input_spec(FLAGS.batch_size))
         initial = [w.numpy() for w in model.weights]
         loss_fn = entry.keras_loss()
-        opt = runtime.SGD().keras()
+        opt = optimizers.SGD().keras()
         inputs = [tf.constant(x) for x in xs]
 
         @tf.function

@@ -28,11 +28,12 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tapas.execution import runtime as rt# noqa: E402
+from tapas.execution import devices, optimizers  # noqa: E402
+from tapas.execution import runtime as rt  # noqa: E402
 
 JOB = json.loads(sys.argv[1])
-if rt.tf_config() is None:
-    rt.setup_devices(JOB["devices"], "cpu")
+if devices.tf_config() is None:
+    devices.setup_devices(JOB["devices"], "cpu")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -128,7 +129,7 @@ def make_runtime(strategy: Any, model: keras.Model, layout: str, optimizer: str,
                  lr: float = 0.1) -> rt.Runtime:
     values = {w.path: w.numpy() for w in model.weights}
     return rt.Runtime(HandMLP(model, strategy.num_replicas_in_sync, layout), strategy, values,
-                      SPEC, optimizer=rt.make_optimizer(optimizer, lr), loss=LOSS,
+                      SPEC, optimizer=optimizers.make_optimizer(optimizer, lr), loss=LOSS,
                       collectives=lambda function: Megatron())
 
 
@@ -275,8 +276,8 @@ def check_bad_inputs(strategy: Any) -> dict[str, Any]:
     r = make_runtime(strategy, model, "megatron", "sgd")
     out["input_shape"] = attempt(lambda: r.train_step([np.zeros((3, D_IN), "float32")],
                                                      np.zeros(3, "int64")))
-    out["too_many_devices"] = attempt(lambda: rt.setup_devices(n + 8, "cpu"))
-    out["optimizer"] = attempt(lambda: rt.make_optimizer("rmsprop"))
+    out["too_many_devices"] = attempt(lambda: devices.setup_devices(n + 8, "cpu"))
+    out["optimizer"] = attempt(lambda: optimizers.make_optimizer("rmsprop"))
     # strategies searched for another device count / another model
     from tapas import capturing
     from tapas.execution import parallel
@@ -512,7 +513,7 @@ CHECKS = {"property": check_property, "zoo": check_zoo, "mlp": check_mlp,
 
 
 def main() -> None:
-    strategy = rt.make_strategy(None if rt.tf_config() else JOB["devices"],
+    strategy = devices.make_strategy(None if devices.tf_config() else JOB["devices"],
                                 join_timeout_s=JOB.get("join_timeout_s", 60.0))
     print("JOINED", flush=True)
     for name in JOB["checks"]:

@@ -8,7 +8,7 @@ Out: :class:`WorkerResult` per worker (exit code, output), or :class:`LaunchErro
 :class:`JoinWatchdog` bounds how long a worker waits for the others to join.
 
 Each worker gets ``TF_CONFIG`` with a cluster of K free loopback ports and its own task
-index (``tapas.execution.runtime.make_strategy`` reads it). Workers run in their own process groups;
+index (``tapas.execution.devices.make_strategy`` reads it). Workers run in their own process groups;
 when one fails, when the deadline passes, or when the caller is interrupted, every worker
 still running is terminated, then killed — only these processes, by their own ids.
 This module imports no TensorFlow.

@@ -16,10 +16,10 @@ cluster of N devices) -> checks (the strategy fits this graph and this device co
 split divides) -> ``tapas.execution.reconstruct.Program`` -> ``tapas.execution.runtime.Runtime``.
 
 Logical CPU devices must be configured before TensorFlow runs any op, so call
-``tapas.execution.runtime.setup_devices(N)`` before building the Keras model (the ``tapas train``
+``tapas.execution.devices.setup_devices(N)`` before building the Keras model (the ``tapas train``
 command does)::
 
-    tapas.execution.runtime.setup_devices(4)
+    tapas.execution.devices.setup_devices(4)
     model = build_model()
     pm = tapas.parallelize(model, spec, devices=4, optimizer="adam", loss=loss)
     pm.train_step(x, y)
@@ -35,7 +35,8 @@ import numpy as np
 import tensorflow as tf
 
 from tapas import capturing
-from tapas.execution import runtime, verify
+from tapas.execution import optimizers, runtime, verify
+from tapas.execution.devices import make_strategy
 from tapas.execution.audit import AuditReport, predicted_comm_list
 from tapas.planning.cost import Cluster
 
@@ -126,7 +127,7 @@ def _as_list(x: Any) -> list:
 def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                 devices: int | None = None,
                 distribute_strategy: tf.distribute.Strategy | None = None,
-                optimizer: str | runtime.Optimizer = "sgd", learning_rate: float | None = None,
+                optimizer: str | optimizers.Optimizer = "sgd", learning_rate: float | None = None,
                 loss: Any = None, training: bool = False, cluster: Cluster | None = None,
                 search_options: Mapping[str, Any] | None = None) -> ParallelModel:
     """Capture ``model``, choose or check the strategy, reconstruct and place it on devices.
@@ -145,7 +146,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         if devices is None:
             raise ValueError("give devices=N (a MirroredStrategy over N local devices) or "
                              "distribute_strategy=<tf.distribute strategy>")
-        distribute_strategy = runtime.make_strategy(devices)
+        distribute_strategy = make_strategy(devices)
     n = int(distribute_strategy.num_replicas_in_sync)
     if devices is not None and devices != n:
         raise ValueError(f"devices={devices} but distribute_strategy has {n} replicas; give one "
@@ -187,6 +188,6 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     values = {w.path: w.numpy() for w in model.weights if w.path in program.weight_layouts}
     start = time.perf_counter()
     rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
-                         optimizer=runtime.make_optimizer(optimizer, learning_rate), loss=loss)
+                         optimizer=optimizers.make_optimizer(optimizer, learning_rate), loss=loss)
     timings["shard"] = time.perf_counter() - start
     return ParallelModel(model, trace, graph, strategy, program, rt, timings, training)

@@ -14,7 +14,7 @@ How each op is re-created:
   weight takes the caller's local shard (a variable is read with ``read_value``, so tapes
   watch it);
 * every other op is replayed with its original type and attributes
-  (``tapas._tf_internal.replay_op``) on the local inputs; shapes are re-inferred. Ops whose
+  (``tapas.execution.replay.replay_op``) on the local inputs; shapes are re-inferred. Ops whose
   inputs carry a shape (``Reshape``, ``BroadcastTo``, ``Fill``) get the *local* shape,
   computed from the global shape in the IR and the op output's placement in the
   pattern's ``tensors``;
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution import replay as _tf_internal
+from tapas.execution import replay
 from tapas import ir
 from tapas.sharding import placements
 # the audit of a Program lives in tapas.execution.audit, the comparison with one device in
@@ -565,8 +565,8 @@ class _Run:
         per_replica = []
         for r in range(self.n_local):
             try:
-                per_replica.append(_tf_internal.replay_op(tf_op, [x[r] for x in ins]))
-            except _tf_internal.ReplayError as err:
+                per_replica.append(replay.replay_op(tf_op, [x[r] for x in ins]))
+            except replay.ReplayError as err:
                 raise ReconstructError(f"{label}: {err}") from err
         n_out = len(op.outputs)
         if rule == "partial-mean":  # the mean over all devices is the sum of local means / N

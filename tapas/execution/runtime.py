@@ -1,8 +1,9 @@
 """Runtime: train and run a per-replica program under ``tf.distribute`` (paper 4.5).
 
 In:  a *per-replica program* (``tapas.execution.reconstruct.Program``, or any object with the same
-     protocol, below), a ``tf.distribute`` strategy over N devices, an optimizer (:class:`SGD`,
-     :class:`Adam`) and a Keras loss.
+     protocol, below), a ``tf.distribute`` strategy over N devices
+     (``tapas.execution.devices``), an optimizer (``tapas.execution.optimizers``: SGD, Adam)
+     and a Keras loss.
 Out: :class:`Runtime`, which holds every weight as per-device shards and runs training steps,
      ``predict``, checkpoints, and writes the global weights back into the Keras model.
 
@@ -16,11 +17,11 @@ The program protocol (``docs/sharding.md``; ``tapas.execution.reconstruct`` impl
         # inputs:  [[local tensor]] per model input;   weights: {path: [local variable]}
         # returns: [[local tensor]] per model output  (one local replica per strategy.run call)
 
-How it maps onto TensorFlow (``../shared/TF-FACTS.md``):
+How it maps onto TensorFlow:
 
-* Devices: N logical CPU devices (set once per process, :func:`setup_devices`) or the GPUs
+* Devices: N logical CPU devices (set once per process, ``devices.setup_devices``) or the GPUs
   present; ``MirroredStrategy`` over them, or ``MultiWorkerMirroredStrategy`` when ``TF_CONFIG``
-  names several workers (:func:`make_strategy`). The training code is the same for both.
+  names several workers (``tapas.execution.devices.make_strategy``). The training code is the same for both.
 * Weights: every replica holds its shard as a plain ``tf.Variable`` created under
   ``tf.device`` (not mirrored); the shards reach the replicas through
   ``strategy.experimental_distribute_values_from_function``. Optimizer slots are sharded
@@ -49,9 +50,6 @@ How it maps onto TensorFlow (``../shared/TF-FACTS.md``):
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -59,18 +57,19 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution import launch
+from tapas.execution import checkpoints
+# setup_devices, make_strategy and tf_config stay importable from here for their older
+# callers (tests/test_layers.py, tapas/cli.py)
+from tapas.execution.devices import (local_replica_ids, make_strategy, setup_devices,  # noqa: F401
+                                     task_id, tf_config)
+from tapas.execution.optimizers import Optimizer, make_optimizer
 from tapas.execution.reconstruct import WeightLayout
 from tapas.sharding.placements import Partial, Replica, Split, parse_placement
 
-__all__ = ["setup_devices", "make_strategy", "tf_config", "StepError",
-           "SGD", "Adam", "make_optimizer", "Runtime",
-           "CHECKPOINT_META"]
+__all__ = ["Runtime", "StepError", "setup_devices", "make_strategy", "tf_config"]
 
-CHECKPOINT_META = "tapas-checkpoint.json"
 # Keras loss reductions the runtime reproduces (no sample weights): a sum, or a sum / count
 _REDUCTIONS = frozenset({"sum", "sum_over_batch_size", "mean", "mean_with_sample_weight"})
-_FORMAT = "tapas-checkpoint-1"
 # the output activations whose logits a program hands to the loss (tapas.execution.reconstruct:
 # LOGIT_ACTIVATIONS), recomputed after the logits are gathered for the loss
 _ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
@@ -79,106 +78,6 @@ _ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
 
 class StepError(RuntimeError):
     """A training step failed; weights, optimizer slots and the step counter are unchanged."""
-
-
-# ---- devices and strategies -----------------------------------------------------------------
-
-def setup_devices(num_devices: int, device_type: str = "auto") -> list[str]:
-    """Names of ``num_devices`` devices for a ``MirroredStrategy``.
-
-    ``device_type`` "auto" takes GPUs when at least ``num_devices`` are present, else splits the
-    CPU into logical devices; "cpu"/"gpu" force one. Logical CPU devices can be configured only
-    before TensorFlow initialises its runtime, once per process: a later call that needs more
-    devices than the process has raises ``RuntimeError`` with the fix.
-    """
-    if num_devices < 1:
-        raise ValueError(f"num_devices={num_devices}: need at least 1 device")
-    if device_type not in ("auto", "cpu", "gpu"):
-        raise ValueError(f"device_type={device_type!r}: use 'auto', 'cpu' or 'gpu'")
-    gpus = tf.config.list_physical_devices("GPU")
-    if device_type != "cpu" and len(gpus) >= num_devices:
-        return [d.name for d in tf.config.list_logical_devices("GPU")[:num_devices]]
-    if device_type == "gpu":
-        raise RuntimeError(f"{num_devices} GPUs requested, {len(gpus)} present; use fewer "
-                           "devices or device_type='cpu' (logical CPU devices)")
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    configured = tf.config.get_logical_device_configuration(cpu)
-    if configured is None or len(configured) < num_devices:
-        try:
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
-        except RuntimeError:
-            pass  # runtime already initialised: checked below
-    logical = tf.config.list_logical_devices("CPU")
-    if len(logical) < num_devices:
-        raise RuntimeError(
-            f"this process already initialised TensorFlow with {len(logical)} logical CPU "
-            f"device(s), {num_devices} are needed: logical devices are fixed once per process. "
-            f"Call tapas.execution.runtime.setup_devices({num_devices}) before any TensorFlow op, or run "
-            "in a fresh process")
-    return [d.name for d in logical[:num_devices]]
-
-
-def tf_config() -> dict[str, Any] | None:
-    """The parsed ``TF_CONFIG`` environment variable when it names more than one task."""
-    text = os.environ.get("TF_CONFIG", "")
-    if not text.strip():
-        return None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"TF_CONFIG is not JSON ({e}): {text[:200]!r}") from None
-    cluster = cfg.get("cluster", {})
-    tasks = sum(len(v) for k, v in cluster.items() if k in ("chief", "worker"))
-    if tasks <= 1:
-        return None
-    if "task" not in cfg:
-        raise ValueError("TF_CONFIG has a cluster but no 'task' ({'type': 'worker', 'index': i})")
-    return cfg
-
-
-def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
-                  join_timeout_s: float = 60.0,
-                  collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
-    """``MultiWorkerMirroredStrategy`` when ``TF_CONFIG`` names several workers, else a
-    ``MirroredStrategy`` over :func:`setup_devices` (``num_devices``).
-
-    With ``TF_CONFIG`` each worker uses its one CPU (or its GPUs) and N is the number of
-    workers times local devices; ``num_devices``, when given, must equal that N. If the
-    cluster has not formed within ``join_timeout_s`` a watchdog prints which worker never
-    joined and ends this process (``tapas.execution.launch.JoinWatchdog``: TF holds the GIL while it
-    waits, so nothing in this process can raise); ``collective_timeout_s`` bounds every
-    collective afterwards (a worker dying).
-    """
-    cfg = tf_config()
-    if cfg is None:
-        return tf.distribute.MirroredStrategy(setup_devices(num_devices or 1, device_type))
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
-        timeout_seconds=collective_timeout_s)
-    watchdog = launch.JoinWatchdog(cfg, join_timeout_s) if join_timeout_s else None
-    try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    finally:
-        if watchdog is not None:
-            watchdog.cancel()
-    if num_devices is not None and strategy.num_replicas_in_sync != num_devices:
-        raise ValueError(f"TF_CONFIG gives {strategy.num_replicas_in_sync} replicas "
-                         f"(workers x local devices) but num_devices={num_devices}; make them "
-                         "equal or leave num_devices out")
-    return strategy
-
-
-def _local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
-    local = len(strategy.extended.worker_devices)
-    resolver = getattr(strategy, "cluster_resolver", None)
-    task = int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
-    return [task * local + i for i in range(local)]
-
-
-def _task_id(strategy: tf.distribute.Strategy) -> int:
-    resolver = getattr(strategy, "cluster_resolver", None)
-    return int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
 
 
 def _placed(x: tf.Tensor) -> tf.Tensor:
@@ -198,95 +97,6 @@ def _axis(placement: Any) -> int | None:
         raise ValueError("a weight, input or output cannot be placed P (partial sums): "
                          "patterns reduce their partial sums inside the node")
     return p.axis if isinstance(p, Split) else None
-
-
-# ---- optimizers ---------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class SGD:
-    """``keras.optimizers.SGD`` on shards: same hyper-parameters, same arithmetic."""
-
-    learning_rate: float = 0.01
-    momentum: float = 0.0
-    nesterov: bool = False
-
-    name = "sgd"
-
-    @property
-    def slot_names(self) -> tuple[str, ...]:
-        return ("momentum",) if self.momentum else ()
-
-    def keras(self) -> Any:
-        import keras
-        return keras.optimizers.SGD(self.learning_rate, momentum=self.momentum,
-                                    nesterov=self.nesterov)
-
-    def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
-               step: tf.Tensor, grad_square: tf.Tensor | None = None
-               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """(new variable value, new slot values) for one weight; ``step`` counts from 1."""
-        lr = tf.cast(self.learning_rate, var.dtype)
-        grad = tf.cast(grad, var.dtype)
-        if not self.momentum:
-            return var - grad * lr, {}
-        momentum = tf.cast(self.momentum, var.dtype)
-        m = slots["momentum"] * momentum - grad * lr
-        if self.nesterov:
-            return var + (m * momentum - grad * lr), {"momentum": m}
-        return var + m, {"momentum": m}
-
-
-@dataclasses.dataclass(frozen=True)
-class Adam:
-    """``keras.optimizers.Adam`` on shards (Keras 3 bias correction folded into the step
-    size, epsilon added to sqrt(v)): same hyper-parameters, same arithmetic."""
-
-    learning_rate: float = 0.001
-    beta_1: float = 0.9
-    beta_2: float = 0.999
-    epsilon: float = 1e-7
-
-    name = "adam"
-    slot_names = ("momentum", "velocity")
-
-    def keras(self) -> Any:
-        import keras
-        return keras.optimizers.Adam(self.learning_rate, beta_1=self.beta_1,
-                                     beta_2=self.beta_2, epsilon=self.epsilon)
-
-    def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
-               step: tf.Tensor, grad_square: tf.Tensor | None = None
-               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """``grad_square``: what Keras squares for the second moment. For a sparse
-        (``IndexedSlices``) gradient Keras squares each slice *before* summing duplicate
-        rows (``keras.ops.square`` maps over the slices), which is not ``square(grad)``."""
-        dtype = var.dtype
-        lr = tf.cast(self.learning_rate, dtype)
-        grad = tf.cast(grad, dtype)
-        local_step = tf.cast(step, dtype)
-        beta_1_power = tf.pow(tf.cast(self.beta_1, dtype), local_step)
-        beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), local_step)
-        m, v = slots["momentum"], slots["velocity"]
-        alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
-        m = m + (grad - m) * (1 - self.beta_1)
-        squared = tf.square(grad) if grad_square is None else tf.cast(grad_square, dtype)
-        v = v + (squared - v) * (1 - self.beta_2)
-        return var - (m * alpha) / (tf.sqrt(v) + self.epsilon), {"momentum": m, "velocity": v}
-
-
-Optimizer = SGD | Adam
-
-
-def make_optimizer(name: str | Optimizer, learning_rate: float | None = None) -> Optimizer:
-    """:class:`SGD` or :class:`Adam` from a name ("sgd", "adam") and a learning rate."""
-    if isinstance(name, (SGD, Adam)):
-        return name
-    kinds = {"sgd": SGD, "adam": Adam}
-    if not isinstance(name, str) or name.lower() not in kinds:
-        raise ValueError(f"optimizer={name!r}: use 'sgd' or 'adam' (or a tapas.execution.runtime.SGD / "
-                         "Adam instance)")
-    cls = kinds[name.lower()]
-    return cls() if learning_rate is None else cls(learning_rate=learning_rate)
 
 
 # ---- the runtime ------------------------------------------------------------------------------
@@ -340,8 +150,8 @@ class Runtime:
                                             bool(layout.trainable))
         self.paths = list(self.specs)
         self.trainable_paths = [p for p in self.paths if self.specs[p].trainable]
-        self.local_replicas = _local_replica_ids(strategy)
-        self.task_id = _task_id(strategy)
+        self.local_replicas = local_replica_ids(strategy)
+        self.task_id = task_id(strategy)
         devices = list(strategy.extended.worker_devices)
         self._device = dict(zip(self.local_replicas, devices))
         self._vars: dict[int, dict[str, tf.Variable]] = {}
@@ -721,33 +531,10 @@ class Runtime:
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def _checkpoint(self) -> tf.train.Checkpoint:
-        index = {p: k for k, p in enumerate(self.paths)}
-        replicas = {}
-        for r in self.local_replicas:
-            objs = {f"w{index[p]}": v for p, v in self._vars[r].items()}
-            for p, slots in self._slots[r].items():
-                objs.update({f"w{index[p]}_{k}": v for k, v in slots.items()})
-            replicas[f"r{r}"] = tf.train.Checkpoint(**objs)
-        return tf.train.Checkpoint(iterations=self.iterations, **replicas)
-
-    def layout(self) -> dict[str, Any]:
-        """The JSON description of this layout written next to a checkpoint."""
-        return {"format": _FORMAT, "num_devices": self.num_devices,
-                "optimizer": dataclasses.asdict(self.optimizer) | {"name": self.optimizer.name},
-                "weights": [{"path": s.path, "shape": list(s.global_shape),
-                             "placement": str(s.placement), "trainable": s.trainable,
-                             "dtype": s.dtype} for s in self.specs.values()]}
-
     def save(self, path: str) -> str:
-        """Write shards, optimizer slots and the step counter under directory ``path``."""
-        os.makedirs(path, exist_ok=True)
-        self._checkpoint().write(os.path.join(path, f"task{self.task_id}"))
-        if self.task_id == 0:
-            with open(os.path.join(path, CHECKPOINT_META), "w") as f:
-                json.dump(self.layout(), f, indent=1)
-        self._barrier()   # every worker's file exists when save returns, on every worker
-        return path
+        """Write shards, optimizer slots and the step counter under directory ``path``
+        (``tapas.execution.checkpoints.save``)."""
+        return checkpoints.save(self, path)
 
     def _barrier(self) -> None:
         """Wait for every worker (a scalar all-reduce); nothing to wait for in one process."""
@@ -762,67 +549,6 @@ class Runtime:
 
     def restore(self, path: str) -> str:
         """Load a checkpoint written by :meth:`save`: directly when the layout is this one,
-        else by reassembling each weight and slot from the old shards and cutting it again.
-        Returns "direct" or "resharded"."""
-        meta_path = os.path.join(path, CHECKPOINT_META)
-        if not os.path.exists(meta_path):
-            raise FileNotFoundError(f"{path}: no {CHECKPOINT_META}; is it a directory written "
-                                    "by ParallelModel.save / Runtime.save?")
-        with open(meta_path) as f:
-            meta = json.load(f)
-        old = {w["path"]: w for w in meta["weights"]}
-        missing = sorted(set(self.paths) - set(old))
-        extra = sorted(set(old) - set(self.paths))
-        if missing or extra:
-            raise ValueError(f"checkpoint {path} holds other weights: missing {missing[:3]}, "
-                             f"unexpected {extra[:3]}; it was written for another model")
-        for p in self.paths:
-            if tuple(old[p]["shape"]) != self.specs[p].global_shape:
-                raise ValueError(f"checkpoint {path}: weight '{p}' has shape {old[p]['shape']}, "
-                                 f"this model's is {list(self.specs[p].global_shape)}")
-        old_opt = meta["optimizer"]["name"]
-        if old_opt != self.optimizer.name and self.optimizer.slot_names:
-            raise ValueError(f"checkpoint {path} was written with optimizer '{old_opt}', this "
-                             f"runtime uses '{self.optimizer.name}', whose slots it lacks; "
-                             f"restore with optimizer='{old_opt}'")
-        same = (meta["num_devices"] == self.num_devices and old_opt == self.optimizer.name
-                and all(old[p]["placement"] == str(self.specs[p].placement) for p in self.paths)
-                and [w["path"] for w in meta["weights"]] == self.paths
-                and os.path.exists(os.path.join(path, f"task{self.task_id}.index")))
-        if same:
-            self._checkpoint().read(os.path.join(path, f"task{self.task_id}")) \
-                .assert_existing_objects_matched()
-            return "direct"
-        self._restore_resharded(path, meta)
-        return "resharded"
-
-    def _restore_resharded(self, path: str, meta: Mapping[str, Any]) -> None:
-        readers = [tf.train.load_checkpoint(os.path.join(path, f[:-len(".index")]))
-                   for f in sorted(os.listdir(path)) if f.endswith(".index")]
-        keys: dict[str, Any] = {}
-        for reader in readers:
-            for key in reader.get_variable_to_shape_map():
-                keys[key] = reader
-        n_old = int(meta["num_devices"])
-
-        def read(k: int, suffix: str, placement: str) -> np.ndarray:
-            parts = []
-            for r in range(n_old if _axis(placement) is not None else 1):
-                key = f"r{r}/w{k}{suffix}/.ATTRIBUTES/VARIABLE_VALUE"
-                if key not in keys:
-                    raise ValueError(f"checkpoint {path} lacks the shard {key}: a worker's file "
-                                     "is missing")
-                parts.append(keys[key].get_tensor(key))
-            return parse_placement(placement).unshard(parts)
-
-        values, slots = {}, {k: {} for k in self.optimizer.slot_names}
-        same_opt = meta["optimizer"]["name"] == self.optimizer.name
-        for k, w in enumerate(meta["weights"]):
-            values[w["path"]] = read(k, "", w["placement"])
-            if w["path"] in self.trainable_paths and same_opt:
-                for s in self.optimizer.slot_names:
-                    slots[s][w["path"]] = read(k, f"_{s}", w["placement"])
-        self.set_global_weights(values, slots)
-        step_key = "iterations/.ATTRIBUTES/VARIABLE_VALUE"
-        self.iterations.assign(int(keys[step_key].get_tensor(step_key)) if step_key in keys
-                               else 0)
+        else by reassembling each weight and slot from the old shards and cutting it again
+        (``tapas.execution.checkpoints.restore``). Returns "direct" or "resharded"."""
+        return checkpoints.restore(self, path)

@@ -52,19 +52,45 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         raise TrainError(f"--steps={opts.steps}: need at least 1 step")
     if opts.workers and not os.environ.get("TF_CONFIG"):
         return _launch_workers(opts)
-    from tapas.execution import runtime
+    from tapas.execution import devices
     timings: dict[str, float] = {}
     start = time.perf_counter()
     # devices first: logical CPU devices must exist before TensorFlow runs any op
-    distribute = runtime.make_strategy(None if runtime.tf_config() else opts.devices)
-    n = distribute.num_replicas_in_sync
+    distribute = devices.make_strategy(None if devices.tf_config() else opts.devices)
     timings["devices"] = time.perf_counter() - start
     chief = _is_chief(distribute)
     say = print if chief else (lambda *a, **k: None)
+    pm, name, xs, y = _parallelize(opts, distribute, timings, say)
+    n = distribute.num_replicas_in_sync
+    workers = n // len(distribute.extended.worker_devices)
+    report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
+                              "optimizer": opts.optimizer, "batch": int(len(y))}
+    check = _run_steps(opts, pm, list(xs), y, report, say)
+    timings.update({f"trace_{k}": v for k, v in pm.runtime.trace_seconds.items()})
+    audit = pm.audit()
+    report["audit"] = audit.to_json()
+    say("\ncollectives in one training step (program vs the strategy's prediction):")
+    say(audit.table())
+    if check is not None:
+        _say_verify(check, say)
+    report["timings"] = {k: round(v, 4) for k, v in timings.items()}
+    say("\nphase timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
+    if opts.json_out and chief:
+        _write_json(opts.json_out, report)
+    if check is not None and not check["ok"]:
+        raise TrainError("verify failed: the parallel program differs from the single-device "
+                         "model (see the table above)")
+    return report
 
+
+def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
+                 say: Any) -> tuple[Any, str, Any, Any]:
+    """The zoo model built and parallelized under ``distribute`` with the strategy of
+    ``opts``; returns the ParallelModel, the model name and its synthetic batch (xs, y)."""
     from tapas import models
     from tapas.execution import parallel, reconstruct
     from tapas.planning.cost import Cluster
+    n = distribute.num_replicas_in_sync
     name = opts.model or models.DEFAULT_MODEL
     try:
         entry = models.get(name)
@@ -103,10 +129,13 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
     say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != 'replicate')} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
+    return pm, name, xs, y
 
-    workers = n // len(distribute.extended.worker_devices)
-    report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
-                              "optimizer": opts.optimizer, "batch": int(len(y))}
+
+def _run_steps(opts: TrainOptions, pm: Any, xs: list, y: Any, report: dict[str, Any],
+               say: Any) -> dict[str, Any] | None:
+    """``opts.steps`` training steps (side by side with Keras when ``opts.verify``), their
+    losses, times and throughput into ``report``; returns the verify report, if any."""
     say(f"\n{'step':>4} {'loss':>12} {'keras loss':>12} {'seconds':>9}")
     step_times: list[float] = []
 
@@ -115,18 +144,18 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         ref_text = f"{ref:>12.6f}" if ref is not None else f"{'':>12}"
         say(f"{step + 1:>4} {loss:>12.6f} {ref_text} {seconds:>9.3f}")
 
+    check = None
     if opts.verify:
-        check = pm.verify(list(xs), y, steps=opts.steps, on_step=on_step)
+        check = pm.verify(xs, y, steps=opts.steps, on_step=on_step)
         report["verify"] = check
         report["losses"] = [a for a, _ in check["losses"]]
     else:
         losses = []
         for step in range(opts.steps):
             t = time.perf_counter()
-            losses.append(pm.train_step(list(xs), y))
+            losses.append(pm.train_step(xs, y))
             on_step(step, losses[-1], None, time.perf_counter() - t)
         report["losses"] = losses
-    timings.update({f"trace_{k}": v for k, v in pm.runtime.trace_seconds.items()})
     later = step_times[1:]
     report["step_seconds"] = step_times
     if later:
@@ -134,32 +163,24 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         report["throughput_examples_per_s"] = len(y) / mean
         say(f"\nstep time {mean:.3f} s after the first (first step, with tracing: "
             f"{step_times[0]:.2f} s); throughput {len(y) / mean:.1f} examples/s")
-    audit = pm.audit()
-    report["audit"] = audit.to_json()
-    say("\ncollectives in one training step (program vs the strategy's prediction):")
-    say(audit.table())
-    if opts.verify:
-        say("\nverify against the single-device Keras model (rtol 1e-5, atol 1e-5 x the "
-            "largest reference magnitude of each quantity: outputs, all gradients, all "
-            "weights):")
-        for what in ("outputs", "loss", "gradients", "step_losses", "weights"):
-            r = check[what]
-            worst = f"  (worst: {r['worst']})" if r.get("worst") else ""
-            if r.get("ill_conditioned"):
-                worst += (f"; {r['ill_conditioned']} elements with gradient within rounding "
-                          f"noise excluded (Adam moves them +-lr; max |diff| there "
-                          f"{r['max_abs_diff_all']:.1e})")
-            say(f"  {what:<12} max |diff| {r['max_abs_diff']:.3e}  "
-                f"{'ok' if r['ok'] else 'MISMATCH'}{worst}")
-        say("verify: " + ("PASSED" if check["ok"] else "FAILED"))
-    report["timings"] = {k: round(v, 4) for k, v in timings.items()}
-    say("\nphase timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
-    if opts.json_out and chief:
-        _write_json(opts.json_out, report)
-    if opts.verify and not check["ok"]:
-        raise TrainError("verify failed: the parallel program differs from the single-device "
-                         "model (see the table above)")
-    return report
+    return check
+
+
+def _say_verify(check: dict[str, Any], say: Any) -> None:
+    """The verify table: per quantity, the largest difference and whether it is ok."""
+    say("\nverify against the single-device Keras model (rtol 1e-5, atol 1e-5 x the "
+        "largest reference magnitude of each quantity: outputs, all gradients, all "
+        "weights):")
+    for what in ("outputs", "loss", "gradients", "step_losses", "weights"):
+        r = check[what]
+        worst = f"  (worst: {r['worst']})" if r.get("worst") else ""
+        if r.get("ill_conditioned"):
+            worst += (f"; {r['ill_conditioned']} elements with gradient within rounding "
+                      f"noise excluded (Adam moves them +-lr; max |diff| there "
+                      f"{r['max_abs_diff_all']:.1e})")
+        say(f"  {what:<12} max |diff| {r['max_abs_diff']:.3e}  "
+            f"{'ok' if r['ok'] else 'MISMATCH'}{worst}")
+    say("verify: " + ("PASSED" if check["ok"] else "FAILED"))
 
 
 def _is_chief(distribute: Any) -> bool:

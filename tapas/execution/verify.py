@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tapas import ir
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
+from tapas.execution.optimizers import Adam
 from tapas.sharding.placements import Placement, Split
 
 __all__ = ["Difference", "Comparison", "compare_with_single_device", "compare",
@@ -295,7 +296,6 @@ def _weights_after(pm: Any, ref_g: Mapping[str, np.ndarray], noise: float) -> di
     """The global weights of ``pm`` against its Keras model's, after the steps; ``noise``
     is the largest gradient difference (Adam's ill-conditioned elements, see
     :func:`_adam_compare`)."""
-    from tapas.execution.runtime import Adam
     weights = pm.global_weights()
     by_path = {w.path: w for w in pm.model.weights}
     refs = {p: by_path[p].numpy() for p in weights}

@@ -1,0 +1,121 @@
+"""Devices and ``tf.distribute`` strategies for the runtime.
+
+In:  a device count and type ("auto", "cpu", "gpu"), and the ``TF_CONFIG`` environment
+     variable when several worker processes train together.
+Out: device names (:func:`setup_devices`: GPUs, or logical CPU devices), the parsed
+     ``TF_CONFIG`` (:func:`tf_config`), a ``MirroredStrategy`` or
+     ``MultiWorkerMirroredStrategy`` (:func:`make_strategy`), and which replicas this
+     process runs (:func:`local_replica_ids`, :func:`task_id`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import tensorflow as tf
+
+from tapas.execution import launch
+
+__all__ = ["setup_devices", "tf_config", "make_strategy", "local_replica_ids", "task_id"]
+
+
+def setup_devices(num_devices: int, device_type: str = "auto") -> list[str]:
+    """Names of ``num_devices`` devices for a ``MirroredStrategy``.
+
+    ``device_type`` "auto" takes GPUs when at least ``num_devices`` are present, else splits the
+    CPU into logical devices; "cpu"/"gpu" force one. Logical CPU devices can be configured only
+    before TensorFlow initialises its runtime, once per process: a later call that needs more
+    devices than the process has raises ``RuntimeError`` with the fix.
+    """
+    if num_devices < 1:
+        raise ValueError(f"num_devices={num_devices}: need at least 1 device")
+    if device_type not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"device_type={device_type!r}: use 'auto', 'cpu' or 'gpu'")
+    gpus = tf.config.list_physical_devices("GPU")
+    if device_type != "cpu" and len(gpus) >= num_devices:
+        return [d.name for d in tf.config.list_logical_devices("GPU")[:num_devices]]
+    if device_type == "gpu":
+        raise RuntimeError(f"{num_devices} GPUs requested, {len(gpus)} present; use fewer "
+                           "devices or device_type='cpu' (logical CPU devices)")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(cpu)
+    if configured is None or len(configured) < num_devices:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+        except RuntimeError:
+            pass  # runtime already initialised: checked below
+    logical = tf.config.list_logical_devices("CPU")
+    if len(logical) < num_devices:
+        raise RuntimeError(
+            f"this process already initialised TensorFlow with {len(logical)} logical CPU "
+            f"device(s), {num_devices} are needed: logical devices are fixed once per process. "
+            f"Call tapas.execution.devices.setup_devices({num_devices}) before any TensorFlow op, or run "
+            "in a fresh process")
+    return [d.name for d in logical[:num_devices]]
+
+
+def tf_config() -> dict[str, Any] | None:
+    """The parsed ``TF_CONFIG`` environment variable when it names more than one task."""
+    text = os.environ.get("TF_CONFIG", "")
+    if not text.strip():
+        return None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"TF_CONFIG is not JSON ({e}): {text[:200]!r}") from None
+    cluster = cfg.get("cluster", {})
+    tasks = sum(len(v) for k, v in cluster.items() if k in ("chief", "worker"))
+    if tasks <= 1:
+        return None
+    if "task" not in cfg:
+        raise ValueError("TF_CONFIG has a cluster but no 'task' ({'type': 'worker', 'index': i})")
+    return cfg
+
+
+def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
+                  join_timeout_s: float = 60.0,
+                  collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
+    """``MultiWorkerMirroredStrategy`` when ``TF_CONFIG`` names several workers, else a
+    ``MirroredStrategy`` over :func:`setup_devices` (``num_devices``).
+
+    With ``TF_CONFIG`` each worker uses its one CPU (or its GPUs) and N is the number of
+    workers times local devices; ``num_devices``, when given, must equal that N. If the
+    cluster has not formed within ``join_timeout_s`` a watchdog prints which worker never
+    joined and ends this process (``tapas.execution.launch.JoinWatchdog``: TF holds the GIL while it
+    waits, so nothing in this process can raise); ``collective_timeout_s`` bounds every
+    collective afterwards (a worker dying).
+    """
+    cfg = tf_config()
+    if cfg is None:
+        return tf.distribute.MirroredStrategy(setup_devices(num_devices or 1, device_type))
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        timeout_seconds=collective_timeout_s)
+    watchdog = launch.JoinWatchdog(cfg, join_timeout_s) if join_timeout_s else None
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+    if num_devices is not None and strategy.num_replicas_in_sync != num_devices:
+        raise ValueError(f"TF_CONFIG gives {strategy.num_replicas_in_sync} replicas "
+                         f"(workers x local devices) but num_devices={num_devices}; make them "
+                         "equal or leave num_devices out")
+    return strategy
+
+
+def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
+    """The global ids of the replicas this process runs (all of them under one process)."""
+    local = len(strategy.extended.worker_devices)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task = int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
+    return [task * local + i for i in range(local)]
+
+
+def task_id(strategy: tf.distribute.Strategy) -> int:
+    """This worker's index under ``MultiWorkerMirroredStrategy``; 0 otherwise."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0

@@ -1,0 +1,105 @@
+"""The runtime's optimizers: Keras's SGD and Adam, applied to weight shards.
+
+In:  an optimizer name ("sgd", "adam") or instance and a learning rate; per weight shard
+     its value, its local gradient, its optimizer slots and the step number.
+Out: :class:`SGD` / :class:`Adam` (:func:`make_optimizer`), whose ``update`` gives the new
+     shard and slot values with Keras 3's arithmetic, op for op, and whose ``keras()`` is
+     the equivalent Keras optimizer (the single-device reference of ``verify``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = ["SGD", "Adam", "Optimizer", "make_optimizer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SGD:
+    """``keras.optimizers.SGD`` on shards: same hyper-parameters, same arithmetic."""
+
+    learning_rate: float = 0.01
+    momentum: float = 0.0
+    nesterov: bool = False
+
+    name = "sgd"
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        return ("momentum",) if self.momentum else ()
+
+    def keras(self) -> Any:
+        import keras
+        return keras.optimizers.SGD(self.learning_rate, momentum=self.momentum,
+                                    nesterov=self.nesterov)
+
+    def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
+               step: tf.Tensor, grad_square: tf.Tensor | None = None
+               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """(new variable value, new slot values) for one weight; ``step`` counts from 1."""
+        lr = tf.cast(self.learning_rate, var.dtype)
+        grad = tf.cast(grad, var.dtype)
+        if not self.momentum:
+            return var - grad * lr, {}
+        momentum = tf.cast(self.momentum, var.dtype)
+        m = slots["momentum"] * momentum - grad * lr
+        if self.nesterov:
+            return var + (m * momentum - grad * lr), {"momentum": m}
+        return var + m, {"momentum": m}
+
+
+@dataclasses.dataclass(frozen=True)
+class Adam:
+    """``keras.optimizers.Adam`` on shards (Keras 3 bias correction folded into the step
+    size, epsilon added to sqrt(v)): same hyper-parameters, same arithmetic."""
+
+    learning_rate: float = 0.001
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+
+    name = "adam"
+    slot_names = ("momentum", "velocity")
+
+    def keras(self) -> Any:
+        import keras
+        return keras.optimizers.Adam(self.learning_rate, beta_1=self.beta_1,
+                                     beta_2=self.beta_2, epsilon=self.epsilon)
+
+    def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
+               step: tf.Tensor, grad_square: tf.Tensor | None = None
+               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """``grad_square``: what Keras squares for the second moment. For a sparse
+        (``IndexedSlices``) gradient Keras squares each slice *before* summing duplicate
+        rows (``keras.ops.square`` maps over the slices), which is not ``square(grad)``."""
+        dtype = var.dtype
+        lr = tf.cast(self.learning_rate, dtype)
+        grad = tf.cast(grad, dtype)
+        local_step = tf.cast(step, dtype)
+        beta_1_power = tf.pow(tf.cast(self.beta_1, dtype), local_step)
+        beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), local_step)
+        m, v = slots["momentum"], slots["velocity"]
+        alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        m = m + (grad - m) * (1 - self.beta_1)
+        squared = tf.square(grad) if grad_square is None else tf.cast(grad_square, dtype)
+        v = v + (squared - v) * (1 - self.beta_2)
+        return var - (m * alpha) / (tf.sqrt(v) + self.epsilon), {"momentum": m, "velocity": v}
+
+
+Optimizer = SGD | Adam
+
+
+def make_optimizer(name: str | Optimizer, learning_rate: float | None = None) -> Optimizer:
+    """:class:`SGD` or :class:`Adam` from a name ("sgd", "adam") and a learning rate."""
+    if isinstance(name, (SGD, Adam)):
+        return name
+    kinds = {"sgd": SGD, "adam": Adam}
+    if not isinstance(name, str) or name.lower() not in kinds:
+        raise ValueError(f"optimizer={name!r}: use 'sgd' or 'adam' (or a "
+                         "tapas.execution.optimizers.SGD / Adam instance)")
+    cls = kinds[name.lower()]
+    return cls() if learning_rate is None else cls(learning_rate=learning_rate)
