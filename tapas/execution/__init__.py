@@ -6,7 +6,8 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
      collectives, a training step under MirroredStrategy / MultiWorkerMirroredStrategy,
      checkpoints, the collective audit and the comparison with the single-device model.
 
-* :mod:`tapas.execution.reconstruct`: Strategy -> per-replica program.
+* :mod:`tapas.execution.plan`: the sharding plan (a pattern per GraphNode), weight layouts.
+* :mod:`tapas.execution.reconstruct`: plan -> per-replica program.
 * :mod:`tapas.execution.collectives`: the collectives (simulated or ``ReplicaContext``).
 * :mod:`tapas.execution.gradients`: which tensors get a gradient in a training step.
 * :mod:`tapas.execution.audit`: the collectives a plan predicts against those recorded.

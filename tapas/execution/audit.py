@@ -1,6 +1,6 @@
 """The collective audit: what a plan predicts a training step runs, against what it ran.
 
-In:  a plan (a ``tapas.execution.reconstruct.Plan``, or a ``tapas.planning.search.Strategy``
+In:  a plan (a ``tapas.execution.plan.Plan``, or a ``tapas.planning.search.Strategy``
      with its resharding edges) and its :class:`tapas.ir.Graph`; the
      :class:`tapas.execution.collectives.CommRecord` s an ``Audit`` recorded.
 Out: the predicted ``tapas.sharding.placements.Comm`` s (:func:`predicted_comm_list`), the
@@ -25,6 +25,7 @@ from typing import Any
 
 from tapas import ir
 from tapas.execution.collectives import Audit, CommRecord
+from tapas.execution.plan import Plan
 from tapas.execution.gradients import NO_GRADIENT, GradientFlow, gradient_flow
 from tapas.sharding import placements
 from tapas.sharding.placements import Collective, parse_placement
@@ -99,10 +100,9 @@ def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
     """The ``tapas.sharding.placements.Comm`` s a training step of ``strategy`` (a Strategy
     or a Plan) runs on ``graph`` (see the module docstring); with ``input_gradients``, the
     gradients with respect to the float graph inputs are computed too."""
-    from tapas.execution import reconstruct
-    plan = strategy if isinstance(strategy, reconstruct.Plan) else None
+    plan = strategy if isinstance(strategy, Plan) else None
     if plan is None:
-        plan = reconstruct.Plan(strategy.num_devices,
+        plan = Plan(strategy.num_devices,
                                 {node.id: strategy.pattern(node.id) for node in graph.nodes})
     tagged: list[_Tagged] = [(c, None) for node in graph.nodes for c in plan.pattern(node).comms]
     if hasattr(strategy, "edge_comms"):

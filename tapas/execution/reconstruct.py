@@ -44,15 +44,18 @@ Example (single device: forward and tape gradients equal the model's)::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from tapas.execution import replay
+# the plan types stay importable from here (reconstruct.Plan, .NodeSharding, ...)
+from tapas.execution.plan import NodeSharding, Plan, ReconstructError, WeightLayout
 from tapas import ir
 from tapas.sharding import placements
+from tapas.sharding.patterns import Rewrite
 # the audit of a Program lives in tapas.execution.audit, the comparison with one device in
 # tapas.execution.verify; these names stay importable from here for the pattern checker
 # (tests/test_pattern_checker.py)
@@ -82,11 +85,12 @@ _BROADCASTING = frozenset({
 _VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                               "ResourceApplyGradientDescent", "ResourceScatterAdd",
                               "ResourceScatterUpdate"})
-# local programs that differ from "the same op on local shapes" (named by the patterns):
+# local programs that differ from "the same op on local shapes" (named by the patterns,
+# tapas.sharding.patterns.Rewrite); each has its lowering in _LOWERINGS below:
 #   vocab-gather  GatherV2 from a row-split table (see _Run._vocab_gather); result P
 #   partial-mean  a Mean over a split axis: the local mean divided by N; result P
 #   global-shape  Shape/Size/Rank/ShapeN of a split tensor: the global value, a constant
-REWRITES = ("vocab-gather", "partial-mean", "global-shape")
+REWRITES = tuple(r.value for r in Rewrite)
 # activations whose output Keras's crossentropy losses replace by the activation's input
 # (the logits): keras.activations.softmax/sigmoid tag their output with ``_keras_logits``,
 # and in graph mode (``model.fit``) the losses also look for a Softmax/Sigmoid producer op
@@ -95,77 +99,6 @@ REWRITES = ("vocab-gather", "partial-mean", "global-shape")
 # loss equals the Keras model's.
 LOGIT_ACTIVATIONS = frozenset({"Softmax", "Sigmoid"})
 _PASS_THROUGH = frozenset({"Identity", "IdentityN", "Snapshot"})
-
-
-class ReconstructError(ValueError):
-    """The plan cannot be rebuilt as a program; the message names the node and the fix."""
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeSharding:
-    """A hand-written sharding of one GraphNode, with the fields of
-    ``tapas.sharding.patterns.ShardingPattern`` that reconstruction reads (docs/sharding.md).
-
-    ``tensors`` may omit op outputs whose placement follows from their local shape;
-    it must name the output of every shape-carrying op (``Reshape``, ...) that is split.
-    """
-
-    name: str
-    inputs: tuple[Placement, ...]
-    outputs: tuple[Placement, ...]
-    weights: Mapping[str, Placement] = dataclasses.field(default_factory=dict)
-    tensors: Mapping[str, Placement] = dataclasses.field(default_factory=dict)
-    comms: tuple[placements.Comm, ...] = ()
-    rewrites: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-
-def replicated(node: ir.GraphNode) -> NodeSharding:
-    """The all-``R`` sharding of ``node``: every device computes the whole node."""
-    r = Replica()
-    return NodeSharding("replicate", tuple(r for _ in node.inputs),
-                        tuple(r for _ in node.outputs), {w.path: r for w in node.weights})
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """The sharding of every GraphNode on ``num_devices`` devices.
-
-    ``patterns`` maps a GraphNode id to its ShardingPattern (or :class:`NodeSharding`);
-    nodes left out are replicated.
-    """
-
-    num_devices: int
-    patterns: Mapping[int, Any]
-
-    @staticmethod
-    def replicated(graph: ir.Graph, num_devices: int = 1) -> Plan:
-        return Plan(num_devices, {n.id: replicated(n) for n in graph.nodes})
-
-    @staticmethod
-    def from_strategy(strategy: Any, graph: ir.Graph) -> Plan:
-        """The plan of a ``tapas.search`` Strategy: ``strategy.pattern(node_id)`` per node."""
-        if hasattr(strategy, "check"):  # names both graphs when the strategy is for another
-            strategy.check(graph)
-        if getattr(strategy, "_graph", graph) is None and hasattr(strategy, "bind"):
-            strategy = strategy.bind(graph)
-        n = int(getattr(strategy, "num_devices"))
-        return Plan(n, {node.id: strategy.pattern(node.id) for node in graph.nodes})
-
-    def pattern(self, node: ir.GraphNode) -> Any:
-        p = self.patterns.get(node.id)
-        return p if p is not None else replicated(node)
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightLayout:
-    """How one model weight is stored across the devices."""
-
-    path: str
-    global_shape: tuple[int, ...]
-    dtype: str
-    placement: Placement
-    local_shape: tuple[int, ...]
-    trainable: bool
 
 
 def _place(p: Any) -> Placement:
@@ -546,11 +479,9 @@ class _Run:
                                        "neither an input of the node nor produced inside it")
         ins = [view[name] for name in op.inputs]
         rule = rewrites.get(op.name)
+        if rule is not None:
+            return _LOWERINGS[Rewrite(rule)](self, op, ins, vplace, label)
         tf_op = self.p._tf_ops[op.name]
-        if rule == "vocab-gather":
-            return [(self._vocab_gather(op, ins, vplace, label), Partial())]
-        if rule == "global-shape":
-            return self._global_shape(tf_op, label)
         idx = _SHAPE_INPUT.get(op.type)
         if idx is not None and idx < len(ins):
             out = op.outputs[0]
@@ -562,17 +493,26 @@ class _Run:
                 ins[idx] = [tf.constant(target, dtype=dt)] * self.n_local
         if op.type in _BROADCASTING:
             ins = self._slice_broadcast(op, ins, view, vplace, tensors.get(op.outputs[0].name))
+        per_replica = self._replay(op, ins, label)
+        return [([outs[j] for outs in per_replica], None) for j in range(len(op.outputs))]
+
+    def _replay(self, op: ir.OpInfo, ins: list, label: str) -> list:
+        """The traced op re-created on every local replica's inputs: outputs per replica."""
+        tf_op = self.p._tf_ops[op.name]
         per_replica = []
         for r in range(self.n_local):
             try:
                 per_replica.append(replay.replay_op(tf_op, [x[r] for x in ins]))
             except replay.ReplayError as err:
                 raise ReconstructError(f"{label}: {err}") from err
-        n_out = len(op.outputs)
-        if rule == "partial-mean":  # the mean over all devices is the sum of local means / N
-            return [([o * tf.constant(1.0 / self.n, o.dtype) for o in
-                      (outs[j] for outs in per_replica)], Partial()) for j in range(n_out)]
-        return [([outs[j] for outs in per_replica], None) for j in range(n_out)]
+        return per_replica
+
+    def _partial_mean(self, op: ir.OpInfo, ins: list, label: str) -> list:
+        """A Mean over a split axis: the mean over all devices is the sum of the local
+        means divided by N, so each local mean / N is a partial sum (P)."""
+        per_replica = self._replay(op, ins, label)
+        return [([o * tf.constant(1.0 / self.n, o.dtype) for o in
+                  (outs[j] for outs in per_replica)], Partial()) for j in range(len(op.outputs))]
 
     def _slice_broadcast(self, op: ir.OpInfo, ins: list, view: dict, vplace: dict,
                          out_place: Placement | None) -> list:
@@ -667,6 +607,17 @@ class _Run:
             out.append(got * tf.reshape(mask, mask.shape.as_list() + [1] *
                                         (got.shape.rank - mask.shape.rank)))
         return out
+
+
+# the lowering of each rewrite: (run, op, local inputs, their placements, label) ->
+# [(local values, placement)] per output of the op
+_LOWERINGS: Mapping[Rewrite, Callable[[_Run, ir.OpInfo, list, dict, str], list]] = {
+    Rewrite.VOCAB_GATHER: lambda run, op, ins, vplace, label:
+        [(run._vocab_gather(op, ins, vplace, label), Partial())],
+    Rewrite.GLOBAL_SHAPE: lambda run, op, ins, vplace, label:
+        run._global_shape(run.p._tf_ops[op.name], label),
+    Rewrite.PARTIAL_MEAN: lambda run, op, ins, vplace, label: run._partial_mean(op, ins, label),
+}
 
 
 # ---- one GraphNode alone (the pattern checker) --------------------------------------------

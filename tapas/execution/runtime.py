@@ -63,7 +63,7 @@ from tapas.execution import checkpoints
 from tapas.execution.devices import (local_replica_ids, make_strategy, setup_devices,  # noqa: F401
                                      task_id, tf_config)
 from tapas.execution.optimizers import Optimizer, make_optimizer
-from tapas.execution.reconstruct import WeightLayout
+from tapas.execution.plan import WeightLayout
 from tapas.sharding.placements import Partial, Replica, Split, parse_placement
 
 __all__ = ["Runtime", "StepError", "setup_devices", "make_strategy", "tf_config"]

@@ -86,7 +86,8 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
     the full loss of a replicated output and its own share of a split one, so the sharded
     gradients must equal the single-device ones exactly (up to float rounding).
     """
-    from tapas.execution.reconstruct import Plan, Program
+    from tapas.execution.plan import Plan
+    from tapas.execution.reconstruct import Program
     prog = Program(trace, graph, plan)
     rng = np.random.default_rng(seed)
     values = {prog._weight_of_ph[ph]: np.asarray(tf.convert_to_tensor(v))
