@@ -245,8 +245,8 @@ def test_whole_layer_kinds_get_their_sharding_patterns():
 _PARALLEL_SCRIPT = r"""
 import json, sys
 import numpy as np
-from tapas.execution import runtime
-runtime.setup_devices(2)
+from tapas.execution import devices
+devices.setup_devices(2)
 import keras, tensorflow as tf
 import tapas
 from tapas import layers as tl
@@ -272,7 +272,7 @@ rng = np.random.default_rng(0)
 xb = rng.standard_normal((4, 6, 8)).astype("float32")
 yb = rng.standard_normal((4, 6, 8)).astype("float32")
 out = {"keras_equal": float(np.abs(tap(xb) - ker(xb)).max())}
-ds = runtime.make_strategy(2)
+ds = devices.make_strategy(2)
 for name, model in (("tapas", tap), ("keras", ker)):
     pm = tapas.parallelize(model, tf.TensorSpec([4, 6, 8]), distribute_strategy=ds,
                            optimizer="adam", loss=keras.losses.MeanSquaredError())

@@ -12,7 +12,7 @@ import keras
 
 from tapas import capturing, models
 from tapas.sharding import patterns
-from tapas.execution import reconstruct as rc
+from tapas.execution import audit, reconstruct as rc, verify
 from tapas.ir import Kind
 
 
@@ -106,14 +106,14 @@ def check_node_patterns(t, g, values, num_devices):
                      f"'{pat.name}' {pat.expr}, N={num_devices}")
             plan = rc.Plan(num_devices, {0: pat})
             try:
-                cmp = rc.compare_with_single_device(t, sub, plan, args)
+                cmp = verify.compare_with_single_device(t, sub, plan, args)
             except (rc.ReconstructError, ValueError) as err:
                 failures.append(f"{where}: cannot be rebuilt: {err}")
                 continue
             if not cmp.ok(rtol=1e-5, atol=1e-5):
                 failures.append(f"{where}: largest difference {cmp.worst}")
                 continue
-            audit = rc.compare_audit(cmp.audit, rc.predicted_comms(
+            audit = audit.compare_audit(cmp.audit, audit.program_comms(
                 rc.Program(t, sub, plan), input_gradients=True))
             if audit:
                 failures.append(f"{where}: collectives differ from the pattern's comms: "

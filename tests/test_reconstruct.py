@@ -10,7 +10,7 @@ import keras
 
 from tapas import capturing, models
 from tapas.sharding import patterns, placements
-from tapas.execution import audit
+from tapas.execution import audit, verify
 from tapas.execution import reconstruct as rc
 from tapas.planning.cost import Cluster
 from tapas.sharding.placements import Collective
@@ -148,7 +148,7 @@ def test_megatron_mlp_equals_one_device_with_one_all_reduce_each_way(n):
     t = capturing.trace(model, specs)
     g = capturing.to_ir(t)
     plan = _megatron(g, n)
-    cmp = rc.compare_with_single_device(t, g, plan, _inputs(specs))
+    cmp = verify.compare_with_single_device(t, g, plan, _inputs(specs))
     assert cmp.ok(rtol=1e-5, atol=1e-5), str(cmp.worst)
     assert sorted((r.kind.value, r.phase) for r in cmp.audit) == [("AR", "bwd"), ("AR", "fwd")]
     prog = rc.Program(t, g, plan)
@@ -164,7 +164,7 @@ def test_a_missing_backward_all_reduce_is_caught():
     g = capturing.to_ir(t)
     plan = _megatron(g, 2)
     broken = dataclasses.replace(plan.patterns[1], comms=())
-    cmp = rc.compare_with_single_device(t, g, rc.Plan(2, {1: broken, 2: plan.patterns[2]}),
+    cmp = verify.compare_with_single_device(t, g, rc.Plan(2, {1: broken, 2: plan.patterns[2]}),
                                         _inputs(specs))
     assert not cmp.ok()
     assert cmp.worst.what == "gradient of input 0"
@@ -179,7 +179,7 @@ def test_resharding_between_nodes_batch_then_row():
     batch = next(p for p in patterns.patterns_for(g.nodes[1], g, 2) if p.name == "batch")
     row = next(p for p in patterns.patterns_for(g.nodes[2], g, 2) if p.name == "row")
     plan = rc.Plan(2, {1: batch, 2: row})
-    cmp = rc.compare_with_single_device(t, g, plan, _inputs(specs))
+    cmp = verify.compare_with_single_device(t, g, plan, _inputs(specs))
     assert cmp.ok(), str(cmp.worst)
     kinds = sorted((r.kind.value, r.phase) for r in cmp.audit)
     assert ("A2A", "fwd") in kinds and ("A2A", "bwd") in kinds
@@ -209,7 +209,7 @@ def test_random_whole_model_plans_equal_one_device(name, n, seeds):
     for seed in seeds:
         plan = _random_plan(g, n, seed)
         try:
-            cmp = rc.compare_with_single_device(t, g, plan, xs)
+            cmp = verify.compare_with_single_device(t, g, plan, xs)
         except rc.ReconstructError as err:
             # only a plan that needs a partial value at a node boundary may be refused
             assert "partial" in str(err), str(err)
@@ -228,7 +228,7 @@ def test_searched_strategy_runs_and_matches_its_prediction():
     from tapas.planning import search
     strategy = search.search(g, cluster=Cluster.loopback_cpu(4))
     plan = rc.Plan.from_strategy(strategy, g)
-    cmp = rc.compare_with_single_device(t, g, plan, _inputs(specs))
+    cmp = verify.compare_with_single_device(t, g, plan, _inputs(specs))
     assert cmp.ok(rtol=1e-5, atol=1e-5), str(cmp.worst)
     prog = rc.Program(t, g, plan)
     assert audit.compare_audit(cmp.audit, audit.program_comms(prog, input_gradients=True)) == []

@@ -56,21 +56,13 @@ from tapas.execution.plan import NodeSharding, Plan, ReconstructError, WeightLay
 from tapas import ir
 from tapas.sharding import placements
 from tapas.sharding.patterns import Rewrite
-# the audit of a Program lives in tapas.execution.audit, the comparison with one device in
-# tapas.execution.verify; these names stay importable from here for the pattern checker
-# (tests/test_pattern_checker.py)
-from tapas.execution.audit import compare_audit
-from tapas.execution.audit import program_comms as predicted_comms
-from tapas.execution.verify import Comparison, compare_with_single_device
 from tapas.execution.collectives import (Audit, Collectives, CommRecord, ReplicaContextCollectives,
                                          SimulatedCollectives, local_slice)
 from tapas.sharding.placements import Collective
 from tapas.sharding.placements import Partial, Placement, Replica, Split
 
-__all__ = ["NodeSharding", "Plan", "Program", "WeightLayout", "ReconstructError",
-           "predicted_comms", "compare_audit", "compare_with_single_device", "Comparison",
-           "Audit", "CommRecord", "SimulatedCollectives",
-           "ReplicaContextCollectives", "REWRITES"]
+__all__ = ["NodeSharding", "Plan", "Program", "WeightLayout", "ReconstructError", "Audit",
+           "CommRecord", "SimulatedCollectives", "ReplicaContextCollectives", "REWRITES"]
 
 # op type -> index of the input that holds the op's output shape
 _SHAPE_INPUT = {"Reshape": 1, "BroadcastTo": 1, "Fill": 0}

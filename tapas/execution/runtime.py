@@ -21,7 +21,8 @@ How it maps onto TensorFlow:
 
 * Devices: N logical CPU devices (set once per process, ``devices.setup_devices``) or the GPUs
   present; ``MirroredStrategy`` over them, or ``MultiWorkerMirroredStrategy`` when ``TF_CONFIG``
-  names several workers (``tapas.execution.devices.make_strategy``). The training code is the same for both.
+  names several workers (``tapas.execution.devices.make_strategy``). The training code is
+  the same for both.
 * Weights: every replica holds its shard as a plain ``tf.Variable`` created under
   ``tf.device`` (not mirrored); the shards reach the replicas through
   ``strategy.experimental_distribute_values_from_function``. Optimizer slots are sharded
@@ -58,15 +59,12 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.execution import checkpoints
-# setup_devices, make_strategy and tf_config stay importable from here for their older
-# callers (tests/test_layers.py, tapas/cli.py)
-from tapas.execution.devices import (local_replica_ids, make_strategy, setup_devices,  # noqa: F401
-                                     task_id, tf_config)
+from tapas.execution.devices import local_replica_ids, task_id
 from tapas.execution.optimizers import Optimizer, make_optimizer
 from tapas.execution.plan import WeightLayout
 from tapas.sharding.placements import Partial, Replica, Split, parse_placement
 
-__all__ = ["Runtime", "StepError", "setup_devices", "make_strategy", "tf_config"]
+__all__ = ["Runtime", "StepError"]
 
 # Keras loss reductions the runtime reproduces (no sample weights): a sum, or a sum / count
 _REDUCTIONS = frozenset({"sum", "sum_over_batch_size", "mean", "mean_with_sample_weight"})
