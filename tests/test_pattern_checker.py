@@ -84,7 +84,7 @@ def _captured(name):
         t = capturing.trace(model, specs)
         g = capturing.to_ir(t)
         names = [i.name for n in g.nodes for i in n.inputs]
-        values = rc.intermediate_values(t, g, _inputs(specs), names)
+        values = verify.intermediate_values(t, g, _inputs(specs), names)
         _CAPTURED[name] = (t, g, values)
     return _CAPTURED[name]
 
@@ -98,7 +98,7 @@ def check_node_patterns(t, g, values, num_devices):
         if node.kind == Kind.INPUT or (node.signature and node.signature in seen):
             continue
         seen.add(node.signature)
-        sub = rc.node_graph(g, node.id)
+        sub = verify.node_graph(g, node.id)
         args = [values[i.name] for i in node.inputs]
         for pat in patterns.patterns_for(node, g, num_devices):
             checked += 1
@@ -113,11 +113,11 @@ def check_node_patterns(t, g, values, num_devices):
             if not cmp.ok(rtol=1e-5, atol=1e-5):
                 failures.append(f"{where}: largest difference {cmp.worst}")
                 continue
-            audit = audit.compare_audit(cmp.audit, audit.program_comms(
+            mismatch = audit.compare_audit(cmp.audit, audit.program_comms(
                 rc.Program(t, sub, plan), input_gradients=True))
-            if audit:
+            if mismatch:
                 failures.append(f"{where}: collectives differ from the pattern's comms: "
-                                + "; ".join(audit))
+                                + "; ".join(mismatch))
     return checked, failures
 
 

@@ -43,7 +43,6 @@ Example (single device: forward and tape gradients equal the model's)::
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -613,25 +612,3 @@ _LOWERINGS: Mapping[Rewrite, Callable[[_Run, ir.OpInfo, list, dict, str], list]]
 
 
 # ---- one GraphNode alone (the pattern checker) --------------------------------------------
-
-def node_graph(graph: ir.Graph, node_id: int) -> ir.Graph:
-    """GraphNode ``node_id`` as a graph of its own: its inputs are the graph inputs, its
-    outputs the graph outputs. A Program over it replays just that node."""
-    node = graph.nodes[node_id]
-    return ir.Graph(nodes=(dataclasses.replace(node, id=0),), edges=(), inputs=node.inputs,
-                    outputs=node.outputs, name=f"{graph.name}/{node.name}")
-
-
-def intermediate_values(trace: Any, graph: ir.Graph, inputs: Sequence[Any],
-                        names: Sequence[str]) -> dict[str, np.ndarray]:
-    """The values of the GraphNode outputs ``names`` when the traced model runs on ``inputs``
-    (one array per graph input) with its current weights, on one device."""
-    prog = Program(trace, graph, Plan.replicated(graph, 1))
-    names = list(dict.fromkeys(names))
-
-    @tf.function(autograph=False)
-    def run():
-        got = prog.values([[tf.constant(np.asarray(x))] for x in inputs], prog.trace_weights(),
-                          SimulatedCollectives(1), names)
-        return [got[n][0] for n in names]
-    return {n: v.numpy() for n, v in zip(names, run())}

@@ -304,3 +304,30 @@ def _weights_after(pm: Any, ref_g: Mapping[str, np.ndarray], noise: float) -> di
     adam = isinstance(pm.runtime.optimizer, Adam)
     return _worst({p: _adam_compare(v, refs[p], ref_g.get(p), noise, scale) if adam
                    else compare(v, refs[p], scale=scale) for p, v in weights.items()})
+
+
+# ---- the pattern checker's tools (tests/test_pattern_checker.py) ----------------------
+
+def node_graph(graph: ir.Graph, node_id: int) -> ir.Graph:
+    """GraphNode ``node_id`` as a graph of its own: its inputs are the graph inputs, its
+    outputs the graph outputs. A Program over it replays just that node."""
+    node = graph.nodes[node_id]
+    return ir.Graph(nodes=(dataclasses.replace(node, id=0),), edges=(), inputs=node.inputs,
+                    outputs=node.outputs, name=f"{graph.name}/{node.name}")
+
+
+def intermediate_values(trace: Any, graph: ir.Graph, inputs: Sequence[Any],
+                        names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The values of the GraphNode outputs ``names`` when the traced model runs on ``inputs``
+    (one array per graph input) with its current weights, on one device."""
+    from tapas.execution.plan import Plan
+    from tapas.execution.reconstruct import Program
+    prog = Program(trace, graph, Plan.replicated(graph, 1))
+    names = list(dict.fromkeys(names))
+
+    @tf.function(autograph=False)
+    def run():
+        got = prog.values([[tf.constant(np.asarray(x))] for x in inputs], prog.trace_weights(),
+                          SimulatedCollectives(1), names)
+        return [got[n][0] for n in names]
+    return {n: v.numpy() for n, v in zip(names, run())}
