@@ -17,17 +17,26 @@ CONV = ("Conv1D", "Conv2D", "Conv3D")
 POOL = ("MaxPool", "MaxPoolV2", "AvgPool", "MaxPool3D", "AvgPool3D")
 
 
-def conv(op: OpInfo, ctx: OpContext) -> OpSpec:
+def _windowed(op: OpInfo, ctx: OpContext) -> tuple[Fresh, list[str], list[str], int, int,
+                                                  frozenset[str]]:
+    """Labels of a sliding-window op's input and output: fresh labels per axis, the batch
+    axis shared; returns (fresh, input labels, output labels, rank, channel axis, the
+    spatial labels of both, which may never be split)."""
     r = rank(ctx.in_shapes[0])
     b, c, sp = data_format_axes(op, r)
     fresh = Fresh()
     xl = list(fresh.many(r))
     ol = list(fresh.many(r))
     ol[b] = xl[b]
+    return fresh, xl, ol, r, c, frozenset(xl[i] for i in sp) | frozenset(ol[i] for i in sp)
+
+
+def conv(op: OpInfo, ctx: OpContext) -> OpSpec:
+    fresh, xl, ol, r, c, spatial = _windowed(op, ctx)
     co = fresh()
     ol[c] = co
     kl = tuple(fresh.many(r - 2)) + (xl[c], co)
-    spatial = frozenset(xl[i] for i in sp) | frozenset(ol[i] for i in sp) | frozenset(kl[:-2])
+    spatial = spatial | frozenset(kl[:-2])
     return OpSpec((tuple(xl), kl), (tuple(ol),), no_split=spatial, reduce="sum",
                   linear=(0, 1), flops="conv")
 
@@ -35,29 +44,19 @@ def conv(op: OpInfo, ctx: OpContext) -> OpSpec:
 def depthwise_conv(op: OpInfo, ctx: OpContext) -> OpSpec:
     """Channels split with the input (output channel c*m + j is contiguous in c); the
     channel multiplier has a label of its own that is never split."""
-    r = rank(ctx.in_shapes[0])
-    b, c, sp = data_format_axes(op, r)
-    fresh = Fresh()
-    xl = list(fresh.many(r))
-    ol = list(fresh.many(r))
-    ol[b] = xl[b]
+    fresh, xl, ol, r, c, spatial = _windowed(op, ctx)
     ol[c] = xl[c]
     mult = fresh()
     kl = tuple(fresh.many(r - 2)) + (xl[c], mult)
-    no = frozenset(xl[i] for i in sp) | frozenset(ol[i] for i in sp) | frozenset(kl[:-2]) | {mult}
+    no = spatial | frozenset(kl[:-2]) | {mult}
     return OpSpec((tuple(xl), kl), (tuple(ol),), no_split=no, reduce="none", linear=(0, 1),
                   flops="conv")
 
 
 def pool(op: OpInfo, ctx: OpContext) -> OpSpec:
     """Batch and channels kept; average pooling is linear, max pooling is not."""
-    r = rank(ctx.in_shapes[0])
-    b, c, sp = data_format_axes(op, r)
-    fresh = Fresh()
-    xl = list(fresh.many(r))
-    ol = list(fresh.many(r))
-    ol[b], ol[c] = xl[b], xl[c]
-    no = frozenset(xl[i] for i in sp) | frozenset(ol[i] for i in sp)
+    _, xl, ol, _, c, no = _windowed(op, ctx)
+    ol[c] = xl[c]
     inputs: list[Labels | None] = [tuple(xl)] + [None] * (len(op.inputs) - 1)
     linear = (0,) if op.type.startswith("Avg") else ()
     return OpSpec(tuple(inputs), (tuple(ol),), no_split=no, linear=linear, flops="reduce")
