@@ -36,3 +36,8 @@ def test_corpus_model_plans_on_2_4_8_devices(entry):
     assert row["graph_nodes"] > 0
     for n in (2, 4, 8):
         assert row["searches"][n]["cost_s"] > 0
+
+
+def test_unknown_corpus_model_names_the_choices():
+    with pytest.raises(ValueError, match="no corpus model 'keras-nope'.*keras-resnet"):
+        corpus.get("keras-nope")

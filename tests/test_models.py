@@ -363,3 +363,34 @@ def test_moe_group_size_must_divide_tokens() -> None:
     model = moe.build_model(config)
     logits = model([np.zeros((4, 4), np.int32)])
     assert logits.shape == (4, 4, 8)
+
+
+def test_new_family_configs_refuse_bad_values_with_the_fix() -> None:
+    import dataclasses
+
+    from tapas.models import bert, llama
+    with pytest.raises(ValueError, match="hidden_size=100 is not divisible by num_heads=12"):
+        bert.BertConfig(num_layers=1, hidden_size=100, num_heads=12, intermediate_size=8,
+                        vocab_size=8)
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+        llama.LlamaConfig(num_layers=1, hidden_size=64, num_heads=4, num_kv_heads=3,
+                          intermediate_size=8, vocab_size=8)
+    with pytest.raises(ValueError, match="even size"):
+        llama.LlamaConfig(num_layers=1, hidden_size=12, num_heads=4, num_kv_heads=2,
+                          intermediate_size=8, vocab_size=8)
+    with pytest.raises(ValueError, match="padding_mask=True needs layer_impl='keras'"):
+        dataclasses.replace(models.get("t5-tiny-masked").config, layer_impl="tapas")
+
+
+def test_masked_t5_ignores_padded_tokens() -> None:
+    entry = models.get("t5-tiny-masked")
+    model = entry.build(seed=0)
+    (enc, dec, enc_mask, dec_mask), _ = entry.synthetic_batch(4)
+    assert enc_mask[1, -1] == 0 and enc_mask[0, -1] == 1
+    before = model([enc, dec, enc_mask, dec_mask]).numpy()
+    changed = enc.copy()
+    changed[1, -1] = (changed[1, -1] + 1) % entry.config.vocab_size     # a padded token
+    after = model([changed, dec, enc_mask, dec_mask]).numpy()
+    np.testing.assert_allclose(after[1], before[1], rtol=0, atol=1e-6)
+    changed[0, -1] = (changed[0, -1] + 1) % entry.config.vocab_size     # a real token
+    assert np.abs(model([changed, dec, enc_mask, dec_mask]).numpy()[0] - before[0]).max() > 0
