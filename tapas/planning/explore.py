@@ -30,10 +30,11 @@ How it works (docs/search.md has the long version):
    first instance, with its external inputs free (the first consumer fixes their
    placement); the k best combinations per boundary (placements of its external inputs and
    outputs) become the template's *candidates*. Then the whole graph is stitched
-   breadth-first from the graph inputs: uncovered GraphNodes choose among their patterns,
-   every instance of a template takes the *same* candidate (the choice is made at the
-   first instance and carried until the last), and every edge between units is checked
-   and costed like any other pair.
+   (:mod:`tapas.planning.stitch`): each template instance is one step whose options are
+   the template's candidates, every instance of a template takes the *same* candidate (the
+   choice is made at the first instance and carried until the last), uncovered GraphNodes
+   choose among their patterns, and every edge between units is checked and costed like
+   any other pair.
 4. **es mode** (exhaustive): the same enumeration on the whole graph, every GraphNode free.
    Its result is the exact optimum of the cost model; gp's is within a small gap of it at a
    fraction of the work (``benchmarks/bench_search.py``). ``time_limit`` stops it with
@@ -50,7 +51,6 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -61,6 +61,7 @@ from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.planning.frontier import (Allowed, Counts, Progress, SearchTimeout, Step, TieOptions,
                                      consumers, node_steps, producers, run, unwind)
+from tapas.planning.stitch import stitch_steps
 from tapas.planning.table import (EdgeCoster, PatternInfo, PatternsFn, PatternTable, ReshardFn,
                                   pattern_table)
 from tapas.sharding.placements import Placement
@@ -216,63 +217,6 @@ def _whole_graph_steps(graph: Graph, table: PatternTable, allowed: Allowed | Non
                       lambda v, oi, t: t.name in outputs)
 
 
-def _tie_options(graph: Graph, template: Template, result: TemplateResult, table: PatternTable,
-                 penalty: float, prod: Mapping[str, tuple[int, int]],
-                 readers: Mapping[str, list[int]]) -> list[tuple[tuple[int, ...], float]]:
-    """A template's candidates as the stitch sees them: one per distinct boundary (cheapest
-    first), costed per instance by node costs only (edges are costed where the stitch meets
-    them, inside an instance as between units), times the number of instances."""
-    outputs = {t.name for t in graph.outputs}
-    inst0 = template.instances[0]
-    members = set(inst0)
-    ext_in = [(p, j) for p, v in enumerate(inst0) for j, t in enumerate(graph.nodes[v].inputs)
-              if prod.get(t.name, (None,))[0] not in members]
-    ext_out = [(p, o) for p, v in enumerate(inst0) for o, t in enumerate(graph.nodes[v].outputs)
-               if t.name in outputs or any(c not in members for c in readers.get(t.name, ()))]
-    seen: set[tuple[Placement, ...]] = set()
-    out: list[tuple[tuple[int, ...], float]] = []
-    for cand in result.candidates:
-        infos = [table.infos[v][cand.patterns[p]] for p, v in enumerate(inst0)]
-        boundary = tuple(infos[p].inputs[j] for p, j in ext_in) + \
-            tuple(infos[p].outputs[o] for p, o in ext_out)
-        if boundary in seen:
-            continue
-        seen.add(boundary)
-        per_instance = math.fsum(i.cost(penalty) for i in infos)
-        out.append((cand.patterns, per_instance * len(template.instances)))
-    return out
-
-
-def _stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateResult],
-                  table: PatternTable, allowed: Allowed | None, penalty: float,
-                  ) -> tuple[list[Step], dict[int, list[tuple[tuple[int, ...], float]]]]:
-    """Whole-graph steps where each template's GraphNodes follow one tied candidate.
-
-    A tie first met at a node other than the template's smallest id is still handled: the
-    first step of the template (in order) branches, whichever position it is."""
-    steps = _whole_graph_steps(graph, table, allowed, penalty)
-    where: dict[int, tuple[int, int]] = {}
-    last: dict[int, int] = {}
-    for t in folded.templates:
-        for inst in t.instances:
-            for p, v in enumerate(inst):
-                where[v] = (t.id, p)
-                last[t.id] = max(last.get(t.id, v), v)
-    by_id = {t.id: t for t in folded.templates}
-    prod, readers = producers(graph), consumers(graph)
-    tie_options = {r.template: _tie_options(graph, by_id[r.template], r, table, penalty, prod,
-                                            readers)
-                   for r in results}
-    tied = []
-    for step in steps:
-        w = where.get(step.node)
-        if w is not None:
-            step = dataclasses.replace(step, tie=w[0], tie_pos=w[1],
-                                       release=(w[0],) if step.node == last[w[0]] else ())
-        tied.append(step)
-    return tied, tie_options
-
-
 def _plans_from(final: Sequence[tuple[float, Any, Any]], steps: Sequence[Step], top_k: int,
                 num_nodes: int, tie_options: TieOptions | None = None) -> tuple[Plan, ...]:
     """The distinct whole-graph plans of the final entries, cheapest first, at most top_k."""
@@ -285,7 +229,12 @@ def _plans_from(final: Sequence[tuple[float, Any, Any]], steps: Sequence[Step], 
             if step.tie is not None:
                 assert tie_options is not None
                 ties.setdefault(step.tie, oi)
-                pats[step.node] = tie_options[step.tie][oi][0][step.tie_pos]
+                chosen = tie_options[step.tie][oi][0]
+                if step.members:        # a whole instance: one pattern per position
+                    for v, pi in zip(step.members, chosen):
+                        pats[v] = pi
+                else:
+                    pats[step.node] = chosen[step.tie_pos]
             else:
                 pats[step.node] = oi
         key = tuple(pats)
@@ -391,8 +340,8 @@ def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
                         sum(r.counts.generated for r in results))
     pb.timings["enumeration"] = time.perf_counter() - t
     t = time.perf_counter()
-    steps, tie_options = _stitch_steps(pb.graph, folded, results, pb.table, pb.allowed,
-                                       pb.options.memory_penalty)
+    steps, tie_options = stitch_steps(pb.graph, folded, results, pb.table, pb.edges,
+                                      pb.allowed, pb.options.memory_penalty)
     final, scounts, sexact = run(steps, pb.table, pb.edges, pb.options.top_k,
                                  pb.options.max_states, pb.deadline, tie_options, pb.progress,
                                  "stitching")

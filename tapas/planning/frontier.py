@@ -24,6 +24,7 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,7 +35,7 @@ from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Placement, Replica
 
 __all__ = ["Step", "Counts", "SearchTimeout", "Allowed", "TieOptions", "Progress", "run",
-           "unwind", "node_steps", "producers", "consumers"]
+           "unwind", "node_steps", "step_options", "producers", "consumers"]
 
 # a long enumeration reports progress this often (seconds)
 _PROGRESS_SECONDS = 2.0
@@ -94,6 +95,11 @@ class Step:
     free: frozenset[Any] = frozenset()             # keys set by their first reader
     # external keys with a known placement: outputs of constant-filtered GraphNodes (R)
     fixed: Mapping[Any, Placement] = dataclasses.field(default_factory=dict)
+    # a whole template instance taken as one step (tapas.planning.stitch): its GraphNodes
+    # in position order, and per tie option what it reads and writes (``.inputs`` aligned
+    # with ``reads``, ``.outputs`` indexed by ``writes``, ``.internal`` seconds)
+    members: tuple[int, ...] = ()
+    infos: tuple[Any, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -118,6 +124,12 @@ def _branches(step: Step, state: Mapping[Any, Any], tie_options: TieOptions | No
     assert tie_options is not None
     cands = tie_options[step.tie]
     chosen = state.get(("tie", step.tie))
+    if step.infos is not None:      # a whole instance: the option is the candidate itself
+        if chosen is None:
+            return [(ci, ci, c[1] + step.infos[ci].internal, ci) for ci, c in enumerate(cands)
+                    if step.infos[ci].internal < math.inf]
+        internal = step.infos[chosen].internal
+        return [(chosen, chosen, internal, None)] if internal < math.inf else []
     if chosen is None:
         return [(ci, c[0][step.tie_pos], c[1], ci) for ci, c in enumerate(cands)]
     return [(chosen, cands[chosen][0][step.tie_pos], 0.0, None)]
@@ -226,7 +238,8 @@ def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
         if deadline is not None and now > deadline:
             raise SearchTimeout(f"enumeration stopped at GraphNode {si} of {len(steps)}: "
                                 "time limit reached")
-        nxt = _advance(step, frontier, table.infos[step.node], edges, tie_options, tally)
+        infos = table.infos[step.node] if step.infos is None else step.infos
+        nxt = _advance(step, frontier, infos, edges, tie_options, tally)
         frontier = _keep_best(nxt, k, max_states, tally)
     final = [(c, state, path) for state, entries in frontier.items() for c, path in entries]
     final.sort(key=lambda e: e[0])
@@ -271,8 +284,10 @@ def consumers(graph: Graph) -> dict[str, list[int]]:
     return out
 
 
-def _step_options(table: PatternTable, node: GraphNode, allowed: Allowed | None,
-                  penalty: float) -> tuple[tuple[int, float], ...]:
+def step_options(table: PatternTable, node: GraphNode, allowed: Allowed | None,
+                 penalty: float) -> tuple[tuple[int, float], ...]:
+    """The (pattern index, cost) options of ``node``: those ``allowed`` admits, else its
+    replicate pattern, else all of them."""
     infos = table.infos[node.id]
     opts = [(i, p.cost(penalty)) for i, p in enumerate(infos)
             if allowed is None or allowed(node, p)]
@@ -336,6 +351,6 @@ def node_steps(graph: Graph, order: Sequence[int], table: PatternTable,
             drops_at.setdefault(i, []).append(key)
     return [Step(node=v, reads=tuple(reads_of[i]), writes=tuple(writes_of[i]),
                  drops=tuple(drops_at.get(i, ())),
-                 options=_step_options(table, graph.nodes[v], allowed, penalty),
+                 options=step_options(table, graph.nodes[v], allowed, penalty),
                  free=frozenset(free), fixed=fixed)
             for i, v in enumerate(order)]

@@ -81,8 +81,8 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     defaults to the cluster's device memory. ``references`` names the reference plans to
     cost (default: all of REFERENCE_PLANS that apply to the graph). ``progress(phase,
     done, total, candidates)`` is called during long phases (every 2 s at most): steps
-    done of the phase's total (templates while enumerating, GraphNodes while stitching)
-    and the candidates generated so far.
+    done of the phase's total (templates while enumerating, units while stitching:
+    instances and uncovered GraphNodes) and the candidates generated so far.
     """
     timings: dict[str, float] = {}
     cluster = Cluster.v100_ethernet() if cluster is None else cluster
