@@ -366,6 +366,12 @@ LOGIT_CASES = {
     "sigmoid-bce-batch": ("sigmoid", "bce", "binary", ("batch", "batch", "batch")),
     # class-split output, sparse targets: the runtime gathers the logits for the loss
     "sigmoid-scce-column": ("sigmoid", "scce", "sparse", ("replicate", "replicate", "column")),
+    # class-split logits (an LM head split by vocabulary): vocabulary-parallel cross-entropy
+    "none-scce_logits-column": (None, "scce_logits", "sparse",
+                                ("replicate", "replicate", "column")),
+    "none-cce_logits-column": (None, "cce_logits", "dense", ("replicate", "replicate", "column")),
+    "none-cce_smooth_sum-column": (None, "cce_smooth_sum", "dense",
+                                   ("replicate", "replicate", "column")),
 }
 
 
@@ -379,7 +385,10 @@ def check_logits(strategy: Any) -> dict[str, Any]:
     n = strategy.num_replicas_in_sync
     losses = {"scce": keras.losses.SparseCategoricalCrossentropy(),
               "scce_logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-              "bce": keras.losses.BinaryCrossentropy()}
+              "bce": keras.losses.BinaryCrossentropy(),
+              "cce_logits": keras.losses.CategoricalCrossentropy(from_logits=True),
+              "cce_smooth_sum": keras.losses.CategoricalCrossentropy(
+                  from_logits=True, label_smoothing=0.1, reduction="sum")}
     rng = np.random.RandomState(1)
     x = rng.randn(BATCH, D_IN).astype("float32")
     out: dict[str, Any] = {}
@@ -388,8 +397,12 @@ def check_logits(strategy: Any) -> dict[str, Any]:
         model = keras.Sequential([keras.Input((D_IN,), batch_size=BATCH),
                                   keras.layers.Dense(HIDDEN, activation="relu", name="d1"),
                                   keras.layers.Dense(CLASSES, activation=act, name="d2")])
-        y = rng.randint(0, CLASSES, size=(BATCH,)) if targets == "sparse" else \
-            rng.randint(0, 2, size=(BATCH, CLASSES)).astype("float32")
+        if targets == "sparse":
+            y = rng.randint(0, CLASSES, size=(BATCH,))
+        elif targets == "dense":   # a distribution over the classes per example
+            y = rng.dirichlet(np.ones(CLASSES), size=BATCH).astype("float32")
+        else:
+            y = rng.randint(0, 2, size=(BATCH, CLASSES)).astype("float32")
         graph = capturing.capture(model, SPEC)
         chosen = {}
         for node, want in zip(graph.nodes, names):
@@ -403,7 +416,7 @@ def check_logits(strategy: Any) -> dict[str, Any]:
                      **{k: report[k] for k in ("outputs", "loss", "gradients", "weights")},
                      "loss_comms": [k for fn, k, _ in pm.runtime.loss_comms
                                     if fn == "train_step"],
-                     "audit": pm.audit().matches}
+                     "audit": pm.audit().matches, "audit_table": pm.audit().table()}
     out["moved_activation"] = _moved_activation(strategy, x)
     return out
 

@@ -142,20 +142,29 @@ def test_zoo_model_equals_keras_on_4_devices(four: dict[str, Any]) -> None:
     assert_zoo_equivalent(four["zoo"], 1)
 
 
+# the loss collectives of each case of runtime_worker.LOGIT_CASES (none: computed locally)
+LOSS_COMMS = {"sigmoid-scce-column": ["AG"], "none-scce_logits-column": ["AG", "AR"],
+              "none-cce_logits-column": ["AG", "AR"], "none-cce_smooth_sum-column": ["AG", "AR"]}
+
+
 def test_softmax_and_sigmoid_outputs_train_from_their_logits(two: dict[str, Any]) -> None:
     """Keras's crossentropy computes from the logits of a softmax/sigmoid output (even with
     from_logits=True, keras.applications.ResNet50's case): the runtime's loss, gradients and
     3 Adam steps equal Keras's for replicated, batch-split and class-split outputs; a
-    class-split output with sparse targets gathers the logits (one loss all-gather)."""
+    class-split sigmoid output with sparse targets gathers the logits (one loss all-gather);
+    class-split logits under a softmax cross-entropy (sparse or dense targets, label
+    smoothing, sum reduction) use the vocabulary-parallel cross-entropy: an all-gather of
+    the per-row maxima and one all-reduce of per-row sums, never the logits."""
     assert "error" not in two["logits"], two["logits"].get("traceback")
     cases = {k: v for k, v in two["logits"].items() if k not in ("check", "moved_activation")}
-    assert len(cases) == 6
+    assert len(cases) == 9
     for name, case in cases.items():
-        assert case["activation"] == name.split("-")[0].capitalize(), name
+        act = name.split("-")[0].capitalize()
+        assert case["activation"] == (None if act == "None" else act), name
         for what in ("outputs", "loss", "gradients", "weights"):
             assert case[what]["ok"], (name, what, case[what])
-        assert case["audit"], name
-        assert case["loss_comms"] == (["AG"] if name == "sigmoid-scce-column" else []), name
+        assert case["audit"], (name, case["audit_table"])
+        assert case["loss_comms"] == LOSS_COMMS.get(name, []), name
 
 
 def test_logits_placed_unlike_the_output_refuse_training_not_predict(

@@ -41,8 +41,11 @@ _Tagged = tuple[Any, "tuple[str, str] | None"]
 class AuditReport:
     """Collectives of the reconstructed training step against the strategy's prediction.
 
-    ``measured``/``predicted`` map ``(kind, phase)`` to a count; ``loss`` lists what the
-    runtime added to compute the loss (an all-gather of class-split logits).
+    ``measured``/``predicted`` map ``(kind, phase)`` to a count; ``loss`` lists the
+    collectives the runtime ran to compute the loss as ``(kind, global bytes)`` (an
+    all-gather of class-split logits, or the vocabulary-parallel cross-entropy's two small
+    ones) and ``predicted_loss`` those its loss plan predicts
+    (``tapas.execution.losses.plan_loss``).
     """
 
     measured: Mapping[tuple[str, str], int]
@@ -51,11 +54,13 @@ class AuditReport:
     predicted_bytes: Mapping[tuple[str, str], int]
     loss: tuple[tuple[str, int], ...]
     differences: tuple[str, ...] = ()   # "+" in the program only, "-" predicted only
+    predicted_loss: tuple[tuple[str, int], ...] = ()
 
     @property
     def matches(self) -> bool:
         return dict(self.measured) == dict(self.predicted) and \
-            dict(self.measured_bytes) == dict(self.predicted_bytes)
+            dict(self.measured_bytes) == dict(self.predicted_bytes) and \
+            sorted(self.loss) == sorted(self.predicted_loss)
 
     def table(self) -> str:
         keys = sorted(set(self.measured) | set(self.predicted))
@@ -67,8 +72,11 @@ class AuditReport:
                          f"{self.predicted_bytes.get(k, 0):>18,}")
         if not keys:
             lines.append("(no collectives)")
-        for kind, nbytes in self.loss:
-            lines.append(f"{kind:<10} {'loss':<5} {1:>8} {'-':>10} {nbytes:>16,}")
+        for kind in sorted({k for k, _ in self.loss} | {k for k, _ in self.predicted_loss}):
+            got = [b for k, b in self.loss if k == kind]
+            want = [b for k, b in self.predicted_loss if k == kind]
+            lines.append(f"{kind:<10} {'loss':<5} {len(got):>8} {len(want):>10} "
+                         f"{sum(got):>16,} {sum(want):>18,}")
         lines.append("audit " + ("matches the strategy's prediction" if self.matches else
                                  "DIFFERS from the strategy's prediction"))
         lines += [f"  {d}" for d in self.differences[:12]]
@@ -80,19 +88,25 @@ class AuditReport:
                 "predicted": {key(k): v for k, v in self.predicted.items()},
                 "measured_bytes": {key(k): v for k, v in self.measured_bytes.items()},
                 "predicted_bytes": {key(k): v for k, v in self.predicted_bytes.items()},
-                "loss": [list(x) for x in self.loss], "matches": self.matches,
+                "loss": [list(x) for x in self.loss],
+                "predicted_loss": [list(x) for x in self.predicted_loss],
+                "matches": self.matches,
                 "differences": list(self.differences)}
 
     @staticmethod
-    def of(audit: Audit, comms: Sequence[Any], loss: tuple[tuple[str, int], ...]) -> AuditReport:
-        """The report of what ``audit`` recorded against the predicted ``comms``."""
+    def of(audit: Audit, comms: Sequence[Any], loss: tuple[tuple[str, int], ...],
+           predicted_loss: tuple[tuple[str, int], ...] = ()) -> AuditReport:
+        """The report of what ``audit`` recorded against the predicted ``comms``, and the
+        loss's collectives ``loss`` against ``predicted_loss``."""
         predicted, predicted_bytes = _tally(comms)
         got = Counter((r.kind.value, r.phase, r.tensor) for r in audit.records)
         want = Counter((Collective.parse(c.kind).value, c.phase, c.tensor) for c in comms)
         diffs = [f"+ {k} {p} {t} (in the program only)" for (k, p, t) in got - want]
         diffs += [f"- {k} {p} {t} (predicted only)" for (k, p, t) in want - got]
+        if sorted(loss) != sorted(predicted_loss):
+            diffs.append(f"loss collectives {sorted(loss)} != predicted {sorted(predicted_loss)}")
         return AuditReport(audit.counts(), predicted, audit.bytes(), predicted_bytes, loss,
-                           tuple(sorted(diffs)))
+                           tuple(sorted(diffs)), tuple(predicted_loss))
 
 
 def predicted_comm_list(strategy: Any, graph: ir.Graph, *,

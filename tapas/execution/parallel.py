@@ -107,7 +107,8 @@ class ParallelModel:
         loss = tuple((kind, nbytes) for fn, kind, nbytes in self.runtime.loss_comms
                      if fn == "train_step")
         return AuditReport.of(self.runtime.audits["train_step"],
-                              predicted_comm_list(self.strategy, self.graph), loss)
+                              predicted_comm_list(self.strategy, self.graph), loss,
+                              self.runtime.loss_plan.collectives)
 
     def verify(self, x: Any, y: Any, steps: int = 3,
                on_step: Any = None) -> dict[str, Any]:

@@ -124,6 +124,9 @@ class Program:
         # per output: "Softmax"/"Sigmoid" when its local values carry ``_keras_logits``
         self.output_activations = tuple(self._tf_ops[a].type if a else None
                                         for a in self.output_logits)
+        # global shape and dtype per output (the loss plan: tapas.execution.losses)
+        self.output_shapes = tuple(tuple(t.shape) for t in graph.outputs)
+        self.output_dtypes = tuple(t.dtype for t in graph.outputs)
 
     # ---- validation and layouts --------------------------------------------------------
     def _check_plan(self) -> None:

@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution import checkpoints
+from tapas.execution import checkpoints, losses
 from tapas.execution.devices import local_replica_ids, task_id
 from tapas.execution.optimizers import Optimizer, make_optimizer
 from tapas.execution.plan import WeightLayout
@@ -175,6 +175,7 @@ class Runtime:
         self.trace_seconds: dict[str, float] = {}
         # collectives the runtime adds for the loss: (function, kind, global bytes)
         self.loss_comms: list[tuple[str, str, int]] = []
+        self.loss_plan: losses.LossPlan | None = None   # set for each batch's targets
 
     # -- building blocks ------------------------------------------------------------------
 
@@ -222,31 +223,54 @@ class Runtime:
             out.append(x.astype(spec.dtype.as_numpy_dtype, copy=False))
         return out
 
-    def _target_placement(self, y: np.ndarray) -> Any:
-        """Targets follow the output's split when the per-example loss keeps that axis."""
+    def _loss_plan(self, y: np.ndarray) -> losses.LossPlan:
+        """How the loss of the one output is computed for targets ``y`` (module losses)."""
         p = self.output_placements[0]
-        if isinstance(p, Split) and p.axis < y.ndim and self._loss_is_separable():
-            return p
-        return Replica()
+        shapes = getattr(self.program, "output_shapes", None)
+        shape = tuple(shapes[0]) if shapes else tuple(y.shape)   # hand-written programs
+        dtype = (getattr(self.program, "output_dtypes", None) or ("float32",))[0]
+        activation = (getattr(self.program, "output_activations", None) or (None,))[0]
+        return losses.plan_loss(self.loss, p, shape, dtype, y.ndim, self.num_devices,
+                                activation)
 
-    def _loss_is_separable(self) -> bool:
-        return self.loss.reduction in _REDUCTIONS
+    def _loss_all_gather(self, x: tf.Tensor, axis: int) -> tf.Tensor:
+        """All-gather for the loss, recorded (kind, global bytes) in ``loss_comms``."""
+        ctx = tf.distribute.get_replica_context()
+        if tf.get_static_value(ctx.replica_id_in_sync_group) == self.local_replicas[0]:
+            self.loss_comms.append((self._tracing, "AG", int(np.prod(x.shape))
+                                    * self.num_devices * x.dtype.size))
+        return ctx.all_gather(_placed(x), axis=axis)
+
+    def _loss_all_reduce(self, x: tf.Tensor) -> tf.Tensor:
+        """All-reduce (sum) for the loss, recorded in ``loss_comms``."""
+        ctx = tf.distribute.get_replica_context()
+        if tf.get_static_value(ctx.replica_id_in_sync_group) == self.local_replicas[0]:
+            self.loss_comms.append((self._tracing, "AR", int(np.prod(x.shape)) * x.dtype.size))
+        return ctx.all_reduce(tf.distribute.ReduceOp.SUM, _placed(x))
 
     def _gather_for_loss(self, out: tf.Tensor, axis: int) -> tf.Tensor:
         ctx = tf.distribute.get_replica_context()
         rid = tf.get_static_value(ctx.replica_id_in_sync_group)
         n = self.num_devices
-        if rid == self.local_replicas[0]:
-            self.loss_comms.append((self._tracing, "AG", int(np.prod(out.shape)) * n
-                                    * out.dtype.size))
 
         @tf.custom_gradient
         def gather(x: tf.Tensor) -> tuple[tf.Tensor, Callable]:
             def grad(dy: tf.Tensor) -> tf.Tensor:
                 return tf.split(dy, n, axis=axis)[rid]
-            return ctx.all_gather(_placed(x), axis=axis), grad
+            return self._loss_all_gather(x, axis), grad
 
         return gather(out)
+
+    def _vocab_parallel(self, logits: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        ctx = tf.distribute.get_replica_context()
+        kw = getattr(self.loss, "_fn_kwargs", None) or {}
+        return losses.vocab_parallel_crossentropy(
+            logits, y, sparse=type(self.loss).__name__ == "SparseCategoricalCrossentropy",
+            label_smoothing=float(kw.get("label_smoothing") or 0.0),
+            num_devices=self.num_devices,
+            replica_id=int(tf.get_static_value(ctx.replica_id_in_sync_group)),
+            all_gather=lambda x: self._loss_all_gather(x, len(x.shape) - 1),
+            all_reduce=self._loss_all_reduce)
 
     def _local_loss(self, out: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, bool]:
         """(this replica's share of the global loss, whether shares must be summed).
@@ -256,6 +280,7 @@ class Runtime:
         convention), which is not this runtime's convention.
         """
         p = self.output_placements[0]
+        plan = self.loss_plan
         activation = (getattr(self.program, "output_activations", None) or (None,))[0]
         logits = getattr(out, "_keras_logits", None)
         if activation in _ACTIVATIONS and logits is None:
@@ -265,21 +290,24 @@ class Runtime:
                 "so the runtime cannot train this plan (predict works); choose a pattern for "
                 "the last GraphNode without a collective after the activation, e.g. the "
                 "searched one or 'replicate'")
-        if isinstance(p, Split) and self._target_placement_axis != p.axis:
-            if logits is None:
-                out = self._gather_for_loss(out, p.axis)
-            else:  # Keras's crossentropy reads the logits: gather those, not the output
-                logits = self._gather_for_loss(logits, p.axis)
-                out = _ACTIVATIONS[activation](logits)
-                out._keras_logits = logits
-        per_example = self.loss.call(y, out)
+        if plan.method == "vocab-parallel":
+            per_example = self._vocab_parallel(out, y)
+        else:
+            if plan.method == "gather":
+                if logits is None:
+                    out = self._gather_for_loss(out, p.axis)
+                else:  # Keras's crossentropy reads the logits: gather those, not the output
+                    logits = self._gather_for_loss(logits, p.axis)
+                    out = _ACTIVATIONS[activation](logits)
+                    out._keras_logits = logits
+            per_example = self.loss.call(y, out)
         total = tf.size(per_example)
-        if isinstance(p, Split) and self._target_placement_axis == p.axis:
+        if plan.partial:
             total = total * self.num_devices
         loss = tf.reduce_sum(per_example)
         if self.loss.reduction != "sum":
             loss = tf.math.divide_no_nan(loss, tf.cast(total, loss.dtype))
-        return loss, self._target_placement_axis is not None
+        return loss, plan.partial
 
     def _forward(self, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Variable]) -> list:
         # an explicit device scope: MultiWorkerMirroredStrategy does not open one around the
@@ -371,8 +399,8 @@ class Runtime:
                              f"{len(self.output_placements)}")
         xs = self._check_inputs(xs)
         y = np.asarray(y)
-        tp = self._target_placement(y)
-        self._target_placement_axis = tp.axis if isinstance(tp, Split) else None
+        self.loss_plan = self._loss_plan(y)
+        tp = Replica() if self.loss_plan.target_axis is None else Split(self.loss_plan.target_axis)
         dist_y = self._distribute([y], [tp])
         return self._distribute(xs, self.input_placements), \
             (dist_y[0] if isinstance(dist_y, tuple) else dist_y)
