@@ -95,6 +95,7 @@ class HandMLP:
         self.weight_layouts = {w.path: Layout(w.path, tuple(w.shape), p)
                                for w, p in zip(weights, placements)}
         self.input_placements, self.output_placements = [inp], [out]
+        self.output_shapes, self.output_dtypes = [(BATCH, CLASSES)], ["float32"]
 
     def __call__(self, inputs: list, weights: dict, coll: Megatron) -> list:
         x = inputs[0][0]

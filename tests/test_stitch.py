@@ -12,11 +12,13 @@ import math
 import pytest
 
 from tapas import mining
+from tapas.ir import Graph
 from tapas.planning import explore, stitch
 from tapas.planning.cost import CostOptions
 from tapas.planning.explore import EdgeCoster, ExploreOptions
 
-from test_explore import N, cluster, fake_reshard, mlp, run  # noqa: F401  (fixture)
+from test_explore import (F, H, N, add, cluster, dense, fake_reshard, input_node,  # noqa: F401
+                          mlp, run)
 
 
 def _position(order):
@@ -95,7 +97,7 @@ def test_stitch_steps_are_units_and_read_only_between_units(cluster):
     folded = mining.mine(g, min_support=6)
     gp = run(g, cluster, mode="gp", folded=folded)
     edges = EdgeCoster(N, cluster, CostOptions(), fake_reshard)
-    steps, ties = stitch.stitch_steps(g, folded, gp.templates, gp.table, edges, None, 0.0)
+    steps, ties, _ = stitch.stitch_steps(g, folded, gp.templates, gp.table, edges, None, 0.0)
     assert len(steps) == len(stitch.units(g, folded))
     (t,) = folded.templates
     for step in steps:
@@ -107,3 +109,75 @@ def test_stitch_steps_are_units_and_read_only_between_units(cluster):
             assert all(k[0] == "x" or k[0] not in inside for k, _ in step.reads)
             assert all(len(o.inputs) == len(step.reads) for o in step.infos)
     assert sum(1 for s in steps if s.release) == 1          # the tie is forgotten once
+
+
+# ---- repeated runs: jumping over identical periods -----------------------------------------
+
+def _no_runs(monkeypatch):
+    monkeypatch.setattr(stitch, "repeated_runs", lambda order, steps: [])
+
+
+def _same_plans(a, b):
+    assert [p.patterns for p in a.plans] == [p.patterns for p in b.plans]
+    for x, y in zip(a.plans, b.plans):
+        assert math.isclose(x.cost, y.cost, rel_tol=1e-12)
+
+
+def test_a_stack_of_identical_instances_is_one_run_and_jumping_keeps_the_plans(
+        cluster, monkeypatch):
+    g = mlp(10, residual=True)
+    folded = mining.mine(g, min_support=10)
+    gp = run(g, cluster, mode="gp", folded=folded)
+    order = stitch.units(g, folded)
+    edges = EdgeCoster(N, cluster, CostOptions(), fake_reshard)
+    steps, _, runs = stitch.stitch_steps(g, folded, gp.templates, gp.table, edges, None, 0.0)
+    (r,) = runs
+    assert r.period == 1 and r.count >= stitch.MIN_PERIODS
+    assert all(order[r.start + j].whole for j in range(r.count))
+    assert gp.counts.jumped > 0
+    _no_runs(monkeypatch)
+    plain = run(g, cluster, mode="gp", folded=folded)
+    assert plain.counts.jumped == 0 and plain.counts.generated > gp.counts.generated
+    _same_plans(gp, plain)
+
+
+def _alternating(folded):
+    """The mined two-layer template of ``alt`` split into one template per layer: instances
+    alternate T0 T1 T0 T1 ... (a decoder's self-attention and cross-attention blocks)."""
+    (t,) = folded.templates
+    half = t.size // 2
+    even = dataclasses.replace(t, id=0, signatures=t.signatures[:half], kinds=t.kinds[:half],
+                               edges=(), instances=tuple(i[:half] for i in t.instances))
+    odd = dataclasses.replace(t, id=1, signatures=t.signatures[half:], kinds=t.kinds[half:],
+                              edges=(), instances=tuple(i[half:] for i in t.instances))
+    return dataclasses.replace(folded, templates=(even, odd))
+
+
+def alt(layers):
+    """Residual dense blocks whose FFN width alternates F, 2F, F, ..."""
+    nodes = [input_node()]
+    x = nodes[0].outputs[0]
+    for i in range(layers):
+        f = F if i % 2 == 0 else 2 * F
+        up = dense(f"l{i}/up", x, H, f, f"up{f}")
+        down = dense(f"l{i}/down", up.outputs[0], f, H, f"down{f}")
+        nodes += [up, down, add(f"l{i}/add", x, down.outputs[0])]
+        x = nodes[-1].outputs[0]
+    return Graph.build(nodes, inputs=(nodes[0].outputs[0],), outputs=(x,), name=f"alt{layers}")
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_alternating_templates_are_a_run_of_period_two(cluster, monkeypatch, reshard):
+    g = alt(12)
+    folded = _alternating(mining.mine(g, min_support=6))
+    opts = ExploreOptions(allow_reshard=reshard)
+    gp = run(g, cluster, mode="gp", folded=folded, opts=opts)
+    edges = EdgeCoster(N, cluster, CostOptions(), fake_reshard, reshard)
+    _, _, runs = stitch.stitch_steps(g, folded, gp.templates, gp.table, edges, None, 0.0)
+    assert [r.period for r in runs] == [2]
+    assert gp.counts.jumped > 0
+    for plan in gp.plans:        # jumped costs are the exact plan costs
+        assert math.isclose(explore.plan_cost(g, gp.table, plan.patterns, edges)[0].total,
+                            plan.cost, rel_tol=1e-9)
+    _no_runs(monkeypatch)
+    _same_plans(gp, run(g, cluster, mode="gp", folded=folded, opts=opts))

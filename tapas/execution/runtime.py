@@ -13,6 +13,8 @@ The program protocol (``docs/sharding.md``; ``tapas.execution.reconstruct`` impl
     program.weight_layouts                  # {path: layout: .placement .global_shape .trainable}
     program.input_placements                # one placement per model input (R or S(a))
     program.output_placements               # one placement per model output (R or S(a))
+    program.output_shapes, .output_dtypes   # global shape and dtype per output (optional;
+                                            # needed to train an output split on an axis)
     outs = program(inputs, weights, collectives)
         # inputs:  [[local tensor]] per model input;   weights: {path: [local variable]}
         # returns: [[local tensor]] per model output  (one local replica per strategy.run call)
@@ -227,7 +229,11 @@ class Runtime:
         """How the loss of the one output is computed for targets ``y`` (module losses)."""
         p = self.output_placements[0]
         shapes = getattr(self.program, "output_shapes", None)
-        shape = tuple(shapes[0]) if shapes else tuple(y.shape)   # hand-written programs
+        if not shapes and isinstance(p, Split):
+            raise ValueError(f"the program's output is placed {p} but the program has no "
+                             "output_shapes: give it the global output shapes (and "
+                             "output_dtypes) so that the runtime can plan the loss")
+        shape = tuple(shapes[0]) if shapes else ()
         dtype = (getattr(self.program, "output_dtypes", None) or ("float32",))[0]
         activation = (getattr(self.program, "output_activations", None) or (None,))[0]
         return losses.plan_loss(self.loss, p, shape, dtype, y.ndim, self.num_devices,

@@ -340,11 +340,11 @@ def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
                         sum(r.counts.generated for r in results))
     pb.timings["enumeration"] = time.perf_counter() - t
     t = time.perf_counter()
-    steps, tie_options = stitch_steps(pb.graph, folded, results, pb.table, pb.edges,
-                                      pb.allowed, pb.options.memory_penalty)
+    steps, tie_options, runs = stitch_steps(pb.graph, folded, results, pb.table, pb.edges,
+                                            pb.allowed, pb.options.memory_penalty)
     final, scounts, sexact = run(steps, pb.table, pb.edges, pb.options.top_k,
                                  pb.options.max_states, pb.deadline, tie_options, pb.progress,
-                                 "stitching")
+                                 "stitching", runs)
     pb.timings["stitching"] = time.perf_counter() - t
     plans = _plans_from(final, steps, pb.options.top_k, len(pb.graph.nodes), tie_options)
     if not plans:

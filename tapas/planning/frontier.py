@@ -34,7 +34,7 @@ from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable
 from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Placement, Replica
 
-__all__ = ["Step", "Counts", "SearchTimeout", "Allowed", "TieOptions", "Progress", "run",
+__all__ = ["Step", "Run", "Counts", "SearchTimeout", "Allowed", "TieOptions", "Progress", "run",
            "unwind", "node_steps", "step_options", "producers", "consumers"]
 
 # a long enumeration reports progress this often (seconds)
@@ -62,7 +62,8 @@ class Counts:
     ``costed``: valid extensions whose cost was computed; ``dominated``: valid prefixes
     dropped because k cheaper ones left the same frontier (or cut by the beam: ``beam``);
     ``valid``: complete valid combinations reached at the end; ``resharded``: costed
-    extensions that needed a resharding collective on an edge to be valid."""
+    extensions that needed a resharding collective on an edge to be valid; ``jumped``:
+    steps of repeated periods taken at once (:class:`Run`)."""
 
     generated: int = 0
     pruned_early: int = 0
@@ -71,6 +72,7 @@ class Counts:
     beam: int = 0
     valid: int = 0
     resharded: int = 0
+    jumped: int = 0
 
     def __add__(self, other: Counts) -> Counts:
         return Counts(*(a + b for a, b in zip(dataclasses.astuple(self),
@@ -102,6 +104,27 @@ class Step:
     infos: tuple[Any, ...] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """Steps ``start .. start + period * count - 1`` are ``count`` repetitions of one period
+    of ``period`` steps, each the previous one with its keys renamed: ``shift(key, j)`` is
+    ``key`` as the period ``j`` periods later sees it (keys from outside the run are
+    unchanged). Built by ``tapas.planning.stitch`` for runs of identical template
+    instances; :func:`run` may jump over periods whose frontier maps onto itself."""
+
+    start: int
+    period: int
+    count: int
+    shift: Callable[[Any, int], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Jump:
+    """A path link standing for several steps taken at once (a jump over periods)."""
+
+    options: tuple[int, ...]
+
+
 @dataclasses.dataclass
 class _Tally:
     """The running counts of :func:`run` (see :class:`Counts`)."""
@@ -113,6 +136,7 @@ class _Tally:
     beamed: int = 0
     resharded: int = 0
     exact: bool = True
+    jumped: int = 0          # steps jumped over (periods whose frontier maps onto itself)
 
 
 def _branches(step: Step, state: Mapping[Any, Any], tie_options: TieOptions | None
@@ -220,17 +244,35 @@ def _keep_best(nxt: dict[State, list[tuple[float, Any]]], k: int, max_states: in
 def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
         max_states: int, deadline: float | None, tie_options: TieOptions | None = None,
         progress: Progress | None = None, phase: str = "enumeration",
+        runs: Sequence[Run] = (),
         ) -> tuple[list[tuple[float, State, Any]], Counts, bool]:
     """Enumerate the steps in order; return the final (cost, frontier, path) entries.
 
     ``tie_options[t]`` lists template t's candidates as (pattern index per position, cost):
     the first step of template t branches over them (paying the cost), later steps of t
-    take the chosen candidate's pattern at their position for free.
+    take the chosen candidate's pattern at their position for free. ``runs`` mark
+    repeated periods of steps (:class:`Run`): once a whole period maps every frontier
+    state onto its renamed self, the remaining periods but the last are jumped over.
     """
     tally = _Tally()
     frontier: dict[State, list[tuple[float, Any]]] = {(): [(0.0, None)]}
     next_report = time.perf_counter() + _PROGRESS_SECONDS
-    for si, step in enumerate(steps):
+    by_start = {r.start + j * r.period: (r, j) for r in runs for j in range(r.count - 1)}
+    before: tuple[Run, int, dict[State, list[tuple[float, Any]]]] | None = None
+    si = 0
+    while si < len(steps):
+        if si in by_start:
+            r, j = by_start[si]
+            if j >= 1 and before is not None and before[0] is r and before[1] == j - 1:
+                jump = _jump(r, j, before[2], frontier, steps, si, tie_options)
+                if jump is not None:
+                    frontier, done = jump
+                    tally.jumped += done
+                    si += done
+                    before = None
+                    continue
+            before = (r, j, frontier)
+        step = steps[si]
         now = time.perf_counter()
         if progress is not None and now > next_report:
             progress(phase, si, len(steps), tally.generated)
@@ -241,11 +283,58 @@ def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
         infos = table.infos[step.node] if step.infos is None else step.infos
         nxt = _advance(step, frontier, infos, edges, tie_options, tally)
         frontier = _keep_best(nxt, k, max_states, tally)
+        si += 1
     final = [(c, state, path) for state, entries in frontier.items() for c, path in entries]
     final.sort(key=lambda e: e[0])
     counts = Counts(tally.generated, tally.pruned, tally.costed, tally.dominated,
-                    tally.beamed, len(final), tally.resharded)
+                    tally.beamed, len(final), tally.resharded, tally.jumped)
     return final, counts, tally.exact
+
+
+def _rename(state: State, r: Run, periods: int) -> State:
+    return tuple(sorted(((r.shift(key, periods), v) for key, v in state), key=_item_key))
+
+
+def _jump(r: Run, j: int, start: Mapping[State, list[tuple[float, Any]]],
+          end: Mapping[State, list[tuple[float, Any]]], steps: Sequence[Step], si: int,
+          tie_options: TieOptions | None) -> tuple[dict, int] | None:
+    """Jump from the start of period ``j`` of ``r`` (``end``: the frontier after period
+    ``j - 1``, ``start``: before it) to the start of its last period, or None.
+
+    Valid when period ``j - 1`` took every state to its own renaming, one to one, with the
+    same entries (no merge, no cut) and no choice: every step is tied to a template whose
+    candidate every state has already chosen. The next periods are the same steps with
+    renamed keys, so they do the same to the renamed states at the same costs: each entry
+    gains ``count`` times the cost it gained in period ``j - 1``."""
+    period = steps[si - r.period:si]
+    if len(start) != len(end) or not all(
+            s.tie is not None and s.infos is not None for s in period):
+        return None
+    ties = {("tie", s.tie) for s in period}
+    jumps = r.count - 1 - j            # periods to jump: j .. count - 2
+    if jumps < 1:
+        return None
+    out: dict[State, list[tuple[float, Any]]] = {}
+    for state, entries in start.items():
+        if not ties <= {key for key, _ in state}:
+            return None
+        after = end.get(_rename(state, r, 1))
+        if after is None or len(after) != len(entries):
+            return None
+        origin = {id(path): c for c, path in entries}
+        moved = []
+        for c, path in after:
+            tail, back = path, []
+            for _ in range(r.period):
+                tail, oi = tail
+                back.append(oi)
+            if id(tail) not in origin:
+                return None
+            gain = c - origin[id(tail)]
+            options = tuple(reversed(back)) * jumps
+            moved.append((c + gain * jumps, (path, _Jump(options))))
+        out[_rename(state, r, 1 + jumps)] = moved
+    return out, jumps * r.period
 
 
 def _item_key(item: tuple[Any, Any]) -> str:
@@ -257,7 +346,10 @@ def unwind(path: Any, n: int) -> list[int]:
     out: list[int] = []
     while path is not None:
         path, oi = path
-        out.append(oi)
+        if isinstance(oi, _Jump):
+            out.extend(reversed(oi.options))
+        else:
+            out.append(oi)
     out.reverse()
     assert len(out) == n
     return out

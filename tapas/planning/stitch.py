@@ -15,6 +15,12 @@ covers. Every instance takes the candidate its template chose at its first insta
 *tie* kept in the frontier until the template's last instance). A candidate's internal
 edges are valid by construction; their resharding, if any, is costed per instance.
 
+Repeated runs. Deep stacks are long runs of identical instances (T0 T0 T0 ..., or T1 T2 T1
+T2 ... in a decoder). :func:`repeated_runs` finds the runs whose periods are the same steps
+with renamed keys (:class:`tapas.planning.frontier.Run`); the enumeration jumps over the
+middle periods once one period maps its frontier onto itself, so the stitch's work stops
+growing with depth.
+
 Units are ordered topologically on the graph where each instance is contracted to one
 vertex. An instance that cannot be contracted (a path leaves it and comes back into it
 through another unit, so it cannot run as one step) has its template's GraphNodes
@@ -32,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tapas.ir import Graph, TensorInfo
-from tapas.planning.frontier import Allowed, Step, TieOptions, producers, step_options
+from tapas.planning.frontier import Allowed, Run, Step, TieOptions, producers, step_options
 from tapas.planning.table import EdgeCoster, PatternTable
 from tapas.sharding.placements import Placement
 
@@ -40,7 +46,12 @@ if TYPE_CHECKING:
     from tapas.mining import FoldedGraph, Template
     from tapas.planning.explore import TemplateResult
 
-__all__ = ["UnitOption", "Unit", "units", "stitch_steps"]
+__all__ = ["UnitOption", "Unit", "units", "stitch_steps", "repeated_runs"]
+
+# the longest period of template instances looked for (T5's decoder repeats every 2)
+MAX_PERIOD = 4
+# a run is used from this many periods on (shorter ones gain nothing from a jump)
+MIN_PERIODS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +218,9 @@ def _unit_options(unit: Unit, io: _Io, writes: Sequence[tuple[Any, int, int]],
 
 def stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateResult],
                  table: PatternTable, edges: EdgeCoster, allowed: Allowed | None,
-                 penalty: float) -> tuple[list[Step], TieOptions]:
-    """The steps of the whole-graph stitch and the templates' tie options."""
+                 penalty: float) -> tuple[list[Step], TieOptions, list[Run]]:
+    """The steps of the whole-graph stitch, the templates' tie options and the repeated
+    runs of steps the enumeration may jump over."""
     by_id = {t.id: t for t in folded.templates}
     tie_options = {r.template: _tie_options(graph, by_id[r.template], r, table, penalty)
                    for r in results}
@@ -245,4 +257,68 @@ def stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateRe
             steps.append(Step(**common, writes=tuple((o, k) for k, _, o in writes),
                               options=step_options(table, graph.nodes[v], allowed, penalty),
                               tie=unit.template, tie_pos=unit.position))
-    return steps, tie_options
+    return steps, tie_options, repeated_runs(order, steps)
+
+
+def repeated_runs(order: Sequence[Unit], steps: Sequence[Step]) -> list[Run]:
+    """The runs of at least ``MIN_PERIODS`` repetitions of a period of at most
+    ``MAX_PERIOD`` whole-instance steps, each period the previous one with renamed keys."""
+    unit_of = {v: ui for ui, u in enumerate(order) for v in u.members}
+    pos = {v: p for u in order for p, v in enumerate(u.members)}
+
+    def kind(ui: int) -> int | None:
+        u = order[ui]
+        return u.template if u.whole else None
+
+    def shifter(lo: int, hi: int, period: int) -> Any:
+        def shift(key: Any, n: int) -> Any:
+            if not isinstance(key[0], int):
+                return key
+            u = unit_of[key[0]]
+            if not lo <= u < hi or not lo <= u + n * period < hi:
+                return key
+            return (order[u + n * period].members[pos[key[0]]], key[1])
+        return shift
+
+    runs: list[Run] = []
+    i = 0
+    while i < len(order):
+        best: tuple[int, int, int] | None = None       # (steps covered, period, count)
+        for period in range(1, MAX_PERIOD + 1):
+            kinds = [kind(i + t) for t in range(period) if i + t < len(order)]
+            if len(kinds) < period or None in kinds:
+                break
+            lo = i - period if i >= period and \
+                all(kind(i - period + t) == kinds[t] for t in range(period)) else i
+            count = 1
+            while i + (count + 1) * period <= len(order):
+                a = i + (count - 1) * period
+                shift = shifter(lo, a + 2 * period, period)
+                if not all(_same_step(steps[a + t], steps[a + period + t], shift)
+                           for t in range(period)):
+                    break
+                count += 1
+            if count >= MIN_PERIODS and (best is None or count * period > best[0]):
+                best = (count * period, period, count)
+        if best is None:
+            i += 1
+            continue
+        _, period, count = best
+        lo = i - period if i >= period and all(
+            kind(i - period + t) == kind(i + t) for t in range(period)) else i
+        runs.append(Run(i, period, count, shifter(lo, i + count * period, period)))
+        i += count * period
+    return runs
+
+
+def _same_step(a: Step, b: Step, shift: Any) -> bool:
+    """Whether step ``b`` is step ``a`` with its keys shifted by one period."""
+    if not (a.members and b.members and a.tie == b.tie and a.infos == b.infos
+            and a.release == b.release == () and a.free == b.free):
+        return False
+    if [(shift(k, 1), t.shape, t.dtype) for k, t in a.reads] != \
+            [(k, t.shape, t.dtype) for k, t in b.reads]:
+        return False
+    if [(i, shift(k, 1)) for i, k in a.writes] != list(b.writes):
+        return False
+    return sorted(map(repr, (shift(k, 1) for k in a.drops))) == sorted(map(repr, b.drops))
