@@ -60,7 +60,8 @@ from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.planning.frontier import (Allowed, Counts, Progress, SearchTimeout, Step, TieOptions,
-                                     consumers, node_steps, producers, run, unwind)
+                                     consumers, good_order, node_steps, producers, run,
+                                     unwind)
 from tapas.planning.stitch import stitch_steps
 from tapas.planning.table import (EdgeCoster, PatternInfo, PatternsFn, PatternTable, ReshardFn,
                                   pattern_table)
@@ -188,7 +189,7 @@ def explore_template(graph: Graph, template: Template, table: PatternTable, edge
     def keep(v: int, oi: int, t: TensorInfo) -> bool:
         return t.name in graph_outputs or any(c not in members for c in readers.get(t.name, ()))
 
-    order = sorted(inst)   # ids are topological
+    order = good_order(graph, inst)
     steps = node_steps(graph, order, table, allowed, options.memory_penalty, keep)
     final, counts, exact = run(steps, table, edges, max(options.per_boundary, 1),
                                options.max_states, deadline)
@@ -213,8 +214,8 @@ def explore_template(graph: Graph, template: Template, table: PatternTable, edge
 def _whole_graph_steps(graph: Graph, table: PatternTable, allowed: Allowed | None,
                        penalty: float) -> list[Step]:
     outputs = {t.name for t in graph.outputs}
-    return node_steps(graph, [n.id for n in graph.nodes], table, allowed, penalty,
-                      lambda v, oi, t: t.name in outputs)
+    return node_steps(graph, good_order(graph, [n.id for n in graph.nodes]), table, allowed,
+                      penalty, lambda v, oi, t: t.name in outputs)
 
 
 def _plans_from(final: Sequence[tuple[float, Any, Any]], steps: Sequence[Step], top_k: int,
