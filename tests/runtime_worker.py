@@ -8,7 +8,8 @@ check prints one line ``RESULT <json>``; the parent asserts on them. A check tha
 prints ``RESULT {"check": name, "error": ...}``.
 
 Checks: ``mlp``, ``checkpoint``, ``failed_step``, ``bad_inputs`` (a hand-written program),
-``zoo`` (zoo models through ``tapas.parallelize``, searched or random plans), ``logits``
+``zoo`` (zoo models through ``tapas.parallelize``, searched or random plans), ``programs``
+(successive programs and strategies in one process), ``logits``
 (softmax/sigmoid outputs: the loss computes from their logits, as Keras's does), ``property``
 (hypothesis over random small models and plans). The hand-written program is Megatron's MLP (column-parallel then row-parallel dense) and two
 other layouts of the same two Dense layers, written against the program protocol of
@@ -520,7 +521,56 @@ def check_property(strategy: Any) -> dict[str, Any]:
     return {"examples": seen, "failure": failure}
 
 
-CHECKS = {"property": check_property, "zoo": check_zoo, "mlp": check_mlp,
+def check_programs(strategy: Any) -> dict[str, Any]:
+    """Successive parallel programs in one process (a notebook, a sweep): for each
+    JOB['programs'] entry [seed, devices], a fresh three-Dense model and a random plan,
+    ``tapas.parallelize(devices=N)`` (a new MirroredStrategy each time, or this worker's
+    MultiWorkerMirroredStrategy again) and ``verify``; then one more program on the
+    worker's own strategy object, and two MirroredStrategy objects made by hand (the second
+    reuses the first one's collective keys and must be refused, naming the fix)."""
+    from tapas import capturing
+    from tapas.execution import parallel
+    spec = tf.TensorSpec([BATCH, D_IN], tf.float32, "x")
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(BATCH, D_IN).astype("float32"), rng.randn(BATCH, 4).astype("float32")
+
+    def program(seed: int, **where: Any) -> Any:
+        keras.utils.set_random_seed(seed)
+        inp = keras.Input((D_IN,), batch_size=BATCH)
+        h = keras.layers.Dense(HIDDEN, activation="relu")(inp)
+        h = keras.layers.Dense(HIDDEN, activation="relu")(h)
+        model = keras.Model(inp, keras.layers.Dense(4)(h))
+        n = where.get("devices") or where["distribute_strategy"].num_replicas_in_sync
+        plan = parallel.random_plan(capturing.capture(model, spec), n, seed)
+        return parallel.parallelize(model, spec, plan, loss=keras.losses.MeanSquaredError(),
+                                    **where)
+
+    def verified(pm: Any) -> dict[str, Any]:
+        report = pm.verify(x, y, steps=1)
+        return {"ok": report["ok"], "devices": pm.num_devices,
+                "collectives": len(pm.runtime.audits["evaluate"].records)}
+
+    out: dict[str, Any] = {}
+    for seed, count in JOB["programs"]:
+        try:
+            out[f"seed {seed} on {count}"] = verified(program(seed, devices=count))
+        except Exception as e:  # reported per program: the next ones still run
+            out[f"seed {seed} on {count}"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+    out["shared strategy"] = verified(program(7, distribute_strategy=strategy))
+    if devices.tf_config() is None:
+        names = devices.setup_devices(strategy.num_replicas_in_sync, "cpu")
+        first = tf.distribute.MirroredStrategy(names)
+        out["hand-made strategy"] = verified(program(8, distribute_strategy=first))
+        try:
+            program(9, distribute_strategy=tf.distribute.MirroredStrategy(names))
+            out["second hand-made strategy"] = None
+        except ValueError as e:
+            out["second hand-made strategy"] = str(e)
+    return out
+
+
+CHECKS = {"property": check_property, "programs": check_programs, "zoo": check_zoo,
+          "mlp": check_mlp,
           "logits": check_logits,
           "checkpoint": check_checkpoint, "failed_step": check_failed_step,
           "bad_inputs": check_bad_inputs}

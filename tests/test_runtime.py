@@ -185,12 +185,47 @@ def test_property_random_small_models_and_plans(two: dict[str, Any]) -> None:
     assert len(prop["examples"]) == 3
 
 
+def assert_programs_verified(programs: dict[str, Any], expected: list[str],
+                             audited: bool = True) -> None:
+    """Every program of the ``programs`` check ran and equals Keras; with ``audited`` (the
+    process runs replica 0, which records the audit) each ran collectives."""
+    runs = {k: v for k, v in programs.items() if k.startswith("seed") or "strategy" in k
+            and "second" not in k}
+    assert sorted(runs) == sorted(expected), programs
+    for key, run in runs.items():
+        assert "error" not in run, (key, run)
+        assert run["ok"] and (run["collectives"] > 0 or not audited), (key, run)
+
+
+def test_successive_programs_in_one_process(tmp_path: Any) -> None:
+    """Regression: every tapas.parallelize(devices=N) made a new MirroredStrategy numbering
+    its collectives from the same keys as the last one, so the second program with another
+    plan aborted ("Collective instance 102 expected type 0 ... but got type 2", or a shape
+    mismatch at instance 100) and poisoned the process. Plans, device counts (2, 4) and
+    strategies differ here; each program is verified against Keras."""
+    (res,) = run_job({"devices": 4, "dir": str(tmp_path), "checks": ["programs"],
+                      "programs": [[0, 2], [1, 2], [2, 4]]}, timeout_s=240)
+    programs = res["programs"]
+    assert "error" not in programs, programs.get("traceback")
+    assert_programs_verified(programs, ["seed 0 on 2", "seed 1 on 2", "seed 2 on 4",
+                                        "shared strategy", "hand-made strategy"])
+    refused = programs["second hand-made strategy"]
+    assert refused is not None and "collectives would collide" in refused
+    assert "pass that same object" in refused and "devices=N" in refused
+
+
 def test_multi_worker_mirrored_two_processes(tmp_path: Any) -> None:
-    results = run_job({"devices": 2, "dir": str(tmp_path), "checks": ["mlp", "checkpoint"]},
-                      workers=2)
+    """Two workers: the hand MLP, checkpoints, and successive programs on the worker's one
+    MultiWorkerMirroredStrategy (make_strategy returns it again: its keys keep counting)."""
+    results = run_job({"devices": 2, "dir": str(tmp_path),
+                       "checks": ["mlp", "checkpoint", "programs"],
+                       "programs": [[0, 2], [1, 2]]}, workers=2)
     assert len(results) == 2
-    for res in results:
+    for worker, res in enumerate(results):
         assert_equivalent(res["mlp"])
+        assert "error" not in res["programs"], res["programs"].get("traceback")
+        assert_programs_verified(res["programs"], ["seed 0 on 2", "seed 1 on 2",
+                                                   "shared strategy"], audited=worker == 0)
         ck = res["checkpoint"]
         assert "error" not in ck, ck.get("traceback")
         assert ck["data"]["weights_equal"] and ck["continue_equal"] and ck["to_keras_equal"]

@@ -6,19 +6,46 @@ Out: device names (:func:`setup_devices`: GPUs, or logical CPU devices), the par
      ``TF_CONFIG`` (:func:`tf_config`), a ``MirroredStrategy`` or
      ``MultiWorkerMirroredStrategy`` (:func:`make_strategy`), and which replicas this
      process runs (:func:`local_replica_ids`, :func:`task_id`).
+
+Collective keys. TensorFlow identifies a collective by (group key, instance key). A
+strategy numbers its groups from ``1 + _collective_key_base`` (0 unless set) and the
+collectives of each group from 100, in the order they are traced; the process's collective
+executor remembers every (group, instance) it has run. Two ``MirroredStrategy`` objects
+created one after the other therefore reuse the same keys, and the second program's
+collective number k meets the first program's number k of another type, shape or device
+set: "Collective instance 102 expected type 0 ... but got type 2", or "Shape mismatch in
+the collective instance 100", after which the process is poisoned. :func:`make_strategy`
+gives every ``MirroredStrategy`` it creates its own key range, and reuses the one
+``MultiWorkerMirroredStrategy`` of a worker process (one strategy object keeps counting
+its instance keys, so any number of programs can share it); :func:`claim_collective_keys`
+refuses a strategy created elsewhere whose keys another strategy of this process used.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import weakref
 from typing import Any
 
 import tensorflow as tf
 
 from tapas.execution import launch
 
-__all__ = ["setup_devices", "tf_config", "make_strategy", "local_replica_ids", "task_id"]
+__all__ = ["setup_devices", "tf_config", "make_strategy", "local_replica_ids", "task_id",
+           "claim_collective_keys"]
+
+# group keys one MirroredStrategy may take: one per device set it runs collectives over
+# (its own devices, plus the rare subsets tf.distribute forms), far fewer than this
+_KEY_STRIDE = 1000
+_key_lock = threading.Lock()
+_next_key_base = 0
+# the strategy that first ran programs with each key base, by base (weak: a strategy that
+# is gone still left its keys in the collective executor, so its base stays taken)
+_key_owners: dict[int, weakref.ref] = {}
+# the MultiWorkerMirroredStrategy of this worker process, by TF_CONFIG
+_multi_worker: dict[str, tf.distribute.Strategy] = {}
 
 
 def setup_devices(num_devices: int, device_type: str = "auto") -> list[str]:
@@ -90,7 +117,12 @@ def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
     """
     cfg = tf_config()
     if cfg is None:
-        return tf.distribute.MirroredStrategy(setup_devices(num_devices or 1, device_type))
+        return _mirrored_strategy(setup_devices(num_devices or 1, device_type))
+    text = os.environ["TF_CONFIG"]
+    if text in _multi_worker:
+        strategy = _multi_worker[text]
+        _check_replicas(strategy, num_devices)
+        return strategy
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=collective_timeout_s)
@@ -100,11 +132,57 @@ def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
     finally:
         if watchdog is not None:
             watchdog.cancel()
+    _multi_worker[text] = strategy
+    _check_replicas(strategy, num_devices)
+    return strategy
+
+
+def _check_replicas(strategy: tf.distribute.Strategy, num_devices: int | None) -> None:
+    """``num_devices``, when given, must be the multi-worker strategy's replica count."""
     if num_devices is not None and strategy.num_replicas_in_sync != num_devices:
         raise ValueError(f"TF_CONFIG gives {strategy.num_replicas_in_sync} replicas "
                          f"(workers x local devices) but num_devices={num_devices}; make them "
                          "equal or leave num_devices out")
-    return strategy
+
+
+def _mirrored_strategy(devices: list[str]) -> tf.distribute.Strategy:
+    """A ``MirroredStrategy`` over ``devices`` whose collective group keys no other strategy
+    of this process uses (module docstring). TensorFlow reads the key base from the class
+    attribute ``_collective_key_base`` when the strategy is built (its own tests raise it
+    the same way); it is set for this one construction and restored."""
+    global _next_key_base
+    cls = tf.distribute.MirroredStrategy
+    with _key_lock:
+        _next_key_base += _KEY_STRIDE
+        saved = cls.__dict__.get("_collective_key_base", 0)
+        cls._collective_key_base = _next_key_base
+        try:
+            return cls(devices)
+        finally:
+            cls._collective_key_base = saved
+
+
+def claim_collective_keys(strategy: tf.distribute.Strategy) -> None:
+    """Record that ``strategy`` runs programs in this process; raise ``ValueError`` when
+    another strategy (alive or not) already ran programs with the same collective keys,
+    which would abort the collectives of both (module docstring)."""
+    base = getattr(strategy.extended, "_collective_key_base", None)
+    if base is None:   # a strategy without collective keys (one device, parameter servers)
+        return
+    with _key_lock:
+        owner = _key_owners.get(int(base))
+        if owner is None:
+            _key_owners[int(base)] = weakref.ref(strategy)
+            return
+        if owner() is strategy:
+            return
+    raise ValueError(
+        f"this {type(strategy).__name__} numbers its collectives from group key {base + 1}, "
+        "like another tf.distribute strategy that already ran a parallel program in this "
+        "process: their collectives would collide and TensorFlow would abort both "
+        "('Collective instance ... expected type ...'). Pass devices=N (tapas gives each "
+        "strategy it makes its own keys: tapas.execution.devices.make_strategy), or create "
+        "one strategy and pass that same object to every tapas.parallelize call")
 
 
 def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:

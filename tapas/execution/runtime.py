@@ -61,7 +61,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.execution import checkpoints, losses
-from tapas.execution.devices import local_replica_ids, task_id
+from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
 from tapas.execution.optimizers import Optimizer, make_optimizer
 from tapas.execution.plan import WeightLayout
 from tapas.sharding.placements import Partial, Replica, Split, parse_placement
@@ -121,6 +121,7 @@ class Runtime:
             raise ValueError(f"the program was built for {program.num_devices} devices but the "
                              f"strategy has {self.num_devices} replicas; rebuild one of them so "
                              "that the device counts match")
+        claim_collective_keys(strategy)
         self.optimizer = make_optimizer(optimizer)
         self.loss = loss
         self.audits: dict[str, Any] = {}
