@@ -370,3 +370,27 @@ def test_keras2_tf_keras_models_capture_like_keras3_ones():
     assert len(strategy.patterns) == len(g2.nodes)
     with pytest.raises(tapas.CaptureError, match="Keras 2 from tf_keras"):
         tapas.capture(object())
+
+
+def test_dict_and_nested_specs_come_back_in_the_graph_input_order():
+    """tf.function flattens a dict by sorted key: the trace lists its specs in that order
+    (the order of the graph's input placeholders and of model.inputs), not the dict's; a
+    nested structure ([a, {"z": b, "y": c}]) is traced as the model takes it."""
+    ins = {"tokens": keras.Input((5,), dtype="int32", name="tokens"),
+           "mask": keras.Input((5,), dtype="int32", name="mask")}
+    h = keras.layers.Embedding(7, 3)(ins["tokens"]) * keras.ops.expand_dims(
+        keras.ops.cast(ins["mask"], "float32"), -1)
+    model = keras.Model(ins, keras.layers.Dense(2)(keras.layers.Flatten()(h)))
+    t = tapas.capturing.trace(model, {"tokens": tf.TensorSpec([2, 5], tf.int32, name="tokens"),
+                                      "mask": tf.TensorSpec([2, 5], tf.int32, name="mask")})
+    assert [s.name for s in t.input_specs] == ["mask", "tokens"] == list(t.input_names)
+    assert [x.name for x in model.inputs] == ["mask", "tokens"]
+    a, b, c = (keras.Input((d,), name=n) for d, n in ((3, "a"), (2, "b"), (1, "c")))
+    nested = keras.Model([a, {"z": b, "y": c}],
+                         keras.layers.Dense(2)(keras.layers.Concatenate()([a, b, c])))
+    spec = [tf.TensorSpec([4, 3], name="a"),
+            {"z": tf.TensorSpec([4, 2], name="b"), "y": tf.TensorSpec([4, 1], name="c")}]
+    t = tapas.capturing.trace(nested, spec)
+    assert [tuple(s.shape) for s in t.input_specs] == [(4, 3), (4, 1), (4, 2)]
+    with pytest.raises(tapas.CaptureError, match=r"input_spec\['1/z'\] is a int"):
+        tapas.capturing.trace(nested, [spec[0], {"z": 3, "y": spec[1]["y"]}])

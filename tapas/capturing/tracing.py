@@ -1,7 +1,9 @@
 """Capture: a Keras model or ``tf.function`` becomes a ``tapas.ir.Graph`` (paper 4.2).
 
 In:  a Keras 3 model (or built layer), a ``tf.function``, or a ``ConcreteFunction``, plus
-     input specs (``tf.TensorSpec``: one, a list, or a dict) with static shapes.
+     input specs (``tf.TensorSpec``: one, a list, a dict, or the nested structure the
+     model is called with) with static shapes. A dict's specs are listed in the order
+     ``tf.function`` flattens it (keys sorted): the order of the graph's inputs.
 Out: :class:`tapas.ir.Graph` of GraphNodes (see ``tapas.capturing.grouping`` for how ops are
      grouped), with every weight mapped back to its Keras variable path.
 
@@ -232,26 +234,48 @@ def _trace_keras(model: keras.Layer, input_spec: Any, batch_size: int | None,
                 "the model with keras.Input first")
         input_spec = [tf.TensorSpec(tuple(t.shape), t.dtype, name=_input_name(t, k))
                       for k, t in enumerate(model_inputs)]
-    specs, keys = _as_spec_list(input_spec)
-    labels = [f"'{keys[k]}'" if keys else (f"'{specs[k].name}'" if specs[k].name else str(k))
-              for k in range(len(specs))]
+    if isinstance(input_spec, Mapping) or (isinstance(input_spec, (list, tuple)) and any(
+            tf.nest.is_nested(s) for s in input_spec)):
+        cf, specs = _trace_keras_structure(model, input_spec, batch_size, training, label)
+        return cf, specs, list(model.weights), label
+    specs, _ = _as_spec_list(input_spec)
+    labels = [f"'{specs[k].name}'" if specs[k].name else str(k) for k in range(len(specs))]
     specs = [_fill_static(s, f"{labels[k]} of model '{label}'", batch_size)
              for k, s in enumerate(specs)]
-    if model_inputs and keys is None:
+    if model_inputs:
         _check_against_model(label, model_inputs, specs, labels)
     if not model.built:
         raise CaptureError(f"model '{label}' is not built: call it once on a batch, or "
                            "build it with keras.Input, before capturing")
-    if keys is not None:
-        fn = tf.function(lambda d: model(d, training=training))
-        cf = fn.get_concrete_function(dict(zip(keys, specs)))
-    elif len(specs) == 1:
+    if len(specs) == 1:
         fn = tf.function(lambda x: model(x, training=training))
         cf = fn.get_concrete_function(specs[0])
     else:
         fn = tf.function(lambda *xs: model(list(xs), training=training))
         cf = fn.get_concrete_function(*specs)
     return cf, specs, list(model.weights), label
+
+
+def _trace_keras_structure(model: Any, input_spec: Any, batch_size: int | None,
+                           training: bool, label: str) -> tuple[Any, list[tf.TensorSpec]]:
+    """Trace ``model`` called with a dict or nested structure of specs. The specs come back
+    in the order ``tf.function`` flattens the structure (dict keys sorted), which is the
+    order of the graph's input placeholders and of Keras's ``model.inputs``."""
+    flat = tf.nest.flatten(input_spec)
+    paths = ["/".join(str(p) for p in path) for path, _ in keras.tree.flatten_with_path(
+        tf.nest.map_structure(lambda s: 0, input_spec))]
+    specs = []
+    for path, s in zip(paths, flat):
+        if not isinstance(s, tf.TensorSpec):
+            raise CaptureError(f"input_spec[{path!r}] is a {type(s).__name__}, not a "
+                               "tf.TensorSpec: e.g. tf.TensorSpec([8, 128], tf.int32)")
+        specs.append(_fill_static(s, f"'{path}' of model '{label}'", batch_size))
+    if not model.built:
+        raise CaptureError(f"model '{label}' is not built: call it once on a batch, or "
+                           "build it with keras.Input, before capturing")
+    fn = tf.function(lambda d: model(d, training=training))
+    cf = fn.get_concrete_function(tf.nest.pack_sequence_as(input_spec, specs))
+    return cf, specs
 
 
 def _input_name(t: Any, k: int) -> str:
