@@ -303,6 +303,20 @@ class SimulatedCollectives(Collectives):
                 for j in range(n)]
 
 
+# dtypes TF's collective kernels take (CollectiveReduceV2 / CollectiveGatherV2)
+_COLLECTIVE_DTYPES = frozenset({tf.float16, tf.float32, tf.float64, tf.int32, tf.int64})
+
+
+def _in_collective_dtype(x: tf.Tensor, collective: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
+    """``collective(x)`` for any dtype: the kernels take only float16/32/64 and int32/64, so
+    a boolean (an attention mask), a small integer or a bfloat16 tensor travels as int32 or
+    float32 and is cast back (exact: every value of those dtypes is representable)."""
+    if x.dtype in _COLLECTIVE_DTYPES:
+        return collective(x)
+    carrier = tf.float32 if x.dtype.is_floating else tf.int32
+    return tf.cast(collective(tf.cast(x, carrier)), x.dtype)
+
+
 class ReplicaContextCollectives(Collectives):
     """One replica of a ``tf.distribute`` strategy: collectives through the current
     ``ReplicaContext`` (``all_reduce``, ``all_gather``); call inside ``Strategy.run``.
@@ -334,7 +348,8 @@ class ReplicaContextCollectives(Collectives):
         return isinstance(rid, int) and rid == 0
 
     def _sum(self, xs: Tensors) -> Tensors:
-        return [tf.ensure_shape(self._ctx().all_reduce(tf.distribute.ReduceOp.SUM, x), x.shape)
+        return [tf.ensure_shape(_in_collective_dtype(
+            x, lambda v: self._ctx().all_reduce(tf.distribute.ReduceOp.SUM, v)), x.shape)
                 for x in xs]
 
     def _gather(self, xs: Tensors, axis: int) -> Tensors:
@@ -342,7 +357,8 @@ class ReplicaContextCollectives(Collectives):
         for x in xs:
             shape = x.shape.as_list()
             shape[axis] = None if shape[axis] is None else shape[axis] * self.num_devices
-            out.append(tf.ensure_shape(self._ctx().all_gather(x, axis=axis), shape))
+            out.append(tf.ensure_shape(_in_collective_dtype(
+                x, lambda v: self._ctx().all_gather(v, axis=axis)), shape))
         return out
 
     def _all_to_all(self, xs: Tensors, split_axis: int, concat_axis: int) -> Tensors:
