@@ -1,15 +1,19 @@
 """``tapas.parallelize``: a Keras model becomes a :class:`ParallelModel` trained under
 ``tf.distribute`` with a tensor-parallel strategy.
 
-In:  a Keras model, its input specs (static ``tf.TensorSpec`` s), a ``tapas.planning.search.Strategy``
+In:  a Keras model, its input specs (static ``tf.TensorSpec`` s: one, a list, a dict keyed by
+     input name, or the model's nested structure), a ``tapas.planning.search.Strategy``
      (an object or a JSON path; searched here when ``None``), the devices (``devices=N`` for
      a ``MirroredStrategy`` over N local devices, or ``distribute_strategy=`` any
      ``tf.distribute`` strategy, e.g. ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``),
      an optimizer ("sgd", "adam") and a loss.
-Out: :class:`ParallelModel` with ``train_step(x, y)``, ``predict(x)``, ``gradients(x, y)``,
-     ``save(path)``, ``restore(path)``, ``to_keras()``, ``audit()`` (the collectives of the
-     reconstructed program against the strategy's prediction) and ``verify(...)`` (the
-     single-device Keras model side by side).
+Out: :class:`ParallelModel` with ``train_step(x, y)``, ``predict(x)``, ``evaluate(x, y)``,
+     ``gradients(x, y)``, ``save(path)``, ``restore(path)``, ``to_keras()``, ``audit()``
+     (the collectives of the reconstructed program against the strategy's prediction) and
+     ``verify(...)`` (the
+     single-device Keras model side by side). A batch ``x`` takes every form Keras
+     accepts for the model (``tapas.execution.inputs``: one array, a list in
+     ``model.inputs`` order, a dict keyed by input name, the model's own structure).
 
 Pipeline: capture (``tapas.capturing.trace``) -> strategy (given, or ``tapas.search`` on a
 cluster of N devices) -> checks (the strategy fits this graph and this device count; every
@@ -35,12 +39,12 @@ import numpy as np
 import tensorflow as tf
 
 from tapas import capturing
-from tapas.execution import optimizers, runtime, verify
+from tapas.execution import inputs, optimizers, runtime, verify
 from tapas.execution.devices import make_strategy
 from tapas.execution.audit import AuditReport, predicted_comm_list
 from tapas.planning.cost import Cluster
 
-__all__ = ["parallelize", "ParallelModel", "random_plan"]
+__all__ = ["parallelize", "ParallelModel", "random_plan", "loss_object"]
 
 def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7) -> Any:
     """A random valid plan: per GraphNode, one of ``tapas.sharding.patterns.patterns_for`` (a
@@ -64,8 +68,11 @@ class ParallelModel:
     """A Keras model reconstructed under a strategy and running on N devices."""
 
     def __init__(self, model: Any, trace: Any, graph: Any, strategy: Any, program: Any,
-                 rt: runtime.Runtime, timings: Mapping[str, float], training: bool) -> None:
+                 rt: runtime.Runtime, timings: Mapping[str, float], training: bool,
+                 signature: inputs.InputSignature | None = None) -> None:
         self.model, self.trace, self.graph = model, trace, graph
+        # the model's inputs: names, specs, the structure Keras takes (tapas.execution.inputs)
+        self.inputs = signature or inputs.InputSignature.of(model, trace.input_specs)
         self.strategy, self.program, self.runtime = strategy, program, rt
         self.timings = dict(timings)
         self.training = training
@@ -76,14 +83,21 @@ class ParallelModel:
 
     # the runtime's operations
     def train_step(self, x: Any, y: Any) -> float:
-        """One optimizer step on the global batch; returns the loss (see Runtime.train_step)."""
-        return self.runtime.train_step(_as_list(x), y)
+        """One optimizer step on the global batch; returns the loss (see Runtime.train_step).
+        ``x`` in any form Keras accepts for the model (module docstring)."""
+        return self.runtime.train_step(self.inputs.flatten(x), y)
 
     def predict(self, x: Any) -> Any:
-        return self.runtime.predict(_as_list(x))
+        """The model's output on the global batch ``x`` (a list when it has several)."""
+        return self.runtime.predict(self.inputs.flatten(x))
+
+    def evaluate(self, x: Any, y: Any) -> float:
+        """The global loss on the batch, without updating anything."""
+        return self.runtime.evaluate(self.inputs.flatten(x), y)[1]
 
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
-        return self.runtime.gradients(_as_list(x), y)
+        """(global loss, {weight path: global gradient}) on the batch, without an update."""
+        return self.runtime.gradients(self.inputs.flatten(x), y)
 
     def save(self, path: str) -> str:
         return self.runtime.save(path)
@@ -118,11 +132,24 @@ class ParallelModel:
         the reference; needs a fresh ParallelModel (no step taken yet). ``on_step(step,
         loss, keras_loss, seconds of the parallel step)`` is called after each step
         (``tapas.execution.verify.verify_with_keras``)."""
-        return verify.verify_with_keras(self, _as_list(x), y, steps, on_step)
+        return verify.verify_with_keras(self, self.inputs.flatten(x), y, steps, on_step)
 
 
-def _as_list(x: Any) -> list:
-    return list(x) if isinstance(x, (list, tuple)) else [x]
+def loss_object(loss: Any) -> Any:
+    """``loss`` as a ``keras.losses.Loss`` (what the runtime reduces itself): a Loss as it
+    is, a name or function Keras knows ("mse", ``keras.losses.mean_squared_error``) as the
+    Loss class of the same name (``MeanSquaredError``); ``None`` stays ``None``."""
+    import keras
+    if loss is None or isinstance(loss, keras.losses.Loss):
+        return loss
+    fn = keras.losses.get(loss) if isinstance(loss, str) else loss
+    name = getattr(fn, "__name__", "")
+    cls = getattr(keras.losses, "".join(w.capitalize() for w in name.split("_")), None)
+    if isinstance(cls, type) and issubclass(cls, keras.losses.Loss):
+        return cls()
+    raise ValueError(f"loss {loss!r}: the runtime needs a keras.losses.Loss object (it "
+                     "reduces the per-example values itself), e.g. "
+                     "keras.losses.MeanSquaredError(); pass loss=<that object>")
 
 
 def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
@@ -153,7 +180,11 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         raise ValueError(f"devices={devices} but distribute_strategy has {n} replicas; give one "
                          "of them or make them agree")
     start = time.perf_counter()
-    trace = capturing.trace(model, input_spec, training=training)
+    signature = inputs.InputSignature.of(model, input_spec)
+    trace = capturing.trace(model, signature.spec_structure(), training=training)
+    if [s.name for s in trace.input_specs] != list(signature.names):
+        raise RuntimeError(f"capture listed the inputs as {[s.name for s in trace.input_specs]}"
+                           f", Keras as {list(signature.names)}: the flattening orders differ")
     graph = capturing.to_ir(trace)
     timings["capture"] = time.perf_counter() - start
 
@@ -181,14 +212,11 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     program = reconstruct.Program(trace, graph, plan)
     timings["reconstruct"] = time.perf_counter() - start
 
-    if loss is None:
-        loss = getattr(model, "loss", None)
-        if isinstance(loss, str):
-            import keras
-            loss = keras.losses.get(loss)
+    loss = loss_object(getattr(model, "loss", None) if loss is None else loss)
     values = {w.path: w.numpy() for w in model.weights if w.path in program.weight_layouts}
     start = time.perf_counter()
     rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
                          optimizer=optimizers.make_optimizer(optimizer, learning_rate), loss=loss)
     timings["shard"] = time.perf_counter() - start
-    return ParallelModel(model, trace, graph, strategy, program, rt, timings, training)
+    return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
+                         signature)

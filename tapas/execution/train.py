@@ -1,7 +1,9 @@
 """``tapas train``: train a zoo model on its synthetic data under a tensor-parallel strategy.
 
-In:  :class:`TrainOptions` (model name, devices, steps, strategy file / "random:SEED" /
-     searched, optimizer, --verify, --workers).
+In:  :class:`TrainOptions` (a zoo model name, trained on its synthetic data, or the path of a
+     saved ``.keras`` model, trained on a random batch in its input structure with its
+     compiled loss; devices, steps, strategy file / "random:SEED" / searched, optimizer,
+     --verify, --workers).
 Out: a report dict (printed as it goes): the strategy table, the loss of every step, step
      time and throughput, the first-step trace time, the collective audit against the
      strategy's prediction, and with ``verify`` the largest differences of outputs,
@@ -31,7 +33,7 @@ class TrainError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
-    model: str | None = None          # zoo name (default: the zoo's default model)
+    model: str | None = None          # zoo name (default: the zoo's default) or .keras path
     devices: int = 4                  # N (MirroredStrategy over N local devices)
     steps: int = 3
     strategy: str | None = None       # Strategy JSON path, "random:SEED", or None (search)
@@ -65,7 +67,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     workers = n // len(distribute.extended.worker_devices)
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
                               "optimizer": opts.optimizer, "batch": int(len(y))}
-    check = _run_steps(opts, pm, list(xs), y, report, say)
+    check = _run_steps(opts, pm, xs, y, report, say)
     timings.update({f"trace_{k}": v for k, v in pm.runtime.trace_seconds.items()})
     audit = pm.audit()
     report["audit"] = audit.to_json()
@@ -92,15 +94,20 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     from tapas.planning.cost import Cluster
     n = distribute.num_replicas_in_sync
     name = opts.model or models.DEFAULT_MODEL
-    try:
-        entry = models.get(name)
-    except ValueError as e:
-        raise TrainError(f"--model={name}: {e} (tapas train needs a zoo model: it trains on "
-                         "the model's synthetic data)") from None
     start = time.perf_counter()
-    model = entry.build(seed=0)
-    xs, y = entry.synthetic_batch(opts.batch_size)
-    specs = list(entry.input_spec(opts.batch_size))
+    if name.endswith(".keras") or os.path.sep in name:
+        model, specs, xs, y, loss = _saved_model(name, opts.batch_size)
+        name = os.path.basename(name)
+    else:
+        try:
+            entry = models.get(name)
+        except ValueError as e:
+            raise TrainError(f"--model={name}: {e} (give a zoo name, which trains on the "
+                             "model's synthetic data, or the path of a saved .keras "
+                             "model)") from None
+        model = entry.build(seed=0)
+        xs, y = entry.synthetic_batch(opts.batch_size)
+        xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
     timings["build"] = time.perf_counter() - start
 
     cluster = Cluster.preset(opts.cluster, 1, n)
@@ -119,7 +126,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     try:
         pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
                                   optimizer=opts.optimizer, learning_rate=opts.learning_rate,
-                                  loss=entry.keras_loss(), cluster=cluster,
+                                  loss=loss, cluster=cluster,
                                   search_options=search_options)
     except (ValueError, reconstruct.ReconstructError) as e:
         raise TrainError(str(e)) from None
@@ -132,7 +139,51 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     return pm, name, xs, y
 
 
-def _run_steps(opts: TrainOptions, pm: Any, xs: list, y: Any, report: dict[str, Any],
+def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any, Any]:
+    """A saved ``.keras`` model: (model, input specs in its structure with batch
+    ``batch_size`` (default 8), a synthetic batch in that structure, targets, loss). The
+    loss is the one the model was compiled with, mean squared error when it was saved
+    uncompiled (``tapas.execution.inputs.synthetic_batch`` says what the data are)."""
+    if not os.path.exists(path):
+        raise TrainError(f"--model={path}: no such file; give a zoo name (tapas models) or "
+                         "the path of a model saved with model.save('name.keras')")
+    import keras
+    import tensorflow as tf
+
+    from tapas.execution import inputs, parallel
+    try:
+        import keras_hub  # noqa: F401  (registers its layers, which saved models name)
+    except ImportError:
+        pass
+    try:
+        model = keras.saving.load_model(path)
+    except Exception as e:  # Keras raises many types for a file it cannot read
+        raise TrainError(f"--model={path}: Keras cannot load it ({type(e).__name__}: "
+                         f"{str(e)[:300]}); save it with model.save('name.keras') and import "
+                         "the library that defines its custom layers") from None
+    batch = batch_size or 8
+    structure = inputs.keras_structure(model)
+    if structure is None:
+        raise TrainError(f"--model={path}: the model has no symbolic inputs (a subclassed "
+                         "model); save a functional or Sequential model built on keras.Input")
+    leaves = keras.tree.flatten(structure)
+    unknown = [(t.name, list(t.shape)) for t in leaves if None in tuple(t.shape)[1:]]
+    if unknown:
+        raise TrainError(f"--model={path}: input '{unknown[0][0]}' has shape {unknown[0][1]}; "
+                         "tapas train needs every dimension but the batch fixed: build the "
+                         "model with keras.Input(shape=(...)) of static size and save it again")
+    specs = keras.tree.pack_sequence_as(structure, [
+        tf.TensorSpec((batch,) + tuple(t.shape)[1:], t.dtype) for t in leaves])
+    try:
+        loss = parallel.loss_object(getattr(model, "loss", None) or "mean_squared_error")
+        signature = inputs.InputSignature.of(model, specs)
+        xs, y = inputs.synthetic_batch(model, signature, loss)
+    except ValueError as e:
+        raise TrainError(f"--model={path}: {e}") from None
+    return model, specs, xs, y, loss
+
+
+def _run_steps(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any],
                say: Any) -> dict[str, Any] | None:
     """``opts.steps`` training steps (side by side with Keras when ``opts.verify``), their
     losses, times and throughput into ``report``; returns the verify report, if any."""

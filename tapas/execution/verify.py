@@ -234,15 +234,17 @@ def _adam_compare(got: np.ndarray, want: np.ndarray, grad: np.ndarray | None,
 def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
                       on_step: Any = None) -> dict[str, Any]:
     """``ParallelModel.verify``: the parallel model ``pm`` and its single-device Keras model
-    from the same weights: outputs, loss and gradients of one batch, then ``steps``
-    optimizer steps of both (the Keras optimizer with the same hyper-parameters), the
-    losses of each step and the weights after them. Trains ``pm.model`` as the reference."""
+    (called with ``xs``, one array per input in the program's order, packed into the
+    structure the model takes) from the same weights: outputs, loss and gradients of one
+    batch, then ``steps`` optimizer steps of both (the Keras optimizer with the same
+    hyper-parameters), the losses of each step and the weights after them. Trains ``pm.model`` as the reference."""
     rt = pm.runtime
     if int(rt.iterations.numpy()) != 0:
         raise RuntimeError("verify() compares from the initial state: call it before any "
                            "train_step, on a freshly parallelized model")
     model = pm.model
-    call = (lambda: model(xs if len(xs) > 1 else xs[0], training=pm.training))
+    structure = pm.inputs.pack(xs)   # the structure the Keras model is called with
+    call = (lambda: model(structure, training=pm.training))
     report, ref_g = _first_batch(rt, model, call, xs, y)
     report["losses"] = _train_side_by_side(pm, call, xs, y, steps, on_step)
     report["step_losses"] = _worst({f"step {i + 1}": compare(a, b)
