@@ -90,9 +90,12 @@ def load_model(name: str | None, batch_size: int | None = None,
                                  f"({', '.join(models.names()[:4])}, ...) or a saved .keras path")
         import keras
         import tensorflow as tf
+        from tapas.execution.inputs import keras_structure
         model = keras.saving.load_model(name, compile=False)
-        specs = [tf.TensorSpec((batch_size or 8,) + tuple(t.shape[1:]), t.dtype)
-                 for t in model.inputs]
+        # in the model's own input structure (a dict for keras-hub models), batch filled in
+        specs = keras.tree.map_structure(
+            lambda t: tf.TensorSpec((batch_size or 8,) + tuple(t.shape[1:]), t.dtype,
+                                    name=t.name), keras_structure(model))
         return LoadedModel(os.path.basename(name), model, specs, time.perf_counter() - start)
     try:
         entry = models.get(name)

@@ -67,6 +67,8 @@ def test_unknown_command_and_model_are_usage_errors():
     assert proc.returncode != 0 and "t5-large" in proc.stderr
     proc = run_tapas("inspect", "--model=/no/such/model.keras", check=False)
     assert proc.returncode != 0 and "no such file" in proc.stderr
+    proc = run_tapas("train", "--model=/no/such/model.keras", "--devices=1", check=False)
+    assert proc.returncode != 0 and "no such file" in proc.stderr
 
 
 def test_inspect_a_saved_keras_file(tmp_path):
@@ -77,6 +79,13 @@ def test_inspect_a_saved_keras_file(tmp_path):
     model.save(path)
     out = run_tapas("inspect", f"--model={path}", "--batch_size=2").stdout
     assert "dense" in out and "parameters       53" in out
+    # a dict of inputs whose keys are not sorted: captured as the model takes them
+    ins = {"z": keras.Input((4,), name="z"), "a": keras.Input((2,), name="a")}
+    model = keras.Model(ins, keras.layers.Dense(3)(keras.layers.Concatenate()([ins["z"],
+                                                                              ins["a"]])))
+    model.save(tmp_path / "d.keras")
+    out = run_tapas("inspect", f"--model={tmp_path / 'd.keras'}", "--batch_size=2").stdout
+    assert "parameters       21" in out
 
 
 def test_report_helpers_format_every_field():
