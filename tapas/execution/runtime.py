@@ -217,8 +217,10 @@ class Runtime:
         if not isinstance(xs, (list, tuple)):
             xs = [xs]
         if len(xs) != len(self.input_specs):
-            raise ValueError(f"got {len(xs)} inputs, the model takes {len(self.input_specs)} "
-                             f"({', '.join(s.name or '?' for s in self.input_specs)})")
+            names = ", ".join(f"'{s.name or k}'" for k, s in enumerate(self.input_specs))
+            raise ValueError(f"got {len(xs)} inputs, the program takes {len(self.input_specs)} "
+                             f"({names}): pass one array per input in this order (a "
+                             "ParallelModel also takes a dict keyed by input name)")
         out = []
         for x, spec in zip(xs, self.input_specs):
             x = np.asarray(x)
