@@ -237,7 +237,8 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     (called with ``xs``, one array per input in the program's order, packed into the
     structure the model takes) from the same weights: outputs, loss and gradients of one
     batch, then ``steps`` optimizer steps of both (the Keras optimizer with the same
-    hyper-parameters), the losses of each step and the weights after them. Trains ``pm.model`` as the reference."""
+    hyper-parameters), the losses of each step and the weights after them. Trains
+    ``pm.model`` as the reference."""
     rt = pm.runtime
     if int(rt.iterations.numpy()) != 0:
         raise RuntimeError("verify() compares from the initial state: call it before any "
