@@ -15,6 +15,15 @@ comm or a mix with full gradients, a backward comm makes them full: ``AR`` (part
 split on that axis instead (a bias follows its kernel), and the driver runs the passes
 again.
 
+A sliced gradient that travelled back through replicated ops and is not absorbed by a weight
+split is all-gathered where it *started*: at the tensor the split consumer reads (its
+*origin*), not where the lazy pass stopped. Reconstruction lowers a backward ``AG(a)`` on a
+tensor as a local slice of that tensor in the forward pass (``C_AG`` is the conjugate of
+slicing), so an ``AG`` placed upstream would slice the forward values of every op in
+between, which the pattern records as replicated: a replicated ``SelectV2`` between an
+attention softmax and the context matmul split on the key axis read a sliced softmax
+against its whole mask (keras-hub Mixtral and Qwen3-MoE, pattern ``split-R-R-S2``).
+
 This module imports no TensorFlow.
 """
 
@@ -43,6 +52,10 @@ class _Backward:
     def __init__(self, trial: Trial, fw: Forward, fixed: Mapping[str, Placement]) -> None:
         self.trial, self.fw, self.fixed = trial, fw, fixed
         self.state: dict[str, Contribution] = {}
+        # tensor in a lazy sliced state -> where the slices started: {(tensor, axis)}
+        self.origins: dict[str, frozenset[tuple[str, int]]] = {}
+        self.gathered: set[str] = set()
+        self.via_origins: dict[tuple[int, int], frozenset[tuple[str, int]]] = {}
         self.comms: list[Comm] = []
         self.upgrades: dict[str, int] = {}
         self.reduced = {c.tensor for c in fw.fwd_comms}
@@ -61,24 +74,34 @@ class _Backward:
         return self.comms, self.upgrades
 
     def _materialize(self, t: str, s: Contribution) -> None:
-        """A backward comm that makes the gradient of ``t`` full."""
+        """A backward comm that makes the gradient of ``t`` full (a sliced one: an ``AG`` at
+        each of its origins, see the module docstring)."""
         w = self.trial.weight_tensors.get(t)
         if w is not None and not w.trainable:
             self.state[t] = "ok"   # no gradient: nothing to reduce
             return
-        shape = self.fw.shapes.get(t) or ()
-        dtype = self.fw.dtypes.get(t, "float32")
         if s == "partial":
+            shape = self.fw.shapes.get(t) or ()
+            dtype = self.fw.dtypes.get(t, "float32")
             self.comms.append(Comm(Collective.ALL_REDUCE, t, shape, dtype, _P, _R, "bwd"))
         else:
-            a = s[1]
-            self.comms.append(Comm(Collective.ALL_GATHER, t, shape, dtype, Split(a), _R,
-                                   "bwd", a))
+            for o, a in sorted(self.origins.get(t, frozenset({(t, s[1])}))):
+                self._gather(o, a)
+        self.state[t] = "ok"
+
+    def _gather(self, t: str, a: int) -> None:
+        """The backward ``AG(a)`` of tensor ``t``, once."""
+        if t in self.gathered:
+            return
+        self.gathered.add(t)
+        shape = self.fw.shapes.get(t) or ()
+        dtype = self.fw.dtypes.get(t, "float32")
+        self.comms.append(Comm(Collective.ALL_GATHER, t, shape, dtype, Split(a), _R, "bwd", a))
         self.state[t] = "ok"
 
     def _through(self, k: int, i: int) -> Contribution:
         """The gradient replicated op ``k`` hands its operand ``i``: its outputs' state,
-        mapped onto the operand's axes."""
+        mapped onto the operand's axes (a slice keeps its origins, ``self.via_origins``)."""
         rec = self.fw.recs[k]
         outs = [t.name for t in rec.op.outputs if t.name in self.fw.needs_grad]
         bad = [(t, self.state.get(t, "ok")) for t in outs if self.state.get(t, "ok") != "ok"]
@@ -102,11 +125,23 @@ class _Backward:
         lab = olabs[s[1]]
         if lab in spec.no_split or lab not in ilabs:
             return "partial"
+        self.via_origins[(k, i)] = self.origins.get(t, frozenset({(t, s[1])}))
         return ("slice", ilabs.index(lab))
 
     def _kinds(self, t: str) -> list[Contribution]:
         return [self._through(k, i) if kind == "via" else kind
                 for kind, k, i in self.fw.contrib.get(t, [])]
+
+    def _slice_origins(self, t: str, kinds: list[Contribution]) -> frozenset[tuple[str, int]]:
+        """Where the sliced contributions ``kinds`` to the gradient of ``t`` started: ``t``
+        itself for a consumer that reads it sliced, the origins of the op's output for one
+        passed through a replicated op."""
+        out: set[tuple[str, int]] = set()
+        for (kind, k, i), now in zip(self.fw.contrib.get(t, []), kinds):
+            if not isinstance(now, tuple):
+                continue
+            out |= self.via_origins[(k, i)] if kind == "via" else {(t, now[1])}
+        return frozenset(out)
 
     def _settle_mixed(self, t: str, kinds: list[Contribution]) -> list[Contribution]:
         """Full and lazy contributions (``kinds``) meet at ``t``: reduce the lazy ones where
@@ -138,6 +173,8 @@ class _Backward:
             self.upgrades[w.path] = s[1]
             self.state[t] = "ok"
             return
+        if s != "partial":
+            self.origins[t] = self._slice_origins(t, kinds)
         k = self.fw.producer.get(t)
         if t in self.boundary or t in self.reduced or k is None or not self.fw.recs[k].replicated:
             self._materialize(t, s)
