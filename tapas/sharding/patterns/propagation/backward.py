@@ -23,6 +23,10 @@ slicing), so an ``AG`` placed upstream would slice the forward values of every o
 between, which the pattern records as replicated: a replicated ``SelectV2`` between an
 attention softmax and the context matmul split on the key axis read a sliced softmax
 against its whole mask (keras-hub Mixtral and Qwen3-MoE, pattern ``split-R-R-S2``).
+Likewise a slice that would turn partial (through an op that does not carry it, such as
+the ``Sum`` making MoE gates, or mixed with partial sums) is gathered at its origins when
+one of them is a contraction's operand: only an elementwise consumer slices a replicated
+operand locally, so only there is a partial gradient the right account of the slice.
 
 This module imports no TensorFlow.
 """
@@ -40,6 +44,11 @@ __all__ = ["backward_comms"]
 _R = Replica()
 _P = Partial()
 
+# where a sliced gradient started: (tensor, axis, hard); hard when the consumer reading the
+# tensor sliced is no elementwise op (reconstruction slices a replicated operand locally
+# only for elementwise ops, so a contraction's operand must be sliced by the backward AG)
+_Origin = tuple[str, int, bool]
+
 
 def backward_comms(trial: Trial, fw: Forward,
                    fixed: Mapping[str, Placement]) -> tuple[list[Comm], dict[str, int]]:
@@ -52,10 +61,10 @@ class _Backward:
     def __init__(self, trial: Trial, fw: Forward, fixed: Mapping[str, Placement]) -> None:
         self.trial, self.fw, self.fixed = trial, fw, fixed
         self.state: dict[str, Contribution] = {}
-        # tensor in a lazy sliced state -> where the slices started: {(tensor, axis)}
-        self.origins: dict[str, frozenset[tuple[str, int]]] = {}
+        # tensor in a lazy sliced state -> where the slices started, see _Origin
+        self.origins: dict[str, frozenset[_Origin]] = {}
         self.gathered: set[str] = set()
-        self.via_origins: dict[tuple[int, int], frozenset[tuple[str, int]]] = {}
+        self.via_origins: dict[tuple[int, int], frozenset[_Origin]] = {}
         self.comms: list[Comm] = []
         self.upgrades: dict[str, int] = {}
         self.reduced = {c.tensor for c in fw.fwd_comms}
@@ -85,7 +94,7 @@ class _Backward:
             dtype = self.fw.dtypes.get(t, "float32")
             self.comms.append(Comm(Collective.ALL_REDUCE, t, shape, dtype, _P, _R, "bwd"))
         else:
-            for o, a in sorted(self.origins.get(t, frozenset({(t, s[1])}))):
+            for o, a, _ in sorted(self.origins.get(t, frozenset({(t, s[1], True)}))):
                 self._gather(o, a)
         self.state[t] = "ok"
 
@@ -114,34 +123,75 @@ class _Backward:
         t, s = bad[0]
         if s == "partial":
             return "partial"
-        spec = rec.spec
+        passed = self._pass_slice(k, i, t, s)
+        if passed is not None:
+            self.via_origins[(k, i)] = self.origins.get(t, frozenset({(t, s[1], True)}))
+            return passed
+        if any(hard for _, _, hard in self.origins.get(t, ())):
+            self._materialize(t, s)    # a contraction reads t sliced: gather it there
+            return "ok"
+        return "partial"
+
+    def _pass_slice(self, k: int, i: int, t: str, s: Contribution) -> Contribution | None:
+        """The sliced state ``s`` of output ``t`` of replicated op ``k`` on its operand
+        ``i``, or None when the op does not carry it (not elementwise, or the operand lacks
+        the axis): then the operand's gradient is partial."""
+        spec = self.fw.recs[k].spec
         if spec is None or spec.flops not in ("elementwise", "none"):
-            return "partial"
-        j = [x.name for x in rec.op.outputs].index(t)
+            return None
+        j = [x.name for x in self.fw.recs[k].op.outputs].index(t)
         olabs = spec.outputs[j]
         ilabs = spec.inputs[i]
         if olabs is None or ilabs is None:
-            return "partial"
+            return None
         lab = olabs[s[1]]
         if lab in spec.no_split or lab not in ilabs:
-            return "partial"
-        self.via_origins[(k, i)] = self.origins.get(t, frozenset({(t, s[1])}))
+            return None
         return ("slice", ilabs.index(lab))
 
     def _kinds(self, t: str) -> list[Contribution]:
-        return [self._through(k, i) if kind == "via" else kind
+        """The contribution of every consumer of ``t`` to its gradient, as it stands (a
+        direct slice of ``t`` is full once ``t`` is gathered)."""
+        return [self._through(k, i) if kind == "via"
+                else "ok" if isinstance(kind, tuple) and t in self.gathered else kind
                 for kind, k, i in self.fw.contrib.get(t, [])]
 
-    def _slice_origins(self, t: str, kinds: list[Contribution]) -> frozenset[tuple[str, int]]:
+    def _slice_origins(self, t: str, kinds: list[Contribution]) -> frozenset[_Origin]:
         """Where the sliced contributions ``kinds`` to the gradient of ``t`` started: ``t``
         itself for a consumer that reads it sliced, the origins of the op's output for one
         passed through a replicated op."""
-        out: set[tuple[str, int]] = set()
+        out: set[_Origin] = set()
         for (kind, k, i), now in zip(self.fw.contrib.get(t, []), kinds):
             if not isinstance(now, tuple):
                 continue
-            out |= self.via_origins[(k, i)] if kind == "via" else {(t, now[1])}
+            if kind == "via":
+                out |= self.via_origins[(k, i)]
+            else:
+                spec = self.fw.recs[k].spec
+                out.add((t, now[1], spec is None or spec.flops != "elementwise"))
         return frozenset(out)
+
+    def _gather_hard_slices(self, t: str, kinds: list[Contribution]) -> list[Contribution]:
+        """Slices of ``t`` that would turn partial (mixed with partial sums, or on two
+        axes): when one started at a contraction's operand, gather every one at its
+        origin (see the module docstring); the contributions as they then stand."""
+        slices = [x for x in kinds if isinstance(x, tuple)]
+        if not slices or not any(h for _, _, h in self._slice_origins(t, kinds)):
+            return kinds
+        for (kind, k, i), now in zip(self.fw.contrib.get(t, []), kinds):
+            if not isinstance(now, tuple):
+                continue
+            if kind == "via":
+                for o in self.fw.recs[k].op.outputs:
+                    if self.state.get(o.name, "ok") != "ok":
+                        self._materialize(o.name, self.state[o.name])
+            else:
+                self._gather(t, now[1])
+        kinds = self._kinds(t)
+        if any(x == "ok" for x in kinds) and any(x != "ok" for x in kinds):
+            raise Invalid(f"the gradient of '{t}' would mix full and partial "
+                          "contributions inside the node")
+        return kinds
 
     def _settle_mixed(self, t: str, kinds: list[Contribution]) -> list[Contribution]:
         """Full and lazy contributions (``kinds``) meet at ``t``: reduce the lazy ones where
@@ -166,6 +216,12 @@ class _Backward:
             self.state[t] = "ok"
             return
         slices = {x for x in kinds if x != "partial"}
+        if slices and (len(slices) > 1 or "partial" in kinds):
+            kinds = self._gather_hard_slices(t, kinds)
+            if all(x == "ok" for x in kinds):
+                self.state[t] = "ok"
+                return
+            slices = {x for x in kinds if x != "partial"}
         s: Contribution = next(iter(slices)) if len(slices) == 1 and "partial" not in kinds \
             else "partial"
         w = self.trial.weight_tensors.get(t)
