@@ -172,6 +172,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         if strategy.num_devices != n:
             raise ValueError(f"the plan shards over {strategy.num_devices} devices but "
                              f"{n} were given")
+        strategy = strategy.for_graph(graph)
     else:
         strategy.check(graph, num_devices=n)
         strategy = strategy.bind(graph)

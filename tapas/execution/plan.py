@@ -82,6 +82,26 @@ class Plan:
         p = self.patterns.get(node.id)
         return p if p is not None else replicated(node)
 
+    def for_graph(self, graph: ir.Graph) -> Plan:
+        """This plan on ``graph``: itself when it was made there; the same named patterns
+        chosen again on ``graph`` when it was made on an identical graph under other names
+        (the same architecture built twice in one process: Keras numbers auto-named layers,
+        so weight paths and tensor names differ while the graph digest is the same);
+        otherwise :meth:`check_graph`'s error."""
+        try:
+            self.check_graph(graph)
+            return self
+        except ReconstructError:
+            from tapas.planning.strategy import graph_digest
+            from tapas.sharding.patterns import pattern_by_name
+            if self.graph_digest is None or self.graph_digest != graph_digest(graph) or \
+                    not all(hasattr(p, "family") for p in self.patterns.values()):
+                raise
+        chosen = {node.id: pattern_by_name(node, graph, self.num_devices,
+                                           self.patterns[node.id].name)
+                  for node in graph.nodes if node.id in self.patterns}
+        return Plan(self.num_devices, chosen, graph_digest=self.graph_digest)
+
     def check_graph(self, graph: ir.Graph) -> None:
         """:class:`ReconstructError` when the plan was made for another graph: another
         digest, a GraphNode id the graph lacks, or a pattern naming weights or tensors its
