@@ -10,7 +10,6 @@ layers and the zoo, the models include layers written the way other libraries wr
 a T5-style RMS norm, a position table sliced to the sequence); keras-hub's own models are
 checked by ``scripts/equivalence.py --checker``."""
 
-import numpy as np
 import pytest
 import tensorflow as tf
 import keras
