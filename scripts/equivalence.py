@@ -1,88 +1,288 @@
-"""Equivalence matrix: reconstructed training equals single-device Keras (issue 5).
+"""Equivalence matrix: every plan TAPAS may run equals the single-device model (issues 5, 11).
 
-    python scripts/equivalence.py [--devices=2,4]
-        [--models=t5-tiny,moe-tiny,resnet-tiny,resnet50-keras]
-        [--random=5] [--json_out=out/equivalence.json] [--timeout=6000]
+    python scripts/equivalence.py [--models=corpus,zoo | NAME,...] [--devices=2,4]
+        [--seeds=0,1,2] [--nosearched] [--levels=sim,runtime] [--checker]
+        [--optimizer=sgd|adam] [--cases=JSON]
+        [--timeout=900] [--json_out=out/equivalence.json]
 
-For each device count (one worker process each: logical CPU devices are fixed per process)
-and each model, runs the searched ("best", on a V100 cluster of N devices) strategy with SGD
-and with Adam, and ``--random`` random valid plans (``tapas.execution.parallel.random_plan``, seeds
-0..R-1, SGD for even seeds and Adam for odd ones). Each run compares outputs, gradients and
-the weights after 3 optimizer steps with the single-device Keras model (rtol 1e-5, atol 1e-5
-times the largest reference magnitude) and the collective audit with the prediction.
-``resnet50-keras`` is keras.applications.ResNet50 at 32x32, batch 4, 10 classes (softmax
-head, sparse crossentropy). Prints a table and writes JSON. Slow: every run traces the
-program twice (about 30-90 s per run on 2 shared cores for the zoo models; ResNet50 takes
-about 10 min for its 7 runs on 2 devices and 22 min on 4).
+Models: zoo presets (``tapas.models``: t5-tiny, t5-tiny-masked, moe-tiny, resnet-tiny,
+bert-tiny, llama-tiny), every keras.applications family and keras-hub backbone of
+``tapas.models.corpus`` (``--models=corpus``, ``zoo``, ``all`` or names). Plans: the searched
+strategy (a V100 node of N devices, with a memory budget of 70 % (else 85 %) of what the
+unconstrained search's plan needs, so that it shards: tiny models are cheapest replicated)
+and ``tapas.execution.parallel.random_plan`` with each seed. Each (model, devices,
+plan) runs in a process of its own (logical devices are fixed per process, and a failed
+collective poisons its process), with a timeout. Levels:
+
+* ``sim`` -- the plan rebuilt and run on N simulated shards in one process
+  (``tapas.execution.checker.check_plan``): outputs and the gradients of every weight and
+  float input against the same program on one device, within rtol 1e-5 / atol 1e-5 x the
+  largest magnitude; and that one-device program's outputs against the Keras model's;
+* ``runtime`` -- ``tapas.parallelize`` on N logical CPU devices and ``ParallelModel.verify``
+  (outputs, loss, gradients, 2 optimizer steps -- ``--optimizer`` -- and the weights after
+  them against Keras) and the collective audit of the step against the prediction, for
+  models with one output and a loss (zoo presets: their own; keras.applications: sparse
+  crossentropy on 10 classes; keras-hub: mean squared error against random targets). A
+  model whose input structure the runtime does not take yet (keras-hub's dict inputs) is
+  reported as ``input-structure unsupported`` with the runtime's message, not hidden.
+
+``--checker`` also runs the pattern checker (``check_node_patterns``) on each model once per
+device count. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
+from typing import Any
 
 from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tapas.execution import launch# noqa: E402
+ZOO = ("t5-tiny", "t5-tiny-masked", "moe-tiny", "resnet-tiny", "bert-tiny", "llama-tiny")
+UNSUPPORTED_INPUTS = ("inputs, the model takes", "structure of `inputs`",
+                      "doesn't match the expected structure")
 
+flags.DEFINE_list("models", ["all"], "zoo, corpus, all, or model names.")
 flags.DEFINE_list("devices", ["2", "4"], "Device counts.")
-flags.DEFINE_list("models", ["t5-tiny", "moe-tiny", "resnet-tiny", "resnet50-keras"],
-                  "Zoo models, or resnet50-keras (keras.applications.ResNet50).")
-flags.DEFINE_integer("random", 5, "Random valid plans per model and device count.")
+flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of the random plans.")
+flags.DEFINE_bool("searched", True, "Also run the searched strategy.")
+flags.DEFINE_list("levels", ["sim", "runtime"], "sim, runtime.")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer of the runtime level.")
+flags.DEFINE_bool("checker", False, "Also run the pattern checker per model and N.")
+flags.DEFINE_bool("slow", False, "Include corpus entries marked slow (NASNet).")
+flags.DEFINE_integer("timeout", 900, "Seconds per case process.")
 flags.DEFINE_string("json_out", "out/equivalence.json", "Where to write the results.")
-flags.DEFINE_integer("timeout", 6000, "Seconds per worker process (one per device count).")
+flags.DEFINE_string("cases", None, "A JSON list of cases {model, devices, plan, levels} to "
+                    "run instead of the matrix (the CI slice).")
+flags.DEFINE_string("case", None, "Internal: run one case (JSON) in this process.")
 FLAGS = flags.FLAGS
+
+
+# ---- one case, in its own process ------------------------------------------------------------
+
+def _build(name: str) -> dict[str, Any]:
+    """The model, its input specs, its loss and a batch (or None where it has no loss)."""
+    import keras
+    import numpy as np
+    from tapas import models
+    if name in models.names():
+        e = models.get(name)
+        xs, y = e.synthetic_batch()
+        return {"model": e.build(seed=0), "specs": list(e.input_spec()), "loss": e.keras_loss(),
+                "xs": list(xs), "y": y, "library": "zoo"}
+    from tapas.models import corpus
+    entry = corpus.get(name)
+    model, specs = entry.build()
+    out = {"model": model, "specs": specs, "library": entry.library, "y": None}
+    rng = np.random.default_rng(1)
+    shape = [corpus.SEQ if d is None else int(d) for d in model.outputs[0].shape[1:]] \
+        if len(model.outputs) == 1 else None
+    if entry.library == "keras.applications":
+        out.update(loss=keras.losses.SparseCategoricalCrossentropy(),
+                   y=rng.integers(0, 10, size=(corpus.BATCH,)))
+    elif shape is not None:
+        out.update(loss=keras.losses.MeanSquaredError(),
+                   y=rng.standard_normal([corpus.BATCH, *shape]).astype("float32"))
+    return out
+
+
+def _plan(graph: Any, n: int, label: str) -> tuple[Any, str]:
+    """The plan called ``label`` ("searched" or "random:SEED") and a note."""
+    from tapas.execution import parallel, reconstruct
+    from tapas.planning import search
+    from tapas.planning.cost import Cluster
+    if label.startswith("random:"):
+        return parallel.random_plan(graph, n, int(label.split(":")[1])), ""
+    cluster = Cluster.v100_ethernet(1, n)
+    s = search.search(graph, cluster=cluster)
+    note = "no memory budget"
+    full = s.memory.total
+    for share in (0.7, 0.85):   # a budget below the chosen plan's memory makes it shard
+        try:
+            s = search.search(graph, cluster=cluster, memory_budget=share * full)
+            note = f"memory budget {share:.0%} of the unconstrained plan's"
+            break
+        except (ValueError, RuntimeError):
+            continue
+    s = s.bind(graph) if getattr(s, "_graph", None) is None else s
+    return reconstruct.Plan.from_strategy(s, graph), note
+
+
+def _keras_inputs(built: dict[str, Any], graph: Any, arrays: list) -> Any:
+    """``arrays`` (one per graph input) in the structure the Keras model takes."""
+    if isinstance(built["specs"], dict):
+        return {t.name.split(":")[0]: a for t, a in zip(graph.inputs, arrays)}
+    return arrays if len(arrays) > 1 else arrays[0]
+
+
+def _sim(built: dict[str, Any], trace: Any, graph: Any, plan: Any) -> dict[str, Any]:
+    """The plan on simulated shards against one device, and one device against Keras."""
+    import numpy as np
+    import tensorflow as tf
+    from tapas.execution import checker, verify
+    arrays = list(built["xs"]) if built["library"] == "zoo" else checker.synthetic_inputs(graph)
+    out = checker.check_plan(trace, graph, plan, arrays)
+    replay = verify.intermediate_values(trace, graph, arrays, [t.name for t in graph.outputs])
+    got = built["model"](_keras_inputs(built, graph, arrays), training=False)
+    want = [np.asarray(v) for v in tf.nest.flatten(got)]
+    mine = [replay[t.name] for t in graph.outputs]
+    if len(want) != len(mine):
+        out["keras"] = f"{len(mine)} outputs against Keras's {len(want)}"
+        out["ok"] = False
+        return out
+    diffs = [verify.compare(a, b) for a, b in zip(mine, want)]
+    out["keras_diff"] = max(d["max_abs_diff"] for d in diffs)
+    out["ok"] = out["ok"] and all(d["ok"] for d in diffs)
+    return out
+
+
+def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str) -> dict[str, Any]:
+    """tapas.parallelize on N devices, ParallelModel.verify against Keras and the collective
+    audit of the training step against the plan's prediction."""
+    import tapas
+    if built.get("loss") is None:
+        return {"status": "not run: the runtime trains one model output"}
+    xs = built.get("xs")
+    if xs is None:
+        from tapas.execution import checker
+        graph = tapas.capture(built["model"], built["specs"])
+        xs = _keras_inputs(built, graph, checker.synthetic_inputs(graph))
+    try:
+        pm = tapas.parallelize(built["model"], built["specs"], plan, devices=n,
+                               loss=built["loss"], optimizer=optimizer)
+        report = pm.verify(xs, built["y"], steps=2)
+        audit = pm.audit()
+    except Exception as e:  # noqa: BLE001 -- classified and reported, never hidden
+        msg = f"{type(e).__name__}: {e}"
+        if isinstance(built["specs"], dict) and any(k in msg for k in UNSUPPORTED_INPUTS):
+            return {"status": "input-structure unsupported", "error": msg[:500]}
+        return {"status": "error", "error": msg[:2000]}
+    keys = ("outputs", "loss", "gradients", "weights")
+    ok = report["ok"] and audit.matches
+    return {"status": "ok" if ok else "MISMATCH", "audit_matches": audit.matches,
+            **{k: report[k]["max_abs_diff"] for k in keys}}
+
+
+def run_case(case: dict[str, Any]) -> dict[str, Any]:
+    """One (model, devices, plan) case: the levels asked for, or the pattern checker."""
+    from tapas.execution import devices
+    n = case["devices"]
+    devices.setup_devices(n)
+    import keras
+    from tapas import capturing
+    keras.utils.set_random_seed(0)
+    built = _build(case["model"])
+    trace = capturing.trace(built["model"], built["specs"])
+    graph = capturing.to_ir(trace)
+    if case["plan"] == "checker":
+        from tapas.execution import checker, verify
+        names = [i.name for nd in graph.nodes for i in nd.inputs]
+        values = verify.intermediate_values(trace, graph, checker.synthetic_inputs(graph), names)
+        checked, failures = checker.check_node_patterns(trace, graph, values, n)
+        return {"ok": not failures, "checked": checked, "failures": failures[:20]}
+    plan, note = _plan(graph, n, case["plan"])
+    result: dict[str, Any] = {"note": note, "ok": True, "sharded": sum(
+        1 for p in plan.patterns.values() if getattr(p, "name", "") != "replicate")}
+    if "sim" in case["levels"]:
+        result["sim"] = _sim(built, trace, graph, plan)
+        result["ok"] = result["ok"] and result["sim"]["ok"]
+    if "runtime" in case["levels"]:
+        result["runtime"] = _runtime(built, plan, n, case.get("optimizer", "sgd"))
+        result["ok"] = result["ok"] and result["runtime"]["status"] in (
+            "ok", "input-structure unsupported", "not run: the runtime trains one model output")
+    return result
+
+
+# ---- the matrix -------------------------------------------------------------------------------
+
+def _models() -> list[str]:
+    from tapas.models import corpus
+    chosen: list[str] = []
+    for m in FLAGS.models:
+        if m in ("zoo", "all"):
+            chosen += list(ZOO)
+        if m in ("corpus", "all"):
+            chosen += [e.name for e in corpus.entries() if FLAGS.slow or not e.slow]
+        if m not in ("zoo", "corpus", "all"):
+            chosen.append(m)
+    return list(dict.fromkeys(chosen))
+
+
+def _cases() -> list[dict[str, Any]]:
+    """``--cases``, or the matrix: device counts x models x (checker,) searched, seeds."""
+    if FLAGS.cases:
+        return [dict(c, levels=c.get("levels", FLAGS.levels)) for c in json.loads(FLAGS.cases)]
+    plans = (["checker"] if FLAGS.checker else []) + (["searched"] if FLAGS.searched else []) \
+        + [f"random:{s}" for s in FLAGS.seeds]
+    return [{"model": m, "devices": n, "plan": p, "levels": FLAGS.levels,
+             "optimizer": FLAGS.optimizer}
+            for n in map(int, FLAGS.devices) for m in _models() for p in plans]
+
+
+def _spawn(case: dict[str, Any]) -> dict[str, Any]:
+    """Run ``case`` in a child process; its result, or why it has none."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--case", json.dumps(case)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout,
+                              env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timeout after {FLAGS.timeout} s",
+                "seconds": FLAGS.timeout}
+    seconds = time.perf_counter() - start
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return {**json.loads(line[len("RESULT "):]), "seconds": seconds}
+    return {"ok": False, "seconds": seconds,
+            "error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
+
+
+def _row(case: dict[str, Any], r: dict[str, Any]) -> str:
+    """One line of the table."""
+    head = (f"{case['devices']:>2} {case['model']:<24} {case['plan']:<9} "
+            f"{r.get('sharded', ''):>4}")
+    if "error" in r:
+        return f"{head} ERROR {r['error'][-160:]!r}"
+    if case["plan"] == "checker":
+        return f"{head} {r['checked']} patterns, {len(r['failures'])} wrong"
+    sim = r.get("sim", {})
+    rt = r.get("runtime", {})
+    sim_s = (f"sim {'ok' if sim['ok'] else 'FAIL'} keras "
+             f"{sim.get('keras_diff', float('nan')):.1e}") if sim else "sim -"
+    rt_s = f"runtime {rt.get('status', '-')}"
+    if "gradients" in rt:
+        rt_s += (f" (out {rt['outputs']:.1e} grad {rt['gradients']:.1e} w {rt['weights']:.1e}"
+                 f" audit {'=' if rt['audit_matches'] else 'DIFF'})")
+    problem = sim.get("problem") or rt.get("error", "")
+    return f"{head} {sim_s} | {rt_s} | {r['seconds']:.0f} s {problem[:200]}"
 
 
 def main(argv: list[str]) -> None:
     del argv
-    worker = os.path.join(ROOT, "tests", "runtime_worker.py")
-    rows, raw = [], {}
-    for n in map(int, FLAGS.devices):
-        zoo = []
-        for model in FLAGS.models:
-            odd = [f"random:{s}" for s in range(FLAGS.random) if s % 2]
-            even = [f"random:{s}" for s in range(FLAGS.random) if s % 2 == 0]
-            zoo.append({"model": model, "strategies": ["best", *even], "optimizer": "sgd"})
-            zoo.append({"model": model, "strategies": ["best", *odd], "optimizer": "adam"})
-        job = {"devices": n, "checks": ["zoo"], "zoo": zoo}
-        start = time.perf_counter()
-        (result,) = launch.launch(lambda i: [sys.executable, worker, json.dumps(job)], 1,
-                                  timeout_s=FLAGS.timeout)
-        seconds = time.perf_counter() - start
-        for line in result.output.splitlines():
-            if not line.startswith("RESULT "):
-                continue
-            d = json.loads(line[len("RESULT "):])
-            for key, v in d.items():
-                if key == "check":
-                    continue
-                raw[f"{n}/{key}"] = v
-                rows.append((n, key, v))
-        print(f"{n} devices: {seconds:.0f} s", flush=True)
-    print(f"\n{'N':>2} {'model/strategy':<26} {'opt':<4} {'sharded':>7} {'out diff':>9} "
-          f"{'grad diff':>9} {'weight diff':>11} {'audit':>6}  result")
-    for n, key, v in rows:
-        if "error" in v:
-            print(f"{n:>2} {key:<26} {'':<4} {'':>7} {'':>9} {'':>9} {'':>11} {'':>6}  "
-                  f"ERROR {v['error'][:80]}")
-            continue
-        print(f"{n:>2} {key:<26} {v['optimizer']:<4} {v['sharded_nodes']:>7} "
-              f"{v['outputs']['max_abs_diff']:>9.1e} {v['gradients']['max_abs_diff']:>9.1e} "
-              f"{v['weights']['max_abs_diff']:>11.1e} "
-              f"{'same' if v['audit']['matches'] else 'DIFF':>6}  "
-              f"{'ok' if v['ok'] else 'MISMATCH'}")
-    d = os.path.dirname(FLAGS.json_out)
-    if d:
-        os.makedirs(d, exist_ok=True)
+    if FLAGS.case:
+        result = run_case(json.loads(FLAGS.case))
+        print("RESULT " + json.dumps(result, default=str), flush=True)
+        return
+    rows = []
+    for case in _cases():
+        r = _spawn(case)
+        rows.append({"case": case, "result": r})
+        print(_row(case, r), flush=True)
+    failed = [x for x in rows if not x["result"].get("ok")]
+    print(f"\n{len(rows)} cases, {len(rows) - len(failed)} ok, {len(failed)} failed")
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json_out)), exist_ok=True)
     with open(FLAGS.json_out, "w") as f:
-        json.dump(raw, f, indent=1, default=str)
-    print(f"\nwritten to {FLAGS.json_out}")
+        json.dump(rows, f, indent=1, default=str)
+    print(f"written to {FLAGS.json_out}")
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

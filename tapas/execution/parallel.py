@@ -54,6 +54,7 @@ def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7) -
 
     from tapas.sharding import patterns
     from tapas.execution import reconstruct
+    from tapas.planning.strategy import graph_digest
     rng = random.Random(seed)
     chosen = {}
     for node in graph.nodes:
@@ -61,7 +62,7 @@ def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7) -
         sharded = [p for p in pats if p.name != "replicate"]
         pool = sharded if sharded and rng.random() < p_shard else pats
         chosen[node.id] = rng.choice(pool)
-    return reconstruct.Plan(num_devices, chosen)
+    return reconstruct.Plan(num_devices, chosen, graph_digest=graph_digest(graph))
 
 
 class ParallelModel:
@@ -203,6 +204,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         if strategy.num_devices != n:
             raise ValueError(f"the plan shards over {strategy.num_devices} devices but "
                              f"{n} were given")
+        strategy = strategy.for_graph(graph)
     else:
         strategy.check(graph, num_devices=n)
         strategy = strategy.bind(graph)

@@ -54,11 +54,14 @@ class Plan:
     """The sharding of every GraphNode on ``num_devices`` devices.
 
     ``patterns`` maps a GraphNode id to its ShardingPattern (or :class:`NodeSharding`);
-    nodes left out are replicated.
+    nodes left out are replicated. ``graph_digest`` (``tapas.planning.strategy.graph_digest``
+    of the graph the patterns were chosen on, when known) lets :meth:`check_graph` say
+    plainly that a plan is applied to another graph.
     """
 
     num_devices: int
     patterns: Mapping[int, Any]
+    graph_digest: str | None = dataclasses.field(default=None, kw_only=True)
 
     @staticmethod
     def replicated(graph: ir.Graph, num_devices: int = 1) -> Plan:
@@ -72,11 +75,67 @@ class Plan:
         if getattr(strategy, "_graph", graph) is None and hasattr(strategy, "bind"):
             strategy = strategy.bind(graph)
         n = int(getattr(strategy, "num_devices"))
-        return Plan(n, {node.id: strategy.pattern(node.id) for node in graph.nodes})
+        return Plan(n, {node.id: strategy.pattern(node.id) for node in graph.nodes},
+                    graph_digest=getattr(strategy, "graph_digest", None))
 
     def pattern(self, node: ir.GraphNode) -> Any:
         p = self.patterns.get(node.id)
         return p if p is not None else replicated(node)
+
+    def for_graph(self, graph: ir.Graph) -> Plan:
+        """This plan on ``graph``: itself when it was made there; the same named patterns
+        chosen again on ``graph`` when it was made on an identical graph under other names
+        (the same architecture built twice in one process: Keras numbers auto-named layers,
+        so weight paths and tensor names differ while the graph digest is the same);
+        otherwise :meth:`check_graph`'s error."""
+        try:
+            self.check_graph(graph)
+            return self
+        except ReconstructError:
+            from tapas.planning.strategy import graph_digest
+            from tapas.sharding.patterns import pattern_by_name
+            if self.graph_digest is None or self.graph_digest != graph_digest(graph) or \
+                    not all(hasattr(p, "family") for p in self.patterns.values()):
+                raise
+        chosen = {node.id: pattern_by_name(node, graph, self.num_devices,
+                                           self.patterns[node.id].name)
+                  for node in graph.nodes if node.id in self.patterns}
+        return Plan(self.num_devices, chosen, graph_digest=self.graph_digest)
+
+    def check_graph(self, graph: ir.Graph) -> None:
+        """:class:`ReconstructError` when the plan was made for another graph: another
+        digest, a GraphNode id the graph lacks, or a pattern naming weights or tensors its
+        GraphNode does not have. Capturing the same model with another ``training`` flag
+        (dropout GraphNodes), batch size or model instance shifts GraphNode ids and names,
+        and a pattern of one GraphNode applied to another cannot be built (or, worse,
+        builds something else)."""
+        fix = ("make the plan from the graph that is rebuilt (tapas.capture with the same "
+               "model, input specs and training flag as tapas.parallelize)")
+        if self.graph_digest is not None:
+            from tapas.planning.strategy import graph_digest
+            digest = graph_digest(graph)
+            if digest != self.graph_digest:
+                raise ReconstructError(f"the plan was made for a graph of digest "
+                                       f"{self.graph_digest}, this graph '{graph.name}' has "
+                                       f"digest {digest} ({len(graph.nodes)} GraphNodes): {fix}")
+        ids = {n.id for n in graph.nodes}
+        stray = sorted(i for i in self.patterns if i not in ids)
+        if stray:
+            raise ReconstructError(f"the plan places GraphNode ids {stray[:5]}, which graph "
+                                   f"'{graph.name}' (GraphNodes 0..{len(ids) - 1}) lacks: {fix}")
+        for node in graph.nodes:
+            pat = self.patterns.get(node.id)
+            if pat is None:
+                continue
+            own = {t.name for op in node.ops for t in op.outputs}
+            names = sorted(set(getattr(pat, "weights", {})) - {w.path for w in node.weights})
+            names += sorted(set(getattr(pat, "tensors", {})) - own)
+            if names:
+                raise ReconstructError(
+                    f"GraphNode {node.id} '{node.name}' (pattern "
+                    f"'{getattr(pat, 'name', '?')}'): the pattern names {len(names)} weight(s) "
+                    f"or tensor(s) the node does not have (first: '{names[0]}'), so it was "
+                    f"made for another GraphNode or graph: {fix}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,8 +63,9 @@ from tapas.sharding.placements import Partial, Placement, Replica, Split
 __all__ = ["NodeSharding", "Plan", "Program", "WeightLayout", "ReconstructError", "Audit",
            "CommRecord", "SimulatedCollectives", "ReplicaContextCollectives", "REWRITES"]
 
-# op type -> index of the input that holds the op's output shape
-_SHAPE_INPUT = {"Reshape": 1, "BroadcastTo": 1, "Fill": 0}
+# op type -> index of the input that holds the op's output shape (a Slice's size: its kept
+# axes are whole, so a split one takes the local size)
+_SHAPE_INPUT = {"Reshape": 1, "BroadcastTo": 1, "Fill": 0, "Slice": 2}
 # element-wise ops with broadcasting: a replicated operand that has the split dimension of
 # the output is sliced locally (tapas.sharding.patterns.ops: "one that has it is sliced locally")
 _BROADCASTING = frozenset({
@@ -130,6 +131,7 @@ class Program:
 
     # ---- validation and layouts --------------------------------------------------------
     def _check_plan(self) -> None:
+        self.plan.check_graph(self.graph)
         n_dev = self.num_devices
         for node in self.graph.nodes:
             pat = self.plan.pattern(node)

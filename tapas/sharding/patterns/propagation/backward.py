@@ -15,6 +15,19 @@ comm or a mix with full gradients, a backward comm makes them full: ``AR`` (part
 split on that axis instead (a bias follows its kernel), and the driver runs the passes
 again.
 
+A sliced gradient that travelled back through replicated ops and is not absorbed by a weight
+split is all-gathered where it *started*: at the tensor the split consumer reads (its
+*origin*), not where the lazy pass stopped. Reconstruction lowers a backward ``AG(a)`` on a
+tensor as a local slice of that tensor in the forward pass (``C_AG`` is the conjugate of
+slicing), so an ``AG`` placed upstream would slice the forward values of every op in
+between, which the pattern records as replicated: a replicated ``SelectV2`` between an
+attention softmax and the context matmul split on the key axis read a sliced softmax
+against its whole mask (keras-hub Mixtral and Qwen3-MoE, pattern ``split-R-R-S2``).
+Likewise a slice that would turn partial (through an op that does not carry it, such as
+the ``Sum`` making MoE gates, or mixed with partial sums) is gathered at its origins when
+one of them is a contraction's operand: only an elementwise consumer slices a replicated
+operand locally, so only there is a partial gradient the right account of the slice.
+
 This module imports no TensorFlow.
 """
 
@@ -31,6 +44,11 @@ __all__ = ["backward_comms"]
 _R = Replica()
 _P = Partial()
 
+# where a sliced gradient started: (tensor, axis, hard); hard when the consumer reading the
+# tensor sliced is no elementwise op (reconstruction slices a replicated operand locally
+# only for elementwise ops, so a contraction's operand must be sliced by the backward AG)
+_Origin = tuple[str, int, bool]
+
 
 def backward_comms(trial: Trial, fw: Forward,
                    fixed: Mapping[str, Placement]) -> tuple[list[Comm], dict[str, int]]:
@@ -43,6 +61,10 @@ class _Backward:
     def __init__(self, trial: Trial, fw: Forward, fixed: Mapping[str, Placement]) -> None:
         self.trial, self.fw, self.fixed = trial, fw, fixed
         self.state: dict[str, Contribution] = {}
+        # tensor in a lazy sliced state -> where the slices started, see _Origin
+        self.origins: dict[str, frozenset[_Origin]] = {}
+        self.gathered: set[str] = set()
+        self.via_origins: dict[tuple[int, int], frozenset[_Origin]] = {}
         self.comms: list[Comm] = []
         self.upgrades: dict[str, int] = {}
         self.reduced = {c.tensor for c in fw.fwd_comms}
@@ -61,24 +83,34 @@ class _Backward:
         return self.comms, self.upgrades
 
     def _materialize(self, t: str, s: Contribution) -> None:
-        """A backward comm that makes the gradient of ``t`` full."""
+        """A backward comm that makes the gradient of ``t`` full (a sliced one: an ``AG`` at
+        each of its origins, see the module docstring)."""
         w = self.trial.weight_tensors.get(t)
         if w is not None and not w.trainable:
             self.state[t] = "ok"   # no gradient: nothing to reduce
             return
-        shape = self.fw.shapes.get(t) or ()
-        dtype = self.fw.dtypes.get(t, "float32")
         if s == "partial":
+            shape = self.fw.shapes.get(t) or ()
+            dtype = self.fw.dtypes.get(t, "float32")
             self.comms.append(Comm(Collective.ALL_REDUCE, t, shape, dtype, _P, _R, "bwd"))
         else:
-            a = s[1]
-            self.comms.append(Comm(Collective.ALL_GATHER, t, shape, dtype, Split(a), _R,
-                                   "bwd", a))
+            for o, a, _ in sorted(self.origins.get(t, frozenset({(t, s[1], True)}))):
+                self._gather(o, a)
+        self.state[t] = "ok"
+
+    def _gather(self, t: str, a: int) -> None:
+        """The backward ``AG(a)`` of tensor ``t``, once."""
+        if t in self.gathered:
+            return
+        self.gathered.add(t)
+        shape = self.fw.shapes.get(t) or ()
+        dtype = self.fw.dtypes.get(t, "float32")
+        self.comms.append(Comm(Collective.ALL_GATHER, t, shape, dtype, Split(a), _R, "bwd", a))
         self.state[t] = "ok"
 
     def _through(self, k: int, i: int) -> Contribution:
         """The gradient replicated op ``k`` hands its operand ``i``: its outputs' state,
-        mapped onto the operand's axes."""
+        mapped onto the operand's axes (a slice keeps its origins, ``self.via_origins``)."""
         rec = self.fw.recs[k]
         outs = [t.name for t in rec.op.outputs if t.name in self.fw.needs_grad]
         bad = [(t, self.state.get(t, "ok")) for t in outs if self.state.get(t, "ok") != "ok"]
@@ -91,22 +123,75 @@ class _Backward:
         t, s = bad[0]
         if s == "partial":
             return "partial"
-        spec = rec.spec
+        passed = self._pass_slice(k, i, t, s)
+        if passed is not None:
+            self.via_origins[(k, i)] = self.origins.get(t, frozenset({(t, s[1], True)}))
+            return passed
+        if any(hard for _, _, hard in self.origins.get(t, ())):
+            self._materialize(t, s)    # a contraction reads t sliced: gather it there
+            return "ok"
+        return "partial"
+
+    def _pass_slice(self, k: int, i: int, t: str, s: Contribution) -> Contribution | None:
+        """The sliced state ``s`` of output ``t`` of replicated op ``k`` on its operand
+        ``i``, or None when the op does not carry it (not elementwise, or the operand lacks
+        the axis): then the operand's gradient is partial."""
+        spec = self.fw.recs[k].spec
         if spec is None or spec.flops not in ("elementwise", "none"):
-            return "partial"
-        j = [x.name for x in rec.op.outputs].index(t)
+            return None
+        j = [x.name for x in self.fw.recs[k].op.outputs].index(t)
         olabs = spec.outputs[j]
         ilabs = spec.inputs[i]
         if olabs is None or ilabs is None:
-            return "partial"
+            return None
         lab = olabs[s[1]]
         if lab in spec.no_split or lab not in ilabs:
-            return "partial"
+            return None
         return ("slice", ilabs.index(lab))
 
     def _kinds(self, t: str) -> list[Contribution]:
-        return [self._through(k, i) if kind == "via" else kind
+        """The contribution of every consumer of ``t`` to its gradient, as it stands (a
+        direct slice of ``t`` is full once ``t`` is gathered)."""
+        return [self._through(k, i) if kind == "via"
+                else "ok" if isinstance(kind, tuple) and t in self.gathered else kind
                 for kind, k, i in self.fw.contrib.get(t, [])]
+
+    def _slice_origins(self, t: str, kinds: list[Contribution]) -> frozenset[_Origin]:
+        """Where the sliced contributions ``kinds`` to the gradient of ``t`` started: ``t``
+        itself for a consumer that reads it sliced, the origins of the op's output for one
+        passed through a replicated op."""
+        out: set[_Origin] = set()
+        for (kind, k, i), now in zip(self.fw.contrib.get(t, []), kinds):
+            if not isinstance(now, tuple):
+                continue
+            if kind == "via":
+                out |= self.via_origins[(k, i)]
+            else:
+                spec = self.fw.recs[k].spec
+                out.add((t, now[1], spec is None or spec.flops != "elementwise"))
+        return frozenset(out)
+
+    def _gather_hard_slices(self, t: str, kinds: list[Contribution]) -> list[Contribution]:
+        """Slices of ``t`` that would turn partial (mixed with partial sums, or on two
+        axes): when one started at a contraction's operand, gather every one at its
+        origin (see the module docstring); the contributions as they then stand."""
+        slices = [x for x in kinds if isinstance(x, tuple)]
+        if not slices or not any(h for _, _, h in self._slice_origins(t, kinds)):
+            return kinds
+        for (kind, k, i), now in zip(self.fw.contrib.get(t, []), kinds):
+            if not isinstance(now, tuple):
+                continue
+            if kind == "via":
+                for o in self.fw.recs[k].op.outputs:
+                    if self.state.get(o.name, "ok") != "ok":
+                        self._materialize(o.name, self.state[o.name])
+            else:
+                self._gather(t, now[1])
+        kinds = self._kinds(t)
+        if any(x == "ok" for x in kinds) and any(x != "ok" for x in kinds):
+            raise Invalid(f"the gradient of '{t}' would mix full and partial "
+                          "contributions inside the node")
+        return kinds
 
     def _settle_mixed(self, t: str, kinds: list[Contribution]) -> list[Contribution]:
         """Full and lazy contributions (``kinds``) meet at ``t``: reduce the lazy ones where
@@ -131,6 +216,12 @@ class _Backward:
             self.state[t] = "ok"
             return
         slices = {x for x in kinds if x != "partial"}
+        if slices and (len(slices) > 1 or "partial" in kinds):
+            kinds = self._gather_hard_slices(t, kinds)
+            if all(x == "ok" for x in kinds):
+                self.state[t] = "ok"
+                return
+            slices = {x for x in kinds if x != "partial"}
         s: Contribution = next(iter(slices)) if len(slices) == 1 and "partial" not in kinds \
             else "partial"
         w = self.trial.weight_tensors.get(t)
@@ -138,6 +229,8 @@ class _Backward:
             self.upgrades[w.path] = s[1]
             self.state[t] = "ok"
             return
+        if s != "partial":
+            self.origins[t] = self._slice_origins(t, kinds)
         k = self.fw.producer.get(t)
         if t in self.boundary or t in self.reduced or k is None or not self.fw.recs[k].replicated:
             self._materialize(t, s)
