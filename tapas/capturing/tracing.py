@@ -90,10 +90,23 @@ def capture(model_or_function: Any, input_spec: Any = None, *, batch_size: int |
 
 # ---- tracing ---------------------------------------------------------------------------
 
+def _sorted_dicts(spec: Any) -> Any:
+    """``spec`` with every dict's keys in sorted order (the order ``tf.nest`` and Keras
+    flatten them in): the same model traced from a dict in another key order must give the
+    same graph, GraphNode ids included, or a plan made on one capture does not fit the
+    other."""
+    if isinstance(spec, dict):
+        return {k: _sorted_dicts(spec[k]) for k in sorted(spec)}
+    if isinstance(spec, (list, tuple)) and not hasattr(spec, "_fields"):
+        return type(spec)(_sorted_dicts(x) for x in spec)
+    return spec
+
+
 def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | None = None,
           training: bool = False, name: str | None = None) -> Trace:
     """Trace a concrete function with static shapes; see :func:`capture`."""
     start = time.perf_counter()
+    input_spec = _sorted_dicts(input_spec)
     if _is_keras_layer(model_or_function):
         cf, specs, model_weights, label = _trace_keras(model_or_function, input_spec,
                                                        batch_size, training)

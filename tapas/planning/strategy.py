@@ -37,10 +37,11 @@ _FORMAT = "tapas.search.Strategy/1"   # file format id (kept across module moves
 
 def graph_digest(graph: Graph) -> str:
     """A short hash of the graph's structure: node signatures and kinds, edges with their
-    shapes, input and output shapes (not names: the same model captured twice matches)."""
-    parts = [[n.signature, n.kind.value, [list(t.shape or ()) for t in n.outputs]]
-             for n in graph.nodes]
-    parts.append([[e.src, e.dst, list(e.tensor.shape or ())] for e in graph.edges])
+    shapes (in any order), input and output shapes (not names: the same model captured
+    twice matches, also when a dict of inputs is given in another key order)."""
+    parts: list[Any] = [[n.signature, n.kind.value, [list(t.shape or ()) for t in n.outputs]]
+                        for n in graph.nodes]
+    parts.append(sorted([e.src, e.dst, list(e.tensor.shape or ())] for e in graph.edges))
     parts.append([[list(t.shape or ()), t.dtype] for t in graph.inputs])
     parts.append([[list(t.shape or ()), t.dtype] for t in graph.outputs])
     blob = json.dumps(parts, separators=(",", ":"))
