@@ -306,7 +306,7 @@ def _jump(r: Run, j: int, start: Mapping[State, list[tuple[float, Any]]],
     same entries (no merge, no cut) and no choice: every step is tied to a template whose
     candidate every state has already chosen. The next periods are the same steps with
     renamed keys, so they do the same to the renamed states at the same costs: each entry
-    gains ``count`` times the cost it gained in period ``j - 1``."""
+    gains, per period jumped, the cost it gained in period ``j - 1``."""
     period = steps[si - r.period:si]
     if len(start) != len(end) or not all(
             s.tie is not None and s.infos is not None for s in period):
