@@ -377,6 +377,12 @@ LOGIT_CASES = {
 }
 
 
+def model_spec(model: keras.Model) -> list[tf.TensorSpec]:
+    """SPEC named after the model's input: ``tapas.parallelize`` captures with the model's
+    input names, so a hand-made plan (which names tensors) is made on the same names."""
+    return [tf.TensorSpec([BATCH, D_IN], tf.float32, name=model.inputs[0].name)]
+
+
 def check_logits(strategy: Any) -> dict[str, Any]:
     """Model outputs made by a softmax or sigmoid: Keras's crossentropy losses compute from
     the logits, and so must the reconstructed program (outputs, loss, gradients and weights
@@ -405,12 +411,13 @@ def check_logits(strategy: Any) -> dict[str, Any]:
             y = rng.dirichlet(np.ones(CLASSES), size=BATCH).astype("float32")
         else:
             y = rng.randint(0, 2, size=(BATCH, CLASSES)).astype("float32")
-        graph = capturing.capture(model, SPEC)
+        spec = model_spec(model)
+        graph = capturing.capture(model, spec)
         chosen = {}
         for node, want in zip(graph.nodes, names):
             (chosen[node.id],) = [p for p in patterns.patterns_for(node, graph, n)
                                   if p.name == want]
-        pm = parallel.parallelize(model, SPEC, reconstruct.Plan(n, chosen),
+        pm = parallel.parallelize(model, spec, reconstruct.Plan(n, chosen),
                                   distribute_strategy=strategy, optimizer="adam",
                                   learning_rate=0.01, loss=losses[loss])
         report = pm.verify([x], y, steps=3)
@@ -434,7 +441,8 @@ def _moved_activation(strategy: Any, x: np.ndarray) -> dict[str, Any]:
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((D_IN,), batch_size=BATCH),
                               keras.layers.Dense(CLASSES, activation="softmax", name="d")])
-    graph = capturing.capture(model, SPEC)
+    spec = model_spec(model)
+    graph = capturing.capture(model, spec)
     batch = {node.id: next(p for p in patterns.patterns_for(node, graph, n)
                            if p.name == "batch") for node in graph.nodes}
     last = graph.nodes[-1]
@@ -445,7 +453,7 @@ def _moved_activation(strategy: Any, x: np.ndarray) -> dict[str, Any]:
         "batch-then-gather", batch[last.id].inputs, (Replica(),),
         dict(batch[last.id].weights), {**batch[last.id].tensors, **after},
         tuple(batch[last.id].comms) + gather)
-    pm = parallel.parallelize(model, SPEC, reconstruct.Plan(n, batch),
+    pm = parallel.parallelize(model, spec, reconstruct.Plan(n, batch),
                               distribute_strategy=strategy, loss=LOSS)
     result = {"predict_equal": bool(np.allclose(pm.predict([x]), model(x).numpy(),
                                                 rtol=1e-5, atol=1e-6)),
