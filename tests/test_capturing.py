@@ -190,6 +190,13 @@ def test_multiple_inputs_embedding_and_dict_specs():
     # the model's own inputs are used when no spec is given
     g2 = tapas.capture(model)
     assert [n.signature for n in g2.nodes] == [n.signature for n in g.nodes]
+    # specs named otherwise (or not at all) give the model's input names, so the graph is
+    # the one tapas.parallelize captures and a plan made on it fits there
+    from tapas.planning.strategy import graph_digest
+    g3 = tapas.capture(model, [tf.TensorSpec([3, 6], tf.int32, name="x"),
+                               tf.TensorSpec([3, 4], name="y")])
+    assert [t.name for t in g3.inputs] == [t.name for t in g2.inputs] == ["ids:0", "feats:0"]
+    assert graph_digest(g3) == graph_digest(g2) == graph_digest(g)
 
 
 def test_batch_size_fills_unknown_batch_dimension():

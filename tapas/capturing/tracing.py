@@ -257,6 +257,10 @@ def _trace_keras(model: keras.Layer, input_spec: Any, batch_size: int | None,
              for k, s in enumerate(specs)]
     if model_inputs:
         _check_against_model(label, model_inputs, specs, labels)
+        # the graph's inputs take the model's input names, whatever the specs are called:
+        # a plan made on this capture then fits the one tapas.parallelize makes
+        specs = [tf.TensorSpec(s.shape, s.dtype, name=_input_name(t, k))
+                 for k, (t, s) in enumerate(zip(model_inputs, specs))]
     if not model.built:
         raise CaptureError(f"model '{label}' is not built: call it once on a batch, or "
                            "build it with keras.Input, before capturing")
