@@ -172,7 +172,9 @@ _MIRRORED = textwrap.dedent("""
         for a, b in zip(ys + gs, [t.numpy() for t in sy] + [t.numpy() for t in sg]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
         kinds = sorted(audit.counts())
-        print(name, "ok", kinds)
+        graph = step.get_concrete_function().graph
+        launched = sorted(op.type for op in graph.get_operations() if op.type.startswith("Coll"))
+        print(name, "ok", kinds, "launched", launched)
     print("ALL OK")
 """)
 
@@ -185,3 +187,9 @@ def test_replica_context_collectives_match_the_simulation_under_mirrored_strateg
     # replica 0 alone writes the audit: one record per collective and phase
     assert "ar ok [('AR', 'fwd')]" in proc.stdout
     assert "rs ok [('AG', 'bwd'), ('RS', 'fwd')]" in proc.stdout
+    # launched on each replica's launcher: one collective per replica and use, no merge_call
+    # protocol (ReplicaContext.all_gather also all-gathers the shapes, to pad uneven ones)
+    assert "ag ok [('AG', 'fwd')] launched ['CollectiveGatherV2', 'CollectiveGatherV2']" \
+        in proc.stdout, proc.stdout
+    assert "ar ok [('AR', 'fwd')] launched ['CollectiveReduceV2', 'CollectiveReduceV2']" \
+        in proc.stdout, proc.stdout

@@ -347,18 +347,47 @@ class ReplicaContextCollectives(Collectives):
         rid = self.replica_ids()[0]
         return isinstance(rid, int) and rid == 0
 
+    def _launcher(self) -> Any:
+        """This replica's ``CollectiveReplicaLauncher`` while a function is traced under a
+        strategy that runs collective ops (MirroredStrategy, MultiWorkerMirroredStrategy),
+        else None. Collectives launched on it directly, as TensorFlow itself does under XLA
+        (``MirroredExtended._replica_ctx_all_reduce``), skip the ``merge_call`` that stops
+        every replica thread at each collective while tracing, and ``all_gather``'s protocol
+        for uneven shapes (a second all-gather of the shapes, pads and slices): shapes here
+        are static and equal on every replica. Each device numbers its collectives in
+        program order either way, so the two paths can be mixed."""
+        if tf.executing_eagerly():
+            return None
+        ctx = self._ctx()
+        launchers = getattr(getattr(ctx.strategy.extended, "_cross_device_ops", None),
+                            "_launchers", None)
+        local = getattr(ctx, "_replica_id", None)
+        if not launchers or not isinstance(local, int) or not 0 <= local < len(launchers):
+            return None
+        return launchers[local]
+
     def _sum(self, xs: Tensors) -> Tensors:
-        return [tf.ensure_shape(_in_collective_dtype(
-            x, lambda v: self._ctx().all_reduce(tf.distribute.ReduceOp.SUM, v)), x.shape)
-                for x in xs]
+        launcher = self._launcher()
+        if launcher is not None:
+            reduce = launcher.all_reduce
+        else:
+            def reduce(v):
+                return self._ctx().all_reduce(tf.distribute.ReduceOp.SUM, v)
+        return [tf.ensure_shape(_in_collective_dtype(x, reduce), x.shape) for x in xs]
 
     def _gather(self, xs: Tensors, axis: int) -> Tensors:
+        launcher = self._launcher()
         out = []
         for x in xs:
             shape = x.shape.as_list()
             shape[axis] = None if shape[axis] is None else shape[axis] * self.num_devices
-            out.append(tf.ensure_shape(_in_collective_dtype(
-                x, lambda v: self._ctx().all_gather(v, axis=axis)), shape))
+            if launcher is not None and x.shape.is_fully_defined():
+                gathered = _in_collective_dtype(
+                    x, lambda v: _gather_on_axis(launcher, v, axis))
+            else:
+                gathered = _in_collective_dtype(
+                    x, lambda v: self._ctx().all_gather(v, axis=axis))
+            out.append(tf.ensure_shape(gathered, shape))
         return out
 
     def _all_to_all(self, xs: Tensors, split_axis: int, concat_axis: int) -> Tensors:
@@ -373,3 +402,13 @@ class ReplicaContextCollectives(Collectives):
     def _reduce_scatter(self, xs: Tensors, axis: int) -> Tensors:
         (rid,) = self.replica_ids()
         return [local_slice(s, axis, self.num_devices, rid) for s in self._sum(xs)]
+
+
+def _gather_on_axis(launcher: Any, x: tf.Tensor, axis: int) -> tf.Tensor:
+    """All-gather of ``x`` along ``axis`` on one launcher: the collective concatenates
+    along dimension 0, so another axis is moved to the front and back."""
+    if axis == 0:
+        return launcher._all_gather(x, None)
+    perm = [axis] + [d for d in range(x.shape.rank) if d != axis]
+    back = [perm.index(d) for d in range(len(perm))]
+    return tf.transpose(launcher._all_gather(tf.transpose(x, perm), None), back)
