@@ -412,3 +412,16 @@ def _gather_on_axis(launcher: Any, x: tf.Tensor, axis: int) -> tf.Tensor:
     perm = [axis] + [d for d in range(x.shape.rank) if d != axis]
     back = [perm.index(d) for d in range(len(perm))]
     return tf.transpose(launcher._all_gather(tf.transpose(x, perm), None), back)
+
+
+def gather_values(x: tf.Tensor, axis: int) -> tf.Tensor:
+    """All-gather of ``x`` along ``axis`` inside ``Strategy.run``, with no gradient and no
+    audit record: for values that nothing differentiates (outputs, gradients and weights
+    gathered to be read, a loss value)."""
+    return ReplicaContextCollectives()._gather([x], axis)[0]
+
+
+def sum_values(x: tf.Tensor) -> tf.Tensor:
+    """All-reduce (sum) of ``x`` inside ``Strategy.run``, with no gradient and no audit
+    record (see :func:`gather_values`)."""
+    return ReplicaContextCollectives()._sum([x])[0]

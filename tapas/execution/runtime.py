@@ -61,6 +61,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.execution import checkpoints, losses
+from tapas.execution.collectives import gather_values, sum_values
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
 from tapas.execution.optimizers import Optimizer, make_optimizer
 from tapas.execution.plan import WeightLayout
@@ -369,8 +370,7 @@ class Runtime:
                 weights[p].read_value(), g, {k: v.read_value() for k, v in slots[p].items()},
                 step, grad_square)
             new[p] = {"value": value, "grad": g, **new_slots}
-        ctx = tf.distribute.get_replica_context()
-        loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, _placed(share)) if partial else share
+        loss = sum_values(_placed(share)) if partial else share
         return loss, new
 
     def _replica_assign(self, new: dict, weights: dict, slots: dict,
@@ -436,18 +436,18 @@ class Runtime:
                 outs = self._forward(xs, weights)
                 share, partial = self._local_loss(outs[0], y)
             grads = tape.gradient(share, [weights[p] for p in self.trainable_paths])
-            ctx = tf.distribute.get_replica_context()
             full_grads = {}
             for p, g in zip(self.trainable_paths, grads):
                 if g is None:
                     continue
                 g = tf.convert_to_tensor(g)
                 placement = self.specs[p].placement
-                full_grads[p] = (ctx.all_gather(_placed(g), axis=placement.axis)
+                full_grads[p] = (gather_values(_placed(g), placement.axis)
                                  if isinstance(placement, Split) else g)
-            full_outs = [ctx.all_gather(_placed(o), axis=pl.axis) if isinstance(pl, Split) else o
+            full_outs = [gather_values(_placed(o), pl.axis)
+                         if isinstance(pl, Split) else o
                          for o, pl in zip(outs, self.output_placements)]
-            loss = ctx.all_reduce(tf.distribute.ReduceOp.SUM, _placed(share)) if partial else share
+            loss = sum_values(_placed(share)) if partial else share
             return full_outs, loss, full_grads
         outs, loss, grads = self.strategy.run(self._on_device(fn),
                                               args=(xs, y, self._dist_vars))
@@ -489,10 +489,10 @@ class Runtime:
 
     def _replica_predict(self, xs: tuple, weights: dict) -> list[tf.Tensor]:
         outs = self._forward(xs, weights)
-        ctx = tf.distribute.get_replica_context()
         full = []
         for o, p in zip(outs, self.output_placements):
-            full.append(ctx.all_gather(_placed(o), axis=p.axis) if isinstance(p, Split) else o)
+            full.append(gather_values(_placed(o), p.axis) if isinstance(p, Split)
+                        else o)
         return full
 
     def _predict(self, xs: Any) -> list[tf.Tensor]:
@@ -523,8 +523,8 @@ class Runtime:
         @tf.function
         def gather(values: Any) -> Any:
             def fn(vals: dict) -> dict:
-                ctx = tf.distribute.get_replica_context()
-                return {p: (ctx.all_gather(vals[p].read_value(), axis=self.specs[p].placement.axis)
+                return {p: (gather_values(vals[p].read_value(),
+                                                      self.specs[p].placement.axis)
                             if isinstance(self.specs[p].placement, Split)
                             else tf.identity(vals[p])) for p in paths}
             return self.strategy.run(fn, args=(values,))
