@@ -410,3 +410,32 @@ def test_dict_and_nested_specs_come_back_in_the_graph_input_order():
     assert [tuple(s.shape) for s in t.input_specs] == [(4, 3), (4, 1), (4, 2)]
     with pytest.raises(tapas.CaptureError, match=r"input_spec\['1/z'\] is a int"):
         tapas.capturing.trace(nested, [spec[0], {"z": 3, "y": spec[1]["y"]}])
+
+
+def test_weights_whose_keras_paths_repeat_get_distinct_paths():
+    """Keras paths are not unique (keras-hub T5's encoder and decoder each own a
+    'self_attention/embeddings'): the later weight is named 'path#1', so that each weight
+    keeps its own value through the plan, the rebuilt program and the runtime. Before, the
+    one-device replay of keras-hub T5 read the encoder's bias in the decoder (6e-3 off)."""
+    from tapas.execution import verify
+
+    class Two(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.a = keras.layers.Dense(4, name="proj")
+            self.b = keras.layers.Dense(4, name="proj")
+
+        def call(self, x):
+            return self.b(self.a(x))
+
+    model = Two()
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype("float32")
+    model(x)
+    assert [w.path for w in model.weights] == ["two/proj/kernel", "two/proj/bias"] * 2
+    t, g = capture_checked(model, tf.TensorSpec([2, 4]))
+    paths = ["two/proj/kernel", "two/proj/bias", "two/proj/kernel#1", "two/proj/bias#1"]
+    assert [w.path for w in t.model_weights] == paths
+    assert sorted(w.path for w in g.weights) == sorted(paths)
+    assert list(capturing.weights_by_path(model)) == paths
+    replay = verify.intermediate_values(t, g, [x], [g.outputs[0].name])[g.outputs[0].name]
+    np.testing.assert_allclose(replay, model(x).numpy(), rtol=1e-6)

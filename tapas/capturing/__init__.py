@@ -21,7 +21,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["capture", "trace", "to_ir", "raw_graph", "Trace", "CaptureError"]
+__all__ = ["capture", "trace", "to_ir", "raw_graph", "Trace", "CaptureError", "weight_paths",
+           "weights_by_path"]
 
 
 def __getattr__(name: str) -> Any:

@@ -26,7 +26,7 @@ import dataclasses
 import gc
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,11 +134,12 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
         v = by_handle.get(id(external))
         if v is not None:
             var_of[internal.op.name] = v
-    weights = {ph: _weight_info(v, ph) for ph, v in var_of.items()}
+    path_of = {id(v): p for v, p in zip(variables, weight_paths(variables))}
+    weights = {ph: _weight_info(v, ph, path_of[id(v)]) for ph, v in var_of.items()}
     if not model_weights:
         model_weights = tuple(weights.values())
     else:
-        model_weights = tuple(_weight_info(v, "") for v in model_weights)
+        model_weights = tuple(_weight_info(v, "", path_of[id(v)]) for v in model_weights)
     input_names = tuple(t.op.name for t in cf.graph.inputs if id(t) not in captured_ids)
     return Trace(concrete_function=cf, input_specs=tuple(specs), input_names=input_names,
                  variables=var_of, weights=weights, model_weights=model_weights,
@@ -152,11 +153,12 @@ def _pins(layer: Any) -> dict[str, str]:
     flatten = getattr(layer, "_flatten_layers", None)
     if flatten is not None:
         found = list(flatten(include_self=True, recursive=True))
+    path_of = {id(v): p for p, v in weights_by_path(layer).items()}
     pins: dict[str, str] = {}
     for sub in found:
         if isinstance(sub, TapasLayer) and sub.shard is not None:
             for w in sub.weights:
-                pins[w.path] = sub.shard
+                pins[path_of.get(id(w), w.path)] = sub.shard
     return pins
 
 
@@ -181,8 +183,32 @@ def _handle(v: Any) -> Any:
     return getattr(v, "handle", None)
 
 
-def _weight_info(v: Any, placeholder: str) -> ir.WeightInfo:
-    path = getattr(v, "path", None) or v.name.split(":")[0]
+def weight_paths(variables: Sequence[Any]) -> list[str]:
+    """The path TAPAS names each of ``variables`` by, in order: its Keras path (its
+    variable name for Keras 2 and plain ``tf.Variable`` s), with ``#k`` appended to the k-th
+    later variable whose path an earlier one already has. Keras paths are not unique:
+    keras-hub T5's encoder and decoder each own a ``self_attention/embeddings`` (their
+    relative-attention biases), and weights are matched by path everywhere (capture, plans,
+    the runtime's values, checkpoints). Pass them in ``model.weights`` order, as capture
+    does, so that the same model gives the same paths."""
+    seen: dict[str, int] = {}
+    out = []
+    for v in variables:
+        base = getattr(v, "path", None) or v.name.split(":")[0]
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        out.append(base if k == 0 else f"{base}#{k}")
+    return out
+
+
+def weights_by_path(model: Any) -> dict[str, Any]:
+    """``{path: variable}`` for every weight of the Keras ``model``, named as capture names
+    them (:func:`weight_paths`)."""
+    variables = list(model.weights)
+    return dict(zip(weight_paths(variables), variables))
+
+
+def _weight_info(v: Any, placeholder: str, path: str) -> ir.WeightInfo:
     shape = tuple(int(d) for d in v.shape)
     dtype = tf.as_dtype(v.dtype).name
     return ir.WeightInfo(path=path, shape=shape, dtype=dtype,

@@ -215,7 +215,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     timings["reconstruct"] = time.perf_counter() - start
 
     loss = loss_object(getattr(model, "loss", None) if loss is None else loss)
-    values = {w.path: w.numpy() for w in model.weights if w.path in program.weight_layouts}
+    values = {p: w.numpy() for p, w in capturing.weights_by_path(model).items()
+              if p in program.weight_layouts}
     start = time.perf_counter()
     rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
                          optimizer=optimizers.make_optimizer(optimizer, learning_rate), loss=loss)

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tapas.capturing.tracing import weights_by_path
 from tapas.execution import checkpoints, losses
 from tapas.execution.collectives import gather_values, sum_values
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
@@ -557,7 +558,7 @@ class Runtime:
         """Write the global weights into the single-device Keras ``model`` (matched by
         weight path); returns ``model``."""
         values = self.global_weights()
-        by_path = {w.path: w for w in model.weights}
+        by_path = weights_by_path(model)
         missing = [p for p in values if p not in by_path]
         if missing:
             raise ValueError(f"the Keras model has no weight {missing[0]!r} (and "

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas import ir
+from tapas.capturing.tracing import weights_by_path
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
 from tapas.execution.optimizers import Adam
 from tapas.sharding.placements import Placement, Split
@@ -263,12 +264,14 @@ def _first_batch(rt: Any, model: Any, call: Any, xs: list,
     ref_out = np.asarray(call())
     outs, loss, grads = rt.evaluate(xs, y)
     report["outputs"] = compare(outs[0], ref_out)   # scale: the largest output
-    trainable = [w for w in model.trainable_weights if w.path in grads]
+    trainable_ids = {id(w) for w in model.trainable_weights}
+    trainable = {p: w for p, w in weights_by_path(model).items()
+                 if id(w) in trainable_ids and p in grads}
     with tf.GradientTape() as tape:
         ref_loss = rt.loss(y, call())
-    ref_grads = tape.gradient(ref_loss, trainable)
+    ref_grads = tape.gradient(ref_loss, list(trainable.values()))
     report["loss"] = compare(loss, float(ref_loss))
-    ref_g = {w.path: tf.convert_to_tensor(g).numpy() for w, g in zip(trainable, ref_grads)}
+    ref_g = {p: tf.convert_to_tensor(g).numpy() for p, g in zip(trainable, ref_grads)}
     g_scale = max((float(np.abs(g).max()) for g in ref_g.values() if g.size), default=0.0)
     report["gradients"] = _worst({p: compare(grads[p], g, scale=g_scale)
                                   for p, g in ref_g.items()})
@@ -301,7 +304,7 @@ def _weights_after(pm: Any, ref_g: Mapping[str, np.ndarray], noise: float) -> di
     is the largest gradient difference (Adam's ill-conditioned elements, see
     :func:`_adam_compare`)."""
     weights = pm.global_weights()
-    by_path = {w.path: w for w in pm.model.weights}
+    by_path = weights_by_path(pm.model)
     refs = {p: by_path[p].numpy() for p in weights}
     scale = max((float(np.abs(v).max()) for v in refs.values() if v.size), default=0.0)
     adam = isinstance(pm.runtime.optimizer, Adam)
