@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tapas.execution import devices  # noqa: E402
+from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
 
 JOB = json.loads(sys.argv[1])
 devices.setup_devices(JOB["devices"], "cpu")
@@ -181,17 +181,6 @@ CHECKS = {"bert": check_bert, "structures": check_structures, "errors": check_er
           "save": check_save}
 
 
-def main() -> None:
-    for name in JOB["checks"]:
-        try:
-            result = {"check": name, **CHECKS[name]()}
-        except Exception as e:  # reported to the parent, which fails the test
-            result = {"check": name, "error": f"{type(e).__name__}: {e}",
-                      "traceback": traceback.format_exc()}
-        print("RESULT " + json.dumps(result, default=str), flush=True)
-
-
 if __name__ == "__main__":
-    main()
-    sys.stdout.flush()
-    os._exit(0)
+    run_checks(CHECKS, JOB["checks"])
+    finish()

@@ -30,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tapas.execution import devices, optimizers  # noqa: E402
+from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
 from tapas.execution import runtime as rt  # noqa: E402
 
 JOB = json.loads(sys.argv[1])
@@ -588,16 +589,9 @@ def main() -> None:
     strategy = devices.make_strategy(None if devices.tf_config() else JOB["devices"],
                                 join_timeout_s=JOB.get("join_timeout_s", 60.0))
     print("JOINED", flush=True)
-    for name in JOB["checks"]:
-        try:
-            result = {"check": name, **CHECKS[name](strategy)}
-        except Exception as e:  # reported to the parent, which fails the test
-            result = {"check": name, "error": f"{type(e).__name__}: {e}",
-                      "traceback": traceback.format_exc()}
-        print("RESULT " + json.dumps(result, default=str), flush=True)
+    run_checks(CHECKS, JOB["checks"], strategy)
 
 
 if __name__ == "__main__":
     main()
-    sys.stdout.flush()
-    os._exit(0)
+    finish()
