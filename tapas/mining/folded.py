@@ -130,6 +130,7 @@ class RoundStats:
     templates: int            # templates chosen
     covered: int              # GraphNodes those templates cover
     seconds: float
+    copies_skipped: int = 0   # layers of a deep stack mined through a window only
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

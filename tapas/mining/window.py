@@ -1,0 +1,293 @@
+"""Mining on a window of a deep stack: the same folding as on the whole graph, in time that
+does not grow with the number of layers.
+
+In:  the :class:`~tapas.mining.apriori.Index` of the graph, the GraphNodes of one mining
+     round and the round's support ``S``.
+Out: a :class:`Window` (or None when the graph has no long enough periodic stack): the
+     graph with the middle copies of every long *periodic run* removed -- the same model
+     with fewer layers, which Apriori mines as usual (``index``, ``nodes``, ``support``,
+     ``accept``) -- and :meth:`Window.expand`, which maps what it finds back onto the whole
+     graph.
+
+A *run* is a stretch of the GraphNodes, in topological (id) order, made of ``r`` copies of
+one unit of ``p`` GraphNodes with the same signatures (:func:`find_runs`), whose wiring is
+translation-symmetric (:func:`_symmetric`): inside each copy the same edges, between
+consecutive copies the same edges, no edge skipping a copy, and every interior copy
+wired to the same GraphNodes outside the run (masks, a shared position bias, the encoder
+output). A deep stack of identical layers is one run per stack.
+
+The window keeps the first ``KEEP_LEFT`` and last ``KEEP_RIGHT`` copies of the shortest
+long run and removes the ``D`` copies between them from every long run (the same ``D``
+for all), wiring copy ``a - 1`` to copy ``a + D`` as consecutive copies are wired. Every
+subgraph inside a run then has ``D`` fewer non-overlapping occurrences, so the support
+becomes ``S - D``; a subgraph is frequent on the window when it has ``S - D`` occurrences
+and either ``S`` (it does not need the removed copies) or an occurrence inside a run that
+repeats in every copy (``accept``). What the window folds is expanded back by translation
+(:meth:`Window.expand`): an instance starting in copy ``a - 1`` stands for the instances
+starting in copies ``a - 1 ... a - 1 + D`` of the whole graph. The expansion is only
+accepted when the instances around the cut repeat copy by copy (:meth:`Window.periodic`);
+otherwise the caller mines the whole graph.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from tapas.mining.apriori import Index
+
+#: Copies of a run kept before and after the cut. Two on each side are the least the
+#: periodicity check needs (the rows of instances starting at copies a-2, a-1 and a).
+KEEP_LEFT = 3
+KEEP_RIGHT = 3
+#: Cut only when at least this many copies go (below, the window saves little).
+MIN_SKIP = 4
+
+Emb = tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """``copies[c][q]``: the GraphNode at offset ``q`` of copy ``c`` (topological order)."""
+
+    copies: tuple[tuple[int, ...], ...]
+
+    @property
+    def period(self) -> int:
+        return len(self.copies[0])
+
+    @property
+    def num_copies(self) -> int:
+        return len(self.copies)
+
+
+def find_runs(index: Index, nodes: Sequence[int], min_copies: int) -> list[Run]:
+    """The disjoint translation-symmetric runs of at least ``min_copies`` copies among
+    ``nodes`` (sorted ids), longest span first (ties: the shorter period). GraphNodes
+    whose signature occurs fewer than ``min_copies`` times are skipped when reading the
+    sequence, so a copy is contiguous in it though not necessarily in the ids."""
+    # a GraphNode whose signature occurs fewer than min_copies times is in no run; left
+    # in the sequence, one placed between two layers (a mask computed for the decoder,
+    # scheduled in the middle of the encoder) would cut the encoder's run in two
+    counts = Counter(index.lab[v] for v in nodes)
+    nodes = [v for v in nodes if counts[index.lab[v]] >= min_copies]
+    if min_copies < 2 or len(nodes) < 2 * min_copies:
+        return []
+    seq = np.array([index.lab[v] for v in nodes], dtype=np.int64)
+    n = len(seq)
+    found = []
+    for p in range(1, n // min_copies + 1):
+        eq = np.concatenate(([0], (seq[:-p] == seq[p:]).astype(np.int8), [0]))
+        d = np.diff(eq)
+        starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+        for s, length in zip(starts, ends - starts):
+            r = int(length) // p + 1
+            if r >= min_copies:
+                found.append((-r * p, p, int(s), r))
+    found.sort()
+    taken = np.zeros(n, dtype=bool)
+    runs = []
+    for _, p, s, r in found:
+        if taken[s:s + r * p].any():
+            continue
+        taken[s:s + r * p] = True
+        run = _symmetric(index, Run(tuple(tuple(nodes[s + c * p:s + (c + 1) * p])
+                                          for c in range(r))))
+        if run is not None and run.num_copies >= min_copies:
+            runs.append(run)
+    return runs
+
+
+def _symmetric(index: Index, run: Run) -> Run | None:
+    """The longest stretch of ``run``'s copies whose wiring is translation-symmetric
+    (see the module docstring), or None when an edge skips a copy."""
+    where = {v: (c, q) for c, cp in enumerate(run.copies) for q, v in enumerate(cp)}
+    inner, forward, outer = [], [], []
+    for c, cp in enumerate(run.copies):
+        it, fw, hub = set(), set(), set()
+        for q, v in enumerate(cp):
+            for u, code in index.adj[v].items():
+                cu = where.get(u)
+                if cu is None:
+                    hub.add((q, u, code))
+                elif cu[0] == c:
+                    it.add((q, cu[1], code))
+                elif cu[0] == c + 1:
+                    fw.add((q, cu[1], code))
+                elif cu[0] != c - 1:
+                    return None
+        inner.append(frozenset(it))
+        forward.append(frozenset(fw))
+        outer.append(frozenset(hub))
+    r = run.num_copies
+    best = (0, 0)
+    for i in range(r):
+        j = i
+        while (j + 1 < r and inner[j + 1] == inner[i] and forward[j] == forward[i]
+               and (j == i or outer[j] == outer[i + 1])):
+            j += 1
+        # copy j (the last) may differ in its outside wiring; so may copy i (the first)
+        if j - i + 1 > best[1] - best[0]:
+            best = (i, j + 1)
+    return Run(run.copies[best[0]:best[1]])
+
+
+@dataclasses.dataclass
+class Window:
+    """The graph with ``removed`` copies cut out of every run in ``runs`` (after copy
+    ``KEEP_LEFT - 1``); see the module docstring."""
+
+    full: Index
+    index: Index                 # the window's wiring (same GraphNode ids)
+    nodes: list[int]             # the round's GraphNodes left in the window
+    support: int                 # S - D
+    full_support: int            # S
+    runs: list[Run]
+    removed: int                 # D
+    where: dict[int, tuple[int, int, int]]  # GraphNode -> (run, virtual copy, offset)
+    gone: frozenset[int]         # the removed GraphNodes
+
+    def accept(self, embs: Sequence[Emb], count: int) -> bool:
+        """Frequent on the whole graph: ``count`` on the window reaches ``S - D`` and the
+        subgraph either reaches ``S`` here or repeats in every copy of a run."""
+        if count < self.support:
+            return False
+        return count >= self.full_support or any(self._repeats(e) for e in embs)
+
+    def _repeats(self, e: Emb) -> bool:
+        """Whether ``e`` lies inside one run, in interior copies, within two consecutive
+        copies, and is disjoint from its translate by one copy."""
+        spots = [self.where.get(v) for v in e]
+        if any(s is None for s in spots):
+            return False
+        runs = {s[0] for s in spots}
+        if len(runs) != 1:
+            return False
+        last = self.runs[spots[0][0]].num_copies - self.removed - 2
+        low = min(s[1] for s in spots)
+        if low < 1 or max(s[1] for s in spots) > min(low + 1, last):
+            return False
+        lower = {s[2] for s in spots if s[1] == low}
+        return all(s[2] not in lower for s in spots if s[1] != low)
+
+    def _spots(self, e: Emb) -> tuple[int, int, int] | None:
+        """(run, first virtual copy, last virtual copy) of ``e``'s run GraphNodes; None if
+        it has none; (-1, 0, 0) if it touches two runs."""
+        spots = [self.where[v] for v in e if v in self.where]
+        if not spots:
+            return None
+        if len({s[0] for s in spots}) > 1:
+            return (-1, 0, 0)
+        return (spots[0][0], min(s[1] for s in spots), max(s[1] for s in spots))
+
+    def expand(self, embs: Sequence[Emb], strict: bool = True) -> list[Emb] | None:
+        """The whole graph's embeddings for the window's ``embs``: one starting in copy
+        ``KEEP_LEFT - 1`` stands for the ``D + 1`` translates starting in copies
+        ``KEEP_LEFT - 1 ... KEEP_LEFT - 1 + D``. One that spans more than two copies or
+        two runs cannot be translated: None when ``strict``, else it is kept as it is."""
+        a, d = KEEP_LEFT, self.removed
+        out: list[Emb] = []
+        for e in embs:
+            sp = self._spots(e)
+            if sp is not None and (sp[0] < 0 or sp[2] - sp[1] > 1):
+                if strict:
+                    return None
+                out.append(e)
+            elif sp is None or sp[1] != a - 1:
+                out.append(e)
+            else:
+                copies = self.runs[sp[0]].copies
+                out.extend(tuple(self._moved(v, copies, k) for v in e) for k in range(d + 1))
+        return out
+
+    def _moved(self, v: int, copies: tuple[tuple[int, ...], ...], k: int) -> int:
+        """GraphNode ``v`` of the window (virtual copy a-1 or a) moved to the copy ``k``
+        further in the whole graph; GraphNodes outside the run stay."""
+        spot = self.where.get(v)
+        if spot is None:
+            return v
+        _, vc, q = spot
+        return copies[vc + k][q]
+
+    def periodic(self, insts: Sequence[Emb]) -> bool:
+        """Whether the instances starting at virtual copies a-2, a-1 and a of every run
+        are translates of each other (position by position), so that the removed copies
+        hold translates of the row at a-1."""
+        a = KEEP_LEFT
+        rows: dict[tuple[int, int], list[tuple]] = {}
+        for e in insts:
+            sp = self._spots(e)
+            if sp is None:
+                continue
+            if sp[0] < 0:
+                return False
+            if a - 2 <= sp[1] <= a:
+                shape = tuple(("out", v) if v not in self.where else
+                              (self.where[v][1] - sp[1], self.where[v][2]) for v in e)
+                rows.setdefault((sp[0], sp[1]), []).append(shape)
+        for i in range(len(self.runs)):
+            got = [sorted(rows.get((i, s), [])) for s in (a - 2, a - 1, a)]
+            if not got[0] == got[1] == got[2]:
+                return False
+        return True
+
+
+def make_window(index: Index, nodes: Sequence[int], support: int) -> Window | None:
+    """The window of the round's ``nodes`` (sorted ids) at ``support``, or None when no
+    run is long enough (at least ``support`` copies and ``MIN_SKIP`` to remove) or the
+    window's support ``S - D`` would drop below 2."""
+    keep = KEEP_LEFT + KEEP_RIGHT
+    runs = [r for r in find_runs(index, nodes, max(support, keep + MIN_SKIP))]
+    if not runs:
+        return None
+    d = min(r.num_copies for r in runs) - keep
+    if d < MIN_SKIP or support - d < 2:
+        return None
+    a = KEEP_LEFT
+    gone: set[int] = set()
+    where: dict[int, tuple[int, int, int]] = {}
+    for i, run in enumerate(runs):
+        for c, cp in enumerate(run.copies):
+            if a <= c < a + d:
+                gone.update(cp)
+            for q, v in enumerate(cp):
+                if not a <= c < a + d:
+                    where[v] = (i, c if c < a else c - d, q)
+    view = _rewired(index, runs, a, d, gone)
+    return Window(full=index, index=view, nodes=[v for v in nodes if v not in gone],
+                  support=support - d, full_support=support, runs=runs, removed=d,
+                  where=where, gone=frozenset(gone))
+
+
+def _rewired(index: Index, runs: Sequence[Run], a: int, d: int, gone: set[int]) -> Index:
+    """A copy of ``index`` without the GraphNodes ``gone``, copy ``a - 1`` of each run
+    wired to copy ``a + d`` as it was to copy ``a`` (edges and tensors)."""
+    view = copy.copy(index)
+    view.adj = list(index.adj)
+    view.in_tensors = list(index.in_tensors)
+    view.out_tensors = list(index.out_tensors)
+    for run in runs:
+        up = {u: w for u, w in zip(run.copies[a], run.copies[a + d])}      # copy a -> a+d
+        down = {u: w for u, w in zip(run.copies[a + d - 1], run.copies[a - 1])}
+        for v in run.copies[a - 1]:
+            view.adj[v] = {up.get(u, u): c for u, c in index.adj[v].items()}
+            view.out_tensors[v] = {(up.get(u, u), t) for u, t in index.out_tensors[v]}
+        for v, v0 in zip(run.copies[a + d], run.copies[a]):
+            view.adj[v] = {down.get(u, u): c for u, c in index.adj[v].items()}
+            view.in_tensors[v] = ({(u, t) for u, t in index.in_tensors[v] if u not in down}
+                                  | {(u, t) for u, t in index.in_tensors[v0]
+                                     if u in run.copies[a - 1]})
+    for v in range(index.n):
+        if v in gone:
+            continue
+        nb = view.adj[v]
+        if not gone.isdisjoint(nb):
+            view.adj[v] = {u: c for u, c in nb.items() if u not in gone}
+    return view
+
