@@ -196,7 +196,8 @@ def _round(graph: Graph, index: Index, nodes: list[int], support: int, r: int,
                              None if win is None else win.accept)
     in_window = active if win is None else [a and v not in win.gone
                                             for v, a in enumerate(active)]
-    picked = select(index, frequent, support_here, opts.min_size, in_window)
+    whole = None if win is None else (lambda embs: win.expand(embs, strict=False))
+    picked = select(index, frequent, support, opts.min_size, in_window, whole)
     entries = _templates(graph, index, picked, support, r, opts.min_size, opts.split_layers,
                          win)
     if entries is None or (win is not None and not _disjoint(entries, active)):

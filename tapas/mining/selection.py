@@ -13,15 +13,17 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
 from tapas.ir import Graph
-from tapas.mining.apriori import (Index, Pattern, canonical, find_isomorphism, permute,
-                                  pick_nonoverlapping)
+from tapas.mining.apriori import (Index, Pattern, canonical, count_nonoverlapping,
+                                  find_isomorphism, permute, pick_nonoverlapping)
 from tapas.mining.folded import Template
 
+# the whole graph's embeddings for a window's (see select)
+Whole = Callable[[list[tuple[int, ...]]], list[tuple[int, ...]]]
 
 
 # =========================================================================================
@@ -43,7 +45,8 @@ def _boundary(index: Index, emb: tuple[int, ...]) -> int:
 
 
 def select(index: Index, frequent: list[Pattern], support: int, min_size: int,
-            active: list[bool]) -> list[tuple[Pattern, list[tuple[int, ...]]]]:
+            active: list[bool], whole: Whole | None = None
+            ) -> list[tuple[Pattern, list[tuple[int, ...]]]]:
     """Choose templates among the frequent subgraphs with at least ``min_size`` GraphNodes.
 
     This is a set-packing problem (instances may not overlap). Greedy: go through the
@@ -56,17 +59,26 @@ def select(index: Index, frequent: list[Pattern], support: int, min_size: int,
        preference: block-sized templates rather than many small ones;
     2. cleanest cut first (fewest boundary tensors per GraphNode, then largest) -- saves
        small graphs where a large subgraph that straddles layers occurs twice by chance.
+
+    On a window of a deep stack (:mod:`tapas.mining.window`) ``whole`` maps a list of
+    embeddings to the whole graph's, so that occurrences, instances and coverage are
+    counted as on the whole graph (the window holds fewer copies of some subgraphs than
+    of others); ``support`` is the whole graph's too.
     """
+    if whole is None:
+        def whole(embs: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+            return embs
     eligible = [p for p in frequent if p.size >= min_size]
     if not eligible:
         return []
     info = []
     for p in eligible:
         first = min(p.embs, key=min)
-        info.append((p, _boundary(index, first), min(first)))
+        count = p.count if whole is None else count_nonoverlapping(whole(p.embs))
+        info.append((p, _boundary(index, first), min(first), count))
     orders = [
-        sorted(info, key=lambda x: (-x[0].size, x[1], -x[0].count, x[2])),
-        sorted(info, key=lambda x: (x[1] / x[0].size, -x[0].size, -x[0].count, x[2])),
+        sorted(info, key=lambda x: (-x[0].size, x[1], -x[3], x[2])),
+        sorted(info, key=lambda x: (x[1] / x[0].size, -x[0].size, -x[3], x[2])),
     ]
     blocked0 = {v for v in range(index.n) if not active[v]}
     best: tuple[tuple[int, int, int], list] | None = None
@@ -74,15 +86,16 @@ def select(index: Index, frequent: list[Pattern], support: int, min_size: int,
         blocked = set(blocked0)
         picked = []
         covered = 0
-        for p, _, _ in order:
+        for p, _, _, _ in order:
             if all(not blocked.isdisjoint(e) for e in p.embs):
                 continue
             insts = pick_nonoverlapping(p.embs, blocked)
-            if len(insts) >= support:
+            n_insts = len(whole(insts))
+            if n_insts >= support:
                 picked.append((p, insts))
                 for e in insts:
                     blocked.update(e)
-                covered += p.size * len(insts)
+                covered += p.size * n_insts
         score = (-covered, len(picked), rank)
         if best is None or score < best[0]:
             best = (score, picked)
