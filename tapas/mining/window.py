@@ -89,19 +89,48 @@ def find_runs(index: Index, nodes: Sequence[int], min_copies: int) -> list[Run]:
         for s, length in zip(starts, ends - starts):
             r = int(length) // p + 1
             if r >= min_copies:
-                found.append((-r * p, p, int(s), r))
+                found.append((-r * p, p, int(s), r, int(length) % p))
     found.sort()
-    taken = np.zeros(n, dtype=bool)
+    taken: set[int] = set()
     runs = []
-    for _, p, s, r in found:
-        if taken[s:s + r * p].any():
-            continue
-        taken[s:s + r * p] = True
-        run = _symmetric(index, Run(tuple(tuple(nodes[s + c * p:s + (c + 1) * p])
-                                          for c in range(r))))
-        if run is not None and run.num_copies >= min_copies:
-            runs.append(run)
+    for _, p, s, r, slack in found:
+        # the periodic stretch may start a few GraphNodes before the first layer (they
+        # match by chance): try each phase that still fits r copies
+        best: Run | None = None
+        for phase in range(s, s + slack + 1):
+            run = _copies(index, nodes, phase, p, r, taken, min_copies)
+            if run is not None and (best is None or run.num_copies > best.num_copies):
+                best = run
+            if best is not None and best.num_copies == r:
+                break
+        if best is not None:
+            runs.append(best)
+            taken.update(v for cp in best.copies for v in cp)
     return runs
+
+
+def _copies(index: Index, nodes: Sequence[int], s: int, p: int, r: int, taken: set[int],
+            min_copies: int) -> Run | None:
+    """The longest symmetric run of at least ``min_copies`` among the ``r`` copies of
+    ``p`` GraphNodes from position ``s`` of ``nodes``, avoiding GraphNodes ``taken``."""
+    free = [c for c in range(r) if taken.isdisjoint(nodes[s + c * p:s + (c + 1) * p])]
+    first, stop = _longest_stretch(free)
+    if stop - first < min_copies:
+        return None
+    run = _symmetric(index, Run(tuple(tuple(nodes[s + c * p:s + (c + 1) * p])
+                                      for c in range(first, stop))))
+    return run if run is not None and run.num_copies >= min_copies else None
+
+
+def _longest_stretch(xs: Sequence[int]) -> tuple[int, int]:
+    """The longest stretch of consecutive integers in sorted ``xs``, as (first, stop)."""
+    best, first = (0, 0), None
+    for i, x in enumerate(xs):
+        if first is None or x != xs[i - 1] + 1:
+            first = x
+        if x + 1 - first > best[1] - best[0]:
+            best = (first, x + 1)
+    return best
 
 
 def _symmetric(index: Index, run: Run) -> Run | None:
