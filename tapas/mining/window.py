@@ -179,28 +179,37 @@ class Window:
     full_support: int            # S
     runs: list[Run]
     removed: int                 # D
-    where: dict[int, tuple[int, int, int]]  # GraphNode -> (run, virtual copy, offset)
+    where: list[tuple[int, int, int] | None]  # GraphNode -> (run, virtual copy, offset)
     gone: frozenset[int]         # the removed GraphNodes
+    _moves_cache: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def accept(self, embs: Sequence[Emb], count: int) -> bool:
         """Frequent on the whole graph: ``count`` on the window reaches ``S - D`` and the
-        subgraph either reaches ``S`` here or repeats in every copy of a run."""
+        subgraph either reaches ``S`` here or repeats in every copy of a run. (Embeddings
+        are looked at from the middle of the list on: those are usually in the interior.)"""
         if count < self.support:
             return False
-        return count >= self.full_support or any(self._repeats(e) for e in embs)
+        if count >= self.full_support:
+            return True
+        mid = len(embs) // 2
+        return any(self._repeats(embs[i]) for i in range(mid, len(embs))) or \
+            any(self._repeats(embs[i]) for i in range(mid))
 
     def _repeats(self, e: Emb) -> bool:
         """Whether ``e`` lies inside one run, in interior copies, within two consecutive
         copies, and is disjoint from its translate by one copy."""
-        spots = [self.where.get(v) for v in e]
-        if any(s is None for s in spots):
-            return False
-        runs = {s[0] for s in spots}
-        if len(runs) != 1:
-            return False
-        last = self.runs[spots[0][0]].num_copies - self.removed - 2
+        where = self.where
+        spots = []
+        for v in e:
+            spot = where[v]
+            if spot is None:
+                return False
+            spots.append(spot)
+        run = spots[0][0]
         low = min(s[1] for s in spots)
-        if low < 1 or max(s[1] for s in spots) > min(low + 1, last):
+        high = max(s[1] for s in spots)
+        if (low < 1 or high > low + 1 or high > self.runs[run].num_copies - self.removed - 2
+                or any(s[0] != run for s in spots)):
             return False
         lower = {s[2] for s in spots if s[1] == low}
         return all(s[2] not in lower for s in spots if s[1] != low)
@@ -208,7 +217,8 @@ class Window:
     def _spots(self, e: Emb) -> tuple[int, int, int] | None:
         """(run, first virtual copy, last virtual copy) of ``e``'s run GraphNodes; None if
         it has none; (-1, 0, 0) if it touches two runs."""
-        spots = [self.where[v] for v in e if v in self.where]
+        where = self.where
+        spots = [where[v] for v in e if where[v] is not None]
         if not spots:
             return None
         if len({s[0] for s in spots}) > 1:
@@ -220,7 +230,7 @@ class Window:
         ``KEEP_LEFT - 1`` stands for the ``D + 1`` translates starting in copies
         ``KEEP_LEFT - 1 ... KEEP_LEFT - 1 + D``. One that spans more than two copies or
         two runs cannot be translated: None when ``strict``, else it is kept as it is."""
-        a, d = KEEP_LEFT, self.removed
+        a = KEEP_LEFT
         out: list[Emb] = []
         for e in embs:
             sp = self._spots(e)
@@ -231,18 +241,23 @@ class Window:
             elif sp is None or sp[1] != a - 1:
                 out.append(e)
             else:
-                copies = self.runs[sp[0]].copies
-                out.extend(tuple(self._moved(v, copies, k) for v in e) for k in range(d + 1))
+                out.extend(zip(*[self._moves(v) for v in e]))
         return out
 
-    def _moved(self, v: int, copies: tuple[tuple[int, ...], ...], k: int) -> int:
-        """GraphNode ``v`` of the window (virtual copy a-1 or a) moved to the copy ``k``
-        further in the whole graph; GraphNodes outside the run stay."""
-        spot = self.where.get(v)
-        if spot is None:
-            return v
-        _, vc, q = spot
-        return copies[vc + k][q]
+    def _moves(self, v: int) -> tuple[int, ...]:
+        """Where GraphNode ``v`` of the window (virtual copy a-1 or a, or outside the runs)
+        lies in the ``D + 1`` translates: the copies 0, 1, ..., D further on."""
+        moves = self._moves_cache.get(v)
+        if moves is None:
+            spot = self.where[v]
+            if spot is None:
+                moves = (v,) * (self.removed + 1)
+            else:
+                run, vc, q = spot
+                copies = self.runs[run].copies
+                moves = tuple(copies[vc + k][q] for k in range(self.removed + 1))
+            self._moves_cache[v] = moves
+        return moves
 
     def periodic(self, insts: Sequence[Emb]) -> bool:
         """Whether the instances starting at virtual copies a-2, a-1 and a of every run
@@ -257,8 +272,9 @@ class Window:
             if sp[0] < 0:
                 return False
             if a - 2 <= sp[1] <= a:
-                shape = tuple(("out", v) if v not in self.where else
-                              (self.where[v][1] - sp[1], self.where[v][2]) for v in e)
+                spots = [self.where[v] for v in e]
+                shape = tuple(("out", v) if w is None else (w[1] - sp[1], w[2])
+                              for v, w in zip(e, spots))
                 rows.setdefault((sp[0], sp[1]), []).append(shape)
         for i in range(len(self.runs)):
             got = [sorted(rows.get((i, s), [])) for s in (a - 2, a - 1, a)]
@@ -280,7 +296,7 @@ def make_window(index: Index, nodes: Sequence[int], support: int) -> Window | No
         return None
     a = KEEP_LEFT
     gone: set[int] = set()
-    where: dict[int, tuple[int, int, int]] = {}
+    where: list[tuple[int, int, int] | None] = [None] * index.n
     for i, run in enumerate(runs):
         for c, cp in enumerate(run.copies):
             if a <= c < a + d:
