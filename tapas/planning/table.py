@@ -127,10 +127,11 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         key = node.signature or f"#{node.id}"
         if key in first_of:
             # same signature: same placements and costs, only weight paths differ
-            infos.append(tuple(
-                dataclasses.replace(info, weights=tuple(
-                    (w.path, pl) for w, (_, pl) in zip(node.weights, info.weights)))
-                for info in infos[first_of[key]]))
+            row = infos[first_of[key]]
+            infos.append(row if not node.weights else tuple(
+                _with_weights(info, tuple((w.path, pl) for w, (_, pl)
+                                          in zip(node.weights, info.weights)))
+                for info in row))
             continue
         t = time.perf_counter()
         pats = tuple(patterns_fn(node, graph, num_devices))
@@ -144,6 +145,17 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
     infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
     return PatternTable(tuple(infos), num_devices, len(first_of), time.perf_counter() - start,
                         options, generate, frozenset(constant))
+
+
+def _with_weights(info: PatternInfo, weights: tuple[tuple[str, Placement], ...]
+                  ) -> PatternInfo:
+    """``dataclasses.replace(info, weights=weights)`` without re-running ``__init__``
+    (PatternInfo has no checks): a deep stack copies one row per layer, and replace's
+    field-by-field rebuild was most of the table's time on T5 with 48 layers per stack."""
+    out = object.__new__(PatternInfo)
+    out.__dict__.update(info.__dict__)
+    out.__dict__["weights"] = weights
+    return out
 
 
 def constant_nodes(graph: Graph) -> frozenset[int]:
