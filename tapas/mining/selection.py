@@ -12,8 +12,9 @@ This module imports no TensorFlow.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 
@@ -65,32 +66,26 @@ def select(index: Index, frequent: list[Pattern], support: int, min_size: int,
     counted as on the whole graph (the window holds fewer copies of some subgraphs than
     of others); ``support`` is the whole graph's too.
     """
-    if whole is None:
-        def whole(embs: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-            return embs
     eligible = [p for p in frequent if p.size >= min_size]
     if not eligible:
         return []
     info = []
     for p in eligible:
         first = min(p.embs, key=min)
-        count = p.count if whole is None else count_nonoverlapping(whole(p.embs))
-        info.append((p, _boundary(index, first), min(first), count))
-    orders = [
-        sorted(info, key=lambda x: (-x[0].size, x[1], -x[3], x[2])),
-        sorted(info, key=lambda x: (x[1] / x[0].size, -x[0].size, -x[3], x[2])),
-    ]
+        info.append((p, _boundary(index, first), min(first)))
+    heads = [lambda x: (-x[0].size, x[1]), lambda x: (x[1] / x[0].size, -x[0].size)]
+    counts = _Counts(whole)
     blocked0 = {v for v in range(index.n) if not active[v]}
     best: tuple[tuple[int, int, int], list] | None = None
-    for rank, order in enumerate(orders):
+    for rank, head in enumerate(heads):
         blocked = set(blocked0)
         picked = []
         covered = 0
-        for p, _, _, _ in order:
+        for p in _in_order(info, head, counts, blocked):
             if all(not blocked.isdisjoint(e) for e in p.embs):
                 continue
             insts = pick_nonoverlapping(p.embs, blocked)
-            n_insts = len(whole(insts))
+            n_insts = counts.instances(insts)
             if n_insts >= support:
                 picked.append((p, insts))
                 for e in insts:
@@ -101,6 +96,39 @@ def select(index: Index, frequent: list[Pattern], support: int, min_size: int,
             best = (score, picked)
     assert best is not None
     return best[1]
+
+
+class _Counts:
+    """Occurrences and instances of a subgraph counted on the whole graph (see select)."""
+
+    def __init__(self, whole: Whole | None) -> None:
+        self.whole = whole
+        self.cache: dict[int, int] = {}
+
+    def occurrences(self, p: Pattern) -> int:
+        if self.whole is None:
+            return p.count
+        c = self.cache.get(id(p))
+        if c is None:
+            c = self.cache[id(p)] = count_nonoverlapping(self.whole(p.embs))
+        return c
+
+    def instances(self, insts: list[tuple[int, ...]]) -> int:
+        return len(insts) if self.whole is None else len(self.whole(insts))
+
+
+def _in_order(info: list[tuple[Pattern, int, int]], head: Callable[[Any], Any],
+              counts: _Counts, blocked: set[int]) -> Iterator[Pattern]:
+    """The subgraphs sorted by ``head``, then most occurrences, then first GraphNode.
+    Occurrences are counted only where ``head`` ties and only for subgraphs not yet
+    ``blocked`` (on a window they are counted on the whole graph, which is not free)."""
+    for _, group in itertools.groupby(sorted(info, key=head), key=head):
+        members = list(group)
+        if len(members) > 1:
+            members = [x for x in members if any(blocked.isdisjoint(e) for e in x[0].embs)]
+            members.sort(key=lambda x: (-counts.occurrences(x[0]), x[2]))
+        for x in members:
+            yield x[0]
 
 
 def layer_parts(graph: Graph, index: Index, pat: Pattern, insts: list[tuple[int, ...]],
