@@ -120,6 +120,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
     options = CostOptions() if options is None else options
     patterns_fn = patterns_fn or patterns_for
     first_of: dict[str, int] = {}
+    weight_placements: dict[str, list[list[Placement]]] = {}   # per signature and pattern
     infos: list[tuple[PatternInfo, ...]] = []
     generate = 0.0
     constant = constant_nodes(graph) if options.constant_filter else frozenset()
@@ -128,10 +129,11 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         if key in first_of:
             # same signature: same placements and costs, only weight paths differ
             row = infos[first_of[key]]
-            infos.append(row if not node.weights else tuple(
-                _with_weights(info, tuple((w.path, pl) for w, (_, pl)
-                                          in zip(node.weights, info.weights)))
-                for info in row))
+            if node.weights:
+                paths = [w.path for w in node.weights]
+                row = tuple(_with_weights(info, tuple(zip(paths, placed)))
+                            for info, placed in zip(row, weight_placements[key]))
+            infos.append(row)
             continue
         t = time.perf_counter()
         pats = tuple(patterns_fn(node, graph, num_devices))
@@ -142,6 +144,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
                              "offer 'replicate'")
         first_of[key] = node.id
         infos.append(tuple(_summarize(node, p, num_devices, cluster, options) for p in pats))
+        weight_placements[key] = [[pl for _, pl in info.weights] for info in infos[-1]]
     infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
     return PatternTable(tuple(infos), num_devices, len(first_of), time.perf_counter() - start,
                         options, generate, frozenset(constant))
