@@ -514,6 +514,24 @@ def alternating(pairs):
     return Graph.build(nodes, name="alternating")
 
 
+def rotary_stack(layers):
+    """A stack whose layer i reads output i of one shared GraphNode (Llama's rotary tables
+    come out of one GraphNode, one output per layer)."""
+    outs = tuple(TensorInfo(f"rot:{i}", (4, 8), "float32") for i in range(layers))
+    rot = GraphNode(0, "rot", Kind.MATMUL, (), (_t("x"),), outs, (), "rot")
+    nodes, prev = [inp(), rot], "x"
+    for i in range(layers):
+        p = f"l{i}_"
+        q = node(f"{p}q", "proj", [prev])
+        q = GraphNode(0, q.name, q.kind, (), q.inputs + (outs[i],), q.outputs, q.weights,
+                      q.signature)
+        nodes += [node(f"{p}n", "norm", [prev], Kind.NORM), q,
+                  node(f"{p}o", "out", [f"{p}q", f"{p}n"]),
+                  node(f"{p}a", "add", [prev, f"{p}o"], Kind.ELEMENTWISE, weights=False)]
+        prev = f"{p}a"
+    return Graph.build(nodes + [node("head", "head", [prev])], name="rotary")
+
+
 def test_window_deep_stack_same_folding_as_plain_apriori():
     g = transformer(16)
     f = _same_as_plain_apriori(g)
@@ -542,6 +560,12 @@ def test_window_interleaved_templates():
     assert f.stats.rounds[0].copies_skipped == 12 - 6     # pairs of layers
     starts = sorted((min(i), t.id) for t in f.templates for i in t.instances)
     assert [tid for _, tid in starts[:4]] in ([0, 1, 0, 1], [1, 0, 1, 0])
+
+
+def test_window_shared_node_with_one_output_per_layer():
+    g = rotary_stack(14)
+    f = _same_as_plain_apriori(g)
+    assert f.stats.rounds[0].copies_skipped == 14 - 6 and shapes(f) == [(4, 14)]
 
 
 def test_window_not_used_on_short_or_aperiodic_stacks():

@@ -14,7 +14,9 @@ one unit of ``p`` GraphNodes with the same signatures (:func:`find_runs`), whose
 translation-symmetric (:func:`_symmetric`): inside each copy the same edges, between
 consecutive copies the same edges, no edge skipping a copy, and every interior copy
 wired to the same GraphNodes outside the run (masks, a shared position bias, the encoder
-output). A deep stack of identical layers is one run per stack.
+output; in the same direction, though possibly through another output: Llama's rotary
+tables are one output per layer of one GraphNode). A deep stack of identical layers is
+one run per stack.
 
 The window keeps the first ``KEEP_LEFT`` and last ``KEEP_RIGHT`` copies of the shortest
 long run and removes the ``D`` copies between them from every long run (the same ``D``
@@ -144,7 +146,10 @@ def _symmetric(index: Index, run: Run) -> Run | None:
             for u, code in index.adj[v].items():
                 cu = where.get(u)
                 if cu is None:
-                    hub.add((q, u, code))
+                    # which of its outputs a shared GraphNode feeds to each copy may differ
+                    # (a rotary table per layer): only the direction must match
+                    f, b = index.codes[code]
+                    hub.add((q, u, bool(f), bool(b)))
                 elif cu[0] == c:
                     it.add((q, cu[1], code))
                 elif cu[0] == c + 1:
