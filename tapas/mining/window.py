@@ -188,6 +188,14 @@ class Window:
     gone: frozenset[int]         # the removed GraphNodes
     _moves_cache: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # ``where`` as flat lists (-1: outside the runs) and each run's last interior
+        # virtual copy: accept() looks at many embeddings
+        self._run_of = [-1 if w is None else w[0] for w in self.where]
+        self._copy_of = [-1 if w is None else w[1] for w in self.where]
+        self._offset_of = [-1 if w is None else w[2] for w in self.where]
+        self._last = [r.num_copies - self.removed - 2 for r in self.runs]
+
     def accept(self, embs: Sequence[Emb], count: int) -> bool:
         """Frequent on the whole graph: ``count`` on the window reaches ``S - D`` and the
         subgraph either reaches ``S`` here or repeats in every copy of a run. (Embeddings
@@ -203,21 +211,26 @@ class Window:
     def _repeats(self, e: Emb) -> bool:
         """Whether ``e`` lies inside one run, in interior copies, within two consecutive
         copies, and is disjoint from its translate by one copy."""
-        where = self.where
-        spots = []
-        for v in e:
-            spot = where[v]
-            if spot is None:
-                return False
-            spots.append(spot)
-        run = spots[0][0]
-        low = min(s[1] for s in spots)
-        high = max(s[1] for s in spots)
-        if (low < 1 or high > low + 1 or high > self.runs[run].num_copies - self.removed - 2
-                or any(s[0] != run for s in spots)):
+        run_of, copy_of = self._run_of, self._copy_of
+        run = run_of[e[0]]
+        if run < 0:
             return False
-        lower = {s[2] for s in spots if s[1] == low}
-        return all(s[2] not in lower for s in spots if s[1] != low)
+        low = high = copy_of[e[0]]
+        for v in e:
+            if run_of[v] != run:
+                return False
+            c = copy_of[v]
+            if c < low:
+                low = c
+            elif c > high:
+                high = c
+        if low < 1 or high > low + 1 or high > self._last[run]:
+            return False
+        if high == low:
+            return True
+        offset_of = self._offset_of
+        lower = {offset_of[v] for v in e if copy_of[v] == low}
+        return all(offset_of[v] not in lower for v in e if copy_of[v] != low)
 
     def _spots(self, e: Emb) -> tuple[int, int, int] | None:
         """(run, first virtual copy, last virtual copy) of ``e``'s run GraphNodes; None if
