@@ -1,16 +1,17 @@
 """Benchmark: subgraph-mining time (tapas.mine) on the paper's models.
 
     python benchmarks/bench_mine.py [--models=t5-large,resnet152-100k,moe-1.3b]
-        [--depths=6,12,24,48] [--repeats=3] [--min_size=3]
+        [--depths=6,12,24,48] [--masked_depths=6,12,24,48] [--repeats=3] [--min_size=3]
         [--graph_cache=out/graphs] [--json_out=out/bench_mine.json]
 
 Each model is captured once (capture time is reported but is not mining time), then
 ``tapas.mine`` is timed ``--repeats`` times on the captured graph; the median is reported.
 Targets (paper section 5.5, scaled to a 2-core machine): T5-large under 3 s (paper: under
 12 s), the 152-layer 100K-class ResNet under 1 s, MoE-1.3B under 5 s (paper: 30 s). The
-depth scan mines T5-large with 6/12/24/48 layers per stack (presets
-``t5-large-depth{N}``): mining time must grow at most linearly with depth, so the table
-prints the time per 1,000 GraphNodes and each step's time ratio against its node ratio.
+depth scans mine T5-large with 6/12/24/48 layers per stack, without and with padding-mask
+inputs (presets ``t5-large-depth{N}``, ``t5-large-masked-depth{N}``): mining a deep stack
+through a window of its layers (docs/mining.md), the time should not grow with depth, so
+the tables print each depth's CPU time and node count against the first depth's.
 
 ``--graph_cache`` keeps the captured IR (JSON) so later runs skip TensorFlow entirely.
 Prints tables and writes every number as JSON.
@@ -35,6 +36,9 @@ flags.DEFINE_list("models", ["t5-large", "resnet152-100k", "moe-1.3b"], "Zoo pre
 flags.DEFINE_list("depths", ["6", "12", "24", "48"],
                   "T5-large layers per stack for the depth scan (presets t5-large-depthN); "
                   "empty to skip.")
+flags.DEFINE_list("masked_depths", ["6", "12", "24", "48"],
+                  "Layers per stack of the masked T5-large depth scan (presets "
+                  "t5-large-masked-depthN); empty to skip.")
 flags.DEFINE_integer("repeats", 3, "mine() runs per model (the median is reported).")
 flags.DEFINE_integer("min_size", None, "min_size for mine() (default: tapas.mine's default).")
 flags.DEFINE_string("graph_cache", None, "Directory for captured IR graphs (JSON): reused "
@@ -92,53 +96,60 @@ def main(argv):
         row = bench(f"t5-large-depth{int(d)}")
         row["depth"] = int(d)
         depth_rows.append(row)
+    masked_rows = []
+    for d in FLAGS.masked_depths:
+        row = bench(f"t5-large-masked-depth{int(d)}")
+        row["depth"] = int(d)
+        masked_rows.append(row)
 
     print()
     print(f"{'model':<18}{'nodes':>6}{'IR ops':>8}{'capt s':>8}{'layers':>7}{'templ':>6}"
           f"{'cover':>7}{'cand':>7}{'freq':>6}{'mine s':>8}{'target':>8}  ok")
-    for r in rows + depth_rows:
+    for r in rows + depth_rows + masked_rows:
         target = f"{r['target_s']:.1f}" if "target_s" in r else "-"
         ok = ("yes" if r["within_target"] else "NO") if "target_s" in r else ""
         print(f"{r['model']:<18}{r['graph_nodes']:>6}{r['ir_ops']:>8}{r['capture_s']:>8.1f}"
               f"{r['layers_detected']:>7}{r['templates']:>6}{100 * r['coverage']:>6.1f}%"
               f"{r['candidates']:>7}{r['frequent']:>6}{r['mine_s_median']:>8.3f}{target:>8}  {ok}")
-    for r in rows + depth_rows:
+    for r in rows + depth_rows + masked_rows:
         print(f"  {r['model']}: templates (size x instances) "
               + ", ".join(f"{s}x{n}" for s, n in r["template_shapes"]))
 
-    scaling = []
-    if depth_rows:
-        print()
-        print("depth scan (T5-large widths): mining time must grow at most linearly")
-        print("(ratios use the fastest CPU time of the repeats: the least noisy number)")
-        print(f"{'layers/stack':>12}{'nodes':>7}{'mine s':>8}{'cpu s':>7}{'ms/1k nodes':>12}"
-              f"{'x nodes':>9}{'x cpu':>7}")
-        prev = None
-        for r in depth_rows:
-            per_k = 1000 * r["mine_cpu_s_min"] / r["graph_nodes"] * 1000
-            step = {"depth": r["depth"], "graph_nodes": r["graph_nodes"],
-                    "mine_s": r["mine_s_median"], "mine_cpu_s": r["mine_cpu_s_min"],
-                    "cpu_ms_per_1000_nodes": round(per_k, 1)}
-            if prev is not None:
-                step["node_ratio"] = round(r["graph_nodes"] / prev["graph_nodes"], 2)
-                step["cpu_ratio"] = round(r["mine_cpu_s_min"] / prev["mine_cpu_s_min"], 2)
-            scaling.append(step)
-            print(f"{r['depth']:>12}{r['graph_nodes']:>7}{r['mine_s_median']:>8.3f}"
-                  f"{r['mine_cpu_s_min']:>7.3f}{per_k:>12.1f}"
-                  f"{step.get('node_ratio', float('nan')):>9.2f}"
-                  f"{step.get('cpu_ratio', float('nan')):>7.2f}")
-            prev = r
-        first, last = depth_rows[0], depth_rows[-1]
-        overall = ((last["mine_cpu_s_min"] / first["mine_cpu_s_min"])
-                   / (last["graph_nodes"] / first["graph_nodes"]))
-        print(f"time growth / node growth from {first['depth']} to {last['depth']} layers: "
-              f"{overall:.2f} (<= ~1: linear or better)")
+    scaling = _scan("T5-large widths", depth_rows)
+    masked_scaling = _scan("T5-large widths, padding masks", masked_rows)
 
     out = {"benchmark": "tapas.mine", "machine": report.machine(),
            "repeats": FLAGS.repeats, "models": rows, "depth_scan": depth_rows,
-           "scaling": scaling}
+           "scaling": scaling, "masked_depth_scan": masked_rows,
+           "masked_scaling": masked_scaling}
     if FLAGS.json_out:
         report.write_json(FLAGS.json_out, out)
+
+
+def _scan(title: str, depth_rows: list[dict]) -> list[dict]:
+    """Print a depth scan (each step's CPU time against the first depth's) and return it."""
+    if not depth_rows:
+        return []
+    print()
+    print(f"depth scan ({title}): mining time should not grow with depth (window over the "
+          "stack, docs/mining.md)")
+    print("(ratios use the fastest CPU time of the repeats: the least noisy number)")
+    print(f"{'layers/stack':>12}{'nodes':>7}{'mine s':>8}{'cpu s':>7}{'ms/1k nodes':>12}"
+          f"{'x nodes':>9}{'x cpu':>7}")
+    first = depth_rows[0]
+    scaling = []
+    for r in depth_rows:
+        per_k = 1000 * r["mine_cpu_s_min"] / r["graph_nodes"] * 1000
+        step = {"depth": r["depth"], "graph_nodes": r["graph_nodes"],
+                "mine_s": r["mine_s_median"], "mine_cpu_s": r["mine_cpu_s_min"],
+                "cpu_ms_per_1000_nodes": round(per_k, 1),
+                "node_ratio": round(r["graph_nodes"] / first["graph_nodes"], 2),
+                "cpu_ratio": round(r["mine_cpu_s_min"] / first["mine_cpu_s_min"], 2)}
+        scaling.append(step)
+        print(f"{r['depth']:>12}{r['graph_nodes']:>7}{r['mine_s_median']:>8.3f}"
+              f"{r['mine_cpu_s_min']:>7.3f}{per_k:>12.1f}{step['node_ratio']:>9.2f}"
+              f"{step['cpu_ratio']:>7.2f}")
+    return scaling
 
 
 if __name__ == "__main__":

@@ -457,6 +457,148 @@ def test_default_min_size_is_documented_value():
     assert mine(chain(["A", "B", "C"], 3)).min_size == DEFAULT_MIN_SIZE
 
 
+# ---- mining on a window of a deep stack (tapas.mining.window) ------------------------------
+
+def _same_as_plain_apriori(graph, **kwargs):
+    """Mine with and without the window: the same FoldedGraph (statistics aside)."""
+    plain = mine(graph, window=False, **kwargs)
+    fast = check_folded(mine(graph, **kwargs), graph, kwargs.get("match_ports", True))
+    a, b = plain.to_json(), fast.to_json()
+    a.pop("stats")
+    b.pop("stats")
+    assert a == b
+    return fast
+
+
+def masked_stack(layers):
+    """A pre-norm stack whose every layer reads one attention bias computed from a mask
+    input (a GraphNode shared by all layers), with an interloper -- a GraphNode of the
+    head, scheduled in the middle of the stack -- as capture may order them."""
+    nodes = [inp(), inp("m"), node("emb", "emb", ["x"], Kind.EMBEDDING),
+             node("bias", "bias", ["m"], Kind.ELEMENTWISE, weights=False)]
+    prev = "emb"
+    for i in range(layers):
+        p = f"l{i}_"
+        nodes += [node(f"{p}n", "norm", [prev], Kind.NORM), node(f"{p}q", "proj", [f"{p}n"]),
+                  node(f"{p}k", "proj", [f"{p}n"]),
+                  node(f"{p}s", "score", [f"{p}q", f"{p}k", "bias"], Kind.ATTENTION_SCORE,
+                       weights=False),
+                  node(f"{p}o", "out", [f"{p}s"]),
+                  node(f"{p}a", "add", [prev, f"{p}o"], Kind.ELEMENTWISE, weights=False)]
+        prev = f"{p}a"
+        if i == layers // 2:
+            nodes.append(node("mask_head", "mask_head", ["m"], Kind.ELEMENTWISE, weights=False))
+    nodes.append(node("head", "head", [prev, "mask_head"]))
+    return Graph.build(nodes, name="masked")
+
+
+def alternating(pairs):
+    """GShard-like: layers alternate between an FFN and an expert block, both opening with
+    the same attention, so the pair is cut into two templates interleaved along the
+    stack (T0 T1 T0 T1 ...)."""
+    nodes, prev = [inp(), node("emb", "emb", ["x"], Kind.EMBEDDING)], "emb"
+    for i in range(2 * pairs):
+        p = f"l{i}_"
+        nodes += [node(f"{p}n", "norm", [prev], Kind.NORM), node(f"{p}q", "proj", [f"{p}n"]),
+                  node(f"{p}o", "out", [f"{p}q"]),
+                  node(f"{p}a", "add", [prev, f"{p}o"], Kind.ELEMENTWISE, weights=False),
+                  node(f"{p}n2", "norm", [f"{p}a"], Kind.NORM)]
+        body = ["wi", "wo"] if i % 2 == 0 else ["gate", "expert", "combine"]
+        last = f"{p}n2"
+        for j, sig in enumerate(body):
+            nodes.append(node(f"{p}b{j}", sig, [last]))
+            last = f"{p}b{j}"
+        nodes.append(node(f"{p}a2", "add", [f"{p}a", last], Kind.ELEMENTWISE, weights=False))
+        prev = f"{p}a2"
+    nodes.append(node("head", "head", [prev]))
+    return Graph.build(nodes, name="alternating")
+
+
+def rotary_stack(layers):
+    """A stack whose layer i reads output i of one shared GraphNode (Llama's rotary tables
+    come out of one GraphNode, one output per layer)."""
+    outs = tuple(TensorInfo(f"rot:{i}", (4, 8), "float32") for i in range(layers))
+    rot = GraphNode(0, "rot", Kind.MATMUL, (), (_t("x"),), outs, (), "rot")
+    nodes, prev = [inp(), rot], "x"
+    for i in range(layers):
+        p = f"l{i}_"
+        q = node(f"{p}q", "proj", [prev])
+        q = GraphNode(0, q.name, q.kind, (), q.inputs + (outs[i],), q.outputs, q.weights,
+                      q.signature)
+        nodes += [node(f"{p}n", "norm", [prev], Kind.NORM), q,
+                  node(f"{p}o", "out", [f"{p}q", f"{p}n"]),
+                  node(f"{p}a", "add", [prev, f"{p}o"], Kind.ELEMENTWISE, weights=False)]
+        prev = f"{p}a"
+    return Graph.build(nodes + [node("head", "head", [prev])], name="rotary")
+
+
+def test_window_deep_stack_same_folding_as_plain_apriori():
+    g = transformer(16)
+    f = _same_as_plain_apriori(g)
+    assert shapes(f) == [(12, 16)]
+    assert f.stats.rounds[0].copies_skipped == 16 - 6     # 3 + 3 layers mined
+    assert f.stats.levels[0].embeddings < 12 * 8           # level 1 saw 6 layers, not 16
+
+
+def test_window_encoder_decoder_cuts_both_stacks():
+    g = transformer(12, 12)
+    f = _same_as_plain_apriori(g)
+    assert shapes(f) == [(12, 12), (20, 12)]
+    assert f.stats.rounds[0].copies_skipped == 12 - 6
+
+
+def test_window_shared_input_and_interloper():
+    g = masked_stack(14)
+    f = _same_as_plain_apriori(g)
+    assert f.stats.rounds[0].copies_skipped > 0 and f.coverage > 0.9
+
+
+def test_window_interleaved_templates():
+    g = alternating(12)
+    f = _same_as_plain_apriori(g)
+    assert shapes(f) == [(8, 12), (9, 12)]
+    assert f.stats.rounds[0].copies_skipped == 12 - 6     # pairs of layers
+    starts = sorted((min(i), t.id) for t in f.templates for i in t.instances)
+    assert [tid for _, tid in starts[:4]] in ([0, 1, 0, 1], [1, 0, 1, 0])
+
+
+def test_window_shared_node_with_one_output_per_layer():
+    g = rotary_stack(14)
+    f = _same_as_plain_apriori(g)
+    assert f.stats.rounds[0].copies_skipped == 14 - 6 and shapes(f) == [(4, 14)]
+
+
+def test_window_not_used_on_short_or_aperiodic_stacks():
+    f = mine(transformer(8))                # 8 - 6 layers to skip: too few to bother
+    assert f.stats.rounds[0].copies_skipped == 0
+    # a skip connection over two layers breaks the translation symmetry of the wiring
+    nodes = residual(14)
+    nodes.append(node("far", "far", ["r2add", "r9add"]))
+    g = Graph.build(nodes + [node("head", "head", ["r13add", "far"])])
+    f = _same_as_plain_apriori(g)
+    assert all(r.copies_skipped == 0 for r in f.stats.rounds)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_window_random_deep_stacks_same_folding(data):
+    """Random blocks (with a GraphNode every layer may read) repeated 10 to 14 times."""
+    size = data.draw(st.integers(2, 5), label="block size")
+    labels = data.draw(st.lists(st.sampled_from("ABC"), min_size=size, max_size=size))
+    inputs = [data.draw(st.lists(st.integers(-2, i - 1), min_size=1, max_size=2, unique=True))
+              for i in range(size)]
+    repeats = data.draw(st.integers(10, 14), label="repeats")
+    nodes, prev = [inp(), inp("m"), node("hub", "H", ["m"])], "x"
+    for r in range(repeats):
+        for i in range(size):
+            srcs = [prev if j == -1 else "hub" if j == -2 else f"b{r}_{j}" for j in inputs[i]]
+            nodes.append(node(f"b{r}_{i}", labels[i], srcs))
+        prev = f"b{r}_{size - 1}"
+    g = Graph.build(nodes + [node("head", "Z", [prev])])
+    for kwargs in (dict(), dict(min_size=1), dict(match_ports=False)):
+        _same_as_plain_apriori(g, **kwargs)
+
+
 # ---- real models (small presets of the zoo, and keras.applications) ------------------------
 
 tf = pytest.importorskip("tensorflow")

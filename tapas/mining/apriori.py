@@ -30,6 +30,9 @@ from tapas.mining.folded import LevelStats
 # grow as C(48, 3).
 MAX_SHARED = 16
 
+# accept(embeddings, count): whether a subgraph with these embeddings is frequent
+Accept = Callable[[Sequence[tuple[int, ...]], int], bool]
+
 
 
 # =========================================================================================
@@ -338,8 +341,18 @@ class _Registry:
 # =========================================================================================
 
 def apriori(index: Index, nodes: list[int], support: int, *, closure: bool,
-             tiling_guard: bool, round_no: int) -> Iterator[tuple[LevelStats, list[Pattern]]]:
-    """Yield (stats, F_k) for k = 1, 2, ... on the subgraph induced by ``nodes``."""
+             tiling_guard: bool, round_no: int, accept: Accept | None = None
+             ) -> Iterator[tuple[LevelStats, list[Pattern]]]:
+    """Yield (stats, F_k) for k = 1, 2, ... on the subgraph induced by ``nodes``.
+
+    A subgraph is frequent when ``accept(embeddings, count)`` holds, by default when its
+    count (non-overlapping embeddings) reaches ``support``; a window of a deep stack
+    (:mod:`tapas.mining.window`) adds a condition. Fewer than ``support`` embeddings are
+    never frequent.
+    """
+    if accept is None:
+        def accept(embs: Sequence[tuple[int, ...]], count: int) -> bool:
+            return count >= support
     t0 = time.perf_counter()
     lab = index.lab
     active = [False] * index.n
@@ -352,11 +365,12 @@ def apriori(index: Index, nodes: list[int], support: int, *, closure: bool,
     by_label: dict[int, list[int]] = defaultdict(list)
     for v in nodes:
         by_label[lab[v]].append(v)
-    freq_label = {l for l, vs in by_label.items() if len(vs) >= support}
+    freq_label = {l for l, vs in by_label.items()
+                  if len(vs) >= support and accept([(v,) for v in vs], len(vs))}
     adjf = [[(u, c) for u, c in adj[v].items() if lab[u] in freq_label] for v in range(index.n)]
     level = [Pattern((l,), (), [(v,) for v in vs], len(vs), (l,), ((l,), ()),
                       [{u: ((v, c),) for u, c in adjf[v]} for v in vs])
-             for l, vs in sorted(by_label.items()) if len(vs) >= support]
+             for l, vs in sorted(by_label.items()) if l in freq_label]
 
     # Apriori on edges: an edge type (label, code, label) occurring fewer than `support`
     # times without overlap cannot be part of a frequent subgraph.
@@ -369,7 +383,7 @@ def apriori(index: Index, nodes: list[int], support: int, *, closure: bool,
                 pairs[(lab[v], c, lab[u])].append((v, u))
     edge_ok: set[tuple[int, int, int]] = set()
     for (la, c, lb), ps in pairs.items():
-        if len(ps) >= support and count_nonoverlapping(ps) >= support:
+        if len(ps) >= support and accept(ps, count_nonoverlapping(ps)):
             edge_ok.add((la, c, lb))
             edge_ok.add((lb, index.rev[c], la))
     yield (LevelStats(round_no, 1, len(by_label), len(level),
@@ -382,13 +396,13 @@ def apriori(index: Index, nodes: list[int], support: int, *, closure: bool,
         reg = _Registry(index.rev)
         counted = 0
         for pat in level:
-            counted += _extend(pat, reg, adjf, lab, edge_ok, support,
+            counted += _extend(pat, reg, adjf, lab, edge_ok, support, accept,
                                closure=closure, tiling_guard=tiling_guard)
         nxt = []
         for p in reg.members:
             if id(p) in reg.merged:
                 p.count = count_nonoverlapping(p.embs)
-            if p.count >= support:
+            if accept(p.embs, p.count):
                 nxt.append(p)
         level = nxt
         yield (LevelStats(round_no, k, counted, len(level), sum(len(p.embs) for p in level),
@@ -396,7 +410,7 @@ def apriori(index: Index, nodes: list[int], support: int, *, closure: bool,
 
 
 def _extend(pat: Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab: list[int],
-            edge_ok: set[tuple[int, int, int]], support: int, *,
+            edge_ok: set[tuple[int, int, int]], support: int, accept: Accept, *,
             closure: bool, tiling_guard: bool) -> int:
     """Grow every embedding of ``pat`` by one adjacent GraphNode; register the frequent
     children. Returns the number of candidates counted."""
@@ -406,7 +420,7 @@ def _extend(pat: Pattern, reg: _Registry, adj: list[list[tuple[int, int]]], lab:
         for v in e:
             owner[v].append(i)
     groups = _extension_groups(pat, owner, lab, edge_ok, tiling_guard)
-    counted, scored = _frequent_extensions(pat, groups, owner, support)
+    counted, scored = _frequent_extensions(pat, groups, owner, support, accept)
     if closure:
         # Absorbing extensions keep every embedding and the support: the subgraph is not
         # maximal, and the maximal ones containing it contain them too. Grow only one (the
@@ -452,7 +466,7 @@ def _extension_groups(pat: Pattern, owner: Mapping[int, list[int]], lab: list[in
 
 
 def _frequent_extensions(pat: Pattern, groups: Mapping[_Desc, list[tuple[int, int]]],
-                         owner: Mapping[int, list[int]], support: int
+                         owner: Mapping[int, list[int]], support: int, accept: Accept
                          ) -> tuple[int, list[tuple[_Desc, list[Any], int, int]]]:
     """The groups with enough distinct, non-overlapping children: (candidates counted,
     [(descriptor, kept children, parent embeddings, support)])."""
@@ -483,8 +497,9 @@ def _frequent_extensions(pat: Pattern, groups: Mapping[_Desc, list[tuple[int, in
         kept = _cap_shared(children, key=lambda x: x[0]) if risky else children
         if len(kept) < support:
             continue
-        cnt = count_nonoverlapping([e for e, _, _ in kept])
-        if cnt >= support:
+        embs_kept = [e for e, _, _ in kept]
+        cnt = count_nonoverlapping(embs_kept)
+        if accept(embs_kept, cnt):
             scored.append((desc, kept, len({i for _, i, _ in kept}), cnt))
     return counted, scored
 

@@ -130,6 +130,7 @@ class RoundStats:
     templates: int            # templates chosen
     covered: int              # GraphNodes those templates cover
     seconds: float
+    copies_skipped: int = 0   # layers of a deep stack mined through a window only
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -248,9 +249,11 @@ class FoldedGraph:
         for r in self.stats.rounds:
             per_level = " ".join(f"{s.candidates}/{s.frequent}" for s in self.stats.levels
                                  if s.round == r.round)
+            window = (f" (window: {r.copies_skipped} copies of each deep stack's unit not mined)"
+                      if r.copies_skipped else "")
             lines.append(f"round {r.round}: min_support {r.min_support} ({r.min_support_source}),"
-                         f" {r.nodes} nodes, {r.templates} templates, {r.seconds:.3f} s; "
-                         f"candidates/frequent per level: {per_level}")
+                         f" {r.nodes} nodes{window}, {r.templates} templates, {r.seconds:.3f} s;"
+                         f" candidates/frequent per level: {per_level}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:

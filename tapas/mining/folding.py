@@ -54,6 +54,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import gc
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -62,9 +65,10 @@ import numpy as np
 from absl import logging
 
 from tapas.ir import Graph, Kind
-from tapas.mining.apriori import Index, Pattern, apriori, count_nonoverlapping
+from tapas.mining.apriori import Accept, Index, Pattern, apriori, count_nonoverlapping
 from tapas.mining.folded import FoldedGraph, LevelStats, MiningStats, RoundStats, Subgraph
 from tapas.mining.selection import layer_parts, make_template, merge_isomorphic, select
+from tapas.mining.window import Window, make_window
 
 #: Default ``min_size``: a template holds at least this many GraphNodes. Smaller repeated
 #: pieces (a lone residual add, a norm feeding one dense) are cheap to search on their own
@@ -82,7 +86,7 @@ _LOG_SECONDS = 5.0
 
 def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_MIN_SIZE, *,
          max_rounds: int | None = None, match_ports: bool = True, closure: bool = True,
-         tiling_guard: bool = True, split_layers: bool = True,
+         tiling_guard: bool = True, split_layers: bool = True, window: bool = True,
          progress: Callable[[LevelStats], None] | None = None) -> FoldedGraph:
     """Fold ``graph`` into its unique repeated subgraphs (Algorithm 1, then selection).
 
@@ -104,13 +108,42 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
       tiling_guard: never grow a subgraph into a disjoint occurrence of itself.
       split_layers: cut a chosen template that spans two layers starting alike (a dense
         and a MoE layer) into one template per layer (see ``layer_parts``).
+      window: mine a deep stack of identical layers on a window of a few of its layers and
+        expand what is found onto the whole stack (:mod:`tapas.mining.window`): the same
+        folding, in time that does not grow with depth. False: Apriori on every layer.
       progress: called with each level's :class:`LevelStats` as soon as it is done.
 
     Returns:
       a :class:`FoldedGraph`.
     """
     _check_args(min_support, min_size, max_rounds)
-    start = time.perf_counter()
+    with _without_cycle_collection():
+        return _mine(graph, min_support, min_size, max_rounds, match_ports, window,
+                     _Options(min_size, closure, tiling_guard, split_layers, progress,
+                              time.perf_counter()))
+
+
+@contextlib.contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """Pause the garbage collector's automatic passes (``gc.disable``) while mining.
+
+    Mining allocates many small objects (embeddings, frontiers, patterns) that reference
+    counting frees (they form no cycles), and each automatic pass scans every tracked
+    object, the graph's index included: on T5 at 48 layers per stack those passes cost
+    as much as mining the window itself. The previous state is restored afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _mine(graph: Graph, min_support: int | None, min_size: int, max_rounds: int | None,
+          match_ports: bool, window: bool, opts: _Options) -> FoldedGraph:
+    """:func:`mine` with its arguments checked."""
+    start = opts.start
     n = len(graph.nodes)
     index = Index(graph, match_ports)
     layers = detect_layers(graph)
@@ -130,22 +163,32 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
         if support < 2 or len(nodes) < max(min_size, 2) or min_size > len(nodes):
             break
         t0 = time.perf_counter()
-        frequent = _search_round(graph, index, nodes, support, r, closure, tiling_guard,
-                                 levels, progress, start)
-        picked = select(index, frequent, support, min_size, active)
-        before = len(chosen)
-        covered = _fold_round(graph, index, picked, support, r, min_size, split_layers,
-                              chosen, active)
+        found = None
+        if window:
+            win = make_window(index, nodes, support)
+            if win is not None:
+                found = _round(graph, win.index, win.nodes, support, r, opts, active, win)
+        if found is None:
+            found = _round(graph, index, nodes, support, r, opts, active, None)
+        frequent, entries, round_levels, skipped = found
+        levels.extend(round_levels)
+        covered = 0
+        for entry in entries:
+            for inst in entry[1]:
+                for v in inst:
+                    active[v] = False
+                covered += len(inst)
+        chosen.extend(entries)
         rounds.append(RoundStats(round=r, min_support=support, min_support_source=source,
-                                 nodes=len(nodes), frequent=len(frequent),
-                                 templates=len(chosen) - before, covered=covered,
-                                 seconds=time.perf_counter() - t0))
+                                 nodes=len(nodes), frequent=frequent, templates=len(entries),
+                                 covered=covered, seconds=time.perf_counter() - t0,
+                                 copies_skipped=skipped))
         logging.log(logging.INFO if rounds[-1].seconds > _LOG_SECONDS else logging.DEBUG,
-                    "mine %s round %d: min_support %d, %d nodes, %d frequent subgraphs, "
-                    "%d templates covering %d nodes, %.3f s", graph.name, r, support,
-                    len(nodes), len(frequent), rounds[-1].templates, covered,
+                    "mine %s round %d: min_support %d, %d nodes (%d copies skipped), %d "
+                    "frequent subgraphs, %d templates covering %d nodes, %.3f s", graph.name,
+                    r, support, len(nodes), skipped, frequent, len(entries), covered,
                     rounds[-1].seconds)
-        if not picked:
+        if not entries:
             break
     stats = MiningStats(levels=tuple(levels), rounds=tuple(rounds), layers_detected=layers,
                         seconds=time.perf_counter() - start)
@@ -153,6 +196,43 @@ def mine(graph: Graph, min_support: int | None = None, min_size: int = DEFAULT_M
     return _folded(graph, index, chosen, first_support, min_size, stats)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """mine()'s arguments that every round uses."""
+
+    min_size: int
+    closure: bool
+    tiling_guard: bool
+    split_layers: bool
+    progress: Callable[[LevelStats], None] | None
+    start: float
+
+
+def _round(graph: Graph, index: Index, nodes: list[int], support: int, r: int,
+           opts: _Options, active: list[bool], win: Window | None
+           ) -> tuple[int, list[_Chosen], list[LevelStats], int] | None:
+    """One mining round over ``nodes``: Apriori, selection, layer splitting. On a window
+    (``win``: ``index`` and ``nodes`` are the window's) the templates are expanded onto the
+    whole graph, or None is returned when that is not possible (the caller then mines the
+    whole graph). Returns (frequent subgraphs, chosen templates with their instances on the
+    whole graph, level statistics, copies skipped)."""
+    levels: list[LevelStats] = []
+    support_here = support if win is None else win.support
+    frequent = _search_round(graph, index, nodes, support_here, r, opts.closure,
+                             opts.tiling_guard, levels, opts.progress, opts.start,
+                             None if win is None else win.accept)
+    in_window = active if win is None else [a and v not in win.gone
+                                            for v, a in enumerate(active)]
+    whole = None if win is None else (lambda embs: win.expand(embs, strict=False))
+    picked = select(index, frequent, support, opts.min_size, in_window, whole)
+    entries = _templates(graph, index, picked, support, r, opts.min_size, opts.split_layers,
+                         win)
+    if entries is None or (win is not None and not _disjoint(entries, active)):
+        return None
+    return len(frequent), entries, levels, 0 if win is None else win.removed
+
+
+# (labels, instances, min_support, round, support) of one chosen template
 # (labels, instances, min_support, round, support) of one chosen template
 _Chosen = tuple[tuple[int, ...], list[tuple[int, ...]], int, int, int]
 
@@ -172,12 +252,12 @@ def _check_args(min_support: int | None, min_size: int, max_rounds: int | None) 
 def _search_round(graph: Graph, index: Index, nodes: list[int], support: int, r: int,
                   closure: bool, tiling_guard: bool, levels: list[LevelStats],
                   progress: Callable[[LevelStats], None] | None,
-                  start: float) -> list[Pattern]:
+                  start: float, accept: Accept | None = None) -> list[Pattern]:
     """One round of Apriori over ``nodes``: its frequent subgraphs; each level's statistics
     are appended to ``levels``, logged and passed to ``progress``."""
     frequent: list[Pattern] = []
     for stats, level in apriori(index, nodes, support, closure=closure,
-                                tiling_guard=tiling_guard, round_no=r):
+                                tiling_guard=tiling_guard, round_no=r, accept=accept):
         levels.append(stats)
         frequent.extend(level)
         logging.log(logging.INFO if time.perf_counter() - start > _LOG_SECONDS
@@ -190,25 +270,42 @@ def _search_round(graph: Graph, index: Index, nodes: list[int], support: int, r:
     return frequent
 
 
-def _fold_round(graph: Graph, index: Index, picked: list[tuple[Pattern, list[tuple[int, ...]]]],
-                support: int, r: int, min_size: int, split_layers: bool,
-                chosen: list[_Chosen], active: list[bool]) -> int:
-    """Append the round's templates to ``chosen`` (cut into layers when ``split_layers``),
-    mark their GraphNodes inactive; returns how many GraphNodes they cover."""
-    covered = 0
+def _templates(graph: Graph, index: Index, picked: list[tuple[Pattern, list[tuple[int, ...]]]],
+               support: int, r: int, min_size: int, split_layers: bool, win: Window | None
+               ) -> list[_Chosen] | None:
+    """The round's templates (cut into layers when ``split_layers``) with their instances
+    and support; on a window, expanded onto the whole graph (None if the instances do not
+    repeat copy by copy around the cut)."""
+    out: list[_Chosen] = []
     for pat, insts in picked:
         parts = (layer_parts(graph, index, pat, insts, min_size) if split_layers
                  else [list(range(pat.size))])
         for part in parts:
-            sub = [tuple(e[p] for p in part) for e in insts]
-            total = (count_nonoverlapping(pat.embs) if len(parts) == 1 else
-                     count_nonoverlapping([tuple(e[p] for p in part) for e in pat.embs]))
-            chosen.append((tuple(pat.labels[p] for p in part), sub, support, r, total))
-        for inst in insts:
+            sub: list[tuple[int, ...]] | None = [tuple(e[p] for p in part) for e in insts]
+            embs = pat.embs if len(parts) == 1 else [tuple(e[p] for p in part)
+                                                     for e in pat.embs]
+            if win is not None:
+                if not win.periodic(sub):
+                    return None
+                sub = win.expand(sub)
+                if sub is None:
+                    return None
+                embs = win.expand(embs, strict=False)
+            out.append((tuple(pat.labels[p] for p in part), sub, support, r,
+                        count_nonoverlapping(embs)))
+    return out
+
+
+def _disjoint(entries: list[_Chosen], active: list[bool]) -> bool:
+    """Whether the instances are pairwise disjoint and cover only active GraphNodes."""
+    seen: set[int] = set()
+    for entry in entries:
+        for inst in entry[1]:
             for v in inst:
-                active[v] = False
-            covered += len(inst)
-    return covered
+                if v in seen or not active[v]:
+                    return False
+                seen.add(v)
+    return True
 
 
 def _folded(graph: Graph, index: Index, chosen: list[_Chosen], first_support: int,

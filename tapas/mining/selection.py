@@ -12,16 +12,19 @@ This module imports no TensorFlow.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 
 from tapas.ir import Graph
-from tapas.mining.apriori import (Index, Pattern, canonical, find_isomorphism, permute,
-                                  pick_nonoverlapping)
+from tapas.mining.apriori import (Index, Pattern, canonical, count_nonoverlapping,
+                                  find_isomorphism, permute, pick_nonoverlapping)
 from tapas.mining.folded import Template
 
+# the whole graph's embeddings for a window's (see select)
+Whole = Callable[[list[tuple[int, ...]]], list[tuple[int, ...]]]
 
 
 # =========================================================================================
@@ -43,7 +46,8 @@ def _boundary(index: Index, emb: tuple[int, ...]) -> int:
 
 
 def select(index: Index, frequent: list[Pattern], support: int, min_size: int,
-            active: list[bool]) -> list[tuple[Pattern, list[tuple[int, ...]]]]:
+            active: list[bool], whole: Whole | None = None
+            ) -> list[tuple[Pattern, list[tuple[int, ...]]]]:
     """Choose templates among the frequent subgraphs with at least ``min_size`` GraphNodes.
 
     This is a set-packing problem (instances may not overlap). Greedy: go through the
@@ -56,6 +60,11 @@ def select(index: Index, frequent: list[Pattern], support: int, min_size: int,
        preference: block-sized templates rather than many small ones;
     2. cleanest cut first (fewest boundary tensors per GraphNode, then largest) -- saves
        small graphs where a large subgraph that straddles layers occurs twice by chance.
+
+    On a window of a deep stack (:mod:`tapas.mining.window`) ``whole`` maps a list of
+    embeddings to the whole graph's, so that occurrences, instances and coverage are
+    counted as on the whole graph (the window holds fewer copies of some subgraphs than
+    of others); ``support`` is the whole graph's too.
     """
     eligible = [p for p in frequent if p.size >= min_size]
     if not eligible:
@@ -64,30 +73,62 @@ def select(index: Index, frequent: list[Pattern], support: int, min_size: int,
     for p in eligible:
         first = min(p.embs, key=min)
         info.append((p, _boundary(index, first), min(first)))
-    orders = [
-        sorted(info, key=lambda x: (-x[0].size, x[1], -x[0].count, x[2])),
-        sorted(info, key=lambda x: (x[1] / x[0].size, -x[0].size, -x[0].count, x[2])),
-    ]
+    heads = [lambda x: (-x[0].size, x[1]), lambda x: (x[1] / x[0].size, -x[0].size)]
+    counts = _Counts(whole)
     blocked0 = {v for v in range(index.n) if not active[v]}
     best: tuple[tuple[int, int, int], list] | None = None
-    for rank, order in enumerate(orders):
+    for rank, head in enumerate(heads):
         blocked = set(blocked0)
         picked = []
         covered = 0
-        for p, _, _ in order:
+        for p in _in_order(info, head, counts, blocked):
             if all(not blocked.isdisjoint(e) for e in p.embs):
                 continue
             insts = pick_nonoverlapping(p.embs, blocked)
-            if len(insts) >= support:
+            n_insts = counts.instances(insts)
+            if n_insts >= support:
                 picked.append((p, insts))
                 for e in insts:
                     blocked.update(e)
-                covered += p.size * len(insts)
+                covered += p.size * n_insts
         score = (-covered, len(picked), rank)
         if best is None or score < best[0]:
             best = (score, picked)
     assert best is not None
     return best[1]
+
+
+class _Counts:
+    """Occurrences and instances of a subgraph counted on the whole graph (see select)."""
+
+    def __init__(self, whole: Whole | None) -> None:
+        self.whole = whole
+        self.cache: dict[int, int] = {}
+
+    def occurrences(self, p: Pattern) -> int:
+        if self.whole is None:
+            return p.count
+        c = self.cache.get(id(p))
+        if c is None:
+            c = self.cache[id(p)] = count_nonoverlapping(self.whole(p.embs))
+        return c
+
+    def instances(self, insts: list[tuple[int, ...]]) -> int:
+        return len(insts) if self.whole is None else len(self.whole(insts))
+
+
+def _in_order(info: list[tuple[Pattern, int, int]], head: Callable[[Any], Any],
+              counts: _Counts, blocked: set[int]) -> Iterator[Pattern]:
+    """The subgraphs sorted by ``head``, then most occurrences, then first GraphNode.
+    Occurrences are counted only where ``head`` ties and only for subgraphs not yet
+    ``blocked`` (on a window they are counted on the whole graph, which is not free)."""
+    for _, group in itertools.groupby(sorted(info, key=head), key=head):
+        members = list(group)
+        if len(members) > 1:
+            members = [x for x in members if any(blocked.isdisjoint(e) for e in x[0].embs)]
+            members.sort(key=lambda x: (-counts.occurrences(x[0]), x[2]))
+        for x in members:
+            yield x[0]
 
 
 def layer_parts(graph: Graph, index: Index, pat: Pattern, insts: list[tuple[int, ...]],

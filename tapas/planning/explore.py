@@ -382,7 +382,7 @@ def plan_cost(graph: Graph, table: PatternTable, patterns: Sequence[int], edges:
             if src is None:
                 continue
             have = table.infos[src[0]][patterns[src[0]]].outputs[src[1]]
-            if have == want:
+            if have is want or have == want:
                 continue
             if not edges.allow:
                 raise ValueError(f"edge {src[0]} -> {node.id} ({t.name}): {have} != {want} "

@@ -27,6 +27,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from tapas.ir import Graph, GraphNode, TensorInfo
@@ -360,13 +361,23 @@ def unwind(path: Any, n: int) -> list[int]:
 # Problems: the steps of a subset of the graph
 # =========================================================================================
 
-def producers(graph: Graph) -> dict[str, tuple[int, int]]:
-    """Tensor name -> (GraphNode id, output index) of the GraphNode producing it."""
+def producers(graph: Graph) -> Mapping[str, tuple[int, int]]:
+    """Tensor name -> (GraphNode id, output index) of the GraphNode producing it (cached
+    for the last few graphs, by identity: a search asks for it once per evaluated plan)."""
+    hit = _PRODUCERS.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
     out: dict[str, tuple[int, int]] = {}
     for node in graph.nodes:
         for i, t in enumerate(node.outputs):
             out[t.name] = (node.id, i)
-    return out
+    if len(_PRODUCERS) >= 4:
+        _PRODUCERS.pop(next(iter(_PRODUCERS)))
+    _PRODUCERS[id(graph)] = (graph, MappingProxyType(out))
+    return _PRODUCERS[id(graph)][1]
+
+
+_PRODUCERS: dict[int, tuple[Graph, Mapping[str, tuple[int, int]]]] = {}
 
 
 def consumers(graph: Graph) -> dict[str, list[int]]:

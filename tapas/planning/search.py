@@ -32,10 +32,12 @@ This module imports no TensorFlow (capturing a Keras model imports it, lazily).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tapas.ir import Graph, TensorInfo
@@ -89,6 +91,32 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     budget, xopts = _checked_arguments(cluster, mode, top_k, memory_budget, explore_options)
     options = CostOptions() if options is None else options
     graph = _graph_of(model_or_graph, input_spec, timings)
+    with _gc_frozen():
+        return _search_graph(graph, cluster, mode, budget, xopts, options, references, folded,
+                             progress, patterns_fn, reshard_fn, timings)
+
+
+@contextlib.contextmanager
+def _gc_frozen() -> Iterator[None]:
+    """Leave the objects alive when the search starts (the graph, whose size grows with the
+    model's depth) out of the garbage collector's passes while it runs (``gc.freeze``).
+    Each full pass scans every tracked object, so on T5 at 48 layers per stack the same
+    enumeration took 1.0 s instead of 0.45 s; what the search allocates is still collected
+    (the search freezes again once its per-GraphNode tables are built), and
+    ``gc.unfreeze`` hands the frozen objects back to the collector afterwards."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _search_graph(graph: Graph, cluster: Cluster, mode: str, budget: float,
+                  xopts: ex.ExploreOptions, options: CostOptions,
+                  references: Sequence[str] | None, folded: FoldedGraph | None,
+                  progress: Progress | None, patterns_fn: PatternsFn | None,
+                  reshard_fn: ReshardFn | None, timings: dict[str, float]) -> Strategy:
+    """:func:`search` on a captured graph, its arguments checked."""
     if mode == "gp" and folded is None:
         from tapas import mining
         t = time.perf_counter()
@@ -96,6 +124,7 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
         timings["mining"] = time.perf_counter() - t
     n = cluster.num_devices
     table = pattern_table(graph, n, cluster, options, patterns_fn)
+    gc.freeze()     # the folding and the table, also one entry per GraphNode (see _gc_frozen)
     timings["patterns"] = table.generate_seconds
     timings["costing"] = table.seconds - table.generate_seconds
     runner = _Runner(graph, cluster, mode, folded, options, table,

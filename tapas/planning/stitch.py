@@ -145,14 +145,13 @@ def _topological(graph: Graph, found: Sequence[Unit]) -> list[Unit] | set[int]:
 # =========================================================================================
 
 def _tie_options(graph: Graph, template: Template, result: TemplateResult, table: PatternTable,
-                 penalty: float) -> list[tuple[tuple[int, ...], float]]:
+                 penalty: float, readers: Mapping[str, set[int]]
+                 ) -> list[tuple[tuple[int, ...], float]]:
     """A template's candidates as the stitch sees them: one per distinct boundary (cheapest
     first), costed by the patterns of its GraphNodes times the number of instances (edges
-    are costed where the stitch meets them, per instance)."""
+    are costed where the stitch meets them, per instance). ``readers``: tensor name -> the
+    GraphNodes reading it."""
     prod = producers(graph)
-    readers: dict[str, set[int]] = {}
-    for e in graph.edges:
-        readers.setdefault(e.tensor.name, set()).add(e.dst)
     outputs = {t.name for t in graph.outputs}
     inst0 = template.instances[0]
     members = set(inst0)
@@ -216,13 +215,30 @@ def _unit_options(unit: Unit, io: _Io, writes: Sequence[tuple[Any, int, int]],
     return tuple(out)
 
 
+def _options_key(unit: Unit, io: _Io, writes: Sequence[tuple[Any, int, int]],
+                 table: PatternTable) -> tuple[Any, ...]:
+    """What :func:`_unit_options` reads of an instance: two instances of a template with
+    the same key have the same options (the instances of a deep stack, but its first and
+    last, which read or write other tensors). Positions hold GraphNodes of the same
+    signature, whose pattern rows are equal unless constant filtering cut one (its length
+    differs then)."""
+    return (unit.template, tuple((p, j) for _, _, p, j in io.reads),
+            tuple((p, o) for _, p, o in writes),
+            tuple((t.shape, t.dtype, sp, so, dp, dj) for t, sp, so, dp, dj in io.internal),
+            tuple(len(table.infos[v]) for v in unit.members))
+
+
 def stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateResult],
                  table: PatternTable, edges: EdgeCoster, allowed: Allowed | None,
                  penalty: float) -> tuple[list[Step], TieOptions, list[Run]]:
     """The steps of the whole-graph stitch, the templates' tie options and the repeated
     runs of steps the enumeration may jump over."""
     by_id = {t.id: t for t in folded.templates}
-    tie_options = {r.template: _tie_options(graph, by_id[r.template], r, table, penalty)
+    readers: dict[str, set[int]] = {}
+    for e in graph.edges:
+        readers.setdefault(e.tensor.name, set()).add(e.dst)
+    tie_options = {r.template: _tie_options(graph, by_id[r.template], r, table, penalty,
+                                            readers)
                    for r in results}
     order = units(graph, folded)
     prod = producers(graph)
@@ -239,6 +255,7 @@ def stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateRe
         if not (isinstance(key[0], int) and graph.nodes[key[0]].outputs[key[1]].name in outputs):
             drops_at.setdefault(ui, []).append(key)
     steps = []
+    options_of: dict[Any, tuple[UnitOption, ...]] = {}   # see _options_key
     for ui, (unit, io) in enumerate(zip(order, ios)):
         writes = [w for w in io.writes
                   if w[0] in last_read or graph.nodes[w[0][0]].outputs[w[0][1]].name in outputs]
@@ -248,7 +265,11 @@ def stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateRe
                       drops=tuple(drops_at.get(ui, ())), release=release, free=free)
         if unit.whole:
             assert unit.template is not None
-            infos = _unit_options(unit, io, writes, tie_options[unit.template], table, edges)
+            key = _options_key(unit, io, writes, table)
+            infos = options_of.get(key)
+            if infos is None:
+                infos = options_of[key] = _unit_options(unit, io, writes,
+                                                        tie_options[unit.template], table, edges)
             steps.append(Step(**common, writes=tuple((i, w[0]) for i, w in enumerate(writes)),
                               options=(), tie=unit.template, members=unit.members,
                               infos=infos))

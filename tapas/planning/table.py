@@ -120,6 +120,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
     options = CostOptions() if options is None else options
     patterns_fn = patterns_fn or patterns_for
     first_of: dict[str, int] = {}
+    weight_placements: dict[str, list[list[Placement]]] = {}   # per signature and pattern
     infos: list[tuple[PatternInfo, ...]] = []
     generate = 0.0
     constant = constant_nodes(graph) if options.constant_filter else frozenset()
@@ -127,10 +128,12 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         key = node.signature or f"#{node.id}"
         if key in first_of:
             # same signature: same placements and costs, only weight paths differ
-            infos.append(tuple(
-                dataclasses.replace(info, weights=tuple(
-                    (w.path, pl) for w, (_, pl) in zip(node.weights, info.weights)))
-                for info in infos[first_of[key]]))
+            row = infos[first_of[key]]
+            if node.weights:
+                paths = [w.path for w in node.weights]
+                row = tuple(_with_weights(info, tuple(zip(paths, placed)))
+                            for info, placed in zip(row, weight_placements[key]))
+            infos.append(row)
             continue
         t = time.perf_counter()
         pats = tuple(patterns_fn(node, graph, num_devices))
@@ -141,9 +144,21 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
                              "offer 'replicate'")
         first_of[key] = node.id
         infos.append(tuple(_summarize(node, p, num_devices, cluster, options) for p in pats))
+        weight_placements[key] = [[pl for _, pl in info.weights] for info in infos[-1]]
     infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
     return PatternTable(tuple(infos), num_devices, len(first_of), time.perf_counter() - start,
                         options, generate, frozenset(constant))
+
+
+def _with_weights(info: PatternInfo, weights: tuple[tuple[str, Placement], ...]
+                  ) -> PatternInfo:
+    """``dataclasses.replace(info, weights=weights)`` without re-running ``__init__``
+    (PatternInfo has no checks): a deep stack copies one row per layer, and replace's
+    field-by-field rebuild was most of the table's time on T5 with 48 layers per stack."""
+    out = object.__new__(PatternInfo)
+    out.__dict__.update(info.__dict__)
+    out.__dict__["weights"] = weights
+    return out
 
 
 def constant_nodes(graph: Graph) -> frozenset[int]:
