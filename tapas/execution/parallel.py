@@ -109,6 +109,10 @@ class ParallelModel:
     def global_weights(self) -> dict[str, np.ndarray]:
         return self.runtime.global_weights()
 
+    def global_states(self) -> dict[str, np.ndarray]:
+        """The seed-generator states of the training-mode program, by Keras path."""
+        return self.runtime.states.values()
+
     def to_keras(self, model: Any = None) -> Any:
         """The global weights written into ``model`` (default: the model parallelized)."""
         return self.runtime.to_keras(self.model if model is None else model)
@@ -127,7 +131,9 @@ class ParallelModel:
 
     def verify(self, x: Any, y: Any, steps: int = 3,
                on_step: Any = None) -> dict[str, Any]:
-        """Run the single-device Keras model side by side from the same weights: outputs,
+        """Run the single-device Keras model side by side from the same weights, called with
+        ``training=self.training`` (in training mode from the same seed-generator states,
+        so dropout draws the same masks): outputs,
         gradients, then ``steps`` optimizer steps (Keras optimizer with the same
         hyper-parameters) and the weights and losses after them. Trains ``self.model`` as
         the reference; needs a fresh ParallelModel (no step taken yet). ``on_step(step,
@@ -157,7 +163,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                 devices: int | None = None,
                 distribute_strategy: tf.distribute.Strategy | None = None,
                 optimizer: str | optimizers.Optimizer = "sgd", learning_rate: float | None = None,
-                loss: Any = None, training: bool = False, cluster: Cluster | None = None,
+                loss: Any = None, training: bool = True, cluster: Cluster | None = None,
                 search_options: Mapping[str, Any] | None = None) -> ParallelModel:
     """Capture ``model``, choose or check the strategy, reconstruct and place it on devices.
 
@@ -166,7 +172,15 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``cluster`` (default ``Cluster.loopback_cpu(N)``; ``search_options`` go to
     ``tapas.search``). ``devices``/``distribute_strategy``: see the module docstring.
     ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
-    ``training``: capture (and verify against) the training-mode graph.
+    ``training``: which graph the program runs, as ``model(x, training=...)`` would. True
+    (the default, as ``model.fit``): the training-mode graph, with dropout drawing the
+    single-device mask and batch norm normalising with the global batch's statistics and
+    updating its moving statistics (``tapas.execution.stateful``); every operation of the
+    ParallelModel (``train_step``, ``evaluate``, ``predict``, ``verify``) then runs in
+    training mode and advances the dropout seeds and moving statistics, as a Keras call with
+    ``training=True`` does. False: the inference graph (dropout off, moving statistics read
+    and never updated). A plan (``Plan``, ``random_plan``) must be made on the graph of the
+    same mode: ``tapas.capture(model, spec, training=training)``.
     """
     from tapas.execution import reconstruct
     from tapas.planning import search as search_mod

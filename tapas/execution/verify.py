@@ -238,7 +238,10 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     structure the model takes) from the same weights: outputs, loss and gradients of one
     batch, then ``steps`` optimizer steps of both (the Keras optimizer with the same
     hyper-parameters), the losses of each step and the weights after them. Trains
-    ``pm.model`` as the reference."""
+    ``pm.model`` as the reference. Both are called with ``training=pm.training``; in
+    training mode each side runs one forward pass per batch and per step (dropout draws the
+    same seeds in both), and the seed-generator states after the steps are compared too
+    (``states``: equal or not; the moving statistics are among the weights)."""
     rt = pm.runtime
     if int(rt.iterations.numpy()) != 0:
         raise RuntimeError("verify() compares from the initial state: call it before any "
@@ -251,8 +254,10 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     report["step_losses"] = _worst({f"step {i + 1}": compare(a, b)
                                     for i, (a, b) in enumerate(report["losses"])})
     report["weights"] = _weights_after(pm, ref_g, report["gradients"]["max_abs_diff"])
+    report["states"] = _states_after(pm)
+    report["mode"] = "training" if pm.training else "inference"
     report["ok"] = all(report[k]["ok"] for k in
-                       ("outputs", "loss", "gradients", "weights", "step_losses"))
+                       ("outputs", "loss", "gradients", "weights", "step_losses", "states"))
     return report
 
 
@@ -260,13 +265,13 @@ def _first_batch(rt: Any, model: Any, call: Any, xs: list,
                  y: Any) -> tuple[dict[str, Any], dict]:
     """Outputs, loss and gradients of one batch; also the reference gradients by path."""
     report: dict[str, Any] = {}
-    ref_out = np.asarray(call())
     outs, loss, grads = rt.evaluate(xs, y)
-    report["outputs"] = compare(outs[0], ref_out)   # scale: the largest output
     trainable = [w for w in model.trainable_weights if w.path in grads]
-    with tf.GradientTape() as tape:
-        ref_loss = rt.loss(y, call())
+    with tf.GradientTape() as tape:   # one forward pass, as rt.evaluate (training mode)
+        ref_out = call()
+        ref_loss = rt.loss(y, ref_out)
     ref_grads = tape.gradient(ref_loss, trainable)
+    report["outputs"] = compare(outs[0], np.asarray(ref_out))   # scale: the largest output
     report["loss"] = compare(loss, float(ref_loss))
     ref_g = {w.path: tf.convert_to_tensor(g).numpy() for w, g in zip(trainable, ref_grads)}
     g_scale = max((float(np.abs(g).max()) for g in ref_g.values() if g.size), default=0.0)
@@ -294,6 +299,16 @@ def _train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
         if on_step is not None:
             on_step(step, got, float(ref), seconds)
     return losses
+
+
+def _states_after(pm: Any) -> dict[str, Any]:
+    """The seed-generator states of ``pm`` against its Keras model's (integers: equal)."""
+    by_path = {v.path: v for v in pm.model.variables}
+    got = pm.global_states()
+    bad = [p for p, v in got.items() if p not in by_path or
+           not np.array_equal(v, np.asarray(by_path[p].numpy()))]
+    return {"ok": not bad, "count": len(got), "differ": bad,
+            "max_abs_diff": 0.0 if not bad else float("inf")}
 
 
 def _weights_after(pm: Any, ref_g: Mapping[str, np.ndarray], noise: float) -> dict[str, Any]:
