@@ -101,8 +101,9 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
                  tuple(rng.standard_normal(t.shape).astype(t.dtype)
                        if t.dtype.startswith("float") else None for t in graph.outputs))
     audit = Audit()
-    s_outs, (s_wg, s_xg) = _sharded_run(case, audit)
-    r_outs, (r_wg, r_xg) = _reference_run(case, Program(trace, graph, Plan.replicated(graph, 1)))
+    s_outs, (s_wg, s_xg), s_writes = _sharded_run(case, audit)
+    r_outs, (r_wg, r_xg), r_writes = _reference_run(
+        case, Program(trace, graph, Plan.replicated(graph, 1)))
     diffs = [_difference(f"output {k} '{graph.outputs[k].name}'", so, ro,
                          prog.output_placements[k])
              for k, (so, ro) in enumerate(zip(s_outs, r_outs))]
@@ -110,6 +111,9 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
               for p, sg, rg in zip(case.trainable, s_wg, r_wg)]
     diffs += [_difference(f"gradient of input {k}", sg, rg, prog.input_placements[k])
               for k, sg, rg in zip(case.float_inputs, s_xg, r_xg)]
+    # a training-mode graph's variable writes (seed states, moving statistics)
+    diffs += [_difference(f"write of '{p}'", s_writes[p], r_writes[p][0],
+                          prog.stored_placement(p)) for p in sorted(r_writes)]
     return Comparison(tuple(diffs), audit.records)
 
 
@@ -127,7 +131,8 @@ def _sharded_run(case: _Case, audit: Audit) -> Any:
         with tf.GradientTape() as tape:
             tape.watch([w for p in case.paths for w in local_w[p]])
             tape.watch([x for k in case.float_inputs for x in local_x[k]])
-            outs = prog(local_x, local_w, coll)
+            writes: dict = {}
+            outs = prog(local_x, local_w, coll, writes)
             loss = tf.constant(0.0)
             for k, c in enumerate(case.coeffs):
                 if c is None:
@@ -138,7 +143,7 @@ def _sharded_run(case: _Case, audit: Audit) -> Any:
         grads = tape.gradient(loss, ([local_w[p] for p in case.trainable],
                                      [local_x[k] for k in case.float_inputs]),
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return outs, grads
+        return outs, grads, writes
 
     return sharded()
 
@@ -153,8 +158,9 @@ def _reference_run(case: _Case, single: Any) -> Any:
         with tf.GradientTape() as tape:
             tape.watch(list(ws.values()))
             tape.watch([xs[k] for k in case.float_inputs])
+            writes: dict = {}
             outs = [o[0] for o in single([[x] for x in xs], {p: [ws[p]] for p in case.paths},
-                                         SimulatedCollectives(1))]
+                                         SimulatedCollectives(1), writes)]
             loss = tf.constant(0.0)
             for o, c in zip(outs, case.coeffs):
                 if c is not None:
@@ -162,7 +168,7 @@ def _reference_run(case: _Case, single: Any) -> Any:
         grads = tape.gradient(loss, ([ws[p] for p in case.trainable],
                                      [xs[k] for k in case.float_inputs]),
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return outs, grads
+        return outs, grads, writes
 
     return reference()
 
