@@ -11,8 +11,9 @@ In worker processes (tests/training_worker.py, logical CPU devices set once per 
 ``tapas.parallelize`` in training mode (the default) against Keras with rtol 1e-5 over a
 few optimizer steps, the collective audit equal to the prediction, on 2 and 4 devices:
 a dropout + batch-norm MLP under random plans that split the dropout activations and the
-batch moments, the zoo's resnet-tiny, keras-hub's BERT classifier with a dict batch (both
-modes), and ``tapas train --model=path.keras``.
+batch moments, keras-hub's BERT classifier with a dict batch (both modes), and ``tapas
+train --model=path.keras --notraining`` (training mode: tests/test_inputs.py; resnet-tiny's
+batch norm in training mode under MultiWorkerMirroredStrategy: tests/test_runtime.py).
 """
 
 from __future__ import annotations
@@ -178,9 +179,9 @@ def test_dropout_and_batch_norm_mlp_random_plans_on_2_devices() -> None:
     for label in ("random:0", "random:1"):
         assert_equal_to_keras(r[label])
         assert r[label]["states_count"] == 2
-        assert [1, 4] in r[label]["states"].values()   # Dropout(seed=1): [1, 0] + 4 draws
+        assert [1, 4] in r[label]["state_values"].values()   # Dropout(seed=1): [1, 0] + 4 draws
     assert sum(r[k]["dropout_split"] for k in ("random:0", "random:1")) > 0
-    assert sum(r[k]["bn_batch_split"] for k in ("random:0", "random:1")) > 0
+    assert sum(r[k]["moments_split"] for k in ("random:0", "random:1")) > 0
 
 
 @pytest.fixture(scope="module")
@@ -205,30 +206,29 @@ def test_bert_classifier_dict_batch_both_modes_on_4_devices(four_devices: dict) 
     assert r["inference"]["states_count"] == 0
 
 
-def test_bert_classifier_and_resnet_tiny_training_mode_on_2_devices() -> None:
+def test_bert_classifier_dict_batch_training_mode_on_2_devices() -> None:
+    """The same on 2 devices, in training mode (inference mode on 2 devices:
+    tests/test_inputs.py), with dropout activations split."""
     pytest.importorskip("keras_hub")
-    got = run_job({"devices": 2, "checks": ["bert", "resnet"], "modes": ["training"],
-                   "bert_seed": 0, "resnet_seed": 1})
-    r = ok(got["bert"])["training"]
+    r = ok(run_job({"devices": 2, "checks": ["bert"], "modes": ["training"],
+                    "bert_seed": 0})["bert"])["training"]
     assert_equal_to_keras(r)
     assert r["dropout_split"] > 0
-    assert_equal_to_keras(ok(got["resnet"])["random:1"])
 
 
-def test_tapas_train_on_a_saved_bert_classifier_in_training_mode(
+def test_tapas_train_on_a_saved_bert_classifier_without_training_mode(
         four_devices: dict, tmp_path: Any) -> None:
-    """`tapas train --model=file.keras` trains in training mode by default (dropout on),
-    verified against Keras; --notraining trains the inference graph."""
+    """`tapas train --model=file.keras --notraining` trains the inference graph, verified
+    against Keras called with training=False (the default, training mode, is
+    tests/test_inputs.py::test_tapas_train_on_a_saved_dict_input_model)."""
     path = ok(four_devices["save"])["path"]
-    for flags, mode in (([], "training"), (["--notraining"], "inference")):
-        out = tmp_path / f"train-{mode}.json"
-        proc = subprocess.run(
-            [sys.executable, "-m", "tapas.cli", "train", f"--model={path}", "--devices=2",
-             "--steps=2", "--strategy=random:0", "--verify", f"--json_out={out}", *flags],
-            capture_output=True, text=True, timeout=400, cwd=ROOT)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert f"{mode} mode" in proc.stdout and "verify: PASSED" in proc.stdout
-        report = json.loads(out.read_text())
-        assert report["mode"] == mode and report["verify"]["ok"]
-        assert report["audit"]["matches"]
-        assert report["verify"]["states"]["ok"]
+    out = tmp_path / "train.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "train", f"--model={path}", "--devices=2",
+         "--steps=2", "--strategy=random:0", "--verify", f"--json_out={out}", "--notraining"],
+        capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "inference mode" in proc.stdout and "verify: PASSED" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["mode"] == "inference" and report["verify"]["mode"] == "inference"
+    assert report["verify"]["ok"] and report["audit"]["matches"]

@@ -89,15 +89,19 @@ class ParallelModel:
         return self.runtime.train_step(self.inputs.flatten(x), y)
 
     def predict(self, x: Any) -> Any:
-        """The model's output on the global batch ``x`` (a list when it has several)."""
+        """The model's output on the global batch ``x`` (a list when it has several), in
+        the ParallelModel's mode (training mode: dropout on, moving statistics updated, as
+        ``model(x, training=True)``)."""
         return self.runtime.predict(self.inputs.flatten(x))
 
     def evaluate(self, x: Any, y: Any) -> float:
-        """The global loss on the batch, without updating anything."""
+        """The global loss on the batch, without an optimizer step (training mode: the
+        forward pass still advances the dropout seeds and moving statistics)."""
         return self.runtime.evaluate(self.inputs.flatten(x), y)[1]
 
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
-        """(global loss, {weight path: global gradient}) on the batch, without an update."""
+        """(global loss, {weight path: global gradient}) on the batch, without an optimizer
+        step (training mode: the forward pass advances seeds and moving statistics)."""
         return self.runtime.gradients(self.inputs.flatten(x), y)
 
     def save(self, path: str) -> str:
