@@ -116,8 +116,8 @@ def bert_classifier() -> tuple[keras.Model, dict[str, tf.TensorSpec]]:
     backbone = keras_hub.models.BertBackbone(
         vocabulary_size=corpus.VOCAB, num_layers=JOB.get("bert_layers", 1), num_heads=4,
         hidden_dim=64, intermediate_dim=128, max_sequence_length=corpus.SEQ)
-    inputs = {i.name: keras.Input(shape=i.shape[1:], dtype=i.dtype, name=i.name)
-              for i in backbone.inputs}
+    inputs = {i.name: keras.Input(shape=(corpus.SEQ,), dtype=i.dtype, name=i.name)
+              for i in backbone.inputs}   # static: tapas train needs a fixed sequence
     pooled = keras.layers.GlobalAveragePooling1D()(backbone(inputs)["sequence_output"])
     model = keras.Model(inputs, keras.layers.Dense(3, name="head")(pooled),
                         name="bert_classifier")
