@@ -83,8 +83,10 @@ def main(argv: list[str]) -> None:
                 plan = parallel.random_plan(capturing.capture(model, specs), n,
                                             int(label.split(":")[1]))
             start = time.perf_counter()
+            # the inference graph, as the Keras step above (training=False)
             pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
-                                      loss=loss_fn, cluster=Cluster.v100_ethernet(1, n))
+                                      loss=loss_fn, cluster=Cluster.v100_ethernet(1, n),
+                                      training=False)
             build_s = time.perf_counter() - start
             (first, first_cpu), times = _time(lambda: pm.train_step(list(xs), y), FLAGS.steps)
             sharded = sum(1 for node in pm.graph.nodes

@@ -154,8 +154,9 @@ def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str) -> dict[s
         graph = tapas.capture(built["model"], built["specs"])
         xs = _keras_inputs(built, graph, checker.synthetic_inputs(graph))
     try:
+        # the plan was made on the inference graph (run_case's capture)
         pm = tapas.parallelize(built["model"], built["specs"], plan, devices=n,
-                               loss=built["loss"], optimizer=optimizer)
+                               loss=built["loss"], optimizer=optimizer, training=False)
         report = pm.verify(xs, built["y"], steps=2)
         audit = pm.audit()
     except Exception as e:  # noqa: BLE001 -- classified and reported, never hidden

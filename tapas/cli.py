@@ -33,7 +33,9 @@ flags.DEFINE_integer("batch_size", None, "Batch size to trace with (default: the
 flags.DEFINE_string("graph_out", None, "inspect: write the captured IR as JSON to this path.")
 flags.DEFINE_string("json_out", None, "Write the command's report as JSON to this path.")
 flags.DEFINE_integer("top", 10, "inspect: how many of the largest GraphNodes to list.")
-flags.DEFINE_boolean("training", False, "Capture the training-mode graph.")
+flags.DEFINE_boolean("training", None, "Capture the training-mode graph (dropout, batch-norm "
+                     "statistics updates). Default: on for train (as model.fit), off for the "
+                     "other commands; --notraining trains the inference graph.")
 flags.DEFINE_integer("min_size", None, "mine: fewest GraphNodes a template may hold "
                      "(default: tapas.mining.DEFAULT_MIN_SIZE).")
 flags.DEFINE_integer("min_support", None, "mine: fewest non-overlapping occurrences of a "
@@ -156,7 +158,7 @@ def _capture_flags_model() -> tuple[ir.Graph, Any, float]:
     """Load --model and capture it: (IR graph, the Trace, IR-conversion seconds)."""
     from tapas import capturing
     loaded = load_model(FLAGS.model, FLAGS.batch_size)
-    trace = capturing.trace(loaded.model, loaded.specs, training=FLAGS.training,
+    trace = capturing.trace(loaded.model, loaded.specs, training=bool(FLAGS.training),
                             name=loaded.name)
     start = time.perf_counter()
     graph = capturing.to_ir(trace)
@@ -282,7 +284,8 @@ def cmd_train() -> dict[str, Any]:
                               workers=FLAGS.workers, optimizer=FLAGS.optimizer,
                               learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
                               cluster=FLAGS.cluster, json_out=FLAGS.json_out,
-                              memory_budget_gib=FLAGS.memory_budget_gib)
+                              memory_budget_gib=FLAGS.memory_budget_gib,
+                              training=FLAGS.training is not False)
     from absl import logging
     logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
     try:

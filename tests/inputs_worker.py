@@ -77,9 +77,11 @@ def check_bert() -> dict[str, Any]:
     against single-device Keras), predict, and evaluate with the batch as a dict, a list
     and a tuple (one trace each for verify's two functions and predict)."""
     model = bert_model()
+    # the inference graph (dropout off), as Keras's model(x) below: training mode is
+    # tests/test_training_mode.py's
     plan = parallel.random_plan(capturing.capture(model, BERT_SPEC), N, JOB.get("seed", 0))
     pm = parallel.parallelize(model, BERT_SPEC, plan, devices=N, optimizer="adam",
-                              learning_rate=0.01, loss=MSE)
+                              learning_rate=0.01, loss=MSE, training=False)
     x, y = bert_batch()
     out = {"names": list(pm.inputs.names),
            "specs": [str(s) for s in pm.runtime.input_specs],
@@ -151,7 +153,7 @@ def check_errors() -> dict[str, Any]:
     """A wrong batch or spec: each message names the input, what it should be and the fix."""
     model = bert_model()
     plan = parallel.random_plan(capturing.capture(model, BERT_SPEC), N, 0)
-    pm = parallel.parallelize(model, BERT_SPEC, plan, devices=N, loss=MSE)
+    pm = parallel.parallelize(model, BERT_SPEC, plan, devices=N, loss=MSE, training=False)
     x, y = bert_batch()
     no_mask = {k: v for k, v in x.items() if k != "padding_mask"}
     short = {**x, "token_ids": x["token_ids"][:, :8]}
@@ -164,7 +166,8 @@ def check_errors() -> dict[str, Any]:
             "extra": attempt(lambda: pm.evaluate(extra, y)),
             "count": attempt(lambda: pm.predict([x["token_ids"]])),
             "single": attempt(lambda: pm.predict(x["token_ids"])),
-            "spec": attempt(lambda: parallel.parallelize(model, bad_spec, plan, devices=N))}
+            "spec": attempt(lambda: parallel.parallelize(model, bad_spec, plan, devices=N,
+                                                         training=False))}
 
 
 def check_save() -> dict[str, Any]:

@@ -300,9 +300,10 @@ def check_bad_inputs(strategy: Any) -> dict[str, Any]:
 
 
 def check_zoo(strategy: Any) -> dict[str, Any]:
-    """For each JOB['zoo'] entry {model, strategies, optimizer}: parallelize the model with
-    each strategy ("best": tapas.search on a V100 cluster of N devices; "random:SEED":
-    tapas.execution.parallel.random_plan) and verify it against the single-device Keras model."""
+    """For each JOB['zoo'] entry {model, strategies, optimizer, training}: parallelize the
+    model with each strategy ("best": tapas.search on a V100 cluster of N devices;
+    "random:SEED": tapas.execution.parallel.random_plan) in the entry's mode (``training``,
+    default False: the inference graph) and verify it against the single-device Keras model."""
     from tapas import capturing, models
     from tapas.execution import parallel
     from tapas.planning.cost import Cluster
@@ -332,13 +333,15 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
                 plan = None
             else:
                 if graph is None:
-                    graph = capturing.capture(model, specs)
+                    graph = capturing.capture(model, specs,
+                                              training=entry.get("training", False))
                 plan = parallel.random_plan(graph, n, int(label.split(":")[1]))
             try:
                 pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
                                           optimizer=entry.get("optimizer", "sgd"),
                                           learning_rate=entry.get("learning_rate"), loss=loss,
-                                          cluster=Cluster.v100_ethernet(1, n))
+                                          cluster=Cluster.v100_ethernet(1, n),
+                                          training=entry.get("training", False))
                 report = pm.verify(list(xs), y, steps=3)
                 audit = pm.audit()
                 names = pm.program.plan.patterns

@@ -87,7 +87,8 @@ def test_input_errors_name_the_input_and_the_fix(bert: dict[str, Any]) -> None:
 
 def test_tapas_train_on_a_saved_dict_input_model(bert: dict[str, Any], tmp_path: Any) -> None:
     """`tapas train --model=file.keras`: the saved BERT head (dict inputs, compiled with
-    MSE) trains on a random batch in its input structure and verifies against Keras."""
+    MSE) trains on a random batch in its input structure and verifies against Keras, in
+    training mode (the default: dropout on, the same masks as Keras draws)."""
     path = ok(bert["save"])["path"]
     out = tmp_path / "train.json"
     proc = subprocess.run(
@@ -98,6 +99,8 @@ def test_tapas_train_on_a_saved_dict_input_model(bert: dict[str, Any], tmp_path:
     assert "model bert.keras" in proc.stdout and "verify: PASSED" in proc.stdout
     report = json.loads(out.read_text())
     assert report["verify"]["ok"] and report["devices"] == 2 and report["batch"] == 8
+    assert report["mode"] == "training" and report["verify"]["states"]["ok"]
+    assert report["verify"]["states"]["count"] > 0   # the dropout layers' seed generators
 
 
 # ---- list, tuple and nested inputs, on 4 devices ------------------------------------------

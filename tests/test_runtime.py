@@ -253,7 +253,9 @@ def test_launch_stops_every_worker_on_failure() -> None:
 
 def test_tapas_train_with_two_workers_verifies(tmp_path: Any) -> None:
     """`tapas train --workers=2`: two MultiWorkerMirroredStrategy processes, a random plan,
-    Adam, verified against Keras, report as JSON; the workers are gone afterwards."""
+    Adam, verified against Keras, report as JSON; the workers are gone afterwards. In
+    training mode (the default): resnet-tiny's batch norm normalises with the batch's
+    statistics and updates its moving statistics, compared after the steps."""
     import subprocess
     out = tmp_path / "train.json"
     proc = subprocess.run(
@@ -264,5 +266,6 @@ def test_tapas_train_with_two_workers_verifies(tmp_path: Any) -> None:
     assert "verify: PASSED" in proc.stdout and "audit matches" in proc.stdout
     report = json.loads(out.read_text())
     assert report["workers"] == 2 and report["devices"] == 2
+    assert report["mode"] == "training" and report["verify"]["mode"] == "training"
     assert report["verify"]["ok"] and report["audit"]["matches"]
     assert len(report["losses"]) == 2 and len(report["worker_seconds"]) == 2

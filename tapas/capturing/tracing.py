@@ -64,6 +64,10 @@ class Trace:
     seconds: float
     # weight path -> sharding pin of the tapas.layers layer that owns it (``shard=``)
     pins: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # placeholder op name -> a model variable the graph reads that is no weight: the
+    # state of a Keras SeedGenerator (dropout in training mode), read and advanced by the
+    # step (tapas.execution.stateful)
+    states: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def graph(self) -> tf.Graph:
@@ -111,10 +115,13 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
         cf, specs, model_weights, label = _trace_keras(model_or_function, input_spec,
                                                        batch_size, training)
         variables = list(model_or_function.weights)
+        others = [v for v in getattr(model_or_function, "variables", ())
+                  if all(v is not w for w in variables)]
         pins = _pins(model_or_function)
     elif hasattr(model_or_function, "get_concrete_function") or _is_concrete(model_or_function):
         cf, specs, label = _trace_function(model_or_function, input_spec, batch_size)
         variables = list(cf.variables)
+        others = []
         model_weights = ()
         pins = {}
     else:
@@ -122,18 +129,18 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
             f"tapas.capture got a {type(model_or_function).__name__}, which is neither a Keras "
             "model/layer (Keras 3, or Keras 2 from tf_keras) nor a tf.function: wrap a Python "
             "function with @tf.function, or pass a keras.Model")
-    by_handle = {}
-    for v in variables:
-        handle = _handle(v)
-        if handle is not None:
-            by_handle[id(handle)] = v
+    by_handle = {id(h): v for v in variables if (h := _handle(v)) is not None}
+    state_by_handle = {id(h): v for v in others if (h := _handle(v)) is not None}
     captured_ids = set()
     var_of: dict[str, Any] = {}
+    states: dict[str, Any] = {}
     for external, internal in cf.graph.captures:
         captured_ids.add(id(internal))
         v = by_handle.get(id(external))
         if v is not None:
             var_of[internal.op.name] = v
+        elif id(external) in state_by_handle:
+            states[internal.op.name] = state_by_handle[id(external)]
     path_of = {id(v): p for v, p in zip(variables, weight_paths(variables))}
     weights = {ph: _weight_info(v, ph, path_of[id(v)]) for ph, v in var_of.items()}
     if not model_weights:
@@ -143,7 +150,8 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
     input_names = tuple(t.op.name for t in cf.graph.inputs if id(t) not in captured_ids)
     return Trace(concrete_function=cf, input_specs=tuple(specs), input_names=input_names,
                  variables=var_of, weights=weights, model_weights=model_weights,
-                 name=name or label, seconds=time.perf_counter() - start, pins=pins)
+                 name=name or label, seconds=time.perf_counter() - start, pins=pins,
+                 states=states)
 
 
 def _pins(layer: Any) -> dict[str, str]:

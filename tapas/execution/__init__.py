@@ -8,6 +8,8 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
 
 * :mod:`tapas.execution.plan`: the sharding plan (a pattern per GraphNode), weight layouts.
 * :mod:`tapas.execution.reconstruct`: plan -> per-replica program.
+* :mod:`tapas.execution.stateful`: training-mode graphs: seed states, dropout masks, variable
+  writes (batch norm's moving statistics).
 * :mod:`tapas.execution.collectives`: the collectives (simulated or ``ReplicaContext``).
 * :mod:`tapas.execution.gradients`: which tensors get a gradient in a training step.
 * :mod:`tapas.execution.audit`: the collectives a plan predicts against those recorded.

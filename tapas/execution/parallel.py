@@ -89,15 +89,19 @@ class ParallelModel:
         return self.runtime.train_step(self.inputs.flatten(x), y)
 
     def predict(self, x: Any) -> Any:
-        """The model's output on the global batch ``x`` (a list when it has several)."""
+        """The model's output on the global batch ``x`` (a list when it has several), in
+        the ParallelModel's mode (training mode: dropout on, moving statistics updated, as
+        ``model(x, training=True)``)."""
         return self.runtime.predict(self.inputs.flatten(x))
 
     def evaluate(self, x: Any, y: Any) -> float:
-        """The global loss on the batch, without updating anything."""
+        """The global loss on the batch, without an optimizer step (training mode: the
+        forward pass still advances the dropout seeds and moving statistics)."""
         return self.runtime.evaluate(self.inputs.flatten(x), y)[1]
 
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
-        """(global loss, {weight path: global gradient}) on the batch, without an update."""
+        """(global loss, {weight path: global gradient}) on the batch, without an optimizer
+        step (training mode: the forward pass advances seeds and moving statistics)."""
         return self.runtime.gradients(self.inputs.flatten(x), y)
 
     def save(self, path: str) -> str:
@@ -108,6 +112,10 @@ class ParallelModel:
 
     def global_weights(self) -> dict[str, np.ndarray]:
         return self.runtime.global_weights()
+
+    def global_states(self) -> dict[str, np.ndarray]:
+        """The seed-generator states of the training-mode program, by Keras path."""
+        return self.runtime.states.values()
 
     def to_keras(self, model: Any = None) -> Any:
         """The global weights written into ``model`` (default: the model parallelized)."""
@@ -127,7 +135,9 @@ class ParallelModel:
 
     def verify(self, x: Any, y: Any, steps: int = 3,
                on_step: Any = None) -> dict[str, Any]:
-        """Run the single-device Keras model side by side from the same weights: outputs,
+        """Run the single-device Keras model side by side from the same weights, called with
+        ``training=self.training`` (in training mode from the same seed-generator states,
+        so dropout draws the same masks): outputs,
         gradients, then ``steps`` optimizer steps (Keras optimizer with the same
         hyper-parameters) and the weights and losses after them. Trains ``self.model`` as
         the reference; needs a fresh ParallelModel (no step taken yet). ``on_step(step,
@@ -157,7 +167,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                 devices: int | None = None,
                 distribute_strategy: tf.distribute.Strategy | None = None,
                 optimizer: str | optimizers.Optimizer = "sgd", learning_rate: float | None = None,
-                loss: Any = None, training: bool = False, cluster: Cluster | None = None,
+                loss: Any = None, training: bool = True, cluster: Cluster | None = None,
                 search_options: Mapping[str, Any] | None = None) -> ParallelModel:
     """Capture ``model``, choose or check the strategy, reconstruct and place it on devices.
 
@@ -166,7 +176,15 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``cluster`` (default ``Cluster.loopback_cpu(N)``; ``search_options`` go to
     ``tapas.search``). ``devices``/``distribute_strategy``: see the module docstring.
     ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
-    ``training``: capture (and verify against) the training-mode graph.
+    ``training``: which graph the program runs, as ``model(x, training=...)`` would. True
+    (the default, as ``model.fit``): the training-mode graph, with dropout drawing the
+    single-device mask and batch norm normalising with the global batch's statistics and
+    updating its moving statistics (``tapas.execution.stateful``); every operation of the
+    ParallelModel (``train_step``, ``evaluate``, ``predict``, ``verify``) then runs in
+    training mode and advances the dropout seeds and moving statistics, as a Keras call with
+    ``training=True`` does. False: the inference graph (dropout off, moving statistics read
+    and never updated). A plan (``Plan``, ``random_plan``) must be made on the graph of the
+    same mode: ``tapas.capture(model, spec, training=training)``.
     """
     from tapas.execution import reconstruct
     from tapas.planning import search as search_mod

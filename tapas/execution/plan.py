@@ -110,7 +110,8 @@ class Plan:
         and a pattern of one GraphNode applied to another cannot be built (or, worse,
         builds something else)."""
         fix = ("make the plan from the graph that is rebuilt (tapas.capture with the same "
-               "model, input specs and training flag as tapas.parallelize)")
+               "model, input specs and training flag as tapas.parallelize, which captures "
+               "with training=True unless told training=False)")
         if self.graph_digest is not None:
             from tapas.planning.strategy import graph_digest
             digest = graph_digest(graph)

@@ -31,8 +31,10 @@ How each op is re-created:
 All local replicas of one program instance run op by op side by side: with
 ``SimulatedCollectives(N)`` every value is a list of N local tensors (one process, one
 device); with ``ReplicaContextCollectives()`` a list of one (the current replica). Control
-dependencies of the traced graph are not replayed (the traced inference graph has none
-that matter; ops that write variables are rejected).
+dependencies of the traced graph are not replayed: a training-mode graph's variable writes
+(dropout's seed state, batch norm's moving statistics) are collected as new values that
+the caller assigns after the step (``tapas.execution.stateful``), and a read after a write
+in the same replay sees the written value.
 
 Example (single device: forward and tape gradients equal the model's)::
 
@@ -49,7 +51,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution import replay
+from tapas.execution import replay, stateful
+from tapas.execution.gradients import NO_GRADIENT
 # the plan types stay importable from here (reconstruct.Plan, .NodeSharding, ...)
 from tapas.execution.plan import NodeSharding, Plan, ReconstructError, WeightLayout
 from tapas import ir
@@ -73,10 +76,6 @@ _BROADCASTING = frozenset({
     "FloorMod", "Maximum", "Minimum", "SquaredDifference", "Pow", "SelectV2", "Select",
     "BiasAdd", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual",
     "LogicalAnd", "LogicalOr", "Atan2", "Xdivy", "Xlogy"})
-# ops that write variables: replaying them would silently skip the write
-_VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-                              "ResourceApplyGradientDescent", "ResourceScatterAdd",
-                              "ResourceScatterUpdate"})
 # local programs that differ from "the same op on local shapes" (named by the patterns,
 # tapas.sharding.patterns.Rewrite); each has its lowering in _LOWERINGS below:
 #   vocab-gather  GatherV2 from a row-split table (see _Run._vocab_gather); result P
@@ -113,6 +112,10 @@ class Program:
             raise ReconstructError(f"plan has num_devices={plan.num_devices}: it must be >= 1")
         self._tf_ops = {op.name: op for op in trace.graph.get_operations()}
         self._weight_of_ph = {ph: w.path for ph, w in trace.weights.items()}
+        # variables the graph reads and writes that are no weights (seed states)
+        self.states = stateful.states_of(trace)
+        self._state_of_ph = {ph: s.path for ph, s in self.states.items()}
+        self.has_writes = any(op.type in stateful.WRITE_OPS for n in graph.nodes for op in n.ops)
         # graph inputs by tensor name: the trace's placeholders for a whole model, any
         # tensors for a sub-graph (the pattern checker runs one GraphNode alone)
         self._input_names = tuple(t.name for t in graph.inputs)
@@ -166,11 +169,10 @@ class Program:
                 if rule not in REWRITES:
                     raise ReconstructError(f"{label}: op '{op_name}' asks for rewrite "
                                            f"'{rule}', known rewrites are {list(REWRITES)}")
-            for op in node.ops:
-                if op.type in _VARIABLE_WRITES:
-                    raise ReconstructError(
-                        f"{label}: op '{op.name}' ({op.type}) writes a variable; TAPAS "
-                        "rebuilds inference-mode graphs (capture with training=False)")
+
+        trainable = {w.path: w.trainable for w in self.graph.weights}
+        stateful.check_writes(self.graph.nodes, self._weight_of_ph, self._state_of_ph,
+                              lambda path: trainable.get(path, False))
 
     def _weight_layouts(self) -> dict[str, WeightLayout]:
         layouts: dict[str, WeightLayout] = {}
@@ -218,23 +220,39 @@ class Program:
         return None
 
     def trace_weights(self) -> dict[str, list[Any]]:
-        """The traced model's own variables, ``{path: [variable]}`` (single device)."""
-        return {self._weight_of_ph[ph]: [v] for ph, v in self.trace.variables.items()}
+        """The traced model's own variables, ``{path: [variable]}`` (single device), seed
+        states included."""
+        out = {self._weight_of_ph[ph]: [v] for ph, v in self.trace.variables.items()}
+        out.update({self._state_of_ph[ph]: [v] for ph, v in self.trace.states.items()})
+        return out
+
+    def stored_placement(self, path: str) -> Placement:
+        """How variable ``path`` lies across the devices: a weight as its layout says, a
+        seed state replicated."""
+        layout = self.weight_layouts.get(path)
+        return layout.placement if layout is not None else Replica()
 
     # ---- the program --------------------------------------------------------------------
     def __call__(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
-                 collectives: Collectives) -> list[list[tf.Tensor]]:
+                 collectives: Collectives, writes: dict | None = None) -> list[list[tf.Tensor]]:
         """Run the program for the local replicas of ``collectives``.
 
         ``inputs[k][r]``: local part of trace input ``k`` on local replica ``r``;
-        ``weights[path][r]``: local shard (tensor or variable). Returns ``outputs[k][r]``.
+        ``weights[path][r]``: local shard (tensor or variable), seed states included (a
+        state missing there is read from the traced model's variable). Returns
+        ``outputs[k][r]``; ``writes``, when given, receives the variable writes of a
+        training-mode graph: ``{path: [new local value per replica]}`` in the stored
+        placement (``stored_placement``), for the caller to assign.
         """
         if collectives.num_devices != self.num_devices:
             raise ReconstructError(f"the plan is for {self.num_devices} devices but the "
                                    f"collectives span {collectives.num_devices}: build the "
                                    "program with a plan for this device count")
         run = _Run(self, collectives)
-        return run.execute(inputs, weights)
+        outs = run.execute(inputs, weights)
+        if writes is not None:
+            writes.update(run.writes.values)
+        return outs
 
     def values(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
                collectives: Collectives, names: Sequence[str]) -> dict[str, list[tf.Tensor]]:
@@ -264,6 +282,7 @@ class _Run:
         # activation op name -> (local logits, placement) as the activation read them
         self.logits: dict[str, tuple[list, Placement]] = {}
         self._want_logits = {name for name in prog.output_logits if name}
+        self.writes = stateful.Writes(prog.stored_placement, self.n, self.rids)
 
     # ---- helpers --------------------------------------------------------------------
     def _info(self, name: str) -> ir.TensorInfo:
@@ -375,9 +394,13 @@ class _Run:
                 name = op.outputs[0].name
                 if name in self.env:  # a graph input
                     view[name], vplace[name] = self.env[name], self.place[name]
-                elif op.name not in self.p._weight_of_ph:
+                elif op.name not in self.p._weight_of_ph and \
+                        op.name not in self.p._state_of_ph:
                     raise ReconstructError(f"{label}: placeholder '{op.name}' is neither a "
-                                           "graph input nor a model weight")
+                                           "graph input nor a model variable")
+                continue
+            if op.type in stateful.WRITE_OPS:
+                stateful.record_write(self, op, view, vplace, label)
                 continue
             if not op.outputs:
                 continue  # NoOp and other control-only ops
@@ -421,6 +444,11 @@ class _Run:
                     any(f.kind == Collective.ALL_GATHER for f in fwd.get(name, []))):
                 continue  # the conjugate of a forward comm: inserted with it
             label, shape, dtype = c.tensor, c.shape, c.dtype  # as the plan names it
+            made_by = self.p._tf_ops.get(name.split(":")[0])
+            if c.kind == Collective.ALL_REDUCE and made_by is not None and \
+                    made_by.type in NO_GRADIENT:
+                continue  # its gradient stops there (batch norm's StopGradient of the mean):
+                # nothing to reduce, and the audit's prediction leaves it out too
             if c.kind == Collective.ALL_REDUCE:
                 view[name] = self.coll.all_reduce_grad(view[name], label, shape, dtype)
             elif c.kind == Collective.ALL_GATHER and isinstance(vplace[name], Replica):
@@ -461,7 +489,11 @@ class _Run:
         if op.type == "ReadVariableOp" and op.inputs[0].split(":")[0] in self.p._weight_of_ph:
             path = self.p._weight_of_ph[op.inputs[0].split(":")[0]]
             want = _place(pat.weights[path])
-            return [(self._read_weight(path, want), want)]
+            written = self.writes.read(path, want)
+            return [(written if written is not None else self._read_weight(path, want), want)]
+        if op.type == "ReadVariableOp" and op.inputs[0].split(":")[0] in self.p._state_of_ph:
+            return [(stateful.read_state(self, self.p._state_of_ph[op.inputs[0].split(":")[0]]),
+                     Replica())]
         for name in op.inputs:
             if name.startswith("^"):
                 continue

@@ -15,9 +15,12 @@ The program protocol (``docs/sharding.md``; ``tapas.execution.reconstruct`` impl
     program.output_placements               # one placement per model output (R or S(a))
     program.output_shapes, .output_dtypes   # global shape and dtype per output (optional;
                                             # needed to train an output split on an axis)
-    outs = program(inputs, weights, collectives)
+    program.states, program.has_writes      # optional: seed states {placeholder: StateInfo},
+                                            # whether the graph writes variables
+    outs = program(inputs, weights, collectives[, writes])
         # inputs:  [[local tensor]] per model input;   weights: {path: [local variable]}
         # returns: [[local tensor]] per model output  (one local replica per strategy.run call)
+        # writes:  a dict the program fills with {path: [new local value]} (training mode)
 
 How it maps onto TensorFlow:
 
@@ -45,6 +48,12 @@ How it maps onto TensorFlow:
   assignments run only after every replica's results exist and the global loss is finite. A
   failed step raises :class:`StepError` and leaves weights, slots and the step counter as
   they were.
+* Training mode (a graph captured with ``training=True``): the program reads dropout's seed
+  from the runtime's replicated copy of each Keras ``SeedGenerator`` state
+  (``stateful.StateStore``) and returns its variable writes (the advanced seed, batch
+  norm's moving statistics: ``tapas.execution.stateful``); they are assigned with the
+  weights after the step (all or nothing). ``evaluate`` and ``predict`` run the same graph
+  and assign its writes too, as a Keras call with ``training=True`` does.
 * Checkpoints: ``tf.train.Checkpoint`` of the shards, slots and step counter, one file per
   process, plus ``tapas-checkpoint.json`` with the layout. Restoring into the same layout reads
   the shards directly; into another device count or layout, each weight is reassembled from
@@ -61,7 +70,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
-from tapas.execution import checkpoints, losses
+from tapas.execution import checkpoints, losses, stateful
 from tapas.execution.collectives import gather_values, sum_values
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
 from tapas.execution.optimizers import Optimizer, make_optimizer
@@ -171,6 +180,8 @@ class Runtime:
                                   for k, p in enumerate(self.trainable_paths)}
         with tf.device(devices[0]):
             self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+        self.states = stateful.StateStore(getattr(program, "states", {}), strategy,
+                                          {r: self._device[r] for r in self.local_replicas})
         self._dist_vars = strategy.experimental_distribute_values_from_function(
             lambda ctx: self._vars[ctx.replica_id_in_sync_group])
         self._dist_slots = strategy.experimental_distribute_values_from_function(
@@ -323,12 +334,17 @@ class Runtime:
             loss = tf.math.divide_no_nan(loss, tf.cast(total, loss.dtype))
         return loss, plan.partial
 
-    def _forward(self, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Variable]) -> list:
-        # an explicit device scope: MultiWorkerMirroredStrategy does not open one around the
-        # replica function, and its all-reduce needs tensors with a device
-        outs = self.program([[x] for x in xs], {p: [weights[p]] for p in self.paths},
-                            self._collectives(self._tracing))
-        return [o[0] for o in outs]
+    def _forward(self, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Variable],
+                 states: Mapping[str, tf.Variable]) -> tuple[list, dict]:
+        """(local outputs, {path: new local value} the program writes: training mode)."""
+        local = {p: [weights[p]] for p in self.paths}
+        local.update({p: [v] for p, v in states.items()})
+        coll = self._collectives(self._tracing)
+        if not getattr(self.program, "has_writes", False):
+            return [o[0] for o in self.program([[x] for x in xs], local, coll)], {}
+        writes: dict[str, list] = {}
+        outs = self.program([[x] for x in xs], local, coll, writes)
+        return [o[0] for o in outs], {p: v[0] for p, v in writes.items()}
 
     def _on_device(self, fn: Callable) -> Callable:
         """``fn`` run under its replica's device scope: MultiWorkerMirroredStrategy opens none
@@ -348,15 +364,16 @@ class Runtime:
 
     # -- training -------------------------------------------------------------------------
 
-    def _replica_grads(self, xs: tuple, y: tf.Tensor, weights: dict) -> tuple:
+    def _replica_grads(self, xs: tuple, y: tf.Tensor, weights: dict, states: dict) -> tuple:
         with tf.GradientTape() as tape:
-            out = self._forward(xs, weights)[0]
-            share, partial = self._local_loss(out, y)
+            outs, writes = self._forward(xs, weights, states)
+            share, partial = self._local_loss(outs[0], y)
         grads = tape.gradient(share, [weights[p] for p in self.trainable_paths])
-        return share, partial, grads
+        return share, partial, grads, writes
 
-    def _replica_compute(self, xs: tuple, y: tf.Tensor, weights: dict, slots: dict) -> tuple:
-        share, partial, grads = self._replica_grads(xs, y, weights)
+    def _replica_compute(self, xs: tuple, y: tf.Tensor, weights: dict, slots: dict,
+                         states: dict) -> tuple:
+        share, partial, grads, writes = self._replica_grads(xs, y, weights, states)
         step = self.iterations + 1
         new: dict[str, dict[str, tf.Tensor]] = {}
         for p, g in zip(self.trainable_paths, grads):
@@ -372,12 +389,12 @@ class Runtime:
                 step, grad_square)
             new[p] = {"value": value, "grad": g, **new_slots}
         loss = sum_values(_placed(share)) if partial else share
-        return loss, new
+        return loss, new, writes
 
-    def _replica_assign(self, new: dict, weights: dict, slots: dict,
-                        deps: list[tf.Tensor]) -> tf.Tensor:
+    def _replica_assign(self, new: dict, writes: dict, weights: dict, slots: dict,
+                        states: dict, deps: list[tf.Tensor]) -> tf.Tensor:
         with tf.control_dependencies(deps):
-            ops = []
+            ops = stateful.assign_writes(writes, weights, states)
             for p, upd in new.items():
                 ops.append(weights[p].assign(upd["value"]))
                 for k in self.optimizer.slot_names:
@@ -386,15 +403,17 @@ class Runtime:
             return tf.constant(True)
 
     def _train_step(self, xs: Any, y: Any) -> tf.Tensor:
-        loss, new = self.strategy.run(self._on_device(self._replica_compute),
-                                      args=(xs, y, self._dist_vars, self._dist_slots))
+        loss, new, writes = self.strategy.run(
+            self._on_device(self._replica_compute),
+            args=(xs, y, self._dist_vars, self._dist_slots, self.states.dist))
         local_losses = self.strategy.experimental_local_results(loss)
-        everything = tf.nest.flatten(self.strategy.experimental_local_results(new))
+        everything = tf.nest.flatten(self.strategy.experimental_local_results((new, writes)))
         with tf.control_dependencies(everything + list(local_losses)):
             checks = [tf.debugging.check_numerics(l, "tapas: the loss is not finite")
                       for l in local_losses]
         done = self.strategy.run(self._on_device(self._replica_assign),
-                                 args=(new, self._dist_vars, self._dist_slots, checks))
+                                 args=(new, writes, self._dist_vars, self._dist_slots,
+                                       self.states.dist, checks))
         with tf.control_dependencies(self.strategy.experimental_local_results(done)):
             self.iterations.assign_add(1)
             return tf.identity(local_losses[0])
@@ -432,11 +451,12 @@ class Runtime:
         return result
 
     def _evaluate(self, xs: Any, y: Any) -> tuple:
-        def fn(xs: tuple, y: tf.Tensor, weights: dict) -> tuple:
+        def fn(xs: tuple, y: tf.Tensor, weights: dict, states: dict) -> tuple:
             with tf.GradientTape() as tape:
-                outs = self._forward(xs, weights)
+                outs, writes = self._forward(xs, weights, states)
                 share, partial = self._local_loss(outs[0], y)
             grads = tape.gradient(share, [weights[p] for p in self.trainable_paths])
+            stateful.assign_writes(writes, weights, states)  # as a Keras training call
             full_grads = {}
             for p, g in zip(self.trainable_paths, grads):
                 if g is None:
@@ -451,7 +471,7 @@ class Runtime:
             loss = sum_values(_placed(share)) if partial else share
             return full_outs, loss, full_grads
         outs, loss, grads = self.strategy.run(self._on_device(fn),
-                                              args=(xs, y, self._dist_vars))
+                                              args=(xs, y, self._dist_vars, self.states.dist))
         first = self.strategy.experimental_local_results
         return ([first(o)[0] for o in outs], first(loss)[0],
                 {p: first(g)[0] for p, g in grads.items()})
@@ -488,8 +508,9 @@ class Runtime:
 
     # -- inference ------------------------------------------------------------------------
 
-    def _replica_predict(self, xs: tuple, weights: dict) -> list[tf.Tensor]:
-        outs = self._forward(xs, weights)
+    def _replica_predict(self, xs: tuple, weights: dict, states: dict) -> list[tf.Tensor]:
+        outs, writes = self._forward(xs, weights, states)
+        stateful.assign_writes(writes, weights, states)  # training mode: as a Keras call
         full = []
         for o, p in zip(outs, self.output_placements):
             full.append(gather_values(_placed(o), p.axis) if isinstance(p, Split)
@@ -498,7 +519,7 @@ class Runtime:
 
     def _predict(self, xs: Any) -> list[tf.Tensor]:
         outs = self.strategy.run(self._on_device(self._replica_predict),
-                                 args=(xs, self._dist_vars))
+                                 args=(xs, self._dist_vars, self.states.dist))
         return [self.strategy.experimental_local_results(o)[0] for o in outs]
 
     def predict(self, xs: Any) -> np.ndarray | list[np.ndarray]:

@@ -46,6 +46,7 @@ class TrainOptions:
     memory_budget_gib: float | None = None  # search: per-device budget (forces sharding)
     timeout_s: float = 600.0          # workers: deadline for the whole run
     json_out: str | None = None       # written by worker 0 when workers > 0
+    training: bool = True             # the training-mode graph (dropout, batch-norm updates)
 
 
 def train(opts: TrainOptions) -> dict[str, Any]:
@@ -66,7 +67,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     n = distribute.num_replicas_in_sync
     workers = n // len(distribute.extended.worker_devices)
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
-                              "optimizer": opts.optimizer, "batch": int(len(y))}
+                              "optimizer": opts.optimizer, "batch": int(len(y)),
+                              "mode": "training" if opts.training else "inference"}
     check = _run_steps(opts, pm, xs, y, report, say)
     timings.update({f"trace_{k}": v for k, v in pm.runtime.trace_seconds.items()})
     audit = pm.audit()
@@ -116,17 +118,18 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
                       else {"memory_budget": opts.memory_budget_gib * 2**30})
     if strategy and strategy.startswith("random:"):
         from tapas import capturing
-        graph = capturing.capture(model, specs)
+        graph = capturing.capture(model, specs, training=opts.training)
         strategy = parallel.random_plan(graph, n, int(strategy.split(":", 1)[1]))
     elif strategy and not os.path.exists(strategy):
         raise TrainError(f"--strategy={strategy}: no such file (give a Strategy JSON from "
                          "`tapas search --out=...`, 'random:SEED', or leave it out to search)")
     say(f"model {name}: {model.count_params():,} parameters, batch {len(y)}; {n} devices "
-        f"({distribute.__class__.__name__}, {', '.join(_device_names(distribute))})")
+        f"({distribute.__class__.__name__}, {', '.join(_device_names(distribute))}); "
+        f"{'training' if opts.training else 'inference'} mode")
     try:
         pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
                                   optimizer=opts.optimizer, learning_rate=opts.learning_rate,
-                                  loss=loss, cluster=cluster,
+                                  loss=loss, cluster=cluster, training=opts.training,
                                   search_options=search_options)
     except (ValueError, reconstruct.ReconstructError) as e:
         raise TrainError(str(e)) from None
@@ -222,6 +225,8 @@ def _say_verify(check: dict[str, Any], say: Any) -> None:
     say("\nverify against the single-device Keras model (rtol 1e-5, atol 1e-5 x the "
         "largest reference magnitude of each quantity: outputs, all gradients, all "
         "weights):")
+    say(f"  (the {check.get('mode', 'inference')}-mode graph; seed-generator states "
+        f"{'equal' if check.get('states', {}).get('ok', True) else 'DIFFER'})")
     for what in ("outputs", "loss", "gradients", "step_losses", "weights"):
         r = check[what]
         worst = f"  (worst: {r['worst']})" if r.get("worst") else ""
@@ -260,6 +265,7 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
             f"--devices={opts.workers}", f"--steps={opts.steps}",
             f"--optimizer={opts.optimizer}", f"--cluster={opts.cluster}",
             f"--verify={str(opts.verify).lower()}", f"--json_out={report_path}",
+            f"--training={str(opts.training).lower()}",
             "--workers=0"]
     argv = [a for a in argv if a != "--model="]
     if opts.strategy:

@@ -102,8 +102,9 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
                  tuple(rng.standard_normal(t.shape).astype(t.dtype)
                        if t.dtype.startswith("float") else None for t in graph.outputs))
     audit = Audit()
-    s_outs, (s_wg, s_xg) = _sharded_run(case, audit)
-    r_outs, (r_wg, r_xg) = _reference_run(case, Program(trace, graph, Plan.replicated(graph, 1)))
+    s_outs, (s_wg, s_xg), s_writes = _sharded_run(case, audit)
+    r_outs, (r_wg, r_xg), r_writes = _reference_run(
+        case, Program(trace, graph, Plan.replicated(graph, 1)))
     diffs = [_difference(f"output {k} '{graph.outputs[k].name}'", so, ro,
                          prog.output_placements[k])
              for k, (so, ro) in enumerate(zip(s_outs, r_outs))]
@@ -111,6 +112,9 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
               for p, sg, rg in zip(case.trainable, s_wg, r_wg)]
     diffs += [_difference(f"gradient of input {k}", sg, rg, prog.input_placements[k])
               for k, sg, rg in zip(case.float_inputs, s_xg, r_xg)]
+    # a training-mode graph's variable writes (seed states, moving statistics)
+    diffs += [_difference(f"write of '{p}'", s_writes[p], r_writes[p][0],
+                          prog.stored_placement(p)) for p in sorted(r_writes)]
     return Comparison(tuple(diffs), audit.records)
 
 
@@ -128,7 +132,8 @@ def _sharded_run(case: _Case, audit: Audit) -> Any:
         with tf.GradientTape() as tape:
             tape.watch([w for p in case.paths for w in local_w[p]])
             tape.watch([x for k in case.float_inputs for x in local_x[k]])
-            outs = prog(local_x, local_w, coll)
+            writes: dict = {}
+            outs = prog(local_x, local_w, coll, writes)
             loss = tf.constant(0.0)
             for k, c in enumerate(case.coeffs):
                 if c is None:
@@ -139,7 +144,7 @@ def _sharded_run(case: _Case, audit: Audit) -> Any:
         grads = tape.gradient(loss, ([local_w[p] for p in case.trainable],
                                      [local_x[k] for k in case.float_inputs]),
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return outs, grads
+        return outs, grads, writes
 
     return sharded()
 
@@ -154,8 +159,9 @@ def _reference_run(case: _Case, single: Any) -> Any:
         with tf.GradientTape() as tape:
             tape.watch(list(ws.values()))
             tape.watch([xs[k] for k in case.float_inputs])
+            writes: dict = {}
             outs = [o[0] for o in single([[x] for x in xs], {p: [ws[p]] for p in case.paths},
-                                         SimulatedCollectives(1))]
+                                         SimulatedCollectives(1), writes)]
             loss = tf.constant(0.0)
             for o, c in zip(outs, case.coeffs):
                 if c is not None:
@@ -163,7 +169,7 @@ def _reference_run(case: _Case, single: Any) -> Any:
         grads = tape.gradient(loss, ([ws[p] for p in case.trainable],
                                      [xs[k] for k in case.float_inputs]),
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return outs, grads
+        return outs, grads, writes
 
     return reference()
 
@@ -239,7 +245,10 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     structure the model takes) from the same weights: outputs, loss and gradients of one
     batch, then ``steps`` optimizer steps of both (the Keras optimizer with the same
     hyper-parameters), the losses of each step and the weights after them. Trains
-    ``pm.model`` as the reference."""
+    ``pm.model`` as the reference. Both are called with ``training=pm.training``; in
+    training mode each side runs one forward pass per batch and per step (dropout draws the
+    same seeds in both), and the seed-generator states after the steps are compared too
+    (``states``: equal or not; the moving statistics are among the weights)."""
     rt = pm.runtime
     if int(rt.iterations.numpy()) != 0:
         raise RuntimeError("verify() compares from the initial state: call it before any "
@@ -252,8 +261,10 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     report["step_losses"] = _worst({f"step {i + 1}": compare(a, b)
                                     for i, (a, b) in enumerate(report["losses"])})
     report["weights"] = _weights_after(pm, ref_g, report["gradients"]["max_abs_diff"])
+    report["states"] = _states_after(pm)
+    report["mode"] = "training" if pm.training else "inference"
     report["ok"] = all(report[k]["ok"] for k in
-                       ("outputs", "loss", "gradients", "weights", "step_losses"))
+                       ("outputs", "loss", "gradients", "weights", "step_losses", "states"))
     return report
 
 
@@ -261,15 +272,15 @@ def _first_batch(rt: Any, model: Any, call: Any, xs: list,
                  y: Any) -> tuple[dict[str, Any], dict]:
     """Outputs, loss and gradients of one batch; also the reference gradients by path."""
     report: dict[str, Any] = {}
-    ref_out = np.asarray(call())
     outs, loss, grads = rt.evaluate(xs, y)
-    report["outputs"] = compare(outs[0], ref_out)   # scale: the largest output
     trainable_ids = {id(w) for w in model.trainable_weights}
     trainable = {p: w for p, w in weights_by_path(model).items()
                  if id(w) in trainable_ids and p in grads}
-    with tf.GradientTape() as tape:
-        ref_loss = rt.loss(y, call())
+    with tf.GradientTape() as tape:   # one forward pass, as rt.evaluate (training mode)
+        ref_out = call()
+        ref_loss = rt.loss(y, ref_out)
     ref_grads = tape.gradient(ref_loss, list(trainable.values()))
+    report["outputs"] = compare(outs[0], np.asarray(ref_out))   # scale: the largest output
     report["loss"] = compare(loss, float(ref_loss))
     ref_g = {p: tf.convert_to_tensor(g).numpy() for p, g in zip(trainable, ref_grads)}
     g_scale = max((float(np.abs(g).max()) for g in ref_g.values() if g.size), default=0.0)
@@ -297,6 +308,16 @@ def _train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
         if on_step is not None:
             on_step(step, got, float(ref), seconds)
     return losses
+
+
+def _states_after(pm: Any) -> dict[str, Any]:
+    """The seed-generator states of ``pm`` against its Keras model's (integers: equal)."""
+    by_path = {v.path: v for v in pm.model.variables}
+    got = pm.global_states()
+    bad = [p for p, v in got.items() if p not in by_path or
+           not np.array_equal(v, np.asarray(by_path[p].numpy()))]
+    return {"ok": not bad, "count": len(got), "differ": bad,
+            "max_abs_diff": 0.0 if not bad else float("inf")}
 
 
 def _weights_after(pm: Any, ref_g: Mapping[str, np.ndarray], noise: float) -> dict[str, Any]:

@@ -22,7 +22,7 @@ attributes or constants. The modules:
 :mod:`~.shape`                   reshape, transpose, concat, pack/unpack, split, broadcast
 :mod:`~.slicing`                 slices, pads, tiles, reversals, rolls, band masks
 :mod:`~.gather`                  GatherV2 (the ``vocab-gather`` rewrite), OneHot
-:mod:`~.plumbing`                shape queries, constants, variable reads, no-ops
+:mod:`~.plumbing`                shape queries, constants, variable reads and writes, random
 ===============================  ===========================================================
 
 What a spec means (the propagation engine, ``tapas.sharding.patterns.propagation``, reads
@@ -126,6 +126,8 @@ RULES: dict[str, Rule] = {
     "ShapeN": plumbing.shape_n,
     **_each(plumbing.CONSTANT, plumbing.constant),
     "NoOp": plumbing.no_op,
+    **_each(plumbing.RANDOM, plumbing.random),
+    **_each(plumbing.VARIABLE_WRITES, plumbing.variable_write),
     "ReadVariableOp": plumbing.read_variable,
     "IdentityN": plumbing.identity_n,
 }
@@ -138,7 +140,7 @@ NO_GRAD_OPS = frozenset({"StopGradient", "PreventGradient", "Shape", "ShapeN", "
                          "ZerosLike", "OnesLike", "ArgMax", "ArgMin", "Less", "LessEqual",
                          "Greater", "GreaterEqual", "Equal", "NotEqual", "OneHot", "Floor",
                          "Ceil", "Round", "Rint", "Sign", "IsNan", "IsInf", "IsFinite",
-                         "LogicalNot", "LogicalAnd", "LogicalOr"})
+                         "LogicalNot", "LogicalAnd", "LogicalOr", *plumbing.RANDOM})
 
 
 def spec_for(op: OpInfo, ctx: OpContext) -> OpSpec | str:

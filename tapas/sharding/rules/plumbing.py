@@ -1,11 +1,16 @@
 """Rules of ops that compute no values from their operands: shape queries, constants,
-variable reads, no-ops and IdentityN.
+variable reads and writes, stateless random draws, no-ops and IdentityN.
 
 In:  such an :class:`tapas.ir.OpInfo` and its :class:`~tapas.sharding.rules.spec.OpContext`.
 Out: its :class:`~tapas.sharding.rules.spec.OpSpec`. A shape query reads only the static
      shape of its operand, which may be placed anyhow (``meta_any``); on a split operand it
      needs the ``global-shape`` rewrite (``global_shape``). Constants have no data operands;
-     a variable read and IdentityN pass placements through.
+     a variable read and IdentityN pass placements through. A stateless random draw
+     (dropout's mask in training mode) reads only meta operands (shape, key, counter,
+     algorithm) and yields its *global* value, replicated: consumers that split it slice
+     it locally, so every device sees the single-device draw (``tapas.execution.stateful``).
+     A variable write (``AssignVariableOp``: a Keras seed generator's state, batch norm's
+     moving statistics) needs its value whole on every device and the variable replicated.
 
 This module imports no TensorFlow.
 """
@@ -17,6 +22,13 @@ from tapas.sharding.rules.spec import Fresh, OpContext, OpSpec, rank
 
 SHAPE_QUERY = ("Shape", "Size", "Rank")
 CONSTANT = ("Const", "Range", "Fill", "LinSpace", "BroadcastArgs")
+# stateless random ops (Keras's random ops on TensorFlow): every operand is meta
+RANDOM = ("StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessTruncatedNormalV2",
+          "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2",
+          "StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg",
+          "StatelessRandomUniform", "StatelessRandomNormal", "StatelessTruncatedNormal",
+          "StatelessRandomUniformInt", "StatelessRandomUniformFullInt")
+VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
 def shape_query(op: OpInfo, ctx: OpContext) -> OpSpec:
@@ -36,6 +48,20 @@ def constant(op: OpInfo, ctx: OpContext) -> OpSpec:
     return OpSpec(tuple(None for _ in op.inputs),
                   tuple(None if s is None else fresh.many(len(s)) for s in ctx.out_shapes),
                   flops="none")
+
+
+def random(op: OpInfo, ctx: OpContext) -> OpSpec:
+    """A stateless random draw: meta operands only, the output replicated (the global
+    draw), sliced locally by consumers that split it."""
+    return OpSpec(tuple(None for _ in op.inputs),
+                  tuple(None for _ in ctx.out_shapes), flops="none")
+
+
+def variable_write(op: OpInfo, ctx: OpContext) -> OpSpec:
+    """``Assign*VariableOp(resource, value)``: the variable replicated (a meta operand) and
+    the value whole (its axes may not be split; a partial value is all-reduced first)."""
+    labs = Fresh().many(rank(ctx.in_shapes[1]) if len(ctx.in_shapes) > 1 else 0)
+    return OpSpec((None, labs), (), no_split=frozenset(labs), flops="none")
 
 
 def no_op(op: OpInfo, ctx: OpContext) -> OpSpec:

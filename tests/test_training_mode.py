@@ -1,0 +1,234 @@
+"""Training mode (tapas.execution.stateful): dropout and batch norm as ``model.fit`` runs them,
+rebuilt exactly on N devices.
+
+In this process (no devices): the training-mode capture's GraphNodes get sharded patterns
+(dropout's random draw, batch norm's moment and update nodes), the single-device replay
+equals a Keras call with ``training=True`` (outputs, the advanced seed, the new moving
+statistics), random plans on simulated shards equal one device (outputs, gradients and
+every variable write), and a write the program cannot make is refused with the fix.
+
+In worker processes (tests/training_worker.py, logical CPU devices set once per process):
+``tapas.parallelize`` in training mode (the default) against Keras with rtol 1e-5 over a
+few optimizer steps, the collective audit equal to the prediction, on 2 and 4 devices:
+a dropout + batch-norm MLP under random plans that split the dropout activations and the
+batch moments, keras-hub's BERT classifier with a dict batch (both modes), and ``tapas
+train --model=path.keras --notraining`` (training mode: tests/test_inputs.py; resnet-tiny's
+batch norm in training mode under MultiWorkerMirroredStrategy: tests/test_runtime.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tapas import capturing
+from tapas.execution import checker, launch, parallel, reconstruct, verify
+from tapas.execution.collectives import SimulatedCollectives
+from tapas.sharding import patterns
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "training_worker.py")
+SPEC = tf.TensorSpec([8, 8])
+
+
+def mlp() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,), name="x")
+    h = keras.layers.Dense(16)(inp)
+    h = keras.layers.Dropout(0.3, seed=1)(h)
+    h = keras.layers.BatchNormalization()(h)
+    return keras.Model(inp, keras.layers.Dense(4)(h))
+
+
+def batch() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((8, 8)).astype("float32")
+
+
+# ---- in this process ----------------------------------------------------------------------
+
+def test_training_capture_records_seed_states_and_shards_dropout() -> None:
+    """The seed generator's state is a Trace state (not a weight); the Dense + dropout
+    GraphNode has sharded patterns, and a batch moment node has the batch-split one
+    (partial mean + all-reduce: synchronized batch norm)."""
+    trace = capturing.trace(mlp(), SPEC, training=True)
+    graph = capturing.to_ir(trace)
+    assert [v.path.split("/")[-1] for v in trace.states.values()] == ["seed_generator_state"]
+    assert all("seed" not in w.path for w in graph.weights)
+    dropout = next(n for n in graph.nodes if any("Random" in op.type for op in n.ops))
+    names = [p.name for p in patterns.patterns_for(dropout, graph, 2)]
+    assert "column" in names and "batch" in names, names
+    moments = next(n for n in graph.nodes if "moments" in n.name)
+    batch_split = next(p for p in patterns.patterns_for(moments, graph, 2) if p.name == "batch")
+    assert [c.kind.value for c in batch_split.comms] == ["AR"]
+    assert "partial-mean" in [r.value for r in batch_split.rewrites.values()]
+
+
+def test_single_device_replay_equals_a_keras_training_call() -> None:
+    """The replayed training graph on one device: the output of ``model(x,
+    training=True)`` (the same dropout mask), and its writes are the seed state and the
+    moving statistics Keras holds after that call."""
+    model = mlp()
+    trace = capturing.trace(model, SPEC, training=True)
+    graph = capturing.to_ir(trace)
+    prog = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))
+    x = batch()
+
+    @tf.function(autograph=False)
+    def run() -> Any:
+        writes: dict = {}
+        outs = prog([[tf.constant(x)]], prog.trace_weights(), SimulatedCollectives(1), writes)
+        return outs[0][0], {k: v[0] for k, v in writes.items()}
+
+    got, writes = run()
+    want = model(x, training=True)   # advances the seed and the moving statistics
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    after = {v.path: v.numpy() for v in model.variables}
+    assert sorted(p.split("/")[-1] for p in writes) == ["moving_mean", "moving_variance",
+                                                        "seed_generator_state"]
+    for path, value in writes.items():
+        np.testing.assert_allclose(value.numpy(), after[path], rtol=1e-6, atol=1e-7)
+    assert not any(np.allclose(v, 0.0) for p, v in after.items() if p.endswith("moving_mean"))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_random_plans_on_simulated_shards_equal_one_device(n: int) -> None:
+    """Random plans over the training graph on N simulated shards: outputs, gradients and
+    every variable write equal one device, with the dropout activation split in some."""
+    trace = capturing.trace(mlp(), SPEC, training=True)
+    graph = capturing.to_ir(trace)
+    split_dropout = 0
+    for seed in range(3):
+        plan = parallel.random_plan(graph, n, seed)
+        cmp = verify.compare_with_single_device(trace, graph, plan, [batch()])
+        writes = [d.what for d in cmp.differences if d.what.startswith("write")]
+        assert len(writes) == 3, writes
+        assert cmp.ok(), cmp.worst
+        got = checker.check_plan(trace, graph, plan, [batch()])
+        assert got["ok"] and got["sharded"] > 0, got
+        split_dropout += sum(1 for node in graph.nodes for op in node.ops
+                             if op.type == "SelectV2" and str(
+                                 plan.pattern(node).tensors.get(op.outputs[0].name, "R"))
+                             .startswith("S"))
+    assert split_dropout > 0
+
+
+class _Counter(keras.layers.Layer):
+    """Writes a *trainable* weight in its forward pass (what no optimizer step can share)."""
+
+    def build(self, shape: Any) -> None:
+        self.count = self.add_weight(shape=(shape[-1],), initializer="zeros", name="count")
+
+    def call(self, x: Any, training: bool = False) -> Any:
+        if training:
+            self.count.assign_add(tf.reduce_sum(x, axis=0))
+        return x + self.count
+
+
+def test_a_forward_write_to_a_trainable_weight_is_refused_with_the_fix() -> None:
+    inp = keras.Input((8,), name="x")
+    model = keras.Model(inp, keras.layers.Dense(4)(_Counter(name="counter")(inp)))
+    trace = capturing.trace(model, SPEC, training=True)
+    graph = capturing.to_ir(trace)
+    with pytest.raises(reconstruct.ReconstructError,
+                       match=r"writes the trainable weight 'counter/count'.*make it "
+                             r"non-trainable"):
+        reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 2))
+
+
+# ---- on N devices (worker processes) ------------------------------------------------------
+
+def run_job(job: dict[str, Any], timeout_s: float = 500.0) -> dict[str, dict[str, Any]]:
+    """Run the worker in one process (always ended); its results by check name."""
+    (result,) = launch.launch(lambda i: [sys.executable, WORKER, json.dumps(job)], 1,
+                              timeout_s=timeout_s)
+    checks = {}
+    for line in result.output.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[len("RESULT "):])
+            checks[d["check"]] = d
+    return checks
+
+
+def ok(check: dict[str, Any]) -> dict[str, Any]:
+    assert "error" not in check, check.get("traceback", check)
+    return check
+
+
+def assert_equal_to_keras(r: dict[str, Any], mode: str = "training") -> None:
+    assert r["mode"] == mode
+    bad = {k: r[k] for k in ("outputs", "loss", "gradients", "step_losses", "weights",
+                             "states") if not r[k]["ok"]}
+    assert r["ok"] and not bad, bad
+    assert r["audit"], r["audit_table"]
+    assert r["sharded"] > 0
+
+
+def test_dropout_and_batch_norm_mlp_random_plans_on_2_devices() -> None:
+    """Random plans (SGD and Adam): equal to Keras in training mode over 3 steps, the seed
+    states advanced as Keras's (4 draws: verify's first batch and 3 steps); between the
+    plans, dropout activations split and batch moments over a split batch."""
+    r = ok(run_job({"devices": 2, "checks": ["mlp"], "seeds": [0, 1]})["mlp"])
+    for label in ("random:0", "random:1"):
+        assert_equal_to_keras(r[label])
+        assert r[label]["states_count"] == 2
+        assert [1, 4] in r[label]["state_values"].values()   # Dropout(seed=1): [1, 0] + 4 draws
+    assert sum(r[k]["dropout_split"] for k in ("random:0", "random:1")) > 0
+    assert sum(r[k]["moments_split"] for k in ("random:0", "random:1")) > 0
+
+
+@pytest.fixture(scope="module")
+def four_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("keras_hub")
+    d = str(tmp_path_factory.mktemp("training4"))
+    return run_job({"devices": 4, "dir": d, "checks": ["mlp", "bert", "save"], "seeds": [2],
+                    "modes": ["training", "inference"], "bert_seed": 1}, timeout_s=600)
+
+
+def test_dropout_and_batch_norm_mlp_random_plan_on_4_devices(four_devices: dict) -> None:
+    assert_equal_to_keras(ok(four_devices["mlp"])["random:2"])
+
+
+def test_bert_classifier_dict_batch_both_modes_on_4_devices(four_devices: dict) -> None:
+    """keras-hub BERT with a head, a dict batch and a random plan: training mode (dropout
+    in every layer, masks drawn as one device draws them) and inference mode."""
+    r = ok(four_devices["bert"])
+    assert_equal_to_keras(r["training"])
+    assert r["training"]["states_count"] > 0
+    assert_equal_to_keras(r["inference"], mode="inference")
+    assert r["inference"]["states_count"] == 0
+
+
+def test_bert_classifier_dict_batch_training_mode_on_2_devices() -> None:
+    """The same on 2 devices, in training mode (inference mode on 2 devices:
+    tests/test_inputs.py), with dropout activations split."""
+    pytest.importorskip("keras_hub")
+    r = ok(run_job({"devices": 2, "checks": ["bert"], "modes": ["training"],
+                    "bert_seed": 0})["bert"])["training"]
+    assert_equal_to_keras(r)
+    assert r["dropout_split"] > 0
+
+
+def test_tapas_train_on_a_saved_bert_classifier_without_training_mode(
+        four_devices: dict, tmp_path: Any) -> None:
+    """`tapas train --model=file.keras --notraining` trains the inference graph, verified
+    against Keras called with training=False (the default, training mode, is
+    tests/test_inputs.py::test_tapas_train_on_a_saved_dict_input_model)."""
+    path = ok(four_devices["save"])["path"]
+    out = tmp_path / "train.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "train", f"--model={path}", "--devices=2",
+         "--steps=2", "--strategy=random:0", "--verify", f"--json_out={out}", "--notraining"],
+        capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "inference mode" in proc.stdout and "verify: PASSED" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["mode"] == "inference" and report["verify"]["mode"] == "inference"
+    assert report["verify"]["ok"] and report["audit"]["matches"]

@@ -1,0 +1,163 @@
+"""Subprocess entry of tests/test_training_mode.py: models with dropout and batch norm
+parallelized in training mode on N logical CPU devices (set once per process).
+
+    python tests/training_worker.py '{"devices": 2, "checks": ["mlp"], "dir": "/tmp/x"}'
+
+Each check prints one line ``RESULT <json>``; a check that raises prints
+``RESULT {"check": name, "error": ...}``. Checks:
+
+* ``mlp``: Dense -> Dropout -> BatchNormalization -> Dense -> Dropout -> Dense (one seeded
+  and one unseeded dropout) under random plans (``JOB["seeds"]``, SGD for even seeds, Adam
+  for odd), verified in training mode;
+* ``bert``: keras-hub's BERT classifier of ``tapas.models.corpus`` (dict inputs, dropout
+  in every layer) with a dict batch, in the modes of ``JOB["modes"]``;
+* ``save``: that classifier compiled and saved as ``<dir>/bert.keras`` for ``tapas train``.
+
+Per verified plan: the verify report (``ok`` per quantity), the audit, and what the plan
+shards of the training-mode machinery (``dropout_split``: dropout outputs split across the
+devices, so each takes its slice of the global mask; ``moments_split``: batch moments
+computed over a split batch, i.e. synchronized batch norm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tapas.execution import devices  # noqa: E402
+from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
+
+JOB = json.loads(sys.argv[1])
+devices.setup_devices(JOB["devices"], "cpu")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tapas import capturing  # noqa: E402
+from tapas.execution import parallel  # noqa: E402
+from tapas.sharding.placements import Split, parse_placement  # noqa: E402
+
+N = JOB["devices"]
+MSE = keras.losses.MeanSquaredError()
+QUANTITIES = ("outputs", "loss", "gradients", "step_losses", "weights", "states")
+
+
+def machinery(pm: Any) -> dict[str, int]:
+    """How many dropout outputs the plan splits, and how many batch moments it computes
+    over a split batch (partial-mean rewrite of a Mean over axis 0)."""
+    dropout = moments = 0
+    for node in pm.graph.nodes:
+        pat = pm.program.plan.pattern(node)
+        tensors = getattr(pat, "tensors", {})
+        for op in node.ops:
+            name = op.outputs[0].name if op.outputs else ""
+            if op.type == "SelectV2" and "dropout" in op.name and \
+                    isinstance(parse_placement(tensors.get(name, "R")), Split):
+                dropout += 1
+            if op.type == "Mean" and "moments" in op.name and \
+                    getattr(pat, "rewrites", {}).get(op.name) is not None:
+                moments += 1
+    return {"dropout_split": dropout, "moments_split": moments}
+
+
+def verified(pm: Any, x: Any, y: Any, steps: int) -> dict[str, Any]:
+    report = pm.verify(x, y, steps=steps)
+    audit = pm.audit()
+    return {"ok": report["ok"], "mode": report["mode"],
+            **{k: {"ok": report[k]["ok"], "max_abs_diff": report[k]["max_abs_diff"]}
+               for k in QUANTITIES},
+            "states_count": report["states"]["count"], "audit": audit.matches,
+            "audit_table": audit.table(), "state_values": {k: v.tolist() for k, v in
+                                                     pm.global_states().items()},
+            "sharded": sum(1 for n in pm.graph.nodes
+                           if pm.program.plan.pattern(n).name != "replicate"),
+            **machinery(pm)}
+
+
+def mlp_model() -> keras.Model:
+    inp = keras.Input((8,), name="x")
+    h = keras.layers.Dense(16)(inp)
+    h = keras.layers.Dropout(0.3, seed=1)(h)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.Dense(16, activation="relu")(h)
+    h = keras.layers.Dropout(0.5)(h)
+    return keras.Model(inp, keras.layers.Dense(4)(h), name="dropout_bn_mlp")
+
+
+def check_mlp() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 8)).astype("float32")
+    y = rng.standard_normal((8, 4)).astype("float32")
+    spec = tf.TensorSpec([8, 8])
+    out = {}
+    for seed in JOB.get("seeds", [0]):
+        keras.utils.set_random_seed(seed)
+        model = mlp_model()
+        plan = parallel.random_plan(capturing.capture(model, spec, training=True), N, seed)
+        pm = parallel.parallelize(model, spec, plan, devices=N, loss=MSE,
+                                  optimizer="adam" if seed % 2 else "sgd")
+        out[f"random:{seed}"] = verified(pm, x, y, steps=3)
+    return out
+
+
+def bert_classifier() -> tuple[keras.Model, dict[str, tf.TensorSpec]]:
+    """The corpus's BERT classifier (``tapas.models.corpus``: keras-hub's BertBackbone,
+    mean-pooled sequence output, a Dense head) with ``JOB["bert_layers"]`` layers (1) and
+    batch 4, so that a plan may split the batch on 2 and 4 devices; dict specs."""
+    import keras_hub
+    from tapas.models import corpus
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=corpus.VOCAB, num_layers=JOB.get("bert_layers", 1), num_heads=4,
+        hidden_dim=64, intermediate_dim=128, max_sequence_length=corpus.SEQ)
+    inputs = {i.name: keras.Input(shape=(corpus.SEQ,), dtype=i.dtype, name=i.name)
+              for i in backbone.inputs}   # static: tapas train needs a fixed sequence
+    pooled = keras.layers.GlobalAveragePooling1D()(backbone(inputs)["sequence_output"])
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(pooled),
+                        name="bert_classifier")
+    return model, {k: tf.TensorSpec([4, corpus.SEQ], i.dtype, name=k)
+                   for k, i in inputs.items()}
+
+
+def bert_batch(specs: dict[str, tf.TensorSpec]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    rng = np.random.default_rng(0)
+    seq = specs["token_ids"].shape[1]
+    mask = np.ones((4, seq), "int32")
+    mask[:, seq - 3:] = 0
+    x = {"token_ids": rng.integers(0, 512, (4, seq)).astype("int32"),
+         "segment_ids": rng.integers(0, 2, (4, seq)).astype("int32"), "padding_mask": mask}
+    return {k: x[k] for k in specs}, rng.standard_normal((4, 3)).astype("float32")
+
+
+def check_bert() -> dict[str, Any]:
+    out = {}
+    for mode in JOB.get("modes", ["training"]):
+        training = mode == "training"
+        model, specs = bert_classifier()
+        x, y = bert_batch(specs)
+        plan = parallel.random_plan(capturing.capture(model, specs, training=training), N,
+                                    JOB.get("bert_seed", 0))
+        pm = parallel.parallelize(model, specs, plan, devices=N, loss=MSE, training=training)
+        out[mode] = verified(pm, x, y, steps=2)
+    return out
+
+
+def check_save() -> dict[str, Any]:
+    model, _ = bert_classifier()
+    model.compile(optimizer="sgd", loss="mse")
+    path = os.path.join(JOB["dir"], "bert.keras")
+    model.save(path)
+    return {"path": path}
+
+
+CHECKS = {"mlp": check_mlp, "bert": check_bert, "save": check_save}
+
+if __name__ == "__main__":
+    run_checks(CHECKS, JOB["checks"])
+    finish()
