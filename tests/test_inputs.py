@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tapas.execution import inputs, launch
+from tapas.execution import inputs
+from worker_main import run_worker  # tests/worker_main.py
 from tapas.execution.parallel import loss_object
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,14 +30,7 @@ WORKER = os.path.join(ROOT, "tests", "inputs_worker.py")
 
 def run_job(job: dict[str, Any], timeout_s: float = 400.0) -> dict[str, dict[str, Any]]:
     """Run the worker in one process; its results by check name."""
-    (result,) = launch.launch(lambda i: [sys.executable, WORKER, json.dumps(job)], 1,
-                              timeout_s=timeout_s)
-    checks = {}
-    for line in result.output.splitlines():
-        if line.startswith("RESULT "):
-            d = json.loads(line[len("RESULT "):])
-            checks[d["check"]] = d
-    return checks
+    return run_worker(WORKER, job, timeout_s=timeout_s)[0]
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tapas.execution import launch
+from worker_main import run_worker  # tests/worker_main.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "runtime_worker.py")
@@ -26,17 +27,7 @@ WORKER = os.path.join(ROOT, "tests", "runtime_worker.py")
 def run_job(job: dict[str, Any], workers: int = 1, timeout_s: float = 300.0,
             start: list[int] | None = None) -> list[dict[str, dict[str, Any]]]:
     """Run the worker on ``workers`` processes; per worker, its results by check name."""
-    results = launch.launch(lambda i: [sys.executable, WORKER, json.dumps(job)], workers,
-                            timeout_s=timeout_s, start=start)
-    out = []
-    for r in results:
-        checks = {}
-        for line in r.output.splitlines():
-            if line.startswith("RESULT "):
-                d = json.loads(line[len("RESULT "):])
-                checks[d["check"]] = d
-        out.append(checks)
-    return out
+    return run_worker(WORKER, job, workers, timeout_s, start)
 
 
 def assert_equivalent(mlp: dict[str, Any]) -> None:

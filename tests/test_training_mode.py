@@ -30,7 +30,8 @@ import pytest
 import tensorflow as tf
 
 from tapas import capturing
-from tapas.execution import checker, launch, parallel, reconstruct, verify
+from tapas.execution import checker, parallel, reconstruct, verify
+from worker_main import run_worker  # tests/worker_main.py
 from tapas.execution.collectives import SimulatedCollectives
 from tapas.sharding import patterns
 
@@ -147,14 +148,7 @@ def test_a_forward_write_to_a_trainable_weight_is_refused_with_the_fix() -> None
 
 def run_job(job: dict[str, Any], timeout_s: float = 500.0) -> dict[str, dict[str, Any]]:
     """Run the worker in one process (always ended); its results by check name."""
-    (result,) = launch.launch(lambda i: [sys.executable, WORKER, json.dumps(job)], 1,
-                              timeout_s=timeout_s)
-    checks = {}
-    for line in result.output.splitlines():
-        if line.startswith("RESULT "):
-            d = json.loads(line[len("RESULT "):])
-            checks[d["check"]] = d
-    return checks
+    return run_worker(WORKER, job, timeout_s=timeout_s)[0]
 
 
 def ok(check: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """What the tests' subprocess workers share (``runtime_worker.py``, ``inputs_worker.py``,
-``training_worker.py``): run the checks a job names, print one line ``RESULT <json>`` per
-check (``{"check": name, "error": ..., "traceback": ...}`` when it raises, which the parent
-test turns into its failure), then end the process at once (TensorFlow's teardown of
-logical devices and collectives can hang or crash at exit)."""
+``training_worker.py``), both sides of the pipe. In the worker: run the checks a job names,
+print one line ``RESULT <json>`` per check (``{"check": name, "error": ..., "traceback":
+...}`` when it raises, which the parent test turns into its failure), then end the process
+at once (TensorFlow's teardown of logical devices and collectives can hang or crash at
+exit). In the test: :func:`run_worker` starts the worker process(es), always ends them, and
+reads the RESULT lines back."""
 
 from __future__ import annotations
 
@@ -24,6 +26,24 @@ def run_checks(checks: Mapping[str, Callable[..., dict[str, Any]]], names: Itera
             result = {"check": name, "error": f"{type(e).__name__}: {e}"[:3000],
                       "traceback": traceback.format_exc()[-4000:]}
         print("RESULT " + json.dumps(result, default=str), flush=True)
+
+
+def run_worker(script: str, job: dict[str, Any], workers: int = 1, timeout_s: float = 300.0,
+               start: list[int] | None = None) -> list[dict[str, dict[str, Any]]]:
+    """Run ``script`` with ``job`` on ``workers`` processes (``tapas.execution.launch``:
+    killed on time-out or when one fails); per worker, its results by check name."""
+    from tapas.execution import launch
+    results = launch.launch(lambda i: [sys.executable, script, json.dumps(job)], workers,
+                            timeout_s=timeout_s, start=start)
+    out = []
+    for r in results:
+        checks = {}
+        for line in r.output.splitlines():
+            if line.startswith("RESULT "):
+                d = json.loads(line[len("RESULT "):])
+                checks[d["check"]] = d
+        out.append(checks)
+    return out
 
 
 def finish() -> None:
