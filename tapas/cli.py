@@ -285,7 +285,7 @@ def cmd_train() -> dict[str, Any]:
                               learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
                               cluster=FLAGS.cluster, json_out=FLAGS.json_out,
                               memory_budget_gib=FLAGS.memory_budget_gib,
-                              training=FLAGS.training is not False)
+                              training=FLAGS.training)
     from absl import logging
     logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
     try:

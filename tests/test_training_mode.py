@@ -144,6 +144,25 @@ def test_a_forward_write_to_a_trainable_weight_is_refused_with_the_fix() -> None
         reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 2))
 
 
+def test_a_plan_of_the_inference_graph_runs_in_inference_mode_unless_told_otherwise() -> None:
+    """training=None (parallelize's default): a plan made on tapas.capture's default graph,
+    which dropout and batch norm make differ from the training graph, runs in inference mode
+    (with a warning) instead of being refused; training=True refuses it naming the flag; a
+    plan of the training graph runs in training mode. (`tapas search --out=s.json` then
+    `tapas train --strategy=s.json` on a batch-norm model was refused before.)"""
+    import tapas
+    from tapas.execution.parallel import random_plan
+    model = mlp()
+    loss = keras.losses.MeanSquaredError()
+    inference_plan = random_plan(capturing.capture(model, SPEC), 1, 0)
+    pm = tapas.parallelize(model, SPEC, inference_plan, devices=1, loss=loss)
+    assert pm.training is False
+    with pytest.raises(reconstruct.ReconstructError, match="training flag"):
+        tapas.parallelize(model, SPEC, inference_plan, devices=1, loss=loss, training=True)
+    training_plan = random_plan(capturing.capture(model, SPEC, training=True), 1, 0)
+    assert tapas.parallelize(model, SPEC, training_plan, devices=1, loss=loss).training is True
+
+
 # ---- on N devices (worker processes) ------------------------------------------------------
 
 def run_job(job: dict[str, Any], timeout_s: float = 500.0) -> dict[str, dict[str, Any]]:

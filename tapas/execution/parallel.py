@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tapas import capturing
 from tapas.execution import inputs, optimizers, runtime, verify
@@ -163,11 +164,69 @@ def loss_object(loss: Any) -> Any:
                      "keras.losses.MeanSquaredError(); pass loss=<that object>")
 
 
+def _capture(model: Any, signature: Any, training: bool,
+             timings: dict[str, float]) -> tuple[Any, Any]:
+    """(trace, IR graph) of ``model`` in the given mode, timed as "capture"."""
+    start = time.perf_counter()
+    trace = capturing.trace(model, signature.spec_structure(), training=training)
+    if [s.name for s in trace.input_specs] != list(signature.names):
+        raise RuntimeError(f"capture listed the inputs as {[s.name for s in trace.input_specs]}"
+                           f", Keras as {list(signature.names)}: the flattening orders differ")
+    graph = capturing.to_ir(trace)
+    timings["capture"] = timings.get("capture", 0.0) + time.perf_counter() - start
+    return trace, graph
+
+
+def _bind(strategy: Any, graph: Any, n: int) -> Any:
+    """``strategy`` (a path, a Strategy or a Plan) checked against ``graph`` and bound to it;
+    ValueError or ReconstructError when it was made for another graph."""
+    from tapas.execution import reconstruct
+    from tapas.planning import search as search_mod
+    if isinstance(strategy, str):
+        return search_mod.Strategy.load(strategy, graph, num_devices=n)
+    if isinstance(strategy, reconstruct.Plan):
+        if strategy.num_devices != n:
+            raise ValueError(f"the plan shards over {strategy.num_devices} devices but "
+                             f"{n} were given")
+        return strategy.for_graph(graph)
+    strategy.check(graph, num_devices=n)
+    return strategy.bind(graph)
+
+
+def _fitting_mode(model: Any, signature: Any, strategy: Any, n: int, training: bool | None,
+                  timings: dict[str, float]) -> tuple[bool, Any, Any, Any]:
+    """(training, trace, graph, bound strategy): the given mode, or with ``training=None``
+    training mode if the strategy fits its graph, else inference mode if it fits that one
+    (a strategy searched on ``tapas.capture``'s default graph), with a warning."""
+    from tapas.execution import reconstruct
+    modes = [training] if training is not None else [True, False]
+    first: Exception | None = None
+    for mode in modes:
+        trace, graph = _capture(model, signature, mode, timings)
+        try:
+            bound = _bind(strategy, graph, n)
+        except (ValueError, reconstruct.ReconstructError) as err:
+            first = first or err
+            continue
+        if training is None and not mode:
+            logging.warning(
+                "tapas.parallelize: the strategy was made on the inference-mode graph, which "
+                "differs from the training-mode graph (dropout or batch norm): the program "
+                "runs in inference mode (dropout off, moving statistics not updated). For "
+                "training mode, search or plan on tapas.capture(model, spec, training=True) "
+                "(tapas search --training), or pass training=False to say so.")
+        return mode, trace, graph, bound
+    assert first is not None
+    if training is None:
+        raise type(first)(f"{first} (tried the training-mode and the inference-mode graph)")
+    raise first
+
+
 def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                 devices: int | None = None,
                 distribute_strategy: tf.distribute.Strategy | None = None,
                 optimizer: str | optimizers.Optimizer = "sgd", learning_rate: float | None = None,
-                loss: Any = None, training: bool = True, cluster: Cluster | None = None,
+                loss: Any = None, training: bool | None = None, cluster: Cluster | None = None,
                 search_options: Mapping[str, Any] | None = None) -> ParallelModel:
     """Capture ``model``, choose or check the strategy, reconstruct and place it on devices.
 
@@ -184,7 +243,10 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     training mode and advances the dropout seeds and moving statistics, as a Keras call with
     ``training=True`` does. False: the inference graph (dropout off, moving statistics read
     and never updated). A plan (``Plan``, ``random_plan``) must be made on the graph of the
-    same mode: ``tapas.capture(model, spec, training=training)``.
+    same mode: ``tapas.capture(model, spec, training=training)``. None (the default):
+    training mode, unless ``strategy`` was made on the inference graph (``tapas.capture``'s
+    and ``tapas search``'s default) and does not fit the training graph (dropout or batch
+    norm make them differ): then the inference graph, with a warning saying so.
     """
     from tapas.execution import reconstruct
     from tapas.planning import search as search_mod
@@ -198,17 +260,11 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     if devices is not None and devices != n:
         raise ValueError(f"devices={devices} but distribute_strategy has {n} replicas; give one "
                          "of them or make them agree")
-    start = time.perf_counter()
     signature = inputs.InputSignature.of(model, input_spec)
-    trace = capturing.trace(model, signature.spec_structure(), training=training)
-    if [s.name for s in trace.input_specs] != list(signature.names):
-        raise RuntimeError(f"capture listed the inputs as {[s.name for s in trace.input_specs]}"
-                           f", Keras as {list(signature.names)}: the flattening orders differ")
-    graph = capturing.to_ir(trace)
-    timings["capture"] = time.perf_counter() - start
-
-    start = time.perf_counter()
     if strategy is None:
+        training = True if training is None else training
+        trace, graph = _capture(model, signature, training, timings)
+        start = time.perf_counter()
         cluster = cluster or Cluster.loopback_cpu(n)
         if cluster.num_devices != n:
             raise ValueError(f"cluster {cluster.name} has {cluster.num_devices} devices but the "
@@ -216,16 +272,9 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         strategy = search_mod.search(graph, cluster=cluster, **dict(search_options or {}))
         strategy = strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
         timings["search"] = time.perf_counter() - start
-    elif isinstance(strategy, str):
-        strategy = search_mod.Strategy.load(strategy, graph, num_devices=n)
-    elif isinstance(strategy, reconstruct.Plan):
-        if strategy.num_devices != n:
-            raise ValueError(f"the plan shards over {strategy.num_devices} devices but "
-                             f"{n} were given")
-        strategy = strategy.for_graph(graph)
     else:
-        strategy.check(graph, num_devices=n)
-        strategy = strategy.bind(graph)
+        training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,
+                                                         training, timings)
     start = time.perf_counter()
     plan = strategy if isinstance(strategy, reconstruct.Plan) else \
         reconstruct.Plan.from_strategy(strategy, graph)

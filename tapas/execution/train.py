@@ -46,7 +46,9 @@ class TrainOptions:
     memory_budget_gib: float | None = None  # search: per-device budget (forces sharding)
     timeout_s: float = 600.0          # workers: deadline for the whole run
     json_out: str | None = None       # written by worker 0 when workers > 0
-    training: bool = True             # the training-mode graph (dropout, batch-norm updates)
+    # the training-mode graph (dropout, batch-norm updates); None: training mode unless the
+    # --strategy file was searched on the inference graph (tapas.parallelize)
+    training: bool | None = None
 
 
 def train(opts: TrainOptions) -> dict[str, Any]:
@@ -68,7 +70,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     workers = n // len(distribute.extended.worker_devices)
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
                               "optimizer": opts.optimizer, "batch": int(len(y)),
-                              "mode": "training" if opts.training else "inference"}
+                              "mode": "training" if pm.training else "inference"}
     check = _run_steps(opts, pm, xs, y, report, say)
     timings.update({f"trace_{k}": v for k, v in pm.runtime.trace_seconds.items()})
     audit = pm.audit()
@@ -118,14 +120,13 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
                       else {"memory_budget": opts.memory_budget_gib * 2**30})
     if strategy and strategy.startswith("random:"):
         from tapas import capturing
-        graph = capturing.capture(model, specs, training=opts.training)
+        graph = capturing.capture(model, specs, training=opts.training is not False)
         strategy = parallel.random_plan(graph, n, int(strategy.split(":", 1)[1]))
     elif strategy and not os.path.exists(strategy):
         raise TrainError(f"--strategy={strategy}: no such file (give a Strategy JSON from "
                          "`tapas search --out=...`, 'random:SEED', or leave it out to search)")
     say(f"model {name}: {model.count_params():,} parameters, batch {len(y)}; {n} devices "
-        f"({distribute.__class__.__name__}, {', '.join(_device_names(distribute))}); "
-        f"{'training' if opts.training else 'inference'} mode")
+        f"({distribute.__class__.__name__}, {', '.join(_device_names(distribute))})")
     try:
         pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
                                   optimizer=opts.optimizer, learning_rate=opts.learning_rate,
@@ -134,6 +135,8 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     except (ValueError, reconstruct.ReconstructError) as e:
         raise TrainError(str(e)) from None
     timings.update(pm.timings)
+    say("mode: " + ("training (dropout on, batch-norm moving statistics updated)" if pm.training
+                    else "inference (dropout off, moving statistics fixed)"))
     if not isinstance(pm.strategy, reconstruct.Plan):
         say(pm.strategy.summary(pm.graph))
     sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
@@ -265,8 +268,9 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
             f"--devices={opts.workers}", f"--steps={opts.steps}",
             f"--optimizer={opts.optimizer}", f"--cluster={opts.cluster}",
             f"--verify={str(opts.verify).lower()}", f"--json_out={report_path}",
-            f"--training={str(opts.training).lower()}",
             "--workers=0"]
+    if opts.training is not None:
+        argv.append(f"--training={str(opts.training).lower()}")
     argv = [a for a in argv if a != "--model="]
     if opts.strategy:
         argv.append(f"--strategy={opts.strategy}")

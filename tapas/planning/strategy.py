@@ -173,8 +173,10 @@ class Strategy:
                     f"this strategy was searched for graph '{self.graph_name}' (digest "
                     f"{self.graph_digest}, {self.num_nodes} GraphNodes) but the given graph is "
                     f"'{graph.name}' (digest {digest}, {len(graph.nodes)} GraphNodes): a "
-                    "strategy only fits the model it was searched for; run tapas search on "
-                    "this model")
+                    "strategy only fits the model it was searched for, captured in the same "
+                    "mode (a training-mode capture has dropout and batch-norm updates the "
+                    "inference one lacks): run tapas search on this model, with --training "
+                    "for a training-mode program")
         if num_devices is not None and num_devices != self.num_devices:
             raise ValueError(f"this strategy shards over {self.num_devices} devices "
                              f"({self.cluster.name}) but {num_devices} were given: search "
