@@ -241,7 +241,7 @@ def test_tapas_train_on_a_saved_bert_classifier_without_training_mode(
          "--steps=2", "--strategy=random:0", "--verify", f"--json_out={out}", "--notraining"],
         capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "inference mode" in proc.stdout and "verify: PASSED" in proc.stdout
+    assert "mode: inference" in proc.stdout and "verify: PASSED" in proc.stdout
     report = json.loads(out.read_text())
     assert report["mode"] == "inference" and report["verify"]["mode"] == "inference"
     assert report["verify"]["ok"] and report["audit"]["matches"]
