@@ -465,8 +465,7 @@ class Runtime:
                 placement = self.specs[p].placement
                 full_grads[p] = (gather_values(_placed(g), placement.axis)
                                  if isinstance(placement, Split) else g)
-            full_outs = [gather_values(_placed(o), pl.axis)
-                         if isinstance(pl, Split) else o
+            full_outs = [gather_values(_placed(o), pl.axis) if isinstance(pl, Split) else o
                          for o, pl in zip(outs, self.output_placements)]
             loss = sum_values(_placed(share)) if partial else share
             return full_outs, loss, full_grads
@@ -513,8 +512,7 @@ class Runtime:
         stateful.assign_writes(writes, weights, states)  # training mode: as a Keras call
         full = []
         for o, p in zip(outs, self.output_placements):
-            full.append(gather_values(_placed(o), p.axis) if isinstance(p, Split)
-                        else o)
+            full.append(gather_values(_placed(o), p.axis) if isinstance(p, Split) else o)
         return full
 
     def _predict(self, xs: Any) -> list[tf.Tensor]:
@@ -545,8 +543,7 @@ class Runtime:
         @tf.function
         def gather(values: Any) -> Any:
             def fn(vals: dict) -> dict:
-                return {p: (gather_values(vals[p].read_value(),
-                                                      self.specs[p].placement.axis)
+                return {p: (gather_values(vals[p].read_value(), self.specs[p].placement.axis)
                             if isinstance(self.specs[p].placement, Split)
                             else tf.identity(vals[p])) for p in paths}
             return self.strategy.run(fn, args=(values,))
