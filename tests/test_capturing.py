@@ -145,11 +145,31 @@ def test_keras_applications_vgg16():
     assert g.num_params == model.count_params()
 
 
-def test_nested_function_calls_do_not_crash_and_keep_weights():
+def test_convnext_grouped_convolutions_are_lowered():
+    """Keras runs ConvNeXt's depthwise convolutions as XLA function calls; capture traces
+    them as depthwise convolutions (tapas.capturing.lowering), so nothing is opaque."""
     model = keras.applications.ConvNeXtTiny(weights=None, input_shape=(32, 32, 3), classes=10)
     _, g = capture_checked(model, tf.TensorSpec([1, 32, 32, 3]))
-    assert any(n.kind == Kind.OPAQUE for n in g.nodes)
+    assert not [n.name for n in g.nodes if n.kind == Kind.OPAQUE]
+    types = collections.Counter(op.type for n in g.nodes for op in n.ops)
+    assert types["DepthwiseConv2dNative"] == 18      # one per ConvNeXt block (3+3+9+3)
     assert g.num_params == model.count_params()
+
+
+def test_nested_function_calls_do_not_crash_and_keep_weights():
+    w = tf.Variable(tf.random.normal([8, 4]), name="inner_w")
+
+    @tf.function(jit_compile=True)
+    def inner(x):
+        return tf.nn.relu(x @ w)
+
+    @tf.function
+    def outer(x):
+        return tf.reduce_sum(inner(x * 2.0), axis=-1)
+
+    _, g = capture_checked(outer, tf.TensorSpec([2, 8]))
+    opaque = [n for n in g.nodes if n.kind == Kind.OPAQUE]
+    assert len(opaque) == 1 and [x.path for x in opaque[0].weights] == ["inner_w"]
 
 
 def test_tf_function_with_plain_variables_and_assert():

@@ -7,7 +7,8 @@ the largest difference; a pattern reconstruction cannot build fails as "cannot b
 (issue 11: every pattern the search may choose must be buildable). Besides Keras's own
 layers and the zoo, the models include layers written the way other libraries write them
 (a sparse MoE block as one layer of batched einsums, attention masked after its softmax,
-a T5-style RMS norm, a position table sliced to the sequence); keras-hub's own models are
+a T5-style RMS norm, a position table sliced to the sequence, ConvNeXt's grouped
+convolutions); keras-hub's own models are
 checked by ``scripts/equivalence.py --checker``."""
 
 import pytest
@@ -141,6 +142,30 @@ def _library_layers():
         [tf.TensorSpec([4, 8, 16]), tf.TensorSpec([4, 8], tf.int32)]
 
 
+class LayerScale(keras.layers.Layer):
+    """ConvNeXt's per-channel scale of a residual branch."""
+
+    def build(self, shape):
+        self.gamma = self.add_weight((shape[-1],), initializer="ones", name="gamma")
+
+    def call(self, x):
+        return x * self.gamma
+
+
+def _grouped_conv():
+    """A ConvNeXt block (depthwise 7x7 written as ``Conv2D(groups=channels)``, layer norm,
+    an inverted MLP, a layer scale) and a grouped 3x3 convolution (ResNeXt): Keras runs both
+    as XLA calls, capture lowers them (``tapas.capturing.lowering``)."""
+    x = keras.Input((8, 8, 8))
+    y = keras.layers.Conv2D(8, 7, padding="same", groups=8)(x)
+    y = keras.layers.LayerNormalization(epsilon=1e-6)(y)
+    y = keras.layers.Dense(16, activation="gelu")(y)
+    y = keras.layers.Dense(8)(y)
+    y = keras.layers.Add()([x, LayerScale()(y)])
+    y = keras.layers.Conv2D(8, 3, padding="same", groups=2)(y)
+    return keras.Model(x, y, name="grouped_conv"), [tf.TensorSpec([4, 8, 8, 8])]
+
+
 def _zoo(name):
     def build():
         entry = models.get(name)
@@ -150,7 +175,8 @@ def _zoo(name):
 
 MODELS = {"mlp": _mlp, "mha": _mha, "conv-bn": _conv_bn, "embedding": _embedding,
           "layer-norm": _layer_norm, "t5-tiny": _zoo("t5-tiny"), "moe-tiny": _zoo("moe-tiny"),
-          "resnet-tiny": _zoo("resnet-tiny"), "library-layers": _library_layers}
+          "resnet-tiny": _zoo("resnet-tiny"), "library-layers": _library_layers,
+          "grouped-conv": _grouped_conv}
 
 _CAPTURED = {}
 

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 import keras
 
-from tapas.capturing import grouping
+from tapas.capturing import grouping, lowering
 from tapas import ir
 
 __all__ = ["capture", "trace", "to_ir", "Trace", "CaptureError"]
@@ -112,14 +112,16 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
     start = time.perf_counter()
     input_spec = _sorted_dicts(input_spec)
     if _is_keras_layer(model_or_function):
-        cf, specs, model_weights, label = _trace_keras(model_or_function, input_spec,
-                                                       batch_size, training)
+        with lowering.grouped_convolutions_lowered():
+            cf, specs, model_weights, label = _trace_keras(model_or_function, input_spec,
+                                                           batch_size, training)
         variables = list(model_or_function.weights)
         others = [v for v in getattr(model_or_function, "variables", ())
                   if all(v is not w for w in variables)]
         pins = _pins(model_or_function)
     elif hasattr(model_or_function, "get_concrete_function") or _is_concrete(model_or_function):
-        cf, specs, label = _trace_function(model_or_function, input_spec, batch_size)
+        with lowering.grouped_convolutions_lowered():
+            cf, specs, label = _trace_function(model_or_function, input_spec, batch_size)
         variables = list(cf.variables)
         others = []
         model_weights = ()
