@@ -99,6 +99,46 @@ def test_single_device_replay_equals_a_keras_training_call() -> None:
     assert not any(np.allclose(v, 0.0) for p, v in after.items() if p.endswith("moving_mean"))
 
 
+class Noise(keras.layers.Layer):
+    """Dropout through a seed generator with a fixed name: two of them share the Keras
+    path 'sg/seed_generator_state'."""
+
+    def __init__(self, seed: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.sg = keras.random.SeedGenerator(seed, name="sg")
+
+    def call(self, x: Any, training: bool = False) -> Any:
+        return keras.random.dropout(x, 0.5, seed=self.sg) if training else x
+
+
+def test_seed_states_sharing_a_keras_path_are_told_apart() -> None:
+    """Two seed states with one Keras path are named 'p' and 'p#1' (as weights are), and
+    the replay advances each as Keras does."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,))
+    model = keras.Model(inp, Noise(2)(keras.layers.Dense(8)(Noise(1)(inp))))
+    trace = capturing.trace(model, SPEC, training=True)
+    assert sorted(trace.state_paths.values()) == ["sg/seed_generator_state",
+                                                   "sg/seed_generator_state#1"]
+    graph = capturing.to_ir(trace)
+    prog = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))
+    x = batch()
+
+    @tf.function(autograph=False)
+    def run() -> Any:
+        writes: dict = {}
+        outs = prog([[tf.constant(x)]], prog.trace_weights(), SimulatedCollectives(1), writes)
+        return outs[0][0], {k: v[0] for k, v in writes.items()}
+
+    got, writes = run()
+    want = model(x, training=True)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    after = capturing.tracing.states_by_path(model)
+    assert sorted(writes) == sorted(after)
+    for path, value in writes.items():
+        np.testing.assert_array_equal(value.numpy(), after[path].numpy())
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_random_plans_on_simulated_shards_equal_one_device(n: int) -> None:
     """Random plans over the training graph on N simulated shards: outputs, gradients and

@@ -68,6 +68,9 @@ class Trace:
     # state of a Keras SeedGenerator (dropout in training mode), read and advanced by the
     # step (tapas.execution.stateful)
     states: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # placeholder op name -> the path of that state, unique as weight paths are
+    # (:func:`state_paths`)
+    state_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def graph(self) -> tf.Graph:
@@ -116,8 +119,7 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
             cf, specs, model_weights, label = _trace_keras(model_or_function, input_spec,
                                                            batch_size, training)
         variables = list(model_or_function.weights)
-        others = [v for v in getattr(model_or_function, "variables", ())
-                  if all(v is not w for w in variables)]
+        others = state_variables(model_or_function)
         pins = _pins(model_or_function)
     elif hasattr(model_or_function, "get_concrete_function") or _is_concrete(model_or_function):
         with lowering.grouped_convolutions_lowered():
@@ -136,6 +138,7 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
     captured_ids = set()
     var_of: dict[str, Any] = {}
     states: dict[str, Any] = {}
+    path_of_state = {id(v): p for v, p in zip(others, weight_paths(others))}
     for external, internal in cf.graph.captures:
         captured_ids.add(id(internal))
         v = by_handle.get(id(external))
@@ -153,7 +156,8 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
     return Trace(concrete_function=cf, input_specs=tuple(specs), input_names=input_names,
                  variables=var_of, weights=weights, model_weights=model_weights,
                  name=name or label, seconds=time.perf_counter() - start, pins=pins,
-                 states=states)
+                 states=states,
+                 state_paths={ph: path_of_state[id(v)] for ph, v in states.items()})
 
 
 def _pins(layer: Any) -> dict[str, str]:
@@ -209,6 +213,21 @@ def weight_paths(variables: Sequence[Any]) -> list[str]:
         seen[base] = k + 1
         out.append(base if k == 0 else f"{base}#{k}")
     return out
+
+
+def state_variables(model: Any) -> list[Any]:
+    """The variables of the Keras ``model`` that are no weights (the states of its seed
+    generators), in ``model.variables`` order."""
+    weights = list(getattr(model, "weights", ()))
+    return [v for v in getattr(model, "variables", ()) if all(v is not w for w in weights)]
+
+
+def states_by_path(model: Any) -> dict[str, Any]:
+    """``{path: variable}`` for every non-weight variable of the Keras ``model`` (seed
+    generator states), named as capture names them (:func:`weight_paths`' rule: a repeated
+    path's later variables get ``#k``)."""
+    states = state_variables(model)
+    return dict(zip(weight_paths(states), states))
 
 
 def weights_by_path(model: Any) -> dict[str, Any]:

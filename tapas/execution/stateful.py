@@ -73,15 +73,11 @@ class StateInfo:
 
 def states_of(trace: Any) -> dict[str, StateInfo]:
     """``{placeholder op name: StateInfo}`` for the trace's non-weight variables
-    (``Trace.states``); ReconstructError when two share a path."""
+    (``Trace.states``), each named by its unique path (``Trace.state_paths``: a repeated
+    Keras path's later states get ``#k``, as weights do)."""
     out: dict[str, StateInfo] = {}
-    seen: dict[str, str] = {}
     for ph, v in getattr(trace, "states", {}).items():
-        path = getattr(v, "path", None) or v.name.split(":")[0]
-        if path in seen:
-            raise ReconstructError(f"variables '{seen[path]}' and '{ph}' of the graph share "
-                                   f"the path '{path}': name the seed generators apart")
-        seen[path] = ph
+        path = trace.state_paths[ph]
         value = np.asarray(tf.convert_to_tensor(v))
         out[ph] = StateInfo(path, ph, tuple(value.shape), value.dtype.name, value)
     return out

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas import ir
-from tapas.capturing.tracing import weights_by_path
+from tapas.capturing.tracing import states_by_path, weights_by_path
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
 from tapas.execution.optimizers import Adam
 from tapas.sharding.placements import Placement, Split
@@ -312,7 +312,7 @@ def _train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
 
 def _states_after(pm: Any) -> dict[str, Any]:
     """The seed-generator states of ``pm`` against its Keras model's (integers: equal)."""
-    by_path = {v.path: v for v in pm.model.variables}
+    by_path = states_by_path(pm.model)
     got = pm.global_states()
     bad = [p for p, v in got.items() if p not in by_path or
            not np.array_equal(v, np.asarray(by_path[p].numpy()))]
