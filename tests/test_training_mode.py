@@ -224,17 +224,39 @@ def assert_equal_to_keras(r: dict[str, Any], mode: str = "training") -> None:
     assert r["sharded"] > 0
 
 
-def test_dropout_and_batch_norm_mlp_random_plans_on_2_devices() -> None:
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    d = str(tmp_path_factory.mktemp("training2"))
+    return run_job({"devices": 2, "dir": d, "checks": ["mlp", "resume"], "seeds": [0, 1]})
+
+
+def test_dropout_and_batch_norm_mlp_random_plans_on_2_devices(two_devices: dict) -> None:
     """Random plans (SGD and Adam): equal to Keras in training mode over 3 steps, the seed
     states advanced as Keras's (4 draws: verify's first batch and 3 steps); between the
     plans, dropout activations split and batch moments over a split batch."""
-    r = ok(run_job({"devices": 2, "checks": ["mlp"], "seeds": [0, 1]})["mlp"])
+    r = ok(two_devices["mlp"])
     for label in ("random:0", "random:1"):
         assert_equal_to_keras(r[label])
         assert r[label]["states_count"] == 2
         assert [1, 4] in r[label]["state_values"].values()   # Dropout(seed=1): [1, 0] + 4 draws
     assert sum(r[k]["dropout_split"] for k in ("random:0", "random:1")) > 0
     assert sum(r[k]["moments_split"] for k in ("random:0", "random:1")) > 0
+
+
+def test_a_restored_training_mode_program_draws_the_saved_programs_next_masks(
+        two_devices: dict) -> None:
+    """Checkpoints hold the seed-generator states: a program restored from one takes the
+    same steps (same dropout masks, so the same losses and weights) as the program that
+    saved it went on to take; also when restored into another plan's layout."""
+    r = ok(two_devices["resume"])
+    assert r["how"] == "direct"
+    assert r["restored_states"] == r["states_at_save"]
+    assert len(r["states_at_save"]) == 2 and r["states_equal"]
+    np.testing.assert_allclose(r["got"], r["want"], rtol=1e-6)
+    assert r["weights_max_diff"] <= 1e-6
+    # into another plan's layout (resharded): the same states, the same steps to rounding
+    assert r["other_how"] == "resharded" and r["other_states"] == r["states_at_save"]
+    np.testing.assert_allclose(r["other_got"], r["want"], rtol=1e-5)
 
 
 @pytest.fixture(scope="module")

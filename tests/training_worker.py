@@ -11,7 +11,9 @@ Each check prints one line ``RESULT <json>``; a check that raises prints
   for odd), verified in training mode;
 * ``bert``: keras-hub's BERT classifier of ``tapas.models.corpus`` (dict inputs, dropout
   in every layer) with a dict batch, in the modes of ``JOB["modes"]``;
-* ``save``: that classifier compiled and saved as ``<dir>/bert.keras`` for ``tapas train``.
+* ``save``: that classifier compiled and saved as ``<dir>/bert.keras`` for ``tapas train``;
+* ``resume``: the MLP trained 2 steps, saved, 2 more steps; a fresh program restored from
+  the checkpoint takes the same 2 steps: losses, weights and seed states against the first.
 
 Per verified plan: the verify report (``ok`` per quantity), the audit, and what the plan
 shards of the training-mode machinery (``dropout_split``: dropout outputs split across the
@@ -81,13 +83,15 @@ def verified(pm: Any, x: Any, y: Any, steps: int) -> dict[str, Any]:
 
 
 def mlp_model() -> keras.Model:
+    """Layers named, so that a second instance in this process has the same weight paths
+    (a checkpoint of one restores into the other)."""
     inp = keras.Input((8,), name="x")
-    h = keras.layers.Dense(16)(inp)
-    h = keras.layers.Dropout(0.3, seed=1)(h)
-    h = keras.layers.BatchNormalization()(h)
-    h = keras.layers.Dense(16, activation="relu")(h)
-    h = keras.layers.Dropout(0.5)(h)
-    return keras.Model(inp, keras.layers.Dense(4)(h), name="dropout_bn_mlp")
+    h = keras.layers.Dense(16, name="dense_in")(inp)
+    h = keras.layers.Dropout(0.3, seed=1, name="dropout_seeded")(h)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.layers.Dense(16, activation="relu", name="dense_mid")(h)
+    h = keras.layers.Dropout(0.5, name="dropout")(h)
+    return keras.Model(inp, keras.layers.Dense(4, name="dense_out")(h), name="dropout_bn_mlp")
 
 
 def check_mlp() -> dict[str, Any]:
@@ -156,7 +160,45 @@ def check_save() -> dict[str, Any]:
     return {"path": path}
 
 
-CHECKS = {"mlp": check_mlp, "bert": check_bert, "save": check_save}
+def check_resume() -> dict[str, Any]:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 8)).astype("float32")
+    y = rng.standard_normal((8, 4)).astype("float32")
+    spec = tf.TensorSpec([8, 8])
+
+    def program(plan_seed: int = 3) -> Any:
+        keras.utils.set_random_seed(3)
+        model = mlp_model()
+        plan = parallel.random_plan(capturing.capture(model, spec, training=True), N,
+                                    plan_seed)
+        return parallel.parallelize(model, spec, plan, devices=N, loss=MSE, optimizer="adam")
+
+    first = program()
+    for _ in range(2):
+        first.train_step(x, y)
+    saved = first.save(os.path.join(JOB["dir"], "resume"))
+
+    def states(pm: Any) -> list:   # in program order: Keras numbers the seed generators
+        return [v.tolist() for v in pm.global_states().values()]   # of the second model on
+
+    states_at_save = states(first)
+    want = [first.train_step(x, y) for _ in range(2)]
+    second = program()
+    how = second.restore(saved)
+    restored_states = states(second)
+    got = [second.train_step(x, y) for _ in range(2)]
+    other = program(plan_seed=4)             # another layout: the checkpoint is resharded
+    other_how = other.restore(saved)
+    other_states = states(other)
+    other_got = [other.train_step(x, y) for _ in range(2)]
+    w1, w2 = first.global_weights(), second.global_weights()
+    return {"how": how, "want": want, "got": got, "states_at_save": states_at_save,
+            "other_how": other_how, "other_states": other_states, "other_got": other_got,
+            "restored_states": restored_states, "states_equal": states(first) == states(second),
+            "weights_max_diff": max(float(np.abs(w1[p] - w2[p]).max()) for p in w1)}
+
+
+CHECKS = {"mlp": check_mlp, "bert": check_bert, "save": check_save, "resume": check_resume}
 
 if __name__ == "__main__":
     run_checks(CHECKS, JOB["checks"])

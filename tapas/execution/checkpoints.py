@@ -1,8 +1,9 @@
 """Checkpoints of a :class:`tapas.execution.runtime.Runtime`: its weight shards, optimizer
-slots and step counter.
+slots, step counter and seed-generator states (training mode: the dropout seeds, so a
+restored program draws the masks the saved one would have drawn next).
 
-In:  a Runtime (its shards, slots, step counter, weight layouts, optimizer and strategy) and
-     a directory.
+In:  a Runtime (its shards, slots, step counter, seed states, weight layouts, optimizer and
+     strategy) and a directory.
 Out: :func:`save` writes one ``tf.train.Checkpoint`` file per process plus
      ``tapas-checkpoint.json`` (the layout, :func:`layout`); :func:`restore` reads them back,
      directly when the layout is the runtime's, else by reassembling every weight and slot
@@ -35,6 +36,7 @@ def _checkpoint(rt: Any) -> tf.train.Checkpoint:
         objs = {f"w{index[p]}": v for p, v in rt._vars[r].items()}
         for p, slots in rt._slots[r].items():
             objs.update({f"w{index[p]}_{k}": v for k, v in slots.items()})
+        objs.update({f"s{k}": rt.states.vars[r][p] for k, p in enumerate(rt.states.paths)})
         replicas[f"r{r}"] = tf.train.Checkpoint(**objs)
     return tf.train.Checkpoint(iterations=rt.iterations, **replicas)
 
@@ -45,7 +47,8 @@ def layout(rt: Any) -> dict[str, Any]:
             "optimizer": dataclasses.asdict(rt.optimizer) | {"name": rt.optimizer.name},
             "weights": [{"path": s.path, "shape": list(s.global_shape),
                          "placement": str(s.placement), "trainable": s.trainable,
-                         "dtype": s.dtype} for s in rt.specs.values()]}
+                         "dtype": s.dtype} for s in rt.specs.values()],
+            "states": list(rt.states.paths)}
 
 
 def save(rt: Any, path: str) -> str:
@@ -96,6 +99,7 @@ def restore(rt: Any, path: str) -> str:
             and meta["optimizer"]["name"] == rt.optimizer.name
             and all(old[p]["placement"] == str(rt.specs[p].placement) for p in rt.paths)
             and [w["path"] for w in meta["weights"]] == rt.paths
+            and len(meta.get("states", [])) == len(rt.states.paths)
             and os.path.exists(os.path.join(path, f"task{rt.task_id}.index")))
     if same:
         _checkpoint(rt).read(os.path.join(path, f"task{rt.task_id}")) \
@@ -141,5 +145,32 @@ def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
             for s in rt.optimizer.slot_names:
                 slots[s][w["path"]] = read(k, f"_{s}", w["placement"])
     rt.set_global_weights(values, slots)
+    values = {}
+    for k, p in _state_order(rt, meta, path).items():
+        key = next((key for r in range(n_old)   # replicated: any replica's copy
+                    if (key := f"r{r}/s{k}/.ATTRIBUTES/VARIABLE_VALUE") in keys), None)
+        if key is None:
+            raise ValueError(f"checkpoint {path} lacks seed state s{k} ('{p}'): a worker's "
+                             "file is missing")
+        values[p] = keys[key].get_tensor(key)
+    rt.states.set_values(values)
     step_key = "iterations/.ATTRIBUTES/VARIABLE_VALUE"
     rt.iterations.assign(int(keys[step_key].get_tensor(step_key)) if step_key in keys else 0)
+
+
+def _state_order(rt: Any, meta: Mapping[str, Any], path: str) -> dict[int, str]:
+    """``{index in the checkpoint: this runtime's state path}``. Seed states are matched by
+    order when their paths differ: Keras numbers unnamed seed generators per process
+    (``seed_generator_4``), so a second instance of a model in one process has other state
+    paths in the same order. A checkpoint without states (an inference-mode program's)
+    leaves them as they are."""
+    old, new = list(meta.get("states", [])), rt.states.paths
+    if not old or not new:
+        return {}
+    if sorted(old) == sorted(new):
+        return {k: p for k, p in enumerate(old)}
+    if len(old) == len(new):
+        return dict(enumerate(new))
+    raise ValueError(f"checkpoint {path} holds {len(old)} seed states ({old[:3]}), this "
+                     f"program reads {len(new)} ({new[:3]}): it was written for a model "
+                     "with other dropout layers; restore it into the same architecture")
