@@ -2,7 +2,7 @@
 
     python scripts/equivalence.py [--models=corpus,zoo | NAME,...] [--devices=2,4]
         [--seeds=0,1,2] [--nosearched] [--levels=sim,runtime] [--checker]
-        [--optimizer=sgd|adam] [--cases=JSON]
+        [--optimizer=sgd|adam] [--modes=inference,training] [--cases=JSON]
         [--timeout=900] [--json_out=out/equivalence.json]
 
 Models: zoo presets (``tapas.models``: t5-tiny, t5-tiny-masked, moe-tiny, resnet-tiny,
@@ -25,6 +25,20 @@ collective poisons its process), with a timeout. Levels:
   crossentropy on 10 classes; keras-hub: mean squared error against random targets). A
   model whose input structure the runtime does not take yet (keras-hub's dict inputs) is
   reported as ``input-structure unsupported`` with the runtime's message, not hidden.
+
+``--modes``: the graph each case runs. ``inference`` (the default): the plan is made on the
+inference capture and both levels run it. ``training``: the plan is made on the
+training-mode capture (dropout drawing its masks, batch norm updating its moving
+statistics) and the runtime level runs ``tapas.parallelize(..., training=True)``, verified
+against ``model(x, training=True)`` from the same seed-generator states (the simulated
+level runs inference graphs only, so it is skipped).
+
+A runtime case whose outputs and loss are equal but whose gradients are not is measured
+against Keras's own float32 error on the worst gradient (the model rebuilt in float32 and
+float64 from the same variables): where the parallel program is closer to Keras than
+Keras is to exact arithmetic, the case is reported as ``float32 noise`` (counted equal,
+listed apart). Batch norm in training mode over a handful of examples makes gradients
+ill-conditioned enough for this (keras-mobilenet on a batch of the corpus).
 
 ``--checker`` also runs the pattern checker (``check_node_patterns``) on each model once per
 device count. Prints a table and writes JSON.
@@ -54,6 +68,7 @@ flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of the random plans.")
 flags.DEFINE_bool("searched", True, "Also run the searched strategy.")
 flags.DEFINE_list("levels", ["sim", "runtime"], "sim, runtime.")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer of the runtime level.")
+flags.DEFINE_list("modes", ["inference"], "inference, training: the graph each case runs.")
 flags.DEFINE_bool("checker", False, "Also run the pattern checker per model and N.")
 flags.DEFINE_bool("slow", False, "Include corpus entries marked slow (NASNet).")
 flags.DEFINE_integer("timeout", 900, "Seconds per case process.")
@@ -75,11 +90,11 @@ def _build(name: str) -> dict[str, Any]:
         e = models.get(name)
         xs, y = e.synthetic_batch()
         return {"model": e.build(seed=0), "specs": list(e.input_spec()), "loss": e.keras_loss(),
-                "xs": list(xs), "y": y, "library": "zoo"}
+                "xs": list(xs), "y": y, "library": "zoo", "name": name}
     from tapas.models import corpus
     entry = corpus.get(name)
     model, specs = entry.build()
-    out = {"model": model, "specs": specs, "library": entry.library, "y": None}
+    out = {"model": model, "specs": specs, "library": entry.library, "y": None, "name": name}
     rng = np.random.default_rng(1)
     shape = [corpus.SEQ if d is None else int(d) for d in model.outputs[0].shape[1:]] \
         if len(model.outputs) == 1 else None
@@ -142,9 +157,10 @@ def _sim(built: dict[str, Any], trace: Any, graph: Any, plan: Any) -> dict[str, 
     return out
 
 
-def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str) -> dict[str, Any]:
-    """tapas.parallelize on N devices, ParallelModel.verify against Keras and the collective
-    audit of the training step against the plan's prediction."""
+def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str,
+             training: bool) -> dict[str, Any]:
+    """tapas.parallelize on N devices in the given mode, ParallelModel.verify against Keras
+    and the collective audit of the training step against the plan's prediction."""
     import tapas
     if built.get("loss") is None:
         return {"status": "not run: the runtime trains one model output"}
@@ -153,10 +169,11 @@ def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str) -> dict[s
         from tapas.execution import checker
         graph = tapas.capture(built["model"], built["specs"])
         xs = _keras_inputs(built, graph, checker.synthetic_inputs(graph))
+    initial = [v.numpy() for v in built["model"].variables]
     try:
-        # the plan was made on the inference graph (run_case's capture)
+        # the plan was made on run_case's capture, in the same mode
         pm = tapas.parallelize(built["model"], built["specs"], plan, devices=n,
-                               loss=built["loss"], optimizer=optimizer, training=False)
+                               loss=built["loss"], optimizer=optimizer, training=training)
         report = pm.verify(xs, built["y"], steps=2)
         audit = pm.audit()
     except Exception as e:  # noqa: BLE001 -- classified and reported, never hidden
@@ -166,8 +183,52 @@ def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str) -> dict[s
         return {"status": "error", "error": msg[:2000]}
     keys = ("outputs", "loss", "gradients", "weights")
     ok = report["ok"] and audit.matches
-    return {"status": "ok" if ok else "MISMATCH", "audit_matches": audit.matches,
-            **{k: report[k]["max_abs_diff"] for k in keys}}
+    out = {"status": "ok" if ok else "MISMATCH", "audit_matches": audit.matches,
+           **{k: report[k]["max_abs_diff"] for k in keys}}
+    grads = report["gradients"]
+    if not grads["ok"] and report["outputs"]["ok"] and report["loss"]["ok"]:
+        noise = _float32_noise(built, initial, xs, training, grads["worst"])
+        out.update(keras_f32_noise=noise, worst_gradient=grads["worst"])
+        if audit.matches and grads["max_abs_diff"] <= noise:
+            out["status"] = "float32 noise"
+    return out
+
+
+def _float32_noise(built: dict[str, Any], initial: list, xs: Any, training: bool,
+                   path: str) -> float:
+    """How far Keras's own float32 gradient of weight ``path`` is from exact arithmetic:
+    the model built again in float32 and in float64 from the same weights and variables
+    (seed states included), the same batch and mode; the largest difference of that
+    gradient. A parallel program whose gradient differs from Keras's by no more than this
+    differs by rounding (ill-conditioned gradients: batch norm over a few examples in
+    training mode amplifies it). In training mode both draw dropout from the same seed
+    states, but uniform draws in float64 are not those in float32: a mask may differ where
+    a draw falls next to the rate (rare at MobileNet's 1e-3; the case's note says so)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from tapas.capturing.tracing import weights_by_path
+    grads = {}
+    policy = keras.config.dtype_policy()
+    try:
+        for dtype in ("float32", "float64"):
+            keras.config.set_dtype_policy(dtype)
+            keras.utils.set_random_seed(0)
+            model = _build(built["name"])["model"]
+            for v, a in zip(model.variables, initial):
+                v.assign(a.astype(dtype) if np.issubdtype(a.dtype, np.floating) else a)
+            x = tf.nest.map_structure(
+                lambda a: a.astype(dtype) if np.issubdtype(a.dtype, np.floating) else a, xs)
+            target = tf.constant(built["y"]) if not np.issubdtype(
+                np.asarray(built["y"]).dtype, np.floating) else tf.constant(built["y"], dtype)
+            with tf.GradientTape() as tape:
+                loss = built["loss"](target, model(x, training=training))
+            g = tape.gradient(loss, weights_by_path(model)[path])
+            grads[dtype] = np.asarray(g, np.float64)
+            keras.backend.clear_session()
+    finally:
+        keras.config.set_dtype_policy(policy)
+    return float(np.abs(grads["float32"] - grads["float64"]).max())
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +240,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     from tapas import capturing
     keras.utils.set_random_seed(0)
     built = _build(case["model"])
-    trace = capturing.trace(built["model"], built["specs"])
+    training = case.get("mode", "inference") == "training"
+    trace = capturing.trace(built["model"], built["specs"], training=training)
     graph = capturing.to_ir(trace)
     if case["plan"] == "checker":
         from tapas.execution import checker, verify
@@ -190,13 +252,14 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     plan, note = _plan(graph, n, case["plan"])
     result: dict[str, Any] = {"note": note, "ok": True, "sharded": sum(
         1 for p in plan.patterns.values() if getattr(p, "name", "") != "replicate")}
-    if "sim" in case["levels"]:
+    if "sim" in case["levels"] and not training:
         result["sim"] = _sim(built, trace, graph, plan)
         result["ok"] = result["ok"] and result["sim"]["ok"]
     if "runtime" in case["levels"]:
-        result["runtime"] = _runtime(built, plan, n, case.get("optimizer", "sgd"))
+        result["runtime"] = _runtime(built, plan, n, case.get("optimizer", "sgd"), training)
         result["ok"] = result["ok"] and result["runtime"]["status"] in (
-            "ok", "input-structure unsupported", "not run: the runtime trains one model output")
+            "ok", "float32 noise", "input-structure unsupported",
+            "not run: the runtime trains one model output")
     return result
 
 
@@ -218,12 +281,15 @@ def _models() -> list[str]:
 def _cases() -> list[dict[str, Any]]:
     """``--cases``, or the matrix: device counts x models x (checker,) searched, seeds."""
     if FLAGS.cases:
-        return [dict(c, levels=c.get("levels", FLAGS.levels)) for c in json.loads(FLAGS.cases)]
+        given = json.loads(FLAGS.cases)   # a case without a mode runs in each of --modes
+        return [dict(c, levels=c.get("levels", FLAGS.levels), mode=c.get("mode", m))
+                for c in given for m in ([None] if "mode" in c else FLAGS.modes)]
     plans = (["checker"] if FLAGS.checker else []) + (["searched"] if FLAGS.searched else []) \
         + [f"random:{s}" for s in FLAGS.seeds]
     return [{"model": m, "devices": n, "plan": p, "levels": FLAGS.levels,
-             "optimizer": FLAGS.optimizer}
-            for n in map(int, FLAGS.devices) for m in _models() for p in plans]
+             "optimizer": FLAGS.optimizer, "mode": mode}
+            for mode in FLAGS.modes for n in map(int, FLAGS.devices) for m in _models()
+            for p in plans]
 
 
 def _spawn(case: dict[str, Any]) -> dict[str, Any]:
@@ -248,7 +314,7 @@ def _spawn(case: dict[str, Any]) -> dict[str, Any]:
 def _row(case: dict[str, Any], r: dict[str, Any]) -> str:
     """One line of the table."""
     head = (f"{case['devices']:>2} {case['model']:<24} {case['plan']:<9} "
-            f"{r.get('sharded', ''):>4}")
+            f"{case.get('mode', 'inference')[:5]:<5} {r.get('sharded', ''):>4}")
     if "error" in r:
         return f"{head} ERROR {r['error'][-160:]!r}"
     if case["plan"] == "checker":
@@ -258,6 +324,9 @@ def _row(case: dict[str, Any], r: dict[str, Any]) -> str:
     sim_s = (f"sim {'ok' if sim['ok'] else 'FAIL'} keras "
              f"{sim.get('keras_diff', float('nan')):.1e}") if sim else "sim -"
     rt_s = f"runtime {rt.get('status', '-')}"
+    if "keras_f32_noise" in rt:
+        rt_s += (f" [worst gradient '{rt['worst_gradient']}': Keras's own float32 error "
+                 f"{rt['keras_f32_noise']:.1e}]")
     if "gradients" in rt:
         rt_s += (f" (out {rt['outputs']:.1e} grad {rt['gradients']:.1e} w {rt['weights']:.1e}"
                  f" audit {'=' if rt['audit_matches'] else 'DIFF'})")
@@ -277,7 +346,9 @@ def main(argv: list[str]) -> None:
         rows.append({"case": case, "result": r})
         print(_row(case, r), flush=True)
     failed = [x for x in rows if not x["result"].get("ok")]
-    print(f"\n{len(rows)} cases, {len(rows) - len(failed)} ok, {len(failed)} failed")
+    noise = [x for x in rows if x["result"].get("runtime", {}).get("status") == "float32 noise"]
+    print(f"\n{len(rows)} cases, {len(rows) - len(failed)} ok ({len(noise)} of them beyond "
+          f"the tolerance by less than Keras's own float32 error), {len(failed)} failed")
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json_out)), exist_ok=True)
     with open(FLAGS.json_out, "w") as f:
         json.dump(rows, f, indent=1, default=str)
