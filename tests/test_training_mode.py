@@ -142,7 +142,10 @@ def test_seed_states_sharing_a_keras_path_are_told_apart() -> None:
 @pytest.mark.parametrize("n", [2, 4])
 def test_random_plans_on_simulated_shards_equal_one_device(n: int) -> None:
     """Random plans over the training graph on N simulated shards: outputs, gradients and
-    every variable write equal one device, with the dropout activation split in some."""
+    every variable write equal one device, with the dropout activation split in some; the
+    collectives run are the predicted ones (none in the backward pass for a slice of batch
+    norm's StopGradient of the mean, whose gradient TensorFlow drops)."""
+    from tapas.execution import audit
     trace = capturing.trace(mlp(), SPEC, training=True)
     graph = capturing.to_ir(trace)
     split_dropout = 0
@@ -152,6 +155,8 @@ def test_random_plans_on_simulated_shards_equal_one_device(n: int) -> None:
         writes = [d.what for d in cmp.differences if d.what.startswith("write")]
         assert len(writes) == 3, writes
         assert cmp.ok(), cmp.worst
+        assert not audit.compare_audit(cmp.audit, audit.program_comms(
+            reconstruct.Program(trace, graph, plan), input_gradients=True))
         got = checker.check_plan(trace, graph, plan, [batch()])
         assert got["ok"] and got["sharded"] > 0, got
         split_dropout += sum(1 for node in graph.nodes for op in node.ops
@@ -159,6 +164,25 @@ def test_random_plans_on_simulated_shards_equal_one_device(n: int) -> None:
                                  plan.pattern(node).tensors.get(op.outputs[0].name, "R"))
                              .startswith("S"))
     assert split_dropout > 0
+
+
+def test_a_split_read_of_the_stopped_batch_mean_runs_no_backward_gather() -> None:
+    """Random plan 15 on 2 shards reads batch norm's StopGradient of the mean split: the
+    forward slices it and TensorFlow drops its gradient, so no backward all-gather may run
+    (it did, outside the prediction, when the replayed StopGradient was on the tape)."""
+    from tapas.execution import audit
+    from tapas.sharding.placements import Split, parse_placement
+    trace = capturing.trace(mlp(), SPEC, training=True)
+    graph = capturing.to_ir(trace)
+    plan = parallel.random_plan(graph, 2, 15)
+    stopped = [t.name for n in graph.nodes for op in n.ops if op.type == "StopGradient"
+               for t in op.outputs]
+    assert any(isinstance(parse_placement(p), Split) for n in graph.nodes
+               for t, p in zip(n.inputs, plan.pattern(n).inputs) if t.name in stopped)
+    cmp = verify.compare_with_single_device(trace, graph, plan, [batch()])
+    assert cmp.ok(), cmp.worst
+    assert not audit.compare_audit(cmp.audit, audit.program_comms(
+        reconstruct.Program(trace, graph, plan), input_gradients=True))
 
 
 class _Counter(keras.layers.Layer):

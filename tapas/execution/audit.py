@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from tapas import ir
@@ -110,10 +110,11 @@ class AuditReport:
 
 
 def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
-                        input_gradients: bool = False) -> list:
+                        input_gradients: bool | Collection[str] = False) -> list:
     """The ``tapas.sharding.placements.Comm`` s a training step of ``strategy`` (a Strategy
     or a Plan) runs on ``graph`` (see the module docstring); with ``input_gradients``, the
-    gradients with respect to the float graph inputs are computed too."""
+    gradients with respect to the float graph inputs are computed too (or to the inputs
+    it names: ``tapas.execution.gradients.gradient_flow``)."""
     plan = strategy if isinstance(strategy, Plan) else None
     if plan is None:
         plan = Plan(strategy.num_devices,
@@ -135,7 +136,7 @@ def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
 
 
 def program_comms(prog: Any, strategy: Any = None, *,
-                  input_gradients: bool = False) -> list[CommRecord]:
+                  input_gradients: bool | Collection[str] = False) -> list[CommRecord]:
     """:func:`predicted_comm_list` of a ``tapas.execution.reconstruct.Program`` (its plan, or
     the Strategy it was built from, with the Strategy's resharding edges), as the
     ``CommRecord`` s its ``Audit`` records (compare them with :func:`compare_audit`)."""

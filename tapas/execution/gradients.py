@@ -17,7 +17,7 @@ that the program never runs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from tapas import ir
 
@@ -81,13 +81,17 @@ def _backward(graph: ir.Graph, order: Sequence[ir.OpInfo]) -> set[str]:
     return reached
 
 
-def gradient_flow(graph: ir.Graph, *, input_gradients: bool = False) -> GradientFlow:
+def gradient_flow(graph: ir.Graph, *,
+                  input_gradients: bool | Collection[str] = False) -> GradientFlow:
     """The gradient flow of a training step over ``graph``: sources are the trainable
-    weights, and the float graph inputs too when ``input_gradients``."""
+    weights, and the float graph inputs too when ``input_gradients`` is True (or the graph
+    inputs it names, when it is a collection of tensor names)."""
     order = _topological([op for node in graph.nodes for op in node.ops])
     sources = {w.placeholder + ":0" for w in graph.weights if w.trainable}
-    if input_gradients:
+    if input_gradients is True:
         sources |= {t.name for t in graph.inputs if t.dtype.startswith("float")}
+    elif input_gradients:
+        sources |= set(input_gradients)
     forward, backward = _forward(order, sources), _backward(graph, order)
     needed = {name for name in forward if name in backward}
     needed |= {w.path for w in graph.weights if w.trainable and w.placeholder + ":0" in needed}

@@ -62,7 +62,11 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
         raise ReplayError(f"cannot re-create op '{op.name}' ({op.type}) on inputs of shapes "
                           f"{shapes}: {err}") from err
     outputs = list(new_op.outputs)
-    if _execute.must_record_gradient():
+    # a StopGradient is left off the tape: its output then counts as a constant, so the
+    # collectives applied to it downstream (a slice of batch norm's stopped mean for a
+    # split reader) record no backward half that would carry a gradient the StopGradient
+    # drops anyway (the audit's prediction leaves those out: tapas.execution.gradients)
+    if op.type != "StopGradient" and _execute.must_record_gradient():
         flat: list[Any] = []
         for key in attrs:
             flat.extend((key, new_op.get_attr(key)))

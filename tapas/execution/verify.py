@@ -23,6 +23,7 @@ import tensorflow as tf
 from tapas import ir
 from tapas.capturing.tracing import states_by_path, weights_by_path
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
+from tapas.execution.gradients import NO_GRADIENT
 from tapas.execution.optimizers import Adam
 from tapas.sharding.placements import Placement, Split
 
@@ -98,7 +99,8 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
     arrays = tuple(np.asarray(x) for x in inputs)
     case = _Case(prog, values, paths,
                  tuple(p for p in paths if prog.weight_layouts[p].trainable), arrays,
-                 tuple(k for k, x in enumerate(arrays) if x.dtype.kind == "f"),
+                 tuple(k for k, x in enumerate(arrays) if x.dtype.kind == "f"
+                       and not stopped(trace, graph.inputs[k].name)),
                  tuple(rng.standard_normal(t.shape).astype(t.dtype)
                        if t.dtype.startswith("float") else None for t in graph.outputs))
     audit = Audit()
@@ -334,6 +336,16 @@ def _weights_after(pm: Any, ref_g: Mapping[str, np.ndarray], noise: float) -> di
 
 
 # ---- the pattern checker's tools (tests/test_pattern_checker.py) ----------------------
+
+def stopped(trace: Any, name: str) -> bool:
+    """Whether tensor ``name`` of the traced graph is made by an op that passes no gradient
+    back (batch norm's StopGradient of the mean): a GraphNode checked on its own gets it as
+    an input whose gradient the model never computes, so it is not compared."""
+    try:
+        return trace.graph.get_tensor_by_name(name).op.type in NO_GRADIENT
+    except (KeyError, ValueError):
+        return False
+
 
 def node_graph(graph: ir.Graph, node_id: int) -> ir.Graph:
     """GraphNode ``node_id`` as a graph of its own: its inputs are the graph inputs, its
