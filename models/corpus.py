@@ -51,10 +51,11 @@ class CorpusEntry:
     dict_inputs: bool = False
     slow: bool = False      # minutes, not seconds, through the pipeline: left out of the CI slice
 
-    def build(self) -> tuple[keras.Model, Any]:
+    def build(self, batch: int = BATCH) -> tuple[keras.Model, Any]:
+        """The model and its input specs with ``batch`` examples (default :data:`BATCH`)."""
         keras.utils.set_random_seed(0)
         model = self.builder()
-        specs = [tf.TensorSpec([BATCH, *[d if d is not None else SEQ for d in i.shape[1:]]],
+        specs = [tf.TensorSpec([batch, *[d if d is not None else SEQ for d in i.shape[1:]]],
                                i.dtype, name=_input_name(i)) for i in model.inputs]
         if self.dict_inputs:
             return model, {s.name: s for s in specs}

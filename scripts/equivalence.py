@@ -35,9 +35,10 @@ level runs inference graphs only, so it is skipped).
 
 A runtime case whose outputs and loss are equal but whose gradients are not is measured
 against Keras's own float32 error on the worst gradient (the model rebuilt in float32 and
-float64 from the same variables): where the parallel program is closer to Keras than
-Keras is to exact arithmetic, the case is reported as ``float32 noise`` (counted equal,
-listed apart). Batch norm in training mode over a handful of examples makes gradients
+float64 from the same variables and, in training mode, the same dropout masks): where
+the parallel program is within twice Keras's distance from exact arithmetic (two float32
+programs each that far from exact may differ by twice it), the case is reported as
+``float32 noise`` (counted equal, listed apart). Batch norm in training mode over a handful of examples makes gradients
 ill-conditioned enough for this (keras-mobilenet on a batch of the corpus).
 
 ``--checker`` also runs the pattern checker (``check_node_patterns``) on each model once per
@@ -46,11 +47,13 @@ device count. Prints a table and writes JSON.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from absl import app, flags
@@ -58,6 +61,10 @@ from absl import app, flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# batch norm in training mode over corpus.BATCH = 2 examples at 32x32 (1x1 maps at the end)
+# is so ill-conditioned that Keras's own float32 gradients of DenseNet differ from float64
+# by 2e10; at 8 examples by 0.6 % of the largest gradient
+TRAINING_BATCH = 8
 ZOO = ("t5-tiny", "t5-tiny-masked", "moe-tiny", "resnet-tiny", "bert-tiny", "llama-tiny")
 UNSUPPORTED_INPUTS = ("inputs, the model takes", "structure of `inputs`",
                       "doesn't match the expected structure")
@@ -69,6 +76,8 @@ flags.DEFINE_bool("searched", True, "Also run the searched strategy.")
 flags.DEFINE_list("levels", ["sim", "runtime"], "sim, runtime.")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer of the runtime level.")
 flags.DEFINE_list("modes", ["inference"], "inference, training: the graph each case runs.")
+flags.DEFINE_integer("batch", 0, "Batch of the corpus models (0: corpus.BATCH in inference "
+                     "mode, TRAINING_BATCH in training mode).")
 flags.DEFINE_bool("checker", False, "Also run the pattern checker per model and N.")
 flags.DEFINE_bool("slow", False, "Include corpus entries marked slow (NASNet).")
 flags.DEFINE_integer("timeout", 900, "Seconds per case process.")
@@ -81,8 +90,9 @@ FLAGS = flags.FLAGS
 
 # ---- one case, in its own process ------------------------------------------------------------
 
-def _build(name: str) -> dict[str, Any]:
-    """The model, its input specs, its loss and a batch (or None where it has no loss)."""
+def _build(name: str, batch: int | None = None) -> dict[str, Any]:
+    """The model, its input specs, its loss and a batch (or None where it has no loss);
+    ``batch``: the corpus models' batch size (default ``corpus.BATCH``)."""
     import keras
     import numpy as np
     from tapas import models
@@ -93,17 +103,19 @@ def _build(name: str) -> dict[str, Any]:
                 "xs": list(xs), "y": y, "library": "zoo", "name": name}
     from tapas.models import corpus
     entry = corpus.get(name)
-    model, specs = entry.build()
-    out = {"model": model, "specs": specs, "library": entry.library, "y": None, "name": name}
+    batch = batch or corpus.BATCH
+    model, specs = entry.build(batch)
+    out = {"model": model, "specs": specs, "library": entry.library, "y": None, "name": name,
+           "batch": batch}
     rng = np.random.default_rng(1)
     shape = [corpus.SEQ if d is None else int(d) for d in model.outputs[0].shape[1:]] \
         if len(model.outputs) == 1 else None
     if entry.library == "keras.applications":
         out.update(loss=keras.losses.SparseCategoricalCrossentropy(),
-                   y=rng.integers(0, 10, size=(corpus.BATCH,)))
+                   y=rng.integers(0, 10, size=(batch,)))
     elif shape is not None:
         out.update(loss=keras.losses.MeanSquaredError(),
-                   y=rng.standard_normal([corpus.BATCH, *shape]).astype("float32"))
+                   y=rng.standard_normal([batch, *shape]).astype("float32"))
     return out
 
 
@@ -186,49 +198,82 @@ def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str,
     out = {"status": "ok" if ok else "MISMATCH", "audit_matches": audit.matches,
            **{k: report[k]["max_abs_diff"] for k in keys}}
     grads = report["gradients"]
-    if not grads["ok"] and report["outputs"]["ok"] and report["loss"]["ok"]:
-        noise = _float32_noise(built, initial, xs, training, grads["worst"])
-        out.update(keras_f32_noise=noise, worst_gradient=grads["worst"])
-        if audit.matches and grads["max_abs_diff"] <= noise:
+    if not ok and report["states"]["ok"] and grads["worst"] is not None:
+        out_noise, grad_noise = _float32_noise(built, initial, xs, training, grads["worst"])
+        out.update(keras_f32_noise=grad_noise, keras_f32_output_noise=out_noise,
+                   worst_gradient=grads["worst"])
+        # two float32 programs, each as far from exact arithmetic as Keras is, may differ
+        # from each other by up to twice that
+        if audit.matches and (report["outputs"]["ok"] or
+                              report["outputs"]["max_abs_diff"] <= 2 * out_noise) \
+                and grads["max_abs_diff"] <= 2 * grad_noise:
             out["status"] = "float32 noise"
     return out
 
 
+@contextlib.contextmanager
+def _float32_masks(active: bool) -> Iterator[None]:
+    """While active, Keras's dropout (TensorFlow backend) draws its keep mask in float32
+    whatever the input's dtype, and applies it in the input's dtype: a float64 model then
+    drops exactly the units its float32 twin drops from the same seed (uniform draws in
+    float64 are other numbers)."""
+    if not active:
+        yield
+        return
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import random as tf_random
+    original = tf_random.dropout
+
+    def dropout(inputs: Any, rate: float, noise_shape: Any = None, seed: Any = None) -> Any:
+        ones = tf.ones(tf.shape(inputs), tf.float32)
+        mask = original(ones, rate, noise_shape=noise_shape, seed=seed)
+        return inputs * tf.cast(mask, inputs.dtype)
+
+    tf_random.dropout = dropout
+    try:
+        yield
+    finally:
+        tf_random.dropout = original
+
+
 def _float32_noise(built: dict[str, Any], initial: list, xs: Any, training: bool,
-                   path: str) -> float:
-    """How far Keras's own float32 gradient of weight ``path`` is from exact arithmetic:
-    the model built again in float32 and in float64 from the same weights and variables
-    (seed states included), the same batch and mode; the largest difference of that
-    gradient. A parallel program whose gradient differs from Keras's by no more than this
+                   path: str) -> tuple[float, float]:
+    """How far Keras's own float32 outputs and gradient of weight ``path`` are from exact
+    arithmetic: the model built again in float32 and in float64 from the same weights and
+    variables (seed states included), the same batch and mode; the largest difference of
+    the outputs and of that gradient. A parallel program whose gradient differs from Keras's by no more than this
     differs by rounding (ill-conditioned gradients: batch norm over a few examples in
     training mode amplifies it). In training mode both draw dropout from the same seed
-    states, but uniform draws in float64 are not those in float32: a mask may differ where
-    a draw falls next to the rate (rare at MobileNet's 1e-3; the case's note says so)."""
+    states, the float64 model its masks in float32 (:func:`_float32_masks`), so both drop
+    the same units."""
     import keras
     import numpy as np
     import tensorflow as tf
     from tapas.capturing.tracing import weights_by_path
-    grads = {}
+    grads, outs = {}, {}
     policy = keras.config.dtype_policy()
     try:
         for dtype in ("float32", "float64"):
             keras.config.set_dtype_policy(dtype)
             keras.utils.set_random_seed(0)
-            model = _build(built["name"])["model"]
+            model = _build(built["name"], built.get("batch"))["model"]
             for v, a in zip(model.variables, initial):
                 v.assign(a.astype(dtype) if np.issubdtype(a.dtype, np.floating) else a)
             x = tf.nest.map_structure(
                 lambda a: a.astype(dtype) if np.issubdtype(a.dtype, np.floating) else a, xs)
             target = tf.constant(built["y"]) if not np.issubdtype(
                 np.asarray(built["y"]).dtype, np.floating) else tf.constant(built["y"], dtype)
-            with tf.GradientTape() as tape:
-                loss = built["loss"](target, model(x, training=training))
+            with tf.GradientTape() as tape, _float32_masks(dtype == "float64"):
+                got = model(x, training=training)
+                loss = built["loss"](target, got)
+            outs[dtype] = [np.asarray(o, np.float64) for o in tf.nest.flatten(got)]
             g = tape.gradient(loss, weights_by_path(model)[path])
             grads[dtype] = np.asarray(g, np.float64)
             keras.backend.clear_session()
     finally:
         keras.config.set_dtype_policy(policy)
-    return float(np.abs(grads["float32"] - grads["float64"]).max())
+    out_noise = max(float(np.abs(a - b).max()) for a, b in zip(outs["float32"], outs["float64"]))
+    return out_noise, float(np.abs(grads["float32"] - grads["float64"]).max())
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
@@ -239,8 +284,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     import keras
     from tapas import capturing
     keras.utils.set_random_seed(0)
-    built = _build(case["model"])
     training = case.get("mode", "inference") == "training"
+    built = _build(case["model"], case.get("batch") or (TRAINING_BATCH if training else None))
     trace = capturing.trace(built["model"], built["specs"], training=training)
     graph = capturing.to_ir(trace)
     if case["plan"] == "checker":
@@ -287,7 +332,7 @@ def _cases() -> list[dict[str, Any]]:
     plans = (["checker"] if FLAGS.checker else []) + (["searched"] if FLAGS.searched else []) \
         + [f"random:{s}" for s in FLAGS.seeds]
     return [{"model": m, "devices": n, "plan": p, "levels": FLAGS.levels,
-             "optimizer": FLAGS.optimizer, "mode": mode}
+             "optimizer": FLAGS.optimizer, "mode": mode, "batch": FLAGS.batch}
             for mode in FLAGS.modes for n in map(int, FLAGS.devices) for m in _models()
             for p in plans]
 
@@ -325,8 +370,8 @@ def _row(case: dict[str, Any], r: dict[str, Any]) -> str:
              f"{sim.get('keras_diff', float('nan')):.1e}") if sim else "sim -"
     rt_s = f"runtime {rt.get('status', '-')}"
     if "keras_f32_noise" in rt:
-        rt_s += (f" [worst gradient '{rt['worst_gradient']}': Keras's own float32 error "
-                 f"{rt['keras_f32_noise']:.1e}]")
+        rt_s += (f" [Keras's own float32 error: outputs {rt['keras_f32_output_noise']:.1e}, "
+                 f"worst gradient '{rt['worst_gradient']}' {rt['keras_f32_noise']:.1e}]")
     if "gradients" in rt:
         rt_s += (f" (out {rt['outputs']:.1e} grad {rt['gradients']:.1e} w {rt['weights']:.1e}"
                  f" audit {'=' if rt['audit_matches'] else 'DIFF'})")
