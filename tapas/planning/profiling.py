@@ -1,0 +1,507 @@
+"""``tapas profile``: measure this machine's collectives and compute, fit the cost model.
+
+In:  a device count W (logical CPU devices, or the GPUs when at least W are present:
+     ``tapas.execution.devices.make_strategy``), message sizes, repeats.
+Out: a :class:`Profile`: one row per (primitive, size) measured, the fits of
+     ``tapas.planning.calibrate`` (alpha', beta, epsilon per primitive with R^2), the
+     achieved matmul and convolution FLOP/s, the measured gamma, and the profiled
+     ``Cluster`` (``Profile.save`` writes the cluster file ``tapas search --cluster=...``
+     reads, with the measurements under ``"profile"``; ``Profile.plot`` the residual PNG).
+
+What is timed is what the runtime launches: each primitive goes through
+``tapas.execution.collectives.ReplicaContextCollectives`` inside
+``MirroredStrategy.run`` in a ``tf.function``, as a reconstructed program's collectives do:
+
+- all-reduce (AR): every replica holds N bytes;
+- all-gather (AG): every replica holds N / W, N gathered;
+- reduce-scatter (RS): every replica holds N, keeps N / W; the runtime runs it as an
+  all-reduce and a local slice (no CPU kernel for a reduce-scatter in TF 2.21);
+- all-to-all (A2A): every replica's buffer is N; the runtime runs it as an all-gather of
+  every buffer and a local slice (``ReplicaContext`` has no all-to-all).
+
+N is the cost model's message size (``tapas.planning.cost``), so the fitted epsilon of RS
+and A2A carries the extra traffic of those implementations.
+
+One call of a ``tf.function`` costs a fixed dispatch time (milliseconds under
+MirroredStrategy) that a training step pays once, whatever its plan; it is not a
+collective's cost. Each point is therefore timed as a chain: one function runs k
+collectives one after the other (each waits on the previous one's output by a control
+dependency, no data is copied between them), another runs one, and the time of one
+collective is the median over repeats of (t_k - t_1) / (k - 1), the two calls interleaved
+so that load drifts hit both. k is 8 for messages up to 256 KiB, 4 up to 2 MiB and 2 above.
+
+Compute: an n x n float32 matmul per replica, all replicas at once (the devices of a step
+compute together; logical CPU devices share the cores), FLOP/s per device, the cluster's
+``device_peak_flops``; alone on one device and a 3x3 convolution for the record.
+
+gamma: an all-reduce alone, a chain of matmuls alone (sized to take about as long), and
+both in one function with no dependency between them (as a backward all-reduce runs beside
+the weight-gradient matmul); gamma = (both - compute) / all-reduce, each less an empty
+call (``tapas.planning.calibrate.fit_gamma``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import re
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tapas.execution.collectives import Audit, ReplicaContextCollectives
+from tapas.execution.devices import make_strategy
+from tapas.planning.calibrate import (CollectiveFit, GammaFit, fit_collectives, fit_gamma,
+                                      profiled_cluster)
+from tapas.planning.cluster import Cluster
+from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
+from tapas.sharding.placements import Collective
+
+__all__ = ["profile", "Profile", "parse_sizes", "DEFAULT_SIZES", "PRIMITIVES"]
+
+KIB, MIB = 1024, 1024 * 1024
+#: 1 KiB to 16 MiB by factors of 4 (8 sizes)
+DEFAULT_SIZES: tuple[int, ...] = tuple(KIB * 4 ** i for i in range(8))
+PRIMITIVES: tuple[Collective, ...] = (Collective.ALL_REDUCE, Collective.ALL_GATHER,
+                                      Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
+_UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "mib": MIB,
+          "g": 1024 * MIB, "gb": 1024 * MIB, "gib": 1024 * MIB}
+
+Progress = Callable[[str], None]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Message sizes from ``"1KiB,64KiB,4MiB"`` (a list) or ``"1KiB:16MiB"`` (from the first
+    to the last by factors of 4); units B, KiB, MiB, GiB (K, M, G and KB, MB, GB read as
+    binary too), none for bytes."""
+    def one(part: str) -> int:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", part)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"size {part!r}: write a number and an optional unit (B, KiB, "
+                             "MiB, GiB), e.g. 64KiB")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        if value < 4:
+            raise ValueError(f"size {part!r} = {value} bytes: a message holds at least one "
+                             "float32 (4 bytes)")
+        return value
+
+    text = text.strip()
+    if ":" in text:
+        lo_text, _, hi_text = text.partition(":")
+        lo, hi = one(lo_text), one(hi_text)
+        if hi < lo:
+            raise ValueError(f"sizes {text!r}: the range ends below its start; write "
+                             "SMALLEST:LARGEST, e.g. 1KiB:16MiB")
+        sizes = [lo]
+        while sizes[-1] * 4 <= hi:
+            sizes.append(sizes[-1] * 4)
+    else:
+        sizes = sorted({one(p) for p in text.split(",") if p.strip()})
+    if len(sizes) < 2:
+        raise ValueError(f"sizes {text!r} give {len(sizes)} size(s): a line (alpha + beta N) "
+                         "needs at least two, e.g. 4KiB,1MiB or 1KiB:16MiB")
+    return sizes
+
+
+def _chain_length(nbytes: int) -> int:
+    return 8 if nbytes <= 256 * KIB else 4 if nbytes <= 2 * MIB else 2
+
+
+def _shapes(kind: Collective, nbytes: int, w: int) -> tuple[list[int], list[int], int]:
+    """(per-replica input shape, global shape the audit records, N actually used): a
+    [rows, cols] float32 tensor of about ``nbytes``, rows and cols multiples of W."""
+    cols = 8 * w
+    rows = max(w, round(nbytes / 4 / cols / w) * w)
+    n = rows * cols * 4
+    if kind is Collective.ALL_GATHER:
+        return [rows // w, cols], [rows, cols], n
+    return [rows, cols], [rows, cols], n
+
+
+def _run_op(coll: ReplicaContextCollectives, kind: Collective, x: tf.Tensor,
+            shape: list[int]) -> tf.Tensor:
+    if kind is Collective.ALL_REDUCE:
+        return coll.all_reduce([x], "profile", shape, "float32")[0]
+    if kind is Collective.ALL_GATHER:
+        return coll.all_gather([x], 0, "profile", shape, "float32")[0]
+    if kind is Collective.REDUCE_SCATTER:
+        return coll.reduce_scatter([x], 0, "profile", shape, "float32")[0]
+    return coll.all_to_all([x], 0, 1, "profile", shape, "float32")[0]
+
+
+class _Timer:
+    """Calls of per-replica functions under one strategy, timed to completion."""
+
+    def __init__(self, strategy: tf.distribute.Strategy) -> None:
+        self.strategy = strategy
+        self.w = strategy.num_replicas_in_sync
+        self.audit = Audit()
+
+    def values(self, shape: Sequence[int]) -> Any:
+        """Per-replica float32 tensors of ``shape``, replica r filled with r + 1."""
+        def make(ctx):
+            return tf.fill(list(shape), tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32))
+        return self.strategy.experimental_distribute_values_from_function(make)
+
+    def function(self, replica_fn: Callable[..., Any]) -> Callable[..., Any]:
+        strategy = self.strategy
+        return tf.function(lambda *args: strategy.run(replica_fn, args=args))
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> float:
+        start = time.perf_counter()
+        out = fn(*args)
+        for t in tf.nest.flatten(self.strategy.experimental_local_results(out)):
+            t.numpy()
+        return time.perf_counter() - start
+
+    def medians(self, fns: Sequence[Callable[..., Any]], args: Sequence[Any],
+                repeats: int) -> list[list[float]]:
+        """Each of ``fns`` called once to warm up, then ``repeats`` times interleaved; the
+        times per function."""
+        for fn in fns:
+            self.call(fn, *args)
+        times: list[list[float]] = [[] for _ in fns]
+        for _ in range(repeats):
+            for i, fn in enumerate(fns):
+                times[i].append(self.call(fn, *args))
+        return times
+
+    def chain(self, kind: Collective, k: int, shape: list[int]) -> Callable[..., Any]:
+        def replica_fn(x):
+            coll = ReplicaContextCollectives(self.w, self.audit)
+            prev = None
+            for _ in range(k):
+                with tf.control_dependencies([] if prev is None else [prev]):
+                    out = _run_op(coll, kind, tf.identity(x), shape)
+                prev = out
+            return tf.reshape(prev, [-1])[:1]
+        return self.function(replica_fn)
+
+
+def _measure_collective(timer: _Timer, kind: Collective, nbytes: int,
+                        repeats: int) -> dict[str, Any]:
+    local, full, n = _shapes(kind, nbytes, timer.w)
+    k = _chain_length(n)
+    value = timer.values(local)
+    one, many = timer.chain(kind, 1, full), timer.chain(kind, k, full)
+    t1, tk = timer.medians([one, many], [value], repeats)
+    per = statistics.median((b - a) / (k - 1) for a, b in zip(t1, tk))
+    return {"kind": kind.value, "bytes": n, "requested_bytes": nbytes, "chain": k,
+            "seconds": per, "call_1_s": statistics.median(t1),
+            f"call_{k}_s": statistics.median(tk), "repeats": repeats,
+            "ring_bytes": ring_factor(kind, timer.w) * n}
+
+
+def _matmul_rate(timer: _Timer, n: int, repeats: int, devices: list[str]) -> dict[str, Any]:
+    """FLOP/s of an n x n float32 matmul per device, all devices at once and one alone."""
+    a = timer.values([n, n])
+
+    def replica_mm(x):
+        return tf.reshape(tf.matmul(x, x), [-1])[:1]
+
+    def replica_empty(x):
+        return tf.reshape(x, [-1])[:1]
+
+    empty, mm = timer.function(replica_empty), timer.function(replica_mm)
+    te, tm = timer.medians([empty, mm], [a], repeats)
+    seconds = statistics.median(m - e for e, m in zip(te, tm))
+    flops = 2.0 * n ** 3
+    with tf.device(devices[0]):
+        x = tf.fill([n, n], 1.0)
+        alone = tf.function(lambda v: tf.reshape(tf.matmul(v, v), [-1])[:1])
+        alone(x).numpy()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            alone(x).numpy()
+            times.append(time.perf_counter() - start)
+    alone_s = statistics.median(times)
+    return {"n": n, "flops": flops, "seconds_all_devices": seconds,
+            "flop_per_s_per_device": flops / seconds if seconds > 0 else float("nan"),
+            "seconds_one_device_alone": alone_s, "flop_per_s_one_device_alone": flops / alone_s}
+
+
+def _conv_rate(timer: _Timer, repeats: int) -> dict[str, Any]:
+    """FLOP/s of a 3x3, 64 -> 64 channel convolution of a [8, 32, 32, 64] batch per device,
+    all devices at once."""
+    b, h, c = 8, 32, 64
+    x = timer.values([b, h, h, c])
+    kernel = tf.fill([3, 3, c, c], 0.01)
+
+    def replica_conv(v):
+        y = tf.nn.conv2d(v, kernel, strides=1, padding="SAME")
+        return tf.reshape(y, [-1])[:1]
+
+    def replica_empty(v):
+        return tf.reshape(v, [-1])[:1]
+
+    te, tc = timer.medians([timer.function(replica_empty), timer.function(replica_conv)],
+                           [x], repeats)
+    seconds = statistics.median(m - e for e, m in zip(te, tc))
+    flops = 2.0 * b * h * h * 9 * c * c
+    return {"shape": [b, h, h, c], "kernel": [3, 3, c, c], "flops": flops,
+            "seconds_all_devices": seconds,
+            "flop_per_s_per_device": flops / seconds if seconds > 0 else float("nan")}
+
+
+def _overlap_trial(timer: _Timer, nbytes: int, flop_rate: float,
+                   repeats: int) -> dict[str, float]:
+    """One gamma trial: an all-reduce of ``nbytes``, a matmul chain sized to take about as
+    long, and both at once (module docstring)."""
+    local, full, n = _shapes(Collective.ALL_REDUCE, nbytes, timer.w)
+    m = 256
+    comm_fn = timer.chain(Collective.ALL_REDUCE, 1, full)
+    x = timer.values(local)
+    w_mat = timer.values([m, m])
+    # estimate the all-reduce's time to size the compute beside it
+    t_comm = statistics.median(timer.medians([comm_fn], [x, ], 3)[0])
+    count = max(1, round(t_comm * flop_rate / (2.0 * m ** 3)))
+
+    def compute(wm):
+        y = wm
+        for _ in range(count):
+            y = tf.tanh(tf.matmul(y, wm) * (1.0 / m))
+        return tf.reshape(y, [-1])[:1]
+
+    def replica_empty(v, wm):
+        return tf.reshape(v, [-1])[:1], tf.reshape(wm, [-1])[:1]
+
+    def replica_comm(v, wm):
+        coll = ReplicaContextCollectives(timer.w, timer.audit)
+        return tf.reshape(_run_op(coll, Collective.ALL_REDUCE, v, full), [-1])[:1], \
+            tf.reshape(wm, [-1])[:1]
+
+    def replica_compute(v, wm):
+        return tf.reshape(v, [-1])[:1], compute(wm)
+
+    def replica_both(v, wm):
+        coll = ReplicaContextCollectives(timer.w, timer.audit)
+        return tf.reshape(_run_op(coll, Collective.ALL_REDUCE, v, full), [-1])[:1], \
+            compute(wm)
+
+    fns = [timer.function(f) for f in (replica_empty, replica_comm, replica_compute,
+                                       replica_both)]
+    times = timer.medians(fns, [x, w_mat], repeats)
+    med = [statistics.median(t) for t in times]
+    return {"bytes": n, "matmuls": count, "matmul_n": m, "empty": med[0], "comm": med[1],
+            "compute": med[2], "both": med[3]}
+
+
+def _device_memory(devices: list[str]) -> tuple[float, str]:
+    """Bytes of memory per device and where the figure comes from."""
+    if "GPU" in devices[0].upper():
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=30, check=True).stdout.split()
+            return float(out[0]) * MIB, "nvidia-smi memory.total of GPU 0"
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            pass
+        return 0.0, "unknown: nvidia-smi did not answer; pass device_memory="
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return float(total), "this machine's RAM, shared by all logical CPU devices"
+
+
+@dataclasses.dataclass
+class Profile:
+    """What ``profile`` measured and fitted; ``cluster`` is the cluster file's content."""
+
+    cluster: Cluster
+    fits: dict[Collective, CollectiveFit]
+    rows: list[dict[str, Any]]
+    compute: dict[str, Any]
+    gamma: GammaFit | None
+    devices: list[str]
+    seconds: float
+    date: str
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``"profile"`` section of the cluster file."""
+        return {"tool": "tapas profile", "date": self.date, "devices": self.devices,
+                "tensorflow": tf.__version__, "cpus": os.cpu_count(),
+                "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+                "seconds": self.seconds,
+                "model": "t = intercept + beta * ring_factor(k, W) * N; alpha' = intercept / W"
+                         " (all-reduce's for the link); epsilon_k = beta_k / beta_AR",
+                "fits": {k.value: f.to_json() for k, f in self.fits.items()},
+                "compute": self.compute,
+                "gamma": None if self.gamma is None else self.gamma.to_json(),
+                "notes": self.notes, "rows": self.rows}
+
+    def save(self, path: str) -> None:
+        """Write the cluster file: the profiled cluster, measurements under ``"profile"``."""
+        self.cluster.save(path, extra={"profile": self.to_json()})
+
+    def table(self) -> str:
+        """The fitted constants, one line per primitive, then compute and gamma."""
+        w = self.cluster.num_devices
+        lines = [f"fitted over W = {w} devices: t = intercept + beta * ring bytes "
+                 "(ring bytes = f_k(W) * N)",
+                 f"{'primitive':<15} {'alpha/W us':>10} {'intercept us':>12} {'beta s/B':>10} "
+                 f"{'GB/s':>8} {'eps vs AR':>9} {'R^2':>7} {'R^2 log':>7} {'max |res|':>9}"]
+        for kind, f in self.fits.items():
+            clamp = " (intercept < 0, set to 0)" if f.fit.clamped else ""
+            lines.append(f"{kind.long_name:<15} {f.alpha_per_worker * 1e6:>10.1f} "
+                         f"{f.fit.intercept * 1e6:>12.1f} {f.beta:>10.3e} "
+                         f"{1e-9 / f.beta:>8.3f} {f.epsilon:>9.3f} {f.fit.r2:>7.4f} "
+                         f"{f.fit.r2_log:>7.4f} {f.fit.max_relative_residual:>8.1%}{clamp}")
+        mm = self.compute["matmul"]
+        lines.append(f"matmul {mm['n']}^2 float32: {mm['flop_per_s_per_device'] / 1e9:.2f} "
+                     f"GFLOP/s per device with all {w} computing "
+                     f"({mm['flop_per_s_one_device_alone'] / 1e9:.2f} GFLOP/s on one alone)")
+        conv = self.compute.get("conv")
+        if conv:
+            lines.append(f"conv 3x3 {conv['shape']}: {conv['flop_per_s_per_device'] / 1e9:.2f} "
+                         "GFLOP/s per device (for the record; the cost model uses the matmul "
+                         "rate)")
+        if self.gamma is None:
+            lines.append(f"gamma: not measured, the prior {DEFAULT_GAMMA} stays in force")
+        else:
+            parts = ", ".join(f"{t['bytes'] / MIB:.1f} MiB: {t['visible_fraction']:.2f}"
+                              for t in self.gamma.trials)
+            clip = " (clipped)" if self.gamma.clipped else ""
+            lines.append(f"gamma = {self.gamma.gamma:.3f}{clip}: visible fraction of an "
+                         f"all-reduce beside compute ({parts})")
+        c = self.cluster
+        lines.append(f"cluster {c.name}: alpha' {c.intra.latency * 1e6:.1f} us per worker, "
+                     f"{c.intra.bandwidth / 1e9:.3f} GB/s, "
+                     f"{c.device_peak_flops / 1e9:.2f} GFLOP/s, "
+                     f"{c.device_memory / 2**30:.1f} GiB per device; epsilon "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in (c.epsilon or {}).items()))
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def plot(self, path: str) -> str | None:
+        """Draw the relative residual of every fit against the message size to ``path``
+        (PNG). Returns None when drawn, else the reason it was not (matplotlib missing)."""
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return "matplotlib is not installed (pip install matplotlib): no residual plot"
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
+        for kind, f in self.fits.items():
+            xs = [p[0] for p in f.fit.points]
+            ts = [p[1] for p in f.fit.points]
+            line, = top.loglog(xs, [t * 1e3 for t in ts], "o", label=kind.long_name)
+            lo, hi = min(xs), max(xs)
+            grid = [lo * (hi / lo) ** (i / 40) for i in range(41)]
+            top.loglog(grid, [f.fit.predict(x) * 1e3 for x in grid], "-",
+                       color=line.get_color(), alpha=0.6)
+            bottom.semilogx(xs, [r * 100 for r in f.fit.relative_residuals], "o-",
+                            color=line.get_color(),
+                            label=f"{kind.value}: R^2 {f.fit.r2:.4f}")
+        top.set_ylabel("time of one collective (ms)")
+        top.set_title(f"tapas profile, {self.cluster.num_devices} devices "
+                      f"({self.devices[0].split('/')[-1].split(':')[-2]}), {self.date}")
+        top.legend(fontsize=8)
+        bottom.axhline(0, color="gray", lw=0.8)
+        bottom.set_xlabel("ring bytes f_k(W) * N")
+        bottom.set_ylabel("residual (measured - fit) / fit, %")
+        bottom.legend(fontsize=8)
+        fig.tight_layout()
+        folder = os.path.dirname(path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return None
+
+
+def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
+            primitives: Sequence[Collective | str] | None = None, repeats: int = 5,
+            device_type: str = "auto", matmul_n: int = 1024, conv: bool = True,
+            gamma: bool = True, device_memory: float | None = None,
+            progress: Progress | None = print) -> Profile:
+    """Measure the collectives the runtime launches and the compute rate on ``devices``
+    devices, fit the cost model and return the :class:`Profile` (module docstring).
+
+    Logical CPU devices are fixed once per process: call this before any other TensorFlow
+    work in the process (``tapas profile`` runs in its own). ``progress`` gets one line per
+    measurement (None: silent). ``device_memory`` (bytes) overrides the memory read from
+    the machine.
+    """
+    start = time.perf_counter()
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
+        raise ValueError(f"devices={devices!r}: a collective needs at least 2 devices")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 3:
+        raise ValueError(f"repeats={repeats!r}: the median needs at least 3 timed calls")
+    sizes = sorted(set(DEFAULT_SIZES if sizes is None else sizes))
+    if len(sizes) < 2:
+        raise ValueError(f"sizes={sizes}: a line needs at least two message sizes")
+    kinds = [Collective.parse(k) for k in (primitives or PRIMITIVES)]
+    if Collective.ALL_REDUCE not in kinds:
+        kinds.insert(0, Collective.ALL_REDUCE)
+    say = progress or (lambda line: None)
+    strategy = make_strategy(devices, device_type=device_type)
+    names = list(strategy.extended.worker_devices)
+    timer = _Timer(strategy)
+    w = timer.w
+    say(f"profiling on {w} devices ({', '.join(n.split('/')[-1] for n in names)}), "
+        f"{len(sizes)} sizes x {len(kinds)} primitives, {repeats} repeats each")
+    say(f"{'primitive':<15} {'N bytes':>12} {'chain':>5} {'one call ms':>11} "
+        f"{'collective ms':>13} {'ring GB/s':>9}")
+    rows = []
+    for kind in kinds:
+        for nbytes in sizes:
+            row = _measure_collective(timer, kind, nbytes, repeats)
+            rows.append(row)
+            rate = row["ring_bytes"] / row["seconds"] / 1e9 if row["seconds"] > 0 else 0.0
+            say(f"{kind.long_name:<15} {row['bytes']:>12,} {row['chain']:>5} "
+                f"{row['call_1_s'] * 1e3:>11.3f} {row['seconds'] * 1e3:>13.3f} {rate:>9.3f}")
+    notes = []
+    usable = [r for r in rows if r["seconds"] > 0]
+    dropped = [f"{r['kind']} {r['bytes']:,} B" for r in rows if r["seconds"] <= 0]
+    if dropped:
+        notes.append(f"left out of the fits, the chain was no slower than one call (noise "
+                     f"larger than the collective): {', '.join(dropped)}")
+    fits = fit_collectives(usable, w)
+
+    compute: dict[str, Any] = {"matmul": _matmul_rate(timer, matmul_n, repeats, names)}
+    mm = compute["matmul"]
+    say(f"matmul {matmul_n}^2: {mm['seconds_all_devices'] * 1e3:.1f} ms with all devices, "
+        f"{mm['flop_per_s_per_device'] / 1e9:.2f} GFLOP/s per device")
+    if conv:
+        compute["conv"] = _conv_rate(timer, repeats)
+        say(f"conv 3x3 {compute['conv']['shape']}: "
+            f"{compute['conv']['flop_per_s_per_device'] / 1e9:.2f} GFLOP/s per device")
+    flop_rate = mm["flop_per_s_per_device"]
+    if not flop_rate > 0:
+        raise RuntimeError(f"matmul {matmul_n}^2 took no longer than an empty call "
+                           f"({mm['seconds_all_devices']} s): use a larger matmul_n")
+
+    gamma_fit = None
+    if gamma:
+        trials = []
+        for nbytes in (MIB, 4 * MIB):
+            t = _overlap_trial(timer, nbytes, flop_rate, repeats)
+            trials.append(t)
+            say(f"overlap {t['bytes'] / MIB:.1f} MiB all-reduce beside {t['matmuls']} matmuls "
+                f"{t['matmul_n']}^2: empty {t['empty'] * 1e3:.2f} ms, all-reduce "
+                f"{t['comm'] * 1e3:.2f} ms, compute {t['compute'] * 1e3:.2f} ms, both "
+                f"{t['both'] * 1e3:.2f} ms")
+        gamma_fit = fit_gamma(trials)
+    else:
+        notes.append(f"gamma not measured: the prior {DEFAULT_GAMMA} stays in force")
+
+    memory_source = "given"
+    if device_memory is None:
+        device_memory, memory_source = _device_memory(names)
+        if device_memory <= 0:
+            raise RuntimeError(f"device memory {memory_source}: pass device_memory=BYTES")
+    kind_name = "gpu" if "GPU" in names[0].upper() else "cpu"
+    where = "GPUs" if kind_name == "gpu" else "logical CPU devices"
+    date = datetime.date.today().isoformat()
+    cluster = profiled_cluster(f"profiled-{kind_name}", fits, device_memory, flop_rate,
+                               gamma_fit, where, date)
+    cluster = dataclasses.replace(cluster, sources={
+        **cluster.sources, "device_memory": f"{memory_source} ({device_memory / 2**30:.1f} GiB)"})
+    return Profile(cluster, fits, rows, compute, gamma_fit, names,
+                   time.perf_counter() - start, date, notes)
