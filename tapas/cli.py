@@ -6,7 +6,7 @@
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
-    tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=5] --out=cluster.json
+    tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json
                   [--plot=residuals.png] [--nogamma]
 
 ``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
@@ -61,7 +61,7 @@ flags.DEFINE_float("memory_budget_gib", None, "search: GiB per device a plan may
                    "(default: the cluster's device memory).")
 flags.DEFINE_string("sizes", None, "profile: message sizes, 'SMALLEST:LARGEST' (by factors "
                     "of 4) or a list '4KiB,1MiB,...' (default 1KiB:16MiB).")
-flags.DEFINE_integer("repeats", 5, "profile: timed calls per point (the median is used).")
+flags.DEFINE_integer("repeats", 7, "profile: timed calls per point (the median is used).")
 flags.DEFINE_string("plot", None, "profile: the residual plot PNG (default: beside --out, "
                     "NAME_residuals.png; '' for none).")
 flags.DEFINE_boolean("gamma", True, "profile: measure the overlap factor gamma (--nogamma "
@@ -316,7 +316,9 @@ def cmd_profile() -> dict[str, Any]:
     """Measure the collectives and compute of --devices devices, fit the cost model, write
     the cluster file (tapas.planning.profiling)."""
     from absl import logging
-    logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
+    # tf.distribute logs every collective at INFO, tf.function each new point's trace at
+    # WARNING (every size is a new function, on purpose)
+    logging.set_verbosity(logging.ERROR)
     from tapas.planning import profiling
     try:
         sizes = None if FLAGS.sizes is None else profiling.parse_sizes(FLAGS.sizes)

@@ -192,26 +192,27 @@ class GammaFit:
                 "trials": [dict(t) for t in self.trials]}
 
 
-def fit_gamma(trials: Sequence[Mapping[str, float]], floor: float = 0.05) -> GammaFit:
+def fit_gamma(trials: Sequence[Mapping[str, float]], floor: float = 0.05) -> GammaFit | None:
     """gamma from overlap trials, each ``{"empty", "comm", "compute", "both"}`` in seconds
     (medians of one call each). Visible communication = both - compute; its fraction of the
     communication alone (comm - empty) is the share of a backward collective that compute
     launched beside it does not hide: 1 = no overlap, near 0 = fully hidden. A fraction above
     1 (contention: the two slow each other down) is clipped to 1, one below ``floor`` to
-    ``floor`` (gamma must be > 0)."""
-    if not trials:
-        raise FitError("no overlap trials: gamma needs at least one")
+    ``floor`` (gamma must be > 0). A trial whose all-reduce or compute took no longer than
+    the empty call (noise larger than the signal) is kept in the record but not used; None
+    when no trial is usable (the prior stays)."""
     out, fractions = [], []
     for t in trials:
         comm = t["comm"] - t["empty"]
         compute = t["compute"] - t["empty"]
-        both = t["both"] - t["empty"]
         if comm <= 0 or compute <= 0:
-            raise FitError(f"overlap trial {dict(t)}: the all-reduce or the compute took no "
-                           "longer than an empty call; use larger sizes")
-        fraction = (both - compute) / comm
+            out.append({**t, "visible_fraction": None})
+            continue
+        fraction = (t["both"] - t["compute"]) / comm
         fractions.append(fraction)
         out.append({**t, "visible_fraction": fraction})
+    if not fractions:
+        return None
     raw = float(np.median(fractions))
     gamma = min(1.0, max(floor, raw))
     return GammaFit(tuple(out), gamma, gamma != raw, floor)

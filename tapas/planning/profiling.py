@@ -28,7 +28,7 @@ collective's cost. Each point is therefore timed as a chain: one function runs k
 collectives one after the other (each waits on the previous one's output by a control
 dependency, no data is copied between them), another runs one, and the time of one
 collective is the median over repeats of (t_k - t_1) / (k - 1), the two calls interleaved
-so that load drifts hit both. k is 8 for messages up to 256 KiB, 4 up to 2 MiB and 2 above.
+so that load drifts hit both. k is 8 for messages up to 256 KiB, 4 up to 4 MiB and 3 above.
 
 Compute: an n x n float32 matmul per replica, all replicas at once (the devices of a step
 compute together; logical CPU devices share the cores), FLOP/s per device, the cluster's
@@ -56,8 +56,8 @@ import tensorflow as tf
 
 from tapas.execution.collectives import Audit, ReplicaContextCollectives
 from tapas.execution.devices import make_strategy
-from tapas.planning.calibrate import (CollectiveFit, GammaFit, fit_collectives, fit_gamma,
-                                      profiled_cluster)
+from tapas.planning.calibrate import (CollectiveFit, FitError, GammaFit, fit_collectives,
+                                      fit_gamma, profiled_cluster)
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
 from tapas.sharding.placements import Collective
@@ -109,7 +109,7 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def _chain_length(nbytes: int) -> int:
-    return 8 if nbytes <= 256 * KIB else 4 if nbytes <= 2 * MIB else 2
+    return 8 if nbytes <= 256 * KIB else 4 if nbytes <= 4 * MIB else 3
 
 
 def _shapes(kind: Collective, nbytes: int, w: int) -> tuple[list[int], list[int], int]:
@@ -364,7 +364,7 @@ class Profile:
             lines.append(f"gamma: not measured, the prior {DEFAULT_GAMMA} stays in force")
         else:
             parts = ", ".join(f"{t['bytes'] / MIB:.1f} MiB: {t['visible_fraction']:.2f}"
-                              for t in self.gamma.trials)
+                              for t in self.gamma.trials if t["visible_fraction"] is not None)
             clip = " (clipped)" if self.gamma.clipped else ""
             lines.append(f"gamma = {self.gamma.gamma:.3f}{clip}: visible fraction of an "
                          f"all-reduce beside compute ({parts})")
@@ -416,7 +416,7 @@ class Profile:
 
 
 def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
-            primitives: Sequence[Collective | str] | None = None, repeats: int = 5,
+            primitives: Sequence[Collective | str] | None = None, repeats: int = 7,
             device_type: str = "auto", matmul_n: int = 1024, conv: bool = True,
             gamma: bool = True, device_memory: float | None = None,
             progress: Progress | None = print) -> Profile:
@@ -462,7 +462,12 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     if dropped:
         notes.append(f"left out of the fits, the chain was no slower than one call (noise "
                      f"larger than the collective): {', '.join(dropped)}")
-    fits = fit_collectives(usable, w)
+    try:
+        fits = fit_collectives(usable, w)
+    except FitError as e:
+        raise RuntimeError(f"the measurements on {w} devices give no fit: {e}. The machine "
+                           f"may be busy (load {os.getloadavg()[0]:.1f}): measure again with "
+                           "more repeats or larger sizes") from None
 
     compute: dict[str, Any] = {"matmul": _matmul_rate(timer, matmul_n, repeats, names)}
     mm = compute["matmul"]
@@ -488,6 +493,10 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
                 f"{t['comm'] * 1e3:.2f} ms, compute {t['compute'] * 1e3:.2f} ms, both "
                 f"{t['both'] * 1e3:.2f} ms")
         gamma_fit = fit_gamma(trials)
+        if gamma_fit is None:
+            notes.append(f"gamma not measured: in every overlap trial the all-reduce or the "
+                         f"compute took no longer than an empty call (noise); the prior "
+                         f"{DEFAULT_GAMMA} stays in force")
     else:
         notes.append(f"gamma not measured: the prior {DEFAULT_GAMMA} stays in force")
 
