@@ -61,7 +61,7 @@ flags.DEFINE_float("memory_budget_gib", None, "search: GiB per device a plan may
                    "(default: the cluster's device memory).")
 flags.DEFINE_string("sizes", None, "profile: message sizes, 'SMALLEST:LARGEST' (by factors "
                     "of 4) or a list '4KiB,1MiB,...' (default 1KiB:16MiB).")
-flags.DEFINE_integer("repeats", 7, "profile: timed calls per point (the median is used).")
+flags.DEFINE_integer("repeats", 7, "profile: timed calls per point (the fastest is used).")
 flags.DEFINE_string("plot", None, "profile: the residual plot PNG (default: beside --out, "
                     "NAME_residuals.png; '' for none).")
 flags.DEFINE_boolean("gamma", True, "profile: measure the overlap factor gamma (--nogamma "
@@ -328,8 +328,8 @@ def cmd_profile() -> dict[str, Any]:
         raise app.UsageError(f"--devices={FLAGS.devices}: a collective needs at least 2 "
                              "devices; use --devices=2 or more")
     if FLAGS.repeats < 3:
-        raise app.UsageError(f"--repeats={FLAGS.repeats}: the median needs at least 3 timed "
-                             "calls; use --repeats=3 or more")
+        raise app.UsageError(f"--repeats={FLAGS.repeats}: at least 3 timed calls per "
+                             "point are needed; use --repeats=3 or more")
     out = FLAGS.out or os.path.join("out", "cluster.json")
     plot = FLAGS.plot if FLAGS.plot is not None else os.path.splitext(out)[0] + "_residuals.png"
     result = profiling.profile(FLAGS.devices, sizes=sizes, repeats=FLAGS.repeats,

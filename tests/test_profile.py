@@ -251,3 +251,16 @@ def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
     saved = json.loads(strategy_path.read_text())
     assert saved["cluster"]["name"] == "profiled-cpu/1x2"
     assert saved["cluster"]["epsilon"] == dict(cluster.epsilon)
+
+
+def test_search_refuses_a_bad_cluster_file_naming_it(tmp_path):
+    bad = tmp_path / "bad.json"
+    d = profiled().to_json()
+    d["intra"]["latency"] = "slow"
+    bad.write_text(json.dumps(d))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-m", "tapas.cli", "search", "--model=t5-tiny",
+                           f"--cluster={bad}"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert f"--cluster={bad}" in proc.stderr and "field 'intra.latency' is 'slow'" in proc.stderr

@@ -179,8 +179,9 @@ def fit_collectives(rows: Sequence[Mapping[str, Any]],
 class GammaFit:
     """Gradient overlap measured: per trial, an all-reduce alone, compute alone, both
     launched together with no dependency between them, and an empty call (the fixed
-    cost of a call, taken out of each). ``gamma`` is the median over trials of the
-    visible fraction ``(both - compute) / all_reduce``, clipped to [``floor``, 1]."""
+    cost of a call, taken out of each), the fastest of repeated calls each. ``gamma`` is
+    the median over trials of the visible fraction ``(both - compute) / all_reduce``,
+    clipped to [``floor``, 1]."""
 
     trials: tuple[Mapping[str, float], ...]
     gamma: float
@@ -194,7 +195,7 @@ class GammaFit:
 
 def fit_gamma(trials: Sequence[Mapping[str, float]], floor: float = 0.05) -> GammaFit | None:
     """gamma from overlap trials, each ``{"empty", "comm", "compute", "both"}`` in seconds
-    (medians of one call each). Visible communication = both - compute; its fraction of the
+    (the fastest call of each). Visible communication = both - compute; its fraction of the
     communication alone (comm - empty) is the share of a backward collective that compute
     launched beside it does not hide: 1 = no overlap, near 0 = fully hidden. A fraction above
     1 (contention: the two slow each other down) is clipped to 1, one below ``floor`` to

@@ -26,9 +26,13 @@ One call of a ``tf.function`` costs a fixed dispatch time (milliseconds under
 MirroredStrategy) that a training step pays once, whatever its plan; it is not a
 collective's cost. Each point is therefore timed as a chain: one function runs k
 collectives one after the other (each waits on the previous one's output by a control
-dependency, no data is copied between them), another runs one, and the time of one
-collective is the median over repeats of (t_k - t_1) / (k - 1), the two calls interleaved
-so that load drifts hit both. k is 8 for messages up to 256 KiB, 4 up to 4 MiB and 3 above.
+dependency, no data is copied between them), another runs one, the two called in turn
+``repeats`` times, and the time of one collective is (min t_k - min t_1) / (k - 1). The
+minimum, not the median: on a shared machine other processes only ever add time, so the
+fastest call is the least disturbed one (the row keeps every call and the estimate from
+medians too). A point costing milliseconds is timed more often than ``repeats`` (up to
+4 x, until its calls took 0.4 s). k is 8 for messages up to 256 KiB, 4 up to 4 MiB and 3
+above. Every other timing below is the fastest of its repeats as well.
 
 Compute: an n x n float32 matmul per replica, all replicas at once (the devices of a step
 compute together; logical CPU devices share the cores), FLOP/s per device, the cluster's
@@ -73,6 +77,10 @@ _UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "
           "g": 1024 * MIB, "gb": 1024 * MIB, "gib": 1024 * MIB}
 
 Progress = Callable[[str], None]
+# a point's timed rounds continue past ``repeats`` (up to EXTRA_REPEATS x) until they took
+# MIN_POINT_SECONDS: the small messages, whose calls take milliseconds, get more chances
+MIN_POINT_SECONDS = 0.4
+EXTRA_REPEATS = 4
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -159,16 +167,21 @@ class _Timer:
             t.numpy()
         return time.perf_counter() - start
 
-    def medians(self, fns: Sequence[Callable[..., Any]], args: Sequence[Any],
-                repeats: int) -> list[list[float]]:
-        """Each of ``fns`` called once to warm up, then ``repeats`` times interleaved; the
-        times per function."""
+    def timed(self, fns: Sequence[Callable[..., Any]], args: Sequence[Any],
+              repeats: int) -> list[list[float]]:
+        """Each of ``fns`` called once to warm up, then in turn ``repeats`` times, and more
+        (up to ``EXTRA_REPEATS`` x) while the rounds took under ``MIN_POINT_SECONDS``: cheap
+        points get more chances at an undisturbed call. The times per function."""
         for fn in fns:
             self.call(fn, *args)
         times: list[list[float]] = [[] for _ in fns]
-        for _ in range(repeats):
+        start = time.perf_counter()
+        rounds = 0
+        while rounds < repeats or (rounds < EXTRA_REPEATS * repeats and
+                                   time.perf_counter() - start < MIN_POINT_SECONDS):
             for i, fn in enumerate(fns):
                 times[i].append(self.call(fn, *args))
+            rounds += 1
         return times
 
     def chain(self, kind: Collective, k: int, shape: list[int]) -> Callable[..., Any]:
@@ -189,11 +202,11 @@ def _measure_collective(timer: _Timer, kind: Collective, nbytes: int,
     k = _chain_length(n)
     value = timer.values(local)
     one, many = timer.chain(kind, 1, full), timer.chain(kind, k, full)
-    t1, tk = timer.medians([one, many], [value], repeats)
-    per = statistics.median((b - a) / (k - 1) for a, b in zip(t1, tk))
+    t1, tk = timer.timed([one, many], [value], repeats)
     return {"kind": kind.value, "bytes": n, "requested_bytes": nbytes, "chain": k,
-            "seconds": per, "call_1_s": statistics.median(t1),
-            f"call_{k}_s": statistics.median(tk), "repeats": repeats,
+            "seconds": (min(tk) - min(t1)) / (k - 1),
+            "median_based_s": (statistics.median(tk) - statistics.median(t1)) / (k - 1),
+            "call_1_s": min(t1), "call_1_all_s": t1, "call_k_all_s": tk, "repeats": len(t1),
             "ring_bytes": ring_factor(kind, timer.w) * n}
 
 
@@ -208,8 +221,8 @@ def _matmul_rate(timer: _Timer, n: int, repeats: int, devices: list[str]) -> dic
         return tf.reshape(x, [-1])[:1]
 
     empty, mm = timer.function(replica_empty), timer.function(replica_mm)
-    te, tm = timer.medians([empty, mm], [a], repeats)
-    seconds = statistics.median(m - e for e, m in zip(te, tm))
+    te, tm = timer.timed([empty, mm], [a], repeats)
+    seconds = min(tm) - min(te)
     flops = 2.0 * n ** 3
     with tf.device(devices[0]):
         x = tf.fill([n, n], 1.0)
@@ -220,7 +233,7 @@ def _matmul_rate(timer: _Timer, n: int, repeats: int, devices: list[str]) -> dic
             start = time.perf_counter()
             alone(x).numpy()
             times.append(time.perf_counter() - start)
-    alone_s = statistics.median(times)
+    alone_s = min(times)
     return {"n": n, "flops": flops, "seconds_all_devices": seconds,
             "flop_per_s_per_device": flops / seconds if seconds > 0 else float("nan"),
             "seconds_one_device_alone": alone_s, "flop_per_s_one_device_alone": flops / alone_s}
@@ -240,9 +253,9 @@ def _conv_rate(timer: _Timer, repeats: int) -> dict[str, Any]:
     def replica_empty(v):
         return tf.reshape(v, [-1])[:1]
 
-    te, tc = timer.medians([timer.function(replica_empty), timer.function(replica_conv)],
-                           [x], repeats)
-    seconds = statistics.median(m - e for e, m in zip(te, tc))
+    te, tc = timer.timed([timer.function(replica_empty), timer.function(replica_conv)],
+                         [x], repeats)
+    seconds = min(tc) - min(te)
     flops = 2.0 * b * h * h * 9 * c * c
     return {"shape": [b, h, h, c], "kernel": [3, 3, c, c], "flops": flops,
             "seconds_all_devices": seconds,
@@ -259,7 +272,7 @@ def _overlap_trial(timer: _Timer, nbytes: int, flop_rate: float,
     x = timer.values(local)
     w_mat = timer.values([m, m])
     # estimate the all-reduce's time to size the compute beside it
-    t_comm = statistics.median(timer.medians([comm_fn], [x, ], 3)[0])
+    t_comm = min(timer.timed([comm_fn], [x], 3)[0])
     count = max(1, round(t_comm * flop_rate / (2.0 * m ** 3)))
 
     def compute(wm):
@@ -286,8 +299,8 @@ def _overlap_trial(timer: _Timer, nbytes: int, flop_rate: float,
 
     fns = [timer.function(f) for f in (replica_empty, replica_comm, replica_compute,
                                        replica_both)]
-    times = timer.medians(fns, [x, w_mat], repeats)
-    med = [statistics.median(t) for t in times]
+    times = timer.timed(fns, [x, w_mat], repeats)
+    med = [min(t) for t in times]
     return {"bytes": n, "matmuls": count, "matmul_n": m, "empty": med[0], "comm": med[1],
             "compute": med[2], "both": med[3]}
 
@@ -432,7 +445,7 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
         raise ValueError(f"devices={devices!r}: a collective needs at least 2 devices")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 3:
-        raise ValueError(f"repeats={repeats!r}: the median needs at least 3 timed calls")
+        raise ValueError(f"repeats={repeats!r}: at least 3 timed calls per point are needed")
     sizes = sorted(set(DEFAULT_SIZES if sizes is None else sizes))
     if len(sizes) < 2:
         raise ValueError(f"sizes={sizes}: a line needs at least two message sizes")
