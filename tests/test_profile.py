@@ -264,3 +264,40 @@ def test_search_refuses_a_bad_cluster_file_naming_it(tmp_path):
                           timeout=300)
     assert proc.returncode != 0
     assert f"--cluster={bad}" in proc.stderr and "field 'intra.latency' is 'slow'" in proc.stderr
+
+
+def test_search_costs_with_the_clusters_profiled_coefficients(tmp_path):
+    from tapas import search
+    from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
+
+    def dense(name, x, k, m):   # docs/search.md's two-layer MLP
+        w = WeightInfo(f"{name}/kernel", (k, m), "float32", True, f"{name}/w")
+        ops = (OpInfo(f"{name}/w", "Placeholder", (),
+                      (TensorInfo(f"{name}/w:0", (), "resource"),)),
+               OpInfo(f"{name}/r", "ReadVariableOp", (f"{name}/w:0",),
+                      (TensorInfo(f"{name}/r:0", (k, m), "float32"),)),
+               OpInfo(f"{name}/mm", "MatMul", (x.name, f"{name}/r:0"),
+                      (TensorInfo(f"{name}/mm:0", (8, m), "float32"),)))
+        return GraphNode(0, name, Kind.DENSE, ops, (x,), (ops[2].outputs[0],), (w,))
+
+    x = TensorInfo("x:0", (8, 16), "float32")
+    xin = GraphNode(0, "x", Kind.INPUT, (OpInfo("x", "Placeholder", (), (x,)),), (), (x,), ())
+    up = dense("up", x, 16, 64)
+    down = dense("down", up.outputs[0], 64, 16)
+    graph = Graph.build([xin, up, down], inputs=[x], outputs=[down.outputs[0]], name="mlp")
+    path = str(tmp_path / "c.json")
+    no_latency = Link(bandwidth=8e8, latency=0.0, name="profiled")   # transmission only
+    profiled(intra=no_latency, inter=no_latency, gamma=1.0,
+             epsilon={"AR": 3.0, "AG": 3.0, "RS": 3.0, "A2A": 3.0}).save(path)
+    cluster = Cluster.load(path)
+    default = search(graph, cluster=cluster, mode="es")
+    explicit = search(graph, cluster=cluster, mode="es",
+                      options=CostOptions.for_cluster(cluster))
+    priors = search(graph, cluster=cluster, mode="es", options=CostOptions())
+    assert default.cost == explicit.cost and default.cluster.epsilon == cluster.epsilon
+    # the ffn-only reference (column then row split): an all-reduce forward (T with the
+    # priors) and one backward (0.5 T): 1.5 T; profiled, 3 T each (epsilon 3, gamma 1): 6 T
+    ffn = {r.name: r for r in default.references}["ffn-only"]
+    prior_ffn = {r.name: r for r in priors.references}["ffn-only"]
+    assert prior_ffn.communication > 0
+    assert math.isclose(ffn.communication, 4 * prior_ffn.communication, rel_tol=1e-9)

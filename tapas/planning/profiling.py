@@ -482,6 +482,14 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
                            f"may be busy (load {os.getloadavg()[0]:.1f}): measure again with "
                            "more repeats or larger sizes") from None
 
+    for kind, f in fits.items():
+        bad = [f"{x / ring_factor(kind, w):,.0f} B ({r:+.0%})"
+               for (x, _), r in zip(f.fit.points, f.fit.relative_residuals) if abs(r) > 0.5]
+        if bad:
+            notes.append(f"{kind.long_name}: the line misses these sizes by more than 50 % "
+                         f"({', '.join(bad)}): noise from other processes, or a time that is "
+                         "not linear in N there (see the residual plot)")
+
     compute: dict[str, Any] = {"matmul": _matmul_rate(timer, matmul_n, repeats, names)}
     mm = compute["matmul"]
     say(f"matmul {matmul_n}^2: {mm['seconds_all_devices'] * 1e3:.1f} ms with all devices, "
