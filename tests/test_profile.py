@@ -225,7 +225,8 @@ def run_tapas(*args):
 
 def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
     out, png = tmp_path / "cluster.json", tmp_path / "residuals.png"
-    stdout = run_tapas("profile", "--devices=2", "--sizes=64KiB,1MiB", "--repeats=3",
+    # two sizes far apart, so that load on a shared machine cannot reverse their order
+    stdout = run_tapas("profile", "--devices=2", "--sizes=16KiB,4MiB", "--repeats=3",
                        f"--out={out}", f"--plot={png}")
     # progress: one line per measured point, then the fitted constants
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
@@ -301,3 +302,38 @@ def test_search_costs_with_the_clusters_profiled_coefficients(tmp_path):
     prior_ffn = {r.name: r for r in priors.references}["ffn-only"]
     assert prior_ffn.communication > 0
     assert math.isclose(ffn.communication, 4 * prior_ffn.communication, rel_tol=1e-9)
+
+
+def synthetic_profile():
+    from tapas.planning.calibrate import GammaFit
+    from tapas.planning.profiling import Profile
+    eps = {"AR": 1.0, "AG": 0.7, "RS": 2.0, "A2A": 3.0}
+    fits = fit_collectives(synthetic_rows(4, 1.5e-4, 1.2e-9, eps), 4)
+    trial = {"empty": 1.0, "comm": 11.0, "compute": 21.0, "both": 26.0, "bytes": 2 ** 20,
+             "visible_fraction": 0.5}
+    gamma = GammaFit((trial,), 0.5, False)
+    cluster = profiled_cluster("profiled-cpu", fits, 2 ** 34, 1.5e10, gamma, "logical CPU "
+                               "devices", "2026-01-01")
+    compute = {"matmul": {"n": 1024, "flop_per_s_per_device": 1.5e10,
+                          "flop_per_s_one_device_alone": 6e10}}
+    devices = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)]
+    return Profile(cluster, fits, [], compute, gamma, devices, 1.0, "2026-01-01")
+
+
+def test_profile_table_plot_and_missing_matplotlib(tmp_path, monkeypatch):
+    p = synthetic_profile()
+    table = p.table()
+    assert "fitted over W = 4 devices" in table and "gamma = 0.500" in table
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        assert name in table
+    assert "epsilon AR 1.00, AG 0.70, RS 2.00, A2A 3.00" in table
+    png = tmp_path / "r.png"
+    assert p.plot(str(png)) is None and png.read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # import matplotlib fails
+    other = tmp_path / "s.png"
+    assert "matplotlib is not installed" in p.plot(str(other)) and not other.exists()
+    path = str(tmp_path / "c.json")
+    p.save(path)
+    assert Cluster.load(path) == p.cluster and Cluster.load(path).gamma == 0.5
+    assert json.loads(open(path).read())["profile"]["fits"]["RS"]["epsilon_vs_all_reduce"] \
+        == pytest.approx(2.0)
