@@ -67,8 +67,8 @@ flags.DEFINE_string("plot", None, "profile: the residual plot PNG (default: besi
 flags.DEFINE_boolean("gamma", True, "profile: measure the overlap factor gamma (--nogamma "
                      "keeps the prior).")
 
-flags.DEFINE_integer("devices", 4, "train: devices to shard over (logical CPU devices, or "
-                     "the GPUs present).")
+flags.DEFINE_integer("devices", 4, "train: devices to shard over; profile: devices to "
+                     "measure (logical CPU devices, or the GPUs present).")
 flags.DEFINE_integer("steps", 3, "train: optimizer steps.")
 flags.DEFINE_string("strategy", None, "train: a Strategy JSON (`tapas search --out`), or "
                     "'random:SEED' for a random valid plan; default: search on --cluster.")
