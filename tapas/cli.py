@@ -3,11 +3,11 @@
     tapas inspect --model=NAME [--batch_size=N] [--graph_out=ir.json] [--top=10]
     tapas mine    --model=NAME [--min_size=N] [--min_support=K] [--draw=folded.png]
     tapas models
+    tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json
+                  [--plot=residuals.png] [--nogamma]
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
-    tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json
-                  [--plot=residuals.png] [--nogamma]
 
 ``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
 Keras model (``.keras``). Each command prints a report to stdout; ``--json_out`` writes the
