@@ -49,7 +49,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import re
 import statistics
 import subprocess
 import time
@@ -60,60 +59,23 @@ import tensorflow as tf
 
 from tapas.execution.collectives import Audit, ReplicaContextCollectives
 from tapas.execution.devices import make_strategy
-from tapas.planning.calibrate import (CollectiveFit, FitError, GammaFit, fit_collectives,
-                                      fit_gamma, profiled_cluster)
-from tapas.planning.cluster import Cluster
+from tapas.planning.calibrate import (KIB, MIB, FitError, Profile, fit_collectives,
+                                      fit_gamma, parse_sizes, profiled_cluster)
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
 from tapas.sharding.placements import Collective
 
 __all__ = ["profile", "Profile", "parse_sizes", "DEFAULT_SIZES", "PRIMITIVES"]
 
-KIB, MIB = 1024, 1024 * 1024
 #: 1 KiB to 16 MiB by factors of 4 (8 sizes)
 DEFAULT_SIZES: tuple[int, ...] = tuple(KIB * 4 ** i for i in range(8))
 PRIMITIVES: tuple[Collective, ...] = (Collective.ALL_REDUCE, Collective.ALL_GATHER,
                                       Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
-_UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "mib": MIB,
-          "g": 1024 * MIB, "gb": 1024 * MIB, "gib": 1024 * MIB}
 
 Progress = Callable[[str], None]
 # a point's timed rounds continue past ``repeats`` (up to EXTRA_REPEATS x) until they took
 # MIN_POINT_SECONDS: the small messages, whose calls take milliseconds, get more chances
 MIN_POINT_SECONDS = 0.4
 EXTRA_REPEATS = 4
-
-
-def parse_sizes(text: str) -> list[int]:
-    """Message sizes from ``"1KiB,64KiB,4MiB"`` (a list) or ``"1KiB:16MiB"`` (from the first
-    to the last by factors of 4); units B, KiB, MiB, GiB (K, M, G and KB, MB, GB read as
-    binary too), none for bytes."""
-    def one(part: str) -> int:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", part)
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"size {part!r}: write a number and an optional unit (B, KiB, "
-                             "MiB, GiB), e.g. 64KiB")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-        if value < 4:
-            raise ValueError(f"size {part!r} = {value} bytes: a message holds at least one "
-                             "float32 (4 bytes)")
-        return value
-
-    text = text.strip()
-    if ":" in text:
-        lo_text, _, hi_text = text.partition(":")
-        lo, hi = one(lo_text), one(hi_text)
-        if hi < lo:
-            raise ValueError(f"sizes {text!r}: the range ends below its start; write "
-                             "SMALLEST:LARGEST, e.g. 1KiB:16MiB")
-        sizes = [lo]
-        while sizes[-1] * 4 <= hi:
-            sizes.append(sizes[-1] * 4)
-    else:
-        sizes = sorted({one(p) for p in text.split(",") if p.strip()})
-    if len(sizes) < 2:
-        raise ValueError(f"sizes {text!r} give {len(sizes)} size(s): a line (alpha + beta N) "
-                         "needs at least two, e.g. 4KiB,1MiB or 1KiB:16MiB")
-    return sizes
 
 
 def _chain_length(nbytes: int) -> int:
@@ -320,116 +282,6 @@ def _device_memory(devices: list[str]) -> tuple[float, str]:
     return float(total), "this machine's RAM, shared by all logical CPU devices"
 
 
-@dataclasses.dataclass
-class Profile:
-    """What ``profile`` measured and fitted; ``cluster`` is the cluster file's content."""
-
-    cluster: Cluster
-    fits: dict[Collective, CollectiveFit]
-    rows: list[dict[str, Any]]
-    compute: dict[str, Any]
-    gamma: GammaFit | None
-    devices: list[str]
-    seconds: float
-    date: str
-    notes: list[str] = dataclasses.field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``"profile"`` section of the cluster file."""
-        return {"tool": "tapas profile", "date": self.date, "devices": self.devices,
-                "tensorflow": tf.__version__, "cpus": os.cpu_count(),
-                "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-                "seconds": self.seconds,
-                "model": "t = intercept + beta * ring_factor(k, W) * N; alpha' = intercept / W"
-                         " (all-reduce's for the link); epsilon_k = beta_k / beta_AR",
-                "fits": {k.value: f.to_json() for k, f in self.fits.items()},
-                "compute": self.compute,
-                "gamma": None if self.gamma is None else self.gamma.to_json(),
-                "notes": self.notes, "rows": self.rows}
-
-    def save(self, path: str) -> None:
-        """Write the cluster file: the profiled cluster, measurements under ``"profile"``."""
-        self.cluster.save(path, extra={"profile": self.to_json()})
-
-    def table(self) -> str:
-        """The fitted constants, one line per primitive, then compute and gamma."""
-        w = self.cluster.num_devices
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        lines = [f"fitted over W = {w} devices: t = intercept + beta * ring bytes "
-                 f"(ring bytes = f_k(W) * N); load average {load:.1f} on {os.cpu_count()} "
-                 "CPUs at the end (a busy machine makes every constant noisier)",
-                 f"{'primitive':<15} {'alpha/W us':>10} {'intercept us':>12} {'beta s/B':>10} "
-                 f"{'GB/s':>8} {'eps vs AR':>9} {'R^2':>7} {'R^2 log':>7} {'max |res|':>9}"]
-        for kind, f in self.fits.items():
-            clamp = " (intercept < 0, set to 0)" if f.fit.clamped else ""
-            lines.append(f"{kind.long_name:<15} {f.alpha_per_worker * 1e6:>10.1f} "
-                         f"{f.fit.intercept * 1e6:>12.1f} {f.beta:>10.3e} "
-                         f"{1e-9 / f.beta:>8.3f} {f.epsilon:>9.3f} {f.fit.r2:>7.4f} "
-                         f"{f.fit.r2_log:>7.4f} {f.fit.max_relative_residual:>8.1%}{clamp}")
-        mm = self.compute["matmul"]
-        lines.append(f"matmul {mm['n']}^2 float32: {mm['flop_per_s_per_device'] / 1e9:.2f} "
-                     f"GFLOP/s per device with all {w} computing "
-                     f"({mm['flop_per_s_one_device_alone'] / 1e9:.2f} GFLOP/s on one alone)")
-        conv = self.compute.get("conv")
-        if conv:
-            lines.append(f"conv 3x3 {conv['shape']}: {conv['flop_per_s_per_device'] / 1e9:.2f} "
-                         "GFLOP/s per device (for the record; the cost model uses the matmul "
-                         "rate)")
-        if self.gamma is None:
-            lines.append(f"gamma: not measured, the prior {DEFAULT_GAMMA} stays in force")
-        else:
-            parts = ", ".join(f"{t['bytes'] / MIB:.1f} MiB: {t['visible_fraction']:.2f}"
-                              for t in self.gamma.trials if t["visible_fraction"] is not None)
-            clip = " (clipped)" if self.gamma.clipped else ""
-            lines.append(f"gamma = {self.gamma.gamma:.3f}{clip}: visible fraction of an "
-                         f"all-reduce beside compute ({parts})")
-        c = self.cluster
-        lines.append(f"cluster {c.name}: alpha' {c.intra.latency * 1e6:.1f} us per worker, "
-                     f"{c.intra.bandwidth / 1e9:.3f} GB/s, "
-                     f"{c.device_peak_flops / 1e9:.2f} GFLOP/s, "
-                     f"{c.device_memory / 2**30:.1f} GiB per device; epsilon "
-                     + ", ".join(f"{k} {v:.2f}" for k, v in (c.epsilon or {}).items()))
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def plot(self, path: str) -> str | None:
-        """Draw the relative residual of every fit against the message size to ``path``
-        (PNG). Returns None when drawn, else the reason it was not (matplotlib missing)."""
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            return "matplotlib is not installed (pip install matplotlib): no residual plot"
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
-        for kind, f in self.fits.items():
-            xs = [p[0] for p in f.fit.points]
-            ts = [p[1] for p in f.fit.points]
-            line, = top.loglog(xs, [t * 1e3 for t in ts], "o", label=kind.long_name)
-            lo, hi = min(xs), max(xs)
-            grid = [lo * (hi / lo) ** (i / 40) for i in range(41)]
-            top.loglog(grid, [f.fit.predict(x) * 1e3 for x in grid], "-",
-                       color=line.get_color(), alpha=0.6)
-            bottom.semilogx(xs, [r * 100 for r in f.fit.relative_residuals], "o-",
-                            color=line.get_color(),
-                            label=f"{kind.value}: R^2 {f.fit.r2:.4f}")
-        top.set_ylabel("time of one collective (ms)")
-        top.set_title(f"tapas profile, {self.cluster.num_devices} devices "
-                      f"({self.devices[0].split('/')[-1].split(':')[-2]}), {self.date}")
-        top.legend(fontsize=8)
-        bottom.axhline(0, color="gray", lw=0.8)
-        bottom.set_xlabel("ring bytes f_k(W) * N")
-        bottom.set_ylabel("residual (measured - fit) / fit, %")
-        bottom.legend(fontsize=8)
-        fig.tight_layout()
-        folder = os.path.dirname(path)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return None
-
-
 def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
             primitives: Sequence[Collective | str] | None = None, repeats: int = 7,
             device_type: str = "auto", matmul_n: int = 1024, conv: bool = True,
@@ -540,4 +392,4 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     cluster = dataclasses.replace(cluster, sources={
         **cluster.sources, "device_memory": f"{memory_source} ({device_memory / 2**30:.1f} GiB)"})
     return Profile(cluster, fits, rows, compute, gamma_fit, names,
-                   time.perf_counter() - start, date, notes)
+                   time.perf_counter() - start, date, notes, tf.__version__)
