@@ -3,6 +3,8 @@
     tapas inspect --model=NAME [--batch_size=N] [--graph_out=ir.json] [--top=10]
     tapas mine    --model=NAME [--min_size=N] [--min_support=K] [--draw=folded.png]
     tapas models
+    tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json
+                  [--plot=residuals.png] [--nogamma]
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
@@ -46,18 +48,27 @@ flags.DEFINE_integer("nodes", 1, "search: machines in the cluster (m of S(m, n))
 flags.DEFINE_integer("devices_per_node", 8, "search: devices per machine (n of S(m, n)).")
 flags.DEFINE_enum("mode", "gp", ["gp", "es"], "search: 'gp' searches each unique subgraph "
                   "once (graph-pruned), 'es' the whole graph (exhaustive).")
-flags.DEFINE_enum("cluster", "v100", sorted(CLUSTER_PRESETS), "search: hardware constants: the "
-                  "paper's V100 nodes (NVLink + 100 Gb/s Ethernet) or this machine's loopback "
-                  "CPU devices (tapas.planning.cost.Cluster presets).")
-flags.DEFINE_string("out", None, "search: write the Strategy as JSON to this path.")
+flags.DEFINE_string("cluster", "v100", f"search, train: hardware constants: a preset "
+                    f"({', '.join(sorted(CLUSTER_PRESETS))}: the paper's V100 nodes, NVLink + "
+                    "100 Gb/s Ethernet, or this machine's loopback CPU devices) or a cluster "
+                    "file written by `tapas profile --out=cluster.json`.")
+flags.DEFINE_string("out", None, "search: write the Strategy as JSON to this path; profile: "
+                    "write the cluster file here (default out/cluster.json).")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
                    "(e.g. for --mode=es on a large model).")
 flags.DEFINE_float("memory_budget_gib", None, "search: GiB per device a plan may use "
                    "(default: the cluster's device memory).")
+flags.DEFINE_string("sizes", None, "profile: message sizes, 'SMALLEST:LARGEST' (by factors "
+                    "of 4) or a list '4KiB,1MiB,...' (default 1KiB:16MiB).")
+flags.DEFINE_integer("repeats", 7, "profile: timed calls per point (the fastest is used).")
+flags.DEFINE_string("plot", None, "profile: the residual plot PNG (default: beside --out, "
+                    "NAME_residuals.png; '' for none).")
+flags.DEFINE_boolean("gamma", True, "profile: measure the overlap factor gamma (--nogamma "
+                     "keeps the prior).")
 
-flags.DEFINE_integer("devices", 4, "train: devices to shard over (logical CPU devices, or "
-                     "the GPUs present).")
+flags.DEFINE_integer("devices", 4, "train: devices to shard over; profile: devices to "
+                     "measure (logical CPU devices, or the GPUs present).")
 flags.DEFINE_integer("steps", 3, "train: optimizer steps.")
 flags.DEFINE_string("strategy", None, "train: a Strategy JSON (`tapas search --out`), or "
                     "'random:SEED' for a random valid plan; default: search on --cluster.")
@@ -68,7 +79,7 @@ flags.DEFINE_integer("workers", 0, "train: launch this many processes on 127.0.0
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "train: optimizer (Keras numerics).")
 flags.DEFINE_float("learning_rate", None, "train: learning rate (default: Keras's).")
 
-COMMANDS = ("inspect", "mine", "models", "search", "train")
+COMMANDS = ("inspect", "mine", "models", "search", "train", "profile")
 
 
 # ---- loading models ------------------------------------------------------------------------
@@ -240,11 +251,18 @@ def cmd_search() -> dict[str, Any]:
     from tapas.planning import explore
     from tapas.planning import search as search_lib
     from tapas.planning.cost import Cluster
+    from tapas.planning.cluster import ClusterFileError
+    # a cluster file keeps its own shape unless --nodes/--devices_per_node are given
+    nodes = FLAGS.nodes if FLAGS["nodes"].present or FLAGS.cluster in CLUSTER_PRESETS else None
+    per_node = (FLAGS.devices_per_node if FLAGS["devices_per_node"].present
+                or FLAGS.cluster in CLUSTER_PRESETS else None)
     try:
-        cluster = Cluster.preset(FLAGS.cluster, FLAGS.nodes, FLAGS.devices_per_node)
+        cluster = Cluster.resolve(FLAGS.cluster, nodes, per_node)
+    except ClusterFileError as e:
+        raise app.UsageError(f"--cluster={FLAGS.cluster}: {e}") from None
     except (TypeError, ValueError) as e:
-        raise app.UsageError(f"--nodes={FLAGS.nodes} --devices_per_node="
-                             f"{FLAGS.devices_per_node}: {e}") from None
+        raise app.UsageError(f"--cluster={FLAGS.cluster} --nodes={FLAGS.nodes} "
+                             f"--devices_per_node={FLAGS.devices_per_node}: {e}") from None
     graph, trace, ir_s = _capture_flags_model()
     capture_s = trace.seconds + ir_s
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes in {capture_s:.3f} s; "
@@ -294,6 +312,39 @@ def cmd_train() -> dict[str, Any]:
         raise app.UsageError(str(e)) from None
 
 
+def cmd_profile() -> dict[str, Any]:
+    """Measure the collectives and compute of --devices devices, fit the cost model, write
+    the cluster file (tapas.planning.profiling)."""
+    from absl import logging
+    # tf.distribute logs every collective at INFO, tf.function each new point's trace at
+    # WARNING (every size is a new function, on purpose)
+    logging.set_verbosity(logging.ERROR)
+    from tapas.planning import profiling
+    try:
+        sizes = None if FLAGS.sizes is None else profiling.parse_sizes(FLAGS.sizes)
+    except ValueError as e:
+        raise app.UsageError(f"--sizes={FLAGS.sizes}: {e}") from None
+    if FLAGS.devices < 2:
+        raise app.UsageError(f"--devices={FLAGS.devices}: a collective needs at least 2 "
+                             "devices; use --devices=2 or more")
+    if FLAGS.repeats < 3:
+        raise app.UsageError(f"--repeats={FLAGS.repeats}: at least 3 timed calls per "
+                             "point are needed; use --repeats=3 or more")
+    out = FLAGS.out or os.path.join("out", "cluster.json")
+    plot = FLAGS.plot if FLAGS.plot is not None else os.path.splitext(out)[0] + "_residuals.png"
+    result = profiling.profile(FLAGS.devices, sizes=sizes, repeats=FLAGS.repeats,
+                               gamma=FLAGS.gamma, progress=lambda line: print(line, flush=True))
+    print()
+    print(result.table())
+    result.save(out)
+    print(f"\ncluster file written to {out} ({result.seconds:.1f} s); use it with "
+          f"`tapas search --cluster={out}`")
+    if plot:
+        why_not = result.plot(plot)
+        print(f"residual plot: {why_not}" if why_not else f"residual plot written to {plot}")
+    return {"cluster": result.cluster.to_json(), "profile": result.to_json()}
+
+
 def cmd_models() -> dict[str, Any]:
     from tapas import models
     rows = []
@@ -337,7 +388,7 @@ _WRITES_OWN_JSON = frozenset({"train"})
 
 
 _HANDLERS = {"inspect": cmd_inspect, "mine": cmd_mine, "models": cmd_models,
-             "search": cmd_search, "train": cmd_train}
+             "search": cmd_search, "train": cmd_train, "profile": cmd_profile}
 
 
 def run() -> None:

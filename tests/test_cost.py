@@ -241,8 +241,12 @@ def test_invalid_options_messages(node: Cluster) -> None:
         CostOptions(gamma=0)
     with pytest.raises(ValueError, match=r"gamma=1.5"):
         CostOptions(gamma=1.5)
-    with pytest.raises(ValueError, match=r"epsilon\['AG'\]=0: must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"epsilon\['AG'\]=0: must be a positive, finite factor"):
         CostOptions(epsilon={"all_gather": 0})
+    with pytest.raises(ValueError, match=r"epsilon\['RS'\]=inf"):
+        CostOptions(epsilon={"RS": float("inf")})
+    # a profiled epsilon may exceed 1 (the runtime's reduce-scatter is all-reduce + slice)
+    assert CostOptions(epsilon={"RS": 2.0}).epsilon_for("RS") == 2.0
     with pytest.raises(ValueError, match=r"collective 'XX' is unknown"):
         CostOptions(epsilon={"XX": 0.5})
     with pytest.raises(TypeError, match=r"latency='yes'"):

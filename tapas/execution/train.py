@@ -42,7 +42,7 @@ class TrainOptions:
     optimizer: str = "sgd"
     learning_rate: float | None = None
     batch_size: int | None = None
-    cluster: str = "v100"             # search: "v100" (paper's GPUs) or "cpu" (loopback)
+    cluster: str = "v100"             # search: "v100", "cpu" or a cluster file (tapas profile)
     memory_budget_gib: float | None = None  # search: per-device budget (forces sharding)
     timeout_s: float = 600.0          # workers: deadline for the whole run
     json_out: str | None = None       # written by worker 0 when workers > 0
@@ -114,7 +114,10 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
     timings["build"] = time.perf_counter() - start
 
-    cluster = Cluster.preset(opts.cluster, 1, n)
+    try:
+        cluster = Cluster.resolve(opts.cluster, 1, n)   # a preset name or a cluster file
+    except ValueError as e:
+        raise TrainError(f"--cluster={opts.cluster}: {e}") from None
     strategy: Any = opts.strategy
     search_options = ({} if opts.memory_budget_gib is None
                       else {"memory_budget": opts.memory_budget_gib * 2**30})

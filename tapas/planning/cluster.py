@@ -7,7 +7,13 @@ Out: a frozen ``Cluster``: its ``num_devices`` (the 1-D mesh the search shards o
      ``Group`` a collective of W workers runs on (and so the link its ring pays), and the
      presets ``Cluster.v100_ethernet`` (the paper's cluster), ``Cluster.loopback_cpu`` (this
      machine's logical CPU devices, measured) and ``Cluster.preset(name, m, n)`` by name
-     (``CLUSTER_PRESETS``, the ``--cluster`` flag).
+     (``CLUSTER_PRESETS``, the ``--cluster`` flag); ``Cluster.save``/``Cluster.load`` write
+     and read a versioned JSON file (what ``tapas profile`` writes), and
+     ``Cluster.resolve(spec, m, n)`` takes a preset name or such a file.
+
+A cluster may carry the cost model's coefficients measured on it (``epsilon`` per primitive
+and ``gamma``, from ``tapas profile``); ``CostOptions.for_cluster`` uses them in place of the
+priors, and ``None`` (every preset) keeps the priors.
 
 A group inside one node pays the intra-node link; one that spans nodes pays the inter-node
 link (a ring is as slow as its slowest hop). ``tapas.planning.cost`` prices collectives on it.
@@ -22,12 +28,18 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import types
 from collections.abc import Callable, Mapping
+from typing import Any
 
-__all__ = ["Link", "Group", "Cluster", "SOURCE_KEYS", "CLUSTER_PRESETS", "check_count",
-           "check_positive"]
+from tapas.sharding.placements import Collective
+
+__all__ = ["Link", "Group", "Cluster", "SOURCE_KEYS", "COEFFICIENT_SOURCE_KEYS",
+           "CLUSTER_PRESETS", "CLUSTER_FORMAT", "CLUSTER_VERSION", "ClusterFileError",
+           "check_count", "check_positive"]
 
 
 def check_count(name: str, value: object, why: str) -> None:
@@ -87,6 +99,16 @@ class Group:
 # the constants each Cluster documents in ``sources``
 SOURCE_KEYS = ("intra.bandwidth", "intra.latency", "inter.bandwidth", "inter.latency",
                "device_memory", "device_peak_flops")
+# the cost-model coefficients a profiled cluster documents too (optional in ``sources``)
+COEFFICIENT_SOURCE_KEYS = ("epsilon", "gamma")
+
+# the cluster file: ``format`` names it, ``version`` its layout (Cluster.save / Cluster.load)
+CLUSTER_FORMAT = "tapas-cluster"
+CLUSTER_VERSION = 1
+
+
+class ClusterFileError(ValueError):
+    """A cluster JSON file that cannot be read: the message names the file and the field."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +117,12 @@ class Cluster:
 
     ``intra`` links devices inside a node, ``inter`` links nodes. ``device_memory`` is bytes per
     device, ``device_peak_flops`` FLOP/s per device. ``sources`` says where each constant comes
-    from (keys: ``SOURCE_KEYS``; a missing one reads "unspecified").
+    from (keys: ``SOURCE_KEYS``, and ``COEFFICIENT_SOURCE_KEYS`` for a profiled cluster; a
+    missing one reads "unspecified").
+
+    ``epsilon`` (per primitive, short names, each > 0) and ``gamma`` (in (0, 1]) are the cost
+    model's coefficients as measured on this hardware (``tapas profile``); ``None`` leaves
+    ``CostOptions``' priors in force (``CostOptions.for_cluster``).
     """
 
     name: str
@@ -107,6 +134,8 @@ class Cluster:
     device_peak_flops: float
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False,
                                                    repr=False)
+    epsilon: Mapping[str, float] | None = dataclasses.field(default=None, hash=False)
+    gamma: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_nodes, int) and not isinstance(self.num_nodes, bool) \
@@ -124,19 +153,41 @@ class Cluster:
                 raise TypeError(f"{field}={link!r}: must be a Link(bandwidth, latency)")
         check_positive("device_memory", self.device_memory, "bytes", "e.g. 32 * 2**30")
         check_positive("device_peak_flops", self.device_peak_flops, "FLOP/s", "e.g. 15.7e12")
-        unknown = sorted(set(self.sources) - set(SOURCE_KEYS))
+        allowed = SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS
+        unknown = sorted(set(self.sources) - set(allowed))
         if unknown:
-            raise ValueError(f"sources has unknown keys {unknown}: use {list(SOURCE_KEYS)}")
+            raise ValueError(f"sources has unknown keys {unknown}: use {list(allowed)}")
         object.__setattr__(self, "sources", types.MappingProxyType(dict(self.sources)))
+        if self.epsilon is not None:
+            if not isinstance(self.epsilon, Mapping):
+                raise TypeError(f"epsilon={self.epsilon!r}: must be a mapping from primitive "
+                                "('AR', 'AG', 'RS', 'A2A') to a factor, or None for the priors")
+            eps: dict[str, float] = {}
+            for key, value in self.epsilon.items():
+                kind = Collective.parse(key)
+                check_positive(f"epsilon[{kind.value!r}]", value, "(a factor on the primitive's "
+                               "transmission time)", "e.g. 1.0 for the all-reduce's rate")
+                eps[kind.value] = float(value)
+            object.__setattr__(self, "epsilon", types.MappingProxyType(eps))
+        if self.gamma is not None:
+            check_positive("gamma", self.gamma, "(the visible fraction of a backward "
+                           "collective)", "e.g. 0.5")
+            if self.gamma > 1:
+                raise ValueError(f"gamma={self.gamma}: must be in (0, 1] (1: nothing of a "
+                                 "backward collective is hidden); use None for the prior")
 
     @property
     def num_devices(self) -> int:
         return self.num_nodes * self.devices_per_node
 
     def source(self, key: str) -> str:
-        """Where the constant ``key`` (one of ``SOURCE_KEYS``) comes from."""
-        if key not in SOURCE_KEYS:
-            raise KeyError(f"{key!r} is not a cluster constant: use one of {list(SOURCE_KEYS)}")
+        """Where the constant ``key`` (one of ``SOURCE_KEYS`` or ``COEFFICIENT_SOURCE_KEYS``)
+        comes from."""
+        if key in COEFFICIENT_SOURCE_KEYS and getattr(self, key) is None:
+            return "not profiled: CostOptions' prior (docs/cost.md)"
+        if key not in SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS:
+            raise KeyError(f"{key!r} is not a cluster constant: use one of "
+                           f"{list(SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS)}")
         return self.sources.get(key, "unspecified")
 
     def group(self, size: int, nodes: int | None = None) -> Group:
@@ -163,6 +214,77 @@ class Cluster:
         """The same hardware with another shape."""
         return dataclasses.replace(self, num_nodes=num_nodes, devices_per_node=devices_per_node,
                                    name=_shape_name(self.name, num_nodes, devices_per_node))
+
+    # ---- the cluster file -------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The cluster as the JSON object ``save`` writes (``format``, ``version``, fields)."""
+        return {"format": CLUSTER_FORMAT, "version": CLUSTER_VERSION, "name": self.name,
+                "num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node,
+                "intra": _link_json(self.intra), "inter": _link_json(self.inter),
+                "device_memory": self.device_memory,
+                "device_peak_flops": self.device_peak_flops,
+                "epsilon": None if self.epsilon is None else dict(self.epsilon),
+                "gamma": self.gamma, "sources": dict(self.sources)}
+
+    def save(self, path: str, extra: Mapping[str, Any] | None = None) -> None:
+        """Write the cluster to ``path`` as JSON (``to_json``); ``extra`` adds keys that
+        ``load`` skips (``tapas profile`` stores its measurements under ``"profile"``)."""
+        d = self.to_json()
+        for key in extra or {}:
+            if key in d:
+                raise ValueError(f"extra key {key!r} would overwrite the cluster field {key!r}; "
+                                 "put extra data under another key, e.g. 'profile'")
+        d.update(extra or {})
+        folder = os.path.dirname(path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(d, f, indent=1)
+            f.write("\n")
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "cluster JSON") -> Cluster:
+        """The cluster of a ``to_json`` object; ``ClusterFileError`` names ``where`` and the
+        field when a field is missing or wrong."""
+        return _cluster_from_json(d, where)
+
+    @classmethod
+    def load(cls, path: str) -> Cluster:
+        """Read a cluster file written by ``save`` (or ``tapas profile``)."""
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise ClusterFileError(f"cluster file {path!r} cannot be read ({e.strerror}); give "
+                                   "the path of a file written by `tapas profile --out=...` "
+                                   "or Cluster.save") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ClusterFileError(f"cluster file {path!r} is not JSON ({e}); write it with "
+                                   "`tapas profile --out=...` or Cluster.save") from None
+        return _cluster_from_json(d, f"cluster file {path!r}")
+
+    @classmethod
+    def resolve(cls, spec: str, num_nodes: int | None = None,
+                devices_per_node: int | None = None) -> Cluster:
+        """A preset name (``CLUSTER_PRESETS``) or the path of a cluster file; shaped
+        ``num_nodes`` x ``devices_per_node`` (a file keeps its own shape where one is None,
+        a preset takes 1 x 8). The ``--cluster`` flag of ``tapas search`` and ``train``."""
+        if spec in CLUSTER_PRESETS:
+            return cls.preset(spec, 1 if num_nodes is None else num_nodes,
+                              8 if devices_per_node is None else devices_per_node)
+        if not (spec.endswith(".json") or os.path.exists(spec)):
+            raise ValueError(f"cluster {spec!r} is neither a preset ({sorted(CLUSTER_PRESETS)}) "
+                             "nor a cluster file (.json): give a preset name or the path "
+                             "`tapas profile --out=...` wrote")
+        cluster = cls.load(spec)
+        m = cluster.num_nodes if num_nodes is None else num_nodes
+        n = cluster.devices_per_node if devices_per_node is None else devices_per_node
+        if (m, n) == (cluster.num_nodes, cluster.devices_per_node):
+            return cluster
+        return cluster.with_shape(m, n)
 
     # ---- presets --------------------------------------------------------------------------
 
@@ -208,6 +330,89 @@ class Cluster:
             raise ValueError(f"cluster preset {name!r} is unknown: use one of "
                              f"{sorted(CLUSTER_PRESETS)}")
         return CLUSTER_PRESETS[name]().with_shape(num_nodes, devices_per_node)
+
+
+def _link_json(link: Link) -> dict[str, Any]:
+    return {"name": link.name, "bandwidth": link.bandwidth, "latency": link.latency}
+
+
+def _cluster_from_json(d: Any, where: str) -> Cluster:
+    """``Cluster.from_json``: every field checked, errors naming ``where`` and the field."""
+    def fail(field: str, problem: str) -> ClusterFileError:
+        return ClusterFileError(f"{where}: field {field!r} {problem}; re-create the file with "
+                                "`tapas profile --out=...` or Cluster.save, or fix that field")
+
+    if not isinstance(d, dict):
+        raise ClusterFileError(f"{where}: must be a JSON object, got {type(d).__name__}; "
+                               "write it with `tapas profile --out=...` or Cluster.save")
+    if d.get("format") != CLUSTER_FORMAT:
+        raise fail("format", f"is {d.get('format')!r}, expected {CLUSTER_FORMAT!r} (not a "
+                   "cluster file: a strategy or report JSON?)")
+    version = d.get("version")
+    if version != CLUSTER_VERSION:
+        raise fail("version", f"is {version!r}; this TAPAS reads version {CLUSTER_VERSION}")
+
+    def get(field: str, kind: tuple[type, ...], what: str, obj: Mapping[str, Any] = d,
+            prefix: str = "") -> Any:
+        name = prefix + field
+        if field not in obj:
+            raise fail(name, f"is missing (it must be {what})")
+        value = obj[field]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise fail(name, f"is {value!r}, it must be {what}")
+        return value
+
+    def number(field: str, what: str, obj: Mapping[str, Any] = d, prefix: str = "",
+               zero_ok: bool = False) -> float:
+        value = float(get(field, (int, float), what, obj, prefix))
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            raise fail(prefix + field, f"is {value!r}, it must be {what}")
+        return value
+
+    def link(field: str) -> Link:
+        obj = get(field, (dict,), "an object {name, bandwidth, latency}")
+        return Link(bandwidth=number("bandwidth", "a positive number of bytes/s", obj,
+                                     field + "."),
+                    latency=number("latency", "a number of seconds >= 0", obj, field + ".",
+                                   zero_ok=True),
+                    name=str(obj.get("name", field)))
+
+    name = get("name", (str,), "a string")
+    shape = {}
+    for field in ("num_nodes", "devices_per_node"):
+        shape[field] = get(field, (int,), "an int >= 1")
+        if shape[field] < 1:
+            raise fail(field, f"is {shape[field]}, it must be an int >= 1")
+    intra, inter = link("intra"), link("inter")
+    memory = number("device_memory", "a positive number of bytes")
+    flops = number("device_peak_flops", "a positive number of FLOP/s")
+    sources = d.get("sources", {})
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise fail("sources", "must be an object of strings (constant -> where it comes from)")
+    allowed = SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS
+    for key in sources:
+        if key not in allowed:
+            raise fail(f"sources.{key}", f"is not a cluster constant (use {list(allowed)})")
+    epsilon = d.get("epsilon")
+    if epsilon is not None:
+        if not isinstance(epsilon, dict):
+            raise fail("epsilon", f"is {epsilon!r}, it must be null or an object "
+                       "{primitive: factor}")
+        for key in epsilon:
+            try:
+                Collective.parse(key)
+            except ValueError as e:
+                raise fail(f"epsilon.{key}", str(e)) from None
+            number(key, "a positive factor", epsilon, "epsilon.")
+    gamma = d.get("gamma")
+    if gamma is not None:
+        gamma = number("gamma", "a number in (0, 1]")
+        if gamma > 1:
+            raise fail("gamma", f"is {gamma!r}, it must be a number in (0, 1]")
+    return Cluster(name=name, num_nodes=shape["num_nodes"],
+                   devices_per_node=shape["devices_per_node"], intra=intra, inter=inter,
+                   device_memory=memory, device_peak_flops=flops, sources=sources,
+                   epsilon=epsilon, gamma=gamma)
 
 
 def _shape_name(base: str, num_nodes: int, devices_per_node: int) -> str:

@@ -116,8 +116,11 @@ class CostOptions:
     gamma: float = DEFAULT_GAMMA
     # scale transmission by epsilon of its primitive (eq. 3, "EC"); off: epsilon = 1
     collective_efficiency: bool = True
-    # epsilon per primitive, keyed by short name ("AR", "AG", "RS", "A2A"), each in (0, 1];
-    # a primitive left out gets 1
+    # epsilon per primitive, keyed by short name ("AR", "AG", "RS", "A2A"), each > 0; the
+    # priors are in (0, 1] as in the paper, a profiled value (tapas profile: the primitive's
+    # measured time per ring byte over the all-reduce's) may exceed 1 where the runtime moves
+    # more than the ring bytes (its reduce-scatter is an all-reduce + slice); a primitive
+    # left out gets 1
     epsilon: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: dict(DEFAULT_EPSILON), hash=False)
     # plan level (beyond the paper): add compute time, FLOPs per device / device peak; off:
@@ -147,8 +150,8 @@ class CostOptions:
         eps: dict[str, float] = {}
         for key, value in dict(self.epsilon).items():
             kind = Collective.parse(key)
-            _check_fraction(f"epsilon[{kind.value!r}]", value,
-                            "use collective_efficiency=False for no discount")
+            _check_factor(f"epsilon[{kind.value!r}]", value,
+                          "use collective_efficiency=False for no discount")
             eps[kind.value] = float(value)
         object.__setattr__(self, "epsilon", types.MappingProxyType(eps))
 
@@ -167,12 +170,33 @@ class CostOptions:
         """The plain alpha-beta model: latency on, no overlap discounts (the ablation baseline)."""
         return cls(gradient_overlap=False, collective_efficiency=False)
 
+    @classmethod
+    def for_cluster(cls, cluster: Cluster, **changes: object) -> CostOptions:
+        """The options with ``cluster``'s profiled ``epsilon`` and ``gamma`` in place of the
+        priors (a cluster without them, e.g. a preset, keeps the priors), then ``changes``
+        (e.g. ``gradient_overlap=False`` for an ablation row). The search's default."""
+        measured: dict[str, object] = {}
+        if cluster.epsilon is not None:
+            measured["epsilon"] = dict(cluster.epsilon)
+        if cluster.gamma is not None:
+            measured["gamma"] = cluster.gamma
+        measured.update(changes)
+        return cls(**measured)
+
 
 def _check_fraction(name: str, value: object, fix: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}={value!r}: must be a number in (0, 1]")
     if not (0.0 < value <= 1.0):
         raise ValueError(f"{name}={value}: must be in (0, 1]; {fix}")
+
+
+def _check_factor(name: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}={value!r}: must be a positive number")
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"{name}={value}: must be a positive, finite factor (1: the "
+                         f"link's ring rate; a profiled one may exceed 1); {fix}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,3 +428,12 @@ class PlanCost:
                 f"{self.communication * 1e3:.3f} ms (forward {d['forward'] * 1e3:.3f}, "
                 f"backward {d['backward'] * 1e3:.3f}; {kinds or 'none'}), compute "
                 f"{self.compute * 1e3:.3f} ms; memory {self.memory}")
+
+
+def __getattr__(name: str) -> object:
+    """``profile`` (``tapas.cost.profile``) is ``tapas.planning.profiling.profile``, imported
+    on first use: it measures with TensorFlow, which this module does not import."""
+    if name == "profile":
+        from tapas.planning.profiling import profile
+        return profile
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

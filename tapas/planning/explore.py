@@ -274,7 +274,7 @@ def explore(graph: Graph, num_devices: int, cluster: Cluster, *, mode: str = "gp
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: use one of {MODES} ('gp': graph-pruned on the "
                          "folded graph, 'es': exhaustive on the whole graph)")
-    cost_options = CostOptions() if cost_options is None else cost_options
+    cost_options = CostOptions.for_cluster(cluster) if cost_options is None else cost_options
     options = ExploreOptions() if options is None else options
     timings: dict[str, float] = {}
     t0 = time.perf_counter()

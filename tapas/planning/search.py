@@ -89,7 +89,7 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     timings: dict[str, float] = {}
     cluster = Cluster.v100_ethernet() if cluster is None else cluster
     budget, xopts = _checked_arguments(cluster, mode, top_k, memory_budget, explore_options)
-    options = CostOptions() if options is None else options
+    options = CostOptions.for_cluster(cluster) if options is None else options
     graph = _graph_of(model_or_graph, input_spec, timings)
     with _gc_frozen():
         return _search_graph(graph, cluster, mode, budget, xopts, options, references, folded,

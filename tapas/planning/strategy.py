@@ -109,13 +109,15 @@ def _cluster_json(c: Cluster) -> dict[str, Any]:
             "intra": [c.intra.bandwidth, c.intra.latency, c.intra.name],
             "inter": [c.inter.bandwidth, c.inter.latency, c.inter.name],
             "device_memory": c.device_memory, "device_peak_flops": c.device_peak_flops,
-            "sources": dict(c.sources)}
+            "sources": dict(c.sources),
+            "epsilon": None if c.epsilon is None else dict(c.epsilon), "gamma": c.gamma}
 
 
 def _cluster_from_json(d: Mapping[str, Any]) -> Cluster:
+    # "epsilon" and "gamma" (a profiled cluster's coefficients) are absent from older files
     return Cluster(d["name"], d["num_nodes"], d["devices_per_node"], Link(*d["intra"]),
                    Link(*d["inter"]), d["device_memory"], d["device_peak_flops"],
-                   d.get("sources", {}))
+                   d.get("sources", {}), d.get("epsilon"), d.get("gamma"))
 
 
 

@@ -117,7 +117,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
                   patterns_fn: PatternsFn | None = None) -> PatternTable:
     """Summarise every GraphNode's patterns, calling ``patterns_fn`` once per signature."""
     start = time.perf_counter()
-    options = CostOptions() if options is None else options
+    options = CostOptions.for_cluster(cluster) if options is None else options
     patterns_fn = patterns_fn or patterns_for
     first_of: dict[str, int] = {}
     weight_placements: dict[str, list[list[Placement]]] = {}   # per signature and pattern

@@ -1,0 +1,395 @@
+"""``tapas profile``: measure this machine's collectives and compute, fit the cost model.
+
+In:  a device count W (logical CPU devices, or the GPUs when at least W are present:
+     ``tapas.execution.devices.make_strategy``), message sizes, repeats.
+Out: a :class:`Profile`: one row per (primitive, size) measured, the fits of
+     ``tapas.planning.calibrate`` (alpha', beta, epsilon per primitive with R^2), the
+     achieved matmul and convolution FLOP/s, the measured gamma, and the profiled
+     ``Cluster`` (``Profile.save`` writes the cluster file ``tapas search --cluster=...``
+     reads, with the measurements under ``"profile"``; ``Profile.plot`` the residual PNG).
+
+What is timed is what the runtime launches: each primitive goes through
+``tapas.execution.collectives.ReplicaContextCollectives`` inside
+``MirroredStrategy.run`` in a ``tf.function``, as a reconstructed program's collectives do:
+
+- all-reduce (AR): every replica holds N bytes;
+- all-gather (AG): every replica holds N / W, N gathered;
+- reduce-scatter (RS): every replica holds N, keeps N / W; the runtime runs it as an
+  all-reduce and a local slice (no CPU kernel for a reduce-scatter in TF 2.21);
+- all-to-all (A2A): every replica's buffer is N; the runtime runs it as an all-gather of
+  every buffer and a local slice (``ReplicaContext`` has no all-to-all).
+
+N is the cost model's message size (``tapas.planning.cost``), so the fitted epsilon of RS
+and A2A carries the extra traffic of those implementations.
+
+One call of a ``tf.function`` costs a fixed dispatch time (milliseconds under
+MirroredStrategy) that a training step pays once, whatever its plan; it is not a
+collective's cost. Each point is therefore timed as a chain: one function runs k
+collectives one after the other (each waits on the previous one's output by a control
+dependency, no data is copied between them), another runs one, the two called in turn
+``repeats`` times, and the time of one collective is (min t_k - min t_1) / (k - 1). The
+minimum, not the median: on a shared machine other processes only ever add time, so the
+fastest call is the least disturbed one (the row keeps every call and the estimate from
+medians too). A point costing milliseconds is timed more often than ``repeats`` (up to
+4 x, until its calls took 0.4 s). k is 8 for messages up to 256 KiB, 4 up to 4 MiB and 3
+above. Every other timing below is the fastest of its repeats as well.
+
+Compute: an n x n float32 matmul per replica, all replicas at once (the devices of a step
+compute together; logical CPU devices share the cores), FLOP/s per device, the cluster's
+``device_peak_flops``; alone on one device and a 3x3 convolution for the record.
+
+gamma: an all-reduce alone, a chain of matmuls alone (sized to take about as long), and
+both in one function with no dependency between them (as a backward all-reduce runs beside
+the weight-gradient matmul); gamma = (both - compute) / all-reduce, each less an empty
+call (``tapas.planning.calibrate.fit_gamma``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tapas.execution.collectives import Audit, ReplicaContextCollectives
+from tapas.execution.devices import make_strategy
+from tapas.planning.calibrate import (KIB, MIB, FitError, Profile, fit_collectives,
+                                      fit_gamma, parse_sizes, profiled_cluster)
+from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
+from tapas.sharding.placements import Collective
+
+__all__ = ["profile", "Profile", "parse_sizes", "DEFAULT_SIZES", "PRIMITIVES"]
+
+#: 1 KiB to 16 MiB by factors of 4 (8 sizes)
+DEFAULT_SIZES: tuple[int, ...] = tuple(KIB * 4 ** i for i in range(8))
+PRIMITIVES: tuple[Collective, ...] = (Collective.ALL_REDUCE, Collective.ALL_GATHER,
+                                      Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL)
+
+Progress = Callable[[str], None]
+# a point's timed rounds continue past ``repeats`` (up to EXTRA_REPEATS x) until they took
+# MIN_POINT_SECONDS: the small messages, whose calls take milliseconds, get more chances
+MIN_POINT_SECONDS = 0.4
+EXTRA_REPEATS = 4
+
+
+def _chain_length(nbytes: int) -> int:
+    return 8 if nbytes <= 256 * KIB else 4 if nbytes <= 4 * MIB else 3
+
+
+def _shapes(kind: Collective, nbytes: int, w: int) -> tuple[list[int], list[int], int]:
+    """(per-replica input shape, global shape the audit records, N actually used): a
+    [rows, cols] float32 tensor of about ``nbytes``, rows and cols multiples of W."""
+    cols = 8 * w
+    rows = max(w, round(nbytes / 4 / cols / w) * w)
+    n = rows * cols * 4
+    if kind is Collective.ALL_GATHER:
+        return [rows // w, cols], [rows, cols], n
+    return [rows, cols], [rows, cols], n
+
+
+def _run_op(coll: ReplicaContextCollectives, kind: Collective, x: tf.Tensor,
+            shape: list[int]) -> tf.Tensor:
+    if kind is Collective.ALL_REDUCE:
+        return coll.all_reduce([x], "profile", shape, "float32")[0]
+    if kind is Collective.ALL_GATHER:
+        return coll.all_gather([x], 0, "profile", shape, "float32")[0]
+    if kind is Collective.REDUCE_SCATTER:
+        return coll.reduce_scatter([x], 0, "profile", shape, "float32")[0]
+    return coll.all_to_all([x], 0, 1, "profile", shape, "float32")[0]
+
+
+class _Timer:
+    """Calls of per-replica functions under one strategy, timed to completion."""
+
+    def __init__(self, strategy: tf.distribute.Strategy) -> None:
+        self.strategy = strategy
+        self.w = strategy.num_replicas_in_sync
+        self.audit = Audit()
+
+    def values(self, shape: Sequence[int]) -> Any:
+        """Per-replica float32 tensors of ``shape``, replica r filled with r + 1."""
+        def make(ctx):
+            return tf.fill(list(shape), tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32))
+        return self.strategy.experimental_distribute_values_from_function(make)
+
+    def function(self, replica_fn: Callable[..., Any]) -> Callable[..., Any]:
+        strategy = self.strategy
+        return tf.function(lambda *args: strategy.run(replica_fn, args=args))
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> float:
+        start = time.perf_counter()
+        out = fn(*args)
+        for t in tf.nest.flatten(self.strategy.experimental_local_results(out)):
+            t.numpy()
+        return time.perf_counter() - start
+
+    def timed(self, fns: Sequence[Callable[..., Any]], args: Sequence[Any],
+              repeats: int) -> list[list[float]]:
+        """Each of ``fns`` called once to warm up, then in turn ``repeats`` times, and more
+        (up to ``EXTRA_REPEATS`` x) while the rounds took under ``MIN_POINT_SECONDS``: cheap
+        points get more chances at an undisturbed call. The times per function."""
+        for fn in fns:
+            self.call(fn, *args)
+        times: list[list[float]] = [[] for _ in fns]
+        start = time.perf_counter()
+        rounds = 0
+        while rounds < repeats or (rounds < EXTRA_REPEATS * repeats and
+                                   time.perf_counter() - start < MIN_POINT_SECONDS):
+            for i, fn in enumerate(fns):
+                times[i].append(self.call(fn, *args))
+            rounds += 1
+        return times
+
+    def chain(self, kind: Collective, k: int, shape: list[int]) -> Callable[..., Any]:
+        def replica_fn(x):
+            coll = ReplicaContextCollectives(self.w, self.audit)
+            prev = None
+            for _ in range(k):
+                with tf.control_dependencies([] if prev is None else [prev]):
+                    out = _run_op(coll, kind, tf.identity(x), shape)
+                prev = out
+            return tf.reshape(prev, [-1])[:1]
+        return self.function(replica_fn)
+
+
+def _measure_collective(timer: _Timer, kind: Collective, nbytes: int,
+                        repeats: int) -> dict[str, Any]:
+    local, full, n = _shapes(kind, nbytes, timer.w)
+    k = _chain_length(n)
+    value = timer.values(local)
+    one, many = timer.chain(kind, 1, full), timer.chain(kind, k, full)
+    t1, tk = timer.timed([one, many], [value], repeats)
+    return {"kind": kind.value, "bytes": n, "requested_bytes": nbytes, "chain": k,
+            "seconds": (min(tk) - min(t1)) / (k - 1),
+            "median_based_s": (statistics.median(tk) - statistics.median(t1)) / (k - 1),
+            "call_1_s": min(t1), "call_1_all_s": t1, "call_k_all_s": tk, "repeats": len(t1),
+            "ring_bytes": ring_factor(kind, timer.w) * n}
+
+
+def _matmul_rate(timer: _Timer, n: int, repeats: int, devices: list[str]) -> dict[str, Any]:
+    """FLOP/s of an n x n float32 matmul per device, all devices at once and one alone."""
+    a = timer.values([n, n])
+
+    def replica_mm(x):
+        return tf.reshape(tf.matmul(x, x), [-1])[:1]
+
+    def replica_empty(x):
+        return tf.reshape(x, [-1])[:1]
+
+    empty, mm = timer.function(replica_empty), timer.function(replica_mm)
+    te, tm = timer.timed([empty, mm], [a], repeats)
+    seconds = min(tm) - min(te)
+    flops = 2.0 * n ** 3
+    with tf.device(devices[0]):
+        x = tf.fill([n, n], 1.0)
+        alone = tf.function(lambda v: tf.reshape(tf.matmul(v, v), [-1])[:1])
+        alone(x).numpy()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            alone(x).numpy()
+            times.append(time.perf_counter() - start)
+    alone_s = min(times)
+    return {"n": n, "flops": flops, "seconds_all_devices": seconds,
+            "flop_per_s_per_device": flops / seconds if seconds > 0 else float("nan"),
+            "seconds_one_device_alone": alone_s, "flop_per_s_one_device_alone": flops / alone_s}
+
+
+def _conv_rate(timer: _Timer, repeats: int) -> dict[str, Any]:
+    """FLOP/s of a 3x3, 64 -> 64 channel convolution of a [8, 32, 32, 64] batch per device,
+    all devices at once."""
+    b, h, c = 8, 32, 64
+    x = timer.values([b, h, h, c])
+    kernel = tf.fill([3, 3, c, c], 0.01)
+
+    def replica_conv(v):
+        y = tf.nn.conv2d(v, kernel, strides=1, padding="SAME")
+        return tf.reshape(y, [-1])[:1]
+
+    def replica_empty(v):
+        return tf.reshape(v, [-1])[:1]
+
+    te, tc = timer.timed([timer.function(replica_empty), timer.function(replica_conv)],
+                         [x], repeats)
+    seconds = min(tc) - min(te)
+    flops = 2.0 * b * h * h * 9 * c * c
+    return {"shape": [b, h, h, c], "kernel": [3, 3, c, c], "flops": flops,
+            "seconds_all_devices": seconds,
+            "flop_per_s_per_device": flops / seconds if seconds > 0 else float("nan")}
+
+
+def _overlap_trial(timer: _Timer, nbytes: int, flop_rate: float,
+                   repeats: int) -> dict[str, float]:
+    """One gamma trial: an all-reduce of ``nbytes``, a matmul chain sized to take about as
+    long, and both at once (module docstring)."""
+    local, full, n = _shapes(Collective.ALL_REDUCE, nbytes, timer.w)
+    m = 256
+    comm_fn = timer.chain(Collective.ALL_REDUCE, 1, full)
+    x = timer.values(local)
+    w_mat = timer.values([m, m])
+    # estimate the all-reduce's time to size the compute beside it
+    t_comm = min(timer.timed([comm_fn], [x], 3)[0])
+    count = max(1, round(t_comm * flop_rate / (2.0 * m ** 3)))
+
+    def compute(wm):
+        y = wm
+        for _ in range(count):
+            y = tf.tanh(tf.matmul(y, wm) * (1.0 / m))
+        return tf.reshape(y, [-1])[:1]
+
+    def replica_empty(v, wm):
+        return tf.reshape(v, [-1])[:1], tf.reshape(wm, [-1])[:1]
+
+    def replica_comm(v, wm):
+        coll = ReplicaContextCollectives(timer.w, timer.audit)
+        return tf.reshape(_run_op(coll, Collective.ALL_REDUCE, v, full), [-1])[:1], \
+            tf.reshape(wm, [-1])[:1]
+
+    def replica_compute(v, wm):
+        return tf.reshape(v, [-1])[:1], compute(wm)
+
+    def replica_both(v, wm):
+        coll = ReplicaContextCollectives(timer.w, timer.audit)
+        return tf.reshape(_run_op(coll, Collective.ALL_REDUCE, v, full), [-1])[:1], \
+            compute(wm)
+
+    fns = [timer.function(f) for f in (replica_empty, replica_comm, replica_compute,
+                                       replica_both)]
+    times = timer.timed(fns, [x, w_mat], repeats)
+    med = [min(t) for t in times]
+    return {"bytes": n, "matmuls": count, "matmul_n": m, "empty": med[0], "comm": med[1],
+            "compute": med[2], "both": med[3]}
+
+
+def _device_memory(devices: list[str]) -> tuple[float, str]:
+    """Bytes of memory per device and where the figure comes from."""
+    if "GPU" in devices[0].upper():
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=30, check=True).stdout.split()
+            return float(out[0]) * MIB, "nvidia-smi memory.total of GPU 0"
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            pass
+        return 0.0, "unknown: nvidia-smi did not answer; pass device_memory="
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return float(total), "this machine's RAM, shared by all logical CPU devices"
+
+
+def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
+            primitives: Sequence[Collective | str] | None = None, repeats: int = 7,
+            device_type: str = "auto", matmul_n: int = 1024, conv: bool = True,
+            gamma: bool = True, device_memory: float | None = None,
+            progress: Progress | None = print) -> Profile:
+    """Measure the collectives the runtime launches and the compute rate on ``devices``
+    devices, fit the cost model and return the :class:`Profile` (module docstring).
+
+    Logical CPU devices are fixed once per process: call this before any other TensorFlow
+    work in the process (``tapas profile`` runs in its own). ``progress`` gets one line per
+    measurement (None: silent). ``device_memory`` (bytes) overrides the memory read from
+    the machine.
+    """
+    start = time.perf_counter()
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
+        raise ValueError(f"devices={devices!r}: a collective needs at least 2 devices")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 3:
+        raise ValueError(f"repeats={repeats!r}: at least 3 timed calls per point are needed")
+    sizes = sorted(set(DEFAULT_SIZES if sizes is None else sizes))
+    if len(sizes) < 2:
+        raise ValueError(f"sizes={sizes}: a line needs at least two message sizes")
+    kinds = [Collective.parse(k) for k in (primitives or PRIMITIVES)]
+    if Collective.ALL_REDUCE not in kinds:
+        kinds.insert(0, Collective.ALL_REDUCE)
+    say = progress or (lambda line: None)
+    strategy = make_strategy(devices, device_type=device_type)
+    names = list(strategy.extended.worker_devices)
+    timer = _Timer(strategy)
+    w = timer.w
+    say(f"profiling on {w} devices ({', '.join(n.split('/')[-1] for n in names)}), "
+        f"{len(sizes)} sizes x {len(kinds)} primitives, {repeats} repeats each")
+    say(f"{'primitive':<15} {'N bytes':>12} {'chain':>5} {'one call ms':>11} "
+        f"{'collective ms':>13} {'ring GB/s':>9}")
+    rows = []
+    for kind in kinds:
+        for nbytes in sizes:
+            for attempt in range(1, 4):   # a chain no slower than one call: noise, again
+                row = _measure_collective(timer, kind, nbytes, repeats)
+                row["attempts"] = attempt
+                if row["seconds"] > 0:
+                    break
+            rows.append(row)
+            rate = row["ring_bytes"] / row["seconds"] / 1e9 if row["seconds"] > 0 else 0.0
+            say(f"{kind.long_name:<15} {row['bytes']:>12,} {row['chain']:>5} "
+                f"{row['call_1_s'] * 1e3:>11.3f} {row['seconds'] * 1e3:>13.3f} {rate:>9.3f}")
+    notes = []
+    usable = [r for r in rows if r["seconds"] > 0]
+    dropped = [f"{r['kind']} {r['bytes']:,} B" for r in rows if r["seconds"] <= 0]
+    if dropped:
+        notes.append(f"left out of the fits, the chain was no slower than one call in 3 "
+                     f"attempts (noise larger than the collective): {', '.join(dropped)}")
+    try:
+        fits = fit_collectives(usable, w)
+    except FitError as e:
+        raise RuntimeError(f"the measurements on {w} devices give no fit: {e}. The machine "
+                           f"may be busy (load {os.getloadavg()[0]:.1f}): measure again with "
+                           "more repeats or larger sizes") from None
+
+    for kind, f in fits.items():
+        bad = [f"{x / ring_factor(kind, w):,.0f} B ({r:+.0%})"
+               for (x, _), r in zip(f.fit.points, f.fit.relative_residuals) if abs(r) > 0.5]
+        if bad:
+            notes.append(f"{kind.long_name}: the line misses these sizes by more than 50 % "
+                         f"({', '.join(bad)}): noise from other processes, or a time that is "
+                         "not linear in N there (see the residual plot)")
+
+    compute: dict[str, Any] = {"matmul": _matmul_rate(timer, matmul_n, repeats, names)}
+    mm = compute["matmul"]
+    say(f"matmul {matmul_n}^2: {mm['seconds_all_devices'] * 1e3:.1f} ms with all devices, "
+        f"{mm['flop_per_s_per_device'] / 1e9:.2f} GFLOP/s per device")
+    if conv:
+        compute["conv"] = _conv_rate(timer, repeats)
+        say(f"conv 3x3 {compute['conv']['shape']}: "
+            f"{compute['conv']['flop_per_s_per_device'] / 1e9:.2f} GFLOP/s per device")
+    flop_rate = mm["flop_per_s_per_device"]
+    if not flop_rate > 0:
+        raise RuntimeError(f"matmul {matmul_n}^2 took no longer than an empty call "
+                           f"({mm['seconds_all_devices']} s): use a larger matmul_n")
+
+    gamma_fit = None
+    if gamma:
+        trials = []
+        for nbytes in (MIB, 4 * MIB):
+            t = _overlap_trial(timer, nbytes, flop_rate, repeats)
+            trials.append(t)
+            say(f"overlap {t['bytes'] / MIB:.1f} MiB all-reduce beside {t['matmuls']} matmuls "
+                f"{t['matmul_n']}^2: empty {t['empty'] * 1e3:.2f} ms, all-reduce "
+                f"{t['comm'] * 1e3:.2f} ms, compute {t['compute'] * 1e3:.2f} ms, both "
+                f"{t['both'] * 1e3:.2f} ms")
+        gamma_fit = fit_gamma(trials)
+        if gamma_fit is None:
+            notes.append(f"gamma not measured: in every overlap trial the all-reduce or the "
+                         f"compute took no longer than an empty call (noise); the prior "
+                         f"{DEFAULT_GAMMA} stays in force")
+    else:
+        notes.append(f"gamma not measured: the prior {DEFAULT_GAMMA} stays in force")
+
+    memory_source = "given"
+    if device_memory is None:
+        device_memory, memory_source = _device_memory(names)
+        if device_memory <= 0:
+            raise RuntimeError(f"device memory {memory_source}: pass device_memory=BYTES")
+    kind_name = "gpu" if "GPU" in names[0].upper() else "cpu"
+    where = "GPUs" if kind_name == "gpu" else "logical CPU devices"
+    date = datetime.date.today().isoformat()
+    cluster = profiled_cluster(f"profiled-{kind_name}", fits, device_memory, flop_rate,
+                               gamma_fit, where, date)
+    cluster = dataclasses.replace(cluster, sources={
+        **cluster.sources, "device_memory": f"{memory_source} ({device_memory / 2**30:.1f} GiB)"})
+    return Profile(cluster, fits, rows, compute, gamma_fit, names,
+                   time.perf_counter() - start, date, notes, tf.__version__)

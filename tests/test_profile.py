@@ -1,0 +1,338 @@
+"""Tests for calibration: the fits (synthetic data), the cluster file, and `tapas profile`
+followed by `tapas search --cluster=FILE` in subprocesses."""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tapas.planning.calibrate import (FitError, fit_collectives, fit_gamma, fit_linear,
+                                      profiled_cluster)
+from tapas.planning.cluster import Cluster, ClusterFileError, Link
+from tapas.planning.cost import DEFAULT_EPSILON, DEFAULT_GAMMA, CostOptions, ring_factor
+from tapas.sharding.placements import Collective
+
+SIZES = [2 ** k for k in range(10, 25, 2)]       # 1 KiB to 16 MiB
+
+
+def close(a, b, rel=1e-9):
+    return math.isclose(a, b, rel_tol=rel, abs_tol=0.0)
+
+
+# ---- fitting ---------------------------------------------------------------------------------
+
+def test_fit_linear_recovers_exact_constants():
+    x = [float(s) for s in SIZES]
+    fit = fit_linear(x, [5e-4 + 2.5e-9 * v for v in x])
+    assert close(fit.intercept, 5e-4, 1e-9) and close(fit.slope, 2.5e-9, 1e-9)
+    assert close(fit.r2, 1.0, 1e-12) and close(fit.r2_log, 1.0, 1e-12) and not fit.clamped
+    assert fit.max_relative_residual < 1e-9
+
+
+def test_fit_linear_with_noise_recovers_constants_within_noise():
+    rng = np.random.default_rng(0)
+    x = np.repeat(np.asarray(SIZES, dtype=float), 5)
+    t = (3e-4 + 1e-9 * x) * (1 + rng.normal(0, 0.02, size=x.shape))   # 2 % timing noise
+    fit = fit_linear(list(x), list(t))
+    assert abs(fit.intercept / 3e-4 - 1) < 0.03 and abs(fit.slope / 1e-9 - 1) < 0.03
+    assert fit.r2 > 0.99 and fit.r2_log > 0.99
+    assert fit.max_relative_residual < 0.1
+
+
+def test_fit_linear_relative_weights_keep_the_intercept():
+    # plain least squares would let the 16 MiB point's 1 % error swamp the 1 KiB latency
+    x = [float(s) for s in SIZES]
+    t = [1e-4 + 1e-9 * v for v in x]
+    t[-1] *= 1.01
+    fit = fit_linear(x, t)
+    assert abs(fit.intercept / 1e-4 - 1) < 0.05
+
+
+def test_fit_linear_clamps_a_negative_intercept_and_refuses_bad_data():
+    x = [1e3, 1e4, 1e5, 1e6]
+    fit = fit_linear(x, [1e-9 * v - 1e-7 + 1e-9 for v in x])
+    assert fit.clamped and fit.intercept == 0.0 and fit.slope > 0
+    with pytest.raises(FitError, match="do not grow with the message size"):
+        fit_linear(x, [1e-3, 0.9e-3, 0.8e-3, 0.7e-3])
+    with pytest.raises(FitError, match="at least two distinct message sizes"):
+        fit_linear([1e3, 1e3], [1e-3, 2e-3])
+    with pytest.raises(FitError, match=r"times \[-0.001\]: every measured time must be positive"):
+        fit_linear([1e3, 1e4], [-1e-3, 2e-3])
+
+
+def synthetic_rows(w, alpha, beta, eps):
+    rows = []
+    for kind, e in eps.items():
+        for n in SIZES:
+            t = alpha * w + beta * e * ring_factor(kind, w) * n
+            rows.append({"kind": kind, "bytes": n, "seconds": t})
+    return rows
+
+
+def test_fit_collectives_recovers_alpha_beta_epsilon_and_makes_the_cluster():
+    w, alpha, beta = 4, 1.5e-4, 1.25e-9
+    eps = {"AR": 1.0, "AG": 0.6, "RS": 1.4, "A2A": 4.0}
+    fits = fit_collectives(synthetic_rows(w, alpha, beta, eps), w)
+    assert set(fits) == set(Collective)
+    for kind, f in fits.items():
+        assert close(f.alpha_per_worker, alpha, 1e-6), kind
+        assert close(f.beta, beta * eps[kind.value], 1e-6), kind
+        assert close(f.epsilon, eps[kind.value], 1e-6) and f.fit.r2 > 0.999999
+    cluster = profiled_cluster("profiled-cpu", fits, 2 ** 30, 2e10, None, "logical CPU devices",
+                               "2026-01-01")
+    assert cluster.num_devices == w and cluster.name == "profiled-cpu/1x4"
+    assert close(cluster.intra.latency, alpha, 1e-6) and close(cluster.intra.beta, beta, 1e-6)
+    assert cluster.gamma is None and "prior" in cluster.source("gamma")
+    assert {k: round(v, 6) for k, v in cluster.epsilon.items()} == eps
+    # the cost model on the profiled cluster predicts the synthetic times it was fitted to
+    from tapas.planning.cost import collective_time
+    opts = CostOptions.for_cluster(cluster)
+    for kind, e in eps.items():
+        n = 3 * 2 ** 20
+        assert close(collective_time(kind, n, w, cluster, opts),
+                     alpha * w + beta * e * ring_factor(kind, w) * n, 1e-6)
+
+
+def test_fit_collectives_needs_the_all_reduce():
+    rows = synthetic_rows(2, 1e-4, 1e-9, {"AG": 1.0})
+    with pytest.raises(FitError, match="no all-reduce: epsilon is relative to the all-reduce"):
+        fit_collectives(rows, 2)
+
+
+def test_fit_gamma_from_overlap_trials():
+    none = {"empty": 1.0, "comm": 11.0, "compute": 21.0, "both": 31.0}    # no overlap
+    half = {"empty": 1.0, "comm": 11.0, "compute": 21.0, "both": 26.0}
+    full = {"empty": 1.0, "comm": 11.0, "compute": 21.0, "both": 21.0}
+    worse = {"empty": 1.0, "comm": 11.0, "compute": 21.0, "both": 40.0}   # contention
+    assert fit_gamma([none]).gamma == 1.0 and not fit_gamma([none]).clipped
+    assert fit_gamma([half]).gamma == 0.5
+    assert fit_gamma([full]).gamma == 0.05 and fit_gamma([full]).clipped
+    assert fit_gamma([worse]).gamma == 1.0 and fit_gamma([worse]).clipped
+    assert fit_gamma([none, half, full]).gamma == 0.5                     # the median
+    noise = {"empty": 2.0, "comm": 1.9, "compute": 21.0, "both": 22.0}
+    assert fit_gamma([noise]) is None
+    assert fit_gamma([noise, half]).gamma == 0.5
+
+
+# ---- the cluster file -------------------------------------------------------------------------
+
+def profiled(**changes):
+    link = Link(bandwidth=8e8, latency=1.5e-4, name="profiled")
+    c = Cluster("profiled-cpu/1x4", 1, 4, link, link, device_memory=2.0 ** 34,
+                device_peak_flops=1.8e10, sources={"intra.bandwidth": "measured",
+                                                   "epsilon": "measured"},
+                epsilon={"AR": 1.0, "all_gather": 0.6, "RS": 1.4, "A2A": 4.2}, gamma=0.93)
+    return dataclasses.replace(c, **changes)
+
+
+def test_cluster_json_round_trip(tmp_path):
+    for cluster in (profiled(), Cluster.v100_ethernet(2, 8), Cluster.loopback_cpu(4)):
+        path = str(tmp_path / "c.json")
+        cluster.save(path, extra={"profile": {"rows": [1, 2]}})
+        back = Cluster.load(path)
+        assert back == cluster and dict(back.sources) == dict(cluster.sources)
+        assert back.epsilon == cluster.epsilon and back.gamma == cluster.gamma
+        d = json.loads(open(path).read())
+        assert d["format"] == "tapas-cluster" and d["version"] == 1
+        assert d["profile"] == {"rows": [1, 2]}
+    assert dict(profiled().epsilon) == {"AR": 1.0, "AG": 0.6, "RS": 1.4, "A2A": 4.2}
+    with pytest.raises(ValueError, match="extra key 'gamma' would overwrite"):
+        profiled().save(str(tmp_path / "x.json"), extra={"gamma": 1})
+
+
+def test_cost_options_for_cluster():
+    opts = CostOptions.for_cluster(profiled())
+    assert opts.gamma == 0.93 and opts.epsilon_for("A2A") == 4.2
+    assert CostOptions.for_cluster(profiled(), gradient_overlap=False).gamma_for(True) == 1.0
+    prior = CostOptions.for_cluster(Cluster.v100_ethernet())
+    assert prior.gamma == DEFAULT_GAMMA and dict(prior.epsilon) == dict(DEFAULT_EPSILON)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.pop("device_peak_flops"), r"field 'device_peak_flops' is missing"),
+    (lambda d: d["intra"].update(bandwidth="fast"),
+     r"field 'intra.bandwidth' is 'fast', it must be a positive number of bytes/s"),
+    (lambda d: d["inter"].update(latency=-1), r"field 'inter.latency' is -1.0"),
+    (lambda d: d.update(num_nodes=0), r"field 'num_nodes' is 0, it must be an int >= 1"),
+    (lambda d: d.update(devices_per_node=2.5), r"field 'devices_per_node' is 2.5"),
+    (lambda d: d.update(version=2), r"field 'version' is 2; this TAPAS reads version 1"),
+    (lambda d: d.update(format="tapas-strategy"), r"field 'format' is 'tapas-strategy'"),
+    (lambda d: d.update(gamma=1.5), r"field 'gamma' is 1.5, it must be a number in \(0, 1\]"),
+    (lambda d: d["epsilon"].update(XX=1.0), r"field 'epsilon.XX' collective 'XX' is unknown"),
+    (lambda d: d["epsilon"].update(AG=0), r"field 'epsilon.AG' is 0.0, it must be a positive"),
+    (lambda d: d["sources"].update(bandwith="typo"), r"field 'sources.bandwith' is not a"),
+])
+def test_malformed_cluster_file_names_the_field(tmp_path, edit, message):
+    path = tmp_path / "bad.json"
+    d = profiled().to_json()
+    edit(d)
+    path.write_text(json.dumps(d))
+    with pytest.raises(ClusterFileError, match=message) as info:
+        Cluster.load(str(path))
+    assert str(path) in str(info.value) and "tapas profile --out" in str(info.value)
+
+
+def test_unreadable_cluster_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ClusterFileError, match=r"is not JSON"):
+        Cluster.load(str(bad))
+    bad.write_text("[1, 2]")
+    with pytest.raises(ClusterFileError, match=r"must be a JSON object, got list"):
+        Cluster.load(str(bad))
+    with pytest.raises(ClusterFileError, match=r"cannot be read \(No such file"):
+        Cluster.load(str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match=r"cluster 'tpu' is neither a preset"):
+        Cluster.resolve("tpu")
+
+
+def test_resolve_presets_and_files(tmp_path):
+    assert Cluster.resolve("cpu", 1, 2) == Cluster.preset("cpu", 1, 2)
+    path = str(tmp_path / "c.json")
+    profiled().save(path)
+    assert Cluster.resolve(path) == profiled()
+    wide = Cluster.resolve(path, 2, 8)
+    assert wide.num_devices == 16 and wide.name == "profiled-cpu/2x8"
+    assert wide.epsilon == profiled().epsilon and wide.gamma == 0.93
+
+
+def test_parse_sizes():
+    from tapas.planning.calibrate import parse_sizes
+    assert parse_sizes("1KiB:16KiB") == [1024, 4096, 16384]
+    assert parse_sizes("64KiB, 4 MiB,4096") == [4096, 65536, 4 * 2 ** 20]
+    with pytest.raises(ValueError, match="at least two"):
+        parse_sizes("1KiB")
+    with pytest.raises(ValueError, match=r"size '3furlongs'"):
+        parse_sizes("1KiB,3furlongs")
+    with pytest.raises(ValueError, match="ends below its start"):
+        parse_sizes("1MiB:1KiB")
+
+
+# ---- the command, in subprocesses --------------------------------------------------------------
+
+def run_tapas(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-m", "tapas.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, f"tapas {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
+    out, png = tmp_path / "cluster.json", tmp_path / "residuals.png"
+    # two sizes far apart, so that load on a shared machine cannot reverse their order
+    stdout = run_tapas("profile", "--devices=2", "--sizes=16KiB,4MiB", "--repeats=3",
+                       f"--out={out}", f"--plot={png}")
+    # progress: one line per measured point, then the fitted constants
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        assert sum(line.startswith(kind) for line in stdout.splitlines()) == 3, stdout
+    assert "fitted over W = 2 devices" in stdout and "cluster file written to" in stdout
+    cluster = Cluster.load(str(out))
+    assert cluster.num_devices == 2 and cluster.name == "profiled-cpu/1x2"
+    for value in (cluster.intra.bandwidth, cluster.intra.latency, cluster.device_peak_flops,
+                  cluster.device_memory, *cluster.epsilon.values()):
+        assert math.isfinite(value) and value >= 0
+    assert cluster.intra.bandwidth > 0 and cluster.device_peak_flops > 0
+    assert set(cluster.epsilon) == {"AR", "AG", "RS", "A2A"} and cluster.epsilon["AR"] == 1.0
+    assert cluster.gamma is None or 0 < cluster.gamma <= 1
+    profile = json.loads(out.read_text())["profile"]
+    assert len(profile["rows"]) == 8 and profile["devices"][0].endswith("CPU:0")
+    for fit in profile["fits"].values():
+        assert math.isfinite(fit["fit"]["r2"]) and fit["beta_s_per_byte"] > 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+    strategy_path = tmp_path / "s.json"
+    stdout = run_tapas("search", "--model=t5-tiny", f"--cluster={out}", f"--out={strategy_path}")
+    assert "on profiled-cpu/1x2 (2 devices)" in stdout
+    saved = json.loads(strategy_path.read_text())
+    assert saved["cluster"]["name"] == "profiled-cpu/1x2"
+    assert saved["cluster"]["epsilon"] == dict(cluster.epsilon)
+
+
+def test_search_refuses_a_bad_cluster_file_naming_it(tmp_path):
+    bad = tmp_path / "bad.json"
+    d = profiled().to_json()
+    d["intra"]["latency"] = "slow"
+    bad.write_text(json.dumps(d))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-m", "tapas.cli", "search", "--model=t5-tiny",
+                           f"--cluster={bad}"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert f"--cluster={bad}" in proc.stderr and "field 'intra.latency' is 'slow'" in proc.stderr
+
+
+def test_search_costs_with_the_clusters_profiled_coefficients(tmp_path):
+    from tapas import search
+    from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
+
+    def dense(name, x, k, m):   # docs/search.md's two-layer MLP
+        w = WeightInfo(f"{name}/kernel", (k, m), "float32", True, f"{name}/w")
+        ops = (OpInfo(f"{name}/w", "Placeholder", (),
+                      (TensorInfo(f"{name}/w:0", (), "resource"),)),
+               OpInfo(f"{name}/r", "ReadVariableOp", (f"{name}/w:0",),
+                      (TensorInfo(f"{name}/r:0", (k, m), "float32"),)),
+               OpInfo(f"{name}/mm", "MatMul", (x.name, f"{name}/r:0"),
+                      (TensorInfo(f"{name}/mm:0", (8, m), "float32"),)))
+        return GraphNode(0, name, Kind.DENSE, ops, (x,), (ops[2].outputs[0],), (w,))
+
+    x = TensorInfo("x:0", (8, 16), "float32")
+    xin = GraphNode(0, "x", Kind.INPUT, (OpInfo("x", "Placeholder", (), (x,)),), (), (x,), ())
+    up = dense("up", x, 16, 64)
+    down = dense("down", up.outputs[0], 64, 16)
+    graph = Graph.build([xin, up, down], inputs=[x], outputs=[down.outputs[0]], name="mlp")
+    path = str(tmp_path / "c.json")
+    no_latency = Link(bandwidth=8e8, latency=0.0, name="profiled")   # transmission only
+    profiled(intra=no_latency, inter=no_latency, gamma=1.0,
+             epsilon={"AR": 3.0, "AG": 3.0, "RS": 3.0, "A2A": 3.0}).save(path)
+    cluster = Cluster.load(path)
+    default = search(graph, cluster=cluster, mode="es")
+    explicit = search(graph, cluster=cluster, mode="es",
+                      options=CostOptions.for_cluster(cluster))
+    priors = search(graph, cluster=cluster, mode="es", options=CostOptions())
+    assert default.cost == explicit.cost and default.cluster.epsilon == cluster.epsilon
+    # the ffn-only reference (column then row split): an all-reduce forward (T with the
+    # priors) and one backward (0.5 T): 1.5 T; profiled, 3 T each (epsilon 3, gamma 1): 6 T
+    ffn = {r.name: r for r in default.references}["ffn-only"]
+    prior_ffn = {r.name: r for r in priors.references}["ffn-only"]
+    assert prior_ffn.communication > 0
+    assert math.isclose(ffn.communication, 4 * prior_ffn.communication, rel_tol=1e-9)
+
+
+def synthetic_profile():
+    from tapas.planning.calibrate import GammaFit, Profile
+    eps = {"AR": 1.0, "AG": 0.7, "RS": 2.0, "A2A": 3.0}
+    fits = fit_collectives(synthetic_rows(4, 1.5e-4, 1.2e-9, eps), 4)
+    trial = {"empty": 1.0, "comm": 11.0, "compute": 21.0, "both": 26.0, "bytes": 2 ** 20,
+             "visible_fraction": 0.5}
+    gamma = GammaFit((trial,), 0.5, False)
+    cluster = profiled_cluster("profiled-cpu", fits, 2 ** 34, 1.5e10, gamma, "logical CPU "
+                               "devices", "2026-01-01")
+    compute = {"matmul": {"n": 1024, "flop_per_s_per_device": 1.5e10,
+                          "flop_per_s_one_device_alone": 6e10}}
+    devices = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)]
+    return Profile(cluster, fits, [], compute, gamma, devices, 1.0, "2026-01-01")
+
+
+def test_profile_table_plot_and_missing_matplotlib(tmp_path, monkeypatch):
+    p = synthetic_profile()
+    table = p.table()
+    assert "fitted over W = 4 devices" in table and "gamma = 0.500" in table
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        assert name in table
+    assert "epsilon AR 1.00, AG 0.70, RS 2.00, A2A 3.00" in table
+    png = tmp_path / "r.png"
+    assert p.plot(str(png)) is None and png.read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # import matplotlib fails
+    other = tmp_path / "s.png"
+    assert "matplotlib is not installed" in p.plot(str(other)) and not other.exists()
+    path = str(tmp_path / "c.json")
+    p.save(path)
+    assert Cluster.load(path) == p.cluster and Cluster.load(path).gamma == 0.5
+    assert json.loads(open(path).read())["profile"]["fits"]["RS"]["epsilon_vs_all_reduce"] \
+        == pytest.approx(2.0)
