@@ -314,12 +314,12 @@ def cmd_train() -> dict[str, Any]:
 
 def cmd_profile() -> dict[str, Any]:
     """Measure the collectives and compute of --devices devices, fit the cost model, write
-    the cluster file (tapas.planning.profiling)."""
+    the cluster file (tapas.execution.profiling)."""
     from absl import logging
     # tf.distribute logs every collective at INFO, tf.function each new point's trace at
     # WARNING (every size is a new function, on purpose)
     logging.set_verbosity(logging.ERROR)
-    from tapas.planning import profiling
+    from tapas.execution import profiling
     try:
         sizes = None if FLAGS.sizes is None else profiling.parse_sizes(FLAGS.sizes)
     except ValueError as e:

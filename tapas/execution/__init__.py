@@ -20,4 +20,6 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
 * :mod:`tapas.execution.parallel`: ``tapas.parallelize`` and ``ParallelModel``.
 * :mod:`tapas.execution.train`, :mod:`tapas.execution.launch`: ``tapas train`` and its
   loopback worker processes.
+* :mod:`tapas.execution.profiling`: ``tapas profile``: the runtime's collectives and compute
+  timed on the devices, fitted (``tapas.planning.calibrate``) into a cluster file.
 """

@@ -9,7 +9,7 @@ Out: a :class:`LinearFit` per primitive (``t = intercept + slope * x`` with
      cost model's constants derived from them (:func:`fit_collectives`: alpha' per worker,
      beta, epsilon relative to all-reduce), gamma from overlap timings (:func:`fit_gamma`)
      and a profiled :class:`tapas.planning.cluster.Cluster` (:func:`profiled_cluster`);
-     :class:`Profile`, what ``tapas profile`` (``tapas.planning.profiling``, the TensorFlow
+     :class:`Profile`, what ``tapas profile`` (``tapas.execution.profiling``, the TensorFlow
      side) returns: its table, the cluster file and the residual plot (matplotlib, when
      installed); :func:`parse_sizes` for ``--sizes``.
 

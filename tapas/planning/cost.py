@@ -431,9 +431,9 @@ class PlanCost:
 
 
 def __getattr__(name: str) -> object:
-    """``profile`` (``tapas.cost.profile``) is ``tapas.planning.profiling.profile``, imported
+    """``profile`` (``tapas.cost.profile``) is ``tapas.execution.profiling.profile``, imported
     on first use: it measures with TensorFlow, which this module does not import."""
     if name == "profile":
-        from tapas.planning.profiling import profile
+        from tapas.execution.profiling import profile
         return profile
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
