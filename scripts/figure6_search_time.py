@@ -4,7 +4,7 @@
         [--quick] [--systems=gp,es,xla] [--devices=8] [--es_limit=120]
         [--xla_python=.venv-xla/bin/python] [--xla_timeout=900] [--xla_solver_timeout=60]
         [--graph_cache=out/graphs] [--json_out=out/figure6_search_time.json]
-        [--png_out=out/figure6_search_time.png]
+        [--png_out=out/figure6_search_time.png] [--from_json=a.json,b.json]
 
 Series (the default ``--models``): ResNet-50 width (1K, 10K, 100K, 250K, 400K classes:
 ``resnet50-{1k,10k,100k,250k,400k}``), T5-Large depth (6, 12, 24, 48 layers per stack:
@@ -26,7 +26,8 @@ Systems, all on one node of ``--devices`` devices, in this process's run, one mo
 
 Prints the table with the ratio XLA pass / TAPAS-GP next to the paper's (TAPAS vs Alpa:
 103-162x on ResNet width, 21-67x on T5 depth), writes every number as JSON and a PNG
-(matplotlib, Agg canvas): one panel per series, search time on a log axis.
+(matplotlib, Agg canvas): one panel per series, search time on a log axis, each XLA point
+labelled with its ratio to TAPAS-GP.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ flags.DEFINE_string("xla_python", os.path.join(ROOT, ".venv-xla", "bin", "python
 flags.DEFINE_float("xla_timeout", 900.0, "Wall seconds per XLA compile (outer timeout).")
 flags.DEFINE_integer("xla_solver_timeout", 60, "xla_tpu_auto_spmd_partitioning_solver_timeout_"
                      "seconds (CP-SAT deterministic time).")
+flags.DEFINE_list("from_json", [], "Measure nothing: read the rows of these earlier JSON "
+                  "outputs (each row keeps the ratio measured in its own run), print the table "
+                  "and write the PNG (and --json_out with the rows merged).")
 flags.DEFINE_string("graph_cache", None, "Directory for captured IR graphs (JSON).")
 flags.DEFINE_string("json_out", "out/figure6_search_time.json", "Where to write the JSON.")
 flags.DEFINE_string("png_out", "out/figure6_search_time.png", "Where to write the plot.")
@@ -206,6 +210,8 @@ def plot(rows: list[dict], path: str) -> None:
         ax = fig.add_subplot(1, len(present), i)
         sub = [r for r in rows if r["series"] == series]
         numeric = all(r["x"] is not None for r in sub)
+        if numeric:
+            sub.sort(key=lambda r: r["x"])
         xs = [r["x"] if numeric else j for j, r in enumerate(sub)]
         for system, (label, marker, color) in styles.items():
             pts = [(x, _seconds(r, system), r) for x, r in zip(xs, sub) if _seconds(r, system)]
@@ -218,6 +224,10 @@ def plot(rows: list[dict], path: str) -> None:
                     ax.annotate("time limit", (x, y), textcoords="offset points",
                                 xytext=(0, 6), ha="center", fontsize=7, color=color)
         for x, r in zip(xs, sub):
+            if "ratio_xla_over_gp" in r:
+                ax.annotate(f"{r['ratio_xla_over_gp']:.0f}x", (x, r["xla"]["pass_s"]),
+                            textcoords="offset points", xytext=(0, 6), ha="center",
+                            fontsize=7, color="tab:red")
             if r.get("xla") and not r["xla"]["ok"]:
                 ax.annotate("XLA failed", (x, 1), xycoords=("data", "axes fraction"),
                             textcoords="offset points", xytext=(0, -12), ha="center",
@@ -225,7 +235,8 @@ def plot(rows: list[dict], path: str) -> None:
         if numeric:
             ax.set_xscale("log")
             ax.set_xticks(xs)
-            ax.set_xticklabels([f"{int(x / 1000)}K" if series == "width" else str(int(x))
+            # classes are multiples of 1024 (1K = 1024, ..., 400K = 409600), as the presets say
+            ax.set_xticklabels([f"{round(x / 1024)}K" if series == "width" else str(int(x))
                                 for x in xs], fontsize=8)
             ax.minorticks_off()
         else:
@@ -253,16 +264,43 @@ def _seconds(r: dict, system: str) -> float | None:
     return r[system]["seconds"] if system in r else None
 
 
+def replot(paths: list[str]) -> None:
+    runs, rows = [], []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("figure") != "TAPAS Figure 6":
+            raise app.UsageError(f"--from_json={path}: not a Figure 6 output (its 'figure' is "
+                                 f"{data.get('figure')!r}); pass files written by this script")
+        runs.append({k: data.get(k) for k in ("date_utc", "machine", "total_s", "systems")}
+                    | {"path": path})
+        rows += [dict(r, run=path) for r in data["results"]]
+    print_table(rows)
+    out = {"figure": "TAPAS Figure 6", "devices": FLAGS.devices, "merged_runs": runs,
+           "paper_ratios": PAPER_RATIOS, "results": rows}
+    os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
+    with open(FLAGS.json_out, "w") as f:
+        json.dump(out, f, indent=2)
+    plot(rows, FLAGS.png_out)
+    print(f"\nwrote {FLAGS.json_out} and {FLAGS.png_out}")
+
+
 def main(argv):
     del argv
     bad = [s for s in FLAGS.systems if s not in SYSTEMS]
     if bad:
         raise app.UsageError(f"--systems={','.join(FLAGS.systems)}: unknown {bad}; "
                              f"choose from {','.join(SYSTEMS)}")
+    if FLAGS.from_json:
+        return replot(FLAGS.from_json)
     names = QUICK if FLAGS.quick else list(FLAGS.models)
     from models import registry
     for n in names:
         registry.get(n)          # ValueError naming the close matches, before any work
+    # Imported before any timing, so the first preset's search time holds no module loading.
+    import importlib
+    for module in ("tapas.planning.search", "tapas.planning.explore", "tapas.planning.cluster"):
+        importlib.import_module(module)
     import platform
     load = os.getloadavg()
     print(f"Figure 6: {len(names)} presets, systems {','.join(FLAGS.systems)}, "
