@@ -243,6 +243,8 @@ def plot(rows: list[dict], path: str) -> None:
             ax.set_xticks(xs)
             ax.set_xticklabels([r["model"] for r in sub], fontsize=8, rotation=20)
         ax.set_yscale("log")
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high * 2)          # room for the ratio labels above the XLA points
         ax.set_xlabel(SERIES_TITLES[series])
         ax.set_ylabel("search time (s)")
         if series in PAPER_RATIOS:
