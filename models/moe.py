@@ -20,7 +20,7 @@ LM benchmarked by Alpa (whose sizes the presets follow):
     group), shape ``[G, S, M]``;
   - router ``Dense(num_experts, use_bias=False)`` -> softmax -> top-2 gating
     with a per-expert capacity ``C`` (:func:`top2_gating`: built only from
-    ``one_hot``/``cumsum``/reductions, static shapes, no Python loop over
+    ``top_k``/``one_hot``/``cumsum``/reductions in keras.ops, static shapes, no Python loop over
     experts) giving ``dispatch`` and ``combine`` tensors ``[G, S, E, C]``;
   - ``einsum('gsec,gsm->egcm')`` dispatches tokens to expert slots, the
     experts apply ``wi [E, M, H]`` and ``wo [E, H, M]`` with
@@ -220,43 +220,44 @@ def top2_gating(router_probs: Any, capacity: int) -> tuple[Any, Any, Any]:
         first choices taking precedence over second choices, earlier tokens
         over later ones.
     """
-    # Plain TF ops (not keras.ops) keep the captured graph free of the extra
-    # NaN/-0.0 handling keras.ops.argmax adds.
-    probs = tf.convert_to_tensor(router_probs)
+    # keras.ops only, so the model builds under every Keras backend (TAPAS captures it under
+    # TensorFlow; the XLA auto-sharding baseline builds it under JAX). The two choices come
+    # from one top_k (TopKV2): ties go to the lower expert index, as tf.argmax's did, and
+    # keras.ops.argmax's extra NaN/-0.0 handling stays out of the captured graph.
+    probs = ops.convert_to_tensor(router_probs)
     num_experts = probs.shape[-1]
     if num_experts is None or num_experts < 2:
         raise ValueError(f"top2_gating needs a static expert dimension >= 2, got shape {tuple(probs.shape)}.")
     dtype = probs.dtype
 
-    # First and second choice (the second excludes the first; probabilities
-    # are >= 0, so -1 can never win the argmax).
-    index_1 = tf.argmax(probs, axis=-1, output_type=tf.int32)
-    mask_1 = tf.one_hot(index_1, num_experts, dtype=dtype)  # [G, S, E]
-    index_2 = tf.argmax(tf.where(mask_1 > 0, tf.constant(-1.0, dtype), probs), axis=-1, output_type=tf.int32)
-    mask_2 = tf.one_hot(index_2, num_experts, dtype=dtype)
-    gate_1 = tf.reduce_sum(probs * mask_1, axis=-1)  # [G, S]
-    gate_2 = tf.reduce_sum(probs * mask_2, axis=-1)
+    # First and second choice (the second is the best expert other than the first).
+    _, top_2 = ops.top_k(probs, k=2, sorted=True)  # [G, S, 2] int32
+    mask_1 = ops.one_hot(top_2[..., 0], num_experts, dtype=dtype)  # [G, S, E]
+    mask_2 = ops.one_hot(top_2[..., 1], num_experts, dtype=dtype)
+    gate_1 = ops.sum(probs * mask_1, axis=-1)  # [G, S]
+    gate_2 = ops.sum(probs * mask_2, axis=-1)
 
     # Load-balancing loss on the first choices (before capacity dropping).
-    density = tf.reduce_mean(mask_1, axis=1)  # [G, E] fraction of tokens per expert
-    density_proxy = tf.reduce_mean(probs, axis=1)  # [G, E] mean router probability
-    aux_loss = tf.reduce_mean(density * density_proxy) * float(num_experts * num_experts)
+    density = ops.mean(mask_1, axis=1)  # [G, E] fraction of tokens per expert
+    density_proxy = ops.mean(probs, axis=1)  # [G, E] mean router probability
+    aux_loss = ops.mean(density * density_proxy) * float(num_experts * num_experts)
 
     denominator = gate_1 + gate_2 + 1e-9
     gate_1 = gate_1 / denominator
     gate_2 = gate_2 / denominator
 
     # Slot of each assignment = number of earlier assignments to the same
-    # expert in the group (exclusive cumulative sum over tokens). Second
+    # expert in the group (exclusive cumulative sum over tokens = inclusive
+    # cumsum minus the 0/1 mask itself, exact in floating point). Second
     # choices queue behind all surviving first choices.
-    position_1 = tf.cumsum(mask_1, axis=1, exclusive=True) * mask_1
-    mask_1 = mask_1 * tf.cast(position_1 < capacity, dtype)
-    kept_per_expert_1 = tf.reduce_sum(mask_1, axis=1, keepdims=True)  # [G, 1, E]
-    position_2 = (tf.cumsum(mask_2, axis=1, exclusive=True) + kept_per_expert_1) * mask_2
-    mask_2 = mask_2 * tf.cast(position_2 < capacity, dtype)
+    position_1 = (ops.cumsum(mask_1, axis=1) - mask_1) * mask_1
+    mask_1 = mask_1 * ops.cast(position_1 < capacity, dtype)
+    kept_per_expert_1 = ops.sum(mask_1, axis=1, keepdims=True)  # [G, 1, E]
+    position_2 = (ops.cumsum(mask_2, axis=1) - mask_2 + kept_per_expert_1) * mask_2
+    mask_2 = mask_2 * ops.cast(position_2 < capacity, dtype)
 
-    slot_1 = tf.one_hot(tf.cast(tf.reduce_sum(position_1 * mask_1, axis=-1), tf.int32), capacity, dtype=dtype)
-    slot_2 = tf.one_hot(tf.cast(tf.reduce_sum(position_2 * mask_2, axis=-1), tf.int32), capacity, dtype=dtype)
+    slot_1 = ops.one_hot(ops.cast(ops.sum(position_1 * mask_1, axis=-1), "int32"), capacity, dtype=dtype)
+    slot_2 = ops.one_hot(ops.cast(ops.sum(position_2 * mask_2, axis=-1), "int32"), capacity, dtype=dtype)
     dispatch_1 = mask_1[:, :, :, None] * slot_1[:, :, None, :]  # [G, S, E, C]
     dispatch_2 = mask_2[:, :, :, None] * slot_2[:, :, None, :]
     dispatch = dispatch_1 + dispatch_2

@@ -1,0 +1,82 @@
+"""The paper-figure scripts: Figure 6's TAPAS side on a tiny slice, and the libtpu log parser.
+
+The XLA baseline itself needs the optional .venv-xla (scripts/baselines/setup.sh) and is not
+run here; its log parser is tested on a real libtpu log captured from a t5-tiny compile
+(tests/fixtures/xla_autoshard_t5_tiny.log).
+"""
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "xla_autoshard_t5_tiny.log"
+
+
+def _load(path: pathlib.Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_autoshard_log_parser_reads_a_real_libtpu_log() -> None:
+    xla = _load(ROOT / "scripts" / "baselines" / "xla_autoshard.py", "xla_autoshard")
+    parsed = xla.parse_autoshard_log(FIXTURE.read_text())
+    # "Starting the auto sharding pass" at 21:43:08.932781, "Auto Sharding took 75 seconds"
+    # at 21:44:24.601421.
+    assert parsed["passes"] == [{"seconds": 75.66864, "reported_s": 75.0}]
+    assert parsed["pass_s"] == 75.66864
+    assert parsed["status"] == "MPSOLVER_OPTIMAL"
+    assert parsed["ilp_variables"] == [5491]          # a line without a glog prefix
+    assert parsed["ilp_nodes"] == [840]
+    assert parsed["solver_ms"] == [75267]
+    assert parsed["objectives"] == [1.65975e+06]
+    assert parsed["mesh_shapes"] == ["[8, 1]"]
+    assert parsed["memory_budget_bytes"] == 283368
+    assert (parsed["memory_bytes"], parsed["memory_lower_bound_bytes"]) == (278548, 259400)
+    assert parsed["options"] == {"memory_budget_per_device": "0 GB", "memory_budget_ratio": "1.1",
+                                 "device_mesh_shape": "[8,1]", "solver_timeout_in_seconds": "60"}
+
+
+def test_autoshard_log_parser_edge_cases() -> None:
+    xla = _load(ROOT / "scripts" / "baselines" / "xla_autoshard.py", "xla_autoshard")
+    empty = xla.parse_autoshard_log("no glog here\n")
+    assert empty["pass_s"] is None and empty["status"] is None and empty["passes"] == []
+    # A pass that never finished (killed by the outer timeout) has no time.
+    started = FIXTURE.read_text().splitlines()[0]
+    assert xla.parse_autoshard_log(started)["pass_s"] is None
+    # Over midnight: 23:59:59.5 -> 00:00:01.0 is 1.5 s.
+    over = ("I1123 23:59:59.500000 1 auto_sharding.cc:3961] Starting the auto sharding pass\n"
+            "I1124 00:00:01.000000 1 auto_sharding.cc:3931] Auto Sharding took 1 seconds\n")
+    assert xla.parse_autoshard_log(over)["pass_s"] == 1.5
+
+
+def test_figure6_tapas_side_writes_json_and_png(tmp_path: pathlib.Path) -> None:
+    out, png = tmp_path / "fig6.json", tmp_path / "fig6.png"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "figure6_search_time.py"), "--models=t5-tiny",
+         "--systems=gp,es", "--es_limit=60", f"--json_out={out}", f"--png_out={png}"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["figure"] == "TAPAS Figure 6" and data["devices"] == 8
+    assert data["systems"] == ["gp", "es"]
+    (row,) = data["results"]
+    assert row["model"] == "t5-tiny" and row["series"] == "other"
+    assert row["graph_nodes"] > 0 and "xla" not in row
+    assert row["gp"]["finished"] and row["gp"]["seconds"] > 0 and row["gp"]["cost_s"] > 0
+    assert row["es"]["finished"] and row["es"]["cost_s"] <= row["gp"]["cost_s"] * (1 + 1e-9)
+    assert png.stat().st_size > 0
+    assert "t5-tiny" in proc.stdout and "XLA/GP" in proc.stdout
+
+
+def test_figure6_reports_a_missing_baseline_venv(tmp_path: pathlib.Path) -> None:
+    fig6 = _load(ROOT / "scripts" / "figure6_search_time.py", "figure6_search_time")
+    fig6.FLAGS(["figure6", f"--xla_python={tmp_path / 'nowhere' / 'python'}"])
+    row = fig6.xla_autoshard("t5-tiny")
+    assert not row["ok"] and "scripts/baselines/setup.sh" in row["error"]
+    assert fig6.series_of("t5-large-depth24") == ("depth", 24.0)
+    assert fig6.series_of("moe-1.3b") == ("moe", None)
