@@ -127,12 +127,50 @@ def _tapas_train(*args: str) -> dict:
     return {"out": proc.stdout, "err": proc.stderr}
 
 
-def test_tapas_train_data_checkpoints_and_resume_equal_an_uninterrupted_run(tmp_path) -> None:
-    """--data=file.npz for 1 epoch with --checkpoint_every=2, then the same command with
-    --epochs=2 --resume: the second epoch's losses and the final checkpoint's every variable
-    equal a 2-epoch run without interruption."""
-    import numpy as np
+def _worker_pid(parent: int, index: int) -> int | None:
+    """The pid of the launcher's worker ``index`` (a child of ``parent`` whose TF_CONFIG
+    names that task), or None while it is not started."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except (OSError, ValueError, IndexError):
+            continue
+        cfg = env.get(b"TF_CONFIG")
+        if cfg and json.loads(cfg)["task"]["index"] == index:
+            return int(entry)
+    return None
+
+
+def _variables(directory) -> dict:
+    """Every variable of a checkpoint directory, over its per-worker files."""
     import tensorflow as tf
+    out = {}
+    for f in sorted(os.listdir(directory)):
+        if f.endswith(".index"):
+            reader = tf.train.load_checkpoint(os.path.join(directory, f[:-len(".index")]))
+            out.update({k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+                        if k.endswith("VARIABLE_VALUE")})
+    return out
+
+
+def test_killed_worker_then_resume_equals_an_uninterrupted_run(tmp_path) -> None:
+    """``tapas train --workers=2 --data=... --checkpoint_every=3``; worker 1 killed with
+    SIGKILL once a checkpoint exists: the run exits non-zero within 60 s naming it. The
+    same command with --resume finishes; its step losses, the final checkpoint's every
+    variable and the step and batch counts equal a 2-device run without interruption."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
     model = _two_input_model()
     model.compile("sgd", "mse")
     model.save(tmp_path / "m.keras")
@@ -140,29 +178,52 @@ def test_tapas_train_data_checkpoints_and_resume_equal_an_uninterrupted_run(tmp_
     np.savez(tmp_path / "d.npz", a=rng.standard_normal((42, 6)).astype("float32"),
              b=rng.standard_normal((42, 4)).astype("float32"),
              y=rng.standard_normal((42, 3)).astype("float32"))
+    epochs, steps = 10, 10 * 5   # 42 examples: 5 batches of 8 an epoch, 2 dropped (noted)
     common = [f"--model={tmp_path / 'm.keras'}", f"--data={tmp_path / 'd.npz'}",
-              "--devices=2", "--strategy=random:0"]
-    ck, ck2, tb = tmp_path / "ck", tmp_path / "ck2", tmp_path / "tb"
-    first = _tapas_train(*common, "--epochs=1", f"--checkpoint_dir={ck}",
-                         "--checkpoint_every=2", f"--tensorboard={tb}",
-                         f"--json_out={tmp_path / 'r1.json'}")
-    assert "dropped" in first["err"]   # 42 examples: 5 batches of 8, 2 dropped (noted)
-    _tapas_train(*common, "--epochs=2", f"--checkpoint_dir={ck}", "--resume",
-                 f"--json_out={tmp_path / 'r2.json'}")
-    _tapas_train(*common, "--epochs=2", f"--checkpoint_dir={ck2}",
-                 f"--json_out={tmp_path / 'r3.json'}")
-    r1, r2, r3 = (json.loads((tmp_path / f"r{k}.json").read_text()) for k in (1, 2, 3))
-    assert r2["resumed_from"].endswith("ckpt-00000005")
-    assert len(r1["losses"]) == len(r2["losses"]) == 5 and r2["step"] == r3["step"] == 10
-    assert r1["losses"] + r2["losses"] == r3["losses"]
-    assert r2["history"] == r3["history"] and len(r3["history"]["loss"]) == 2
-    assert sorted(os.listdir(ck)) == ["ckpt-00000004", "ckpt-00000005", "ckpt-00000010"]
-    a = tf.train.load_checkpoint(str(ck / "ckpt-00000010" / "task0"))
-    b = tf.train.load_checkpoint(str(ck2 / "ckpt-00000010" / "task0"))
-    keys = [k for k in a.get_variable_to_shape_map() if k.endswith("VARIABLE_VALUE")]
-    assert len(keys) >= 5   # the step counter and the shards of 4 weights on 2 replicas
-    for k in keys:
-        np.testing.assert_array_equal(a.get_tensor(k), b.get_tensor(k), err_msg=k)
+              "--strategy=random:0", f"--epochs={epochs}"]
+    ck, ref, tb = tmp_path / "ck", tmp_path / "ref", tmp_path / "tb"
+    job = [*common, "--workers=2", f"--checkpoint_dir={ck}", "--checkpoint_every=3",
+           f"--tensorboard={tb}"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.Popen([sys.executable, "-m", "tapas.cli", "train", *job],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not fit.list_checkpoints(str(ck)) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        victim = _worker_pid(proc.pid, 1)
+        assert victim is not None and proc.poll() is None, "the job ended before the kill"
+        os.kill(victim, signal.SIGKILL)   # a process this test started (via the launcher)
+        killed = time.monotonic()
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert time.monotonic() - killed < 60
+    assert "worker 1" in out or "task:1" in out, out[-3000:]
+    assert "--resume" in out, out[-3000:]
+
+    _tapas_train(*job, "--resume", f"--json_out={tmp_path / 'resumed.json'}")
+    _tapas_train(*common, "--devices=2", f"--checkpoint_dir={ref}",
+                 f"--json_out={tmp_path / 'ref.json'}")
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    full = json.loads((tmp_path / "ref.json").read_text())
+    start = int(os.path.basename(resumed["resumed_from"]).split("-")[1])
+    assert 3 <= start < steps
+    assert resumed["step"] == full["step"] == steps
+    assert resumed["losses"] == full["losses"][start:]   # no step repeated or skipped
+    assert resumed["history"] == full["history"]
+    with open(os.path.join(resumed["checkpoint"], fit.FIT_STATE)) as f:
+        state = json.load(f)
+    assert (state["step"], state["batches_consumed"], state["epoch"]) == (steps, steps, epochs)
+    ours, theirs = _variables(resumed["checkpoint"]), _variables(full["checkpoint"])
+    assert sorted(ours) == sorted(theirs) and len(ours) >= 9   # step + 4 weights x 2 shards
+    for k in ours:
+        np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
     assert any(f.startswith("events") for f in os.listdir(tb))
 
 

@@ -57,7 +57,7 @@ from absl import logging
 from tapas.execution import checkpoints, inputs
 from tapas.execution.runtime import StepError
 
-__all__ = ["fit", "evaluate", "CallbackModel", "TensorBoardScalars", "FitState",
+__all__ = ["fit", "evaluate", "CallbackModel", "TensorBoardScalars", "FitState", "WorkerLostError",
            "list_checkpoints", "latest_checkpoint", "save_checkpoint", "restore_checkpoint",
            "FIT_STATE", "REFUSED_CALLBACKS"]
 
@@ -78,6 +78,32 @@ REFUSED_CALLBACKS: dict[str, str] = {
     "SwapEMAWeights": "the runtime's optimizers keep no moving average of the weights; "
                       "average checkpoints instead",
 }
+
+
+class WorkerLostError(RuntimeError):
+    """A worker of the cluster stopped (killed, crashed, unreachable) while this one was
+    training: TensorFlow's coordination service saw it stop sending heartbeats and aborted
+    the collectives. The job is resumable from the newest checkpoint."""
+
+
+# TF errors with which collectives end when a peer is gone
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+                tf.errors.DeadlineExceededError, tf.errors.InternalError)
+
+
+def _worker_lost(e: Exception, what: str, checkpoint_dir: str | None) -> WorkerLostError:
+    tasks = sorted(set(re.findall(r"/job:\w+/replica:\d+/task:\d+", str(e))))
+    newest = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    again = (f"run the same fit/command again with resume=True (tapas train --resume): it "
+             f"continues from {newest}" if newest else
+             "no checkpoint was written yet (pass checkpoint_dir=DIR and checkpoint_every=K "
+             "to be able to resume)")
+    line = next((ln.strip() for ln in str(e).splitlines() if "unhealthy" in ln
+                 or "aborted" in ln.lower()), str(e).splitlines()[0] if str(e) else "")
+    who = ", ".join(tasks) if tasks else "a worker (TensorFlow named none)"
+    return WorkerLostError(f"{what}: the cluster lost {who} ({type(e).__name__}: {line}); "
+                           f"this worker stops too. To go on, start every worker again and "
+                           f"{again}")
 
 
 # ---- the data ---------------------------------------------------------------------------------
@@ -443,7 +469,8 @@ def save_checkpoint(pm: Any, directory: str, state: FitState, keep: int = 3) -> 
         os.rename(tmp, final)
         for old in list_checkpoints(directory)[:-keep]:
             _remove(old)
-    return final
+    rt._barrier()   # published on every worker when this returns (no worker writes the
+    return final    # next save's files while the chief still moves this one)
 
 
 def restore_checkpoint(pm: Any, path: str) -> FitState:
@@ -558,14 +585,21 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     history = cbs._history
     stream = _Stream(data, state.pass_index, state.pass_position)
 
-    def checkpoint() -> None:
+    def checkpoint(position: tuple[int, int] | None = None) -> None:
         state.step = int(rt.iterations.numpy())
-        state.pass_index, state.pass_position = stream.pass_index, stream.position
+        state.pass_index, state.pass_position = position or (stream.pass_index,
+                                                             stream.position)
         state.learning_rate = float(rt.learning_rate.numpy())
         state.history = {k: list(v) for k, v in history.history.items()}
         state.epochs = list(history.epoch)
         state.states = _states_json(rt)
-        save_checkpoint(pm, checkpoint_dir, state, keep)
+        try:
+            save_checkpoint(pm, checkpoint_dir, state, keep)
+        except _PEER_ERRORS as e:   # a worker lost during the save's barrier
+            if rt._all_local():
+                raise
+            raise _worker_lost(e, f"the checkpoint of step {state.step}",
+                               checkpoint_dir) from None
 
     cbs.on_train_begin()
     history.epoch, history.history = list(state.epochs), {k: list(v) for k, v in
@@ -583,10 +617,15 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
             rt.learning_rate.assign(state.epoch_learning_rate)
             cbs.on_epoch_begin(epoch)
             rt.learning_rate.assign(state.learning_rate)
+        pending = False   # a step checkpoint is due: written once another step follows
         while steps_per_epoch is None or state.step_in_epoch < steps_per_epoch:
+            position = (stream.pass_index, stream.position)
             batch = stream.next(roll=steps_per_epoch is not None)
             if batch is None:
                 break
+            if pending:   # (at the epoch's end, the epoch-end checkpoint takes its place)
+                checkpoint(position)
+                pending = False
             cbs.on_train_batch_begin(state.step_in_epoch)
             start = time.perf_counter()
             failed: StepError | None = None
@@ -596,6 +635,11 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                 if "not finite" not in str(e):
                     raise
                 failed, loss = e, math.nan
+            except _PEER_ERRORS as e:
+                if rt._all_local():
+                    raise
+                raise _worker_lost(e, f"step {int(rt.iterations.numpy()) + 1}",
+                                   checkpoint_dir) from None
             seconds = time.perf_counter() - start
             state.batches_consumed += 1
             state.loss_sum += loss
@@ -609,8 +653,8 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                 if view.stop_training:
                     break
                 raise failed
-            if checkpoint_every and int(rt.iterations.numpy()) % checkpoint_every == 0:
-                checkpoint()
+            pending = bool(checkpoint_every) and \
+                int(rt.iterations.numpy()) % checkpoint_every == 0
             if view.stop_training:
                 break
         if state.loss_count == 0:

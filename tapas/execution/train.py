@@ -322,7 +322,7 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
                          verbose=0, callbacks=[Printer()], checkpoint_dir=opts.checkpoint_dir,
                          checkpoint_every=opts.checkpoint_every, resume=opts.resume,
                          tensorboard=opts.tensorboard)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, fit_mod.WorkerLostError) as e:
         raise TrainError(str(e)) from None
     report.update({"losses": losses, "step_seconds": step_times, "epochs": epochs,
                    "history": history.history, "step": int(pm.runtime.iterations.numpy())})
@@ -408,7 +408,14 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
         with open(report_path) as f:
             report = json.load(f)
     except launch.LaunchError as e:
-        raise TrainError(str(e)) from None
+        hint = ""
+        if opts.checkpoint_dir:
+            from tapas.execution import fit as fit_mod
+            newest = fit_mod.latest_checkpoint(opts.checkpoint_dir)
+            hint = (f"\nto continue from the newest checkpoint ({newest}), run the same "
+                    "command with --resume" if newest else
+                    "\nno checkpoint was written yet; run the command again")
+        raise TrainError(f"{e}{hint}") from None
     finally:
         os.unlink(report_path)
     report["worker_seconds"] = [round(r.seconds, 2) for r in results]
