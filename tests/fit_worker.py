@@ -17,7 +17,9 @@ Checks:
 * ``resume``: Adam, shuffled, checkpoints every 3 steps, keep 2: a run whose save at step
   9 crashes between the shards and the fit state (half a file written); the newest
   complete checkpoint is step 6; a new ParallelModel resumes from it and finishes; weights,
-  optimizer slots, step counter and history equal an uninterrupted run's exactly.
+  optimizer slots, step counter and history equal an uninterrupted run's exactly; the
+  same with a dataset read as one stream (``steps_per_epoch=4`` over passes of 5 batches)
+  and a crash raised by a callback after step 7.
 """
 
 from __future__ import annotations
@@ -243,6 +245,39 @@ def check_resume() -> dict[str, Any]:
                          int(resumed.runtime.iterations.numpy())]
     out["history"] = {"full": full_hist.history, "resumed": hist.history,
                       "epochs": [full_hist.epoch, hist.epoch]}
+
+    # a dataset (partial last batch) as one stream over epochs of 4 steps: the data position
+    # rolls into new passes; a callback crash after step 7, checkpoints every 2 steps
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+    kw = dict(epochs=3, steps_per_epoch=4, verbose=0, checkpoint_every=2)
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations) == 7:
+                raise RuntimeError("injected crash after step 7")
+
+    whole = parallel_model("adam", 0.01)
+    whole.fit(ds, checkpoint_dir=os.path.join(d, "ds_full"), **kw)
+    broken = parallel_model("adam", 0.01)
+    try:
+        broken.fit(ds, checkpoint_dir=os.path.join(d, "ds"), callbacks=[Crash()], **kw)
+    except RuntimeError as e:
+        out["ds_crash"] = str(e)
+    with open(os.path.join(fit.latest_checkpoint(os.path.join(d, "ds")), fit.FIT_STATE)) as f:
+        st = json.load(f)
+    out["ds_state"] = {k: st[k] for k in ("step", "epoch", "step_in_epoch", "pass_index",
+                                          "pass_position", "batches_consumed")}
+    again = parallel_model("adam", 0.01)
+    again.fit(ds, checkpoint_dir=os.path.join(d, "ds"), resume=True, **kw)
+    w1, w2 = whole.global_weights(), again.global_weights()
+    out["ds_weights_equal"] = all(np.array_equal(w1[p], w2[p]) for p in w1)
+    with open(os.path.join(fit.latest_checkpoint(os.path.join(d, "ds")), fit.FIT_STATE)) as f:
+        a = json.load(f)
+    with open(os.path.join(fit.latest_checkpoint(os.path.join(d, "ds_full")),
+                           fit.FIT_STATE)) as f:
+        b = json.load(f)
+    keys = ("step", "pass_index", "pass_position", "batches_consumed", "history")
+    out["ds_final"] = [{k: a[k] for k in keys}, {k: b[k] for k in keys}]
     return out
 
 

@@ -245,3 +245,15 @@ def test_npz_layout_is_checked_with_the_fix(tmp_path) -> None:
     np.savez(tmp_path / "ok.npz", a=np.zeros((4, 6)), b=np.ones((4, 4)), y=np.zeros((4, 3)))
     x, y = train.load_npz(str(tmp_path / "ok.npz"), Fake())
     assert sorted(x) == ["a", "b"] and y.shape == (4, 3)
+
+
+def test_resume_of_a_dataset_stream_across_passes_is_exact(two: dict) -> None:
+    r = two["resume"]
+    assert r["ds_crash"] == "injected crash after step 7"
+    # 5 full batches a pass (the partial 6th dropped): step 6 is the first of pass 1
+    assert r["ds_state"] == {"step": 6, "epoch": 1, "step_in_epoch": 2, "pass_index": 1,
+                             "pass_position": 1, "batches_consumed": 6}
+    assert r["ds_weights_equal"]
+    resumed, full = r["ds_final"]
+    assert resumed == full and full["step"] == full["batches_consumed"] == 12
+    assert (full["pass_index"], full["pass_position"]) == (2, 2)
