@@ -278,6 +278,24 @@ def check_resume() -> dict[str, Any]:
         b = json.load(f)
     keys = ("step", "pass_index", "pass_position", "batches_consumed", "history")
     out["ds_final"] = [{k: a[k] for k in keys}, {k: b[k] for k in keys}]
+
+    # the same through keras.callbacks.BackupAndRestore (fit's checkpoints in its backup_dir)
+    bk = os.path.join(d, "backup")
+    kw = dict(epochs=3, steps_per_epoch=4, verbose=0)
+    crashed = parallel_model("adam", 0.01)
+    try:
+        crashed.fit(ds, callbacks=[keras.callbacks.BackupAndRestore(bk, save_freq=2),
+                                   Crash()], **kw)
+    except RuntimeError:
+        pass
+    out["backup_left"] = sorted(os.listdir(bk))
+    restarted = parallel_model("adam", 0.01)
+    bk_hist = restarted.fit(ds, callbacks=[keras.callbacks.BackupAndRestore(bk, save_freq=2)],
+                            **kw)
+    w3 = restarted.global_weights()
+    out["backup_weights_equal"] = all(np.array_equal(w1[p], w3[p]) for p in w1)
+    out["backup_history"] = [bk_hist.history, b["history"]]
+    out["backup_deleted"] = not os.path.exists(bk)
     return out
 
 

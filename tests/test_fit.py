@@ -84,7 +84,6 @@ def test_crash_in_a_save_keeps_the_previous_checkpoint_and_resume_is_exact(two: 
 
 @pytest.mark.parametrize("callback,fix", [
     (keras.callbacks.ModelCheckpoint("m.keras"), "checkpoint_dir"),
-    (keras.callbacks.BackupAndRestore("/tmp/b"), "resume=True"),
     (keras.callbacks.TensorBoard("/tmp/tb"), "tensorboard="),
 ])
 def test_unsupported_keras_callbacks_are_refused_by_name(callback, fix: str) -> None:
@@ -257,3 +256,17 @@ def test_resume_of_a_dataset_stream_across_passes_is_exact(two: dict) -> None:
     resumed, full = r["ds_final"]
     assert resumed == full and full["step"] == full["batches_consumed"] == 12
     assert (full["pass_index"], full["pass_position"]) == (2, 2)
+
+
+def test_backup_and_restore_is_fits_checkpoints_and_resume(two: dict) -> None:
+    r = two["resume"]
+    assert r["backup_left"] == ["ckpt-00000002", "ckpt-00000004", "ckpt-00000006"]  # keep=3
+    assert r["backup_weights_equal"]
+    assert r["backup_history"][0] == r["backup_history"][1]
+    assert r["backup_deleted"]   # delete_checkpoint=True (Keras's default) after success
+
+
+def test_backup_and_restore_with_checkpoint_dir_is_refused(tmp_path) -> None:
+    with pytest.raises(ValueError, match="BackupAndRestore stands for fit"):
+        fit.fit(None, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))],
+                checkpoint_dir=str(tmp_path))

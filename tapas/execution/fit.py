@@ -28,7 +28,8 @@ Semantics (``docs/running.md``, *fit, checkpoints and resume*):
   epoch's logs, ``on_train_end``) and see a :class:`CallbackModel` as ``self.model``
   (``stop_training``, ``optimizer.learning_rate`` settable, ``get_weights``/``set_weights``).
   Keras callbacks that need a Keras model's internals are refused by name, with what to
-  use instead (:data:`REFUSED_CALLBACKS`).
+  use instead (:data:`REFUSED_CALLBACKS`); ``BackupAndRestore`` becomes fit's own
+  checkpoints in its ``backup_dir`` with ``resume=True``.
 * Checkpoints (every ``checkpoint_every`` steps and at each epoch end) are written into a
   temporary directory and renamed into place (a crash in the middle of a save leaves the
   earlier checkpoints, and nothing half-written is ever taken as a checkpoint); the last
@@ -71,8 +72,6 @@ REFUSED_CALLBACKS: dict[str, str] = {
                        "atomic checkpoints with the optimizer state and the data position "
                        "(ParallelModel.save(dir) writes one; to_keras() gives the Keras model "
                        "to save)",
-    "BackupAndRestore": "fit(..., checkpoint_dir=DIR, resume=True) and run the same call "
-                        "again after a failure (tapas train --checkpoint_dir=DIR --resume)",
     "TensorBoard": "fit(..., tensorboard=LOGDIR) or tapas.execution.fit.TensorBoardScalars"
                    "(LOGDIR) (loss, step time, examples/s, learning rate)",
     "SwapEMAWeights": "the runtime's optimizers keep no moving average of the weights; "
@@ -549,6 +548,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                          "for checkpoints); or pass resume_from=PATH")
     if keep < 1:
         raise ValueError(f"keep={keep}: keep at least the newest checkpoint (keep >= 1)")
+    callbacks, backup = _backup_and_restore(callbacks, checkpoint_dir, checkpoint_every)
+    if backup is not None:
+        checkpoint_dir, checkpoint_every, resume = backup[:3]
     user_callbacks = _check_callbacks(callbacks)
     rt = pm.runtime
     data = _Data(pm, x, y, batch_size, shuffle, seed)
@@ -673,7 +675,34 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         if view.stop_training:
             break
     cbs.on_train_end(logs=epoch_logs or logs)
+    if backup is not None and backup[3] and chief:   # BackupAndRestore(delete_checkpoint)
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return history
+
+
+def _backup_and_restore(callbacks: Any, checkpoint_dir: str | None,
+                        checkpoint_every: int | None) -> tuple[list, tuple | None]:
+    """``keras.callbacks.BackupAndRestore`` taken out of ``callbacks`` and turned into
+    fit's own checkpoints: (other callbacks, (checkpoint_dir=its backup_dir,
+    checkpoint_every=its integer save_freq or None for "epoch", resume=True, delete the
+    directory after a successful fit)) or None without one."""
+    rest, found = [], []
+    for cb in list(callbacks or []):
+        (found if isinstance(cb, keras.callbacks.BackupAndRestore) else rest).append(cb)
+    if not found:
+        return rest, None
+    if len(found) > 1 or checkpoint_dir is not None or checkpoint_every is not None:
+        raise ValueError("BackupAndRestore stands for fit(checkpoint_dir=its backup_dir, "
+                         "resume=True): give one, and no checkpoint_dir/checkpoint_every "
+                         "besides (or drop it and pass those)")
+    cb = found[0]
+    freq = cb.save_freq
+    if freq not in ("epoch",) and not (isinstance(freq, int) and freq > 0):
+        raise ValueError(f"BackupAndRestore(save_freq={freq!r}): fit checkpoints at each "
+                         "epoch end ('epoch') and every K steps (an integer K); pass one "
+                         "of those")
+    every = None if freq == "epoch" else int(freq)
+    return rest, (cb.backup_dir, every, True, bool(cb.delete_checkpoint))
 
 
 def _split_validation(validation_data: Any) -> tuple[Any, Any]:
