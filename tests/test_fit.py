@@ -49,7 +49,7 @@ def test_fit_on_arrays_equals_keras_fit_with_callbacks(two: dict) -> None:
     assert r["hooks"]["batch_keys"] == ["loss"]
     assert r["csv_rows"] == len(r["epochs"]["ours"]) + 1   # header + one row per epoch
     assert {"loss", "step_seconds", "examples_per_second", "learning_rate",
-            "epoch_loss", "epoch_val_loss"} <= set(r["tags"])
+            "collective_bytes_per_step", "epoch_loss", "epoch_val_loss"} <= set(r["tags"])
     assert r["iterations"] == 5 * len(r["epochs"]["ours"])
 
 

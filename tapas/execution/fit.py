@@ -319,7 +319,8 @@ def _scalar(name: str, value: float) -> None:
 class TensorBoardScalars(keras.callbacks.Callback):
     """TensorBoard scalars of a :func:`fit` run, written by the chief worker under
     ``logdir`` with the global step: per step ``loss`` (that step's), ``step_seconds``,
-    ``examples_per_second`` and ``learning_rate``; per epoch ``epoch_<key>`` for each key of
+    ``examples_per_second``, ``learning_rate`` and ``collective_bytes_per_step`` (the
+    global bytes of the step's collectives, as the audit counts them); per epoch ``epoch_<key>`` for each key of
     the epoch's logs (``epoch_loss``, ``epoch_val_loss``...)."""
 
     def __init__(self, logdir: str) -> None:
@@ -343,6 +344,18 @@ class TensorBoardScalars(keras.callbacks.Callback):
             _scalar("step_seconds", info["seconds"])
             _scalar("examples_per_second", info["examples"] / max(info["seconds"], 1e-9))
             _scalar("learning_rate", self.model.optimizer.learning_rate)
+            comm = self._collective_bytes()
+            if comm is not None:
+                _scalar("collective_bytes_per_step", comm)
+
+    def _collective_bytes(self) -> int | None:
+        """The global bytes of the collectives in one training step (the traced step's
+        audit, ``tapas.execution.audit``, plus the loss's own), or None before a trace."""
+        rt = getattr(getattr(self.model, "parallel_model", None), "runtime", None)
+        if rt is None or "train_step" not in rt.audits:
+            return None
+        return int(sum(rt.audits["train_step"].bytes().values())) + \
+            sum(b for fn, _, b in rt.loss_comms if fn == "train_step")
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._writer is None:
