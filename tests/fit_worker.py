@@ -177,6 +177,9 @@ def check_keras() -> dict[str, Any]:
     out["evaluate_arrays"] = close(pm2.evaluate(xv, yv), ref2.evaluate(xv, yv, verbose=0,
                                                                         batch_size=B))
 
+    out["predict"] = close(pm2.predict(x), ref2.predict(x, verbose=0, batch_size=B))  # 42 rows
+    out["predict_dataset"] = close(pm2.predict(val_ds), ref2.predict(val_ds, verbose=0))
+
     # a diverging step: refused by the runtime (weights unchanged), seen as a NaN loss
     pm2.runtime.learning_rate.assign(1e30)
     before = int(pm2.runtime.iterations.numpy())

@@ -59,6 +59,9 @@ def test_fit_on_a_dataset_of_dicts_and_evaluate_equal_keras(two: dict) -> None:
     assert r["dataset_weights"]["ok"], r["dataset_weights"]
     assert r["evaluate"]["ok"] and r["evaluate_arrays"]["ok"], (r["evaluate"],
                                                               r["evaluate_arrays"])
+    # 42 examples: 5 global batches and 2 rows padded to one; a dataset of 2 batches
+    assert r["predict"]["ok"] and len(r["predict"]["ours"]) == 42, r["predict"]
+    assert r["predict_dataset"]["ok"] and len(r["predict_dataset"]["ours"]) == 16
 
 
 def test_non_finite_loss_raises_or_terminates_on_nan(two: dict) -> None:

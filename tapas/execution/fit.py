@@ -10,7 +10,7 @@ In:  a ParallelModel; the data: NumPy arrays (one array, a list in the program's
 Out: :func:`fit` returns a ``keras.callbacks.History`` (``loss`` per epoch, the mean of the
      epoch's step losses as Keras logs it; ``val_loss`` with validation data; what
      callbacks add, e.g. ``learning_rate``); :func:`evaluate` the mean loss over the
-     batches; checkpoint directories ``<dir>/ckpt-<step>`` (the runtime's shards, optimizer
+     batches; :func:`predict` the outputs of every example; checkpoint directories ``<dir>/ckpt-<step>`` (the runtime's shards, optimizer
      slots and step counter, ``tapas.execution.checkpoints``, plus ``tapas-fit.json``: epoch,
      step in the epoch, data position, batches consumed, learning rate, seed states, the
      epoch's running loss and the history so far).
@@ -58,7 +58,7 @@ from absl import logging
 from tapas.execution import checkpoints, inputs
 from tapas.execution.runtime import StepError
 
-__all__ = ["fit", "evaluate", "CallbackModel", "TensorBoardScalars", "FitState", "WorkerLostError",
+__all__ = ["fit", "evaluate", "predict", "CallbackModel", "TensorBoardScalars", "FitState", "WorkerLostError",
            "list_checkpoints", "latest_checkpoint", "save_checkpoint", "restore_checkpoint",
            "FIT_STATE", "REFUSED_CALLBACKS"]
 
@@ -528,6 +528,66 @@ def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
     steps (Keras's ``evaluate`` runs the inference graph)."""
     return _validate(pm, _Data(pm, x, y, batch_size, shuffle=False, seed=0,
                                what="evaluate data"), steps)
+
+
+def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:
+    """The inputs of ``x`` (a dataset of x or (x, y[, w]) elements, or arrays) in chunks
+    of at most the global batch, one array per input in the program's order."""
+    signature = pm.inputs
+    names = list(signature.names)
+    if isinstance(x, tf.data.Dataset):
+        for element in x.as_numpy_iterator():
+            if isinstance(element, tuple) and 1 <= len(element) <= 3:
+                element = element[0]   # (x, y[, sample_weight]) as Keras unpacks it
+            yield [np.asarray(v) for v in
+                   inputs._match(element, signature.structure, names, "batch",
+                                 signature.describe())]
+        return
+    leaves = [np.asarray(v) for v in inputs._match(x, signature.structure, names, "data",
+                                                   signature.describe())]
+    n, b = len(leaves[0]), int(signature.specs[0].shape[0])
+    for name, v in zip(names, leaves):
+        if len(v) != n:
+            raise ValueError(f"predict data: input '{name}' has {len(v)} rows, input "
+                             f"'{names[0]}' {n}; give every input the same number")
+    for start in range(0, n, b):
+        yield [v[start:start + b] for v in leaves]
+
+
+def predict(pm: Any, x: Any, *, batch_size: int | None = None,
+            steps: int | None = None) -> Any:
+    """The model's outputs for every example of ``x`` (arrays in any input form, or a
+    dataset of global batches; at most ``steps`` batches), run one global batch at a time
+    (``Runtime.predict``, in the ParallelModel's mode) and concatenated; a list when the
+    model has several outputs. A last batch with fewer rows is padded with zeros and the
+    padding's outputs cut off, when the rows cannot affect each other: a program without
+    variable writes (no dropout or batch-norm statistics of training mode); otherwise it
+    is refused with the fix."""
+    b = _global_batch(pm, batch_size)
+    outs: list[list[np.ndarray]] = []
+    for count, chunk in enumerate(_predict_batches(pm, x)):
+        if steps is not None and count >= steps:
+            break
+        rows = len(chunk[0])
+        if rows > b:
+            raise ValueError(f"predict data: a batch of {rows} rows, the program's global "
+                             f"batch is {b}: batch the dataset with .batch({b})")
+        if rows < b:
+            if getattr(pm.program, "has_writes", False):
+                raise ValueError(f"predict data: a last batch of {rows} rows, the global "
+                                 f"batch is {b}, and this training-mode program has "
+                                 "batch statistics or dropout, so zero padding would change "
+                                 f"the outputs: give a multiple of {b} examples, or predict "
+                                 "with a ParallelModel built with training=False")
+            chunk = [np.concatenate([v, np.zeros((b - rows,) + v.shape[1:], v.dtype)])
+                     for v in chunk]
+        result = pm.runtime.predict(pm.inputs.flatten(chunk))
+        result = result if isinstance(result, list) else [result]
+        outs.append([r[:rows] for r in result])
+    if not outs:
+        raise ValueError("predict data: no examples")
+    joined = [np.concatenate([o[k] for o in outs]) for k in range(len(outs[0]))]
+    return joined[0] if len(joined) == 1 else joined
 
 
 def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,

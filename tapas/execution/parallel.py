@@ -91,10 +91,19 @@ class ParallelModel:
         ``x`` in any form Keras accepts for the model (module docstring)."""
         return self.runtime.train_step(self.inputs.flatten(x), y)
 
-    def predict(self, x: Any) -> Any:
+    def predict(self, x: Any, *, batch_size: int | None = None,
+                steps: int | None = None) -> Any:
         """The model's output on the global batch ``x`` (a list when it has several), in
         the ParallelModel's mode (training mode: dropout on, moving statistics updated, as
-        ``model(x, training=True)``)."""
+        ``model(x, training=True)``).
+
+        Given a ``tf.data.Dataset`` or arrays of another number of examples: the outputs of
+        every example, a global batch at a time (``tapas.execution.fit.predict``)."""
+        rows = {np.shape(v)[0] if np.ndim(v) else -1 for v in tf.nest.flatten(x)} \
+            if not isinstance(x, tf.data.Dataset) else set()
+        if isinstance(x, tf.data.Dataset) or rows != {int(self.inputs.specs[0].shape[0])}:
+            from tapas.execution import fit as fit_mod
+            return fit_mod.predict(self, x, batch_size=batch_size, steps=steps)
         return self.runtime.predict(self.inputs.flatten(x))
 
     def evaluate(self, x: Any, y: Any = None, *, batch_size: int | None = None,
