@@ -180,6 +180,16 @@ def check_keras() -> dict[str, Any]:
     out["predict"] = close(pm2.predict(x), ref2.predict(x, verbose=0, batch_size=B))  # 42 rows
     out["predict_dataset"] = close(pm2.predict(val_ds), ref2.predict(val_ds, verbose=0))
 
+    # EarlyStopping(restore_best_weights): get_weights/set_weights of the callback model
+    def stopper() -> Any:
+        return keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1,
+                                             restore_best_weights=True)
+    h_ours = pm2.fit(x, y, epochs=4, shuffle=False, verbose=0, callbacks=[stopper()])
+    h_keras = ref2.fit({k: v[:40] for k, v in x.items()}, y[:40], batch_size=B, epochs=4,
+                       shuffle=False, verbose=0, callbacks=[stopper()])
+    out["restore_best"] = {"epochs": [h_ours.epoch, h_keras.epoch],
+                           "weights": weights_close(pm2, ref2)}
+
     # a diverging step: refused by the runtime (weights unchanged), seen as a NaN loss
     pm2.runtime.learning_rate.assign(1e30)
     before = int(pm2.runtime.iterations.numpy())

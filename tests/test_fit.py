@@ -64,6 +64,12 @@ def test_fit_on_a_dataset_of_dicts_and_evaluate_equal_keras(two: dict) -> None:
     assert r["predict_dataset"]["ok"] and len(r["predict_dataset"]["ours"]) == 16
 
 
+def test_early_stopping_restores_the_best_weights_as_keras(two: dict) -> None:
+    r = two["keras"]["restore_best"]
+    assert r["epochs"][0] == r["epochs"][1] == [0, 1]   # no epoch improves by 10
+    assert r["weights"]["ok"], r["weights"]   # both back at epoch 1's weights
+
+
 def test_non_finite_loss_raises_or_terminates_on_nan(two: dict) -> None:
     r = two["keras"]
     assert r["nan_without_callback"].startswith("StepError") and \
