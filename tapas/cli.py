@@ -8,6 +8,8 @@
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
+                  [--data=file.npz] [--epochs=E] [--checkpoint_dir=DIR]
+                  [--checkpoint_every=K] [--resume] [--tensorboard=LOGDIR]
 
 ``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
 Keras model (``.keras``). Each command prints a report to stdout; ``--json_out`` writes the
@@ -78,6 +80,21 @@ flags.DEFINE_integer("workers", 0, "train: launch this many processes on 127.0.0
                      "MultiWorkerMirroredStrategy (one device each).")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "train: optimizer (Keras numerics).")
 flags.DEFINE_float("learning_rate", None, "train: learning rate (default: Keras's).")
+flags.DEFINE_string("data", None, "train: an .npz of training data: one array per model "
+                    "input, named by input name (x for a one-input model), and the targets "
+                    "y, the first axis counting examples; trained with ParallelModel.fit in "
+                    "global batches of --batch_size (default: the model's synthetic batch).")
+flags.DEFINE_integer("epochs", None, "train: epochs (passes over --data; with the synthetic "
+                     "batch, --steps steps each). Default 1 when a training job is asked for.")
+flags.DEFINE_string("checkpoint_dir", None, "train: write checkpoints here (ckpt-<step>, "
+                    "atomic, the newest 3 kept) at each epoch end and every "
+                    "--checkpoint_every steps.")
+flags.DEFINE_integer("checkpoint_every", None, "train: also checkpoint after every K steps.")
+flags.DEFINE_boolean("resume", False, "train: continue from the newest checkpoint in "
+                     "--checkpoint_dir (start afresh when there is none): run the same "
+                     "command again after a failure.")
+flags.DEFINE_string("tensorboard", None, "train: write TensorBoard scalars (loss, step time, "
+                    "examples/s, learning rate) to this log directory.")
 
 COMMANDS = ("inspect", "mine", "models", "search", "train", "profile")
 
@@ -303,7 +320,10 @@ def cmd_train() -> dict[str, Any]:
                               learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
                               cluster=FLAGS.cluster, json_out=FLAGS.json_out,
                               memory_budget_gib=FLAGS.memory_budget_gib,
-                              training=FLAGS.training)
+                              training=FLAGS.training, data=FLAGS.data,
+                              epochs=FLAGS.epochs, checkpoint_dir=FLAGS.checkpoint_dir,
+                              checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume,
+                              tensorboard=FLAGS.tensorboard)
     from absl import logging
     logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
     try:

@@ -38,10 +38,12 @@ class SGD:
                                     nesterov=self.nesterov)
 
     def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
-               step: tf.Tensor, grad_square: tf.Tensor | None = None
-               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """(new variable value, new slot values) for one weight; ``step`` counts from 1."""
-        lr = tf.cast(self.learning_rate, var.dtype)
+               step: tf.Tensor, grad_square: tf.Tensor | None = None,
+               learning_rate: Any = None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """(new variable value, new slot values) for one weight; ``step`` counts from 1;
+        ``learning_rate`` (a scalar tensor or variable) replaces ``self.learning_rate``
+        (the runtime passes its learning-rate variable, which callbacks may change)."""
+        lr = tf.cast(self.learning_rate if learning_rate is None else learning_rate, var.dtype)
         grad = tf.cast(grad, var.dtype)
         if not self.momentum:
             return var - grad * lr, {}
@@ -71,13 +73,14 @@ class Adam:
                                      beta_2=self.beta_2, epsilon=self.epsilon)
 
     def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
-               step: tf.Tensor, grad_square: tf.Tensor | None = None
-               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+               step: tf.Tensor, grad_square: tf.Tensor | None = None,
+               learning_rate: Any = None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """``grad_square``: what Keras squares for the second moment. For a sparse
         (``IndexedSlices``) gradient Keras squares each slice *before* summing duplicate
-        rows (``keras.ops.square`` maps over the slices), which is not ``square(grad)``."""
+        rows (``keras.ops.square`` maps over the slices), which is not ``square(grad)``.
+        ``learning_rate`` as for :meth:`SGD.update`."""
         dtype = var.dtype
-        lr = tf.cast(self.learning_rate, dtype)
+        lr = tf.cast(self.learning_rate if learning_rate is None else learning_rate, dtype)
         grad = tf.cast(grad, dtype)
         local_step = tf.cast(step, dtype)
         beta_1_power = tf.pow(tf.cast(self.beta_1, dtype), local_step)

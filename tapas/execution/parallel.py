@@ -7,7 +7,9 @@ In:  a Keras model, its input specs (static ``tf.TensorSpec`` s: one, a list, a 
      a ``MirroredStrategy`` over N local devices, or ``distribute_strategy=`` any
      ``tf.distribute`` strategy, e.g. ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``),
      an optimizer ("sgd", "adam") and a loss.
-Out: :class:`ParallelModel` with ``train_step(x, y)``, ``predict(x)``, ``evaluate(x, y)``,
+Out: :class:`ParallelModel` with ``train_step(x, y)``, ``fit(...)`` (Keras-style, with
+     callbacks, checkpoints and resume: ``tapas.execution.fit``), ``predict(x)``,
+     ``evaluate(x, y)``,
      ``gradients(x, y)``, ``save(path)``, ``restore(path)``, ``to_keras()``, ``audit()``
      (the collectives of the reconstructed program against the strategy's prediction) and
      ``verify(...)`` (the
@@ -89,16 +91,47 @@ class ParallelModel:
         ``x`` in any form Keras accepts for the model (module docstring)."""
         return self.runtime.train_step(self.inputs.flatten(x), y)
 
-    def predict(self, x: Any) -> Any:
+    def predict(self, x: Any, *, batch_size: int | None = None,
+                steps: int | None = None) -> Any:
         """The model's output on the global batch ``x`` (a list when it has several), in
         the ParallelModel's mode (training mode: dropout on, moving statistics updated, as
-        ``model(x, training=True)``)."""
+        ``model(x, training=True)``).
+
+        Given a ``tf.data.Dataset`` or arrays of another number of examples: the outputs of
+        every example, a global batch at a time (``tapas.execution.fit.predict``)."""
+        rows = {np.shape(v)[0] if np.ndim(v) else -1 for v in tf.nest.flatten(x)} \
+            if not isinstance(x, tf.data.Dataset) else set()
+        if isinstance(x, tf.data.Dataset) or rows != {int(self.inputs.specs[0].shape[0])}:
+            from tapas.execution import fit as fit_mod
+            return fit_mod.predict(self, x, batch_size=batch_size, steps=steps)
         return self.runtime.predict(self.inputs.flatten(x))
 
-    def evaluate(self, x: Any, y: Any) -> float:
+    def evaluate(self, x: Any, y: Any = None, *, batch_size: int | None = None,
+                 steps: int | None = None) -> float:
         """The global loss on the batch, without an optimizer step (training mode: the
-        forward pass still advances the dropout seeds and moving statistics)."""
+        forward pass still advances the dropout seeds and moving statistics).
+
+        Given a ``tf.data.Dataset`` of (x, y) global batches, or arrays of more examples
+        than one global batch: the mean loss over the global batches (at most ``steps``),
+        forward only, nothing updated (``tapas.execution.fit.evaluate``)."""
+        if isinstance(x, tf.data.Dataset) or (
+                y is not None and np.ndim(y) > 0
+                and len(y) != int(self.inputs.specs[0].shape[0])):
+            from tapas.execution import fit as fit_mod
+            return fit_mod.evaluate(self, x, y, batch_size=batch_size, steps=steps)
         return self.runtime.evaluate(self.inputs.flatten(x), y)[1]
+
+    def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
+        """Train as Keras's ``Model.fit`` does, over arrays (any input form of the module
+        docstring) with targets ``y`` or a ``tf.data.Dataset`` of (x, y) global batches,
+        with Keras callbacks, periodic atomic checkpoints and resume; returns a
+        ``keras.callbacks.History``. Keyword arguments: ``batch_size`` (the captured
+        global batch), ``epochs``, ``steps_per_epoch``, ``validation_data``,
+        ``validation_steps``, ``callbacks``, ``initial_epoch``, ``shuffle``, ``seed``,
+        ``verbose``, ``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume``,
+        ``resume_from``, ``tensorboard`` (``tapas.execution.fit.fit``)."""
+        from tapas.execution import fit as fit_mod
+        return fit_mod.fit(self, x, y, **kwargs)
 
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
         """(global loss, {weight path: global gradient}) on the batch, without an optimizer

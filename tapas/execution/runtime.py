@@ -180,6 +180,11 @@ class Runtime:
                                   for k, p in enumerate(self.trainable_paths)}
         with tf.device(devices[0]):
             self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+            # read by every update (a variable, so that a learning-rate schedule or callback
+            # changes it without tracing again; float32 as Keras's optimizer variable)
+            self.learning_rate = tf.Variable(float(self.optimizer.learning_rate),
+                                             dtype=tf.float32, trainable=False,
+                                             name="learning_rate")
         self.states = stateful.StateStore(getattr(program, "states", {}), strategy,
                                           {r: self._device[r] for r in self.local_replicas})
         self._dist_vars = strategy.experimental_distribute_values_from_function(
@@ -386,7 +391,7 @@ class Runtime:
                 g = tf.convert_to_tensor(g)
             value, new_slots = self.optimizer.update(
                 weights[p].read_value(), g, {k: v.read_value() for k, v in slots[p].items()},
-                step, grad_square)
+                step, grad_square, learning_rate=self.learning_rate)
             new[p] = {"value": value, "grad": g, **new_slots}
         loss = sum_values(_placed(share)) if partial else share
         return loss, new, writes
@@ -488,6 +493,23 @@ class Runtime:
         """(global loss, {path: global gradient}) on the batch, without updating anything."""
         _, loss, grads = self.evaluate(xs, y)
         return loss, grads
+
+    def _loss_only(self, xs: Any, y: Any) -> tf.Tensor:
+        def fn(xs: tuple, y: tf.Tensor, weights: dict, states: dict) -> tf.Tensor:
+            outs, _ = self._forward(xs, weights, states)   # writes dropped: no side effects
+            share, partial = self._local_loss(outs[0], y)
+            return sum_values(_placed(share)) if partial else share
+        loss = self.strategy.run(self._on_device(fn),
+                                 args=(xs, y, self._dist_vars, self.states.dist))
+        return self.strategy.experimental_local_results(loss)[0]
+
+    def forward_loss(self, xs: Any, y: Any) -> float:
+        """The global loss on the batch, forward only: no gradients, and the program's
+        writes (advanced seeds, moving statistics) are not assigned, so nothing changes
+        (validation in ``tapas.execution.fit``; the graph is the program's mode)."""
+        if not hasattr(self, "_loss_fn"):
+            self._loss_fn = tf.function(self._loss_only, autograph=False)
+        return float(self._call("loss", self._loss_fn, *self._prepare(xs, y)).numpy())
 
     def train_step(self, xs: Any, y: Any) -> float:
         """One optimizer step on the global batch ``(xs, y)``; returns the global loss.

@@ -3,7 +3,11 @@
 In:  :class:`TrainOptions` (a zoo model name, trained on its synthetic data, or the path of a
      saved ``.keras`` model, trained on a random batch in its input structure with its
      compiled loss; devices, steps, strategy file / "random:SEED" / searched, optimizer,
-     --verify, --workers).
+     --verify, --workers); for a training job (``ParallelModel.fit``,
+     ``tapas.execution.fit``) the data (``--data=file.npz``: one array per model input,
+     named by input name, and the targets ``y``; default the synthetic batch, ``--steps``
+     steps per epoch), ``--epochs``, ``--checkpoint_dir``, ``--checkpoint_every``,
+     ``--resume``, ``--tensorboard``.
 Out: a report dict (printed as it goes): the strategy table, the loss of every step, step
      time and throughput, the first-step trace time, the collective audit against the
      strategy's prediction, and with ``verify`` the largest differences of outputs,
@@ -49,12 +53,35 @@ class TrainOptions:
     # the training-mode graph (dropout, batch-norm updates); None: training mode unless the
     # --strategy file was searched on the inference graph (tapas.parallelize)
     training: bool | None = None
+    # a training job (ParallelModel.fit, tapas.execution.fit): any of these set
+    data: str | None = None           # .npz: one array per input name, plus "y"
+    epochs: int | None = None         # default 1; synthetic data: --steps steps per epoch
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False              # continue from checkpoint_dir's newest checkpoint
+    tensorboard: str | None = None    # log directory for the scalars
+
+    @property
+    def is_job(self) -> bool:
+        return bool(self.data or self.epochs or self.checkpoint_dir or self.checkpoint_every
+                    or self.resume or self.tensorboard)
 
 
 def train(opts: TrainOptions) -> dict[str, Any]:
     """Run ``tapas train`` (see the module docstring); returns the report."""
     if opts.steps < 1:
         raise TrainError(f"--steps={opts.steps}: need at least 1 step")
+    if opts.is_job and opts.verify:
+        raise TrainError("--verify compares --steps steps on the synthetic batch with the "
+                         "Keras model; it cannot be combined with --data, --epochs, "
+                         "--checkpoint_dir, --resume or --tensorboard: run them separately")
+    if opts.data and not os.path.exists(opts.data):
+        raise TrainError(f"--data={opts.data}: no such file; give an .npz with one array per "
+                         "model input (named by input name) and the targets as 'y'")
+    if opts.epochs is not None and opts.epochs < 1:
+        raise TrainError(f"--epochs={opts.epochs}: need at least 1 epoch")
+    if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
+        raise TrainError("--checkpoint_every and --resume need --checkpoint_dir=DIR")
     if opts.workers and not os.environ.get("TF_CONFIG"):
         return _launch_workers(opts)
     from tapas.execution import devices
@@ -71,12 +98,17 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
                               "optimizer": opts.optimizer, "batch": int(len(y)),
                               "mode": "training" if pm.training else "inference"}
-    check = _run_steps(opts, pm, xs, y, report, say)
+    if opts.is_job:
+        check = None
+        _run_job(opts, pm, xs, y, report, say)
+    else:
+        check = _run_steps(opts, pm, xs, y, report, say)
     timings.update({f"trace_{k}": v for k, v in pm.runtime.trace_seconds.items()})
-    audit = pm.audit()
-    report["audit"] = audit.to_json()
-    say("\ncollectives in one training step (program vs the strategy's prediction):")
-    say(audit.table())
+    if "train_step" in pm.runtime.audits:   # not when a resumed job had nothing left to do
+        audit = pm.audit()
+        report["audit"] = audit.to_json()
+        say("\ncollectives in one training step (program vs the strategy's prediction):")
+        say(audit.table())
     if check is not None:
         _say_verify(check, say)
     report["timings"] = {k: round(v, 4) for k, v in timings.items()}
@@ -226,6 +258,89 @@ def _run_steps(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, A
     return check
 
 
+def load_npz(path: str, pm: Any) -> tuple[dict[str, Any], Any]:
+    """(inputs by name, targets) from an ``.npz`` holding one array per model input, named
+    by input name (``pm.inputs.names``; ``x`` for a one-input model also), and ``y``."""
+    import numpy as np
+    with np.load(path) as f:
+        arrays = {k: f[k] for k in f.files}
+    names = list(pm.inputs.names)
+    if len(names) == 1 and "x" in arrays and names[0] not in arrays:
+        arrays[names[0]] = arrays.pop("x")
+    missing = [k for k in names + ["y"] if k not in arrays]
+    extra = sorted(set(arrays) - set(names) - {"y"})
+    if missing or extra:
+        raise TrainError(f"--data={path}: it holds {sorted(arrays)}; the model's inputs are "
+                         f"{pm.inputs.describe()} (per example; the first axis counts the "
+                         f"examples) plus the targets 'y': missing {missing}, unexpected "
+                         f"{extra}. Save it with np.savez(path, y=targets, "
+                         f"{', '.join(f'{k}=...' for k in names)})")
+    return {k: arrays[k] for k in names}, arrays["y"]
+
+
+def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any],
+             say: Any) -> None:
+    """A training job through ``ParallelModel.fit``: the --data file (epochs of it) or the
+    synthetic batch (--steps steps per epoch), checkpoints, resume, TensorBoard; the loss of
+    every step, the epochs' losses and where it resumed into ``report``."""
+    import keras
+
+    from tapas.execution import fit as fit_mod
+    if opts.data:
+        try:
+            x, targets = load_npz(opts.data, pm)
+        except (OSError, ValueError) as e:
+            raise TrainError(f"--data={opts.data}: {e}") from None
+        steps_per_epoch = None
+    else:
+        x, targets, steps_per_epoch = xs, y, opts.steps
+    epochs = opts.epochs or 1
+    if opts.resume:
+        found = fit_mod.latest_checkpoint(opts.checkpoint_dir)
+        report["resumed_from"] = found
+        say(f"\nresuming from {found}" if found else
+            f"\nno checkpoint in {opts.checkpoint_dir} yet: starting from the beginning")
+    say(f"\n{'epoch':>5} {'step':>6} {'loss':>12} {'seconds':>9}")
+    losses: list[float] = []
+    step_times: list[float] = []
+    state = {"epoch": 0}
+
+    class Printer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            state["epoch"] = epoch
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            info = self.model.last_step
+            losses.append(info["loss"])
+            step_times.append(info["seconds"])
+            say(f"{state['epoch'] + 1:>5} {info['step']:>6} {info['loss']:>12.6f} "
+                f"{info['seconds']:>9.3f}")
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            say(f"epoch {epoch + 1}/{epochs}: " + ", ".join(f"{k} {v:.6f}" for k, v in
+                                                          (logs or {}).items()))
+
+    try:
+        history = pm.fit(x, targets, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                         verbose=0, callbacks=[Printer()], checkpoint_dir=opts.checkpoint_dir,
+                         checkpoint_every=opts.checkpoint_every, resume=opts.resume,
+                         tensorboard=opts.tensorboard)
+    except (ValueError, FileNotFoundError, fit_mod.WorkerLostError) as e:
+        raise TrainError(str(e)) from None
+    report.update({"losses": losses, "step_seconds": step_times, "epochs": epochs,
+                   "history": history.history, "step": int(pm.runtime.iterations.numpy())})
+    if opts.checkpoint_dir:
+        report["checkpoint"] = fit_mod.latest_checkpoint(opts.checkpoint_dir)
+        say(f"\ncheckpoint: {report['checkpoint']} (step {report['step']})")
+    later = step_times[1:]
+    if later:
+        mean = sum(later) / len(later)
+        batch = int(pm.inputs.specs[0].shape[0])
+        report["throughput_examples_per_s"] = batch / mean
+        say(f"step time {mean:.3f} s after the first (first step, with tracing: "
+            f"{step_times[0]:.2f} s); throughput {batch / mean:.1f} examples/s")
+
+
 def _say_verify(check: dict[str, Any], say: Any) -> None:
     """The verify table: per quantity, the largest difference and whether it is ok."""
     say("\nverify against the single-device Keras model (rtol 1e-5, atol 1e-5 x the "
@@ -283,6 +398,11 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
         argv.append(f"--batch_size={opts.batch_size}")
     if opts.memory_budget_gib is not None:
         argv.append(f"--memory_budget_gib={opts.memory_budget_gib}")
+    for flag in ("data", "epochs", "checkpoint_dir", "checkpoint_every", "tensorboard"):
+        if getattr(opts, flag) is not None:
+            argv.append(f"--{flag}={getattr(opts, flag)}")
+    if opts.resume:
+        argv.append("--resume")
     print(f"launching {opts.workers} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)",
           flush=True)
     try:
@@ -291,7 +411,14 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
         with open(report_path) as f:
             report = json.load(f)
     except launch.LaunchError as e:
-        raise TrainError(str(e)) from None
+        hint = ""
+        if opts.checkpoint_dir:
+            from tapas.execution import fit as fit_mod
+            newest = fit_mod.latest_checkpoint(opts.checkpoint_dir)
+            hint = (f"\nto continue from the newest checkpoint ({newest}), run the same "
+                    "command with --resume" if newest else
+                    "\nno checkpoint was written yet; run the command again")
+        raise TrainError(f"{e}{hint}") from None
     finally:
         os.unlink(report_path)
     report["worker_seconds"] = [round(r.seconds, 2) for r in results]

@@ -1,0 +1,789 @@
+"""Training jobs on a :class:`tapas.execution.parallel.ParallelModel`: Keras-style ``fit``
+with Keras callbacks, periodic atomic checkpoints, resume, progress and TensorBoard scalars.
+
+In:  a ParallelModel; the data: NumPy arrays (one array, a list in the program's input
+     order, a dict keyed by input name or the model's own structure, as
+     ``tapas.execution.inputs`` takes a batch) with targets ``y``, or a ``tf.data.Dataset``
+     of ``(x, y)`` *global* batches; epochs, ``steps_per_epoch``, validation data, Keras
+     callbacks, and the checkpoint options (a directory, every K steps, how many to keep,
+     resume).
+Out: :func:`fit` returns a ``keras.callbacks.History`` (``loss`` per epoch, the mean of the
+     epoch's step losses as Keras logs it; ``val_loss`` with validation data; what
+     callbacks add, e.g. ``learning_rate``); :func:`evaluate` the mean loss over the
+     batches; :func:`predict` the outputs of every example; checkpoint directories ``<dir>/ckpt-<step>`` (the runtime's shards, optimizer
+     slots and step counter, ``tapas.execution.checkpoints``, plus ``tapas-fit.json``: epoch,
+     step in the epoch, data position, batches consumed, learning rate, seed states, the
+     epoch's running loss and the history so far).
+
+Semantics (``docs/running.md``, *fit, checkpoints and resume*):
+
+* The global batch is fixed by the capture: ``batch_size`` must equal it (default: it).
+  Arrays are cut into full global batches (shuffled per epoch from ``seed`` unless
+  ``shuffle=False``); the rows of a last partial batch are dropped, with a logged note. A
+  dataset must yield global batches; a smaller (last) one is dropped with a note.
+* An epoch is one pass over the data; with ``steps_per_epoch`` the data are one stream that
+  continues across epochs and starts a new pass when it runs out.
+* Callbacks are called with Keras's hooks (``on_train_begin``, ``on_epoch_begin``,
+  ``on_train_batch_begin``/``end`` with the running mean ``loss``, ``on_epoch_end`` with the
+  epoch's logs, ``on_train_end``) and see a :class:`CallbackModel` as ``self.model``
+  (``stop_training``, ``optimizer.learning_rate`` settable, ``get_weights``/``set_weights``).
+  Keras callbacks that need a Keras model's internals are refused by name, with what to
+  use instead (:data:`REFUSED_CALLBACKS`); ``BackupAndRestore`` becomes fit's own
+  checkpoints in its ``backup_dir`` with ``resume=True``.
+* Checkpoints (every ``checkpoint_every`` steps and at each epoch end) are written into a
+  temporary directory and renamed into place (a crash in the middle of a save leaves the
+  earlier checkpoints, and nothing half-written is ever taken as a checkpoint); the last
+  ``keep`` are kept. ``resume=True`` continues from the newest one in ``checkpoint_dir``
+  (``resume_from=`` names a checkpoint or a directory of them): with a deterministic input
+  pipeline the result equals the uninterrupted run's, exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tapas.execution import checkpoints, inputs
+from tapas.execution.runtime import StepError
+
+__all__ = ["fit", "evaluate", "predict", "CallbackModel", "TensorBoardScalars", "FitState", "WorkerLostError",
+           "list_checkpoints", "latest_checkpoint", "save_checkpoint", "restore_checkpoint",
+           "FIT_STATE", "REFUSED_CALLBACKS"]
+
+FIT_STATE = "tapas-fit.json"
+_FORMAT = "tapas-fit-1"
+_CKPT = re.compile(r"^ckpt-(\d+)$")
+
+#: Keras callbacks that need a Keras model's internals, and what to use instead
+REFUSED_CALLBACKS: dict[str, str] = {
+    "ModelCheckpoint": "fit(..., checkpoint_dir=DIR, checkpoint_every=K) writes sharded, "
+                       "atomic checkpoints with the optimizer state and the data position "
+                       "(ParallelModel.save(dir) writes one; to_keras() gives the Keras model "
+                       "to save)",
+    "TensorBoard": "fit(..., tensorboard=LOGDIR) or tapas.execution.fit.TensorBoardScalars"
+                   "(LOGDIR) (loss, step time, examples/s, learning rate)",
+    "SwapEMAWeights": "the runtime's optimizers keep no moving average of the weights; "
+                      "average checkpoints instead",
+}
+
+
+class WorkerLostError(RuntimeError):
+    """A worker of the cluster stopped (killed, crashed, unreachable) while this one was
+    training: TensorFlow's coordination service saw it stop sending heartbeats and aborted
+    the collectives. The job is resumable from the newest checkpoint."""
+
+
+# TF errors with which collectives end when a peer is gone
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+                tf.errors.DeadlineExceededError, tf.errors.InternalError)
+
+
+def _worker_lost(e: Exception, what: str, checkpoint_dir: str | None) -> WorkerLostError:
+    tasks = sorted(set(re.findall(r"/job:\w+/replica:\d+/task:\d+", str(e))))
+    newest = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    again = (f"run the same fit/command again with resume=True (tapas train --resume): it "
+             f"continues from {newest}" if newest else
+             "no checkpoint was written yet (pass checkpoint_dir=DIR and checkpoint_every=K "
+             "to be able to resume)")
+    line = next((ln.strip() for ln in str(e).splitlines() if "unhealthy" in ln
+                 or "aborted" in ln.lower()), str(e).splitlines()[0] if str(e) else "")
+    who = ", ".join(tasks) if tasks else "a worker (TensorFlow named none)"
+    return WorkerLostError(f"{what}: the cluster lost {who} ({type(e).__name__}: {line}); "
+                           f"this worker stops too. To go on, start every worker again and "
+                           f"{again}")
+
+
+# ---- the data ---------------------------------------------------------------------------------
+
+def _global_batch(pm: Any, batch_size: int | None) -> int:
+    specs = pm.inputs.specs
+    b = int(specs[0].shape[0])
+    if batch_size is not None and int(batch_size) != b:
+        raise ValueError(f"batch_size={batch_size}: the program was built for a global batch "
+                         f"of {b} ({pm.inputs.describe()}); pass batch_size={b} or leave it "
+                         f"out, or parallelize again with input specs of batch {batch_size}")
+    return b
+
+
+class _Data:
+    """Global batches of the data, pass by pass: ``batches(p, skip)`` yields the batches of
+    pass ``p`` after the first ``skip``, each as (inputs in the program's order, targets)."""
+
+    def __init__(self, pm: Any, x: Any, y: Any, batch_size: int | None, shuffle: bool,
+                 seed: int, what: str = "the data") -> None:
+        self.signature: inputs.InputSignature = pm.inputs
+        self.batch = _global_batch(pm, batch_size)
+        self.what, self.shuffle, self.seed = what, shuffle, seed
+        self.dataset: tf.data.Dataset | None = None
+        self.noted = False
+        if isinstance(x, tf.data.Dataset):
+            self._init_dataset(x, y)
+        else:
+            self._init_arrays(x, y)
+
+    def _init_dataset(self, ds: tf.data.Dataset, y: Any) -> None:
+        if y is not None:
+            raise ValueError(f"{self.what}: y={type(y).__name__} was given with a "
+                             "tf.data.Dataset; the dataset yields (x, y) pairs, so leave y out")
+        spec = ds.element_spec
+        if not isinstance(spec, tuple) or len(spec) != 2:
+            extra = (" (x, y, sample_weight): sample weights are not supported by the "
+                     "runtime's loss" if isinstance(spec, tuple) and len(spec) == 3 else "")
+            raise ValueError(f"{self.what}: the dataset yields {_describe_spec(spec)}{extra}; "
+                             "fit needs (x, y) pairs of global batches, e.g. "
+                             "tf.data.Dataset.from_tensor_slices((x, y)).batch(B, "
+                             "drop_remainder=True)")
+        self.dataset = ds
+        card = int(ds.cardinality().numpy())
+        first = tf.nest.flatten(spec[1])[0].shape
+        static = first.rank and first[0] is not None and int(first[0]) == self.batch
+        self.num_batches = card if card >= 0 and static else None
+
+    def _init_arrays(self, x: Any, y: Any) -> None:
+        if y is None:
+            raise ValueError(f"{self.what}: no targets; pass y=<array> with x, or a "
+                             "tf.data.Dataset of (x, y) pairs")
+        names = list(self.signature.names)
+        leaves = inputs._match(x, self.signature.structure, names, "data",
+                               self.signature.describe())
+        self.xs = [np.asarray(v) for v in leaves]
+        self.y = np.asarray(y)
+        n = len(self.y)
+        for name, v in zip(names, self.xs):
+            if v.ndim == 0 or len(v) != n:
+                raise ValueError(f"{self.what}: input '{name}' has "
+                                 f"{len(v) if v.ndim else 0} rows but y has {n}; give every "
+                                 "input and y the same number of examples")
+        if n < self.batch:
+            raise ValueError(f"{self.what}: {n} examples, fewer than one global batch of "
+                             f"{self.batch}; give at least {self.batch}, or parallelize with "
+                             "input specs of a smaller batch")
+        self.num_batches = n // self.batch
+        dropped = n - self.num_batches * self.batch
+        if dropped:
+            logging.warning("%s: %d examples make %d global batches of %d; the last %d "
+                            "examples of each epoch's order are dropped (the program's "
+                            "batch is fixed)", self.what, n, self.num_batches, self.batch,
+                            dropped)
+
+    def batches(self, pass_index: int, skip: int) -> Iterator[tuple[list, np.ndarray]]:
+        if self.dataset is not None:
+            yield from self._dataset_batches(skip)
+            return
+        n = len(self.y)
+        order = (np.random.default_rng([self.seed, pass_index]).permutation(n)
+                 if self.shuffle else np.arange(n))
+        for k in range(skip, self.num_batches):
+            idx = order[k * self.batch:(k + 1) * self.batch]
+            yield self.signature.flatten([v[idx] for v in self.xs]), self.y[idx]
+
+    def _dataset_batches(self, skip: int) -> Iterator[tuple[list, np.ndarray]]:
+        ds = self.dataset.skip(skip) if skip else self.dataset
+        for x, y in ds.as_numpy_iterator():
+            rows = len(np.asarray(y))
+            if rows < self.batch:
+                if not self.noted:
+                    logging.warning("%s: a batch of %d rows, smaller than the global batch "
+                                    "of %d, is dropped (batch the dataset with "
+                                    "drop_remainder=True to say so)", self.what, rows,
+                                    self.batch)
+                    self.noted = True
+                continue
+            if rows > self.batch:
+                raise ValueError(f"{self.what}: the dataset yields batches of {rows} rows but "
+                                 f"the program was built for a global batch of {self.batch}: "
+                                 f"batch it with .batch({self.batch}), or parallelize again "
+                                 f"with input specs of batch {rows}")
+            yield self.signature.flatten(x), np.asarray(y)
+
+
+def _describe_spec(spec: Any) -> str:
+    if isinstance(spec, tuple):
+        return f"tuples of {len(spec)}"
+    return f"single {type(spec).__name__} elements"
+
+
+class _Stream:
+    """The position in the data: pass ``pass_index``, ``position`` batches into it."""
+
+    def __init__(self, data: _Data, pass_index: int, position: int) -> None:
+        self.data, self.pass_index, self.position = data, pass_index, position
+        self._it: Iterator | None = None
+
+    def start_pass(self, pass_index: int) -> None:
+        self.pass_index, self.position, self._it = pass_index, 0, None
+
+    def next(self, roll: bool) -> tuple[list, np.ndarray] | None:
+        """The next batch; at the end of the pass, None, or with ``roll`` the first batch
+        of the next pass."""
+        while True:
+            if self._it is None:
+                self._it = self.data.batches(self.pass_index, self.position)
+            b = next(self._it, None)
+            if b is not None:
+                self.position += 1
+                return b
+            if not roll:
+                return None
+            if self.position == 0:
+                raise ValueError(f"{self.data.what}: a pass over the data yields no full "
+                                 f"global batch of {self.data.batch}")
+            self.start_pass(self.pass_index + 1)
+
+
+# ---- what callbacks see ---------------------------------------------------------------------
+
+class _OptimizerView:
+    """``model.optimizer`` for callbacks: the runtime's optimizer with its learning rate
+    (a variable, so setting it takes effect at the next step without tracing again)."""
+
+    def __init__(self, rt: Any) -> None:
+        self._rt = rt
+
+    @property
+    def name(self) -> str:
+        return self._rt.optimizer.name
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self._rt.learning_rate.numpy())
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        self._rt.learning_rate.assign(float(value))
+
+    @property
+    def iterations(self) -> int:
+        return int(self._rt.iterations.numpy())
+
+
+class CallbackModel:
+    """What Keras callbacks see as ``self.model`` during :func:`fit`: ``stop_training``,
+    ``optimizer`` (``learning_rate`` read and set, ``iterations``), ``get_weights()`` /
+    ``set_weights()`` (the global weights in ``runtime.paths`` order, as EarlyStopping's
+    ``restore_best_weights`` uses them), ``history``, ``parallel_model``, ``is_chief``, and
+    ``last_step`` (the last step's global step, loss, seconds and examples); other
+    attributes are the ParallelModel's."""
+
+    def __init__(self, pm: Any) -> None:
+        self.parallel_model = pm
+        self.stop_training = False
+        self.history: Any = None
+        self.optimizer = _OptimizerView(pm.runtime)
+        self.is_chief = pm.runtime.task_id == 0
+        self.last_step: dict[str, float] = {}
+
+    @property
+    def name(self) -> str:
+        return getattr(self.parallel_model.model, "name", "parallel_model")
+
+    def get_weights(self) -> list[np.ndarray]:
+        values = self.parallel_model.global_weights()
+        return [values[p] for p in self.parallel_model.runtime.paths]
+
+    def set_weights(self, weights: Sequence[np.ndarray]) -> None:
+        paths = self.parallel_model.runtime.paths
+        if len(weights) != len(paths):
+            raise ValueError(f"set_weights got {len(weights)} arrays, the model has "
+                             f"{len(paths)} weights (get_weights() order)")
+        self.parallel_model.runtime.set_global_weights(dict(zip(paths, weights)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parallel_model, name)
+
+
+def _scalar(name: str, value: float) -> None:
+    """A TensorBoard scalar summary at the default writer's step, written with TensorFlow's
+    own ``tf.summary.write`` and the scalars plugin's metadata (what ``tf.summary.scalar``
+    writes; that one needs the tensorboard package, which tensorflow-cpu does not
+    install)."""
+    from tensorflow.core.framework import summary_pb2
+    meta = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    tf.summary.write(name, tf.constant(float(value), tf.float32),
+                     metadata=meta.SerializeToString())
+
+
+class TensorBoardScalars(keras.callbacks.Callback):
+    """TensorBoard scalars of a :func:`fit` run, written by the chief worker under
+    ``logdir`` with the global step: per step ``loss`` (that step's), ``step_seconds``,
+    ``examples_per_second``, ``learning_rate`` and ``collective_bytes_per_step`` (the
+    global bytes of the step's collectives, as the audit counts them); per epoch ``epoch_<key>`` for each key of
+    the epoch's logs (``epoch_loss``, ``epoch_val_loss``...)."""
+
+    def __init__(self, logdir: str) -> None:
+        super().__init__()
+        self.logdir = logdir
+        self._writer: Any = None
+
+    def _active(self) -> bool:
+        return bool(getattr(self.model, "is_chief", True))
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        if self._active():
+            self._writer = tf.summary.create_file_writer(self.logdir)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        info = getattr(self.model, "last_step", None)
+        if self._writer is None or not info:
+            return
+        with self._writer.as_default(step=int(info["step"])):
+            _scalar("loss", info["loss"])
+            _scalar("step_seconds", info["seconds"])
+            _scalar("examples_per_second", info["examples"] / max(info["seconds"], 1e-9))
+            _scalar("learning_rate", self.model.optimizer.learning_rate)
+            comm = self._collective_bytes()
+            if comm is not None:
+                _scalar("collective_bytes_per_step", comm)
+
+    def _collective_bytes(self) -> int | None:
+        """The global bytes of the collectives in one training step (the traced step's
+        audit, ``tapas.execution.audit``, plus the loss's own), or None before a trace."""
+        rt = getattr(getattr(self.model, "parallel_model", None), "runtime", None)
+        if rt is None or "train_step" not in rt.audits:
+            return None
+        return int(sum(rt.audits["train_step"].bytes().values())) + \
+            sum(b for fn, _, b in rt.loss_comms if fn == "train_step")
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self._writer is None:
+            return
+        step = int(self.model.optimizer.iterations)
+        with self._writer.as_default(step=step):
+            for k, v in (logs or {}).items():
+                if isinstance(v, (int, float, np.floating)):
+                    _scalar(f"epoch_{k}", float(v))
+        self._writer.flush()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _check_callbacks(callbacks: Any) -> list[Any]:
+    out = list(callbacks or [])
+    for cb in out:
+        if not isinstance(cb, keras.callbacks.Callback):
+            raise TypeError(f"callback {cb!r} is a {type(cb).__name__}, not a "
+                            "keras.callbacks.Callback; subclass it (or use "
+                            "keras.callbacks.LambdaCallback)")
+        for klass in type(cb).__mro__:
+            if klass.__module__.startswith("keras") and klass.__name__ in REFUSED_CALLBACKS:
+                raise ValueError(f"callback keras.callbacks.{klass.__name__} is not supported "
+                                 f"by ParallelModel.fit (it needs a Keras model's internals); "
+                                 f"use instead: {REFUSED_CALLBACKS[klass.__name__]}")
+    return out
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class FitState:
+    """Where a fit job stands; written as ``tapas-fit.json`` in each checkpoint."""
+
+    step: int = 0                 # optimizer steps taken (the runtime's step counter)
+    epoch: int = 0                # the epoch in progress (or the next one, at an epoch end)
+    step_in_epoch: int = 0        # steps of that epoch already taken
+    pass_index: int = 0           # the data position: the pass over the data ...
+    pass_position: int = 0        # ... and the batches of it consumed
+    batches_consumed: int = 0     # batches trained on since the job began
+    loss_sum: float = 0.0         # the epoch's step losses so far (its running mean)
+    loss_count: int = 0
+    learning_rate: float = 0.0
+    # the learning rate before the epoch's on_epoch_begin: a resumed epoch calls it again
+    # from there (a schedule of the current rate then sets the same rate)
+    epoch_learning_rate: float = 0.0
+    history: dict[str, list] = dataclasses.field(default_factory=dict)
+    epochs: list[int] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": _FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], where: str) -> FitState:
+        if d.get("format") != _FORMAT:
+            raise ValueError(f"{where}: format {d.get('format')!r}, expected {_FORMAT!r}; "
+                             "was it written by tapas.execution.fit?")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def list_checkpoints(directory: str) -> list[str]:
+    """The complete checkpoints under ``directory`` (``ckpt-<step>`` holding
+    ``tapas-fit.json``), oldest first."""
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in os.listdir(directory):
+        m = _CKPT.match(name)
+        if m and os.path.exists(os.path.join(directory, name, FIT_STATE)):
+            found.append((int(m.group(1)), os.path.join(directory, name)))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(directory: str) -> str | None:
+    """The newest complete checkpoint under ``directory``, or None."""
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def _write_json_synced(path: str, data: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, default=float)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _remove(path: str) -> None:
+    """Rename ``path`` out of the checkpoints' names, then delete it (a half-deleted
+    checkpoint is never listed)."""
+    trash = os.path.join(os.path.dirname(path), f".trash-{os.path.basename(path)}-{os.getpid()}")
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _clean_temporaries(directory: str) -> None:
+    """Remove what interrupted saves left (``.tmp-*``, ``.trash-*``)."""
+    for name in os.listdir(directory):
+        if name.startswith((".tmp-", ".trash-")):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def save_checkpoint(pm: Any, directory: str, state: FitState, keep: int = 3) -> str:
+    """Write the runtime's checkpoint and ``state`` as ``<directory>/ckpt-<step>``, atomically:
+    every worker writes its shards into ``.tmp-ckpt-<step>`` (``checkpoints.save``, which
+    returns after all have), then the chief adds ``tapas-fit.json`` (synced) and renames the
+    directory into place; a checkpoint of the same step is replaced. Keeps the newest
+    ``keep``. Every worker must call it (the shards are per worker)."""
+    rt = pm.runtime
+    name = f"ckpt-{state.step:08d}"
+    final = os.path.join(directory, name)
+    tmp = os.path.join(directory, f".tmp-{name}")
+    checkpoints.save(rt, tmp)
+    if rt.task_id == 0:
+        _write_json_synced(os.path.join(tmp, FIT_STATE), state.to_json())
+        if os.path.exists(final):
+            _remove(final)
+        os.rename(tmp, final)
+        for old in list_checkpoints(directory)[:-keep]:
+            _remove(old)
+    rt._barrier()   # published on every worker when this returns (no worker writes the
+    return final    # next save's files while the chief still moves this one)
+
+
+def restore_checkpoint(pm: Any, path: str) -> FitState:
+    """Load ``path`` (a checkpoint, or a directory of them: the newest) into ``pm``: weights,
+    optimizer slots, step counter, learning rate and seed states; returns its FitState."""
+    if not os.path.exists(os.path.join(path, FIT_STATE)):
+        newest = latest_checkpoint(path)
+        if newest is None:
+            raise FileNotFoundError(f"resume from {path}: no {FIT_STATE} there and no "
+                                    "complete ckpt-<step> directory under it; give a "
+                                    "checkpoint_dir written by fit(checkpoint_dir=...)")
+        path = newest
+    with open(os.path.join(path, FIT_STATE)) as f:
+        state = FitState.from_json(json.load(f), path)
+    rt = pm.runtime
+    rt.restore(path)
+    if int(rt.iterations.numpy()) != state.step:
+        raise ValueError(f"checkpoint {path}: its shards hold step "
+                         f"{int(rt.iterations.numpy())} but {FIT_STATE} says {state.step}; "
+                         "the directory was altered")
+    rt.learning_rate.assign(state.learning_rate)   # the seed states: in the shards' files
+    return state
+
+
+# ---- fit and evaluate -------------------------------------------------------------------------
+
+def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
+             steps: int | None = None) -> float:
+    """The mean loss over the global batches of ``x``/``y`` (or of a dataset of (x, y)
+    batches; at most ``steps``), forward only: nothing is updated (``Runtime.forward_loss``). The
+    graph is the ParallelModel's mode: in training mode dropout is on, as in its training
+    steps (Keras's ``evaluate`` runs the inference graph)."""
+    return _validate(pm, _Data(pm, x, y, batch_size, shuffle=False, seed=0,
+                               what="evaluate data"), steps)
+
+
+def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:
+    """The inputs of ``x`` (a dataset of x or (x, y[, w]) elements, or arrays) in chunks
+    of at most the global batch, one array per input in the program's order."""
+    signature = pm.inputs
+    names = list(signature.names)
+    if isinstance(x, tf.data.Dataset):
+        for element in x.as_numpy_iterator():
+            if isinstance(element, tuple) and 1 <= len(element) <= 3:
+                element = element[0]   # (x, y[, sample_weight]) as Keras unpacks it
+            yield [np.asarray(v) for v in
+                   inputs._match(element, signature.structure, names, "batch",
+                                 signature.describe())]
+        return
+    leaves = [np.asarray(v) for v in inputs._match(x, signature.structure, names, "data",
+                                                   signature.describe())]
+    n, b = len(leaves[0]), int(signature.specs[0].shape[0])
+    for name, v in zip(names, leaves):
+        if len(v) != n:
+            raise ValueError(f"predict data: input '{name}' has {len(v)} rows, input "
+                             f"'{names[0]}' {n}; give every input the same number")
+    for start in range(0, n, b):
+        yield [v[start:start + b] for v in leaves]
+
+
+def predict(pm: Any, x: Any, *, batch_size: int | None = None,
+            steps: int | None = None) -> Any:
+    """The model's outputs for every example of ``x`` (arrays in any input form, or a
+    dataset of global batches; at most ``steps`` batches), run one global batch at a time
+    (``Runtime.predict``, in the ParallelModel's mode) and concatenated; a list when the
+    model has several outputs. A last batch with fewer rows is padded with zeros and the
+    padding's outputs cut off, when the rows cannot affect each other: a program without
+    variable writes (no dropout or batch-norm statistics of training mode); otherwise it
+    is refused with the fix."""
+    b = _global_batch(pm, batch_size)
+    outs: list[list[np.ndarray]] = []
+    for count, chunk in enumerate(_predict_batches(pm, x)):
+        if steps is not None and count >= steps:
+            break
+        rows = len(chunk[0])
+        if rows > b:
+            raise ValueError(f"predict data: a batch of {rows} rows, the program's global "
+                             f"batch is {b}: batch the dataset with .batch({b})")
+        if rows < b:
+            if getattr(pm.program, "has_writes", False):
+                raise ValueError(f"predict data: a last batch of {rows} rows, the global "
+                                 f"batch is {b}, and this training-mode program has "
+                                 "batch statistics or dropout, so zero padding would change "
+                                 f"the outputs: give a multiple of {b} examples, or predict "
+                                 "with a ParallelModel built with training=False")
+            chunk = [np.concatenate([v, np.zeros((b - rows,) + v.shape[1:], v.dtype)])
+                     for v in chunk]
+        result = pm.runtime.predict(pm.inputs.flatten(chunk))
+        result = result if isinstance(result, list) else [result]
+        outs.append([r[:rows] for r in result])
+    if not outs:
+        raise ValueError("predict data: no examples")
+    joined = [np.concatenate([o[k] for o in outs]) for k in range(len(outs[0]))]
+    return joined[0] if len(joined) == 1 else joined
+
+
+def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
+        epochs: int = 1, verbose: Any = "auto", callbacks: Sequence[Any] | None = None,
+        validation_data: Any = None, validation_steps: int | None = None,
+        shuffle: bool = True, seed: int = 0, initial_epoch: int = 0,
+        steps_per_epoch: int | None = None, checkpoint_dir: str | None = None,
+        checkpoint_every: int | None = None, keep: int = 3, resume: bool = False,
+        resume_from: str | None = None, tensorboard: str | None = None) -> Any:
+    """Train ``pm`` as Keras's ``Model.fit`` does (module docstring); returns the History.
+
+    ``checkpoint_dir``: write checkpoints there at each epoch end and, with
+    ``checkpoint_every=K``, after every K-th step; ``keep`` the newest. ``resume=True``:
+    continue from the newest checkpoint in ``checkpoint_dir`` when there is one (start
+    afresh otherwise, as Keras's BackupAndRestore); ``resume_from=PATH``: from that
+    checkpoint (or the newest under that directory), which must exist. ``tensorboard``:
+    a log directory for :class:`TensorBoardScalars`. ``verbose``: 0 silent, 1 or "auto" a
+    progress bar (Keras's ProgbarLogger; on the chief worker only), 2 one line per epoch.
+    """
+    if epochs < 1 or initial_epoch < 0:
+        raise ValueError(f"epochs={epochs}, initial_epoch={initial_epoch}: need epochs >= 1 "
+                         "and initial_epoch >= 0")
+    if steps_per_epoch is not None and steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch={steps_per_epoch}: need at least 1, or None (one "
+                         "pass over the data per epoch)")
+    if checkpoint_every is not None and (checkpoint_every < 1 or not checkpoint_dir):
+        raise ValueError(f"checkpoint_every={checkpoint_every}: needs checkpoint_dir=DIR and "
+                         "a step count >= 1")
+    if resume and not checkpoint_dir:
+        raise ValueError("resume=True needs checkpoint_dir=DIR (where fit writes and looks "
+                         "for checkpoints); or pass resume_from=PATH")
+    if keep < 1:
+        raise ValueError(f"keep={keep}: keep at least the newest checkpoint (keep >= 1)")
+    callbacks, backup = _backup_and_restore(callbacks, checkpoint_dir, checkpoint_every)
+    if backup is not None:
+        checkpoint_dir, checkpoint_every, resume = backup[:3]
+    user_callbacks = _check_callbacks(callbacks)
+    rt = pm.runtime
+    data = _Data(pm, x, y, batch_size, shuffle, seed)
+    val = (None if validation_data is None else
+           _Data(pm, *_split_validation(validation_data), batch_size, False, 0,
+                 what="validation data"))
+    view = CallbackModel(pm)
+    chief = view.is_chief
+    if checkpoint_dir:
+        if chief:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            _clean_temporaries(checkpoint_dir)
+    state = FitState(epoch=initial_epoch, pass_index=initial_epoch,
+                     learning_rate=float(rt.learning_rate.numpy()))
+    source = resume_from or (checkpoint_dir if resume and checkpoint_dir and
+                             latest_checkpoint(checkpoint_dir) else None)
+    if resume_from is None and resume and source is None:
+        logging.info("fit: no checkpoint in %s yet; starting at epoch %d", checkpoint_dir,
+                     initial_epoch)
+    if source is not None:
+        state = restore_checkpoint(pm, source)
+        logging.info("fit: resumed at step %d (epoch %d, step %d of it; %d batches consumed)",
+                     state.step, state.epoch + 1, state.step_in_epoch, state.batches_consumed)
+    if tensorboard:
+        user_callbacks.append(TensorBoardScalars(tensorboard))
+    if verbose == "auto":
+        verbose = 1
+    if not chief:
+        verbose = 0
+    steps_shown = steps_per_epoch or data.num_batches
+    cbs = keras.callbacks.CallbackList(user_callbacks, add_history=True,
+                                       add_progbar=verbose != 0, verbose=verbose,
+                                       epochs=epochs, steps=steps_shown, model=view)
+    history = cbs._history
+    stream = _Stream(data, state.pass_index, state.pass_position)
+
+    def checkpoint(position: tuple[int, int] | None = None) -> None:
+        state.step = int(rt.iterations.numpy())
+        state.pass_index, state.pass_position = position or (stream.pass_index,
+                                                             stream.position)
+        state.learning_rate = float(rt.learning_rate.numpy())
+        state.history = {k: list(v) for k, v in history.history.items()}
+        state.epochs = list(history.epoch)
+        try:
+            save_checkpoint(pm, checkpoint_dir, state, keep)
+        except _PEER_ERRORS as e:   # a worker lost during the save's barrier
+            if rt._all_local():
+                raise
+            raise _worker_lost(e, f"the checkpoint of step {state.step}",
+                               checkpoint_dir) from None
+
+    cbs.on_train_begin()
+    history.epoch, history.history = list(state.epochs), {k: list(v) for k, v in
+                                                          state.history.items()}
+    logs: dict[str, float] = {}
+    epoch_logs: dict[str, float] | None = None
+    for epoch in range(state.epoch, epochs):
+        if state.step_in_epoch == 0:
+            state.loss_sum, state.loss_count = 0.0, 0
+            state.epoch_learning_rate = float(rt.learning_rate.numpy())
+            if steps_per_epoch is None:
+                stream.start_pass(epoch)
+            cbs.on_epoch_begin(epoch)
+        else:   # resumed in the middle of this epoch: its hooks again, then the saved rate
+            rt.learning_rate.assign(state.epoch_learning_rate)
+            cbs.on_epoch_begin(epoch)
+            rt.learning_rate.assign(state.learning_rate)
+        pending = False   # a step checkpoint is due: written once another step follows
+        while steps_per_epoch is None or state.step_in_epoch < steps_per_epoch:
+            position = (stream.pass_index, stream.position)
+            batch = stream.next(roll=steps_per_epoch is not None)
+            if batch is None:
+                break
+            if pending:   # (at the epoch's end, the epoch-end checkpoint takes its place)
+                checkpoint(position)
+                pending = False
+            cbs.on_train_batch_begin(state.step_in_epoch)
+            start = time.perf_counter()
+            failed: StepError | None = None
+            try:
+                loss = rt.train_step(*batch)
+            except StepError as e:
+                if "not finite" not in str(e):
+                    raise
+                failed, loss = e, math.nan
+            except _PEER_ERRORS as e:
+                if rt._all_local():
+                    raise
+                raise _worker_lost(e, f"step {int(rt.iterations.numpy()) + 1}",
+                                   checkpoint_dir) from None
+            seconds = time.perf_counter() - start
+            state.batches_consumed += 1
+            state.loss_sum += loss
+            state.loss_count += 1
+            state.step_in_epoch += 1
+            view.last_step = {"step": int(rt.iterations.numpy()), "loss": loss,
+                              "seconds": seconds, "examples": data.batch}
+            logs = {"loss": state.loss_sum / state.loss_count}
+            cbs.on_train_batch_end(state.step_in_epoch - 1, dict(logs))
+            if failed is not None:
+                if view.stop_training:
+                    break
+                raise failed
+            pending = bool(checkpoint_every) and \
+                int(rt.iterations.numpy()) % checkpoint_every == 0
+            if view.stop_training:
+                break
+        if state.loss_count == 0:
+            raise ValueError(f"epoch {epoch + 1}: the data yielded no full global batch of "
+                             f"{data.batch}")
+        epoch_logs = {"loss": state.loss_sum / state.loss_count}
+        if val is not None:
+            epoch_logs["val_loss"] = _validate(pm, val, validation_steps)
+        cbs.on_epoch_end(epoch, epoch_logs)
+        state.epoch, state.step_in_epoch = epoch + 1, 0
+        state.loss_sum, state.loss_count = 0.0, 0
+        if steps_per_epoch is None:
+            stream.start_pass(epoch + 1)
+        if checkpoint_dir:
+            checkpoint()
+        if view.stop_training:
+            break
+    cbs.on_train_end(logs=epoch_logs or logs)
+    if backup is not None and backup[3] and chief:   # BackupAndRestore(delete_checkpoint)
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    return history
+
+
+def _backup_and_restore(callbacks: Any, checkpoint_dir: str | None,
+                        checkpoint_every: int | None) -> tuple[list, tuple | None]:
+    """``keras.callbacks.BackupAndRestore`` taken out of ``callbacks`` and turned into
+    fit's own checkpoints: (other callbacks, (checkpoint_dir=its backup_dir,
+    checkpoint_every=its integer save_freq or None for "epoch", resume=True, delete the
+    directory after a successful fit)) or None without one."""
+    rest, found = [], []
+    for cb in list(callbacks or []):
+        (found if isinstance(cb, keras.callbacks.BackupAndRestore) else rest).append(cb)
+    if not found:
+        return rest, None
+    if len(found) > 1 or checkpoint_dir is not None or checkpoint_every is not None:
+        raise ValueError("BackupAndRestore stands for fit(checkpoint_dir=its backup_dir, "
+                         "resume=True): give one, and no checkpoint_dir/checkpoint_every "
+                         "besides (or drop it and pass those)")
+    cb = found[0]
+    freq = cb.save_freq
+    if freq not in ("epoch",) and not (isinstance(freq, int) and freq > 0):
+        raise ValueError(f"BackupAndRestore(save_freq={freq!r}): fit checkpoints at each "
+                         "epoch end ('epoch') and every K steps (an integer K); pass one "
+                         "of those")
+    every = None if freq == "epoch" else int(freq)
+    return rest, (cb.backup_dir, every, True, bool(cb.delete_checkpoint))
+
+
+def _split_validation(validation_data: Any) -> tuple[Any, Any]:
+    if isinstance(validation_data, tf.data.Dataset):
+        return validation_data, None
+    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
+        return validation_data[0], validation_data[1]
+    raise ValueError("validation_data: give (x_val, y_val) or a tf.data.Dataset of (x, y) "
+                     f"global batches, got {type(validation_data).__name__}"
+                     + (f" of {len(validation_data)}" if isinstance(validation_data,
+                                                                    (tuple, list)) else "")
+                     + " (sample weights are not supported)")
+
+
+def _validate(pm: Any, val: _Data, steps: int | None) -> float:
+    total, count = 0.0, 0
+    for xs, yb in val.batches(0, 0):
+        total += pm.runtime.forward_loss(xs, yb)
+        count += 1
+        if steps is not None and count >= steps:
+            break
+    if not count:
+        raise ValueError(f"{val.what}: no full global batch of {val.batch}")
+    return total / count

@@ -1,0 +1,317 @@
+"""Subprocess entry of tests/test_fit.py: ``ParallelModel.fit`` on N logical CPU devices
+(set once per process) against Keras's ``Model.fit`` on one device.
+
+    python tests/fit_worker.py '{"devices": 2, "checks": ["keras", "resume"], "dir": "/tmp/x"}'
+
+Each check prints one line ``RESULT <json>`` (``tests/worker_main.py``). The model: two
+inputs ``a`` (6) and ``b`` (4), concatenated, Dense(8, relu), Dense(3), MSE; a random plan
+that shards it; 42 examples, global batch 8 (5 batches an epoch, 2 examples dropped).
+Checks:
+
+* ``keras``: fit on a dict of arrays with validation data, LearningRateScheduler,
+  EarlyStopping, CSVLogger, TensorBoard scalars and a hook recorder, against Keras fit
+  (SGD, the same 40 examples, shuffle off): history (loss, val_loss, learning_rate, the
+  epoch EarlyStopping stops at), weights, the hooks called, the CSV rows, the event tags;
+  then fit on a ``tf.data.Dataset`` with dict elements and a partial last batch, and
+  ``evaluate`` over it, against Keras; TerminateOnNaN on a diverging step;
+* ``resume``: Adam, shuffled, checkpoints every 3 steps, keep 2: a run whose save at step
+  9 crashes between the shards and the fit state (half a file written); the newest
+  complete checkpoint is step 6; a new ParallelModel resumes from it and finishes; weights,
+  optimizer slots, step counter and history equal an uninterrupted run's exactly; the
+  same with a dataset read as one stream (``steps_per_epoch=4`` over passes of 5 batches)
+  and a crash raised by a callback after step 7.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tapas.execution import devices  # noqa: E402
+from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
+
+JOB = json.loads(sys.argv[1])
+devices.setup_devices(JOB["devices"], "cpu")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tapas import capturing  # noqa: E402
+from tapas.execution import fit, parallel  # noqa: E402
+
+N = JOB["devices"]
+B = 8
+SPEC = {"a": tf.TensorSpec([B, 6]), "b": tf.TensorSpec([B, 4])}
+
+
+def build() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((6,), name="a"), keras.Input((4,), name="b")
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(
+        keras.layers.Concatenate(name="concat")([a, b]))
+    return keras.Model({"a": a, "b": b}, keras.layers.Dense(3, name="out")(h),
+                       name="two_inputs")
+
+
+def data(n: int = 42, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = {"a": rng.standard_normal((n, 6)).astype("float32"),
+         "b": rng.standard_normal((n, 4)).astype("float32")}
+    return x, rng.standard_normal((n, 3)).astype("float32")
+
+
+def parallel_model(optimizer: str, lr: float) -> Any:
+    model = build()
+    plan = parallel.random_plan(capturing.capture(build(), SPEC, training=True), N,
+                                JOB.get("plan_seed", 1))
+    return parallel.parallelize(model, SPEC, plan, devices=N, optimizer=optimizer,
+                                learning_rate=lr, loss=keras.losses.MeanSquaredError())
+
+
+def schedule(epoch: int, lr: float) -> float:
+    return lr * 0.5 if epoch >= 1 else lr
+
+
+class Hooks(keras.callbacks.Callback):
+    """Which hooks were called, how often, and the batch logs' keys."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+        self.batch_keys: set[str] = set()
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def on_train_begin(self, logs=None): self._count("train_begin")
+    def on_epoch_begin(self, epoch, logs=None): self._count("epoch_begin")
+    def on_train_batch_begin(self, batch, logs=None): self._count("batch_begin")
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._count("batch_end")
+        self.batch_keys |= set(logs or {})
+
+    def on_epoch_end(self, epoch, logs=None): self._count("epoch_end")
+    def on_train_end(self, logs=None): self._count("train_end")
+
+
+def callbacks(csv: str) -> list[Any]:
+    return [keras.callbacks.LearningRateScheduler(schedule),
+            keras.callbacks.EarlyStopping(monitor="loss", min_delta=0.05, patience=1),
+            keras.callbacks.CSVLogger(csv), Hooks()]
+
+
+def close(a: Any, b: Any) -> dict[str, Any]:
+    a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
+    ok = a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-5, atol=1e-6))
+    return {"ok": ok, "max_abs_diff": float(np.max(np.abs(a - b))) if a.shape == b.shape
+            else None, "ours": a.tolist(), "keras": b.tolist()}
+
+
+def weights_close(pm: Any, model: keras.Model) -> dict[str, Any]:
+    ours = pm.global_weights()
+    ref = capturing.weights_by_path(model)
+    diffs = {p: float(np.max(np.abs(ours[p] - ref[p].numpy()))) for p in ours}
+    return {"ok": all(np.allclose(ours[p], ref[p].numpy(), rtol=1e-5, atol=1e-6)
+                      for p in ours), "max_abs_diff": max(diffs.values())}
+
+
+def event_tags(logdir: str) -> list[str]:
+    tags = set()
+    for root, _, files in os.walk(logdir):
+        for f in files:
+            if "tfevents" in f:
+                for event in tf.compat.v1.train.summary_iterator(os.path.join(root, f)):
+                    tags |= {v.tag for v in event.summary.value}
+    return sorted(tags)
+
+
+def check_keras() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    x, y = data()
+    xv, yv = data(16, seed=1)
+    d = JOB["dir"]
+    pm = parallel_model("sgd", 0.05)
+    out["sharded"] = sum(1 for n in pm.graph.nodes
+                         if pm.program.plan.pattern(n).name != "replicate")
+    ours_cb = callbacks(os.path.join(d, "ours.csv"))
+    hist = pm.fit(x, y, epochs=6, shuffle=False, validation_data=(xv, yv), verbose=2,
+                  callbacks=ours_cb, tensorboard=os.path.join(d, "tb"))
+    ref = build()
+    ref.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
+                jit_compile=False)
+    keras_cb = callbacks(os.path.join(d, "keras.csv"))
+    ref_hist = ref.fit({k: v[:40] for k, v in x.items()}, y[:40], batch_size=B, epochs=6,
+                       shuffle=False, validation_data=(xv, yv), verbose=0,
+                       callbacks=keras_cb)
+    out["epochs"] = {"ours": hist.epoch, "keras": ref_hist.epoch}
+    for key in ("loss", "val_loss", "learning_rate"):
+        out[key] = close(hist.history.get(key, []), ref_hist.history.get(key, []))
+    out["weights"] = weights_close(pm, ref)
+    out["hooks"] = {"ours": ours_cb[-1].calls, "keras": keras_cb[-1].calls,
+                    "batch_keys": sorted(ours_cb[-1].batch_keys)}
+    with open(os.path.join(d, "ours.csv")) as f:
+        out["csv_rows"] = len(f.read().strip().splitlines())
+    out["tags"] = event_tags(os.path.join(d, "tb"))
+    out["iterations"] = int(pm.runtime.iterations.numpy())
+
+    # a dataset of dict elements with a partial last batch, on a fresh program
+    pm2 = parallel_model("sgd", 0.05)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+    hist2 = pm2.fit(ds, epochs=2, verbose=0)
+    ref2 = build()
+    ref2.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
+                 jit_compile=False)
+    ref_hist2 = ref2.fit(tf.data.Dataset.from_tensor_slices(
+        ({k: v[:40] for k, v in x.items()}, y[:40])).batch(B), epochs=2, verbose=0)
+    out["dataset_loss"] = close(hist2.history["loss"], ref_hist2.history["loss"])
+    out["dataset_weights"] = weights_close(pm2, ref2)
+    val_ds = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(B)
+    out["evaluate"] = close(pm2.evaluate(val_ds), ref2.evaluate(val_ds, verbose=0))
+    out["evaluate_arrays"] = close(pm2.evaluate(xv, yv), ref2.evaluate(xv, yv, verbose=0,
+                                                                        batch_size=B))
+
+    out["predict"] = close(pm2.predict(x), ref2.predict(x, verbose=0, batch_size=B))  # 42 rows
+    out["predict_dataset"] = close(pm2.predict(val_ds), ref2.predict(val_ds, verbose=0))
+
+    # EarlyStopping(restore_best_weights): get_weights/set_weights of the callback model
+    def stopper() -> Any:
+        return keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1,
+                                             restore_best_weights=True)
+    h_ours = pm2.fit(x, y, epochs=4, shuffle=False, verbose=0, callbacks=[stopper()])
+    h_keras = ref2.fit({k: v[:40] for k, v in x.items()}, y[:40], batch_size=B, epochs=4,
+                       shuffle=False, verbose=0, callbacks=[stopper()])
+    out["restore_best"] = {"epochs": [h_ours.epoch, h_keras.epoch],
+                           "weights": weights_close(pm2, ref2)}
+
+    # a diverging step: refused by the runtime (weights unchanged), seen as a NaN loss
+    pm2.runtime.learning_rate.assign(1e30)
+    before = int(pm2.runtime.iterations.numpy())
+    try:
+        pm2.fit(x, y, epochs=1, verbose=0)
+        out["nan_without_callback"] = "no error"
+    except Exception as e:  # the StepError, as train_step raises it
+        out["nan_without_callback"] = f"{type(e).__name__}: {e}"
+    pm2.runtime.learning_rate.assign(1e30)
+    hist3 = pm2.fit(x, y, epochs=3, verbose=0,
+                    callbacks=[keras.callbacks.TerminateOnNaN()])
+    out["terminate_on_nan"] = {"epochs": hist3.epoch,
+                               "loss_is_nan": bool(np.isnan(hist3.history["loss"][-1])),
+                               "steps_taken": int(pm2.runtime.iterations.numpy()) - before}
+    return out
+
+
+def check_resume() -> dict[str, Any]:
+    x, y = data()
+    d = JOB["dir"]
+    kw = dict(epochs=3, shuffle=True, seed=7, verbose=0, checkpoint_every=3, keep=2,
+              callbacks=[keras.callbacks.LearningRateScheduler(schedule)])
+    out: dict[str, Any] = {}
+    full = parallel_model("adam", 0.01)
+    full_hist = full.fit(x, y, checkpoint_dir=os.path.join(d, "full"), **kw)
+
+    ck = os.path.join(d, "crashed")
+    real = fit._write_json_synced
+    saves = []
+
+    def crashing(path: str, state: dict[str, Any]) -> None:
+        saves.append(state["step"])
+        if state["step"] == 9:
+            with open(path, "w") as f:
+                f.write(json.dumps(state)[:40])    # half a file, then the process "dies"
+            raise RuntimeError("injected crash in the middle of the save at step 9")
+        real(path, state)
+
+    fit._write_json_synced = crashing
+    first = parallel_model("adam", 0.01)
+    try:
+        first.fit(x, y, checkpoint_dir=ck, **kw)
+        out["crash"] = "no crash"
+    except RuntimeError as e:
+        out["crash"] = str(e)
+    finally:
+        fit._write_json_synced = real
+    out["saves"] = saves
+    out["left"] = sorted(os.listdir(ck))
+    out["latest"] = os.path.basename(fit.latest_checkpoint(ck) or "")
+    with open(os.path.join(fit.latest_checkpoint(ck), fit.FIT_STATE)) as f:
+        st = json.load(f)
+    out["state"] = {k: st[k] for k in ("step", "epoch", "step_in_epoch", "pass_index",
+                                       "pass_position", "batches_consumed", "loss_count")}
+
+    resumed = parallel_model("adam", 0.01)
+    hist = resumed.fit(x, y, checkpoint_dir=ck, resume=True, **kw)
+    out["left_after"] = sorted(os.listdir(ck))
+    w_full, w_res = full.global_weights(), resumed.global_weights()
+    out["weights_equal"] = all(np.array_equal(w_full[p], w_res[p]) for p in w_full)
+    out["weights_max_diff"] = max(float(np.max(np.abs(w_full[p] - w_res[p]))) for p in w_full)
+    s_full, s_res = full.runtime.global_slots(), resumed.runtime.global_slots()
+    out["slots_equal"] = all(np.array_equal(s_full[k][p], s_res[k][p])
+                             for k in s_full for p in s_full[k])
+    out["iterations"] = [int(full.runtime.iterations.numpy()),
+                         int(resumed.runtime.iterations.numpy())]
+    out["history"] = {"full": full_hist.history, "resumed": hist.history,
+                      "epochs": [full_hist.epoch, hist.epoch]}
+
+    # a dataset (partial last batch) as one stream over epochs of 4 steps: the data position
+    # rolls into new passes; a callback crash after step 7, checkpoints every 2 steps
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+    kw = dict(epochs=3, steps_per_epoch=4, verbose=0, checkpoint_every=2)
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations) == 7:
+                raise RuntimeError("injected crash after step 7")
+
+    whole = parallel_model("adam", 0.01)
+    whole.fit(ds, checkpoint_dir=os.path.join(d, "ds_full"), **kw)
+    broken = parallel_model("adam", 0.01)
+    try:
+        broken.fit(ds, checkpoint_dir=os.path.join(d, "ds"), callbacks=[Crash()], **kw)
+    except RuntimeError as e:
+        out["ds_crash"] = str(e)
+    with open(os.path.join(fit.latest_checkpoint(os.path.join(d, "ds")), fit.FIT_STATE)) as f:
+        st = json.load(f)
+    out["ds_state"] = {k: st[k] for k in ("step", "epoch", "step_in_epoch", "pass_index",
+                                          "pass_position", "batches_consumed")}
+    again = parallel_model("adam", 0.01)
+    again.fit(ds, checkpoint_dir=os.path.join(d, "ds"), resume=True, **kw)
+    w1, w2 = whole.global_weights(), again.global_weights()
+    out["ds_weights_equal"] = all(np.array_equal(w1[p], w2[p]) for p in w1)
+    with open(os.path.join(fit.latest_checkpoint(os.path.join(d, "ds")), fit.FIT_STATE)) as f:
+        a = json.load(f)
+    with open(os.path.join(fit.latest_checkpoint(os.path.join(d, "ds_full")),
+                           fit.FIT_STATE)) as f:
+        b = json.load(f)
+    keys = ("step", "pass_index", "pass_position", "batches_consumed", "history")
+    out["ds_final"] = [{k: a[k] for k in keys}, {k: b[k] for k in keys}]
+
+    # the same through keras.callbacks.BackupAndRestore (fit's checkpoints in its backup_dir)
+    bk = os.path.join(d, "backup")
+    kw = dict(epochs=3, steps_per_epoch=4, verbose=0)
+    crashed = parallel_model("adam", 0.01)
+    try:
+        crashed.fit(ds, callbacks=[keras.callbacks.BackupAndRestore(bk, save_freq=2),
+                                   Crash()], **kw)
+    except RuntimeError:
+        pass
+    out["backup_left"] = sorted(os.listdir(bk))
+    restarted = parallel_model("adam", 0.01)
+    bk_hist = restarted.fit(ds, callbacks=[keras.callbacks.BackupAndRestore(bk, save_freq=2)],
+                            **kw)
+    w3 = restarted.global_weights()
+    out["backup_weights_equal"] = all(np.array_equal(w1[p], w3[p]) for p in w1)
+    out["backup_history"] = [bk_hist.history, b["history"]]
+    out["backup_deleted"] = not os.path.exists(bk)
+    return out
+
+
+if __name__ == "__main__":
+    run_checks({"keras": check_keras, "resume": check_resume}, JOB["checks"])
+    finish()

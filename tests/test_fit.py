@@ -1,0 +1,281 @@
+"""tapas.execution.fit: ``ParallelModel.fit`` equals Keras's ``Model.fit``, its checkpoints
+are atomic, and a resumed run equals an uninterrupted one exactly.
+
+In worker processes (tests/fit_worker.py, 2 logical CPU devices, a random plan that shards
+a two-input model): fit on a dict of arrays and on a ``tf.data.Dataset`` of dict elements
+against Keras fit on one device (loss, val_loss and learning-rate history, weights, the
+epoch EarlyStopping stops at, the hooks called, CSVLogger rows, TensorBoard tags),
+``evaluate`` over a dataset, TerminateOnNaN; a run whose checkpoint save crashes half-way,
+resumed by a new ParallelModel, against an uninterrupted run (Adam: weights and slots
+bit-equal). In this process: refused callbacks, checkpoint listing, ``tapas train --data``
+with ``--checkpoint_dir`` and ``--resume``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import keras
+import pytest
+
+from tapas.execution import fit
+from worker_main import run_worker  # tests/worker_main.py
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "fit_worker.py")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    d = str(tmp_path_factory.mktemp("fit"))
+    (res,) = run_worker(WORKER, {"devices": 2, "dir": d, "checks": ["keras", "resume"]},
+                        1, 300.0)
+    for name, r in res.items():
+        assert "error" not in r, (name, r.get("traceback"))
+    return res
+
+
+def test_fit_on_arrays_equals_keras_fit_with_callbacks(two: dict) -> None:
+    r = two["keras"]
+    assert r["sharded"] > 0
+    # EarlyStopping stops both at the same epoch (before the 6 asked for)
+    assert r["epochs"]["ours"] == r["epochs"]["keras"] and len(r["epochs"]["ours"]) < 6
+    for key in ("loss", "val_loss", "learning_rate"):
+        assert r[key]["ok"], (key, r[key])
+    assert r["learning_rate"]["ours"][1] == r["learning_rate"]["ours"][0] / 2
+    assert r["weights"]["ok"], r["weights"]
+    assert r["hooks"]["ours"] == r["hooks"]["keras"]
+    assert r["hooks"]["batch_keys"] == ["loss"]
+    assert r["csv_rows"] == len(r["epochs"]["ours"]) + 1   # header + one row per epoch
+    assert {"loss", "step_seconds", "examples_per_second", "learning_rate",
+            "collective_bytes_per_step", "epoch_loss", "epoch_val_loss"} <= set(r["tags"])
+    assert r["iterations"] == 5 * len(r["epochs"]["ours"])
+
+
+def test_fit_on_a_dataset_of_dicts_and_evaluate_equal_keras(two: dict) -> None:
+    r = two["keras"]
+    assert r["dataset_loss"]["ok"], r["dataset_loss"]
+    assert r["dataset_weights"]["ok"], r["dataset_weights"]
+    assert r["evaluate"]["ok"] and r["evaluate_arrays"]["ok"], (r["evaluate"],
+                                                              r["evaluate_arrays"])
+    # 42 examples: 5 global batches and 2 rows padded to one; a dataset of 2 batches
+    assert r["predict"]["ok"] and len(r["predict"]["ours"]) == 42, r["predict"]
+    assert r["predict_dataset"]["ok"] and len(r["predict_dataset"]["ours"]) == 16
+
+
+def test_early_stopping_restores_the_best_weights_as_keras(two: dict) -> None:
+    r = two["keras"]["restore_best"]
+    assert r["epochs"][0] == r["epochs"][1] == [0, 1]   # no epoch improves by 10
+    assert r["weights"]["ok"], r["weights"]   # both back at epoch 1's weights
+
+
+def test_non_finite_loss_raises_or_terminates_on_nan(two: dict) -> None:
+    r = two["keras"]
+    assert r["nan_without_callback"].startswith("StepError") and \
+        "not finite" in r["nan_without_callback"]
+    assert r["terminate_on_nan"]["epochs"] == [0] and r["terminate_on_nan"]["loss_is_nan"]
+
+
+def test_crash_in_a_save_keeps_the_previous_checkpoint_and_resume_is_exact(two: dict) -> None:
+    r = two["resume"]
+    assert r["crash"].startswith("injected crash")
+    assert r["saves"] == [3, 5, 6, 9]   # every 3 steps and each epoch end (5 steps/epoch)
+    assert r["left"] == [".tmp-ckpt-00000009", "ckpt-00000005", "ckpt-00000006"]  # keep=2
+    assert r["latest"] == "ckpt-00000006"
+    assert r["state"] == {"step": 6, "epoch": 1, "step_in_epoch": 1, "pass_index": 1,
+                          "pass_position": 1, "batches_consumed": 6, "loss_count": 1}
+    assert r["left_after"] == ["ckpt-00000012", "ckpt-00000015"]   # temporaries removed
+    assert r["weights_equal"] and r["slots_equal"], r["weights_max_diff"]
+    assert r["iterations"] == [15, 15]
+    assert r["history"]["full"] == r["history"]["resumed"]
+
+
+@pytest.mark.parametrize("callback,fix", [
+    (keras.callbacks.ModelCheckpoint("m.keras"), "checkpoint_dir"),
+    (keras.callbacks.TensorBoard("/tmp/tb"), "tensorboard="),
+])
+def test_unsupported_keras_callbacks_are_refused_by_name(callback, fix: str) -> None:
+    with pytest.raises(ValueError, match=type(callback).__name__) as err:
+        fit.fit(None, callbacks=[callback])
+    assert fix in str(err.value)
+
+
+def test_only_complete_checkpoints_are_listed(tmp_path) -> None:
+    for name, complete in [("ckpt-00000004", True), ("ckpt-00000010", True),
+                           ("ckpt-00000012", False), (".tmp-ckpt-00000014", True)]:
+        (tmp_path / name).mkdir()
+        if complete:
+            (tmp_path / name / fit.FIT_STATE).write_text(json.dumps({}))
+    assert [os.path.basename(p) for p in fit.list_checkpoints(str(tmp_path))] == \
+        ["ckpt-00000004", "ckpt-00000010"]
+    assert fit.latest_checkpoint(str(tmp_path)).endswith("ckpt-00000010")
+    assert fit.latest_checkpoint(str(tmp_path / "none")) is None
+    with pytest.raises(ValueError, match="tapas-fit-1"):
+        fit.FitState.from_json({"format": "other"}, "x")
+
+
+# ---- tapas train --data / --checkpoint_dir / --resume --------------------------------------
+
+def _two_input_model() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((6,), name="a"), keras.Input((4,), name="b")
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(
+        keras.layers.Concatenate(name="concat")([a, b]))
+    return keras.Model({"a": a, "b": b}, keras.layers.Dense(3, name="out")(h))
+
+
+def _tapas_train(*args: str) -> dict:
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "tapas.cli", "train", *args],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"out": proc.stdout, "err": proc.stderr}
+
+
+def _worker_pid(parent: int, index: int) -> int | None:
+    """The pid of the launcher's worker ``index`` (a child of ``parent`` whose TF_CONFIG
+    names that task), or None while it is not started."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except (OSError, ValueError, IndexError):
+            continue
+        cfg = env.get(b"TF_CONFIG")
+        if cfg and json.loads(cfg)["task"]["index"] == index:
+            return int(entry)
+    return None
+
+
+def _variables(directory) -> dict:
+    """Every variable of a checkpoint directory, over its per-worker files."""
+    import tensorflow as tf
+    out = {}
+    for f in sorted(os.listdir(directory)):
+        if f.endswith(".index"):
+            reader = tf.train.load_checkpoint(os.path.join(directory, f[:-len(".index")]))
+            out.update({k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+                        if k.endswith("VARIABLE_VALUE")})
+    return out
+
+
+def test_killed_worker_then_resume_equals_an_uninterrupted_run(tmp_path) -> None:
+    """``tapas train --workers=2 --data=... --checkpoint_every=3``; worker 1 killed with
+    SIGKILL once a checkpoint exists: the run exits non-zero within 60 s naming it. The
+    same command with --resume finishes; its step losses, the final checkpoint's every
+    variable and the step and batch counts equal a 2-device run without interruption."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+    model = _two_input_model()
+    model.compile("sgd", "mse")
+    model.save(tmp_path / "m.keras")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", a=rng.standard_normal((42, 6)).astype("float32"),
+             b=rng.standard_normal((42, 4)).astype("float32"),
+             y=rng.standard_normal((42, 3)).astype("float32"))
+    epochs, steps = 10, 10 * 5   # 42 examples: 5 batches of 8 an epoch, 2 dropped (noted)
+    common = [f"--model={tmp_path / 'm.keras'}", f"--data={tmp_path / 'd.npz'}",
+              "--strategy=random:0", f"--epochs={epochs}"]
+    ck, ref, tb = tmp_path / "ck", tmp_path / "ref", tmp_path / "tb"
+    job = [*common, "--workers=2", f"--checkpoint_dir={ck}", "--checkpoint_every=3",
+           f"--tensorboard={tb}"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.Popen([sys.executable, "-m", "tapas.cli", "train", *job],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not fit.list_checkpoints(str(ck)) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        victim = _worker_pid(proc.pid, 1)
+        assert victim is not None and proc.poll() is None, "the job ended before the kill"
+        os.kill(victim, signal.SIGKILL)   # a process this test started (via the launcher)
+        killed = time.monotonic()
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert time.monotonic() - killed < 60
+    assert "worker 1" in out or "task:1" in out, out[-3000:]
+    assert "--resume" in out, out[-3000:]
+
+    _tapas_train(*job, "--resume", f"--json_out={tmp_path / 'resumed.json'}")
+    _tapas_train(*common, "--devices=2", f"--checkpoint_dir={ref}",
+                 f"--json_out={tmp_path / 'ref.json'}")
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    full = json.loads((tmp_path / "ref.json").read_text())
+    start = int(os.path.basename(resumed["resumed_from"]).split("-")[1])
+    assert 3 <= start < steps
+    assert resumed["step"] == full["step"] == steps
+    assert resumed["losses"] == full["losses"][start:]   # no step repeated or skipped
+    assert resumed["history"] == full["history"]
+    with open(os.path.join(resumed["checkpoint"], fit.FIT_STATE)) as f:
+        state = json.load(f)
+    assert (state["step"], state["batches_consumed"], state["epoch"]) == (steps, steps, epochs)
+    ours, theirs = _variables(resumed["checkpoint"]), _variables(full["checkpoint"])
+    assert sorted(ours) == sorted(theirs) and len(ours) >= 9   # step + 4 weights x 2 shards
+    for k in ours:
+        np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
+    assert any(f.startswith("events") for f in os.listdir(tb))
+
+
+def test_npz_layout_is_checked_with_the_fix(tmp_path) -> None:
+    import numpy as np
+
+    from tapas.execution import inputs, train
+
+    import tensorflow as tf
+    signature = inputs.InputSignature.of(_two_input_model(), {
+        "a": tf.TensorSpec([8, 6]), "b": tf.TensorSpec([8, 4])})
+
+    class Fake:
+        inputs = signature
+
+    np.savez(tmp_path / "d.npz", a=np.zeros((4, 6)), y=np.zeros((4, 3)), z=np.zeros(4))
+    with pytest.raises(train.TrainError, match=r"missing \['b'\], unexpected \['z'\]"):
+        train.load_npz(str(tmp_path / "d.npz"), Fake())
+    np.savez(tmp_path / "ok.npz", a=np.zeros((4, 6)), b=np.ones((4, 4)), y=np.zeros((4, 3)))
+    x, y = train.load_npz(str(tmp_path / "ok.npz"), Fake())
+    assert sorted(x) == ["a", "b"] and y.shape == (4, 3)
+
+
+def test_resume_of_a_dataset_stream_across_passes_is_exact(two: dict) -> None:
+    r = two["resume"]
+    assert r["ds_crash"] == "injected crash after step 7"
+    # 5 full batches a pass (the partial 6th dropped): step 6 is the first of pass 1
+    assert r["ds_state"] == {"step": 6, "epoch": 1, "step_in_epoch": 2, "pass_index": 1,
+                             "pass_position": 1, "batches_consumed": 6}
+    assert r["ds_weights_equal"]
+    resumed, full = r["ds_final"]
+    assert resumed == full and full["step"] == full["batches_consumed"] == 12
+    assert (full["pass_index"], full["pass_position"]) == (2, 2)
+
+
+def test_backup_and_restore_is_fits_checkpoints_and_resume(two: dict) -> None:
+    r = two["resume"]
+    assert r["backup_left"] == ["ckpt-00000002", "ckpt-00000004", "ckpt-00000006"]  # keep=3
+    assert r["backup_weights_equal"]
+    assert r["backup_history"][0] == r["backup_history"][1]
+    assert r["backup_deleted"]   # delete_checkpoint=True (Keras's default) after success
+
+
+def test_backup_and_restore_with_checkpoint_dir_is_refused(tmp_path) -> None:
+    with pytest.raises(ValueError, match="BackupAndRestore stands for fit"):
+        fit.fit(None, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))],
+                checkpoint_dir=str(tmp_path))
