@@ -28,10 +28,8 @@ TensorFlow. Prints tables and writes every number as JSON.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
@@ -62,26 +60,7 @@ T5_LARGE_TARGET_S = 10.0
 
 
 def run_search(graph, mode: str, limit: float | None) -> dict:
-    from tapas.planning import explore, search
-    from tapas.planning.cluster import Cluster
-    from tapas.sharding.patterns import clear_cache
-    clear_cache()          # every run generates its patterns (no warm cache)
-    gc.collect()
-    cluster = Cluster.v100_ethernet(1, FLAGS.devices)
-    t0 = time.perf_counter()
-    try:
-        s = search.search(graph, cluster=cluster, mode=mode, references=(),
-                          explore_options=explore.ExploreOptions(time_limit=limit))
-    except explore.SearchTimeout as e:
-        return {"mode": mode, "finished": False, "seconds": round(time.perf_counter() - t0, 3),
-                "error": str(e)}
-    return {"mode": mode, "finished": True, "seconds": round(time.perf_counter() - t0, 3),
-            "cost_s": s.total_cost, "communication_s": s.cost["communication"],
-            "memory_gib": round(s.memory.total / 2**30, 4), "exact": s.exact,
-            "generated": s.counts["generated"], "valid": s.counts["valid"],
-            "units": s.counts["units"], "templates": s.counts["templates"],
-            "timings": dict(s.timings),
-            "split_weights": len(s.weight_placements)}
+    return report.timed_search(graph, mode, limit, FLAGS.devices)
 
 
 def compare(name: str) -> dict:

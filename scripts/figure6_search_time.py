@@ -44,6 +44,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))   # report.timed_search
 
 from absl import app, flags  # noqa: E402
 
@@ -89,22 +90,11 @@ def series_of(name: str) -> tuple[str, float | None]:
 
 
 def tapas_search(graph, mode: str, limit: float | None) -> dict:
-    from tapas.planning import explore, search
-    from tapas.planning.cluster import Cluster
-    from tapas.sharding.patterns import clear_cache
-    clear_cache()          # every run generates its patterns (no warm cache)
-    gc.collect()
-    cluster = Cluster.v100_ethernet(1, FLAGS.devices)
-    t0 = time.perf_counter()
-    try:
-        s = search.search(graph, cluster=cluster, mode=mode, references=(),
-                          explore_options=explore.ExploreOptions(time_limit=limit))
-    except explore.SearchTimeout:
-        return {"finished": False, "seconds": round(time.perf_counter() - t0, 3),
-                "lower_bound": True}
-    return {"finished": True, "seconds": round(time.perf_counter() - t0, 3),
-            "lower_bound": False, "cost_s": s.total_cost, "templates": s.counts["templates"],
-            "generated": s.counts["generated"], "split_weights": len(s.weight_placements)}
+    """A timed search (``benchmarks/report.py``, as ``benchmarks/bench_search.py`` times it);
+    a search stopped at ``limit`` is a lower bound on the time."""
+    import report   # benchmarks/report.py
+    row = report.timed_search(graph, mode, limit, FLAGS.devices)
+    return dict(row, lower_bound=not row["finished"])
 
 
 def xla_autoshard(name: str) -> dict:

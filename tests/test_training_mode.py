@@ -55,6 +55,19 @@ def batch() -> np.ndarray:
 
 # ---- in this process ----------------------------------------------------------------------
 
+def replay_on_one_device(trace: Any, graph: Any, x: np.ndarray) -> tuple[Any, dict]:
+    """The training graph replayed on one device: its output and its variable writes."""
+    prog = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))
+
+    @tf.function(autograph=False)
+    def run() -> Any:
+        writes: dict = {}
+        outs = prog([[tf.constant(x)]], prog.trace_weights(), SimulatedCollectives(1), writes)
+        return outs[0][0], {k: v[0] for k, v in writes.items()}
+
+    return run()
+
+
 def test_training_capture_records_seed_states_and_shards_dropout() -> None:
     """The seed generator's state is a Trace state (not a weight); the Dense + dropout
     GraphNode has sharded patterns, and a batch moment node has the batch-split one
@@ -79,16 +92,8 @@ def test_single_device_replay_equals_a_keras_training_call() -> None:
     model = mlp()
     trace = capturing.trace(model, SPEC, training=True)
     graph = capturing.to_ir(trace)
-    prog = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))
     x = batch()
-
-    @tf.function(autograph=False)
-    def run() -> Any:
-        writes: dict = {}
-        outs = prog([[tf.constant(x)]], prog.trace_weights(), SimulatedCollectives(1), writes)
-        return outs[0][0], {k: v[0] for k, v in writes.items()}
-
-    got, writes = run()
+    got, writes = replay_on_one_device(trace, graph, x)
     want = model(x, training=True)   # advances the seed and the moving statistics
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
     after = {v.path: v.numpy() for v in model.variables}
@@ -121,16 +126,8 @@ def test_seed_states_sharing_a_keras_path_are_told_apart() -> None:
     assert sorted(trace.state_paths.values()) == ["sg/seed_generator_state",
                                                    "sg/seed_generator_state#1"]
     graph = capturing.to_ir(trace)
-    prog = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))
     x = batch()
-
-    @tf.function(autograph=False)
-    def run() -> Any:
-        writes: dict = {}
-        outs = prog([[tf.constant(x)]], prog.trace_weights(), SimulatedCollectives(1), writes)
-        return outs[0][0], {k: v[0] for k, v in writes.items()}
-
-    got, writes = run()
+    got, writes = replay_on_one_device(trace, graph, x)
     want = model(x, training=True)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
     after = capturing.tracing.states_by_path(model)
