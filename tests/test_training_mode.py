@@ -278,6 +278,8 @@ def test_a_restored_training_mode_program_draws_the_saved_programs_next_masks(
     # into another plan's layout (resharded): the same states, the same steps to rounding
     assert r["other_how"] == "resharded" and r["other_states"] == r["states_at_save"]
     np.testing.assert_allclose(r["other_got"], r["want"], rtol=1e-5)
+    # into the same weights with one dropout fewer: the state counts are named
+    assert "holds 2 seed states" in r["refused"] and "reads 1" in r["refused"], r["refused"]
 
 
 @pytest.fixture(scope="module")
