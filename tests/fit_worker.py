@@ -36,14 +36,18 @@ from tapas.execution import devices  # noqa: E402
 from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
 
 JOB = json.loads(sys.argv[1])
-devices.setup_devices(JOB["devices"], "cpu")
+if devices.tf_config() is None:
+    devices.setup_devices(JOB["devices"], "cpu")
+else:   # one CPU per worker; the strategy before TensorFlow runs anything (collectives)
+    devices.make_strategy(JOB["devices"])
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tapas import capturing  # noqa: E402
-from tapas.execution import fit, parallel  # noqa: E402
+from tapas.execution import fit, parallel, reconstruct  # noqa: E402
+from tapas.planning.strategy import graph_digest  # noqa: E402
 
 N = JOB["devices"]
 B = 8
@@ -66,10 +70,20 @@ def data(n: int = 42, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]
     return x, rng.standard_normal((n, 3)).astype("float32")
 
 
-def parallel_model(optimizer: str, lr: float) -> Any:
+def batch_plan(graph: Any) -> Any:
+    """Data parallel: every GraphNode's batch-splitting pattern (inputs and output split
+    on the batch axis)."""
+    from tapas.sharding import patterns
+    chosen = {n.id: next(p for p in patterns.patterns_for(n, graph, N) if p.data_parallel)
+              for n in graph.nodes}
+    return reconstruct.Plan(N, chosen, graph_digest=graph_digest(graph))
+
+
+def parallel_model(optimizer: str, lr: float, plan: str = "random") -> Any:
     model = build()
-    plan = parallel.random_plan(capturing.capture(build(), SPEC, training=True), N,
-                                JOB.get("plan_seed", 1))
+    graph = capturing.capture(build(), SPEC, training=True)
+    plan = (batch_plan(graph) if plan == "batch" else
+            parallel.random_plan(graph, N, JOB.get("plan_seed", 1)))
     return parallel.parallelize(model, SPEC, plan, devices=N, optimizer=optimizer,
                                 learning_rate=lr, loss=keras.losses.MeanSquaredError())
 
@@ -129,6 +143,12 @@ def event_tags(logdir: str) -> list[str]:
             if "tfevents" in f:
                 for event in tf.compat.v1.train.summary_iterator(os.path.join(root, f)):
                     tags |= {v.tag for v in event.summary.value}
+                    if event.HasField("graph_def"):   # the graph tab: collectives in it?
+                        graph = tf.compat.v1.GraphDef.FromString(event.graph_def)
+                        ops = {n.op for n in graph.node} | {
+                            n.op for fn in graph.library.function for n in fn.node_def}
+                        tags.add("GRAPH" + ("+collectives" if any(
+                            o.startswith("Collective") for o in ops) else ""))
     return sorted(tags)
 
 
@@ -312,6 +332,75 @@ def check_resume() -> dict[str, Any]:
     return out
 
 
+def check_workers() -> dict[str, Any]:
+    """One of 2 workers (MultiWorkerMirroredStrategy, one CPU each): fit on a dataset of
+    dict elements (2 epochs, TensorBoard) and on shuffled arrays, and through a dataset
+    function that reads only this worker's rows, for a data-parallel plan (each worker
+    reads its half of every batch) and a random tensor-parallel one, against Keras fit."""
+    x, y = data()
+    d = os.path.join(JOB["dir"], f"task{fit_task()}")
+    os.makedirs(d, exist_ok=True)
+    out: dict[str, Any] = {}
+
+    def keras_fit(train: Any, epochs: int, **kw: Any) -> keras.Model:
+        ref = build()
+        ref.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
+                    jit_compile=False)
+        ref.fit(train, epochs=epochs, verbose=0, **kw)
+        return ref
+
+    first40 = ({k: v[:40] for k, v in x.items()}, y[:40])
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)   # a partial last batch
+    ref = keras_fit(tf.data.Dataset.from_tensor_slices(first40).batch(B), 2)
+    ref_shuffled = None
+    for plan in ("batch", "random"):
+        pm = parallel_model("sgd", 0.05, plan)
+        data_ = fit._Data(pm, ds, None, None, False, 0)
+        out[f"{plan}_shares"] = {"inputs": data_.shares, "targets": str(data_.y_place),
+                                 "cut": data_.cut}
+        hist = pm.fit(ds, epochs=2, verbose=0, tensorboard=os.path.join(d, f"tb_{plan}"))
+        out[f"{plan}_dataset"] = {"loss": close(hist.history["loss"],
+                                                ref.history.history["loss"]),
+                                  "weights": weights_close(pm, ref)}
+        out[f"{plan}_tags"] = event_tags(os.path.join(d, f"tb_{plan}"))
+        # shuffled arrays: Keras's order is its own, so compare with fit on one process
+        # taking the same order: the examples in fit's order as one unshuffled dataset
+        pm2 = parallel_model("sgd", 0.05, plan)
+        pm2.fit(x, y, epochs=2, shuffle=True, seed=3, verbose=0)
+        if ref_shuffled is None:
+            order = np.concatenate([np.random.default_rng([3, e]).permutation(42)[:40]
+                                    for e in range(2)])
+            xs = {k: v[order] for k, v in x.items()}
+            ref_shuffled = keras_fit(xs, 1, y=y[order], batch_size=B, shuffle=False)
+        out[f"{plan}_arrays_weights"] = weights_close(pm2, ref_shuffled)
+
+    # a dataset function: each worker reads only its rows of every global batch
+    seen: list[Any] = []
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        seen.append([ctx.num_input_pipelines, ctx.input_pipeline_id])
+        rows = B // ctx.num_input_pipelines
+        lo = ctx.input_pipeline_id * rows
+        idx = np.concatenate([np.arange(k * B + lo, k * B + lo + rows) for k in range(5)])
+        return tf.data.Dataset.from_tensor_slices(
+            ({k: v[idx] for k, v in x.items()}, y[idx])).batch(rows, drop_remainder=True)
+
+    pm3 = parallel_model("sgd", 0.05, "batch")
+    hist3 = pm3.fit(dataset_fn, epochs=2, verbose=0)
+    out["fn_contexts"] = seen
+    out["fn"] = {"loss": close(hist3.history["loss"], ref.history.history["loss"]),
+                 "weights": weights_close(pm3, ref)}
+    out["evaluate"] = close(pm3.evaluate(ds), ref.evaluate(
+        tf.data.Dataset.from_tensor_slices(first40).batch(B), verbose=0))
+    return out
+
+
+def fit_task() -> int:
+    cfg = devices.tf_config()
+    return int(cfg["task"]["index"]) if cfg else 0
+
+
 if __name__ == "__main__":
-    run_checks({"keras": check_keras, "resume": check_resume}, JOB["checks"])
+    run_checks({"keras": check_keras, "resume": check_resume, "workers": check_workers},
+               JOB["checks"])
     finish()

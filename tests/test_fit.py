@@ -49,8 +49,35 @@ def test_fit_on_arrays_equals_keras_fit_with_callbacks(two: dict) -> None:
     assert r["hooks"]["batch_keys"] == ["loss"]
     assert r["csv_rows"] == len(r["epochs"]["ours"]) + 1   # header + one row per epoch
     assert {"loss", "step_seconds", "examples_per_second", "learning_rate",
-            "collective_bytes_per_step", "epoch_loss", "epoch_val_loss"} <= set(r["tags"])
+            "collective_bytes_per_step", "epoch_loss", "epoch_val_loss",
+            "GRAPH+collectives"} <= set(r["tags"])   # the graph tab: the parallel step
     assert r["iterations"] == 5 * len(r["epochs"]["ours"])
+
+
+def test_two_workers_read_their_shares_and_fit_equals_keras(tmp_path) -> None:
+    """2 worker processes (MultiWorkerMirroredStrategy, a CPU each): a dataset of dict
+    elements for 2 epochs, shuffled arrays, and a dataset function reading only its rows;
+    a data-parallel plan (each worker reads half of every batch) and a random one whose
+    input 'a' is replicated (read whole by both) and 'b' split: all equal Keras fit."""
+    results = run_worker(WORKER, {"devices": 2, "dir": str(tmp_path), "checks": ["workers"],
+                                  "plan_seed": 2}, 2, 300.0)
+    for task, res in enumerate(results):
+        r = res["workers"]
+        assert "error" not in r, (task, r.get("traceback"))
+        half = [0, 4 * task, 4 * task + 4]
+        assert r["batch_shares"] == {"inputs": [half, half], "targets": "S0", "cut": True}
+        assert r["random_shares"] == {"inputs": [None, half], "targets": "S0", "cut": True}
+        for plan in ("batch", "random"):
+            assert r[f"{plan}_dataset"]["loss"]["ok"], (task, plan, r[f"{plan}_dataset"])
+            assert r[f"{plan}_dataset"]["weights"]["ok"], (task, plan)
+            assert r[f"{plan}_arrays_weights"]["ok"], (task, plan, r[f"{plan}_arrays_weights"])
+            tags = set(r[f"{plan}_tags"])   # the chief writes TensorBoard, the other nothing
+            assert ({"loss", "epoch_loss", "collective_bytes_per_step",
+                     "GRAPH+collectives"} <= tags) if task == 0 else not tags, (task, tags)
+        # probed with one pipeline for the element spec, then read with this worker's
+        assert r["fn_contexts"] == [[1, 0], [2, task]]
+        assert r["fn"]["loss"]["ok"] and r["fn"]["weights"]["ok"], r["fn"]
+        assert r["evaluate"]["ok"], r["evaluate"]
 
 
 def test_fit_on_a_dataset_of_dicts_and_evaluate_equal_keras(two: dict) -> None:

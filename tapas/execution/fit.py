@@ -57,6 +57,7 @@ from absl import logging
 
 from tapas.execution import checkpoints, inputs
 from tapas.execution.runtime import StepError
+from tapas.sharding.placements import Split
 
 __all__ = ["fit", "evaluate", "predict", "CallbackModel", "TensorBoardScalars", "FitState", "WorkerLostError",
            "list_checkpoints", "latest_checkpoint", "save_checkpoint", "restore_checkpoint",
@@ -128,12 +129,77 @@ class _Data:
         self.what, self.shuffle, self.seed = what, shuffle, seed
         self.dataset: tf.data.Dataset | None = None
         self.noted = False
-        if isinstance(x, tf.data.Dataset):
+        self.runtime = pm.runtime
+        self.shares: list[Any] = []            # this worker's share of each input (None:
+        self.y_place: Any = None               # whole) and the targets' placement
+        self.rows = self.batch                 # rows of a batch as the source yields it
+        if callable(x) and not isinstance(x, tf.data.Dataset):
+            self._init_dataset_fn(x, y)
+        elif isinstance(x, tf.data.Dataset):
             self._init_dataset(x, y)
         else:
             self._init_arrays(x, y)
 
-    def _init_dataset(self, ds: tf.data.Dataset, y: Any) -> None:
+    def _set_shares(self, y_ndim: int) -> None:
+        """Each input's and the targets' share for this worker (``Runtime.worker_share``):
+        under MultiWorkerMirroredStrategy a batch-split tensor is read only in the rows of
+        this worker's replicas; a replicated one (a tensor-parallel input) whole."""
+        rt = self.runtime
+        self.shares = [rt.worker_share(p, s.shape.as_list())
+                       for p, s in zip(rt.input_placements, rt.input_specs)]
+        self.y_place = rt.target_placement(y_ndim)
+
+    def y_share(self, shape: Sequence[int]) -> Any:
+        """This worker's share of targets of the global ``shape``."""
+        return self.runtime.worker_share(self.y_place, shape)
+
+    def share_shapes(self) -> list[list[int]]:
+        """The shape of each input as this worker reads it."""
+        out = []
+        for spec, share in zip(self.signature.specs, self.shares):
+            shape = spec.shape.as_list()
+            if share is not None:
+                shape[share[0]] = share[2] - share[1]
+            out.append(shape)
+        return out
+
+    @property
+    def cut(self) -> bool:
+        """Whether this worker reads shares (not whole global batches)."""
+        return not self.runtime._all_local() and (
+            any(s is not None for s in self.shares) or isinstance(self.y_place, Split))
+
+    def _batch_split(self) -> bool:
+        """Every input and the targets split on the batch axis over the workers: a worker's
+        input pipeline can read just its rows (``num_input_pipelines`` = workers)."""
+        return (self.cut and self.y_place == Split(0)
+                and all(s is not None and s[0] == 0 for s in self.shares))
+
+    def _init_dataset_fn(self, fn: Any, y: Any) -> None:
+        """``x`` is a dataset function, as ``strategy.distribute_datasets_from_function``
+        takes one: called with this worker's ``tf.distribute.InputContext``, it returns the
+        worker's dataset. With a batch-split program (``num_input_pipelines`` = workers)
+        each element holds this worker's rows of a global batch
+        (``input_context.get_per_replica_batch_size(B) * replicas in this worker``); else
+        (``num_input_pipelines`` = 1) whole global batches, cut here."""
+        rt = self.runtime
+        ds0 = fn(tf.distribute.InputContext(1, 0, rt.num_devices))
+        if not isinstance(ds0, tf.data.Dataset):
+            raise TypeError(f"{self.what}: the dataset function returned "
+                            f"{type(ds0).__name__}, not a tf.data.Dataset")
+        self._init_dataset(ds0, y, set_rows=False)
+        if self._batch_split():
+            workers = rt.num_devices // len(rt.local_replicas)
+            ctx = tf.distribute.InputContext(workers, rt.task_id, rt.num_devices)
+            self.dataset = fn(ctx)
+            self.rows = self.batch // workers
+            self.worker_pipelines = True
+            card = int(self.dataset.cardinality().numpy())
+            self.num_batches = card if card >= 0 and self.num_batches is not None else None
+
+    worker_pipelines = False   # the dataset yields this worker's rows only
+
+    def _init_dataset(self, ds: tf.data.Dataset, y: Any, set_rows: bool = True) -> None:
         if y is not None:
             raise ValueError(f"{self.what}: y={type(y).__name__} was given with a "
                              "tf.data.Dataset; the dataset yields (x, y) pairs, so leave y out")
@@ -150,6 +216,7 @@ class _Data:
         first = tf.nest.flatten(spec[1])[0].shape
         static = first.rank and first[0] is not None and int(first[0]) == self.batch
         self.num_batches = card if card >= 0 and static else None
+        self._set_shares(first.rank or 1)
 
     def _init_arrays(self, x: Any, y: Any) -> None:
         if y is None:
@@ -171,6 +238,7 @@ class _Data:
                              f"{self.batch}; give at least {self.batch}, or parallelize with "
                              "input specs of a smaller batch")
         self.num_batches = n // self.batch
+        self._set_shares(self.y.ndim)
         dropped = n - self.num_batches * self.batch
         if dropped:
             logging.warning("%s: %d examples make %d global batches of %d; the last %d "
@@ -187,26 +255,51 @@ class _Data:
                  if self.shuffle else np.arange(n))
         for k in range(skip, self.num_batches):
             idx = order[k * self.batch:(k + 1) * self.batch]
-            yield self.signature.flatten([v[idx] for v in self.xs]), self.y[idx]
+            yield (self.signature.flatten([_take(v, idx, share) for v, share in
+                                           zip(self.xs, self.shares)], self.share_shapes()),
+                   _take(self.y, idx, self.y_share((self.batch,) + self.y.shape[1:])))
 
     def _dataset_batches(self, skip: int) -> Iterator[tuple[list, np.ndarray]]:
         ds = self.dataset.skip(skip) if skip else self.dataset
+        whole = "global batch" if self.rows == self.batch else "worker's share of a batch"
         for x, y in ds.as_numpy_iterator():
             rows = len(np.asarray(y))
-            if rows < self.batch:
+            if rows < self.rows:
                 if not self.noted:
-                    logging.warning("%s: a batch of %d rows, smaller than the global batch "
-                                    "of %d, is dropped (batch the dataset with "
-                                    "drop_remainder=True to say so)", self.what, rows,
-                                    self.batch)
+                    logging.warning("%s: a batch of %d rows, smaller than the %s "
+                                    "(%d rows), is dropped (batch the dataset with "
+                                    "drop_remainder=True to say so)", self.what, rows, whole,
+                                    self.rows)
                     self.noted = True
                 continue
-            if rows > self.batch:
+            if rows > self.rows:
                 raise ValueError(f"{self.what}: the dataset yields batches of {rows} rows but "
-                                 f"the program was built for a global batch of {self.batch}: "
-                                 f"batch it with .batch({self.batch}), or parallelize again "
+                                 f"the program was built for a {whole} of {self.rows}: "
+                                 f"batch it with .batch({self.rows}), or parallelize again "
                                  f"with input specs of batch {rows}")
-            yield self.signature.flatten(x), np.asarray(y)
+            if self.worker_pipelines:   # already this worker's rows
+                yield self.signature.flatten(x, self.share_shapes()), np.asarray(y)
+            else:
+                xs = self.signature.flatten(x)
+                y = np.asarray(y)
+                yield ([_cut(v, share) for v, share in zip(xs, self.shares)],
+                       _cut(y, self.y_share(y.shape)))
+
+
+def _cut(v: Any, share: Any) -> np.ndarray:
+    """The ``(axis, start, stop)`` slab of ``v`` (all of ``v`` for None)."""
+    v = np.asarray(v)
+    if share is None:
+        return v
+    axis, lo, hi = share
+    return v[(slice(None),) * axis + (slice(lo, hi),)]
+
+
+def _take(v: np.ndarray, idx: np.ndarray, share: Any) -> np.ndarray:
+    """Rows ``idx`` of ``v``, cut to ``share``: a batch-axis share takes only its rows."""
+    if share is not None and share[0] == 0:
+        return v[idx[share[1]:share[2]]]
+    return _cut(v[idx], share)
 
 
 def _describe_spec(spec: Any) -> str:
@@ -318,15 +411,18 @@ def _scalar(name: str, value: float) -> None:
 
 class TensorBoardScalars(keras.callbacks.Callback):
     """TensorBoard scalars of a :func:`fit` run, written by the chief worker under
-    ``logdir`` with the global step: per step ``loss`` (that step's), ``step_seconds``,
+    ``logdir`` with the global step, and the traced training step's graph (TensorBoard's
+    graph tab; ``write_graph=False`` leaves it out): per step ``loss`` (that step's), ``step_seconds``,
     ``examples_per_second``, ``learning_rate`` and ``collective_bytes_per_step`` (the
     global bytes of the step's collectives, as the audit counts them); per epoch ``epoch_<key>`` for each key of
     the epoch's logs (``epoch_loss``, ``epoch_val_loss``...)."""
 
-    def __init__(self, logdir: str) -> None:
+    def __init__(self, logdir: str, write_graph: bool = True) -> None:
         super().__init__()
         self.logdir = logdir
+        self.write_graph = write_graph
         self._writer: Any = None
+        self._graph_written = False
 
     def _active(self) -> bool:
         return bool(getattr(self.model, "is_chief", True))
@@ -340,6 +436,7 @@ class TensorBoardScalars(keras.callbacks.Callback):
         if self._writer is None or not info:
             return
         with self._writer.as_default(step=int(info["step"])):
+            self._graph()
             _scalar("loss", info["loss"])
             _scalar("step_seconds", info["seconds"])
             _scalar("examples_per_second", info["examples"] / max(info["seconds"], 1e-9))
@@ -347,6 +444,15 @@ class TensorBoardScalars(keras.callbacks.Callback):
             comm = self._collective_bytes()
             if comm is not None:
                 _scalar("collective_bytes_per_step", comm)
+
+    def _graph(self) -> None:
+        """The traced training step's graph (the parallel program: every replica's ops and
+        its collectives), once, for TensorBoard's graph tab."""
+        rt = getattr(getattr(self.model, "parallel_model", None), "runtime", None)
+        graph = getattr(rt, "graphs", {}).get("train_step")
+        if self.write_graph and not self._graph_written and graph is not None:
+            tf.summary.graph(graph)
+            self._graph_written = True
 
     def _collective_bytes(self) -> int | None:
         """The global bytes of the collectives in one training step (the traced step's
@@ -692,7 +798,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
             start = time.perf_counter()
             failed: StepError | None = None
             try:
-                loss = rt.train_step(*batch)
+                loss = rt.train_step(*batch, worker_share=data.cut)
             except StepError as e:
                 if "not finite" not in str(e):
                     raise
@@ -780,7 +886,7 @@ def _split_validation(validation_data: Any) -> tuple[Any, Any]:
 def _validate(pm: Any, val: _Data, steps: int | None) -> float:
     total, count = 0.0, 0
     for xs, yb in val.batches(0, 0):
-        total += pm.runtime.forward_loss(xs, yb)
+        total += pm.runtime.forward_loss(xs, yb, worker_share=val.cut)
         count += 1
         if steps is not None and count >= steps:
             break

@@ -131,12 +131,15 @@ class InputSignature:
 
     # -- a batch ----------------------------------------------------------------------------
 
-    def flatten(self, x: Any) -> list[np.ndarray]:
+    def flatten(self, x: Any, shapes: Sequence[Sequence[int]] | None = None) -> list[np.ndarray]:
         """The batch ``x`` (any accepted form) as one array per input, in the program's
-        order and dtypes; ``ValueError`` names the input that does not fit and the fix."""
+        order and dtypes; ``ValueError`` names the input that does not fit and the fix.
+        ``shapes``: the shape each input must have (default: the global one; a worker's
+        share of it under MultiWorkerMirroredStrategy)."""
         values = _match(x, self.structure, list(self.names), "batch", self.describe())
-        return [_checked_array(name, spec, v)
-                for name, spec, v in zip(self.names, self.specs, values)]
+        shapes = shapes or [None] * len(values)
+        return [_checked_array(name, spec, v, shape)
+                for name, spec, v, shape in zip(self.names, self.specs, values, shapes)]
 
 
 def _match(x: Any, template: Any, names: list[str], what: str,
@@ -209,13 +212,17 @@ def _checked_spec(name: str, leaf: Any, spec: tf.TensorSpec) -> tf.TensorSpec:
     return tf.TensorSpec(shape, spec.dtype, name=name)
 
 
-def _checked_array(name: str, spec: tf.TensorSpec, value: Any) -> np.ndarray:
-    """``value`` as an array of ``spec``'s dtype, after checking its shape and kind."""
+def _checked_array(name: str, spec: tf.TensorSpec, value: Any,
+                   shape: Sequence[int] | None = None) -> np.ndarray:
+    """``value`` as an array of ``spec``'s dtype, after checking its shape (``shape``, by
+    default the spec's) and kind."""
     x = np.asarray(value)
-    want = spec.shape.as_list()
+    want = list(shape) if shape is not None else spec.shape.as_list()
     if list(x.shape) != want:
+        what = ("the global batch" if shape is None else
+                f"this worker's share of the global {spec.shape.as_list()}")
         raise ValueError(f"input '{name}' has shape {list(x.shape)}, the program was built "
-                         f"for {want} ({spec.dtype.name}, the global batch): pass that shape, "
+                         f"for {want} ({spec.dtype.name}, {what}): pass that shape, "
                          "or parallelize again with a tf.TensorSpec of the new shape")
     if x.dtype.kind == "f" and spec.dtype.is_integer:
         raise ValueError(f"input '{name}' has dtype {x.dtype.name}, the model takes "

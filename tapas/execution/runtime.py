@@ -197,6 +197,7 @@ class Runtime:
         self._train_fn = tf.function(self._train_step, autograph=False)
         self._predict_fn = tf.function(self._predict, autograph=False)
         self.trace_seconds: dict[str, float] = {}
+        self.graphs: dict[str, tf.Graph] = {}   # traced functions' graphs, by function
         # collectives the runtime adds for the loss: (function, kind, global bytes)
         self.loss_comms: list[tuple[str, str, int]] = []
         self.loss_plan: losses.LossPlan | None = None   # set for each batch's targets
@@ -220,18 +221,39 @@ class Runtime:
             self.audits[function] = reconstruct.Audit()
         return reconstruct.ReplicaContextCollectives(audit=self.audits[function])
 
-    def _distribute(self, arrays: Sequence[np.ndarray], placements: Sequence[Any]) -> Any:
+    def _distribute(self, arrays: Sequence[np.ndarray], placements: Sequence[Any],
+                    worker_share: bool = False) -> Any:
+        """Per-replica values of ``arrays``: global arrays, or with ``worker_share`` this
+        worker's shares of them (:meth:`worker_share`), cut among its local replicas."""
         arrays = [np.asarray(a) for a in arrays]
+        cut = worker_share and not self._all_local()
+        n = len(self.local_replicas) if cut else self.num_devices
+        first = self.local_replicas[0] if cut else 0
 
         def value_fn(ctx: tf.distribute.experimental.ValueContext) -> tuple[tf.Tensor, ...]:
             r = ctx.replica_id_in_sync_group
             with tf.device(self._device[r]):
-                return tuple(tf.constant(p.shard(a, self.num_devices, r))
+                return tuple(tf.constant(p.shard(a, n, r - first))
                              for a, p in zip(arrays, placements))
 
         return self.strategy.experimental_distribute_values_from_function(value_fn)
 
-    def _check_inputs(self, xs: Sequence[Any]) -> list[np.ndarray]:
+    def worker_share(self, placement: Any, shape: Sequence[int]) -> tuple[int, int, int] | None:
+        """The part of a global tensor of ``shape`` placed ``placement`` that this worker's
+        replicas read: ``(axis, start, stop)`` along the split axis, or None for the whole
+        tensor (a replicated tensor, or every replica in this process). The replicas of a
+        worker are consecutive (``devices.local_replica_ids``), so the share is one
+        contiguous slab: what a worker's input pipeline has to produce."""
+        placement = parse_placement(placement)
+        if not isinstance(placement, Split) or self._all_local():
+            return None
+        size = int(shape[placement.axis])
+        self._check_divisible("a worker's share", tuple(shape), placement)
+        step = size // self.num_devices
+        return (placement.axis, self.local_replicas[0] * step,
+                (self.local_replicas[-1] + 1) * step)
+
+    def _check_inputs(self, xs: Sequence[Any], worker_share: bool = False) -> list[np.ndarray]:
         if not isinstance(xs, (list, tuple)):
             xs = [xs]
         if len(xs) != len(self.input_specs):
@@ -240,14 +262,27 @@ class Runtime:
                              f"({names}): pass one array per input in this order (a "
                              "ParallelModel also takes a dict keyed by input name)")
         out = []
-        for x, spec in zip(xs, self.input_specs):
+        for x, spec, p in zip(xs, self.input_specs, self.input_placements):
             x = np.asarray(x)
-            if tuple(x.shape) != tuple(spec.shape):
-                raise ValueError(f"input '{spec.name}' has shape {list(x.shape)}, the program was "
-                                 f"built for {spec.shape.as_list()} (global shape; capture again "
-                                 "for another batch size)")
+            shape = list(spec.shape.as_list())
+            share = self.worker_share(p, shape) if worker_share else None
+            if share is not None:
+                shape[share[0]] = share[2] - share[1]
+            if list(x.shape) != shape:
+                what = (f"this worker's share {shape} of the global shape "
+                        f"{spec.shape.as_list()} (placed {p}; Runtime.worker_share)"
+                        if share is not None else
+                        f"{shape} (global shape; capture again for another batch size)")
+                raise ValueError(f"input '{spec.name}' has shape {list(x.shape)}, the program "
+                                 f"was built for {what}")
             out.append(x.astype(spec.dtype.as_numpy_dtype, copy=False))
         return out
+
+    def target_placement(self, y_ndim: int) -> Any:
+        """How the targets (of rank ``y_ndim``) are placed for the loss: R, or S(axis) when
+        the loss is computed on an output split on a batch or sequence axis."""
+        plan = self._loss_plan(np.zeros((0,) * y_ndim))
+        return Replica() if plan.target_axis is None else Split(plan.target_axis)
 
     def _loss_plan(self, y: np.ndarray) -> losses.LossPlan:
         """How the loss of the one output is computed for targets ``y`` (module losses)."""
@@ -408,6 +443,8 @@ class Runtime:
             return tf.constant(True)
 
     def _train_step(self, xs: Any, y: Any) -> tf.Tensor:
+        # the traced step's graph, for TensorBoard's graph tab (fit's tensorboard=)
+        self.graphs["train_step"] = tf.compat.v1.get_default_graph()
         loss, new, writes = self.strategy.run(
             self._on_device(self._replica_compute),
             args=(xs, y, self._dist_vars, self._dist_slots, self.states.dist))
@@ -423,7 +460,7 @@ class Runtime:
             self.iterations.assign_add(1)
             return tf.identity(local_losses[0])
 
-    def _prepare(self, xs: Any, y: Any) -> tuple[Any, Any]:
+    def _prepare(self, xs: Any, y: Any, worker_share: bool = False) -> tuple[Any, Any]:
         if self.loss is None:
             raise ValueError("this runtime has no loss: pass loss=<keras loss> to train")
         if getattr(self.loss, "reduction", None) not in _REDUCTIONS or not hasattr(self.loss,
@@ -434,12 +471,12 @@ class Runtime:
         if len(self.output_placements) != 1:
             raise ValueError(f"training needs a model with one output, this one has "
                              f"{len(self.output_placements)}")
-        xs = self._check_inputs(xs)
+        xs = self._check_inputs(xs, worker_share)
         y = np.asarray(y)
         self.loss_plan = self._loss_plan(y)
         tp = Replica() if self.loss_plan.target_axis is None else Split(self.loss_plan.target_axis)
-        dist_y = self._distribute([y], [tp])
-        return self._distribute(xs, self.input_placements), \
+        dist_y = self._distribute([y], [tp], worker_share)
+        return self._distribute(xs, self.input_placements, worker_share), \
             (dist_y[0] if isinstance(dist_y, tuple) else dist_y)
 
     def _call(self, key: str, fn: Callable, *args: Any) -> Any:
@@ -503,21 +540,29 @@ class Runtime:
                                  args=(xs, y, self._dist_vars, self.states.dist))
         return self.strategy.experimental_local_results(loss)[0]
 
-    def forward_loss(self, xs: Any, y: Any) -> float:
+    def forward_loss(self, xs: Any, y: Any, *, worker_share: bool = False) -> float:
         """The global loss on the batch, forward only: no gradients, and the program's
         writes (advanced seeds, moving statistics) are not assigned, so nothing changes
-        (validation in ``tapas.execution.fit``; the graph is the program's mode)."""
+        (validation in ``tapas.execution.fit``; the graph is the program's mode).
+        ``worker_share``: as for :meth:`train_step`."""
         if not hasattr(self, "_loss_fn"):
             self._loss_fn = tf.function(self._loss_only, autograph=False)
-        return float(self._call("loss", self._loss_fn, *self._prepare(xs, y)).numpy())
+        return float(self._call("loss", self._loss_fn,
+                                *self._prepare(xs, y, worker_share)).numpy())
 
-    def train_step(self, xs: Any, y: Any) -> float:
+    def train_step(self, xs: Any, y: Any, *, worker_share: bool = False) -> float:
         """One optimizer step on the global batch ``(xs, y)``; returns the global loss.
+
+        ``worker_share=True``: ``xs`` and ``y`` are only this worker's shares of the global
+        batch (:meth:`worker_share` of each input's placement and of
+        :meth:`target_placement`), as a per-worker input pipeline reads them under
+        ``MultiWorkerMirroredStrategy``; with every replica in this process they are the
+        global batch.
 
         All or nothing: on failure (e.g. a non-finite loss) raises :class:`StepError` and
         leaves weights, slots and the step counter unchanged.
         """
-        dist_x, dist_y = self._prepare(xs, y)
+        dist_x, dist_y = self._prepare(xs, y, worker_share)
         try:
             loss = self._call("train_step", self._train_fn, dist_x, dist_y)
         except tf.errors.InvalidArgumentError as e:
