@@ -8,7 +8,7 @@
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
-                  [--data=file.npz] [--epochs=E] [--checkpoint_dir=DIR]
+                  [--data=file.npz|file.tfrecord] [--epochs=E] [--checkpoint_dir=DIR]
                   [--checkpoint_every=K] [--resume] [--tensorboard=LOGDIR]
 
 ``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
@@ -82,8 +82,11 @@ flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "train: optimizer (Keras 
 flags.DEFINE_float("learning_rate", None, "train: learning rate (default: Keras's).")
 flags.DEFINE_string("data", None, "train: an .npz of training data: one array per model "
                     "input, named by input name (x for a one-input model), and the targets "
-                    "y, the first axis counting examples; trained with ParallelModel.fit in "
-                    "global batches of --batch_size (default: the model's synthetic batch).")
+                    "y, the first axis counting examples; or .tfrecord file(s) (a glob or a "
+                    "comma-separated list) of tf.train.Example records with the same "
+                    "features, each flattened (tapas.execution.train.save_tfrecord writes "
+                    "them); trained with ParallelModel.fit in global batches of "
+                    "--batch_size (default: the model's synthetic batch).")
 flags.DEFINE_integer("epochs", None, "train: epochs (passes over --data; with the synthetic "
                      "batch, --steps steps each). Default 1 when a training job is asked for.")
 flags.DEFINE_string("checkpoint_dir", None, "train: write checkpoints here (ckpt-<step>, "

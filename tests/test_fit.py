@@ -282,6 +282,64 @@ def test_npz_layout_is_checked_with_the_fix(tmp_path) -> None:
     assert sorted(x) == ["a", "b"] and y.shape == (4, 3)
 
 
+def test_tapas_train_on_tfrecord_files_equals_keras_fit(tmp_path) -> None:
+    """``tapas train --data='part-*.tfrecord'`` (two files, read in order, a partial last
+    batch dropped) for 2 epochs on 2 devices: the epoch losses (the second epoch's after
+    the first's updates) equal Keras fit on the same examples in the same order."""
+    import numpy as np
+
+    from tapas.execution import train
+    model = _two_input_model()
+    model.compile("sgd", "mse")
+    model.save(tmp_path / "m.keras")
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((21, k)).astype("float32") for k in (6, 4))
+    y = rng.standard_normal((21, 3)).astype("float32")
+    train.save_tfrecord(str(tmp_path / "part-0.tfrecord"), {"a": a[:13], "b": b[:13]}, y[:13])
+    train.save_tfrecord(str(tmp_path / "part-1.tfrecord"), {"a": a[13:], "b": b[13:]}, y[13:])
+    _tapas_train(f"--model={tmp_path / 'm.keras'}", f"--data={tmp_path / 'part-*.tfrecord'}",
+                 "--batch_size=8", "--devices=2", "--strategy=random:0", "--epochs=2",
+                 f"--json_out={tmp_path / 'r.json'}")
+    report = json.loads((tmp_path / "r.json").read_text())
+    ref = _two_input_model()
+    ref.compile("sgd", "mse")
+    hist = ref.fit({"a": a[:16], "b": b[:16]}, y[:16], batch_size=8, epochs=2,
+                   shuffle=False, verbose=0)
+    assert report["step"] == 4   # 2 global batches an epoch, 5 examples dropped
+    np.testing.assert_allclose(report["history"]["loss"], hist.history["loss"], rtol=1e-5)
+
+
+def test_tfrecord_layout_is_checked_with_the_fix(tmp_path) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    from tapas.execution import inputs, train
+    signature = inputs.InputSignature.of(_two_input_model(), {
+        "a": tf.TensorSpec([8, 6]), "b": tf.TensorSpec([8, 4])})
+
+    class Fake:
+        inputs = signature
+
+        class program:
+            output_shapes = [[8, 3]]
+
+    path = str(tmp_path / "bad.tfrecord")
+    train.save_tfrecord(path, {"a": np.zeros((2, 6)), "c": np.zeros((2, 4))}, np.zeros((2, 3)))
+    with pytest.raises(train.TrainError, match=r"missing \['b'\], unexpected \['c'\]"):
+        train.load_tfrecord(path, Fake())
+    train.save_tfrecord(path, {"a": np.zeros((2, 5)), "b": np.zeros((2, 4))}, np.zeros((2, 3)))
+    with pytest.raises(train.TrainError, match=r"'a' holds 5 values .* shape \[6\]"):
+        train.load_tfrecord(path, Fake())
+    train.save_tfrecord(path, {"a": np.zeros((2, 6)), "b": np.zeros((2, 4))}, np.zeros((2, 2)))
+    with pytest.raises(train.TrainError, match=r"'y' holds 2 values per example.*\[3\]"):
+        train.load_tfrecord(path, Fake())
+    # class ids (one integer per example) for a 3-way output
+    train.save_tfrecord(path, {"a": np.ones((9, 6)), "b": np.ones((9, 4))},
+                        np.arange(9) % 3)
+    (x, y), = train.load_tfrecord(path, Fake()).take(1).as_numpy_iterator()
+    assert x["a"].shape == (8, 6) and y.dtype == np.int32 and y.tolist() == [0, 1, 2] * 2 + [0, 1]
+
+
 def test_resume_of_a_dataset_stream_across_passes_is_exact(two: dict) -> None:
     r = two["resume"]
     assert r["ds_crash"] == "injected crash after step 7"

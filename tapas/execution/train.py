@@ -5,8 +5,9 @@ In:  :class:`TrainOptions` (a zoo model name, trained on its synthetic data, or 
      compiled loss; devices, steps, strategy file / "random:SEED" / searched, optimizer,
      --verify, --workers); for a training job (``ParallelModel.fit``,
      ``tapas.execution.fit``) the data (``--data=file.npz``: one array per model input,
-     named by input name, and the targets ``y``; default the synthetic batch, ``--steps``
-     steps per epoch), ``--epochs``, ``--checkpoint_dir``, ``--checkpoint_every``,
+     named by input name, and the targets ``y``; or ``--data=file.tfrecord`` (files, a
+     glob): ``tf.train.Example`` records with those features, :func:`load_tfrecord`;
+     default the synthetic batch, ``--steps`` steps per epoch), ``--epochs``, ``--checkpoint_dir``, ``--checkpoint_every``,
      ``--resume``, ``--tensorboard``.
 Out: a report dict (printed as it goes): the strategy table, the loss of every step, step
      time and throughput, the first-step trace time, the collective audit against the
@@ -54,7 +55,8 @@ class TrainOptions:
     # --strategy file was searched on the inference graph (tapas.parallelize)
     training: bool | None = None
     # a training job (ParallelModel.fit, tapas.execution.fit): any of these set
-    data: str | None = None           # .npz: one array per input name, plus "y"
+    data: str | None = None           # .npz: one array per input name, plus "y"; or
+                                      # .tfrecord file(s) of tf.train.Example (load_tfrecord)
     epochs: int | None = None         # default 1; synthetic data: --steps steps per epoch
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
@@ -75,9 +77,11 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         raise TrainError("--verify compares --steps steps on the synthetic batch with the "
                          "Keras model; it cannot be combined with --data, --epochs, "
                          "--checkpoint_dir, --resume or --tensorboard: run them separately")
-    if opts.data and not os.path.exists(opts.data):
+    if opts.data and not data_files(opts.data):
         raise TrainError(f"--data={opts.data}: no such file; give an .npz with one array per "
-                         "model input (named by input name) and the targets as 'y'")
+                         "model input (named by input name) and the targets as 'y', or "
+                         ".tfrecord file(s) (a glob or a comma-separated list) of "
+                         "tf.train.Example records (docs/running.md)")
     if opts.epochs is not None and opts.epochs < 1:
         raise TrainError(f"--epochs={opts.epochs}: need at least 1 epoch")
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
@@ -278,6 +282,111 @@ def load_npz(path: str, pm: Any) -> tuple[dict[str, Any], Any]:
     return {k: arrays[k] for k in names}, arrays["y"]
 
 
+def tf_errors() -> type:
+    """TensorFlow's error base class (reading a file that is not a TFRecord raises one)."""
+    import tensorflow as tf
+    return tf.errors.OpError
+
+
+def data_files(spec: str) -> list[str]:
+    """The files ``--data`` names: one path, a comma-separated list or glob patterns (in
+    sorted order within a pattern); [] when none exists."""
+    import glob
+    out: list[str] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        out += sorted(glob.glob(part)) if glob.has_magic(part) else \
+            ([part] if os.path.exists(part) else [])
+    return out
+
+
+def _target_shape(pm: Any, size: int, path: str) -> list[int]:
+    """The per-example shape of targets with ``size`` values: the output's per-example
+    shape, or that without its last axis (class ids for a crossentropy over logits), or a
+    scalar."""
+    import numpy as np
+    out = list((getattr(pm.program, "output_shapes", None) or [[0]])[0])[1:]
+    for shape in (out, out[:-1], []):
+        if int(np.prod(shape, dtype=np.int64)) == size:
+            return shape
+    raise TrainError(f"--data={path}: the feature 'y' holds {size} values per example, but "
+                     f"the model's output has per-example shape {out}: give targets of "
+                     f"that shape, of {out[:-1]} (class ids), or one value per example")
+
+
+def save_tfrecord(path: str, x: Any, y: Any) -> str:
+    """Write examples as ``--data`` reads them: one ``tf.train.Example`` per example, a
+    feature per model input (``x``: a dict by input name, or one array named ``x``) and
+    ``y``, each flattened (``int64_list`` for integer arrays, ``float_list`` otherwise)."""
+    import numpy as np
+    import tensorflow as tf
+    arrays = dict(x) if isinstance(x, dict) else {"x": x}
+    arrays["y"] = y
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    n = len(arrays["y"])
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(n):
+            feature = {}
+            for k, v in arrays.items():
+                flat = v[i].reshape(-1)
+                feature[k] = (tf.train.Feature(int64_list=tf.train.Int64List(value=flat))
+                              if v.dtype.kind in "biu" else
+                              tf.train.Feature(float_list=tf.train.FloatList(value=flat)))
+            writer.write(tf.train.Example(
+                features=tf.train.Features(feature=feature)).SerializeToString())
+    return path
+
+
+def load_tfrecord(spec: str, pm: Any) -> Any:
+    """A ``tf.data.Dataset`` of (inputs by name, targets) global batches from TFRecord
+    files of ``tf.train.Example`` records (:func:`save_tfrecord`'s layout): a feature per
+    model input, named by input name (``x`` for a one-input model also), holding the
+    example's values flattened (its per-example shape is the input's), and ``y`` (the
+    per-example shape: the output's, the output's without its last axis for class ids, or
+    one value). Files are read in the order given; the last partial batch is dropped."""
+    import numpy as np
+    import tensorflow as tf
+    files = data_files(spec)
+    first = next(iter(tf.data.TFRecordDataset(files[:1]).take(1)), None)
+    if first is None:
+        raise TrainError(f"--data={spec}: {files[0]} holds no record")
+    example = tf.train.Example.FromString(first.numpy()).features.feature
+    names = list(pm.inputs.names)
+    keys = dict(zip(names, names))
+    if len(names) == 1 and "x" in example and names[0] not in example:
+        keys[names[0]] = "x"
+    missing = [k for k in list(keys.values()) + ["y"] if k not in example]
+    extra = sorted(set(example) - set(keys.values()) - {"y"})
+    if missing or extra:
+        raise TrainError(f"--data={spec}: its records hold the features {sorted(example)}; "
+                         f"the model's inputs are {pm.inputs.describe()} (per example) plus "
+                         f"the targets 'y': missing {missing}, unexpected {extra} "
+                         "(tapas.execution.train.save_tfrecord writes the layout)")
+
+    def kind(feature: Any) -> tuple[Any, int]:
+        which = feature.WhichOneof("kind")
+        values = getattr(feature, which).value
+        return (tf.int64 if which == "int64_list" else tf.float32), len(values)
+
+    parse, shapes = {}, {}
+    for name, spec_ in zip(names, pm.inputs.specs):
+        dtype, size = kind(example[keys[name]])
+        shape = spec_.shape.as_list()[1:]
+        if size != int(np.prod(shape, dtype=np.int64)):
+            raise TrainError(f"--data={spec}: feature '{keys[name]}' holds {size} values per "
+                             f"example, input '{name}' takes per-example shape {shape}")
+        parse[keys[name]], shapes[name] = tf.io.FixedLenFeature(shape, dtype), spec_.dtype
+    y_dtype, y_size = kind(example["y"])
+    parse["y"] = tf.io.FixedLenFeature(_target_shape(pm, y_size, spec), y_dtype)
+
+    def decode(record: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        f = tf.io.parse_single_example(record, parse)
+        return ({name: tf.cast(f[keys[name]], shapes[name]) for name in names},
+                tf.cast(f["y"], tf.int32 if y_dtype == tf.int64 else tf.float32))
+
+    batch = int(pm.inputs.specs[0].shape[0])
+    return tf.data.TFRecordDataset(files).map(decode).batch(batch, drop_remainder=True)
+
+
 def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any],
              say: Any) -> None:
     """A training job through ``ParallelModel.fit``: the --data file (epochs of it) or the
@@ -288,8 +397,11 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
     from tapas.execution import fit as fit_mod
     if opts.data:
         try:
-            x, targets = load_npz(opts.data, pm)
-        except (OSError, ValueError) as e:
+            if opts.data.endswith(".npz"):
+                x, targets = load_npz(opts.data, pm)
+            else:
+                x, targets = load_tfrecord(opts.data, pm), None
+        except (OSError, ValueError, tf_errors()) as e:
             raise TrainError(f"--data={opts.data}: {e}") from None
         steps_per_epoch = None
     else:
@@ -325,7 +437,7 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
                          verbose=0, callbacks=[Printer()], checkpoint_dir=opts.checkpoint_dir,
                          checkpoint_every=opts.checkpoint_every, resume=opts.resume,
                          tensorboard=opts.tensorboard)
-    except (ValueError, FileNotFoundError, fit_mod.WorkerLostError) as e:
+    except (ValueError, FileNotFoundError, fit_mod.WorkerLostError, tf_errors()) as e:
         raise TrainError(str(e)) from None
     report.update({"losses": losses, "step_seconds": step_times, "epochs": epochs,
                    "history": history.history, "step": int(pm.runtime.iterations.numpy())})
