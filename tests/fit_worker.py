@@ -329,6 +329,43 @@ def check_resume() -> dict[str, Any]:
     out["backup_weights_equal"] = all(np.array_equal(w1[p], w3[p]) for p in w1)
     out["backup_history"] = [bk_hist.history, b["history"]]
     out["backup_deleted"] = not os.path.exists(bk)
+
+    # callbacks' own state: EarlyStopping's patience counter and best weights carry over a
+    # crash (after epoch 2's checkpoint) into the resumed run, which stops where the
+    # uninterrupted one does and restores the same best weights
+    def stopper() -> Any:
+        return keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=2,
+                                             restore_best_weights=True)
+
+    class CrashAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise RuntimeError("injected crash before epoch 3")
+
+    kw = dict(epochs=8, shuffle=False, verbose=0)
+    es_full = parallel_model("sgd", 0.05)
+    h_full = es_full.fit(x, y, callbacks=[stopper()], **kw)
+    es_dir = os.path.join(d, "es")
+    try:
+        parallel_model("sgd", 0.05).fit(x, y, callbacks=[stopper(), CrashAt()],
+                                        checkpoint_dir=es_dir, **kw)
+    except RuntimeError:
+        pass
+    with open(os.path.join(fit.latest_checkpoint(es_dir), fit.FIT_STATE)) as f:
+        out["es_saved"] = json.load(f)["callbacks"]
+    out["es_arrays"] = sorted(os.listdir(fit.latest_checkpoint(es_dir)))
+    es_res = parallel_model("sgd", 0.05)
+    h_res = es_res.fit(x, y, callbacks=[stopper()], checkpoint_dir=es_dir, resume=True, **kw)
+    w1, w2 = es_full.global_weights(), es_res.global_weights()
+    out["es"] = {"epochs": [h_full.epoch, h_res.epoch],
+                 "weights_equal": all(np.array_equal(w1[p], w2[p]) for p in w1)}
+    try:
+        parallel_model("sgd", 0.05).fit(
+            x, y, callbacks=[keras.callbacks.ReduceLROnPlateau(monitor="loss"), stopper()],
+            checkpoint_dir=es_dir, resume=True, **kw)
+        out["es_mismatch"] = "accepted"
+    except ValueError as e:
+        out["es_mismatch"] = str(e)
     return out
 
 

@@ -360,6 +360,20 @@ def test_backup_and_restore_is_fits_checkpoints_and_resume(two: dict) -> None:
     assert r["backup_deleted"]   # delete_checkpoint=True (Keras's default) after success
 
 
+def test_callback_state_is_checkpointed_and_resumed(two: dict) -> None:
+    """EarlyStopping's counter and best weights survive a crash: the resumed run stops at
+    the uninterrupted run's epoch with its best weights; other stateful callbacks refused."""
+    r = two["resume"]
+    (saved,) = r["es_saved"]
+    assert saved["class"] == "EarlyStopping" and saved["state"]["wait"] == 1
+    assert saved["state"]["best_weights"] == {"arrays": 4}
+    assert "tapas-callbacks.npz" in r["es_arrays"]
+    full, resumed = r["es"]["epochs"]
+    assert full == resumed == [0, 1, 2], r["es"]   # patience 2: stops after epoch 3
+    assert r["es"]["weights_equal"]
+    assert "['EarlyStopping']" in r["es_mismatch"] and "ReduceLROnPlateau" in r["es_mismatch"]
+
+
 def test_backup_and_restore_with_checkpoint_dir_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="BackupAndRestore stands for fit"):
         fit.fit(None, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))],

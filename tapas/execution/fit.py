@@ -59,9 +59,10 @@ from tapas.execution import checkpoints, inputs
 from tapas.execution.runtime import StepError
 from tapas.sharding.placements import Split
 
-__all__ = ["fit", "evaluate", "predict", "CallbackModel", "TensorBoardScalars", "FitState", "WorkerLostError",
-           "list_checkpoints", "latest_checkpoint", "save_checkpoint", "restore_checkpoint",
-           "FIT_STATE", "REFUSED_CALLBACKS"]
+__all__ = ["fit", "evaluate", "predict", "CallbackModel", "TensorBoardScalars", "FitState",
+           "WorkerLostError", "list_checkpoints", "latest_checkpoint", "save_checkpoint",
+           "restore_checkpoint", "callback_states", "restore_callback_states", "FIT_STATE",
+           "REFUSED_CALLBACKS", "CALLBACK_STATE"]
 
 FIT_STATE = "tapas-fit.json"
 _FORMAT = "tapas-fit-1"
@@ -494,6 +495,86 @@ def _check_callbacks(callbacks: Any) -> list[Any]:
     return out
 
 
+# ---- callbacks' own state --------------------------------------------------------------------
+
+#: what a Keras callback keeps between epochs, by class: saved in every checkpoint and set
+#: again on resume (after its ``on_train_begin`` reset it)
+CALLBACK_STATE: dict[str, tuple[str, ...]] = {
+    "EarlyStopping": ("wait", "stopped_epoch", "best", "best_weights", "best_epoch"),
+    "ReduceLROnPlateau": ("wait", "best", "cooldown_counter"),
+}
+_CALLBACK_ARRAYS = "tapas-callbacks.npz"
+
+
+def _state_of(cb: Any) -> dict[str, Any] | None:
+    """A callback's state: ``state_dict()`` when it has one (a user callback opts in with
+    ``state_dict``/``load_state_dict``), else :data:`CALLBACK_STATE`'s attributes of its
+    Keras class, else None (nothing kept)."""
+    if callable(getattr(cb, "state_dict", None)):
+        return dict(cb.state_dict())
+    for klass in type(cb).__mro__:
+        if klass.__module__.startswith("keras") and klass.__name__ in CALLBACK_STATE:
+            return {k: getattr(cb, k, None) for k in CALLBACK_STATE[klass.__name__]}
+    return None
+
+
+def callback_states(callbacks: Sequence[Any]) -> tuple[list[Any], dict[str, np.ndarray]]:
+    """The state of every callback that keeps one (``_state_of``), in order, as (JSON
+    entries ``{"class", "state"}``, arrays): a list of weights (EarlyStopping's
+    ``best_weights``) is kept as arrays ``c<i>.<name>.<k>``."""
+    entries: list[Any] = []
+    arrays: dict[str, np.ndarray] = {}
+    for cb in callbacks:
+        state = _state_of(cb)
+        if state is None:
+            continue
+        i = len(entries)
+        values: dict[str, Any] = {}
+        for name, v in state.items():
+            if isinstance(v, (list, tuple)) and v and all(hasattr(a, "shape") for a in v):
+                for k, a in enumerate(v):
+                    arrays[f"c{i}.{name}.{k}"] = np.asarray(a)
+                values[name] = {"arrays": len(v)}
+            elif isinstance(v, (np.generic, np.ndarray)) and np.ndim(v) == 0:
+                values[name] = v.item()
+            elif v is None or isinstance(v, (bool, int, float, str)):
+                values[name] = v
+            else:
+                raise TypeError(f"callback {type(cb).__name__}: its state '{name}' is a "
+                                f"{type(v).__name__}; a checkpoint keeps numbers, strings, "
+                                "None and lists of arrays (return those from state_dict)")
+        entries.append({"class": type(cb).__name__, "state": values})
+    return entries, arrays
+
+
+def restore_callback_states(callbacks: Sequence[Any], entries: Sequence[Any],
+                            arrays: Any, where: str) -> None:
+    """Set the saved states (``callback_states``' output) into the callbacks that keep one,
+    matched in order and by class; callbacks without state may change between runs, those
+    with state must be the same, in the same order (or none on one side: nothing is
+    restored)."""
+    stateful = [cb for cb in callbacks if _state_of(cb) is not None]
+    saved, now = [e["class"] for e in entries], [type(cb).__name__ for cb in stateful]
+    if not stateful or not entries:
+        if saved != now:
+            logging.info("%s: callbacks with state then %s, now %s: nothing restored into "
+                         "them", where, saved, now)
+        return
+    if saved != now:
+        raise ValueError(f"{where}: it was written by a fit whose callbacks keep state "
+                         f"{saved}; this fit's are {now}: resume with the same ones, in the "
+                         "same order (or start afresh)")
+    for i, (cb, entry) in enumerate(zip(stateful, entries)):
+        state = {name: ([arrays[f"c{i}.{name}.{k}"] for k in range(v["arrays"])]
+                        if isinstance(v, dict) else v)
+                 for name, v in entry["state"].items()}
+        if callable(getattr(cb, "load_state_dict", None)):
+            cb.load_state_dict(state)
+        else:
+            for name, v in state.items():
+                setattr(cb, name, v)
+
+
 # ---- checkpoints ------------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -514,6 +595,8 @@ class FitState:
     epoch_learning_rate: float = 0.0
     history: dict[str, list] = dataclasses.field(default_factory=dict)
     epochs: list[int] = dataclasses.field(default_factory=list)
+    # each callback's own state (callback_states; its arrays in tapas-callbacks.npz)
+    callbacks: list = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": _FORMAT, **dataclasses.asdict(self)}
@@ -568,18 +651,25 @@ def _clean_temporaries(directory: str) -> None:
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
-def save_checkpoint(pm: Any, directory: str, state: FitState, keep: int = 3) -> str:
+def save_checkpoint(pm: Any, directory: str, state: FitState, keep: int = 3,
+                    arrays: dict[str, np.ndarray] | None = None) -> str:
     """Write the runtime's checkpoint and ``state`` as ``<directory>/ckpt-<step>``, atomically:
     every worker writes its shards into ``.tmp-ckpt-<step>`` (``checkpoints.save``, which
     returns after all have), then the chief adds ``tapas-fit.json`` (synced) and renames the
     directory into place; a checkpoint of the same step is replaced. Keeps the newest
-    ``keep``. Every worker must call it (the shards are per worker)."""
+    ``keep``. Every worker must call it (the shards are per worker). ``arrays``: the
+    callbacks' arrays (``callback_states``), written beside the fit state."""
     rt = pm.runtime
     name = f"ckpt-{state.step:08d}"
     final = os.path.join(directory, name)
     tmp = os.path.join(directory, f".tmp-{name}")
     checkpoints.save(rt, tmp)
     if rt.task_id == 0:
+        if arrays:   # the callbacks' arrays (EarlyStopping's best weights)
+            with open(os.path.join(tmp, _CALLBACK_ARRAYS), "wb") as f:
+                np.savez(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
         _write_json_synced(os.path.join(tmp, FIT_STATE), state.to_json())
         if os.path.exists(final):
             _remove(final)
@@ -592,7 +682,8 @@ def save_checkpoint(pm: Any, directory: str, state: FitState, keep: int = 3) -> 
 
 def restore_checkpoint(pm: Any, path: str) -> FitState:
     """Load ``path`` (a checkpoint, or a directory of them: the newest) into ``pm``: weights,
-    optimizer slots, step counter, learning rate and seed states; returns its FitState."""
+    optimizer slots, step counter, learning rate and seed states; returns its FitState
+    (``.path``: the checkpoint read; the callbacks' states are set by ``fit``)."""
     if not os.path.exists(os.path.join(path, FIT_STATE)):
         newest = latest_checkpoint(path)
         if newest is None:
@@ -609,7 +700,16 @@ def restore_checkpoint(pm: Any, path: str) -> FitState:
                          f"{int(rt.iterations.numpy())} but {FIT_STATE} says {state.step}; "
                          "the directory was altered")
     rt.learning_rate.assign(state.learning_rate)   # the seed states: in the shards' files
+    state.path = path
     return state
+
+
+def _callback_arrays(path: str) -> dict[str, np.ndarray]:
+    file = os.path.join(path, _CALLBACK_ARRAYS)
+    if not os.path.exists(file):
+        return {}
+    with np.load(file) as f:
+        return {k: f[k] for k in f.files}
 
 
 # ---- fit and evaluate -------------------------------------------------------------------------
@@ -761,8 +861,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         state.learning_rate = float(rt.learning_rate.numpy())
         state.history = {k: list(v) for k, v in history.history.items()}
         state.epochs = list(history.epoch)
+        state.callbacks, arrays = callback_states(user_callbacks)
         try:
-            save_checkpoint(pm, checkpoint_dir, state, keep)
+            save_checkpoint(pm, checkpoint_dir, state, keep, arrays)
         except _PEER_ERRORS as e:   # a worker lost during the save's barrier
             if rt._all_local():
                 raise
@@ -772,6 +873,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     cbs.on_train_begin()
     history.epoch, history.history = list(state.epochs), {k: list(v) for k, v in
                                                           state.history.items()}
+    if source is not None:   # after on_train_begin reset them
+        restore_callback_states(user_callbacks, state.callbacks,
+                                _callback_arrays(state.path), state.path)
     logs: dict[str, float] = {}
     epoch_logs: dict[str, float] | None = None
     for epoch in range(state.epoch, epochs):
