@@ -200,6 +200,33 @@ def check_keras() -> dict[str, Any]:
     out["predict"] = close(pm2.predict(x), ref2.predict(x, verbose=0, batch_size=B))  # 42 rows
     out["predict_dataset"] = close(pm2.predict(val_ds), ref2.predict(val_ds, verbose=0))
 
+    # sample weights (Keras's weighting): arrays with weighted validation data, then a
+    # dataset of (x, y, w) triples, on fresh programs against Keras fit
+    w = np.random.default_rng(5).uniform(0, 2, 42).astype("float32")
+    wv = np.random.default_rng(6).uniform(0, 2, 16).astype("float32")
+    pm_w = parallel_model("sgd", 0.05)
+    h_w = pm_w.fit(x, y, sample_weight=w, epochs=2, shuffle=False, verbose=0,
+                   validation_data=(xv, yv, wv))
+    ref_w = build()
+    ref_w.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
+                  jit_compile=False)
+    rh_w = ref_w.fit({k: v[:40] for k, v in x.items()}, y[:40], sample_weight=w[:40],
+                     batch_size=B, epochs=2, shuffle=False, verbose=0,
+                     validation_data=(xv, yv, wv))
+    out["weighted"] = {k: close(h_w.history[k], rh_w.history[k]) for k in ("loss", "val_loss")}
+    out["weighted_weights"] = weights_close(pm_w, ref_w)
+    pm_w2 = parallel_model("sgd", 0.05)
+    pm_w2.fit(tf.data.Dataset.from_tensor_slices((x, y, w)).batch(B), epochs=1, verbose=0)
+    ref_w2 = build()
+    ref_w2.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
+                   jit_compile=False)
+    ref_w2.fit(tf.data.Dataset.from_tensor_slices(
+        ({k: v[:40] for k, v in x.items()}, y[:40], w[:40])).batch(B), epochs=1, verbose=0)
+    out["weighted_dataset"] = weights_close(pm_w2, ref_w2)
+    out["weighted_evaluate"] = close(pm_w2.evaluate(xv, yv, sample_weight=wv),
+                                     ref_w2.evaluate(xv, yv, sample_weight=wv, verbose=0,
+                                                     batch_size=B))
+
     # EarlyStopping(restore_best_weights): get_weights/set_weights of the callback model
     def stopper() -> Any:
         return keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1,
@@ -432,12 +459,48 @@ def check_workers() -> dict[str, Any]:
     return out
 
 
+def check_weighted_steps() -> dict[str, Any]:
+    """One training step with sample weights against Keras's ``train_on_batch``, for each
+    reduction and random plans (targets placed R and S0), weights per target element
+    of a sequence output."""
+    def seq_model() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        t = keras.Input((4, 6), name="t")
+        h = keras.layers.Dense(8, activation="relu", name="h")(t)
+        return keras.Model(t, keras.layers.Dense(3, name="o")(h))
+
+    spec = tf.TensorSpec([B, 4, 6])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, 4, 6)).astype("float32")
+    y = rng.standard_normal((B, 4, 3)).astype("float32")
+    # per target element of the sequence (Keras refuses one weight per example here;
+    # fit's test covers those on a 2-D output)
+    weights = {"element": rng.uniform(0, 2, (B, 4)).astype("float32")}
+    out: dict[str, Any] = {"targets": []}
+    for seed in JOB.get("seeds", [0, 1]):   # targets placed R, then S0
+        graph = capturing.capture(seq_model(), spec, training=True)
+        plan = parallel.random_plan(graph, N, seed)
+        for reduction in ("sum_over_batch_size", "mean_with_sample_weight", "sum"):
+            loss = keras.losses.MeanSquaredError(reduction=reduction)
+            for kind, w in weights.items():
+                pm = parallel.parallelize(seq_model(), spec, plan, devices=N, loss=loss,
+                                          learning_rate=0.1)
+                ours = pm.train_step(x, y, sample_weight=w)
+                ref = seq_model()
+                ref.compile(keras.optimizers.SGD(0.1), loss, jit_compile=False)
+                theirs = ref.train_on_batch(x, y, sample_weight=w)
+                out[f"{seed} {reduction} {kind}"] = {"loss": close(ours, theirs),
+                                                     "weights": weights_close(pm, ref)}
+        out["targets"].append(str(pm.runtime.target_placement(3)))
+    return out
+
+
 def fit_task() -> int:
     cfg = devices.tf_config()
     return int(cfg["task"]["index"]) if cfg else 0
 
 
 if __name__ == "__main__":
-    run_checks({"keras": check_keras, "resume": check_resume, "workers": check_workers},
-               JOB["checks"])
+    run_checks({"keras": check_keras, "resume": check_resume, "workers": check_workers,
+                "weighted": check_weighted_steps}, JOB["checks"])
     finish()

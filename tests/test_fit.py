@@ -29,8 +29,8 @@ WORKER = os.path.join(ROOT, "tests", "fit_worker.py")
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("fit"))
-    (res,) = run_worker(WORKER, {"devices": 2, "dir": d, "checks": ["keras", "resume"]},
-                        1, 300.0)
+    (res,) = run_worker(WORKER, {"devices": 2, "dir": d,
+                                 "checks": ["keras", "resume", "weighted"]}, 1, 300.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
     return res
@@ -89,6 +89,22 @@ def test_fit_on_a_dataset_of_dicts_and_evaluate_equal_keras(two: dict) -> None:
     # 42 examples: 5 global batches and 2 rows padded to one; a dataset of 2 batches
     assert r["predict"]["ok"] and len(r["predict"]["ours"]) == 42, r["predict"]
     assert r["predict_dataset"]["ok"] and len(r["predict_dataset"]["ours"]) == 16
+
+
+def test_sample_weights_weigh_the_loss_as_keras(two: dict) -> None:
+    r = two["keras"]
+    assert r["weighted"]["loss"]["ok"] and r["weighted"]["val_loss"]["ok"], r["weighted"]
+    assert r["weighted_weights"]["ok"] and r["weighted_dataset"]["ok"]
+    assert r["weighted_evaluate"]["ok"], r["weighted_evaluate"]
+
+
+def test_weighted_steps_equal_keras_train_on_batch(two: dict) -> None:
+    r = two["weighted"]
+    assert r["targets"] == ["R", "S0"]
+    cases = {k: v for k, v in r.items() if k not in ("check", "targets")}
+    assert len(cases) == 6   # 2 plans x 3 reductions
+    for name, v in cases.items():
+        assert v["loss"]["ok"] and v["weights"]["ok"], (name, v)
 
 
 def test_early_stopping_restores_the_best_weights_as_keras(two: dict) -> None:

@@ -121,10 +121,11 @@ def _global_batch(pm: Any, batch_size: int | None) -> int:
 
 class _Data:
     """Global batches of the data, pass by pass: ``batches(p, skip)`` yields the batches of
-    pass ``p`` after the first ``skip``, each as (inputs in the program's order, targets)."""
+    pass ``p`` after the first ``skip``, each as (inputs in the program's order, targets,
+    sample weights or None), this worker's shares of them (``cut``)."""
 
     def __init__(self, pm: Any, x: Any, y: Any, batch_size: int | None, shuffle: bool,
-                 seed: int, what: str = "the data") -> None:
+                 seed: int, what: str = "the data", sample_weight: Any = None) -> None:
         self.signature: inputs.InputSignature = pm.inputs
         self.batch = _global_batch(pm, batch_size)
         self.what, self.shuffle, self.seed = what, shuffle, seed
@@ -134,12 +135,16 @@ class _Data:
         self.shares: list[Any] = []            # this worker's share of each input (None:
         self.y_place: Any = None               # whole) and the targets' placement
         self.rows = self.batch                 # rows of a batch as the source yields it
+        self.w: np.ndarray | None = None       # the arrays' sample weights
+        if sample_weight is not None and (callable(x) or isinstance(x, tf.data.Dataset)):
+            raise ValueError(f"{self.what}: sample_weight was given with a dataset; the "
+                             "dataset yields (x, y, sample_weight) triples, so leave it out")
         if callable(x) and not isinstance(x, tf.data.Dataset):
             self._init_dataset_fn(x, y)
         elif isinstance(x, tf.data.Dataset):
             self._init_dataset(x, y)
         else:
-            self._init_arrays(x, y)
+            self._init_arrays(x, y, sample_weight)
 
     def _set_shares(self, y_ndim: int) -> None:
         """Each input's and the targets' share for this worker (``Runtime.worker_share``):
@@ -149,10 +154,16 @@ class _Data:
         self.shares = [rt.worker_share(p, s.shape.as_list())
                        for p, s in zip(rt.input_placements, rt.input_specs)]
         self.y_place = rt.target_placement(y_ndim)
+        self.y_ndim = y_ndim
 
     def y_share(self, shape: Sequence[int]) -> Any:
         """This worker's share of targets of the global ``shape``."""
         return self.runtime.worker_share(self.y_place, shape)
+
+    def w_share(self, shape: Sequence[int]) -> Any:
+        """This worker's share of sample weights of the global ``shape``."""
+        return self.runtime.worker_share(
+            self.runtime.sample_weight_placement(self.y_ndim, len(shape)), shape)
 
     def share_shapes(self) -> list[list[int]]:
         """The shape of each input as this worker reads it."""
@@ -205,13 +216,11 @@ class _Data:
             raise ValueError(f"{self.what}: y={type(y).__name__} was given with a "
                              "tf.data.Dataset; the dataset yields (x, y) pairs, so leave y out")
         spec = ds.element_spec
-        if not isinstance(spec, tuple) or len(spec) != 2:
-            extra = (" (x, y, sample_weight): sample weights are not supported by the "
-                     "runtime's loss" if isinstance(spec, tuple) and len(spec) == 3 else "")
-            raise ValueError(f"{self.what}: the dataset yields {_describe_spec(spec)}{extra}; "
-                             "fit needs (x, y) pairs of global batches, e.g. "
-                             "tf.data.Dataset.from_tensor_slices((x, y)).batch(B, "
-                             "drop_remainder=True)")
+        if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+            raise ValueError(f"{self.what}: the dataset yields {_describe_spec(spec)}; "
+                             "fit needs (x, y) pairs or (x, y, sample_weight) triples of "
+                             "global batches, e.g. tf.data.Dataset.from_tensor_slices((x, "
+                             "y)).batch(B, drop_remainder=True)")
         self.dataset = ds
         card = int(ds.cardinality().numpy())
         first = tf.nest.flatten(spec[1])[0].shape
@@ -219,7 +228,7 @@ class _Data:
         self.num_batches = card if card >= 0 and static else None
         self._set_shares(first.rank or 1)
 
-    def _init_arrays(self, x: Any, y: Any) -> None:
+    def _init_arrays(self, x: Any, y: Any, sample_weight: Any) -> None:
         if y is None:
             raise ValueError(f"{self.what}: no targets; pass y=<array> with x, or a "
                              "tf.data.Dataset of (x, y) pairs")
@@ -240,6 +249,12 @@ class _Data:
                              "input specs of a smaller batch")
         self.num_batches = n // self.batch
         self._set_shares(self.y.ndim)
+        if sample_weight is not None:
+            self.w = np.asarray(sample_weight, dtype=np.float32)
+            if self.w.ndim == 0 or self.w.shape != self.y.shape[:self.w.ndim]:
+                raise ValueError(f"{self.what}: sample_weight has shape "
+                                 f"{list(self.w.shape)}, y {list(self.y.shape)}: give one "
+                                 f"weight per example (shape [{n}]) or per target element")
         dropped = n - self.num_batches * self.batch
         if dropped:
             logging.warning("%s: %d examples make %d global batches of %d; the last %d "
@@ -258,12 +273,15 @@ class _Data:
             idx = order[k * self.batch:(k + 1) * self.batch]
             yield (self.signature.flatten([_take(v, idx, share) for v, share in
                                            zip(self.xs, self.shares)], self.share_shapes()),
-                   _take(self.y, idx, self.y_share((self.batch,) + self.y.shape[1:])))
+                   _take(self.y, idx, self.y_share((self.batch,) + self.y.shape[1:])),
+                   None if self.w is None else
+                   _take(self.w, idx, self.w_share((self.batch,) + self.w.shape[1:])))
 
     def _dataset_batches(self, skip: int) -> Iterator[tuple[list, np.ndarray]]:
         ds = self.dataset.skip(skip) if skip else self.dataset
         whole = "global batch" if self.rows == self.batch else "worker's share of a batch"
-        for x, y in ds.as_numpy_iterator():
+        for element in ds.as_numpy_iterator():
+            x, y, w = element if len(element) == 3 else (*element, None)
             rows = len(np.asarray(y))
             if rows < self.rows:
                 if not self.noted:
@@ -279,12 +297,13 @@ class _Data:
                                  f"batch it with .batch({self.rows}), or parallelize again "
                                  f"with input specs of batch {rows}")
             if self.worker_pipelines:   # already this worker's rows
-                yield self.signature.flatten(x, self.share_shapes()), np.asarray(y)
+                yield self.signature.flatten(x, self.share_shapes()), np.asarray(y), w
             else:
                 xs = self.signature.flatten(x)
                 y = np.asarray(y)
                 yield ([_cut(v, share) for v, share in zip(xs, self.shares)],
-                       _cut(y, self.y_share(y.shape)))
+                       _cut(y, self.y_share(y.shape)),
+                       None if w is None else _cut(w, self.w_share(np.shape(w))))
 
 
 def _cut(v: Any, share: Any) -> np.ndarray:
@@ -715,13 +734,14 @@ def _callback_arrays(path: str) -> dict[str, np.ndarray]:
 # ---- fit and evaluate -------------------------------------------------------------------------
 
 def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
-             steps: int | None = None) -> float:
-    """The mean loss over the global batches of ``x``/``y`` (or of a dataset of (x, y)
-    batches; at most ``steps``), forward only: nothing is updated (``Runtime.forward_loss``). The
+             steps: int | None = None, sample_weight: Any = None) -> float:
+    """The mean loss over the global batches of ``x``/``y`` (or of a dataset of (x, y[,
+    sample_weight]) batches; at most ``steps``), weighted by ``sample_weight`` as Keras
+    weighs it, forward only: nothing is updated (``Runtime.forward_loss``). The
     graph is the ParallelModel's mode: in training mode dropout is on, as in its training
     steps (Keras's ``evaluate`` runs the inference graph)."""
     return _validate(pm, _Data(pm, x, y, batch_size, shuffle=False, seed=0,
-                               what="evaluate data"), steps)
+                               what="evaluate data", sample_weight=sample_weight), steps)
 
 
 def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:
@@ -790,7 +810,8 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         shuffle: bool = True, seed: int = 0, initial_epoch: int = 0,
         steps_per_epoch: int | None = None, checkpoint_dir: str | None = None,
         checkpoint_every: int | None = None, keep: int = 3, resume: bool = False,
-        resume_from: str | None = None, tensorboard: str | None = None) -> Any:
+        resume_from: str | None = None, tensorboard: str | None = None,
+        sample_weight: Any = None) -> Any:
     """Train ``pm`` as Keras's ``Model.fit`` does (module docstring); returns the History.
 
     ``checkpoint_dir``: write checkpoints there at each epoch end and, with
@@ -798,7 +819,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     continue from the newest checkpoint in ``checkpoint_dir`` when there is one (start
     afresh otherwise, as Keras's BackupAndRestore); ``resume_from=PATH``: from that
     checkpoint (or the newest under that directory), which must exist. ``tensorboard``:
-    a log directory for :class:`TensorBoardScalars`. ``verbose``: 0 silent, 1 or "auto" a
+    a log directory for :class:`TensorBoardScalars`. ``sample_weight``: with arrays, the
+    loss's weight of each example (or target element), as Keras's ``fit`` takes it; a
+    dataset yields ``(x, y, sample_weight)`` triples instead. ``verbose``: 0 silent, 1 or "auto" a
     progress bar (Keras's ProgbarLogger; on the chief worker only), 2 one line per epoch.
     """
     if epochs < 1 or initial_epoch < 0:
@@ -820,10 +843,13 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         checkpoint_dir, checkpoint_every, resume = backup[:3]
     user_callbacks = _check_callbacks(callbacks)
     rt = pm.runtime
-    data = _Data(pm, x, y, batch_size, shuffle, seed)
-    val = (None if validation_data is None else
-           _Data(pm, *_split_validation(validation_data), batch_size, False, 0,
-                 what="validation data"))
+    data = _Data(pm, x, y, batch_size, shuffle, seed, sample_weight=sample_weight)
+    if validation_data is None:
+        val = None
+    else:
+        vx, vy, vw = _split_validation(validation_data)
+        val = _Data(pm, vx, vy, batch_size, False, 0, what="validation data",
+                    sample_weight=vw)
     view = CallbackModel(pm)
     chief = view.is_chief
     if checkpoint_dir:
@@ -902,7 +928,8 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
             start = time.perf_counter()
             failed: StepError | None = None
             try:
-                loss = rt.train_step(*batch, worker_share=data.cut)
+                loss = rt.train_step(batch[0], batch[1], worker_share=data.cut,
+                                     sample_weight=batch[2])
             except StepError as e:
                 if "not finite" not in str(e):
                     raise
@@ -975,22 +1002,22 @@ def _backup_and_restore(callbacks: Any, checkpoint_dir: str | None,
     return rest, (cb.backup_dir, every, True, bool(cb.delete_checkpoint))
 
 
-def _split_validation(validation_data: Any) -> tuple[Any, Any]:
+def _split_validation(validation_data: Any) -> tuple[Any, Any, Any]:
     if isinstance(validation_data, tf.data.Dataset):
-        return validation_data, None
-    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
-        return validation_data[0], validation_data[1]
-    raise ValueError("validation_data: give (x_val, y_val) or a tf.data.Dataset of (x, y) "
+        return validation_data, None, None
+    if isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):
+        return (*validation_data, None)[:3]
+    raise ValueError("validation_data: give (x_val, y_val), (x_val, y_val, "
+                     "sample_weight_val) or a tf.data.Dataset of (x, y[, sample_weight]) "
                      f"global batches, got {type(validation_data).__name__}"
                      + (f" of {len(validation_data)}" if isinstance(validation_data,
-                                                                    (tuple, list)) else "")
-                     + " (sample weights are not supported)")
+                                                                    (tuple, list)) else ""))
 
 
 def _validate(pm: Any, val: _Data, steps: int | None) -> float:
     total, count = 0.0, 0
-    for xs, yb in val.batches(0, 0):
-        total += pm.runtime.forward_loss(xs, yb, worker_share=val.cut)
+    for xs, yb, wb in val.batches(0, 0):
+        total += pm.runtime.forward_loss(xs, yb, worker_share=val.cut, sample_weight=wb)
         count += 1
         if steps is not None and count >= steps:
             break

@@ -86,10 +86,11 @@ class ParallelModel:
         return self.runtime.num_devices
 
     # the runtime's operations
-    def train_step(self, x: Any, y: Any) -> float:
+    def train_step(self, x: Any, y: Any, sample_weight: Any = None) -> float:
         """One optimizer step on the global batch; returns the loss (see Runtime.train_step).
-        ``x`` in any form Keras accepts for the model (module docstring)."""
-        return self.runtime.train_step(self.inputs.flatten(x), y)
+        ``x`` in any form Keras accepts for the model (module docstring); ``sample_weight``
+        weighs the loss as Keras's ``train_on_batch`` does."""
+        return self.runtime.train_step(self.inputs.flatten(x), y, sample_weight=sample_weight)
 
     def predict(self, x: Any, *, batch_size: int | None = None,
                 steps: int | None = None) -> Any:
@@ -107,18 +108,20 @@ class ParallelModel:
         return self.runtime.predict(self.inputs.flatten(x))
 
     def evaluate(self, x: Any, y: Any = None, *, batch_size: int | None = None,
-                 steps: int | None = None) -> float:
+                 steps: int | None = None, sample_weight: Any = None) -> float:
         """The global loss on the batch, without an optimizer step (training mode: the
         forward pass still advances the dropout seeds and moving statistics).
 
         Given a ``tf.data.Dataset`` of (x, y) global batches, or arrays of more examples
         than one global batch: the mean loss over the global batches (at most ``steps``),
-        forward only, nothing updated (``tapas.execution.fit.evaluate``)."""
-        if isinstance(x, tf.data.Dataset) or (
+        forward only, nothing updated (``tapas.execution.fit.evaluate``); so is the
+        loss weighted by ``sample_weight`` (Keras's weighting)."""
+        if isinstance(x, tf.data.Dataset) or sample_weight is not None or (
                 y is not None and np.ndim(y) > 0
                 and len(y) != int(self.inputs.specs[0].shape[0])):
             from tapas.execution import fit as fit_mod
-            return fit_mod.evaluate(self, x, y, batch_size=batch_size, steps=steps)
+            return fit_mod.evaluate(self, x, y, batch_size=batch_size, steps=steps,
+                                    sample_weight=sample_weight)
         return self.runtime.evaluate(self.inputs.flatten(x), y)[1]
 
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:

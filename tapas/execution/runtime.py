@@ -201,6 +201,7 @@ class Runtime:
         # collectives the runtime adds for the loss: (function, kind, global bytes)
         self.loss_comms: list[tuple[str, str, int]] = []
         self.loss_plan: losses.LossPlan | None = None   # set for each batch's targets
+        self.weight_placement: Any = Replica()           # and its sample weights
 
     # -- building blocks ------------------------------------------------------------------
 
@@ -337,13 +338,18 @@ class Runtime:
             all_gather=lambda x: self._loss_all_gather(x, len(x.shape) - 1),
             all_reduce=self._loss_all_reduce)
 
-    def _local_loss(self, out: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, bool]:
+    def _local_loss(self, out: tf.Tensor, target: Any) -> tuple[tf.Tensor, bool]:
         """(this replica's share of the global loss, whether shares must be summed).
+
+        ``target``: the local targets, or ``(targets, sample weights)`` (Keras's
+        weighting: the per-example values times the weights; the mean over the values, or
+        over the weights' global sum for ``mean_with_sample_weight``).
 
         The reduction is done here, not by ``Loss.__call__``: inside a replica context Keras
         divides the loss by the number of replicas (tf.distribute's sum-of-replica-losses
         convention), which is not this runtime's convention.
         """
+        y, weight = target if isinstance(target, tuple) else (target, None)
         p = self.output_placements[0]
         plan = self.loss_plan
         activation = (getattr(self.program, "output_activations", None) or (None,))[0]
@@ -366,9 +372,17 @@ class Runtime:
                     out = _ACTIVATIONS[activation](logits)
                     out._keras_logits = logits
             per_example = self.loss.call(y, out)
-        total = tf.size(per_example)
+        total = tf.cast(tf.size(per_example), per_example.dtype)
         if plan.partial:
             total = total * self.num_devices
+        if weight is not None:   # Keras: the values times the weights, expanded to their rank
+            w = tf.cast(weight, per_example.dtype)
+            if self.loss.reduction == "mean_with_sample_weight":   # over the weights' sum
+                total = tf.reduce_sum(w)
+                if isinstance(self.weight_placement, Split):   # each weight on one replica
+                    total = self._loss_all_reduce(total)
+            w = tf.reshape(w, w.shape.as_list() + [1] * (per_example.shape.rank - w.shape.rank))
+            per_example = per_example * w
         loss = tf.reduce_sum(per_example)
         if self.loss.reduction != "sum":
             loss = tf.math.divide_no_nan(loss, tf.cast(total, loss.dtype))
@@ -460,7 +474,8 @@ class Runtime:
             self.iterations.assign_add(1)
             return tf.identity(local_losses[0])
 
-    def _prepare(self, xs: Any, y: Any, worker_share: bool = False) -> tuple[Any, Any]:
+    def _prepare(self, xs: Any, y: Any, worker_share: bool = False,
+                 sample_weight: Any = None) -> tuple[Any, Any]:
         if self.loss is None:
             raise ValueError("this runtime has no loss: pass loss=<keras loss> to train")
         if getattr(self.loss, "reduction", None) not in _REDUCTIONS or not hasattr(self.loss,
@@ -475,9 +490,30 @@ class Runtime:
         y = np.asarray(y)
         self.loss_plan = self._loss_plan(y)
         tp = Replica() if self.loss_plan.target_axis is None else Split(self.loss_plan.target_axis)
-        dist_y = self._distribute([y], [tp], worker_share)
-        return self._distribute(xs, self.input_placements, worker_share), \
-            (dist_y[0] if isinstance(dist_y, tuple) else dist_y)
+        dist_x = self._distribute(xs, self.input_placements, worker_share)
+        if sample_weight is None:
+            dist_y = self._distribute([y], [tp], worker_share)
+            return dist_x, (dist_y[0] if isinstance(dist_y, tuple) else dist_y)
+        w = self._check_weights(sample_weight, y)
+        self.weight_placement = self.sample_weight_placement(y.ndim, w.ndim)
+        return dist_x, self._distribute([y, w], [tp, self.weight_placement], worker_share)
+
+    def sample_weight_placement(self, y_ndim: int, w_ndim: int) -> Any:
+        """Sample weights of rank ``w_ndim`` follow the targets' placement
+        (:meth:`target_placement`) on the axes they have; else they are replicated."""
+        tp = self.target_placement(y_ndim)
+        return tp if isinstance(tp, Split) and tp.axis < w_ndim else Replica()
+
+    def _check_weights(self, sample_weight: Any, y: np.ndarray) -> np.ndarray:
+        """Sample weights as float32, with a shape that leads the targets' (Keras: one per
+        example, or per target element)."""
+        w = np.asarray(sample_weight, dtype=np.float32)
+        if w.ndim == 0 or w.ndim > y.ndim or w.shape != y.shape[:w.ndim]:
+            raise ValueError(f"sample_weight has shape {list(w.shape)}, the targets "
+                             f"{list(y.shape)}: give one weight per example (shape "
+                             f"{list(y.shape[:1])}) or per target element (a leading part "
+                             f"of {list(y.shape)})")
+        return w
 
     def _call(self, key: str, fn: Callable, *args: Any) -> Any:
         """Run one tf.function, timing its first call (the trace)."""
@@ -540,7 +576,8 @@ class Runtime:
                                  args=(xs, y, self._dist_vars, self.states.dist))
         return self.strategy.experimental_local_results(loss)[0]
 
-    def forward_loss(self, xs: Any, y: Any, *, worker_share: bool = False) -> float:
+    def forward_loss(self, xs: Any, y: Any, *, worker_share: bool = False,
+                     sample_weight: Any = None) -> float:
         """The global loss on the batch, forward only: no gradients, and the program's
         writes (advanced seeds, moving statistics) are not assigned, so nothing changes
         (validation in ``tapas.execution.fit``; the graph is the program's mode).
@@ -548,21 +585,23 @@ class Runtime:
         if not hasattr(self, "_loss_fn"):
             self._loss_fn = tf.function(self._loss_only, autograph=False)
         return float(self._call("loss", self._loss_fn,
-                                *self._prepare(xs, y, worker_share)).numpy())
+                                *self._prepare(xs, y, worker_share, sample_weight)).numpy())
 
-    def train_step(self, xs: Any, y: Any, *, worker_share: bool = False) -> float:
+    def train_step(self, xs: Any, y: Any, *, worker_share: bool = False,
+                   sample_weight: Any = None) -> float:
         """One optimizer step on the global batch ``(xs, y)``; returns the global loss.
 
         ``worker_share=True``: ``xs`` and ``y`` are only this worker's shares of the global
         batch (:meth:`worker_share` of each input's placement and of
         :meth:`target_placement`), as a per-worker input pipeline reads them under
         ``MultiWorkerMirroredStrategy``; with every replica in this process they are the
-        global batch.
+        global batch. ``sample_weight``: Keras's per-example (or per target element)
+        weights of the loss, placed like the targets.
 
         All or nothing: on failure (e.g. a non-finite loss) raises :class:`StepError` and
         leaves weights, slots and the step counter unchanged.
         """
-        dist_x, dist_y = self._prepare(xs, y, worker_share)
+        dist_x, dist_y = self._prepare(xs, y, worker_share, sample_weight)
         try:
             loss = self._call("train_step", self._train_fn, dist_x, dist_y)
         except tf.errors.InvalidArgumentError as e:
