@@ -188,11 +188,14 @@ def format_inspect(r: dict[str, Any]) -> str:
 def _capture_flags_model() -> tuple[ir.Graph, Any, float]:
     """Load --model and capture it: (IR graph, the Trace, IR-conversion seconds)."""
     from tapas import capturing
+    from tapas.progress import ProgressBar
     loaded = load_model(FLAGS.model, FLAGS.batch_size)
-    trace = capturing.trace(loaded.model, loaded.specs, training=bool(FLAGS.training),
-                            name=loaded.name)
+    with ProgressBar(f"tracing '{loaded.name}'").ticking():
+        trace = capturing.trace(loaded.model, loaded.specs, training=bool(FLAGS.training),
+                                name=loaded.name)
     start = time.perf_counter()
-    graph = capturing.to_ir(trace)
+    with ProgressBar("reading the graph: ops").ticking() as bar:
+        graph = capturing.to_ir(trace, progress=bar.update)
     return graph, trace, time.perf_counter() - start
 
 
@@ -218,13 +221,21 @@ def cmd_mine() -> dict[str, Any]:
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes from "
           f"{len(trace.graph.get_operations()):,} TF ops in {capture_s:.3f} s")
 
+    from tapas.progress import ProgressBar
+    bar = ProgressBar("mining")
+
     def progress(level: Any) -> None:
-        logging.info("mining round %d, level %d: %d candidates, %d frequent (%.3f s)",
+        logging.vlog(1, "mining round %d, level %d: %d candidates, %d frequent (%.3f s)",
                      level.round, level.level, level.candidates, level.frequent, level.seconds)
+        bar.update(0, None, f"round {level.round}, level {level.level}: "
+                                      f"{level.candidates:,} candidates, "
+                                      f"{level.frequent:,} frequent")
 
     try:
-        folded = mining.mine(graph, min_support=FLAGS.min_support,
-                           min_size=FLAGS.min_size or mining.DEFAULT_MIN_SIZE, progress=progress)
+        with bar.ticking():
+            folded = mining.mine(graph, min_support=FLAGS.min_support,
+                                 min_size=FLAGS.min_size or mining.DEFAULT_MIN_SIZE,
+                                 progress=progress)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     print(folded.summary())
@@ -242,29 +253,27 @@ def cmd_mine() -> dict[str, Any]:
 # ---- search ----------------------------------------------------------------------------------
 
 class SearchProgress:
-    """A ``progress`` callback for ``tapas.search`` that shows the phase, the steps done of
-    its total and the candidates generated so far on stderr: one line rewritten in place on
-    a terminal, one line per report otherwise (the search reports every 2 s at most, so a
-    fast search prints nothing). ``close()`` ends the terminal line."""
+    """A ``progress`` callback for ``tapas.search``: a :class:`tapas.progress.ProgressBar`
+    on stderr showing the phase, the steps done of its total, the candidates generated so
+    far and an ETA for the phase (the search reports every 2 s at most, so a fast search
+    shows nothing; nothing off a terminal). ``close()`` clears the line."""
 
-    def __init__(self, start: float, stream: Any = None) -> None:
-        self.start = start
-        self.stream = sys.stderr if stream is None else stream
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.shown = False
+    def __init__(self, start: float, stream: Any = None, enabled: bool | None = None) -> None:
+        from tapas.progress import ProgressBar
+        self.bar = ProgressBar("search", stream=stream, delay=0.0, enabled=enabled,
+                               clock=time.perf_counter)
+        self.bar.start = self.bar._phase_start = start
+        self.phase = ""
 
     def __call__(self, phase: str, done: int, total: int, candidates: int) -> None:
         unit = "templates" if phase.endswith("enumeration") else "GraphNodes"
-        line = (f"search {phase}: {done}/{total} {unit}, {candidates:,} candidates, "
-                f"{time.perf_counter() - self.start:.1f} s")
-        self.stream.write(("\r" + line.ljust(100)) if self.tty else line + "\n")
-        self.stream.flush()
-        self.shown = True
+        if phase != self.phase:
+            self.phase = phase
+            self.bar.phase(f"search {phase}:", total)
+        self.bar.update(done, total, f"{unit}, {candidates:,} candidates")
 
     def close(self) -> None:
-        if self.tty and self.shown:
-            self.stream.write("\n")
-            self.stream.flush()
+        self.bar.close()
 
 
 def cmd_search() -> dict[str, Any]:

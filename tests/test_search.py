@@ -316,10 +316,15 @@ def test_progress_reports_steps_and_candidates(monkeypatch):
     assert all(0 <= done <= total and cand >= 0 for _, done, total, cand in stitched)
     assert stitched[-1][3] > stitched[0][3] >= 0          # candidates keep counting
     out = io.StringIO()
-    show = SearchProgress(0.0, out)
+    show = SearchProgress(0.0, out, enabled=True)
     show("stitching", 3, 10, 12345)
+    drawn = out.getvalue()
     show.close()
-    assert "search stitching: 3/10 GraphNodes, 12,345 candidates" in out.getvalue()
+    assert "search stitching: [" in drawn and "3/10 GraphNodes, 12,345 candidates" in drawn
+    assert "ETA" in drawn and out.getvalue().endswith("\r")   # the line cleared
+    quiet = io.StringIO()   # not a terminal: nothing
+    SearchProgress(0.0, quiet)("stitching", 3, 10, 12345)
+    assert quiet.getvalue() == ""
 
 
 def test_constant_filter_keeps_masks_replicated_and_the_frontier_small():

@@ -26,7 +26,7 @@ import dataclasses
 import gc
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -406,25 +406,30 @@ def _trace_function(fn: Any, input_spec: Any, batch_size: int | None):
 
 # ---- reading the tf.Graph ----------------------------------------------------------------
 
-def to_ir(t: Trace) -> ir.Graph:
-    """Read the traced ``tf.Graph`` into op records and group them into GraphNodes."""
+def to_ir(t: Trace, progress: Callable[[int, int], None] | None = None) -> ir.Graph:
+    """Read the traced ``tf.Graph`` into op records and group them into GraphNodes;
+    ``progress(done, total)`` is told the ops read so far (every 1,000)."""
     # Both passes allocate many small objects that all live to the end: pausing the
     # cyclic garbage collector meanwhile saves its repeated full scans.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return grouping.group_ops(raw_graph(t))
+        return grouping.group_ops(raw_graph(t, progress))
     finally:
         if enabled:
             gc.enable()
 
 
-def raw_graph(t: Trace) -> grouping.RawGraph:
+def raw_graph(t: Trace, progress: Callable[[int, int], None] | None = None
+              ) -> grouping.RawGraph:
     """The traced graph as plain records (no TF objects), ready for grouping."""
     graph = t.graph
     ops = []
     control: dict[str, tuple[str, ...]] = {}
-    for op in graph.get_operations():
+    every = graph.get_operations()
+    for k, op in enumerate(every):
+        if progress is not None and k % 1000 == 0:
+            progress(k, len(every))
         node_def = op.node_def
         attrs = {}
         for key, value in node_def.attr.items():

@@ -21,6 +21,7 @@ clean-up of every worker) and prints worker 0's report.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -395,6 +396,7 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
     import keras
 
     from tapas.execution import fit as fit_mod
+    from tapas.progress import ProgressBar
     if opts.data:
         try:
             if opts.data.endswith(".npz"):
@@ -412,7 +414,11 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
         report["resumed_from"] = found
         say(f"\nresuming from {found}" if found else
             f"\nno checkpoint in {opts.checkpoint_dir} yet: starting from the beginning")
-    say(f"\n{'epoch':>5} {'step':>6} {'loss':>12} {'seconds':>9}")
+    # on a terminal, a progress bar per epoch (ETA) instead of a line per step
+    bar = ProgressBar("epoch", delay=0.0) if pm.runtime.task_id == 0 else None
+    if bar is None or not bar.enabled:
+        bar = None
+        say(f"\n{'epoch':>5} {'step':>6} {'loss':>12} {'seconds':>9}")
     losses: list[float] = []
     step_times: list[float] = []
     state = {"epoch": 0}
@@ -420,23 +426,32 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
     class Printer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             state["epoch"] = epoch
+            if bar is not None:
+                bar.phase(f"epoch {epoch + 1}/{epochs}", (self.params or {}).get("steps"))
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             info = self.model.last_step
             losses.append(info["loss"])
             step_times.append(info["seconds"])
+            if bar is not None:
+                bar.update(batch + 1, detail=f"step {info['step']}, loss {info['loss']:.6f}")
+                return
             say(f"{state['epoch'] + 1:>5} {info['step']:>6} {info['loss']:>12.6f} "
                 f"{info['seconds']:>9.3f}")
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if bar is not None:
+                bar.close()
             say(f"epoch {epoch + 1}/{epochs}: " + ", ".join(f"{k} {v:.6f}" for k, v in
                                                           (logs or {}).items()))
 
     try:
-        history = pm.fit(x, targets, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                         verbose=0, callbacks=[Printer()], checkpoint_dir=opts.checkpoint_dir,
-                         checkpoint_every=opts.checkpoint_every, resume=opts.resume,
-                         tensorboard=opts.tensorboard)
+        with bar or contextlib.nullcontext():
+            history = pm.fit(x, targets, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                             verbose=0, callbacks=[Printer()],
+                             checkpoint_dir=opts.checkpoint_dir,
+                             checkpoint_every=opts.checkpoint_every, resume=opts.resume,
+                             tensorboard=opts.tensorboard)
     except (ValueError, FileNotFoundError, fit_mod.WorkerLostError, tf_errors()) as e:
         raise TrainError(str(e)) from None
     report.update({"losses": losses, "step_seconds": step_times, "epochs": epochs,
