@@ -495,6 +495,44 @@ def check_weighted_steps() -> dict[str, Any]:
     return out
 
 
+def check_inference_mode() -> dict[str, Any]:
+    """A model with dropout and batch norm, trained in training mode: its ``val_loss`` and
+    ``evaluate`` run the inference graph (``ParallelModel.for_inference``) on the trained
+    weights, as Keras's do; random plans whose inference graph (Dense and batch norm fused
+    into one GraphNode) cannot keep every weight where training keeps it."""
+    def dropout_bn() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((6,), name="x")
+        h = keras.layers.Dense(8, activation="relu", name="h")(inp)
+        h = keras.layers.BatchNormalization(name="bn")(keras.layers.Dropout(0.5, name="drop")(h))
+        return keras.Model(inp, keras.layers.Dense(3, name="o")(h))
+
+    spec = tf.TensorSpec([B, 6])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 6)).astype("float32")
+    y = rng.standard_normal((32, 3)).astype("float32")
+    ref = dropout_bn()
+    ref.compile(keras.optimizers.SGD(0.1), keras.losses.MeanSquaredError(), jit_compile=False)
+    rh = ref.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0, validation_data=(x, y))
+    out: dict[str, Any] = {}
+    for seed in (0, 2):
+        plan = parallel.random_plan(capturing.capture(dropout_bn(), spec, training=True), N,
+                                    seed)
+        pm = parallel.parallelize(dropout_bn(), spec, plan, devices=N, learning_rate=0.1,
+                                  loss=keras.losses.MeanSquaredError())
+        h = pm.fit(x, y, epochs=2, shuffle=False, verbose=0, validation_data=(x, y))
+        inf = pm.for_inference()
+        out[f"seed {seed}"] = {
+            "loss": close(h.history["loss"], rh.history["loss"]),
+            "val_loss": close(h.history["val_loss"], rh.history["val_loss"]),
+            "evaluate": close(pm.evaluate(x, y), ref.evaluate(x, y, batch_size=B, verbose=0)),
+            "separate": inf is not pm and not inf.training,
+            "resynced": inf.runtime.resynced,
+            "shared": sum(inf.runtime._vars[r][p] is pm.runtime._vars[r][p]
+                          for r in pm.runtime.local_replicas for p in pm.runtime.paths)}
+    return out
+
+
 def fit_task() -> int:
     cfg = devices.tf_config()
     return int(cfg["task"]["index"]) if cfg else 0
@@ -502,5 +540,6 @@ def fit_task() -> int:
 
 if __name__ == "__main__":
     run_checks({"keras": check_keras, "resume": check_resume, "workers": check_workers,
-                "weighted": check_weighted_steps}, JOB["checks"])
+                "weighted": check_weighted_steps, "inference": check_inference_mode},
+               JOB["checks"])
     finish()

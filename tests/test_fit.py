@@ -30,7 +30,8 @@ WORKER = os.path.join(ROOT, "tests", "fit_worker.py")
 def two(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("fit"))
     (res,) = run_worker(WORKER, {"devices": 2, "dir": d,
-                                 "checks": ["keras", "resume", "weighted"]}, 1, 300.0)
+                                 "checks": ["keras", "resume", "weighted", "inference"]},
+                        1, 300.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
     return res
@@ -105,6 +106,18 @@ def test_weighted_steps_equal_keras_train_on_batch(two: dict) -> None:
     assert len(cases) == 6   # 2 plans x 3 reductions
     for name, v in cases.items():
         assert v["loss"]["ok"] and v["weights"]["ok"], (name, v)
+
+
+def test_val_loss_and_evaluate_run_in_inference_mode_as_keras(two: dict) -> None:
+    """Dropout + batch norm: training-mode steps, inference-mode validation (the same
+    weight shards, a copy of those the inference plan must place otherwise)."""
+    for seed, r in two["inference"].items():
+        if seed == "check":
+            continue
+        for key in ("loss", "val_loss", "evaluate"):
+            assert r[key]["ok"], (seed, key, r[key])
+        assert r["separate"] and r["shared"] > 0, (seed, r)
+    assert two["inference"]["seed 0"]["resynced"]   # this plan needs copies
 
 
 def test_early_stopping_restores_the_best_weights_as_keras(two: dict) -> None:

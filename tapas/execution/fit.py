@@ -737,10 +737,12 @@ def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
              steps: int | None = None, sample_weight: Any = None) -> float:
     """The mean loss over the global batches of ``x``/``y`` (or of a dataset of (x, y[,
     sample_weight]) batches; at most ``steps``), weighted by ``sample_weight`` as Keras
-    weighs it, forward only: nothing is updated (``Runtime.forward_loss``). The
-    graph is the ParallelModel's mode: in training mode dropout is on, as in its training
-    steps (Keras's ``evaluate`` runs the inference graph)."""
-    return _validate(pm, _Data(pm, x, y, batch_size, shuffle=False, seed=0,
+    weighs it, forward only: nothing is updated (``Runtime.forward_loss``). In inference
+    mode, as Keras's ``evaluate``: a training-mode ParallelModel evaluates with
+    ``pm.for_inference()`` (dropout off, batch norm's moving statistics; the same
+    weights)."""
+    ev = pm.for_inference()
+    return _validate(ev, _Data(ev, x, y, batch_size, shuffle=False, seed=0,
                                what="evaluate data", sample_weight=sample_weight), steps)
 
 
@@ -847,9 +849,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     if validation_data is None:
         val = None
     else:
-        vx, vy, vw = _split_validation(validation_data)
-        val = _Data(pm, vx, vy, batch_size, False, 0, what="validation data",
-                    sample_weight=vw)
+        vx, vy, vw = _split_validation(validation_data)   # in inference mode, as Keras
+        val = _Data(pm.for_inference(), vx, vy, batch_size, False, 0,
+                    what="validation data", sample_weight=vw)
     view = CallbackModel(pm)
     chief = view.is_chief
     if checkpoint_dir:
@@ -961,7 +963,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                              f"{data.batch}")
         epoch_logs = {"loss": state.loss_sum / state.loss_count}
         if val is not None:
-            epoch_logs["val_loss"] = _validate(pm, val, validation_steps)
+            epoch_logs["val_loss"] = _validate(pm.for_inference(), val, validation_steps)
         cbs.on_epoch_end(epoch, epoch_logs)
         state.epoch, state.step_in_epoch = epoch + 1, 0
         state.loss_sum, state.loss_count = 0.0, 0
@@ -1015,6 +1017,7 @@ def _split_validation(validation_data: Any) -> tuple[Any, Any, Any]:
 
 
 def _validate(pm: Any, val: _Data, steps: int | None) -> float:
+    pm.runtime.refresh()   # an inference program's own copies of weights: current values
     total, count = 0.0, 0
     for xs, yb, wb in val.batches(0, 0):
         total += pm.runtime.forward_loss(xs, yb, worker_share=val.cut, sample_weight=wb)

@@ -49,6 +49,36 @@ from tapas.planning.cost import Cluster
 
 __all__ = ["parallelize", "ParallelModel", "random_plan", "loss_object"]
 
+def matching_plan(graph: Any, num_devices: int, program: Any,
+                  names: Mapping[str, str] | None = None) -> Any:
+    """A plan of ``graph`` (another graph of the same model, e.g. its inference mode) that
+    keeps every weight where ``program`` keeps it: per GraphNode, among the patterns of
+    ``tapas.sharding.patterns.patterns_for`` that place each of its weights as
+    ``program.weight_layouts`` does, the one named as the GraphNode of the same name in
+    ``names`` (the other plan's choice), else the first such; a GraphNode without weights
+    takes that same-named pattern when it has one, else it is replicated, as is one none of
+    whose patterns keeps its weights (e.g. Dense and batch norm fused into one GraphNode
+    in inference mode: ``Runtime.sharing`` then keeps a copy of those weights).
+    Reconstruction reshards between any two choices, so the plan is valid."""
+    from tapas.execution import reconstruct
+    from tapas.planning.strategy import graph_digest
+    from tapas.sharding import patterns
+    from tapas.sharding.placements import parse_placement
+    names = dict(names or {})
+    layouts = program.weight_layouts
+    chosen = {}
+    for node in graph.nodes:
+        pats = patterns.patterns_for(node, graph, num_devices)
+        fits = [p for p in pats
+                if all(w.path not in layouts or parse_placement(p.weights[w.path])
+                       == parse_placement(layouts[w.path].placement) for w in node.weights)]
+        same = [p for p in fits if p.name == names.get(node.name)]
+        replicate = [p for p in pats if p.name == "replicate"]
+        rest = fits if node.weights and fits else replicate or fits or pats
+        chosen[node.id] = (same or rest)[0]
+    return reconstruct.Plan(num_devices, chosen, graph_digest=graph_digest(graph))
+
+
 def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7) -> Any:
     """A random valid plan: per GraphNode, one of ``tapas.sharding.patterns.patterns_for`` (a
     non-replicating one with probability ``p_shard`` when there is one). Reconstruction
@@ -80,10 +110,41 @@ class ParallelModel:
         self.strategy, self.program, self.runtime = strategy, program, rt
         self.timings = dict(timings)
         self.training = training
+        self._inference: ParallelModel | None = None   # for_inference(), built on demand
 
     @property
     def num_devices(self) -> int:
         return self.runtime.num_devices
+
+    def for_inference(self) -> ParallelModel:
+        """The ParallelModel that evaluates as Keras's ``evaluate`` and ``val_loss`` do: in
+        inference mode (dropout off, batch norm on its moving statistics). This one when it
+        already runs the inference graph, or when its training graph has neither dropout
+        nor batch statistics (the two graphs compute the same); otherwise the model's
+        inference-mode graph, planned to keep every weight where this program keeps it
+        (:func:`matching_plan`) and run on the *same* weight shards
+        (``Runtime.sharing``; a weight it must place otherwise is re-cut from this
+        program's values by ``runtime.refresh()`` before each evaluation), built once."""
+        if not self.training or not (getattr(self.program, "has_writes", False)
+                                     or getattr(self.program, "states", None)):
+            return self
+        if self._inference is None:
+            from tapas.execution import reconstruct
+            start = time.perf_counter()
+            timings: dict[str, float] = {}
+            trace, graph = _capture(self.model, self.inputs, False, timings)
+            plan = matching_plan(graph, self.num_devices, self.program, self.plan_patterns())
+            program = reconstruct.Program(trace, graph, plan)
+            rt = self.runtime.sharing(program, trace.input_specs)
+            timings["inference_program"] = time.perf_counter() - start
+            self._inference = ParallelModel(self.model, trace, graph, plan, program, rt,
+                                            timings, False, self.inputs)
+        return self._inference
+
+    def plan_patterns(self) -> dict[str, str]:
+        """The chosen pattern's name per GraphNode name."""
+        plan = self.program.plan
+        return {n.name: plan.pattern(n).name for n in self.graph.nodes}
 
     # the runtime's operations
     def train_step(self, x: Any, y: Any, sample_weight: Any = None) -> float:
@@ -109,20 +170,15 @@ class ParallelModel:
 
     def evaluate(self, x: Any, y: Any = None, *, batch_size: int | None = None,
                  steps: int | None = None, sample_weight: Any = None) -> float:
-        """The global loss on the batch, without an optimizer step (training mode: the
-        forward pass still advances the dropout seeds and moving statistics).
-
-        Given a ``tf.data.Dataset`` of (x, y) global batches, or arrays of more examples
-        than one global batch: the mean loss over the global batches (at most ``steps``),
-        forward only, nothing updated (``tapas.execution.fit.evaluate``); so is the
-        loss weighted by ``sample_weight`` (Keras's weighting)."""
-        if isinstance(x, tf.data.Dataset) or sample_weight is not None or (
-                y is not None and np.ndim(y) > 0
-                and len(y) != int(self.inputs.specs[0].shape[0])):
-            from tapas.execution import fit as fit_mod
-            return fit_mod.evaluate(self, x, y, batch_size=batch_size, steps=steps,
-                                    sample_weight=sample_weight)
-        return self.runtime.evaluate(self.inputs.flatten(x), y)[1]
+        """The loss, as Keras's ``evaluate``: on one global batch, or the mean over the
+        global batches of a ``tf.data.Dataset`` of (x, y[, sample_weight]) or of arrays of
+        more examples (at most ``steps``), weighted by ``sample_weight``; forward only,
+        nothing updated, in inference mode (``for_inference``: dropout off, batch norm's
+        moving statistics) on this program's weights (``tapas.execution.fit.evaluate``).
+        ``verify`` and ``runtime.evaluate`` check the program's own mode."""
+        from tapas.execution import fit as fit_mod
+        return fit_mod.evaluate(self, x, y, batch_size=batch_size, steps=steps,
+                                sample_weight=sample_weight)
 
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Train as Keras's ``Model.fit`` does, over arrays (any input form of the module
@@ -274,10 +330,11 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``training``: which graph the program runs, as ``model(x, training=...)`` would. True
     (the default, as ``model.fit``): the training-mode graph, with dropout drawing the
     single-device mask and batch norm normalising with the global batch's statistics and
-    updating its moving statistics (``tapas.execution.stateful``); every operation of the
-    ParallelModel (``train_step``, ``evaluate``, ``predict``, ``verify``) then runs in
-    training mode and advances the dropout seeds and moving statistics, as a Keras call with
-    ``training=True`` does. False: the inference graph (dropout off, moving statistics read
+    updating its moving statistics (``tapas.execution.stateful``); the ParallelModel's
+    ``train_step``, ``predict`` and ``verify`` then run in training mode and advance the
+    dropout seeds and moving statistics, as a Keras call with ``training=True`` does
+    (``evaluate`` and fit's validation run in inference mode, as Keras's do:
+    ``for_inference``). False: the inference graph (dropout off, moving statistics read
     and never updated). A plan (``Plan``, ``random_plan``) must be made on the graph of the
     same mode: ``tapas.capture(model, spec, training=training)``. None (the default):
     training mode, unless ``strategy`` was made on the inference graph (``tapas.capture``'s

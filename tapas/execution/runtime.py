@@ -62,6 +62,7 @@ How it maps onto TensorFlow:
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -202,6 +203,65 @@ class Runtime:
         self.loss_comms: list[tuple[str, str, int]] = []
         self.loss_plan: losses.LossPlan | None = None   # set for each batch's targets
         self.weight_placement: Any = Replica()           # and its sample weights
+
+    def sharing(self, program: Any, input_specs: Sequence[tf.TensorSpec]) -> Runtime:
+        """A runtime that runs another program of the same model (e.g. its inference-mode
+        graph) on *this* runtime's weights: the same shard variables where the program lays
+        a weight out as here, the same step counter and learning rate; its own collectives,
+        traced functions and seed states. A weight the program places otherwise gets shard
+        variables of its own (``resynced``), cut from this runtime's global value now and
+        again by :meth:`refresh`."""
+        other = copy.copy(self)
+        other.source, other.resynced = self, []
+        other.specs = dict(self.specs)
+        other._vars = {r: dict(v) for r, v in self._vars.items()}
+        for path, layout in program.weight_layouts.items():
+            if path not in self.specs:
+                raise ValueError(f"weight '{path}' of the other program is not one of this "
+                                 "runtime's: the programs come from different models")
+            spec, placement = self.specs[path], parse_placement(layout.placement)
+            if placement != spec.placement:
+                shape = spec.global_shape
+                self._check_divisible(f"weight '{path}'", shape, placement)
+                other.specs[path] = WeightLayout(path, shape, spec.dtype, placement,
+                                                 placement.local_shape(shape, self.num_devices),
+                                                 spec.trainable)
+                other.resynced.append(path)
+        values = self._global(self._vars, other.resynced) if other.resynced else {}
+        for r in self.local_replicas:
+            with tf.device(self._device[r]):
+                for k, path in enumerate(other.resynced):
+                    other._vars[r][path] = tf.Variable(
+                        other.specs[path].placement.shard(values[path], self.num_devices, r),
+                        trainable=False, name=f"resynced{k}_r{r}")
+        other._dist_vars = self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: other._vars[ctx.replica_id_in_sync_group])
+        other.program, other.input_specs = program, list(input_specs)
+        other.input_placements = [parse_placement(p) for p in program.input_placements]
+        other.output_placements = [parse_placement(p) for p in program.output_placements]
+        if self._collectives == self._default_collectives:   # record into its own audits
+            other._collectives = other._default_collectives
+        other.audits, other.trace_seconds, other.graphs, other.loss_comms = {}, {}, {}, []
+        other.loss_plan, other.weight_placement = None, Replica()
+        other.states = stateful.StateStore(getattr(program, "states", {}), self.strategy,
+                                           {r: self._device[r] for r in self.local_replicas})
+        for name in ("_loss_fn", "_evaluate_fn"):
+            other.__dict__.pop(name, None)
+        other._train_fn = tf.function(other._train_step, autograph=False)
+        other._predict_fn = tf.function(other._predict, autograph=False)
+        return other
+
+    def refresh(self) -> None:
+        """Re-cut the ``resynced`` weights from the source runtime's current values (a
+        runtime made by :meth:`sharing`; every worker must call it: it gathers)."""
+        source = getattr(self, "source", None)
+        if source is None or not self.resynced:
+            return
+        values = source._global(source._vars, self.resynced)
+        for r in self.local_replicas:
+            for p in self.resynced:
+                self._vars[r][p].assign(self.specs[p].placement.shard(values[p],
+                                                                      self.num_devices, r))
 
     # -- building blocks ------------------------------------------------------------------
 
