@@ -533,6 +533,24 @@ def check_inference_mode() -> dict[str, Any]:
     return out
 
 
+def check_long_fit() -> dict[str, Any]:
+    """Train for long (a worker of a cluster started by hand, TF_CONFIG set by the test),
+    printing ``STEP <n>`` after each step; another worker is killed meanwhile: the error
+    this worker ends with (a WorkerLostError naming the lost task, or none)."""
+    x, y = data()
+
+    class Steps(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            print(f"STEP {int(self.model.optimizer.iterations)}", flush=True)
+
+    pm = parallel_model("sgd", 0.05, "batch")
+    try:
+        pm.fit(x, y, epochs=100000, verbose=0, callbacks=[Steps()])
+        return {"lost": None}
+    except fit.WorkerLostError as e:
+        return {"lost": str(e)}
+
+
 def fit_task() -> int:
     cfg = devices.tf_config()
     return int(cfg["task"]["index"]) if cfg else 0
@@ -540,6 +558,7 @@ def fit_task() -> int:
 
 if __name__ == "__main__":
     run_checks({"keras": check_keras, "resume": check_resume, "workers": check_workers,
-                "weighted": check_weighted_steps, "inference": check_inference_mode},
+                "weighted": check_weighted_steps, "inference": check_inference_mode,
+                "long_fit": check_long_fit},
                JOB["checks"])
     finish()

@@ -81,6 +81,49 @@ def test_two_workers_read_their_shares_and_fit_equals_keras(tmp_path) -> None:
         assert r["evaluate"]["ok"], r["evaluate"]
 
 
+def test_a_lost_worker_ends_the_survivor_without_a_launcher(tmp_path) -> None:
+    """Workers started by hand (TF_CONFIG set here, no tapas launcher): worker 1 is killed
+    with SIGKILL while both train; worker 0 ends within 60 s with a WorkerLostError naming
+    task 1. Both processes are this test's and are ended by it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tapas.execution import launch
+    ports = launch.free_ports(2)
+    job = json.dumps({"devices": 2, "dir": str(tmp_path), "checks": ["long_fit"]})
+    procs = []
+    try:
+        for i in range(2):
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                       TF_CONFIG=launch.tf_config_for(ports, i))
+            procs.append(subprocess.Popen([sys.executable, WORKER, job], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        survivor, victim = procs
+        deadline = time.monotonic() + 240
+        line = ""
+        while not line.startswith("STEP 3") and time.monotonic() < deadline:
+            line = survivor.stdout.readline()
+            assert line or survivor.poll() is None, "worker 0 ended before training"
+        assert line.startswith("STEP 3"), "no training step within the deadline"
+        victim.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        out, _ = survivor.communicate(timeout=90)
+        waited = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    result = next(json.loads(l[len("RESULT "):]) for l in out.splitlines()
+                  if l.startswith("RESULT "))
+    assert waited < 60, waited
+    assert result.get("lost") and "task:1" in result["lost"], result
+    assert "resume" in result["lost"]
+
+
 def test_fit_on_a_dataset_of_dicts_and_evaluate_equal_keras(two: dict) -> None:
     r = two["keras"]
     assert r["dataset_loss"]["ok"], r["dataset_loss"]
