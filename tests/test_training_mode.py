@@ -258,6 +258,8 @@ def test_dropout_and_batch_norm_mlp_random_plans_on_2_devices(two_devices: dict)
     r = ok(two_devices["mlp"])
     for label in ("random:0", "random:1"):
         assert_equal_to_keras(r[label])
+        # verify also checked the inference graph on the trained weights (as evaluate runs)
+        assert r[label]["inference"]["ok"] and r[label]["inference"]["count"] == 2
         assert r[label]["states_count"] == 2
         assert [1, 4] in r[label]["state_values"].values()   # Dropout(seed=1): [1, 0] + 4 draws
     assert sum(r[k]["dropout_split"] for k in ("random:0", "random:1")) > 0

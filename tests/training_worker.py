@@ -75,6 +75,7 @@ def verified(pm: Any, x: Any, y: Any, steps: int) -> dict[str, Any]:
             **{k: {"ok": report[k]["ok"], "max_abs_diff": report[k]["max_abs_diff"]}
                for k in QUANTITIES},
             "states_count": report["states"]["count"], "audit": audit.matches,
+            "inference": report.get("inference"),
             "audit_table": audit.table(), "state_values": {k: v.tolist() for k, v in
                                                      pm.global_states().items()},
             "sharded": sum(1 for n in pm.graph.nodes

@@ -475,7 +475,9 @@ def _say_verify(check: dict[str, Any], say: Any) -> None:
         "weights):")
     say(f"  (the {check.get('mode', 'inference')}-mode graph; seed-generator states "
         f"{'equal' if check.get('states', {}).get('ok', True) else 'DIFFER'})")
-    for what in ("outputs", "loss", "gradients", "step_losses", "weights"):
+    for what in ("outputs", "loss", "gradients", "step_losses", "weights", "inference"):
+        if what not in check:   # inference: a training-mode model with dropout/batch norm,
+            continue            # checked in inference mode on the trained weights too
         r = check[what]
         worst = f"  (worst: {r['worst']})" if r.get("worst") else ""
         if r.get("ill_conditioned"):

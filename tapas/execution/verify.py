@@ -250,7 +250,10 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     ``pm.model`` as the reference. Both are called with ``training=pm.training``; in
     training mode each side runs one forward pass per batch and per step (dropout draws the
     same seeds in both), and the seed-generator states after the steps are compared too
-    (``states``: equal or not; the moving statistics are among the weights)."""
+    (``states``: equal or not; the moving statistics are among the weights). A
+    training-mode model with dropout or batch norm is then also checked in inference mode
+    (``inference``: ``pm.for_inference()``'s outputs and loss on the trained weights
+    against ``model(x, training=False)``), so one call verifies both modes."""
     rt = pm.runtime
     if int(rt.iterations.numpy()) != 0:
         raise RuntimeError("verify() compares from the initial state: call it before any "
@@ -265,9 +268,27 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     report["weights"] = _weights_after(pm, ref_g, report["gradients"]["max_abs_diff"])
     report["states"] = _states_after(pm)
     report["mode"] = "training" if pm.training else "inference"
-    report["ok"] = all(report[k]["ok"] for k in
-                       ("outputs", "loss", "gradients", "weights", "step_losses", "states"))
+    keys = ["outputs", "loss", "gradients", "weights", "step_losses", "states"]
+    inference = pm.for_inference()
+    if inference is not pm:   # and the inference graph on the trained weights, as evaluate
+        report["inference"] = _inference_after(inference, model, structure, xs, y)
+        keys.append("inference")
+    report["ok"] = all(report[k]["ok"] for k in keys)
     return report
+
+
+def _inference_after(inference: Any, model: Any, structure: Any, xs: list,
+                     y: Any) -> dict[str, Any]:
+    """After the steps: the inference-mode program (``ParallelModel.for_inference``, on the
+    trained weights) against ``model(x, training=False)``: outputs and loss."""
+    rt = inference.runtime
+    rt.refresh()
+    outs = rt.predict(xs)
+    outs = outs if isinstance(outs, list) else [outs]
+    ref = model(structure, training=False)
+    loss = rt.forward_loss(xs, y)
+    return _worst({"outputs": compare(outs[0], np.asarray(ref)),
+                   "loss": compare(loss, float(rt.loss(y, ref)))})
 
 
 def _first_batch(rt: Any, model: Any, call: Any, xs: list,
