@@ -361,31 +361,45 @@ def unwind(path: Any, n: int) -> list[int]:
 # Problems: the steps of a subset of the graph
 # =========================================================================================
 
-def producers(graph: Graph) -> Mapping[str, tuple[int, int]]:
-    """Tensor name -> (GraphNode id, output index) of the GraphNode producing it (cached
-    for the last few graphs, by identity: a search asks for it once per evaluated plan)."""
-    hit = _PRODUCERS.get(id(graph))
+def per_graph(cache: dict[int, tuple[Graph, Any]], graph: Graph,
+              build: Callable[[Graph], Any]) -> Any:
+    """``build(graph)``, cached in ``cache`` for the last few graphs by identity (a search
+    asks for the same index of its graph once per unit or evaluated plan; the value must
+    be treated as read-only)."""
+    hit = cache.get(id(graph))
     if hit is not None and hit[0] is graph:
         return hit[1]
-    out: dict[str, tuple[int, int]] = {}
-    for node in graph.nodes:
-        for i, t in enumerate(node.outputs):
-            out[t.name] = (node.id, i)
-    if len(_PRODUCERS) >= 4:
-        _PRODUCERS.pop(next(iter(_PRODUCERS)))
-    _PRODUCERS[id(graph)] = (graph, MappingProxyType(out))
-    return _PRODUCERS[id(graph)][1]
+    if len(cache) >= 4:
+        cache.pop(next(iter(cache)))
+    cache[id(graph)] = (graph, build(graph))
+    return cache[id(graph)][1]
 
 
-_PRODUCERS: dict[int, tuple[Graph, Mapping[str, tuple[int, int]]]] = {}
+def producers(graph: Graph) -> Mapping[str, tuple[int, int]]:
+    """Tensor name -> (GraphNode id, output index) of the GraphNode producing it (cached:
+    :func:`per_graph`)."""
+    def build(g: Graph) -> Mapping[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for node in g.nodes:
+            for i, t in enumerate(node.outputs):
+                out[t.name] = (node.id, i)
+        return MappingProxyType(out)
+    return per_graph(_PRODUCERS, graph, build)
 
 
-def consumers(graph: Graph) -> dict[str, list[int]]:
-    """Tensor name -> the GraphNodes reading it (one entry per edge)."""
-    out: dict[str, list[int]] = {}
-    for e in graph.edges:
-        out.setdefault(e.tensor.name, []).append(e.dst)
-    return out
+_PRODUCERS: dict[int, tuple[Graph, Any]] = {}
+_CONSUMERS: dict[int, tuple[Graph, Any]] = {}
+
+
+def consumers(graph: Graph) -> Mapping[str, tuple[int, ...]]:
+    """Tensor name -> the GraphNodes reading it (one entry per edge; cached:
+    :func:`per_graph`)."""
+    def build(g: Graph) -> Mapping[str, tuple[int, ...]]:
+        out: dict[str, list[int]] = {}
+        for e in g.edges:
+            out.setdefault(e.tensor.name, []).append(e.dst)
+        return MappingProxyType({k: tuple(v) for k, v in out.items()})
+    return per_graph(_CONSUMERS, graph, build)
 
 
 def narrow_order(graph: Graph, nodes: Sequence[int]) -> list[int]:

@@ -14,9 +14,10 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tapas.ir import Graph, GraphNode, Kind
-from tapas.planning.frontier import Allowed
+from tapas.planning.frontier import Allowed, per_graph
 from tapas.planning.table import PatternInfo
 from tapas.sharding.patterns.pattern import Family
 
@@ -25,13 +26,22 @@ __all__ = ["REFERENCE_PLANS", "reference_filter", "node_roles", "applicable_refe
 _ATTENTION_KINDS = (Kind.ATTENTION_SCORE, Kind.ATTENTION_CONTEXT)
 
 
+_ROLES: dict[int, tuple[Graph, Any]] = {}
+
+
 def node_roles(graph: Graph) -> list[str]:
     """The role of every GraphNode for the reference plans: ``"attention"`` (a dense
     feeding an attention score/context, or fed by a context: Q, K, V, O),
     ``"attention-core"`` (score, context, and a softmax between them), ``"ffn"`` (a dense
     next to another dense that is not attention: the two matrices of a feed-forward
     block), whole ``tapas.layers`` attention and feed-forward GraphNodes as ``"attention"``
-    and ``"ffn"``, ``"expert"`` (an MoE expert einsum) or ``"other"``."""
+    and ``"ffn"``, ``"expert"`` (an MoE expert einsum) or ``"other"``. Cached per graph
+    (``frontier.per_graph``): each reference plan asks."""
+    return list(per_graph(_ROLES, graph, lambda g: tuple(_node_roles(g))))
+
+
+def _node_roles(graph: Graph) -> list[str]:
+    """:func:`node_roles`, computed."""
     preds: list[set[int]] = [set() for _ in graph.nodes]
     succs: list[set[int]] = [set() for _ in graph.nodes]
     for e in graph.edges:
