@@ -526,6 +526,11 @@ def check_inference_mode() -> dict[str, Any]:
             "loss": close(h.history["loss"], rh.history["loss"]),
             "val_loss": close(h.history["val_loss"], rh.history["val_loss"]),
             "evaluate": close(pm.evaluate(x, y), ref.evaluate(x, y, batch_size=B, verbose=0)),
+            # 32 examples in 4 batches, then 30 (a padded last batch), then one batch
+            "predict": close(pm.predict(x), ref.predict(x, batch_size=B, verbose=0)),
+            "predict_padded": close(pm.predict(x[:30]), ref.predict(x[:30], batch_size=B,
+                                                                    verbose=0)),
+            "predict_batch": close(pm.predict(x[:B]), ref.predict(x[:B], verbose=0)),
             "separate": inf is not pm and not inf.training,
             "resynced": inf.runtime.resynced,
             "shared": sum(inf.runtime._vars[r][p] is pm.runtime._vars[r][p]

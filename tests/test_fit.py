@@ -152,12 +152,14 @@ def test_weighted_steps_equal_keras_train_on_batch(two: dict) -> None:
 
 
 def test_val_loss_and_evaluate_run_in_inference_mode_as_keras(two: dict) -> None:
-    """Dropout + batch norm: training-mode steps, inference-mode validation (the same
-    weight shards, a copy of those the inference plan must place otherwise)."""
+    """Dropout + batch norm: training-mode steps, inference-mode validation, evaluate and
+    predict (the same weight shards, a copy of those the inference plan must place
+    otherwise), as Keras's."""
     for seed, r in two["inference"].items():
         if seed == "check":
             continue
-        for key in ("loss", "val_loss", "evaluate"):
+        for key in ("loss", "val_loss", "evaluate", "predict", "predict_padded",
+                    "predict_batch"):
             assert r[key]["ok"], (seed, key, r[key])
         assert r["separate"] and r["shared"] > 0, (seed, r)
     assert two["inference"]["seed 0"]["resynced"]   # this plan needs copies

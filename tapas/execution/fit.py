@@ -774,12 +774,15 @@ def predict(pm: Any, x: Any, *, batch_size: int | None = None,
             steps: int | None = None) -> Any:
     """The model's outputs for every example of ``x`` (arrays in any input form, or a
     dataset of global batches; at most ``steps`` batches), run one global batch at a time
-    (``Runtime.predict``, in the ParallelModel's mode) and concatenated; a list when the
-    model has several outputs. A last batch with fewer rows is padded with zeros and the
+    and concatenated; a list when the model has several outputs. In inference mode, as
+    Keras's ``predict`` (``pm.for_inference()``: ``Runtime.predict`` of the inference
+    graph on the same weights). A last batch with fewer rows is padded with zeros and the
     padding's outputs cut off, when the rows cannot affect each other: a program without
-    variable writes (no dropout or batch-norm statistics of training mode); otherwise it
-    is refused with the fix."""
+    variable writes (the inference graph has none); otherwise it is refused with the
+    fix."""
     b = _global_batch(pm, batch_size)
+    pm = pm.for_inference()
+    pm.runtime.refresh()
     outs: list[list[np.ndarray]] = []
     for count, chunk in enumerate(_predict_batches(pm, x)):
         if steps is not None and count >= steps:
@@ -791,10 +794,9 @@ def predict(pm: Any, x: Any, *, batch_size: int | None = None,
         if rows < b:
             if getattr(pm.program, "has_writes", False):
                 raise ValueError(f"predict data: a last batch of {rows} rows, the global "
-                                 f"batch is {b}, and this training-mode program has "
-                                 "batch statistics or dropout, so zero padding would change "
-                                 f"the outputs: give a multiple of {b} examples, or predict "
-                                 "with a ParallelModel built with training=False")
+                                 f"batch is {b}, and this program writes variables in its "
+                                 "forward pass, so zero padding would change the outputs: "
+                                 f"give a multiple of {b} examples")
             chunk = [np.concatenate([v, np.zeros((b - rows,) + v.shape[1:], v.dtype)])
                      for v in chunk]
         result = pm.runtime.predict(pm.inputs.flatten(chunk))

@@ -155,9 +155,10 @@ class ParallelModel:
 
     def predict(self, x: Any, *, batch_size: int | None = None,
                 steps: int | None = None) -> Any:
-        """The model's output on the global batch ``x`` (a list when it has several), in
-        the ParallelModel's mode (training mode: dropout on, moving statistics updated, as
-        ``model(x, training=True)``).
+        """The model's output on the global batch ``x`` (a list when it has several), as
+        Keras's ``predict``: in inference mode (``for_inference``: dropout off, batch norm
+        on its moving statistics, nothing updated) on this program's weights. The
+        training-mode forward pass (``model(x, training=True)``) is ``runtime.predict``.
 
         Given a ``tf.data.Dataset`` or arrays of another number of examples: the outputs of
         every example, a global batch at a time (``tapas.execution.fit.predict``)."""
@@ -166,7 +167,9 @@ class ParallelModel:
         if isinstance(x, tf.data.Dataset) or rows != {int(self.inputs.specs[0].shape[0])}:
             from tapas.execution import fit as fit_mod
             return fit_mod.predict(self, x, batch_size=batch_size, steps=steps)
-        return self.runtime.predict(self.inputs.flatten(x))
+        inference = self.for_inference()
+        inference.runtime.refresh()
+        return inference.runtime.predict(self.inputs.flatten(x))
 
     def evaluate(self, x: Any, y: Any = None, *, batch_size: int | None = None,
                  steps: int | None = None, sample_weight: Any = None) -> float:

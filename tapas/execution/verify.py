@@ -251,9 +251,10 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     training mode each side runs one forward pass per batch and per step (dropout draws the
     same seeds in both), and the seed-generator states after the steps are compared too
     (``states``: equal or not; the moving statistics are among the weights). A
-    training-mode model with dropout or batch norm is then also checked in inference mode
-    (``inference``: ``pm.for_inference()``'s outputs and loss on the trained weights
-    against ``model(x, training=False)``), so one call verifies both modes."""
+    training-mode model with dropout or batch norm is also checked in inference mode after
+    the first batch (``inference``: ``pm.for_inference()``'s outputs and loss on the same
+    weights, moving statistics updated once, against ``model(x, training=False)``), so one
+    call verifies both modes."""
     rt = pm.runtime
     if int(rt.iterations.numpy()) != 0:
         raise RuntimeError("verify() compares from the initial state: call it before any "
@@ -262,25 +263,26 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     structure = pm.inputs.pack(xs)   # the structure the Keras model is called with
     call = (lambda: model(structure, training=pm.training))
     report, ref_g = _first_batch(rt, model, call, xs, y)
+    keys = ["outputs", "loss", "gradients", "weights", "step_losses", "states"]
+    inference = pm.for_inference()
+    if inference is not pm:   # the inference graph on the same weights, as evaluate runs it
+        report["inference"] = _inference_check(inference, model, structure, xs, y)
+        keys.append("inference")
     report["losses"] = _train_side_by_side(pm, call, xs, y, steps, on_step)
     report["step_losses"] = _worst({f"step {i + 1}": compare(a, b)
                                     for i, (a, b) in enumerate(report["losses"])})
     report["weights"] = _weights_after(pm, ref_g, report["gradients"]["max_abs_diff"])
     report["states"] = _states_after(pm)
     report["mode"] = "training" if pm.training else "inference"
-    keys = ["outputs", "loss", "gradients", "weights", "step_losses", "states"]
-    inference = pm.for_inference()
-    if inference is not pm:   # and the inference graph on the trained weights, as evaluate
-        report["inference"] = _inference_after(inference, model, structure, xs, y)
-        keys.append("inference")
     report["ok"] = all(report[k]["ok"] for k in keys)
     return report
 
 
-def _inference_after(inference: Any, model: Any, structure: Any, xs: list,
+def _inference_check(inference: Any, model: Any, structure: Any, xs: list,
                      y: Any) -> dict[str, Any]:
-    """After the steps: the inference-mode program (``ParallelModel.for_inference``, on the
-    trained weights) against ``model(x, training=False)``: outputs and loss."""
+    """The inference-mode program (``ParallelModel.for_inference``, on the training
+    program's weights, before the optimizer steps: Adam's rounding noise in the weights
+    would blur it) against ``model(x, training=False)``: outputs and loss."""
     rt = inference.runtime
     rt.refresh()
     outs = rt.predict(xs)
