@@ -135,6 +135,7 @@ class _Data:
         self.shares: list[Any] = []            # this worker's share of each input (None:
         self.y_place: Any = None               # whole) and the targets' placement
         self.rows = self.batch                 # rows of a batch as the source yields it
+        self.worker_pipelines = False          # the dataset yields this worker's rows only
         self.w: np.ndarray | None = None       # the arrays' sample weights
         if sample_weight is not None and (callable(x) or isinstance(x, tf.data.Dataset)):
             raise ValueError(f"{self.what}: sample_weight was given with a dataset; the "
@@ -199,7 +200,7 @@ class _Data:
         if not isinstance(ds0, tf.data.Dataset):
             raise TypeError(f"{self.what}: the dataset function returned "
                             f"{type(ds0).__name__}, not a tf.data.Dataset")
-        self._init_dataset(ds0, y, set_rows=False)
+        self._init_dataset(ds0, y)
         if self._batch_split():
             workers = rt.num_devices // len(rt.local_replicas)
             ctx = tf.distribute.InputContext(workers, rt.task_id, rt.num_devices)
@@ -209,9 +210,7 @@ class _Data:
             card = int(self.dataset.cardinality().numpy())
             self.num_batches = card if card >= 0 and self.num_batches is not None else None
 
-    worker_pipelines = False   # the dataset yields this worker's rows only
-
-    def _init_dataset(self, ds: tf.data.Dataset, y: Any, set_rows: bool = True) -> None:
+    def _init_dataset(self, ds: tf.data.Dataset, y: Any) -> None:
         if y is not None:
             raise ValueError(f"{self.what}: y={type(y).__name__} was given with a "
                              "tf.data.Dataset; the dataset yields (x, y) pairs, so leave y out")
