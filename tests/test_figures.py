@@ -94,3 +94,25 @@ def test_figure6_reports_a_missing_baseline_venv(tmp_path: pathlib.Path) -> None
     assert not got["row"]["ok"] and "scripts/baselines/setup.sh" in got["row"]["error"]
     assert got["depth"] == ["depth", 24.0]
     assert got["moe"] == ["moe", None]
+
+
+def test_table1_counts_each_level_on_tiny_presets(tmp_path: pathlib.Path) -> None:
+    """Table 1 on t5-tiny and moe-tiny: every level's V and E counted, each level no larger
+    than the one before it, gp's candidates counted and es's too (finished here)."""
+    out, png = tmp_path / "t1.json", tmp_path / "t1.png"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table1_complexity.py"),
+         "--models=t5-tiny,moe-tiny", "--es_limit=60", f"--json_out={out}",
+         f"--png_out={png}"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [r["model"] for r in data["rows"]] == ["t5-tiny", "moe-tiny"]
+    for r in data["rows"]:
+        ops, gn, fold = r["ops"], r["graph_nodes"], r["folded"]
+        assert ops["V"] > gn["V"] >= fold["V"] > 0 and ops["E"] > gn["E"] >= fold["E"] > 0
+        assert r["C"] == round(ops["V"] / gn["V"], 2) and r["L"] >= 2   # both repeat a block
+        assert fold["templates"] >= 1 and fold["V"] < gn["V"]
+        assert r["gp"]["generated"] > 0 and r["es"]["generated"] > 0
+        paper = (ops["V"] + ops["E"]) / (2 * (ops["V"] / gn["V"]) * r["L"])
+        assert abs(r["paper_formula"] - paper) <= 0.05
+    assert png.stat().st_size > 0 and "paper" in proc.stdout
