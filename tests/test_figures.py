@@ -116,3 +116,24 @@ def test_table1_counts_each_level_on_tiny_presets(tmp_path: pathlib.Path) -> Non
         paper = (ops["V"] + ops["E"]) / (2 * (ops["V"] / gn["V"]) * r["L"])
         assert abs(r["paper_formula"] - paper) <= 0.05
     assert png.stat().st_size > 0 and "paper" in proc.stdout
+
+
+def test_figure8_weak_scaling_on_a_tiny_preset(tmp_path: pathlib.Path) -> None:
+    """Figure 8's script on moe-tiny over S(1, 2) and S(2, 2): the batch grows with the
+    devices, gp and es both finish with costs, the gap is computed, the JSON says the costs
+    are predicted."""
+    out, png = tmp_path / "f8.json", tmp_path / "f8.png"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "figure8_weak_scaling.py"), "--models=t5-tiny",
+         "--nodes=1,2", "--devices_per_node=2", "--es_limit=60", f"--json_out={out}",
+         f"--png_out={png}"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["predicted"] is True and data["figure"] == "TAPAS Figure 8"
+    assert [(r["devices"], r["batch"]) for r in data["rows"]] == [(2, 4), (4, 8)]
+    for r in data["rows"]:
+        assert r["gp"]["finished"] and r["es"]["finished"], r
+        assert r["es"]["cost_s"] <= r["gp"]["cost_s"] * (1 + 1e-9)
+        assert r["gap"] == r["gp"]["cost_s"] / r["es"]["cost_s"] - 1
+        assert sum(r["gp"]["patterns"].values()) > 0
+    assert png.stat().st_size > 0 and "predicted by the cost model" in proc.stdout
