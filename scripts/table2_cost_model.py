@@ -1,0 +1,229 @@
+"""The paper's Table 2: how well the cost model ranks strategies against measured step times.
+
+    python scripts/table2_cost_model.py [--models=t5-tiny,resnet-tiny,moe-tiny] [--top_k=5]
+        [--steps=10] [--repeats=3] [--cluster=benchmarks/results/cluster_cpu4.json]
+        [--out=out/table2]
+
+For each model, in one process with 4 logical CPU devices (``--devices``):
+
+1. ``tapas.search`` on the profiled cluster (``--cluster``, a ``tapas profile`` file) with
+   every cost term on returns the top ``--top_k`` plans and the reference plans
+   (Megatron, FFN-only, MHA-only, expert, data parallel, replicate, those that apply);
+   plans with identical patterns are merged.
+2. Each distinct plan is reconstructed (``tapas.parallelize`` with a hand-made
+   ``tapas.execution.plan.Plan``, inference graph as ``benchmarks/bench_train.py``) and its
+   ``train_step`` timed ONCE: ``--repeats`` rounds of ``--steps`` steps after a warm-up step,
+   the median of all steps and the interquartile range as the spread.
+3. The same plans are re-costed (``tapas.planning.explore.plan_cost``, no rerun) under the
+   four ablation rows: baseline (constant filter, gradient overlap and collective efficiency
+   off), +CF, +CF+GO, +CF+GO+EC, and ranked; ``tapas.planning.ranking`` scores the rank of the
+   measured-best plan (measured ties within noise count for the model, predicted ties
+   against it).
+
+Prints the table beside the paper's, writes ``table2.json`` and one scatter PNG per row of
+predicted against measured step time (the cost model's seconds are for the profiled
+constants; a least-squares scale through the origin maps them onto measured seconds, and the
+plot says the scale) with the y = x line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+
+flags.DEFINE_integer("devices", 4, "Logical CPU devices.")
+flags.DEFINE_list("models", ["t5-tiny", "t5-tiny-tapas", "t5-tiny-masked", "t5-small",
+                             "resnet-tiny", "moe-tiny", "moe-tiny-tapas"], "Zoo models.")
+flags.DEFINE_integer("top_k", 5, "Top plans of the search to run (plus the reference plans).")
+flags.DEFINE_integer("steps", 10, "Timed steps per round.")
+flags.DEFINE_integer("repeats", 3, "Rounds of --steps timed steps per plan.")
+flags.DEFINE_integer("batch_size", 8, "Global batch (divisible by --devices).")
+flags.DEFINE_float("tie_tol", 0.05, "Relative tolerance under which measured times tie.")
+flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4.json",
+                    "A cluster file written by `tapas profile`.")
+flags.DEFINE_string("out", "out/table2", "Directory for table2.json and the PNGs.")
+FLAGS = flags.FLAGS
+
+PAPER = {"baseline": {"acc@1": 0.53, "mrr": 0.71}, "+CF+GO+EC": {"acc@1": 0.87, "acc@5": 1.0,
+                                                                  "mrr": 0.92}}
+ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
+                         collective_efficiency=False),
+        "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False),
+        "+CF+GO": dict(constant_filter=True, gradient_overlap=True, collective_efficiency=False),
+        "+CF+GO+EC": dict(constant_filter=True, gradient_overlap=True,
+                          collective_efficiency=True)}
+
+
+def candidates(graph, cluster, top_k: int) -> list[dict]:
+    """The distinct plans to run: the search's top ``top_k`` and its reference plans, each
+    ``{"names": [...], "patterns": (pattern name per GraphNode)}``."""
+    from tapas.planning.search import search
+    s = search(graph, cluster=cluster, top_k=top_k)
+    out: dict[tuple[str, ...], list[str]] = {}
+    for alt in list(s.alternatives)[:top_k] + list(s.references):
+        if alt.error:
+            continue
+        pats = tuple(alt.changes.get(v, p) for v, p in enumerate(s.patterns))
+        out.setdefault(pats, []).append(alt.name)
+    return [{"names": names, "patterns": pats} for pats, names in out.items()]
+
+
+def recost(graph, cluster, plans: list[dict]) -> dict[str, list[float]]:
+    """Each ablation row's predicted step time (seconds) of every plan."""
+    from tapas.planning import explore as ex
+    from tapas.planning.cost import CostOptions
+    from tapas.planning.table import EdgeCoster, pattern_table
+    n = cluster.num_devices
+    out = {}
+    for row, changes in ROWS.items():
+        opts = CostOptions.for_cluster(cluster, **changes)
+        table = pattern_table(graph, n, cluster, opts)
+        edges = EdgeCoster(n, cluster, opts)
+        costs = []
+        for plan in plans:
+            idx = []
+            for v, name in enumerate(plan["patterns"]):
+                names = [i.name for i in table.infos[v]]
+                if name not in names:
+                    raise ValueError(f"row {row}: GraphNode {v} has no pattern {name!r} (has "
+                                     f"{names}); the plan cannot be re-costed")
+                idx.append(names.index(name))
+            costs.append(ex.plan_cost(graph, table, idx, edges)[0].total)
+        out[row] = costs
+    return out
+
+
+def measure(model, entry, graph, plan: dict, strategy, n: int) -> dict:
+    """Median, interquartile range and all step times of one plan's ``train_step``."""
+    from tapas.execution import parallel
+    from tapas.execution.plan import Plan
+    from tapas.planning.strategy import graph_digest
+    from tapas.sharding.patterns import pattern_by_name
+    chosen = {node.id: pattern_by_name(node, graph, n, plan["patterns"][node.id])
+              for node in graph.nodes}
+    xs, y = entry.synthetic_batch(FLAGS.batch_size)
+    specs = list(entry.input_spec(FLAGS.batch_size))
+    pm = parallel.parallelize(model, specs, Plan(n, chosen, graph_digest=graph_digest(graph)),
+                              distribute_strategy=strategy, loss=entry.keras_loss(),
+                              training=False)
+    pm.train_step(list(xs), y)                     # tracing and the graph's first run
+    times = []
+    for _ in range(FLAGS.repeats):
+        for _ in range(FLAGS.steps):
+            start = time.perf_counter()
+            pm.train_step(list(xs), y)
+            times.append(time.perf_counter() - start)
+    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return {"median_s": statistics.median(times), "iqr_s": q[2] - q[0], "times_s": times}
+
+
+def scale_of(pred: list[float], meas: list[float]) -> float:
+    """Least-squares scale through the origin mapping predicted onto measured seconds."""
+    den = sum(p * p for p in pred)
+    return sum(p * m for p, m in zip(pred, meas)) / den if den > 0 else 1.0
+
+
+def plot(rows: list[dict], row: str, path: str) -> float:
+    """Scatter of (scaled) predicted against measured step time of every run; the scale."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    pred = [r["predicted_s"][row] for r in rows]
+    meas = [r["median_s"] for r in rows]
+    s = scale_of(pred, meas)
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for model in sorted({r["model"] for r in rows}):
+        pts = [(r["predicted_s"][row] * s * 1e3, r["median_s"] * 1e3) for r in rows
+               if r["model"] == model]
+        ax.scatter(*zip(*pts), label=model, s=18)
+    hi = max(max(meas) * 1e3, max(pred) * s * 1e3) * 1.05
+    ax.plot([0, hi], [0, hi], "k--", lw=1, label="y = x")
+    ax.set_xlabel(f"predicted step time x {s:.3g} (ms)")
+    ax.set_ylabel("measured median step time (ms)")
+    ax.set_title(f"Table 2 runs, cost model {row}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return s
+
+
+def _slug(row: str) -> str:
+    """A file-name form of an ablation row: "+CF+GO" -> "CF_GO"."""
+    return row.strip("+").replace("+", "_")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from tapas.execution import devices
+    devices.setup_devices(FLAGS.devices, "cpu")
+    from tapas import capturing, models
+    from tapas.planning import ranking
+    from tapas.planning.cluster import Cluster
+    logging.set_verbosity(logging.WARNING)
+    n = FLAGS.devices
+    cluster = Cluster.load(FLAGS.cluster)
+    if cluster.num_devices != n:
+        raise ValueError(f"--cluster={FLAGS.cluster} has {cluster.num_devices} devices but "
+                         f"--devices={n}: profile with `tapas profile --devices={n}`")
+    strategy = devices.make_strategy(n)
+    runs, ranks = [], {row: {} for row in ROWS}
+    load_before = os.getloadavg()
+    for name in FLAGS.models:
+        entry = models.get(name)
+        model = entry.build(seed=0)
+        graph = capturing.capture(model, list(entry.input_spec(FLAGS.batch_size)),
+                                  training=False)
+        plans = candidates(graph, cluster, FLAGS.top_k)
+        predicted = recost(graph, cluster, plans)
+        meas = []
+        for i, plan in enumerate(plans):
+            m = measure(model, entry, graph, plan, strategy, n)
+            meas.append(m)
+            run = {"model": name, "plan": "/".join(plan["names"]),
+                   "sharded_nodes": sum(p != "replicate" for p in plan["patterns"]),
+                   "predicted_s": {row: predicted[row][i] for row in ROWS}, **m}
+            runs.append(run)
+            print(f"[{name} {i + 1}/{len(plans)}] {run['plan']}: measured "
+                  f"{m['median_s'] * 1e3:.1f} ms (IQR {m['iqr_s'] * 1e3:.1f}), predicted "
+                  f"{predicted['+CF+GO+EC'][i] * 1e3:.2f} ms (+CF+GO+EC)", flush=True)
+        medians = [m["median_s"] for m in meas]
+        spreads = [m["iqr_s"] for m in meas]
+        for row in ROWS:
+            ranks[row][name] = ranking.best_rank(medians, predicted[row], spreads,
+                                                 FLAGS.tie_tol)
+    table = {row: {**ranking.table_metrics(ranks[row], 5), "ranks": ranks[row]}
+             for row in ROWS}
+    os.makedirs(FLAGS.out, exist_ok=True)
+    scales = {row: plot(runs, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
+              for row in ROWS}
+    print(f"\n{'row':<11} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6}   paper Acc@1 Acc@5 MRR")
+    for row, t in table.items():
+        p = PAPER.get(row, {})
+        print(f"{row:<11} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f}   "
+              f"{p.get('acc@1', '-'):>11} {p.get('acc@5', '-'):>5} {p.get('mrr', '-'):>4}")
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join(sys.argv),
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                       "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+           "cluster": FLAGS.cluster, "devices": n, "top_k": FLAGS.top_k, "steps": FLAGS.steps,
+           "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
+           "table": table, "scatter_scale": scales, "runs": runs}
+    path = os.path.join(FLAGS.out, "table2.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,95 @@
+"""Ranking metrics of the cost model against measured step times (the paper's Table 2).
+
+In:  for one model, the measured step times of its candidate plans (median and spread of
+     repeated timings) and the cost model's predicted times of the same plans.
+Out: the rank the model gives the measured-best plan (:func:`best_rank`) and, over models,
+     Acc@1, Acc@k and MRR (:func:`table_metrics`).
+
+How ties are scored (the docs of Table 2 repeat this):
+
+- Measured ties count *for* the model: every plan whose measured median is within the
+  noise of the fastest one (:func:`measured_best`: within ``max(rel_tol * fastest, spread
+  of the two plans)``) is a measured-best plan, and the model is credited with the best
+  predicted rank among them.
+- Predicted ties count *against* the model: plans whose predicted times are equal (to a
+  relative 1e-9) are ordered worst-first for the measured-best plan, i.e. its predicted
+  rank is 1 + the number of other plans predicted no slower than it.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+__all__ = ["measured_best", "predicted_rank", "best_rank", "table_metrics"]
+
+_PREDICTED_TIE = 1e-9
+
+
+def _check(name: str, values: Sequence[float]) -> None:
+    if not values:
+        raise ValueError(f"{name} is empty: give one value per candidate plan")
+    for i, v in enumerate(values):
+        if not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
+            raise ValueError(f"{name}[{i}]={v!r}: must be a number >= 0 (a time in seconds "
+                             "or cost units)")
+
+
+def measured_best(medians: Sequence[float], spreads: Sequence[float] | None = None,
+                  rel_tol: float = 0.05) -> list[int]:
+    """Indices of the plans tied with the fastest within the measured noise.
+
+    ``medians[i]``: plan i's median step time; ``spreads[i]``: its spread (e.g. the
+    interquartile range, same units; default 0). Plan i ties with the fastest f when
+    ``medians[i] - medians[f] <= max(rel_tol * medians[f], spreads[i], spreads[f])``.
+    """
+    _check("medians", medians)
+    spreads = [0.0] * len(medians) if spreads is None else list(spreads)
+    if len(spreads) != len(medians):
+        raise ValueError(f"spreads has {len(spreads)} values but medians has {len(medians)}: "
+                         "give one spread per plan")
+    _check("spreads", spreads)
+    if not 0 <= rel_tol < 1:
+        raise ValueError(f"rel_tol={rel_tol!r}: must be in [0, 1)")
+    f = min(range(len(medians)), key=lambda i: medians[i])
+    return [i for i, m in enumerate(medians)
+            if m - medians[f] <= max(rel_tol * medians[f], spreads[i], spreads[f])]
+
+
+def predicted_rank(predicted: Sequence[float], i: int) -> int:
+    """Plan i's 1-based rank under ``predicted``, ties against it: 1 + the number of other
+    plans predicted no slower (to a relative 1e-9)."""
+    _check("predicted", predicted)
+    if not 0 <= i < len(predicted):
+        raise ValueError(f"plan index {i} is out of range for {len(predicted)} plans")
+    p = predicted[i]
+    return 1 + sum(1 for j, q in enumerate(predicted)
+                   if j != i and q <= p * (1 + _PREDICTED_TIE))
+
+
+def best_rank(medians: Sequence[float], predicted: Sequence[float],
+              spreads: Sequence[float] | None = None, rel_tol: float = 0.05) -> int:
+    """The best predicted rank among the measured-best plans (see the module docstring)."""
+    if len(predicted) != len(medians):
+        raise ValueError(f"predicted has {len(predicted)} values but medians has "
+                         f"{len(medians)}: give one prediction per measured plan")
+    return min(predicted_rank(predicted, i) for i in measured_best(medians, spreads, rel_tol))
+
+
+def table_metrics(ranks: Mapping[str, int], k: int = 5) -> dict[str, float]:
+    """Acc@1, Acc@k and MRR over models, from each model's :func:`best_rank`.
+
+    Returns ``{"acc@1", f"acc@{k}", "mrr", "models"}``."""
+    if not ranks:
+        raise ValueError("ranks is empty: give the best_rank of at least one model")
+    for m, r in ranks.items():
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ValueError(f"ranks[{m!r}]={r!r}: must be an int >= 1 (a 1-based rank)")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r}: must be an int >= 1")
+    n = len(ranks)
+    return {"acc@1": sum(r == 1 for r in ranks.values()) / n,
+            f"acc@{k}": sum(r <= k for r in ranks.values()) / n,
+            "mrr": sum(1.0 / r for r in ranks.values()) / n, "models": n}

@@ -1,0 +1,90 @@
+"""Table 2 (cost model ranking against measured step times): the pure ranking metrics on
+hand-made rankings, and scripts/table2_cost_model.py end to end on a tiny slice.
+
+The script defines absl flags that tapas.cli also defines, so it runs in a subprocess.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tapas.planning import ranking
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_measured_ties_count_for_the_model_and_predicted_ties_against_it() -> None:
+    # plan 1 is fastest; plan 2 is within 5 % of it: both are measured-best
+    medians = [10.0, 5.0, 5.2, 8.0]
+    assert ranking.measured_best(medians, rel_tol=0.05) == [1, 2]
+    # with no tolerance and no spread only the fastest counts
+    assert ranking.measured_best(medians, rel_tol=0.0) == [1]
+    # a spread wider than the gap makes plan 3 a tie too
+    assert ranking.measured_best(medians, [0, 0, 0, 3.5], rel_tol=0.0) == [1, 3]
+    # the model ranks plan 2 first: credited with rank 1 through the measured tie
+    assert ranking.best_rank(medians, [4.0, 2.0, 1.0, 3.0]) == 1
+    # ...but not without the tolerance: plan 1 is predicted second
+    assert ranking.best_rank(medians, [4.0, 2.0, 1.0, 3.0], rel_tol=0.0) == 2
+    # predicted ties go against the model: plan 1 shares the lowest cost with plan 0
+    assert ranking.predicted_rank([1.0, 1.0, 2.0], 0) == 2
+    assert ranking.best_rank([3.0, 1.0, 2.0], [1.0, 1.0, 2.0], rel_tol=0.0) == 2
+    assert ranking.predicted_rank([1.0, 2.0, 3.0], 2) == 3
+
+
+def test_table_metrics_average_over_models() -> None:
+    t = ranking.table_metrics({"a": 1, "b": 2, "c": 6, "d": 1}, k=5)
+    assert t["acc@1"] == 0.5
+    assert t["acc@5"] == 0.75
+    assert t["mrr"] == pytest.approx((1 + 0.5 + 1 / 6 + 1) / 4)
+    assert t["models"] == 4
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: ranking.best_rank([1.0, 2.0], [1.0]), "one prediction per measured plan"),
+    (lambda: ranking.measured_best([]), "medians is empty"),
+    (lambda: ranking.measured_best([1.0, float("nan")]), "medians[1]=nan"),
+    (lambda: ranking.table_metrics({"a": 0}), "ranks['a']=0"),
+    (lambda: ranking.predicted_rank([1.0], 3), "plan index 3"),
+])
+def test_bad_inputs_name_the_value(call, words) -> None:
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        call()
+
+
+def test_ranking_module_imports_no_tensorflow() -> None:
+    code = ("import sys; import tapas.planning.ranking; "
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "t2"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--models=t5-tiny",
+         "--top_k=2", "--steps=2", "--repeats=1", f"--out={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[t5-tiny 1/" in proc.stdout
+    d = json.loads((out / "table2.json").read_text())
+    assert set(d["table"]) == {"baseline", "+CF", "+CF+GO", "+CF+GO+EC"}
+    runs = d["runs"]
+    assert len(runs) >= 3      # top 2 plus at least data parallel / replicate, deduplicated
+    pats = {r["plan"] for r in runs}
+    assert len(pats) == len(runs)
+    for r in runs:
+        assert r["model"] == "t5-tiny"
+        assert len(r["times_s"]) == 2 and r["median_s"] > 0 and r["iqr_s"] >= 0
+        assert set(r["predicted_s"]) == set(d["table"])
+    # the metrics are those of the ranking functions on the recorded numbers
+    medians = [r["median_s"] for r in runs]
+    spreads = [r["iqr_s"] for r in runs]
+    for row, t in d["table"].items():
+        rank = ranking.best_rank(medians, [r["predicted_s"][row] for r in runs], spreads,
+                                 d["tie_tol"])
+        assert t["ranks"] == {"t5-tiny": rank}
+        assert t["acc@1"] == float(rank == 1) and t["mrr"] == pytest.approx(1 / rank)
+        assert (out / f"table2_scatter_{row.strip('+').replace('+', '_')}.png").stat().st_size \
+            > 1000
