@@ -111,6 +111,8 @@ class ProgressBar:
 
         thread = threading.Thread(target=tick, daemon=True)
         if self.enabled:
+            with self._lock:
+                self._draw()   # at once when there is no delay: the call may be quick
             thread.start()
         try:
             yield self

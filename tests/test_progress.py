@@ -76,6 +76,19 @@ def test_ticking_redraws_the_elapsed_time_of_a_blocking_call() -> None:
     assert "tracing 'm'" in out.getvalue() and out.getvalue().count("\r") >= 2
 
 
+def test_ticking_draws_a_quick_call_at_once_without_delay_but_not_with_one() -> None:
+    """A call shorter than the redraw tick (tracing a model that is in a cache) still shows
+    its line when there is no delay; with the default delay quick work prints nothing."""
+    out = Terminal()
+    with ProgressBar("tracing 'q'", stream=out, delay=0.0).ticking():
+        pass
+    assert "tracing 'q'" in out.getvalue()
+    out = Terminal()
+    with ProgressBar("tracing 'q'", stream=out, delay=2.0).ticking():
+        pass
+    assert out.getvalue() == ""
+
+
 @pytest.mark.parametrize("command,phase", [("mine", "mining"), ("search", None)])
 def test_commands_show_progress_on_stderr_when_asked(command: str, phase: str | None) -> None:
     """With TAPAS_PROGRESS=1 (as on a terminal; no delay) the tracing, graph-reading and
