@@ -341,7 +341,9 @@ def cmd_train() -> dict[str, Any]:
     try:
         return train.train(opts)
     except train.TrainError as e:
-        raise app.UsageError(str(e)) from None
+        # a failed run (a worker lost, verify failed), not a usage mistake: no flag listing
+        print(f"tapas train: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def cmd_profile() -> dict[str, Any]:

@@ -101,7 +101,7 @@ class HandMLP:
 
     def __call__(self, inputs: list, weights: dict, coll: Megatron) -> list:
         x = inputs[0][0]
-        k1, b1, k2, b2 = [weights[p][0].read_value() for p in self.paths]
+        k1, b1, k2, b2 = [tf.convert_to_tensor(weights[p][0]) for p in self.paths]
         if self.layout == "megatron":
             h = tf.nn.relu(tf.matmul(coll.f(x), k1) + b1)
             return [[coll.g(tf.matmul(h, k2)) + b2]]

@@ -53,7 +53,7 @@ from tapas.sharding.placements import Collective
 from tapas.ir import dtype_bytes
 
 __all__ = ["CommRecord", "Audit", "Collectives", "SimulatedCollectives",
-           "ReplicaContextCollectives", "local_slice"]
+           "ReplicaContextCollectives", "KeyedCollectives", "KeyedGroup", "local_slice"]
 
 Tensors = list  # list[tf.Tensor], one per local replica
 
@@ -139,7 +139,9 @@ def local_slice(x: tf.Tensor, axis: int, num_shards: int, index: int | tf.Tensor
         begin[axis] = int(static) * piece
     else:
         begin = tf.one_hot(axis, x.shape.rank, dtype=tf.int32) * tf.cast(index, tf.int32) * piece
-    sizes = [-1] * x.shape.rank
+    # static sizes where known: with a begin that is a tensor (the replica id of a body
+    # traced once) a -1 would leave the result's shape unknown
+    sizes = [-1 if d is None else d for d in x.shape.as_list()]
     sizes[axis] = piece
     return tf.slice(x, begin, sizes)
 
@@ -317,7 +319,34 @@ def _in_collective_dtype(x: tf.Tensor, collective: Callable[[tf.Tensor], tf.Tens
     return tf.cast(collective(tf.cast(x, carrier)), x.dtype)
 
 
-class ReplicaContextCollectives(Collectives):
+class _OneReplica(Collectives):
+    """The collectives of one replica (a list of one local tensor): all-to-all and
+    reduce-scatter from the sum and gather primitives of a subclass (module docstring), and
+    :meth:`sum_value` / :meth:`gather_value` for values nothing differentiates."""
+
+    def _all_to_all(self, xs: Tensors, split_axis: int, concat_axis: int) -> Tensors:
+        (rid,) = self.replica_ids()
+        out = []
+        for x in xs:
+            (everyone,) = self._gather([tf.expand_dims(x, 0)], 0)  # [N, ...x]
+            mine = local_slice(everyone, split_axis + 1, self.num_devices, rid)
+            out.append(tf.concat(tf.unstack(mine, axis=0), axis=concat_axis))
+        return out
+
+    def _reduce_scatter(self, xs: Tensors, axis: int) -> Tensors:
+        (rid,) = self.replica_ids()
+        return [local_slice(s, axis, self.num_devices, rid) for s in self._sum(xs)]
+
+    def sum_value(self, x: tf.Tensor) -> tf.Tensor:
+        """All-reduce (sum) of ``x``, with no gradient and no audit record."""
+        return self._sum([x])[0]
+
+    def gather_value(self, x: tf.Tensor, axis: int) -> tf.Tensor:
+        """All-gather of ``x`` along ``axis``, with no gradient and no audit record."""
+        return self._gather([x], axis)[0]
+
+
+class ReplicaContextCollectives(_OneReplica):
     """One replica of a ``tf.distribute`` strategy: collectives through the current
     ``ReplicaContext`` (``all_reduce``, ``all_gather``); call inside ``Strategy.run``.
 
@@ -390,38 +419,99 @@ class ReplicaContextCollectives(Collectives):
             out.append(tf.ensure_shape(gathered, shape))
         return out
 
-    def _all_to_all(self, xs: Tensors, split_axis: int, concat_axis: int) -> Tensors:
-        (rid,) = self.replica_ids()
-        out = []
-        for x in xs:
-            (everyone,) = self._gather([tf.expand_dims(x, 0)], 0)  # [N, ...x]
-            mine = local_slice(everyone, split_axis + 1, self.num_devices, rid)
-            out.append(tf.concat(tf.unstack(mine, axis=0), axis=concat_axis))
-        return out
-
-    def _reduce_scatter(self, xs: Tensors, axis: int) -> Tensors:
-        (rid,) = self.replica_ids()
-        return [local_slice(s, axis, self.num_devices, rid) for s in self._sum(xs)]
 
 
 def _gather_on_axis(launcher: Any, x: tf.Tensor, axis: int) -> tf.Tensor:
-    """All-gather of ``x`` along ``axis`` on one launcher: the collective concatenates
-    along dimension 0, so another axis is moved to the front and back."""
+    """All-gather of ``x`` along ``axis`` on one launcher."""
+    return _on_axis(lambda v: launcher._all_gather(v, None), x, axis)
+
+
+def _on_axis(gather0: Callable[[tf.Tensor], tf.Tensor], x: tf.Tensor, axis: int) -> tf.Tensor:
+    """``gather0`` (an all-gather, which concatenates along dimension 0) along ``axis``:
+    another axis is moved to the front and back."""
     if axis == 0:
-        return launcher._all_gather(x, None)
+        return gather0(x)
     perm = [axis] + [d for d in range(x.shape.rank) if d != axis]
     back = [perm.index(d) for d in range(len(perm))]
-    return tf.transpose(launcher._all_gather(tf.transpose(x, perm), None), back)
+    return tf.transpose(gather0(tf.transpose(x, perm)), back)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyedGroup:
+    """What a replica needs to launch raw collective ops itself: the strategy's group of N
+    devices (``group_key``), the implementation (``hint``: ``"RING"``, ``"NCCL"`` or
+    ``"AUTO"``), a timeout (0: none) and ``next_key()``, which hands out one instance key
+    for every local device at once (``tapas.execution.runtime`` takes them from the
+    strategy's own key counters, so they never collide with the strategy's collectives)."""
+
+    group_key: int
+    group_size: int
+    hint: str
+    timeout_s: float
+    next_key: Callable[[], int]
+
+
+class KeyedCollectives(_OneReplica):
+    """One replica's collectives as raw ``CollectiveReduceV2`` / ``CollectiveGatherV2`` ops
+    with instance keys fixed when the program is traced, so that one trace serves every
+    replica: the runtime traces the replica program *once*, with the replica id and the
+    device's ordering token as arguments, and calls that function on each device
+    (``tapas.execution.runtime``; TensorFlow places a called function's ops on the caller's
+    device). Every replica launches the same collectives with the same keys in the same
+    order, as the strategy's own launchers do; the ordering token (the launcher's) keeps
+    them in program order on each device.
+
+    ``replica_id``: a scalar int32 tensor (an argument of the traced function);
+    ``ordering_token``: a resource tensor or None. The one trace writes the audit."""
+
+    def __init__(self, num_devices: int, replica_id: tf.Tensor, group: KeyedGroup,
+                 ordering_token: tf.Tensor | None = None, audit: Audit | None = None) -> None:
+        if group.group_size != num_devices:
+            raise ValueError(f"the collective group has {group.group_size} devices, the "
+                             f"program {num_devices}")
+        super().__init__(num_devices, audit)
+        self.replica_id, self.group, self.token = replica_id, group, ordering_token
+
+    def replica_ids(self) -> list[int | tf.Tensor]:
+        return [self.replica_id]
+
+    def _common(self) -> dict[str, Any]:
+        g = self.group
+        return dict(group_size=g.group_size, group_key=g.group_key, instance_key=g.next_key(),
+                    ordering_token=[] if self.token is None else [self.token],
+                    communication_hint=g.hint.lower(), timeout_seconds=float(g.timeout_s))
+
+    def _reduce(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.raw_ops.CollectiveReduceV2(input=x, merge_op="Add", final_op="Id",
+                                             **self._common())
+
+    def _gather0(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.raw_ops.CollectiveGatherV2(input=x, **self._common())
+
+    def _sum(self, xs: Tensors) -> Tensors:
+        return [tf.ensure_shape(_in_collective_dtype(x, self._reduce), x.shape) for x in xs]
+
+    def _gather(self, xs: Tensors, axis: int) -> Tensors:
+        out = []
+        for x in xs:
+            shape = x.shape.as_list()
+            if shape[axis] is None:
+                raise ValueError(f"all-gather of a tensor of shape {shape} along axis {axis}: "
+                                 "the collectives need static shapes")
+            shape[axis] *= self.num_devices
+            gathered = _in_collective_dtype(x, lambda v: _on_axis(self._gather0, v, axis))
+            out.append(tf.ensure_shape(gathered, shape))
+        return out
 
 
 def gather_values(x: tf.Tensor, axis: int) -> tf.Tensor:
     """All-gather of ``x`` along ``axis`` inside ``Strategy.run``, with no gradient and no
     audit record: for values that nothing differentiates (outputs, gradients and weights
     gathered to be read, a loss value)."""
-    return ReplicaContextCollectives()._gather([x], axis)[0]
+    return ReplicaContextCollectives().gather_value(x, axis)
 
 
 def sum_values(x: tf.Tensor) -> tf.Tensor:
     """All-reduce (sum) of ``x`` inside ``Strategy.run``, with no gradient and no audit
     record (see :func:`gather_values`)."""
-    return ReplicaContextCollectives()._sum([x])[0]
+    return ReplicaContextCollectives().sum_value(x)

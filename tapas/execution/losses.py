@@ -99,7 +99,7 @@ def plan_loss(loss: Any, placement: Placement, out_shape: Sequence[int], out_dty
 
 
 def vocab_parallel_crossentropy(logits: tf.Tensor, labels: tf.Tensor, *, sparse: bool,
-                                label_smoothing: float, num_devices: int, replica_id: int,
+                                label_smoothing: float, num_devices: int, replica_id: Any,
                                 all_gather: Callable[[tf.Tensor], tf.Tensor],
                                 all_reduce: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
     """The per-example softmax cross-entropy of logits split on their last axis.
@@ -121,7 +121,7 @@ def vocab_parallel_crossentropy(logits: tf.Tensor, labels: tf.Tensor, *, sparse:
         m = tf.reduce_max(maxima, axis=-1)
         e = tf.exp(z - m[..., None])
         if sparse:
-            ids = tf.cast(labels, tf.int64) - replica_id * local_v
+            ids = tf.cast(labels, tf.int64) - tf.cast(replica_id, tf.int64) * local_v
             held = (ids >= 0) & (ids < local_v)
             safe = tf.where(held, ids, tf.zeros_like(ids))
             picked = tf.gather(z, safe, axis=-1, batch_dims=len(z.shape) - 1)

@@ -18,7 +18,8 @@ The program protocol (``docs/sharding.md``; ``tapas.execution.reconstruct`` impl
     program.states, program.has_writes      # optional: seed states {placeholder: StateInfo},
                                             # whether the graph writes variables
     outs = program(inputs, weights, collectives[, writes])
-        # inputs:  [[local tensor]] per model input;   weights: {path: [local variable]}
+        # inputs:  [[local tensor]] per model input;   weights: {path: [local value]}
+        # (a tensor: the runtime reads each shard variable once and differentiates the values)
         # returns: [[local tensor]] per model output  (one local replica per strategy.run call)
         # writes:  a dict the program fills with {path: [new local value]} (training mode)
 
@@ -32,6 +33,12 @@ How it maps onto TensorFlow:
   ``tf.device`` (not mirrored); the shards reach the replicas through
   ``strategy.experimental_distribute_values_from_function``. Optimizer slots are sharded
   like their weight.
+* Traced once: when the strategy launches its collectives per device (MirroredStrategy and
+  MultiWorkerMirroredStrategy with collective ops, as ``devices.make_strategy`` builds them),
+  each replica body (the program, loss and gradients; the optimizer arithmetic) is traced a
+  single time as a function of the replica id and the local tensors, with collectives as raw
+  ops whose keys are fixed at trace time (``collectives.KeyedCollectives``), and every
+  replica calls that function on its device. Otherwise it is traced in each replica.
 * Training step, inside ``strategy.run``: forward through the program, the local loss,
   ``GradientTape`` backward, then this module's own SGD/Adam update on the local shards (Keras
   optimizers cannot update non-mirrored variables inside ``strategy.run``); the arithmetic
@@ -63,6 +70,7 @@ How it maps onto TensorFlow:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -72,7 +80,8 @@ import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
 from tapas.execution import checkpoints, losses, stateful
-from tapas.execution.collectives import gather_values, sum_values
+from tapas.execution.collectives import (Audit, KeyedCollectives, KeyedGroup,
+                                         ReplicaContextCollectives, gather_values, local_slice)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
 from tapas.execution.optimizers import Optimizer, make_optimizer
 from tapas.execution.plan import WeightLayout
@@ -102,6 +111,32 @@ def _placed(x: tf.Tensor) -> tf.Tensor:
 
 
 # ---- placements --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Replica:
+    """What a replica program body sees besides its tensors: the program's collectives
+    (``coll``), collectives for values nothing differentiates (``values``: the loss, outputs
+    and gradients gathered to be read), the replica id (an int, or a tensor when the body is
+    traced once for every replica) and whether this trace records the loss's collectives."""
+
+    coll: Any
+    values: Any
+    rid: int | tf.Tensor
+    records: bool
+
+
+def _read(args: Any) -> Any:
+    """``args`` with every variable read (a replica program body takes tensors only)."""
+    return tf.nest.map_structure(
+        lambda a: a.read_value() if isinstance(a, tf.Variable) else a, args)
+
+
+def _spec(a: Any) -> Any:
+    """The ``tf.TensorSpec`` of a tensor or variable (other values are kept)."""
+    if isinstance(a, (tf.Tensor, tf.Variable)):
+        return tf.TensorSpec(a.shape, a.dtype)
+    return a
+
 
 def _axis(placement: Any) -> int | None:
     p = parse_placement(placement)
@@ -359,46 +394,40 @@ class Runtime:
         return losses.plan_loss(self.loss, p, shape, dtype, y.ndim, self.num_devices,
                                 activation)
 
-    def _loss_all_gather(self, x: tf.Tensor, axis: int) -> tf.Tensor:
+    def _loss_all_gather(self, r: _Replica, x: tf.Tensor, axis: int) -> tf.Tensor:
         """All-gather for the loss, recorded (kind, global bytes) in ``loss_comms``."""
-        ctx = tf.distribute.get_replica_context()
-        if tf.get_static_value(ctx.replica_id_in_sync_group) == self.local_replicas[0]:
+        if r.records:
             self.loss_comms.append((self._tracing, "AG", int(np.prod(x.shape))
                                     * self.num_devices * x.dtype.size))
-        return ctx.all_gather(_placed(x), axis=axis)
+        return r.values.gather_value(x, axis)
 
-    def _loss_all_reduce(self, x: tf.Tensor) -> tf.Tensor:
+    def _loss_all_reduce(self, r: _Replica, x: tf.Tensor) -> tf.Tensor:
         """All-reduce (sum) for the loss, recorded in ``loss_comms``."""
-        ctx = tf.distribute.get_replica_context()
-        if tf.get_static_value(ctx.replica_id_in_sync_group) == self.local_replicas[0]:
+        if r.records:
             self.loss_comms.append((self._tracing, "AR", int(np.prod(x.shape)) * x.dtype.size))
-        return ctx.all_reduce(tf.distribute.ReduceOp.SUM, _placed(x))
+        return r.values.sum_value(x)
 
-    def _gather_for_loss(self, out: tf.Tensor, axis: int) -> tf.Tensor:
-        ctx = tf.distribute.get_replica_context()
-        rid = tf.get_static_value(ctx.replica_id_in_sync_group)
+    def _gather_for_loss(self, r: _Replica, out: tf.Tensor, axis: int) -> tf.Tensor:
         n = self.num_devices
 
         @tf.custom_gradient
         def gather(x: tf.Tensor) -> tuple[tf.Tensor, Callable]:
             def grad(dy: tf.Tensor) -> tf.Tensor:
-                return tf.split(dy, n, axis=axis)[rid]
-            return self._loss_all_gather(x, axis), grad
+                return local_slice(dy, axis, n, r.rid)
+            return self._loss_all_gather(r, x, axis), grad
 
         return gather(out)
 
-    def _vocab_parallel(self, logits: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        ctx = tf.distribute.get_replica_context()
+    def _vocab_parallel(self, r: _Replica, logits: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         kw = getattr(self.loss, "_fn_kwargs", None) or {}
         return losses.vocab_parallel_crossentropy(
             logits, y, sparse=type(self.loss).__name__ == "SparseCategoricalCrossentropy",
             label_smoothing=float(kw.get("label_smoothing") or 0.0),
-            num_devices=self.num_devices,
-            replica_id=int(tf.get_static_value(ctx.replica_id_in_sync_group)),
-            all_gather=lambda x: self._loss_all_gather(x, len(x.shape) - 1),
-            all_reduce=self._loss_all_reduce)
+            num_devices=self.num_devices, replica_id=r.rid,
+            all_gather=lambda x: self._loss_all_gather(r, x, len(x.shape) - 1),
+            all_reduce=lambda x: self._loss_all_reduce(r, x))
 
-    def _local_loss(self, out: tf.Tensor, target: Any) -> tuple[tf.Tensor, bool]:
+    def _local_loss(self, r: _Replica, out: tf.Tensor, target: Any) -> tuple[tf.Tensor, bool]:
         """(this replica's share of the global loss, whether shares must be summed).
 
         ``target``: the local targets, or ``(targets, sample weights)`` (Keras's
@@ -422,13 +451,13 @@ class Runtime:
                 "the last GraphNode without a collective after the activation, e.g. the "
                 "searched one or 'replicate'")
         if plan.method == "vocab-parallel":
-            per_example = self._vocab_parallel(out, y)
+            per_example = self._vocab_parallel(r, out, y)
         else:
             if plan.method == "gather":
                 if logits is None:
-                    out = self._gather_for_loss(out, p.axis)
+                    out = self._gather_for_loss(r, out, p.axis)
                 else:  # Keras's crossentropy reads the logits: gather those, not the output
-                    logits = self._gather_for_loss(logits, p.axis)
+                    logits = self._gather_for_loss(r, logits, p.axis)
                     out = _ACTIVATIONS[activation](logits)
                     out._keras_logits = logits
             per_example = self.loss.call(y, out)
@@ -440,7 +469,7 @@ class Runtime:
             if self.loss.reduction == "mean_with_sample_weight":   # over the weights' sum
                 total = tf.reduce_sum(w)
                 if isinstance(self.weight_placement, Split):   # each weight on one replica
-                    total = self._loss_all_reduce(total)
+                    total = self._loss_all_reduce(r, total)
             w = tf.reshape(w, w.shape.as_list() + [1] * (per_example.shape.rank - w.shape.rank))
             per_example = per_example * w
         loss = tf.reduce_sum(per_example)
@@ -448,16 +477,15 @@ class Runtime:
             loss = tf.math.divide_no_nan(loss, tf.cast(total, loss.dtype))
         return loss, plan.partial
 
-    def _forward(self, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Variable],
-                 states: Mapping[str, tf.Variable]) -> tuple[list, dict]:
+    def _forward(self, r: _Replica, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Tensor],
+                 states: Mapping[str, tf.Tensor]) -> tuple[list, dict]:
         """(local outputs, {path: new local value} the program writes: training mode)."""
         local = {p: [weights[p]] for p in self.paths}
         local.update({p: [v] for p, v in states.items()})
-        coll = self._collectives(self._tracing)
         if not getattr(self.program, "has_writes", False):
-            return [o[0] for o in self.program([[x] for x in xs], local, coll)], {}
+            return [o[0] for o in self.program([[x] for x in xs], local, r.coll)], {}
         writes: dict[str, list] = {}
-        outs = self.program([[x] for x in xs], local, coll, writes)
+        outs = self.program([[x] for x in xs], local, r.coll, writes)
         return [o[0] for o in outs], {p: v[0] for p, v in writes.items()}
 
     def _on_device(self, fn: Callable) -> Callable:
@@ -476,18 +504,115 @@ class Runtime:
                 return fn(*args)
         return wrapped
 
+    # -- one program body, every replica ----------------------------------------------------
+
+    def _launchers(self) -> list | None:
+        """The strategy's per-device ``CollectiveReplicaLauncher`` s when the replica bodies
+        can be traced once (:meth:`_replicas`), else None: a custom ``collectives``
+        factory, a strategy whose collectives are not launched per device
+        (``MirroredStrategy`` with ``NcclAllReduce`` or another ``cross_device_ops``), or
+        one device (nothing to launch)."""
+        if self._collectives != self._default_collectives or self.num_devices < 2:
+            return None
+        launchers = getattr(getattr(self.strategy.extended, "_cross_device_ops", None),
+                            "_launchers", None)
+        if not launchers or len(launchers) != len(self.local_replicas):
+            return None
+        return list(launchers)
+
+    def _keyed_group(self, launchers: list) -> KeyedGroup:
+        """The strategy's collective group, for :class:`KeyedCollectives`: each instance key
+        is taken from the strategy's own counter for *every* local device at once (the
+        counters advance in step: every device runs the same collectives), so keys fixed
+        at trace time never meet the ones the strategy hands out when a step is called."""
+        first = launchers[0]
+        counter = first._collective_keys
+
+        def next_key() -> int:
+            keys = {counter.get_instance_key(lc._group_key, lc._device) for lc in launchers}
+            if len(keys) != 1:
+                raise RuntimeError(f"the devices' collective instance keys differ ({sorted(keys)}):"
+                                   " a collective ran on some devices only; build a new "
+                                   "strategy (tapas.execution.devices.make_strategy)")
+            return keys.pop()
+
+        options = first._options
+        return KeyedGroup(int(first._group_key), int(first._group_size),
+                          options.implementation.value, float(options.timeout_seconds or 0),
+                          next_key)
+
+    def _replicas(self, body: Callable, args: tuple,
+                  finish: Callable | None = None) -> Any:
+        """``strategy.run`` of ``body(r, *tensors)`` on every replica, where ``r`` is the
+        replica's :class:`_Replica` and the tensors are the replica's local values of
+        ``args`` with every variable read; then, in the replica, ``finish(result, *args)``
+        (with the variables themselves, to assign them) when given.
+
+        Traced *once*: with the strategy's collective launchers the body is traced a single
+        time as a function of (replica id, ordering token, tensors) with
+        :class:`KeyedCollectives`, and each replica calls it on its device, so the Python
+        replay, its gradients and TensorFlow's bookkeeping of the traced ops are done once,
+        not once per replica (the first step's time, issue 11). Otherwise (see
+        :meth:`_launchers`) the body is traced in each replica with the
+        ``ReplicaContext``'s collectives."""
+        launchers = self._launchers()
+        if launchers is None:
+            def replica(*a: Any) -> Any:
+                coll = self._collectives(self._tracing)
+                rid = coll.replica_ids()[0] if hasattr(coll, "replica_ids") else \
+                    tf.get_static_value(tf.distribute.get_replica_context()
+                                        .replica_id_in_sync_group)
+                static = tf.get_static_value(rid) if isinstance(rid, tf.Tensor) else rid
+                r = _Replica(coll, ReplicaContextCollectives(self.num_devices), rid,
+                             static is not None and int(static) == self.local_replicas[0])
+                result = body(r, *_read(a))
+                return finish(result, *a) if finish else result
+            return self.strategy.run(self._on_device(replica), args=args)
+
+        local = self.strategy.experimental_local_results
+        first = tf.nest.map_structure(
+            lambda a: local(a)[0] if isinstance(a, tf.distribute.DistributedValues) else a,
+            args)
+        tokens = [getattr(lc, "_ordering_token", None) for lc in launchers]
+        use_token = all(t is not None for t in tokens)
+        group = self._keyed_group(launchers)
+        if self._tracing not in self.audits:
+            self.audits[self._tracing] = Audit()
+
+        def traced(rid: tf.Tensor, token: Any, *a: Any) -> Any:
+            coll = KeyedCollectives(self.num_devices, rid, group, token,
+                                    audit=self.audits[self._tracing])
+            return body(_Replica(coll, coll, rid, True), *a)
+
+        fn = tf.function(traced, autograph=False).get_concrete_function(
+            tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource) if use_token else None,
+            *tf.nest.map_structure(_spec, first))
+
+        def replica(*a: Any) -> Any:
+            rid = int(tf.get_static_value(
+                tf.distribute.get_replica_context().replica_id_in_sync_group))
+            k = self.local_replicas.index(rid)
+            token = tokens[k].handle if use_token else None
+            result = fn(tf.constant(rid, tf.int32), token, *_read(a))
+            return finish(result, *a) if finish else result
+        return self.strategy.run(self._on_device(replica), args=args)
+
     # -- training -------------------------------------------------------------------------
 
-    def _replica_grads(self, xs: tuple, y: tf.Tensor, weights: dict, states: dict) -> tuple:
+    def _grads(self, r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tuple:
+        """(loss share, whether shares are summed, gradients of the trainable weights in
+        ``trainable_paths`` order (None where the loss does not depend on one), writes)."""
+        trainable = [weights[p] for p in self.trainable_paths]
         with tf.GradientTape() as tape:
-            outs, writes = self._forward(xs, weights, states)
-            share, partial = self._local_loss(outs[0], y)
-        grads = tape.gradient(share, [weights[p] for p in self.trainable_paths])
-        return share, partial, grads, writes
+            tape.watch(trainable)
+            outs, writes = self._forward(r, xs, weights, states)
+            share, partial = self._local_loss(r, outs[0], y)
+        grads = tape.gradient(share, trainable)
+        return share, partial, grads, writes, outs
 
-    def _replica_compute(self, xs: tuple, y: tf.Tensor, weights: dict, slots: dict,
+    def _replica_compute(self, r: _Replica, xs: tuple, y: Any, weights: dict, slots: dict,
                          states: dict) -> tuple:
-        share, partial, grads, writes = self._replica_grads(xs, y, weights, states)
+        share, partial, grads, writes, _ = self._grads(r, xs, y, weights, states)
         step = self.iterations + 1
         new: dict[str, dict[str, tf.Tensor]] = {}
         for p, g in zip(self.trainable_paths, grads):
@@ -499,10 +624,10 @@ class Runtime:
                     tf.square(g.values), g.indices, g.dense_shape))
                 g = tf.convert_to_tensor(g)
             value, new_slots = self.optimizer.update(
-                weights[p].read_value(), g, {k: v.read_value() for k, v in slots[p].items()},
-                step, grad_square, learning_rate=self.learning_rate)
+                weights[p], g, dict(slots[p]), step, grad_square,
+                learning_rate=self.learning_rate)
             new[p] = {"value": value, "grad": g, **new_slots}
-        loss = sum_values(_placed(share)) if partial else share
+        loss = r.values.sum_value(share) if partial else share
         return loss, new, writes
 
     def _replica_assign(self, new: dict, writes: dict, weights: dict, slots: dict,
@@ -519,9 +644,8 @@ class Runtime:
     def _train_step(self, xs: Any, y: Any) -> tf.Tensor:
         # the traced step's graph, for TensorBoard's graph tab (fit's tensorboard=)
         self.graphs["train_step"] = tf.compat.v1.get_default_graph()
-        loss, new, writes = self.strategy.run(
-            self._on_device(self._replica_compute),
-            args=(xs, y, self._dist_vars, self._dist_slots, self.states.dist))
+        loss, new, writes = self._replicas(
+            self._replica_compute, (xs, y, self._dist_vars, self._dist_slots, self.states.dist))
         local_losses = self.strategy.experimental_local_results(loss)
         everything = tf.nest.flatten(self.strategy.experimental_local_results((new, writes)))
         with tf.control_dependencies(everything + list(local_losses)):
@@ -589,29 +713,36 @@ class Runtime:
         return result
 
     def _evaluate(self, xs: Any, y: Any) -> tuple:
-        def fn(xs: tuple, y: tf.Tensor, weights: dict, states: dict) -> tuple:
-            with tf.GradientTape() as tape:
-                outs, writes = self._forward(xs, weights, states)
-                share, partial = self._local_loss(outs[0], y)
-            grads = tape.gradient(share, [weights[p] for p in self.trainable_paths])
-            stateful.assign_writes(writes, weights, states)  # as a Keras training call
+        def body(r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tuple:
+            share, partial, grads, writes, outs = self._grads(r, xs, y, weights, states)
             full_grads = {}
             for p, g in zip(self.trainable_paths, grads):
                 if g is None:
                     continue
                 g = tf.convert_to_tensor(g)
                 placement = self.specs[p].placement
-                full_grads[p] = (gather_values(_placed(g), placement.axis)
+                full_grads[p] = (r.values.gather_value(g, placement.axis)
                                  if isinstance(placement, Split) else g)
-            full_outs = [gather_values(_placed(o), pl.axis) if isinstance(pl, Split) else o
+            full_outs = [r.values.gather_value(o, pl.axis) if isinstance(pl, Split) else o
                          for o, pl in zip(outs, self.output_placements)]
-            loss = sum_values(_placed(share)) if partial else share
-            return full_outs, loss, full_grads
-        outs, loss, grads = self.strategy.run(self._on_device(fn),
-                                              args=(xs, y, self._dist_vars, self.states.dist))
+            loss = r.values.sum_value(share) if partial else share
+            return (full_outs, loss, full_grads), writes
+
+        outs, loss, grads = self._replicas(body, (xs, y, self._dist_vars, self.states.dist),
+                                           self._assigning_writes)
         first = self.strategy.experimental_local_results
         return ([first(o)[0] for o in outs], first(loss)[0],
                 {p: first(g)[0] for p, g in grads.items()})
+
+    @staticmethod
+    def _assigning_writes(result: tuple, *args: Any) -> Any:
+        """``finish`` of :meth:`_replicas` for a body that returns ``(value, writes)``: the
+        writes assigned to the replica's variables (the last two arguments: weights and
+        states), as a Keras call in training mode does; returns the value."""
+        value, writes = result
+        weights, states = args[-2], args[-1]
+        with tf.control_dependencies(stateful.assign_writes(writes, weights, states)):
+            return tf.nest.map_structure(tf.identity, value)
 
     def evaluate(self, xs: Any, y: Any) -> tuple[list[np.ndarray], float, dict[str, np.ndarray]]:
         """(outputs, global loss, {path: global gradient}) on the batch, in one traced
@@ -628,12 +759,11 @@ class Runtime:
         return loss, grads
 
     def _loss_only(self, xs: Any, y: Any) -> tf.Tensor:
-        def fn(xs: tuple, y: tf.Tensor, weights: dict, states: dict) -> tf.Tensor:
-            outs, _ = self._forward(xs, weights, states)   # writes dropped: no side effects
-            share, partial = self._local_loss(outs[0], y)
-            return sum_values(_placed(share)) if partial else share
-        loss = self.strategy.run(self._on_device(fn),
-                                 args=(xs, y, self._dist_vars, self.states.dist))
+        def body(r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tf.Tensor:
+            outs, _ = self._forward(r, xs, weights, states)   # writes dropped: no side effects
+            share, partial = self._local_loss(r, outs[0], y)
+            return r.values.sum_value(share) if partial else share
+        loss = self._replicas(body, (xs, y, self._dist_vars, self.states.dist))
         return self.strategy.experimental_local_results(loss)[0]
 
     def forward_loss(self, xs: Any, y: Any, *, worker_share: bool = False,
@@ -673,17 +803,15 @@ class Runtime:
 
     # -- inference ------------------------------------------------------------------------
 
-    def _replica_predict(self, xs: tuple, weights: dict, states: dict) -> list[tf.Tensor]:
-        outs, writes = self._forward(xs, weights, states)
-        stateful.assign_writes(writes, weights, states)  # training mode: as a Keras call
-        full = []
-        for o, p in zip(outs, self.output_placements):
-            full.append(gather_values(_placed(o), p.axis) if isinstance(p, Split) else o)
-        return full
+    def _replica_predict(self, r: _Replica, xs: tuple, weights: dict, states: dict) -> tuple:
+        outs, writes = self._forward(r, xs, weights, states)
+        full = [r.values.gather_value(o, p.axis) if isinstance(p, Split) else o
+                for o, p in zip(outs, self.output_placements)]
+        return full, writes   # the writes are assigned (training mode: as a Keras call)
 
     def _predict(self, xs: Any) -> list[tf.Tensor]:
-        outs = self.strategy.run(self._on_device(self._replica_predict),
-                                 args=(xs, self._dist_vars, self.states.dist))
+        outs = self._replicas(self._replica_predict, (xs, self._dist_vars, self.states.dist),
+                              self._assigning_writes)
         return [self.strategy.experimental_local_results(o)[0] for o in outs]
 
     def predict(self, xs: Any) -> np.ndarray | list[np.ndarray]:

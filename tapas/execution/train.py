@@ -540,6 +540,14 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
         with open(report_path) as f:
             report = json.load(f)
     except launch.LaunchError as e:
+        if opts.json_out:   # what the chief reported before the failure (e.g. verify's table)
+            try:
+                with open(report_path) as f:
+                    partial = json.load(f)
+            except (OSError, ValueError):
+                partial = None
+            if partial:
+                _write_json(opts.json_out, {**partial, "error": str(e)})
         hint = ""
         if opts.checkpoint_dir:
             from tapas.execution import fit as fit_mod
