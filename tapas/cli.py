@@ -6,6 +6,7 @@
     tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json
                   [--plot=residuals.png] [--nogamma]
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
+                  [--meshes | --mesh=ROWSxCOLS]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
                   [--data=file.npz|file.tfrecord] [--epochs=E] [--checkpoint_dir=DIR]
@@ -56,6 +57,11 @@ flags.DEFINE_string("cluster", "v100", f"search, train: hardware constants: a pr
                     "file written by `tapas profile --out=cluster.json`.")
 flags.DEFINE_string("out", None, "search: write the Strategy as JSON to this path; profile: "
                     "write the cluster file here (default out/cluster.json).")
+flags.DEFINE_boolean("meshes", False, "search: also search every 2-D mesh rows x cols of the "
+                     "devices (data parallel over the rows, the searched strategy in each row: "
+                     "tapas.planning.mesh) and print the best cost per mesh.")
+flags.DEFINE_string("mesh", None, "search: search this one mesh ROWSxCOLS (e.g. 2x8) instead "
+                    "of all of them.")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
                    "(e.g. for --mode=es on a large model).")
@@ -294,6 +300,8 @@ def cmd_search() -> dict[str, Any]:
                              f"--devices_per_node={FLAGS.devices_per_node}: {e}") from None
     graph, trace, ir_s = _capture_flags_model()
     capture_s = trace.seconds + ir_s
+    if FLAGS.meshes or FLAGS.mesh:
+        return _search_meshes(graph, trace, cluster)
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes in {capture_s:.3f} s; "
           f"searching ({FLAGS.mode}) on {cluster.name} ({cluster.num_devices} devices)")
     start = time.perf_counter()
@@ -322,6 +330,59 @@ def cmd_search() -> dict[str, Any]:
         strategy.save(FLAGS.out)
         print(f"\nstrategy written to {FLAGS.out}")
     return report
+
+
+def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any) -> dict[str, Any]:
+    """`tapas search --meshes`: every rows x cols mesh (tapas.planning.mesh), each row's
+    model captured again at its share of the batch."""
+    import tensorflow as tf
+
+    from tapas import capturing
+    from tapas.planning import explore
+    from tapas.planning import mesh as mesh_lib
+    from tapas.planning import search as search_lib
+    try:
+        meshes = [mesh_lib.Mesh.parse(FLAGS.mesh)] if FLAGS.mesh else None
+    except ValueError as e:
+        raise app.UsageError(f"--mesh={FLAGS.mesh}: {e}") from None
+    if meshes and meshes[0].num_devices != cluster.num_devices:
+        raise app.UsageError(f"--mesh={FLAGS.mesh} has {meshes[0].num_devices} devices, the "
+                             f"cluster {cluster.num_devices} (--nodes x --devices_per_node)")
+    batch = int(tf.nest.flatten(trace.input_specs)[0].shape[0])
+
+    def graph_for(rows: int) -> ir.Graph:
+        if rows == 1:
+            return graph
+        loaded = load_model(FLAGS.model, batch // rows)
+        return capturing.capture(loaded.model, loaded.specs, training=bool(FLAGS.training),
+                                 name=f"{loaded.name}/batch{batch // rows}")
+
+    def say(r: Any) -> None:
+        print(f"  {r.mesh}: " + (f"{r.total * 1e3:.3f} ms per step" if r.ok else r.note)
+              + f" (capture {r.capture_seconds:.1f} s, search {r.search_seconds:.1f} s)",
+              flush=True)
+
+    budget = None if FLAGS.memory_budget_gib is None else FLAGS.memory_budget_gib * 2**30
+    print(f"searching the meshes of {cluster.name} ({cluster.num_devices} devices, batch "
+          f"{batch}) with --mode={FLAGS.mode}:", flush=True)
+    try:
+        result = mesh_lib.search_meshes(
+            graph_for, batch, cluster, search=search_lib.search, meshes=meshes,
+            on_result=say, mode=FLAGS.mode, top_k=FLAGS.top_k, memory_budget=budget,
+            explore_options=explore.ExploreOptions(top_k=FLAGS.top_k,
+                                                   time_limit=FLAGS.time_limit))
+        best = result.best
+    except (ValueError, explore.SearchTimeout) as e:
+        raise app.UsageError(str(e)) from None
+    print()
+    print(result.summary())
+    print(f"search time over the meshes {result.search_seconds:.2f} s (capture excluded)")
+    print(f"\nbest mesh {best.mesh}: the strategy of one row of {best.mesh.cols} device(s):")
+    print(best.strategy.summary(graph_for(best.mesh.rows)))
+    if FLAGS.out:
+        best.strategy.save(FLAGS.out)
+        print(f"\nthe row's strategy written to {FLAGS.out} (mesh {best.mesh})")
+    return {"model": graph.name, "meshes": result.to_json()}
 
 
 def cmd_train() -> dict[str, Any]:

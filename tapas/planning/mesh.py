@@ -1,0 +1,261 @@
+"""Two-dimensional device meshes: data parallel over one mesh axis, the searched
+tensor-parallel strategy over the other (issue 14, DP x TP).
+
+In:  a ``Cluster`` S(m, n) of N = m * n devices, the global batch B, and
+     ``graph_for(rows)``: the captured graph of one mesh row, i.e. the model at batch
+     B / rows (the caller captures it: this module imports no TensorFlow); a search mode,
+     cost options and memory budget as for ``tapas.search``.
+Out: :class:`MeshSearch`: for every mesh shape ``rows x cols`` with rows * cols = N (rows
+     dividing B, and a row either inside one node or made of whole nodes), the row's
+     ``Strategy`` searched on ``cols`` devices (its collectives priced on the link a row
+     spans), the data-parallel gradient all-reduce of every trainable weight's local shard
+     over the ``rows`` devices of a column (priced on the link a column spans; a backward
+     collective, so gamma applies), their sum per training step, the memory per device,
+     and the cheapest mesh.
+
+Device r = i * cols + j sits in row i, column j, and devices fill a node before the next
+(``Cluster.group``): a row of cols <= n devices stays inside a node (NVLink), and a column
+spans min(rows, m) nodes (Ethernet when m > 1). ``1 x N`` is the 1-D search (its data- and
+tensor-parallel patterns over all N devices, the collectives of the whole group); ``N x 1``
+is pure data parallelism (each device holds the whole model). A mesh prices what the
+runtime runs: the row's program on its own group and one all-reduce per trainable weight
+over the column (no gradient bucketing).
+
+>>> [str(s) for s in mesh_shapes(8)]
+['1x8', '2x4', '4x2', '8x1']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tapas.ir import Graph, dtype_bytes
+from tapas.planning.cluster import Cluster
+from tapas.planning.cost import CostBreakdown, CostOptions, collective_cost
+
+__all__ = ["Mesh", "MeshResult", "MeshSearch", "mesh_shapes", "row_cluster", "column_nodes",
+           "gradient_all_reduce", "search_meshes"]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Mesh:
+    """``rows`` x ``cols`` devices: data parallel over the rows, tensor parallel in a row."""
+
+    rows: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        for field in ("rows", "cols"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"mesh {field}={v!r}: must be a positive int")
+
+    @property
+    def num_devices(self) -> int:
+        return self.rows * self.cols
+
+    def position(self, device: int) -> tuple[int, int]:
+        """(row, column) of device index ``device``."""
+        if not 0 <= device < self.num_devices:
+            raise ValueError(f"device {device} is not in a {self} mesh (0..{self.num_devices - 1})")
+        return divmod(device, self.cols)
+
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.cols}"
+
+    @staticmethod
+    def parse(text: str) -> Mesh:
+        """``"2x4"`` -> Mesh(2, 4)."""
+        parts = str(text).lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"mesh {text!r}: write it ROWSxCOLS, e.g. 2x4")
+        return Mesh(int(parts[0]), int(parts[1]))
+
+
+def mesh_shapes(num_devices: int) -> list[Mesh]:
+    """Every factorisation rows x cols of ``num_devices``, by increasing rows."""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise ValueError(f"num_devices={num_devices!r}: must be a positive int")
+    return [Mesh(r, num_devices // r) for r in range(1, num_devices + 1)
+            if num_devices % r == 0]
+
+
+def row_cluster(cluster: Cluster, mesh: Mesh) -> Cluster:
+    """The cluster one mesh row sees: ``cols`` devices inside one node, or whole nodes.
+
+    Raises ValueError when a row would straddle nodes (cols neither divides nor is a
+    multiple of the devices per node) or when the mesh is not the cluster's size."""
+    n = cluster.devices_per_node
+    if mesh.num_devices != cluster.num_devices:
+        raise ValueError(f"a {mesh} mesh has {mesh.num_devices} devices, the cluster "
+                         f"{cluster.name!r} {cluster.num_devices}: choose rows x cols = "
+                         f"{cluster.num_devices}")
+    if mesh.cols <= n:
+        if n % mesh.cols:
+            raise ValueError(f"a row of {mesh.cols} devices would straddle nodes of {n} "
+                             f"devices: use a row size that divides {n} or a multiple of it")
+        return cluster.with_shape(1, mesh.cols)
+    if mesh.cols % n:
+        raise ValueError(f"a row of {mesh.cols} devices is not a whole number of nodes of "
+                         f"{n} devices: use a row size that divides {n} or a multiple of it")
+    return cluster.with_shape(mesh.cols // n, n)
+
+
+def column_nodes(cluster: Cluster, mesh: Mesh) -> int:
+    """How many nodes the devices of one mesh column lie on."""
+    n = cluster.devices_per_node
+    return len({(i * mesh.cols) // n for i in range(mesh.rows)})
+
+
+def gradient_all_reduce(graph: Graph, weight_placements: dict[str, str], mesh: Mesh,
+                        cluster: Cluster, options: CostOptions | None = None) -> CostBreakdown:
+    """The data-parallel all-reduce of every trainable weight's local gradient over the
+    ``rows`` devices of a column: the local shard (the weight over ``cols`` when the row's
+    strategy splits it, whole when it is replicated), a backward collective."""
+    options = CostOptions.for_cluster(cluster) if options is None else options
+    terms = []
+    if mesh.rows == 1:
+        return CostBreakdown(())
+    nodes = column_nodes(cluster, mesh)
+    for w in graph.weights:
+        if not w.trainable:
+            continue
+        nbytes = w.num_elements * dtype_bytes(w.dtype)
+        if w.path in weight_placements and weight_placements[w.path] not in ("R", ""):
+            nbytes = -(-nbytes // mesh.cols)
+        terms.append(collective_cost("AR", int(nbytes), mesh.rows, cluster, options,
+                                     backward=True, nodes=nodes, label=f"dp {w.path}"))
+    return CostBreakdown(tuple(terms))
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshResult:
+    """One mesh shape: the row's strategy (None when the shape does not apply, with
+    ``note`` saying why), its cost, the gradient all-reduce over the columns, the total."""
+
+    mesh: Mesh
+    strategy: Any = None            # tapas.planning.strategy.Strategy of one row
+    row_cost: float = math.inf      # seconds per step of the row's strategy
+    dp_cost: float = 0.0            # seconds per step of the column all-reduces
+    memory: float = math.inf        # bytes per device
+    capture_seconds: float = 0.0    # capturing the row's graph (graph_for)
+    search_seconds: float = 0.0     # searching it and pricing the column all-reduces
+    note: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.capture_seconds + self.search_seconds
+
+    @property
+    def total(self) -> float:
+        return self.row_cost + self.dp_cost
+
+    @property
+    def ok(self) -> bool:
+        return self.strategy is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mesh": str(self.mesh), "rows": self.mesh.rows, "cols": self.mesh.cols,
+                "row_cost": self.row_cost if self.ok else None,
+                "dp_cost": self.dp_cost if self.ok else None,
+                "total": self.total if self.ok else None,
+                "memory": self.memory if self.ok else None,
+                "capture_seconds": round(self.capture_seconds, 3),
+                "search_seconds": round(self.search_seconds, 3),
+                "note": self.note,
+                "strategy": self.strategy.to_json() if self.ok else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSearch:
+    """Every mesh shape's result and the best one."""
+
+    cluster: Cluster
+    batch: int
+    results: tuple[MeshResult, ...]
+
+    @property
+    def best(self) -> MeshResult:
+        ok = [r for r in self.results if r.ok]
+        if not ok:
+            raise ValueError("no mesh shape applies: " + "; ".join(
+                f"{r.mesh}: {r.note}" for r in self.results))
+        return min(ok, key=lambda r: (r.total, r.mesh.rows))
+
+    def summary(self) -> str:
+        """The table `tapas search --meshes` prints."""
+        lines = [f"meshes of {self.cluster.name} ({self.cluster.num_devices} devices), global "
+                 f"batch {self.batch}: rows data parallel, the searched strategy in each row",
+                 f"{'mesh':>6} {'row batch':>9} {'row cost ms':>12} {'dp grad ms':>11} "
+                 f"{'total ms':>10} {'memory GiB':>11} {'capture s':>9} {'search s':>8}  note"]
+        best = self.best.mesh if any(r.ok for r in self.results) else None
+        for r in self.results:
+            if not r.ok:
+                lines.append(f"{str(r.mesh):>6} {'-':>9} {'-':>12} {'-':>11} {'-':>10} "
+                             f"{'-':>11} {'-':>9} {'-':>8}  {r.note}")
+                continue
+            mark = "  <- best" if r.mesh == best else ""
+            lines.append(f"{str(r.mesh):>6} {self.batch // r.mesh.rows:>9} "
+                         f"{r.row_cost * 1e3:>12.3f} {r.dp_cost * 1e3:>11.3f} "
+                         f"{r.total * 1e3:>10.3f} {r.memory / 2**30:>11.2f} "
+                         f"{r.capture_seconds:>9.2f} {r.search_seconds:>8.2f}  {r.note}{mark}")
+        return "\n".join(lines)
+
+    @property
+    def search_seconds(self) -> float:
+        """Search time over every mesh (capture excluded)."""
+        return math.fsum(r.search_seconds for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        best = self.best.mesh if any(r.ok for r in self.results) else None
+        return {"cluster": self.cluster.name, "devices": self.cluster.num_devices,
+                "batch": self.batch, "best": str(best) if best else None,
+                "search_seconds": round(self.search_seconds, 3),
+                "results": [r.to_json() for r in self.results]}
+
+
+def search_meshes(graph_for: Callable[[int], Graph], batch: int, cluster: Cluster, *,
+                  search: Callable[..., Any], meshes: Sequence[Mesh] | None = None,
+                  options: CostOptions | None = None,
+                  on_result: Callable[[MeshResult], None] | None = None,
+                  **search_kwargs: Any) -> MeshSearch:
+    """Search every mesh shape of ``cluster`` (module docstring).
+
+    ``graph_for(rows)`` returns the graph of one row (the model at batch ``batch // rows``);
+    ``search(graph, cluster=..., options=..., **search_kwargs)`` is ``tapas.search`` (passed
+    in so that this module stays free of the capture stage). ``on_result`` is called after
+    each shape (progress)."""
+    options = CostOptions.for_cluster(cluster) if options is None else options
+    results = []
+    for mesh in (list(meshes) if meshes is not None else mesh_shapes(cluster.num_devices)):
+        note = ""
+        if batch % mesh.rows:
+            note = f"the batch {batch} does not split into {mesh.rows} rows"
+        else:
+            try:
+                sub = row_cluster(cluster, mesh)
+            except ValueError as e:
+                note = str(e)
+        if note:
+            result = MeshResult(mesh, note=note)
+        else:
+            start = time.perf_counter()
+            graph = graph_for(mesh.rows)
+            captured = time.perf_counter()
+            strategy = search(graph, cluster=sub, options=options, **search_kwargs)
+            dp = gradient_all_reduce(graph, dict(strategy.weight_placements), mesh, cluster,
+                                     options)
+            where = ("one node" if sub.num_nodes == 1 else f"{sub.num_nodes} nodes")
+            note = (f"rows on {where}, columns on {column_nodes(cluster, mesh)} node(s)"
+                    if mesh.rows > 1 else f"1-D over {where}")
+            result = MeshResult(mesh, strategy, strategy.total_cost, dp.total,
+                                float(strategy.memory.total), captured - start,
+                                time.perf_counter() - captured, note)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return MeshSearch(cluster, batch, tuple(results))

@@ -1,0 +1,122 @@
+"""2-D meshes (tapas.planning.mesh): shapes, where rows and columns lie on S(m, n), the
+data-parallel gradient all-reduce priced by hand, the mesh search against the 1-D search,
+and `tapas search --meshes`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tapas.ir import Graph
+from tapas.planning import mesh as M
+from tapas.planning.cost import Cluster, CostOptions, collective_cost
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_shapes_parse_and_positions() -> None:
+    assert [str(m) for m in M.mesh_shapes(12)] == ["1x12", "2x6", "3x4", "4x3", "6x2",
+                                                   "12x1"]
+    assert M.Mesh.parse("2x8") == M.Mesh(2, 8) and M.Mesh(2, 8).num_devices == 16
+    assert M.Mesh(2, 4).position(5) == (1, 1)
+    for bad in ("2*8", "x8", "2x", "ax4"):
+        with pytest.raises(ValueError, match="ROWSxCOLS"):
+            M.Mesh.parse(bad)
+    with pytest.raises(ValueError, match="positive int"):
+        M.Mesh(0, 4)
+    with pytest.raises(ValueError, match="not in a 2x4 mesh"):
+        M.Mesh(2, 4).position(8)
+
+
+def test_rows_stay_inside_a_node_and_columns_span_the_nodes() -> None:
+    c = Cluster.v100_ethernet(2, 8)
+    assert M.row_cluster(c, M.Mesh(2, 8)).num_nodes == 1
+    assert M.row_cluster(c, M.Mesh(4, 4)).num_devices == 4
+    assert M.row_cluster(c, M.Mesh(1, 16)).num_nodes == 2
+    assert [M.column_nodes(c, m) for m in M.mesh_shapes(16)] == [1, 2, 2, 2, 2]
+    assert M.column_nodes(Cluster.v100_ethernet(1, 8), M.Mesh(4, 2)) == 1
+    with pytest.raises(ValueError, match="straddle nodes of 6"):
+        M.row_cluster(Cluster.v100_ethernet(2, 6), M.Mesh(3, 4))
+    with pytest.raises(ValueError, match="2x4 mesh has 8 devices"):
+        M.row_cluster(c, M.Mesh(2, 4))
+
+
+@pytest.fixture(scope="module")
+def mlp() -> Any:
+    """An MLP captured at batch 8 and (for two rows) at batch 4."""
+    import keras
+    import tensorflow as tf
+
+    from tapas import capturing
+    inputs = keras.Input((16,), name="x")
+    h = keras.layers.Dense(64, activation="relu", name="up")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(16, name="down")(h), name="mlp")
+    return lambda batch: capturing.capture(model, tf.TensorSpec((batch, 16), tf.float32),
+                                           name=f"mlp{batch}")
+
+
+def test_gradient_all_reduce_is_one_backward_all_reduce_per_local_shard(mlp: Any) -> None:
+    graph: Graph = mlp(4)
+    c = Cluster.v100_ethernet(2, 2)
+    opts = CostOptions.for_cluster(c)
+    mesh = M.Mesh(2, 2)
+    replicated = M.gradient_all_reduce(graph, {}, mesh, c, opts)
+    sizes = {"up/kernel": 16 * 64 * 4, "up/bias": 64 * 4, "down/kernel": 64 * 16 * 4,
+             "down/bias": 16 * 4}
+    want = math.fsum(collective_cost("AR", b, 2, c, opts, backward=True, nodes=2).total
+                     for b in sizes.values())
+    assert len(replicated.terms) == 4 and math.isclose(replicated.total, want)
+    assert all(t.backward and t.group_size == 2 for t in replicated.terms)
+    split = M.gradient_all_reduce(graph, {"up/kernel": "S1"}, mesh, c, opts)
+    kernel = [t for t in split.terms if t.label == "dp up/kernel"][0]
+    assert kernel.nbytes == sizes["up/kernel"] // 2
+    assert M.gradient_all_reduce(graph, {}, M.Mesh(1, 4), c, opts).total == 0.0
+
+
+def test_mesh_search_1xN_is_the_1d_search_and_rows_add_the_column_all_reduce(mlp: Any) -> None:
+    from tapas.planning.search import search
+    c = Cluster.v100_ethernet(2, 2)
+    seen = []
+    result = M.search_meshes(lambda rows: mlp(8 // rows), 8, c, search=search,
+                             on_result=seen.append)
+    assert [str(r.mesh) for r in result.results] == ["1x4", "2x2", "4x1"] and len(seen) == 3
+    one_d = search(mlp(8), cluster=c)
+    first = result.results[0]
+    assert math.isclose(first.total, one_d.total_cost) and first.dp_cost == 0.0
+    two = result.results[1]
+    row = search(mlp(4), cluster=c.with_shape(1, 2))
+    assert math.isclose(two.row_cost, row.total_cost)
+    dp = M.gradient_all_reduce(mlp(4), dict(row.weight_placements), M.Mesh(2, 2), c)
+    assert math.isclose(two.dp_cost, dp.total) and two.dp_cost > 0
+    assert result.best.total == min(r.total for r in result.results)
+    table = result.summary()
+    assert "<- best" in table and "2x2" in table
+    assert json.loads(json.dumps(result.to_json()))["best"] == str(result.best.mesh)
+    # a batch that does not split into the rows leaves that mesh out, with the reason
+    odd = M.search_meshes(lambda rows: mlp(2 // rows), 2, c, search=search)
+    assert not odd.results[2].ok and "does not split into 4 rows" in odd.results[2].note
+
+
+def test_cli_search_meshes_prints_the_table_and_writes_json(tmp_path: Any) -> None:
+    out = tmp_path / "meshes.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "search", "--model=t5-tiny", "--nodes=2",
+         "--devices_per_node=2", "--meshes", f"--json_out={out}"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TAPAS_PROGRESS="0"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "<- best" in proc.stdout and "dp grad ms" in proc.stdout
+    report = json.loads(out.read_text())["meshes"]
+    assert [r["mesh"] for r in report["results"]] == ["1x4", "2x2", "4x1"]
+    assert report["best"] in ("1x4", "2x2", "4x1")
+    bad = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "search", "--model=t5-tiny", "--nodes=2",
+         "--devices_per_node=2", "--mesh=2x4"], capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert bad.returncode != 0 and "--mesh=2x4 has 8 devices, the cluster 4" in bad.stderr
