@@ -10,7 +10,7 @@
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
                   [--data=file.npz|file.tfrecord] [--epochs=E] [--checkpoint_dir=DIR]
-                  [--checkpoint_every=K] [--resume] [--tensorboard=LOGDIR]
+                  [--checkpoint_every=K] [--resume] [--tensorboard=LOGDIR] [--mesh=ROWSxCOLS]
 
 ``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
 Keras model (``.keras``). Each command prints a report to stdout; ``--json_out`` writes the
@@ -61,7 +61,8 @@ flags.DEFINE_boolean("meshes", False, "search: also search every 2-D mesh rows x
                      "devices (data parallel over the rows, the searched strategy in each row: "
                      "tapas.planning.mesh) and print the best cost per mesh.")
 flags.DEFINE_string("mesh", None, "search: search this one mesh ROWSxCOLS (e.g. 2x8) instead "
-                    "of all of them.")
+                    "of all of them; train: run on this mesh (data parallel over the rows, "
+                    "--strategy made for COLS devices on one row's graph inside each row).")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
                    "(e.g. for --mode=es on a large model).")
@@ -396,7 +397,7 @@ def cmd_train() -> dict[str, Any]:
                               training=FLAGS.training, data=FLAGS.data,
                               epochs=FLAGS.epochs, checkpoint_dir=FLAGS.checkpoint_dir,
                               checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume,
-                              tensorboard=FLAGS.tensorboard)
+                              tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh)
     from absl import logging
     logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
     try:

@@ -581,7 +581,62 @@ def check_programs(strategy: Any) -> dict[str, Any]:
     return out
 
 
-CHECKS = {"property": check_property, "programs": check_programs, "zoo": check_zoo,
+def check_mesh(strategy: Any) -> dict[str, Any]:
+    """For each JOB['mesh'] entry {model, mesh, seed, optimizer}: a 2-D mesh ParallelModel
+    (data parallel over the rows; a random plan of one row's inference graph, or the
+    searched one for seed -1, on the columns) verified against the single-device Keras
+    model; the mesh columns' gradient all-reduces (``Runtime.dp_audits``) against the cost
+    model's (``tapas.planning.mesh.gradient_all_reduce``: one per trainable weight, its local
+    shard's bytes); a checkpoint of the mesh restored into a 1-D program of the same model."""
+    from tapas import capturing, models
+    from tapas.execution import parallel
+    from tapas.planning import mesh as mesh_lib
+    from tapas.planning.cost import Cluster
+    out: dict[str, Any] = {}
+    for entry in JOB["mesh"]:
+        key = f"{entry['model']}/{entry['mesh']}/{entry['seed']}/{entry['optimizer']}"
+        try:
+            e = models.get(entry["model"])
+            mesh = mesh_lib.Mesh.parse(entry["mesh"])
+            model = e.build(seed=0)
+            xs, y = e.synthetic_batch()
+            specs = list(e.input_spec())
+            row = [tf.TensorSpec([s.shape[0] // mesh.rows] + s.shape.as_list()[1:], s.dtype,
+                                 name=s.name) for s in specs]
+            graph = capturing.capture(model, row, training=False)
+            plan = None if entry["seed"] < 0 else parallel.random_plan(graph, mesh.cols,
+                                                                       entry["seed"])
+            pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
+                                      mesh=mesh, optimizer=entry["optimizer"],
+                                      loss=e.keras_loss(), training=False)
+            report = pm.verify(list(xs), y, steps=2)
+            rt = pm.runtime
+            ran = {r.tensor: r.bytes for r in rt.dp_audits["train_step"].records}
+            cluster = Cluster.v100_ethernet(2, strategy.num_replicas_in_sync // 2)
+            placements = {p: str(s.placement) for p, s in rt.specs.items()}
+            priced = {t.label[len("dp "):]: t.nbytes for t in mesh_lib.gradient_all_reduce(
+                pm.graph, placements, mesh, cluster).terms}
+            path = rt.save(os.path.join(JOB["dir"], f"mesh-{entry['mesh']}-{entry['seed']}"))
+            weights = rt.global_weights()
+            flat = parallel.parallelize(e.build(seed=1), specs, None,
+                                        distribute_strategy=strategy, training=False,
+                                        optimizer=entry["optimizer"], loss=e.keras_loss())
+            how = flat.runtime.restore(path)
+            restored = flat.runtime.global_weights()
+            out[key] = {"ok": report["ok"], **{k: report[k] for k in
+                                               ("outputs", "loss", "gradients", "weights")},
+                        "dp_ran": ran, "dp_priced": priced,
+                        "sharded_nodes": sum(1 for n in pm.graph.nodes if
+                                             pm.program.plan.pattern(n).name != "replicate"),
+                        "restore": how, "restored_equal": all(
+                            np.array_equal(restored[p], weights[p]) for p in weights)}
+        except Exception as err:  # reported per entry
+            out[key] = {"error": f"{type(err).__name__}: {err}",
+                        "traceback": traceback.format_exc()[-3000:]}
+    return out
+
+
+CHECKS = {"property": check_property, "mesh": check_mesh, "programs": check_programs, "zoo": check_zoo,
           "mlp": check_mlp,
           "logits": check_logits,
           "checkpoint": check_checkpoint, "failed_step": check_failed_step,

@@ -44,6 +44,7 @@ def _checkpoint(rt: Any) -> tf.train.Checkpoint:
 def layout(rt: Any) -> dict[str, Any]:
     """The JSON description of ``rt``'s layout written next to a checkpoint."""
     return {"format": _FORMAT, "num_devices": rt.num_devices,
+            "mesh_rows": getattr(rt, "rows", 1),   # 2-D mesh: the devices are a row's
             "optimizer": dataclasses.asdict(rt.optimizer) | {"name": rt.optimizer.name},
             "weights": [{"path": s.path, "shape": list(s.global_shape),
                          "placement": str(s.placement), "trainable": s.trainable,
@@ -96,6 +97,7 @@ def restore(rt: Any, path: str) -> str:
     meta = _read_meta(rt, path)
     old = {w["path"]: w for w in meta["weights"]}
     same = (meta["num_devices"] == rt.num_devices
+            and meta.get("mesh_rows", 1) == getattr(rt, "rows", 1)
             and meta["optimizer"]["name"] == rt.optimizer.name
             and all(old[p]["placement"] == str(rt.specs[p].placement) for p in rt.paths)
             and [w["path"] for w in meta["weights"]] == rt.paths

@@ -107,6 +107,8 @@ class ParallelModel:
         self.model, self.trace, self.graph = model, trace, graph
         # the model's inputs: names, specs, the structure Keras takes (tapas.execution.inputs)
         self.inputs = signature or inputs.InputSignature.of(model, trace.input_specs)
+        # what a program of one mesh row is captured with (the global inputs in 1-D)
+        self.row_inputs = self.inputs.per_row(rt.rows)
         self.strategy, self.program, self.runtime = strategy, program, rt
         self.timings = dict(timings)
         self.training = training
@@ -132,7 +134,7 @@ class ParallelModel:
             from tapas.execution import reconstruct
             start = time.perf_counter()
             timings: dict[str, float] = {}
-            trace, graph = _capture(self.model, self.inputs, False, timings)
+            trace, graph = _capture(self.model, self.row_inputs, False, timings)
             plan = matching_plan(graph, self.num_devices, self.program, self.plan_patterns())
             program = reconstruct.Program(trace, graph, plan)
             rt = self.runtime.sharing(program, trace.input_specs)
@@ -322,7 +324,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                 distribute_strategy: tf.distribute.Strategy | None = None,
                 optimizer: str | optimizers.Optimizer = "sgd", learning_rate: float | None = None,
                 loss: Any = None, training: bool | None = None, cluster: Cluster | None = None,
-                search_options: Mapping[str, Any] | None = None) -> ParallelModel:
+                search_options: Mapping[str, Any] | None = None,
+                mesh: Any = None) -> ParallelModel:
     """Capture ``model``, choose or check the strategy, reconstruct and place it on devices.
 
     ``strategy``: a ``tapas.planning.search.Strategy``, the path of one saved as JSON, a
@@ -330,6 +333,13 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``cluster`` (default ``Cluster.loopback_cpu(N)``; ``search_options`` go to
     ``tapas.search``). ``devices``/``distribute_strategy``: see the module docstring.
     ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
+    ``mesh``: ``"ROWSxCOLS"`` (or a ``tapas.planning.mesh.Mesh``) with rows x cols = N
+    runs a 2-D mesh: data parallel over the rows (each row takes its share of axis 0 of the
+    batch; gradients all-reduced over the columns) and ``strategy`` (made for ``cols``
+    devices on the graph of one row, at batch / rows: ``tapas search --mesh=RxC`` writes
+    it) inside each row. Batch norm's batch statistics are then per row (as Keras's
+    unsynchronised batch norm under ``tf.distribute``) and dropout draws per row, so
+    ``verify`` is exact only for a graph without them (``training=False``).
     ``training``: which graph the program runs, as ``model(x, training=...)`` would. True
     (the default, as ``model.fit``): the training-mode graph, with dropout drawing the
     single-device mask and batch norm normalising with the global batch's statistics and
@@ -352,11 +362,21 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
             raise ValueError("give devices=N (a MirroredStrategy over N local devices) or "
                              "distribute_strategy=<tf.distribute strategy>")
         distribute_strategy = make_strategy(devices)
-    n = int(distribute_strategy.num_replicas_in_sync)
-    if devices is not None and devices != n:
-        raise ValueError(f"devices={devices} but distribute_strategy has {n} replicas; give one "
-                         "of them or make them agree")
-    signature = inputs.InputSignature.of(model, input_spec)
+    replicas = int(distribute_strategy.num_replicas_in_sync)
+    if devices is not None and devices != replicas:
+        raise ValueError(f"devices={devices} but distribute_strategy has {replicas} replicas; "
+                         "give one of them or make them agree")
+    rows = 1
+    if mesh is not None:
+        from tapas.planning.mesh import Mesh
+        mesh = mesh if isinstance(mesh, Mesh) else Mesh.parse(mesh)
+        if mesh.num_devices != replicas:
+            raise ValueError(f"mesh {mesh} has {mesh.num_devices} devices but the program runs "
+                             f"on {replicas}: choose rows x cols = {replicas}")
+        rows = mesh.rows
+    n = replicas // rows   # the devices of one row (all of them in 1-D)
+    global_signature = inputs.InputSignature.of(model, input_spec)
+    signature = global_signature.per_row(rows)
     if strategy is None:
         training = True if training is None else training
         trace, graph = _capture(model, signature, training, timings)
@@ -377,12 +397,19 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     program = reconstruct.Program(trace, graph, plan)
     timings["reconstruct"] = time.perf_counter() - start
 
+    if rows > 1 and (getattr(program, "states", None) or getattr(program, "has_writes", False)):
+        logging.warning(
+            "tapas.parallelize: on a %s mesh each row draws its own dropout masks and batch "
+            "norm normalises with its row's statistics (as Keras's unsynchronised batch norm "
+            "under tf.distribute); the program is then not the single-device model's, and "
+            "verify reports the difference. For exact equivalence run training=False.", mesh)
     loss = loss_object(getattr(model, "loss", None) if loss is None else loss)
     values = {p: w.numpy() for p, w in capturing.weights_by_path(model).items()
               if p in program.weight_layouts}
     start = time.perf_counter()
     rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
-                         optimizer=optimizers.make_optimizer(optimizer, learning_rate), loss=loss)
+                         optimizer=optimizers.make_optimizer(optimizer, learning_rate), loss=loss,
+                         mesh_rows=rows)
     timings["shard"] = time.perf_counter() - start
     return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
-                         signature)
+                         global_signature)

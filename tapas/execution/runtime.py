@@ -71,21 +71,22 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
 from tapas.execution import checkpoints, losses, stateful
-from tapas.execution.collectives import (Audit, KeyedCollectives, KeyedGroup,
+from tapas.execution.collectives import (Audit, CommRecord, KeyedCollectives, KeyedGroup,
                                          ReplicaContextCollectives, gather_values, local_slice)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
 from tapas.execution.optimizers import Optimizer, make_optimizer
 from tapas.execution.plan import WeightLayout
-from tapas.sharding.placements import Partial, Replica, Split, parse_placement
+from tapas.sharding.placements import Collective, Partial, Replica, Split, parse_placement
 
 __all__ = ["Runtime", "StepError"]
 
@@ -123,6 +124,15 @@ class _Replica:
     values: Any
     rid: int | tf.Tensor
     records: bool
+    dp: Any = None    # collectives over the replica's mesh column (rows > 1), else None
+
+
+class _SummedSlices(NamedTuple):
+    """A sparse gradient summed over a mesh column: the dense sum and the sum of its
+    slices' squares (None when the optimizer has no use for it)."""
+
+    value: tf.Tensor
+    square: tf.Tensor | None
 
 
 def _read(args: Any) -> Any:
@@ -152,35 +162,48 @@ class Runtime:
     """Shards, training step, ``predict`` and checkpoints of one program under one strategy.
 
     ``initial_weights`` maps every weight path of ``program.weight_layouts`` to its global
-    value (NumPy); ``input_specs`` are the global ``tf.TensorSpec`` s of the model inputs.
+    value (NumPy); ``input_specs`` are the ``tf.TensorSpec`` s of the program's inputs.
     ``collectives(function)`` makes the program's collectives object inside a replica while
     ``function`` ("train_step", "predict", "evaluate") is traced (default:
     ``tapas.execution.reconstruct.ReplicaContextCollectives`` recording into ``audits[function]``).
+
+    ``mesh_rows`` > 1 runs a 2-D mesh (``tapas.planning.mesh``): the strategy's replicas form
+    ``mesh_rows`` rows of ``program.num_devices`` devices (replica r is row r // cols,
+    column r % cols); each row runs the program on its share of the batch (axis 0 of every
+    input and target cut into the rows; ``input_specs`` are one row's), with its collectives
+    over the row's devices, and every trainable weight's gradient is all-reduced over the
+    column (data parallelism across the rows). ``num_devices`` stays the program's (a row's)
+    device count; ``num_replicas`` is the strategy's.
     """
 
     def __init__(self, program: Any, strategy: tf.distribute.Strategy,
                  initial_weights: Mapping[str, np.ndarray], input_specs: Sequence[tf.TensorSpec],
                  *, optimizer: Optimizer | str = "sgd", loss: Any = None,
-                 collectives: Callable[[str], Any] | None = None) -> None:
+                 collectives: Callable[[str], Any] | None = None, mesh_rows: int = 1) -> None:
         self.program, self.strategy = program, strategy
-        self.num_devices = int(strategy.num_replicas_in_sync)
-        if int(program.num_devices) != self.num_devices:
-            raise ValueError(f"the program was built for {program.num_devices} devices but the "
-                             f"strategy has {self.num_devices} replicas; rebuild one of them so "
-                             "that the device counts match")
+        self.num_replicas = int(strategy.num_replicas_in_sync)
+        self.num_devices = int(program.num_devices)
+        self.rows = int(mesh_rows)
+        if self.rows < 1 or self.num_devices * self.rows != self.num_replicas:
+            raise ValueError(f"the program was built for {program.num_devices} devices"
+                             + (f" per row of a {self.rows}-row mesh" if self.rows > 1 else "")
+                             + f" but the strategy has {self.num_replicas} replicas; rebuild "
+                             "one of them so that the device counts match")
         claim_collective_keys(strategy)
         self.optimizer = make_optimizer(optimizer)
         self.loss = loss
         self.audits: dict[str, Any] = {}
+        self.dp_audits: dict[str, Any] = {}   # the mesh columns' gradient all-reduces
         self._tracing = ""
         self._collectives = collectives or self._default_collectives
-        self.input_specs = list(input_specs)
+        self.row_specs = list(input_specs)
+        self.input_specs = [self._global_spec(s) for s in self.row_specs]
         self.input_placements = [parse_placement(p) for p in program.input_placements]
         self.output_placements = [parse_placement(p) for p in program.output_placements]
         if len(self.input_placements) != len(self.input_specs):
             raise ValueError(f"the program has {len(self.input_placements)} inputs but "
                              f"{len(self.input_specs)} input specs were given")
-        for spec, p in zip(self.input_specs, self.input_placements):
+        for spec, p in zip(self.row_specs, self.input_placements):
             self._check_divisible(f"input '{spec.name}'", tuple(spec.shape), p)
         self.specs: dict[str, WeightLayout] = {}   # the layouts, with the values' dtypes
         for path, layout in program.weight_layouts.items():
@@ -207,7 +230,7 @@ class Runtime:
         for r in self.local_replicas:
             with tf.device(self._device[r]):
                 self._vars[r] = {p: tf.Variable(s.placement.shard(initial_weights[p],
-                                                                  self.num_devices, r),
+                                                                  self.num_devices, self._j(r)),
                                                 trainable=s.trainable, name=f"w{k}_r{r}")
                                  for k, (p, s) in enumerate(self.specs.items())}
                 self._slots[r] = {p: {name: tf.Variable(tf.zeros_like(self._vars[r][p]),
@@ -223,6 +246,7 @@ class Runtime:
                                              name="learning_rate")
         self.states = stateful.StateStore(getattr(program, "states", {}), strategy,
                                           {r: self._device[r] for r in self.local_replicas})
+        self._mesh_keys = self._claim_mesh_keys() if self.rows > 1 else None
         self._dist_vars = strategy.experimental_distribute_values_from_function(
             lambda ctx: self._vars[ctx.replica_id_in_sync_group])
         self._dist_slots = strategy.experimental_distribute_values_from_function(
@@ -267,11 +291,13 @@ class Runtime:
             with tf.device(self._device[r]):
                 for k, path in enumerate(other.resynced):
                     other._vars[r][path] = tf.Variable(
-                        other.specs[path].placement.shard(values[path], self.num_devices, r),
+                        other.specs[path].placement.shard(values[path], self.num_devices,
+                                                          self._j(r)),
                         trainable=False, name=f"resynced{k}_r{r}")
         other._dist_vars = self.strategy.experimental_distribute_values_from_function(
             lambda ctx: other._vars[ctx.replica_id_in_sync_group])
-        other.program, other.input_specs = program, list(input_specs)
+        other.program, other.row_specs = program, list(input_specs)
+        other.input_specs = [self._global_spec(s) for s in other.row_specs]
         other.input_placements = [parse_placement(p) for p in program.input_placements]
         other.output_placements = [parse_placement(p) for p in program.output_placements]
         if self._collectives == self._default_collectives:   # record into its own audits
@@ -296,9 +322,42 @@ class Runtime:
         for r in self.local_replicas:
             for p in self.resynced:
                 self._vars[r][p].assign(self.specs[p].placement.shard(values[p],
-                                                                      self.num_devices, r))
+                                                                      self.num_devices,
+                                                                      self._j(r)))
 
     # -- building blocks ------------------------------------------------------------------
+
+    def _j(self, replica: int) -> int:
+        """The shard index (mesh column) of a replica."""
+        return replica % self.num_devices
+
+    def _global_spec(self, spec: tf.TensorSpec) -> tf.TensorSpec:
+        """A row's input spec as the global one: axis 0 (the batch) times the rows."""
+        if self.rows == 1:
+            return spec
+        shape = spec.shape.as_list()
+        if not shape or shape[0] is None:
+            raise ValueError(f"input '{spec.name}' has shape {shape}: a mesh with rows cuts "
+                             "axis 0 (the batch), which must be static")
+        return tf.TensorSpec([shape[0] * self.rows] + shape[1:], spec.dtype, name=spec.name)
+
+    def _claim_mesh_keys(self) -> dict[str, Any]:
+        """Collective group keys for the mesh's rows and columns, taken from the strategy's
+        own group-key counter (so no other group of this strategy uses them; every worker
+        takes them at the same point, so they agree), and a counter for their instance keys
+        (one for the runtime: no two collectives of its functions share a key)."""
+        launchers = self._launchers()
+        if launchers is None:
+            raise ValueError("a mesh with rows needs a strategy that launches collectives per "
+                             "device (MirroredStrategy or MultiWorkerMirroredStrategy with "
+                             "collective ops: tapas.execution.devices.make_strategy)")
+        counter = launchers[0]._collective_keys
+        with counter._lock:
+            base = counter._group_key
+            counter._group_key += self.rows + self.num_devices
+        return {"rows": [base + i for i in range(self.rows)],
+                "cols": [base + self.rows + j for j in range(self.num_devices)],
+                "instance": itertools.count(100)}
 
     def _check_divisible(self, what: str, shape: tuple[int, ...], placement: Any) -> None:
         axis = _axis(placement)
@@ -323,6 +382,20 @@ class Runtime:
         worker's shares of them (:meth:`worker_share`), cut among its local replicas."""
         arrays = [np.asarray(a) for a in arrays]
         cut = worker_share and not self._all_local()
+        if self.rows > 1:   # axis 0 into the rows (this worker's rows), then as placed
+            cols = self.num_devices
+            first_row = self.local_replicas[0] // cols if cut else 0
+            n_rows = len(self.local_replicas) // cols if cut else self.rows
+
+            def row_fn(ctx: tf.distribute.experimental.ValueContext) -> tuple[tf.Tensor, ...]:
+                r = ctx.replica_id_in_sync_group
+                i, j = divmod(r, cols)
+                with tf.device(self._device[r]):
+                    return tuple(tf.constant(p.shard(Split(0).shard(a, n_rows, i - first_row),
+                                                     cols, j))
+                                 for a, p in zip(arrays, placements))
+
+            return self.strategy.experimental_distribute_values_from_function(row_fn)
         n = len(self.local_replicas) if cut else self.num_devices
         first = self.local_replicas[0] if cut else 0
 
@@ -341,7 +414,17 @@ class Runtime:
         worker are consecutive (``devices.local_replica_ids``), so the share is one
         contiguous slab: what a worker's input pipeline has to produce."""
         placement = parse_placement(placement)
-        if not isinstance(placement, Split) or self._all_local():
+        if self._all_local():
+            return None
+        if self.rows > 1:   # the rows of this worker, along axis 0
+            if self._local_row() is None or len(self.local_replicas) % self.num_devices:
+                raise ValueError("this worker holds no whole rows of the mesh: put each row's "
+                                 "devices in one worker")
+            step = int(shape[0]) // self.rows
+            first = self.local_replicas[0] // self.num_devices
+            return (0, first * step, (first + len(self.local_replicas) // self.num_devices)
+                    * step)
+        if not isinstance(placement, Split):
             return None
         size = int(shape[placement.axis])
         self._check_divisible("a worker's share", tuple(shape), placement)
@@ -472,6 +555,11 @@ class Runtime:
                     total = self._loss_all_reduce(r, total)
             w = tf.reshape(w, w.shape.as_list() + [1] * (per_example.shape.rank - w.shape.rank))
             per_example = per_example * w
+        if r.dp is not None:   # a mesh row's share of the global loss (the rows add up to it)
+            if weight is not None and self.loss.reduction == "mean_with_sample_weight":
+                total = r.dp.sum_value(total)     # the weights' global sum
+            else:
+                total = total * self.rows         # equal rows: the global count
         loss = tf.reduce_sum(per_example)
         if self.loss.reduction != "sum":
             loss = tf.math.divide_no_nan(loss, tf.cast(total, loss.dtype))
@@ -512,7 +600,7 @@ class Runtime:
         factory, a strategy whose collectives are not launched per device
         (``MirroredStrategy`` with ``NcclAllReduce`` or another ``cross_device_ops``), or
         one device (nothing to launch)."""
-        if self._collectives != self._default_collectives or self.num_devices < 2:
+        if self._collectives != self._default_collectives or self.num_replicas < 2:
             return None
         launchers = getattr(getattr(self.strategy.extended, "_cross_device_ops", None),
                             "_launchers", None)
@@ -579,21 +667,37 @@ class Runtime:
         if self._tracing not in self.audits:
             self.audits[self._tracing] = Audit()
 
-        def traced(rid: tf.Tensor, token: Any, *a: Any) -> Any:
-            coll = KeyedCollectives(self.num_devices, rid, group, token,
-                                    audit=self.audits[self._tracing])
-            return body(_Replica(coll, coll, rid, True), *a)
+        mesh = self._mesh_keys
+
+        def sub_group(size: int, key: tf.Tensor) -> KeyedGroup:
+            return dataclasses.replace(group, group_key=key, group_size=size,
+                                       next_key=lambda: next(mesh["instance"]))
+
+        def traced(ids: tf.Tensor, token: Any, *a: Any) -> Any:
+            # ids: [replica id within the row, row, row group key, column group key]
+            audit = self.audits[self._tracing]
+            if mesh is None:
+                coll = KeyedCollectives(self.num_devices, ids[0], group, token, audit=audit)
+                return body(_Replica(coll, coll, ids[0], True), *a)
+            coll = KeyedCollectives(self.num_devices, ids[0],
+                                    sub_group(self.num_devices, ids[2]), token, audit=audit)
+            dp = KeyedCollectives(self.rows, ids[1], sub_group(self.rows, ids[3]), token)
+            return body(_Replica(coll, coll, ids[0], True, dp), *a)
 
         fn = tf.function(traced, autograph=False).get_concrete_function(
-            tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource) if use_token else None,
+            tf.TensorSpec([4], tf.int32), tf.TensorSpec([], tf.resource) if use_token else None,
             *tf.nest.map_structure(_spec, first))
 
         def replica(*a: Any) -> Any:
             rid = int(tf.get_static_value(
                 tf.distribute.get_replica_context().replica_id_in_sync_group))
-            k = self.local_replicas.index(rid)
-            token = tokens[k].handle if use_token else None
-            result = fn(tf.constant(rid, tf.int32), token, *_read(a))
+            token = tokens[self.local_replicas.index(rid)].handle if use_token else None
+            if mesh is None:
+                ids = [rid, 0, 0, 0]
+            else:
+                i, j = divmod(rid, self.num_devices)
+                ids = [j, i, mesh["rows"][i], mesh["cols"][j]]
+            result = fn(tf.constant(ids, tf.int32), token, *_read(a))
             return finish(result, *a) if finish else result
         return self.strategy.run(self._on_device(replica), args=args)
 
@@ -608,7 +712,50 @@ class Runtime:
             outs, writes = self._forward(r, xs, weights, states)
             share, partial = self._local_loss(r, outs[0], y)
         grads = tape.gradient(share, trainable)
+        if r.dp is not None:   # data parallel over the mesh column: the rows' gradients add up
+            grads = [None if g is None else self._dp_grad(r, p, g)
+                     for p, g in zip(self.trainable_paths, grads)]
         return share, partial, grads, writes, outs
+
+    def _dp_grad(self, r: _Replica, path: str, g: Any) -> Any:
+        """A gradient summed over the mesh column. A sparse one (an embedding lookup's
+        ``IndexedSlices``) also gets the sum of squares Keras's Adam would take
+        (:class:`_SummedSlices`): Keras squares each slice of the *global* gradient before
+        duplicates add up. When every row looked up the same indices (a lookup shared by
+        the batch: T5's relative position bias) the global slices are the rows' slices
+        summed; otherwise (per-example lookups: token embeddings) they are the rows' slices
+        side by side, and the squares add up over the rows. Which one holds is checked on
+        the values (the rows' indices gathered and compared)."""
+        if not isinstance(g, tf.IndexedSlices):
+            return self._dp_sum(r, path, g)
+        dense = self._dp_sum(r, path, tf.convert_to_tensor(g))
+        if not self.optimizer.slot_names:
+            return _SummedSlices(dense, None)
+
+        def squares(values: tf.Tensor) -> tf.Tensor:
+            return tf.convert_to_tensor(tf.IndexedSlices(tf.square(values), g.indices,
+                                                         g.dense_shape))
+        indices = tf.cast(g.indices, tf.int32)
+        everyone = r.dp.gather_value(indices[None], 0)                 # [rows, slices]
+        shared = tf.reduce_all(tf.equal(everyone, everyone[:1]))
+        side_by_side = self._dp_sum(r, path, squares(g.values))
+        summed = squares(r.dp.sum_value(g.values))
+        return _SummedSlices(dense, tf.where(shared, summed, side_by_side))
+
+    def _dp_sum(self, r: _Replica, path: str, g: tf.Tensor) -> tf.Tensor:
+        """All-reduce of a gradient over the mesh column, recorded in ``dp_audits``."""
+        audit = self.dp_audits.setdefault(self._tracing, Audit())
+        audit.add(CommRecord(Collective.ALL_REDUCE, path, tuple(g.shape.as_list()),
+                             g.dtype.name, "bwd"))
+        return r.dp.sum_value(g)
+
+    def _dp_loss(self, r: _Replica, loss: tf.Tensor) -> tf.Tensor:
+        """The global loss from a row's (the rows' losses add up; 1-D: the loss itself)."""
+        return loss if r.dp is None else r.dp.sum_value(loss)
+
+    def _dp_output(self, r: _Replica, out: tf.Tensor) -> tf.Tensor:
+        """The global output from a row's (concatenated over the rows on axis 0)."""
+        return out if r.dp is None else r.dp.gather_value(out, 0)
 
     def _replica_compute(self, r: _Replica, xs: tuple, y: Any, weights: dict, slots: dict,
                          states: dict) -> tuple:
@@ -619,7 +766,9 @@ class Runtime:
             if g is None:
                 continue  # the loss does not depend on this weight (as Keras: no update)
             grad_square = None
-            if isinstance(g, tf.IndexedSlices):
+            if isinstance(g, _SummedSlices):
+                g, grad_square = g
+            elif isinstance(g, tf.IndexedSlices):
                 grad_square = tf.convert_to_tensor(tf.IndexedSlices(
                     tf.square(g.values), g.indices, g.dense_shape))
                 g = tf.convert_to_tensor(g)
@@ -627,7 +776,7 @@ class Runtime:
                 weights[p], g, dict(slots[p]), step, grad_square,
                 learning_rate=self.learning_rate)
             new[p] = {"value": value, "grad": g, **new_slots}
-        loss = r.values.sum_value(share) if partial else share
+        loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
         return loss, new, writes
 
     def _replica_assign(self, new: dict, writes: dict, weights: dict, slots: dict,
@@ -719,13 +868,14 @@ class Runtime:
             for p, g in zip(self.trainable_paths, grads):
                 if g is None:
                     continue
-                g = tf.convert_to_tensor(g)
+                g = tf.convert_to_tensor(g[0] if isinstance(g, _SummedSlices) else g)
                 placement = self.specs[p].placement
                 full_grads[p] = (r.values.gather_value(g, placement.axis)
                                  if isinstance(placement, Split) else g)
-            full_outs = [r.values.gather_value(o, pl.axis) if isinstance(pl, Split) else o
+            full_outs = [self._dp_output(r, r.values.gather_value(o, pl.axis)
+                                         if isinstance(pl, Split) else o)
                          for o, pl in zip(outs, self.output_placements)]
-            loss = r.values.sum_value(share) if partial else share
+            loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
             return (full_outs, loss, full_grads), writes
 
         outs, loss, grads = self._replicas(body, (xs, y, self._dist_vars, self.states.dist),
@@ -762,7 +912,7 @@ class Runtime:
         def body(r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tf.Tensor:
             outs, _ = self._forward(r, xs, weights, states)   # writes dropped: no side effects
             share, partial = self._local_loss(r, outs[0], y)
-            return r.values.sum_value(share) if partial else share
+            return self._dp_loss(r, r.values.sum_value(share) if partial else share)
         loss = self._replicas(body, (xs, y, self._dist_vars, self.states.dist))
         return self.strategy.experimental_local_results(loss)[0]
 
@@ -805,7 +955,8 @@ class Runtime:
 
     def _replica_predict(self, r: _Replica, xs: tuple, weights: dict, states: dict) -> tuple:
         outs, writes = self._forward(r, xs, weights, states)
-        full = [r.values.gather_value(o, p.axis) if isinstance(p, Split) else o
+        full = [self._dp_output(r, r.values.gather_value(o, p.axis) if isinstance(p, Split)
+                                else o)
                 for o, p in zip(outs, self.output_placements)]
         return full, writes   # the writes are assigned (training mode: as a Keras call)
 
@@ -824,13 +975,24 @@ class Runtime:
     # -- global values --------------------------------------------------------------------
 
     def _all_local(self) -> bool:
-        return len(self.local_replicas) == self.num_devices
+        return len(self.local_replicas) == self.num_replicas
+
+    def _local_row(self) -> list[int] | None:
+        """The replicas of the first mesh row this process holds whole, or None."""
+        first = -(-self.local_replicas[0] // self.num_devices) * self.num_devices
+        row = list(range(first, first + self.num_devices))
+        return row if all(r in self._device for r in row) else None
 
     def _global(self, tensors: Mapping[int, Mapping[str, tf.Variable]],
                 paths: Sequence[str]) -> dict[str, np.ndarray]:
-        if self._all_local():
+        row = self._local_row()
+        if row is not None:
             return {p: self.specs[p].placement.unshard(
-                [tensors[r][p].numpy() for r in self.local_replicas]) for p in paths}
+                [tensors[r][p].numpy() for r in row]) for p in paths}
+        if self.rows > 1:
+            raise ValueError("this process holds no whole row of the mesh: put each row's "
+                             "devices in one worker (rows x cols with cols dividing the "
+                             "devices per worker)")
         dist = self.strategy.experimental_distribute_values_from_function(
             lambda ctx: {p: tensors[ctx.replica_id_in_sync_group][p] for p in paths})
 
@@ -860,11 +1022,12 @@ class Runtime:
         """Cut global values into this layout's shards and assign them."""
         for r in self.local_replicas:
             for p, v in values.items():
-                self._vars[r][p].assign(self.specs[p].placement.shard(v, self.num_devices, r))
+                self._vars[r][p].assign(self.specs[p].placement.shard(v, self.num_devices,
+                                                                      self._j(r)))
             for k, per_path in (slots or {}).items():
                 for p, v in per_path.items():
                     self._slots[r][p][k].assign(
-                        self.specs[p].placement.shard(v, self.num_devices, r))
+                        self.specs[p].placement.shard(v, self.num_devices, self._j(r)))
 
     def to_keras(self, model: Any) -> Any:
         """Write the global weights into the single-device Keras ``model`` (matched by

@@ -63,6 +63,9 @@ class TrainOptions:
     checkpoint_every: int | None = None
     resume: bool = False              # continue from checkpoint_dir's newest checkpoint
     tensorboard: str | None = None    # log directory for the scalars
+    # a 2-D mesh "ROWSxCOLS" (tapas.planning.mesh): data parallel over the rows, the strategy
+    # (made for COLS devices on one row's graph) inside each row
+    mesh: str | None = None
 
     @property
     def is_job(self) -> bool:
@@ -114,6 +117,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         report["audit"] = audit.to_json()
         say("\ncollectives in one training step (program vs the strategy's prediction):")
         say(audit.table())
+        if pm.runtime.rows > 1:
+            report["mesh"] = _say_mesh_audit(pm, opts.mesh, say)
     if check is not None:
         _say_verify(check, say)
     report["timings"] = {k: round(v, 4) for k, v in timings.items()}
@@ -134,6 +139,17 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     from tapas.execution import parallel, reconstruct
     from tapas.planning.cost import Cluster
     n = distribute.num_replicas_in_sync
+    rows = 1
+    if opts.mesh:
+        from tapas.planning.mesh import Mesh
+        try:
+            mesh = Mesh.parse(opts.mesh)
+        except ValueError as e:
+            raise TrainError(f"--mesh={opts.mesh}: {e}") from None
+        if mesh.num_devices != n:
+            raise TrainError(f"--mesh={opts.mesh} has {mesh.num_devices} devices but the run "
+                             f"has {n} (--devices, or --workers x the devices of each)")
+        rows = mesh.rows
     name = opts.model or models.DEFAULT_MODEL
     start = time.perf_counter()
     if name.endswith(".keras") or os.path.sep in name:
@@ -151,8 +167,8 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
     timings["build"] = time.perf_counter() - start
 
-    try:
-        cluster = Cluster.resolve(opts.cluster, 1, n)   # a preset name or a cluster file
+    try:   # a preset name or a cluster file; one mesh row's devices
+        cluster = Cluster.resolve(opts.cluster, 1, n // rows)
     except ValueError as e:
         raise TrainError(f"--cluster={opts.cluster}: {e}") from None
     strategy: Any = opts.strategy
@@ -160,18 +176,26 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
                       else {"memory_budget": opts.memory_budget_gib * 2**30})
     if strategy and strategy.startswith("random:"):
         from tapas import capturing
-        graph = capturing.capture(model, specs, training=opts.training is not False)
-        strategy = parallel.random_plan(graph, n, int(strategy.split(":", 1)[1]))
+        from tapas.execution.inputs import InputSignature
+        try:   # one mesh row's graph (the whole batch in 1-D)
+            row = InputSignature.of(model, specs).per_row(rows)
+        except ValueError as e:
+            raise TrainError(f"--mesh={opts.mesh}: {e}") from None
+        graph = capturing.capture(model, row.spec_structure(),
+                                  training=opts.training is not False)
+        strategy = parallel.random_plan(graph, n // rows, int(strategy.split(":", 1)[1]))
     elif strategy and not os.path.exists(strategy):
         raise TrainError(f"--strategy={strategy}: no such file (give a Strategy JSON from "
                          "`tapas search --out=...`, 'random:SEED', or leave it out to search)")
     say(f"model {name}: {model.count_params():,} parameters, batch {len(y)}; {n} devices "
-        f"({distribute.__class__.__name__}, {', '.join(_device_names(distribute))})")
+        f"({distribute.__class__.__name__}, {', '.join(_device_names(distribute))})"
+        + (f"; mesh {opts.mesh}: data parallel over {rows} rows of {n // rows}" if rows > 1
+           else ""))
     try:
         pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
                                   optimizer=opts.optimizer, learning_rate=opts.learning_rate,
                                   loss=loss, cluster=cluster, training=opts.training,
-                                  search_options=search_options)
+                                  search_options=search_options, mesh=opts.mesh)
     except (ValueError, reconstruct.ReconstructError) as e:
         raise TrainError(str(e)) from None
     timings.update(pm.timings)
@@ -183,6 +207,29 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != 'replicate')} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
     return pm, name, xs, y
+
+
+def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
+    """The mesh columns' gradient all-reduces of one training step against the ones the
+    cost model prices (``tapas.planning.mesh.gradient_all_reduce``)."""
+    from tapas.planning import mesh as mesh_lib
+    from tapas.planning.cost import Cluster
+    rt = pm.runtime
+    mesh = mesh_lib.Mesh.parse(mesh_text)
+    ran = {r.tensor: r.bytes for r in rt.dp_audits.get("train_step", ()).records} \
+        if "train_step" in rt.dp_audits else {}
+    placements = {p: str(s.placement) for p, s in rt.specs.items()}
+    cluster = Cluster.v100_ethernet(mesh.rows, mesh.cols)   # shape only: bytes are priced
+    priced = {t.label[len("dp "):]: t.nbytes for t in mesh_lib.gradient_all_reduce(
+        pm.graph, placements, mesh, cluster).terms}
+    same = ran == priced
+    say(f"data parallel over the {mesh.rows} mesh rows: {len(ran)} gradient all-reduces of "
+        f"{sum(ran.values()):,} bytes per device over each column (the cost model prices "
+        f"{len(priced)} of {sum(priced.values()):,} bytes: "
+        f"{'the same' if same else 'DIFFERENT'})")
+    return {"mesh": str(mesh), "dp_all_reduces": len(ran), "dp_bytes": sum(ran.values()),
+            "priced_all_reduces": len(priced), "priced_bytes": sum(priced.values()),
+            "matches": same}
 
 
 def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any, Any]:
@@ -532,6 +579,8 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
             argv.append(f"--{flag}={getattr(opts, flag)}")
     if opts.resume:
         argv.append("--resume")
+    if opts.mesh:
+        argv.append(f"--mesh={opts.mesh}")
     print(f"launching {opts.workers} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)",
           flush=True)
     try:
