@@ -218,6 +218,15 @@ class MeshSearch:
                 "results": [r.to_json() for r in self.results]}
 
 
+def _same_structure(graph: Graph, folded: Any) -> bool:
+    """Whether ``folded`` (mined on another batch of the same model) fits ``graph``: the
+    same GraphNodes, kinds and edges (mining reads structure, not the batch size)."""
+    return (folded.num_nodes == len(graph.nodes)
+            and folded.node_kinds == tuple(n.kind.value for n in graph.nodes)
+            and folded.edges == tuple(sorted({(e.src, e.dst) for e in graph.edges
+                                              if e.src != e.dst})))
+
+
 def search_meshes(graph_for: Callable[[int], Graph], batch: int, cluster: Cluster, *,
                   search: Callable[..., Any], meshes: Sequence[Mesh] | None = None,
                   options: CostOptions | None = None,
@@ -226,11 +235,14 @@ def search_meshes(graph_for: Callable[[int], Graph], batch: int, cluster: Cluste
     """Search every mesh shape of ``cluster`` (module docstring).
 
     ``graph_for(rows)`` returns the graph of one row (the model at batch ``batch // rows``);
+    in gp mode the graph is mined once and the templates reused for every row graph of the
+    same structure (only the batch differs);
     ``search(graph, cluster=..., options=..., **search_kwargs)`` is ``tapas.search`` (passed
     in so that this module stays free of the capture stage). ``on_result`` is called after
     each shape (progress)."""
     options = CostOptions.for_cluster(cluster) if options is None else options
     results = []
+    folded: Any = None   # mined once: every row's graph is the model's at another batch
     for mesh in (list(meshes) if meshes is not None else mesh_shapes(cluster.num_devices)):
         note = ""
         if batch % mesh.rows:
@@ -246,7 +258,13 @@ def search_meshes(graph_for: Callable[[int], Graph], batch: int, cluster: Cluste
             start = time.perf_counter()
             graph = graph_for(mesh.rows)
             captured = time.perf_counter()
-            strategy = search(graph, cluster=sub, options=options, **search_kwargs)
+            kwargs = dict(search_kwargs)
+            if kwargs.get("mode", "gp") == "gp" and "folded" not in kwargs:
+                if folded is None or not _same_structure(graph, folded):
+                    from tapas import mining
+                    folded = mining.mine(graph)
+                kwargs["folded"] = folded
+            strategy = search(graph, cluster=sub, options=options, **kwargs)
             dp = gradient_all_reduce(graph, dict(strategy.weight_placements), mesh, cluster,
                                      options)
             where = ("one node" if sub.num_nodes == 1 else f"{sub.num_nodes} nodes")
