@@ -610,6 +610,14 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
                                       mesh=mesh, optimizer=entry["optimizer"],
                                       loss=e.keras_loss(), training=False)
             report = pm.verify(list(xs), y, steps=2)
+            # batched predict and fit over two global batches (verify trained the Keras model
+            # side by side, so both hold the same weights)
+            twice = [np.concatenate([x, x]) for x in xs]
+            got = pm.predict(twice, batch_size=len(y))
+            want = model.predict(twice if len(twice) > 1 else twice[0], batch_size=len(y),
+                                 verbose=0)
+            history = pm.fit(twice, np.concatenate([y, y]), batch_size=len(y), epochs=1,
+                             verbose=0).history
             rt = pm.runtime
             ran = {r.tensor: r.bytes for r in rt.dp_audits["train_step"].records}
             cluster = Cluster.v100_ethernet(2, strategy.num_replicas_in_sync // 2)
@@ -626,6 +634,8 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
             out[key] = {"ok": report["ok"], **{k: report[k] for k in
                                                ("outputs", "loss", "gradients", "weights")},
                         "dp_ran": ran, "dp_priced": priced,
+                        "predict": compare(np.asarray(got), np.asarray(want)),
+                        "fit_losses": history["loss"],
                         "sharded_nodes": sum(1 for n in pm.graph.nodes if
                                              pm.program.plan.pattern(n).name != "replicate"),
                         "restore": how, "restored_equal": all(

@@ -145,13 +145,16 @@ def test_dp_x_tp_mesh_trains_equal_to_keras(case: dict[str, Any], mesh_runs: dic
     row: outputs, loss, gradients and the weights after 2 optimizer steps equal the
     single-device Keras model's (rtol 1e-5); the columns' gradient all-reduces are the ones
     the cost model prices (one per trainable weight, the local shard's bytes); the
-    checkpoint restores into a 1-D program of the same model, resharded, to equal weights."""
+    checkpoint restores into a 1-D program of the same model, resharded, to equal weights;
+    batched predict equals Keras's and fit runs."""
     run = mesh_runs[f"{case['model']}/{case['mesh']}/{case['seed']}/{case['optimizer']}"]
     assert "error" not in run, run.get("traceback")
     assert run["sharded_nodes"] > 0
     for what in ("outputs", "loss", "gradients", "weights"):
         assert run[what]["ok"], (what, run[what])
     assert run["dp_ran"] == run["dp_priced"]
+    assert run["predict"]["ok"], run["predict"]   # batched predict, then fit, on the mesh
+    assert len(run["fit_losses"]) == 1 and math.isfinite(run["fit_losses"][0])
     assert run["restore"] == "resharded" and run["restored_equal"]
 
 
