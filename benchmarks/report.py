@@ -1,10 +1,13 @@
 """What every benchmark writes besides its table: the machine it ran on, and the JSON file;
-and the one timed search that the search benchmark and the Figure 6 script share.
+the one timed search that the search benchmark and the Figure 6 script share; and the one
+timed training step that the Table 2 and Figure 7 scripts share.
 
 In:  a benchmark's results (a JSON-able dict) and the path given by its ``--json_out``; or
-     a captured graph, a search mode and a time limit.
+     a captured graph, a search mode and a time limit; or a model, a plan (one pattern name
+     per GraphNode) and a ``tf.distribute`` strategy.
 Out: :func:`machine` (python, platform, CPU count), :func:`write_json` (the file, its
-     directory created, a line saying where it went) and :func:`timed_search` (a row).
+     directory created, a line saying where it went), :func:`timed_search` (a row) and
+     :func:`timed_plan` (median and spread of the plan's training step).
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import gc
 import json
 import os
 import platform
+import statistics
 import time
 from typing import Any
 
-__all__ = ["machine", "write_json", "timed_search"]
+__all__ = ["machine", "write_json", "timed_search", "timed_plan"]
 
 
 def machine() -> dict[str, Any]:
@@ -58,3 +62,32 @@ def timed_search(graph: Any, mode: str, limit: float | None, devices: int) -> di
             "units": s.counts["units"], "templates": s.counts["templates"],
             "timings": dict(s.timings),
             "split_weights": len(s.weight_placements)}
+
+
+def timed_plan(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
+               batch_size: int, steps: int, repeats: int) -> dict[str, Any]:
+    """Median, interquartile range and every step time of ``train_step`` of ``model`` (zoo
+    ``entry``, inference graph ``graph``) reconstructed with ``patterns`` (one pattern name
+    per GraphNode) under ``strategy``: one untimed step (tracing), then ``repeats`` rounds
+    of ``steps`` timed steps."""
+    from tapas.execution import parallel
+    from tapas.execution.plan import Plan
+    from tapas.planning.strategy import graph_digest
+    from tapas.sharding.patterns import pattern_by_name
+    n = int(strategy.num_replicas_in_sync)
+    chosen = {node.id: pattern_by_name(node, graph, n, patterns[node.id])
+              for node in graph.nodes}
+    xs, y = entry.synthetic_batch(batch_size)
+    specs = list(entry.input_spec(batch_size))
+    pm = parallel.parallelize(model, specs, Plan(n, chosen, graph_digest=graph_digest(graph)),
+                              distribute_strategy=strategy, loss=entry.keras_loss(),
+                              training=False)
+    pm.train_step(list(xs), y)                     # tracing and the graph's first run
+    times = []
+    for _ in range(repeats):
+        for _ in range(steps):
+            start = time.perf_counter()
+            pm.train_step(list(xs), y)
+            times.append(time.perf_counter() - start)
+    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return {"median_s": statistics.median(times), "iqr_s": q[2] - q[0], "times_s": times}

@@ -32,14 +32,16 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
 
 from absl import app, flags, logging  # noqa: E402
+
+import report  # noqa: E402  (benchmarks/report.py: the timed training step)
 
 flags.DEFINE_integer("devices", 4, "Logical CPU devices.")
 flags.DEFINE_list("models", ["t5-tiny", "t5-tiny-tapas", "t5-tiny-masked", "t5-small",
@@ -105,26 +107,9 @@ def recost(graph, cluster, plans: list[dict]) -> dict[str, list[float]]:
 
 def measure(model, entry, graph, plan: dict, strategy, n: int) -> dict:
     """Median, interquartile range and all step times of one plan's ``train_step``."""
-    from tapas.execution import parallel
-    from tapas.execution.plan import Plan
-    from tapas.planning.strategy import graph_digest
-    from tapas.sharding.patterns import pattern_by_name
-    chosen = {node.id: pattern_by_name(node, graph, n, plan["patterns"][node.id])
-              for node in graph.nodes}
-    xs, y = entry.synthetic_batch(FLAGS.batch_size)
-    specs = list(entry.input_spec(FLAGS.batch_size))
-    pm = parallel.parallelize(model, specs, Plan(n, chosen, graph_digest=graph_digest(graph)),
-                              distribute_strategy=strategy, loss=entry.keras_loss(),
-                              training=False)
-    pm.train_step(list(xs), y)                     # tracing and the graph's first run
-    times = []
-    for _ in range(FLAGS.repeats):
-        for _ in range(FLAGS.steps):
-            start = time.perf_counter()
-            pm.train_step(list(xs), y)
-            times.append(time.perf_counter() - start)
-    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-    return {"median_s": statistics.median(times), "iqr_s": q[2] - q[0], "times_s": times}
+    del n   # the strategy's replicas
+    return report.timed_plan(model, entry, graph, plan["patterns"], strategy,
+                             FLAGS.batch_size, FLAGS.steps, FLAGS.repeats)
 
 
 def scale_of(pred: list[float], meas: list[float]) -> float:

@@ -137,3 +137,34 @@ def test_figure8_weak_scaling_on_a_tiny_preset(tmp_path: pathlib.Path) -> None:
         assert r["gap"] == r["gp"]["cost_s"] / r["es"]["cost_s"] - 1
         assert sum(r["gp"]["patterns"].values()) > 0
     assert png.stat().st_size > 0 and "predicted by the cost model" in proc.stdout
+
+
+def test_figure7_throughput_on_tiny_presets(tmp_path: pathlib.Path) -> None:
+    """Figure 7's script, predicted on 2 V100s for resnet-tiny and moe-tiny (with the
+    ZeRO-2-style plan priced from data parallelism: the same compute, a reduce-scatter and an
+    all-gather in place of each all-reduce, less memory) and measured for t5-tiny on 2
+    logical CPU devices (each plan timed, its prediction beside it, the pairs the cost model
+    orders as measured counted)."""
+    out, png = tmp_path / "f7.json", tmp_path / "f7.png"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "figure7_throughput.py"),
+         "--models=resnet-tiny,moe-tiny", "--devices=2", "--measure=t5-tiny",
+         "--measure_devices=2", "--batch_size=4", "--steps=1", "--repeats=2",
+         f"--json_out={out}", f"--png_out={png}"],
+        capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["figure"] == "TAPAS Figure 7" and data["predicted_devices"] == 2
+    for r in data["predicted"]:
+        plans = r["plans"]
+        assert {"TAPAS", "data-parallel", "zero-2"} <= set(plans), plans.keys()
+        dp, z2 = plans["data-parallel"], plans["zero-2"]
+        assert z2["compute"] == dp["compute"] and z2["memory"] < dp["memory"]
+        assert plans["TAPAS"]["cost"] <= dp["cost"] * (1 + 1e-9)
+        assert all(p["tflops"] > 0 for p in plans.values())
+        assert r["training_flops"] > 0
+    (m,) = data["measured"]
+    assert m["model"] == "t5-tiny" and "TAPAS" in m["plans"] and m["pairs"] >= 1
+    for p in m["plans"].values():
+        assert p["measured_s"] > 0 and p["predicted_s"] >= 0
+    assert png.stat().st_size > 0 and "measured here" in proc.stdout
