@@ -168,3 +168,28 @@ def test_figure7_throughput_on_tiny_presets(tmp_path: pathlib.Path) -> None:
     for p in m["plans"].values():
         assert p["measured_s"] > 0 and p["predicted_s"] >= 0
     assert png.stat().st_size > 0 and "measured here" in proc.stdout
+
+
+def test_figure9_strategies_on_tiny_presets(tmp_path: pathlib.Path) -> None:
+    """Figure 9's script on t5-tiny and moe-tiny over 2 devices: one instance of every
+    template with each GraphNode's pattern and family, the weighted GraphNodes outside the
+    templates, the Megatron comparison; JSON and PNG."""
+    out, png = tmp_path / "f9.json", tmp_path / "f9.png"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "figure9_strategies.py"),
+         "--models=t5-tiny,moe-tiny", "--devices=2", f"--json_out={out}", f"--png_out={png}"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["figure"] == "TAPAS Figure 9" and data["predicted"] is True
+    assert [r["model"] for r in data["rows"]] == ["t5-tiny", "moe-tiny"]
+    for r in data["rows"]:
+        assert r["templates"] and r["cost"] >= 0
+        for t in r["templates"]:
+            assert t["instances"] >= 2 and t["nodes"]
+            assert all(n["pattern"] and n["kind"] for n in t["nodes"])
+        ids = [n["id"] for t in r["templates"] for n in t["nodes"]] + \
+            [n["id"] for n in r["uncovered"]]
+        assert len(ids) == len(set(ids)) and max(ids) < r["graph_nodes"]
+    assert "megatron" in data["rows"][0]["references"]
+    assert png.stat().st_size > 0 and "T0 x" in proc.stdout

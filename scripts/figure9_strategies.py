@@ -1,0 +1,151 @@
+"""Reproduce the paper's Figure 9: the strategies TAPAS finds, drawn per unique subgraph.
+
+    python scripts/figure9_strategies.py [--models=t5-large,resnet50-100k,moe-1.3b]
+        [--devices=8] [--json_out=out/figure9_strategies.json]
+        [--png_out=out/figure9_strategies.png]
+
+For each model, searched (gp) on one node of ``--devices`` V100s (``Cluster.v100_ethernet``):
+the pattern of every GraphNode of one instance of each template (the unique subgraph; every
+instance gets the same plan), and of the GraphNodes with weights that no template covers,
+with each weight's split and the GraphNodes where the plan differs from the Megatron
+reference (transformers) or from data parallelism. The plan is the cost model's choice (no
+GPUs here), so the figure shows *what* is chosen, as the paper's does. Prints one block per
+model, writes JSON and a PNG: one panel per model, a row per GraphNode of each template
+(kind and pattern, coloured by the pattern's family).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                                "benchmarks"))
+
+from absl import app, flags  # noqa: E402
+
+import report  # noqa: E402  (benchmarks/report.py)
+
+flags.DEFINE_list("models", ["t5-large", "resnet50-100k", "moe-1.3b"], "Zoo presets.")
+flags.DEFINE_integer("devices", 8, "V100s in the node.")
+flags.DEFINE_string("json_out", "out/figure9_strategies.json", "Where to write the JSON.")
+flags.DEFINE_string("png_out", "out/figure9_strategies.png", "Where to write the plot.")
+FLAGS = flags.FLAGS
+
+
+def strategy_of(name: str) -> dict:
+    """The searched plan of ``name``, per template instance and uncovered weighted node."""
+    import tapas
+    from tapas import models
+    from tapas.planning.cluster import Cluster
+    from tapas.planning.search import search
+    entry = models.get(name)
+    graph = tapas.capture(entry.build(fast_init=True), list(entry.input_spec()), name=name)
+    s = search(graph, cluster=Cluster.v100_ethernet(1, FLAGS.devices))
+    table = s._table
+    family = {v: {i.name: str(getattr(i, "family", "") or "") for i in table.infos[v]}
+              for v in range(len(graph.nodes))}
+
+    def node_row(v: int) -> dict:
+        node = graph.nodes[v]
+        pattern = s.patterns[v]
+        return {"id": v, "kind": node.kind.value, "name": node.name, "pattern": pattern,
+                "family": family[v].get(pattern, ""),
+                "weights": {w.path.split("/")[-2] + "/" + w.path.split("/")[-1]
+                            if "/" in w.path else w.path: s.weight_placements.get(w.path, "R")
+                            for w in node.weights}}
+
+    templates = []
+    covered = set()
+    for tid, tname, instances in s.templates:
+        first = sorted(instances[0])
+        covered.update(v for inst in instances for v in inst)
+        templates.append({"id": tid, "name": tname, "instances": len(instances),
+                          "nodes": [node_row(v) for v in first]})
+    loose = [node_row(v) for v in range(len(graph.nodes))
+             if v not in covered and graph.nodes[v].weights]
+    compare = {}
+    for alt in s.references:
+        if alt.name in ("megatron", "data-parallel") and not alt.error:
+            compare[alt.name] = {"cost": alt.cost, "differs": len(alt.changes)}
+    return {"model": name, "cost": s.total_cost, "templates": templates, "uncovered": loose,
+            "references": compare, "graph_nodes": len(graph.nodes)}
+
+
+def say(r: dict) -> None:
+    print(f"\n{r['model']}: {r['cost'] * 1e3:.2f} ms per step on {FLAGS.devices} V100s; "
+          + ", ".join(f"{k} {v['cost'] * 1e3:.2f} ms ({v['differs']} GraphNodes differ)"
+                      for k, v in r["references"].items()))
+    for t in r["templates"]:
+        print(f"  T{t['id']} x{t['instances']}:")
+        for n in t["nodes"]:
+            w = ", ".join(f"{k}:{v}" for k, v in n["weights"].items())
+            print(f"    {n['kind']:<18} {n['pattern']:<14} {w}")
+    if r["uncovered"]:
+        print("  outside the templates (with weights):")
+        for n in r["uncovered"]:
+            w = ", ".join(f"{k}:{v}" for k, v in n["weights"].items())
+            print(f"    {n['kind']:<18} {n['pattern']:<14} {w}")
+
+
+def plot(rows: list[dict], path: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    heights = [sum(len(t["nodes"]) for t in r["templates"]) + len(r["uncovered"])
+               + len(r["templates"]) + 2 for r in rows]
+    fig = Figure(figsize=(5.0 * len(rows), 0.22 * max(heights) + 1.0), dpi=110)
+    FigureCanvasAgg(fig)
+    families = sorted({n["family"] for r in rows for t in r["templates"] for n in t["nodes"]}
+                      | {n["family"] for r in rows for n in r["uncovered"]})
+    cmap = {f: c for f, c in zip(families, ["#bbbbbb", "#1f77b4", "#ff7f0e", "#2ca02c",
+                                            "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                                            "#17becf", "#bcbd22"] * 3)}
+    for k, r in enumerate(rows):
+        ax = fig.add_subplot(1, len(rows), k + 1)
+        y = 0
+        for t in r["templates"]:
+            ax.text(0, -y, f"T{t['id']}  (x{t['instances']})", fontsize=7, weight="bold")
+            y += 1
+            for n in t["nodes"]:
+                ax.barh(-y, 1.0, left=0.02, height=0.8, color=cmap[n["family"]])
+                ax.text(0.04, -y, f"{n['kind']}: {n['pattern']}", fontsize=6, va="center")
+                y += 1
+        if r["uncovered"]:
+            ax.text(0, -y, "outside templates", fontsize=7, weight="bold")
+            y += 1
+            for n in r["uncovered"]:
+                ax.barh(-y, 1.0, left=0.02, height=0.8, color=cmap[n["family"]])
+                ax.text(0.04, -y, f"{n['kind']}: {n['pattern']}", fontsize=6, va="center")
+                y += 1
+        ax.set_xlim(0, 1.1)
+        ax.set_ylim(-y, 1)
+        ax.axis("off")
+        ax.set_title(f"{r['model']} ({r['cost'] * 1e3:.1f} ms, predicted)", fontsize=9)
+    fig.legend([Patch(color=cmap[f]) for f in families], [f or "other" for f in families],
+               loc="lower center", ncol=min(len(families), 6), fontsize=7)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    print(f"Figure 9: the strategies found on one node of {FLAGS.devices} V100s (gp; the "
+          "cost model's choice)")
+    rows = [strategy_of(name) for name in FLAGS.models]
+    for r in rows:
+        say(r)
+    out = {"figure": "TAPAS Figure 9", "predicted": True, "devices": FLAGS.devices,
+           "machine": report.machine(), "rows": rows}
+    if FLAGS.json_out:
+        report.write_json(FLAGS.json_out, out)
+    if FLAGS.png_out:
+        plot(rows, FLAGS.png_out)
+        print(f"plot written to {FLAGS.png_out}")
+
+
+if __name__ == "__main__":
+    app.run(main)
