@@ -1,8 +1,7 @@
 """Reproduce the paper's Figure 9: the strategies TAPAS finds, drawn per unique subgraph.
 
     python scripts/figure9_strategies.py [--models=t5-large,resnet50-100k,moe-1.3b]
-        [--devices=8] [--json_out=out/figure9_strategies.json]
-        [--png_out=out/figure9_strategies.png]
+        [--devices=8] [--json_out=out/figure9_strategies.json] [--png_dir=out/figure9]
 
 For each model, searched (gp) on one node of ``--devices`` V100s (``Cluster.v100_ethernet``):
 the pattern of every GraphNode of one instance of each template (the unique subgraph; every
@@ -10,8 +9,11 @@ instance gets the same plan), and of the GraphNodes with weights that no templat
 with each weight's split and the GraphNodes where the plan differs from the Megatron
 reference (transformers) or from data parallelism. The plan is the cost model's choice (no
 GPUs here), so the figure shows *what* is chosen, as the paper's does. Prints one block per
-model, writes JSON and a PNG: one panel per model, a row per GraphNode of each template
-(kind and pattern, coloured by the pattern's family).
+model, writes JSON and a PNG per model (``tapas.planning.draw``, as ``tapas search --draw``):
+the strategy beside the reference plans of its kind (T5: Megatron, FFN-only, MHA-only; MoE:
+expert, data parallel; CNNs: data parallel), a row per GraphNode of each template with its
+pattern, weight splits and collectives, coloured by the pattern's family, each panel
+titled with its predicted cost.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ import report  # noqa: E402  (benchmarks/report.py)
 flags.DEFINE_list("models", ["t5-large", "resnet50-100k", "moe-1.3b"], "Zoo presets.")
 flags.DEFINE_integer("devices", 8, "V100s in the node.")
 flags.DEFINE_string("json_out", "out/figure9_strategies.json", "Where to write the JSON.")
-flags.DEFINE_string("png_out", "out/figure9_strategies.png", "Where to write the plot.")
+flags.DEFINE_string("png_dir", "out/figure9", "Where to write one PNG per model "
+                    "(<model>.png: the strategy beside its reference plans).")
 FLAGS = flags.FLAGS
 
 
@@ -44,6 +47,15 @@ def strategy_of(name: str) -> dict:
     entry = models.get(name)
     graph = tapas.capture(entry.build(fast_init=True), list(entry.input_spec()), name=name)
     s = search(graph, cluster=Cluster.v100_ethernet(1, FLAGS.devices))
+    if FLAGS.png_dir:
+        from tapas.planning.draw import draw_strategy
+        wanted = (("megatron", "ffn-only", "mha-only") if name.startswith(("t5", "bert"))
+                  else ("expert", "data-parallel") if name.startswith("moe")
+                  else ("data-parallel",))
+        refs = [r for r in wanted if any(a.name == r for a in s.references)]
+        png = draw_strategy(s, graph, os.path.join(FLAGS.png_dir, f"{name}.png"),
+                            references=refs)
+        print(f"  {name}: drawn to {png}", flush=True)
     table = s._table
     family = {v: {i.name: str(getattr(i, "family", "") or "") for i in table.infos[v]}
               for v in range(len(graph.nodes))}
@@ -90,47 +102,6 @@ def say(r: dict) -> None:
             print(f"    {n['kind']:<18} {n['pattern']:<14} {w}")
 
 
-def plot(rows: list[dict], path: str) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
-    heights = [sum(len(t["nodes"]) for t in r["templates"]) + len(r["uncovered"])
-               + len(r["templates"]) + 2 for r in rows]
-    fig = Figure(figsize=(5.0 * len(rows), 0.22 * max(heights) + 1.0), dpi=110)
-    FigureCanvasAgg(fig)
-    families = sorted({n["family"] for r in rows for t in r["templates"] for n in t["nodes"]}
-                      | {n["family"] for r in rows for n in r["uncovered"]})
-    cmap = {f: c for f, c in zip(families, ["#bbbbbb", "#1f77b4", "#ff7f0e", "#2ca02c",
-                                            "#d62728", "#9467bd", "#8c564b", "#e377c2",
-                                            "#17becf", "#bcbd22"] * 3)}
-    for k, r in enumerate(rows):
-        ax = fig.add_subplot(1, len(rows), k + 1)
-        y = 0
-        for t in r["templates"]:
-            ax.text(0, -y, f"T{t['id']}  (x{t['instances']})", fontsize=7, weight="bold")
-            y += 1
-            for n in t["nodes"]:
-                ax.barh(-y, 1.0, left=0.02, height=0.8, color=cmap[n["family"]])
-                ax.text(0.04, -y, f"{n['kind']}: {n['pattern']}", fontsize=6, va="center")
-                y += 1
-        if r["uncovered"]:
-            ax.text(0, -y, "outside templates", fontsize=7, weight="bold")
-            y += 1
-            for n in r["uncovered"]:
-                ax.barh(-y, 1.0, left=0.02, height=0.8, color=cmap[n["family"]])
-                ax.text(0.04, -y, f"{n['kind']}: {n['pattern']}", fontsize=6, va="center")
-                y += 1
-        ax.set_xlim(0, 1.1)
-        ax.set_ylim(-y, 1)
-        ax.axis("off")
-        ax.set_title(f"{r['model']} ({r['cost'] * 1e3:.1f} ms, predicted)", fontsize=9)
-    fig.legend([Patch(color=cmap[f]) for f in families], [f or "other" for f in families],
-               loc="lower center", ncol=min(len(families), 6), fontsize=7)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path)
-
-
 def main(argv: list[str]) -> None:
     del argv
     print(f"Figure 9: the strategies found on one node of {FLAGS.devices} V100s (gp; the "
@@ -142,9 +113,6 @@ def main(argv: list[str]) -> None:
            "machine": report.machine(), "rows": rows}
     if FLAGS.json_out:
         report.write_json(FLAGS.json_out, out)
-    if FLAGS.png_out:
-        plot(rows, FLAGS.png_out)
-        print(f"plot written to {FLAGS.png_out}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
     tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json
                   [--plot=residuals.png] [--nogamma]
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
-                  [--meshes | --mesh=ROWSxCOLS]
+                  [--meshes | --mesh=ROWSxCOLS] [--draw=strategy.png]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
                   [--data=file.npz|file.tfrecord] [--epochs=E] [--checkpoint_dir=DIR]
@@ -45,7 +45,12 @@ flags.DEFINE_integer("min_size", None, "mine: fewest GraphNodes a template may h
                      "(default: tapas.mining.DEFAULT_MIN_SIZE).")
 flags.DEFINE_integer("min_support", None, "mine: fewest non-overlapping occurrences of a "
                      "frequent subgraph (default: the number of layers detected).")
-flags.DEFINE_string("draw", None, "mine: draw the folded graph to this image (.png/.svg/.pdf).")
+flags.DEFINE_string("draw", None, "mine: draw the folded graph to this image (.png/.svg/.pdf); "
+                    "search: draw the strategy (each template's layers: pattern, weight "
+                    "splits, collectives) beside --draw_references.")
+flags.DEFINE_list("draw_references", ["megatron", "ffn-only", "mha-only"],
+                  "search --draw: reference plans drawn beside the strategy (those that "
+                  "apply to the model; empty: none).")
 flags.DEFINE_string("folded_out", None, "mine: write the FoldedGraph as JSON to this path.")
 flags.DEFINE_integer("nodes", 1, "search: machines in the cluster (m of S(m, n)).")
 flags.DEFINE_integer("devices_per_node", 8, "search: devices per machine (n of S(m, n)).")
@@ -327,6 +332,13 @@ def cmd_search() -> dict[str, Any]:
     print(strategy.summary(graph))
     report = {"model": graph.name, "capture_seconds": round(capture_s, 4),
               "strategy": strategy.to_json()}
+    if FLAGS.draw:
+        from tapas.planning.draw import draw_strategy
+        refs = [r for r in FLAGS.draw_references
+                if any(a.name == r for a in strategy.references)]
+        draw_strategy(strategy, graph, FLAGS.draw, references=refs)
+        print(f"\nstrategy drawn to {FLAGS.draw}"
+              + (f" beside {', '.join(refs)}" if refs else ""))
     if FLAGS.out:
         strategy.save(FLAGS.out)
         print(f"\nstrategy written to {FLAGS.out}")

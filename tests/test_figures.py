@@ -174,10 +174,10 @@ def test_figure9_strategies_on_tiny_presets(tmp_path: pathlib.Path) -> None:
     """Figure 9's script on t5-tiny and moe-tiny over 2 devices: one instance of every
     template with each GraphNode's pattern and family, the weighted GraphNodes outside the
     templates, the Megatron comparison; JSON and PNG."""
-    out, png = tmp_path / "f9.json", tmp_path / "f9.png"
+    out, png = tmp_path / "f9.json", tmp_path / "f9"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "figure9_strategies.py"),
-         "--models=t5-tiny,moe-tiny", "--devices=2", f"--json_out={out}", f"--png_out={png}"],
+         "--models=t5-tiny,moe-tiny", "--devices=2", f"--json_out={out}", f"--png_dir={png}"],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -192,4 +192,5 @@ def test_figure9_strategies_on_tiny_presets(tmp_path: pathlib.Path) -> None:
             [n["id"] for n in r["uncovered"]]
         assert len(ids) == len(set(ids)) and max(ids) < r["graph_nodes"]
     assert "megatron" in data["rows"][0]["references"]
-    assert png.stat().st_size > 0 and "T0 x" in proc.stdout
+    assert (png / "t5-tiny.png").stat().st_size > 0 and (png / "moe-tiny.png").exists()
+    assert "T0 x" in proc.stdout
