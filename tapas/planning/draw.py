@@ -106,9 +106,9 @@ def draw_strategy(strategy: Any, graph: Graph, path: str, *,
                 continue
             ax.barh(-y, 1.0, left=0.02, height=0.8, color=colour[r["family"]])
             extra = "; ".join(r["weights"] + r["collectives"])
-            ax.text(0.04, -y, f"{r['kind']}: {r['pattern']}" + (f"  [{extra}]" if extra
-                                                                  else ""),
-                    fontsize=5.5, va="center")
+            text = f"{r['kind']}: {r['pattern']}" + (f"  [{extra}]" if extra else "")
+            ax.text(0.04, -y, text if len(text) <= 96 else text[:93] + "...", fontsize=5.5,
+                    va="center")
         if why:
             ax.text(0.02, 0, f"not drawn: {why}", fontsize=7, va="top", wrap=True)
         ax.set_xlim(0, 1.1)
