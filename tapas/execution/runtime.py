@@ -303,6 +303,7 @@ class Runtime:
         if self._collectives == self._default_collectives:   # record into its own audits
             other._collectives = other._default_collectives
         other.audits, other.trace_seconds, other.graphs, other.loss_comms = {}, {}, {}, []
+        other.dp_audits = {}
         other.loss_plan, other.weight_placement = None, Replica()
         other.states = stateful.StateStore(getattr(program, "states", {}), self.strategy,
                                            {r: self._device[r] for r in self.local_replicas})
