@@ -348,3 +348,36 @@ def test_constant_filter_keeps_masks_replicated_and_the_frontier_small():
     assert on.counts["generated"] < off.counts["generated"]
     es = search.search(g, cluster=cluster, mode="es")
     assert es.total_cost == pytest.approx(on.total_cost, rel=1e-9)
+
+
+def test_a_weight_read_in_two_placements_is_priced_when_asked() -> None:
+    """t5-tiny's tied embedding: the lookups read it replicated (stored so: first reader),
+    the LM head split on the vocabulary; with CostOptions(weight_reshards=True) the plan's
+    cost adds exactly the reshard's collectives (the gradient's all-gather, as the runtime's
+    audit predicts), once per other placement; off, nothing changes."""
+    import tapas
+    from tapas import models
+    from tapas.planning.table import EdgeCoster, pattern_table
+    entry = models.get("t5-tiny")
+    graph = tapas.capture(entry.build(fast_init=True), list(entry.input_spec(8)))
+    cluster = Cluster.v100_ethernet(1, 2)
+    costs = {}
+    for flag in (False, True):
+        opts = CostOptions.for_cluster(cluster, weight_reshards=flag)
+        table = pattern_table(graph, 2, cluster, opts)
+        edges = EdgeCoster(2, cluster, opts)
+        idx = [[i.name for i in table.infos[v]].index("replicate") for v in range(len(graph.nodes))]
+        head = [n.id for n in graph.nodes if n.kind.value == "dense"
+                and any("shared_embedding" in w.path for w in n.weights)][-1]
+        split = [k for k, i in enumerate(table.infos[head])
+                 if any("shared_embedding" in p and str(pl).startswith("S") for p, pl in i.weights)]
+        assert split, [i.name for i in table.infos[head]]
+        idx[head] = split[0]
+        costs[flag] = explore.plan_cost(graph, table, idx, edges)[0].total
+        terms = explore.weight_reshard_terms(graph, table, idx, edges)
+        assert terms and all("shared_embedding" in t.label for t in terms)
+        assert any(t.kind.value == "AG" and t.backward for t in terms)
+        everything_replicated = [[i.name for i in table.infos[v]].index("replicate")
+                                 for v in range(len(graph.nodes))]
+        assert explore.weight_reshard_terms(graph, table, everything_replicated, edges) == []
+    assert math.isclose(costs[True] - costs[False], sum(t.total for t in terms), rel_tol=1e-9)

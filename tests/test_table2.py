@@ -69,7 +69,7 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[t5-tiny 1/" in proc.stdout
     d = json.loads((out / "table2.json").read_text())
-    assert set(d["table"]) == {"baseline", "+CF", "+CF+GO", "+CF+GO+EC"}
+    assert set(d["table"]) == {"baseline", "+CF", "+CF+GO", "+CF+GO+EC", "+CF+GO+EC+WR"}
     runs = d["runs"]
     assert len(runs) >= 3      # top 2 plus at least data parallel / replicate, deduplicated
     pats = {r["plan"] for r in runs}

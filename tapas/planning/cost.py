@@ -123,6 +123,10 @@ class CostOptions:
     # left out gets 1
     epsilon: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: dict(DEFAULT_EPSILON), hash=False)
+    # plan level (beyond the paper): price the reshard of a weight that GraphNodes read in
+    # different placements (a tied embedding: stored as its first reader wants it, moved for
+    # the others, as the runtime does); off by default (the search's numbers so far)
+    weight_reshards: bool = False
     # plan level (beyond the paper): add compute time, FLOPs per device / device peak; off:
     # only communication ranks plans, as in the paper's eq. 4
     compute: bool = True

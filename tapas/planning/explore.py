@@ -390,8 +390,32 @@ def plan_cost(graph: Graph, table: PatternTable, patterns: Sequence[int], edges:
             terms.extend(edges.terms(t, have, want,
                                      label=f"reshard {t.name} {have}->{want} for {node.name}"))
             resharded.append((src[0], node.id, j, have, want))
+    if table.options.weight_reshards:
+        terms.extend(weight_reshard_terms(graph, table, patterns, edges))
     mem = plan_memory(graph, table, patterns)
     return cost_lib.PlanCost(cost_lib.CostBreakdown(terms), compute, mem), resharded
+
+
+def weight_reshard_terms(graph: Graph, table: PatternTable, patterns: Sequence[int],
+                         edges: EdgeCoster) -> list[CostTerm]:
+    """The collectives that move a weight read in several placements: stored as its first
+    reader (in GraphNode order) wants it, resharded once per other placement wanted (with
+    the gradient's conjugate), as the runtime runs it (``tapas.execution.audit``)."""
+    stored: dict[str, Any] = {}
+    seen: set[tuple[str, str]] = set()
+    terms: list[CostTerm] = []
+    for node in graph.nodes:
+        info = table.infos[node.id][patterns[node.id]]
+        shapes = {w.path: w for w in node.weights}
+        for path, want in info.weights:
+            have = stored.setdefault(path, want)
+            if have == want or (path, str(want)) in seen or path not in shapes:
+                continue
+            seen.add((path, str(want)))
+            w = shapes[path]
+            terms.extend(edges.terms(TensorInfo(path, tuple(w.shape), w.dtype), have, want,
+                                     label=f"reshard weight {path} {have}->{want}"))
+    return terms
 
 
 def plan_memory(graph: Graph, table: PatternTable, patterns: Sequence[int],
