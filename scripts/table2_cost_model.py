@@ -54,6 +54,10 @@ flags.DEFINE_integer("batch_size", 8, "Global batch (divisible by --devices).")
 flags.DEFINE_float("tie_tol", 0.05, "Relative tolerance under which measured times tie.")
 flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4.json",
                     "A cluster file written by `tapas profile`.")
+flags.DEFINE_string("recost", None, "Re-cost the runs of an earlier table2.json (its plans, "
+                    "measured medians and spreads) under every row of this script, without "
+                    "measuring again (e.g. after a cost-model change); writes "
+                    "table2_recost.json.")
 flags.DEFINE_string("out", "out/table2", "Directory for table2.json and the PNGs.")
 FLAGS = flags.FLAGS
 
@@ -153,14 +157,82 @@ def _slug(row: str) -> str:
     return row.strip("+").replace("+", "_")
 
 
+def rank_table(ranks: dict) -> dict:
+    """Acc@1, Acc@5, MRR per ablation row, printed beside the paper's."""
+    from tapas.planning import ranking
+    table = {row: {**ranking.table_metrics(ranks[row], 5), "ranks": ranks[row]}
+             for row in ROWS}
+    print(f"\n{'row':<14} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6}   paper Acc@1 Acc@5 MRR")
+    for row, t in table.items():
+        p = PAPER.get(row, {})
+        print(f"{row:<14} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f}   "
+              f"{p.get('acc@1', '-'):>11} {p.get('acc@5', '-'):>5} {p.get('mrr', '-'):>4}")
+    return table
+
+
+def recost_file(path: str) -> None:
+    """--recost: the plans of an earlier run (its patterns, or the same search again when
+    the file has none), re-costed under every row of ROWS, ranked against the medians it
+    measured."""
+    from tapas import capturing, models
+    from tapas.planning import ranking
+    from tapas.planning.cluster import Cluster
+    with open(path) as f:
+        old = json.load(f)
+    cluster = Cluster.load(old.get("cluster", FLAGS.cluster))
+    batch = int(old.get("batch_size", FLAGS.batch_size))
+    ranks: dict = {row: {} for row in ROWS}
+    runs = []
+    names = list(dict.fromkeys(r["model"] for r in old["runs"]))
+    for name in names:
+        mine = [r for r in old["runs"] if r["model"] == name]
+        entry = models.get(name)
+        graph = capturing.capture(entry.build(fast_init=True),
+                                  list(entry.input_spec(batch)), training=False)
+        if all("patterns" in r for r in mine):
+            plans = [{"names": r["plan"].split("/"), "patterns": tuple(r["patterns"])}
+                     for r in mine]
+        else:   # an older file: the search is deterministic, so the same plans come back
+            by_label = {"/".join(p["names"]): p
+                        for p in candidates(graph, cluster, int(old["top_k"]))}
+            missing = [r["plan"] for r in mine if r["plan"] not in by_label]
+            if missing:
+                raise ValueError(f"{path}: the plans {missing} of {name} are not what the "
+                                 "search returns today and the file has no patterns: "
+                                 "measure again")
+            plans = [by_label[r["plan"]] for r in mine]
+        predicted = recost(graph, cluster, plans)
+        for i, r in enumerate(mine):
+            runs.append({**r, "predicted_s": {row: predicted[row][i] for row in ROWS}})
+        medians = [r["median_s"] for r in mine]
+        spreads = [r["iqr_s"] for r in mine]
+        for row in ROWS:
+            ranks[row][name] = ranking.best_rank(medians, predicted[row], spreads,
+                                                 float(old.get("tie_tol", FLAGS.tie_tol)))
+        print(f"{name}: rank of the measured-best plan "
+              + ", ".join(f"{row} {ranks[row][name]}" for row in ROWS), flush=True)
+    table = rank_table(ranks)
+    out = {**old, "recosted_from": path, "rows": ROWS, "table": table, "runs": runs,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join(sys.argv)}
+    os.makedirs(FLAGS.out, exist_ok=True)
+    dest = os.path.join(FLAGS.out, "table2_recost.json")
+    with open(dest, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"\nre-costed (not measured again); written to {dest}")
+
+
 def main(argv: list[str]) -> None:
     del argv
+    logging.set_verbosity(logging.WARNING)
+    if FLAGS.recost:
+        recost_file(FLAGS.recost)
+        return
     from tapas.execution import devices
     devices.setup_devices(FLAGS.devices, "cpu")
     from tapas import capturing, models
     from tapas.planning import ranking
     from tapas.planning.cluster import Cluster
-    logging.set_verbosity(logging.WARNING)
     n = FLAGS.devices
     cluster = Cluster.load(FLAGS.cluster)
     if cluster.num_devices != n:
@@ -181,6 +253,7 @@ def main(argv: list[str]) -> None:
             m = measure(model, entry, graph, plan, strategy, n)
             meas.append(m)
             run = {"model": name, "plan": "/".join(plan["names"]),
+                   "patterns": list(plan["patterns"]),
                    "sharded_nodes": sum(p != "replicate" for p in plan["patterns"]),
                    "predicted_s": {row: predicted[row][i] for row in ROWS}, **m}
             runs.append(run)
@@ -192,21 +265,16 @@ def main(argv: list[str]) -> None:
         for row in ROWS:
             ranks[row][name] = ranking.best_rank(medians, predicted[row], spreads,
                                                  FLAGS.tie_tol)
-    table = {row: {**ranking.table_metrics(ranks[row], 5), "ranks": ranks[row]}
-             for row in ROWS}
     os.makedirs(FLAGS.out, exist_ok=True)
     scales = {row: plot(runs, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
               for row in ROWS}
-    print(f"\n{'row':<14} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6}   paper Acc@1 Acc@5 MRR")
-    for row, t in table.items():
-        p = PAPER.get(row, {})
-        print(f"{row:<14} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f}   "
-              f"{p.get('acc@1', '-'):>11} {p.get('acc@5', '-'):>5} {p.get('mrr', '-'):>4}")
+    table = rank_table(ranks)
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                        "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
            "cluster": FLAGS.cluster, "devices": n, "top_k": FLAGS.top_k, "steps": FLAGS.steps,
+           "batch_size": FLAGS.batch_size,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "runs": runs}
     path = os.path.join(FLAGS.out, "table2.json")

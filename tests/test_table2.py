@@ -78,6 +78,17 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
         assert r["model"] == "t5-tiny"
         assert len(r["times_s"]) == 2 and r["median_s"] > 0 and r["iqr_s"] >= 0
         assert set(r["predicted_s"]) == set(d["table"])
+        assert len(r["patterns"]) == len(runs[0]["patterns"]) > 0
+    # --recost: the same runs re-costed without measuring again give the same table
+    again = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
+         f"--recost={out / 'table2.json'}", f"--out={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    r2 = json.loads((out / "table2_recost.json").read_text())
+    assert r2["recosted_from"].endswith("table2.json") and "not measured again" in again.stdout
+    assert r2["table"] == d["table"]
+    assert [r["median_s"] for r in r2["runs"]] == [r["median_s"] for r in runs]
     # the metrics are those of the ranking functions on the recorded numbers
     medians = [r["median_s"] for r in runs]
     spreads = [r["iqr_s"] for r in runs]
