@@ -5,9 +5,10 @@
 
 For each model, searched (gp) on one node of ``--devices`` V100s (``Cluster.v100_ethernet``):
 the pattern of every GraphNode of one instance of each template (the unique subgraph; every
-instance gets the same plan), and of the GraphNodes with weights that no template covers,
-with each weight's split and the GraphNodes where the plan differs from the Megatron
-reference (transformers) or from data parallelism. The plan is the cost model's choice (no
+instance gets the same plan), and of the GraphNodes with weights or collectives that no
+template covers, with the weights each splits, its collectives and how many GraphNodes
+differ in the Megatron reference (transformers) and in data parallelism
+(``tapas.planning.draw.strategy_rows``). The plan is the cost model's choice (no
 GPUs here), so the figure shows *what* is chosen, as the paper's does. Prints one block per
 model, writes JSON and a PNG per model (``tapas.planning.draw``, as ``tapas search --draw``):
 the strategy beside the reference plans of its kind (T5: Megatron, FFN-only, MHA-only; MoE:
@@ -56,28 +57,17 @@ def strategy_of(name: str) -> dict:
         png = draw_strategy(s, graph, os.path.join(FLAGS.png_dir, f"{name}.png"),
                             references=refs)
         print(f"  {name}: drawn to {png}", flush=True)
-    table = s._table
-    family = {v: {i.name: str(getattr(i, "family", "") or "") for i in table.infos[v]}
-              for v in range(len(graph.nodes))}
-
-    def node_row(v: int) -> dict:
-        node = graph.nodes[v]
-        pattern = s.patterns[v]
-        return {"id": v, "kind": node.kind.value, "name": node.name, "pattern": pattern,
-                "family": family[v].get(pattern, ""),
-                "weights": {w.path.split("/")[-2] + "/" + w.path.split("/")[-1]
-                            if "/" in w.path else w.path: s.weight_placements.get(w.path, "R")
-                            for w in node.weights}}
-
-    templates = []
-    covered = set()
-    for tid, tname, instances in s.templates:
-        first = sorted(instances[0])
-        covered.update(v for inst in instances for v in inst)
-        templates.append({"id": tid, "name": tname, "instances": len(instances),
-                          "nodes": [node_row(v) for v in first]})
-    loose = [node_row(v) for v in range(len(graph.nodes))
-             if v not in covered and graph.nodes[v].weights]
+    from tapas.planning.draw import strategy_rows
+    templates: list[dict] = []   # the drawing's rows, grouped: each template, then the rest
+    loose: list[dict] = []
+    for row in strategy_rows(s, graph):
+        if "template" in row:
+            if row["template"] is not None:
+                templates.append({"id": row["template"], "instances": row["instances"],
+                                  "nodes": []})
+            current = templates[-1]["nodes"] if row["template"] is not None else loose
+        else:
+            current.append(row)
     compare = {}
     for alt in s.references:
         if alt.name in ("megatron", "data-parallel") and not alt.error:
@@ -93,13 +83,13 @@ def say(r: dict) -> None:
     for t in r["templates"]:
         print(f"  T{t['id']} x{t['instances']}:")
         for n in t["nodes"]:
-            w = ", ".join(f"{k}:{v}" for k, v in n["weights"].items())
-            print(f"    {n['kind']:<18} {n['pattern']:<14} {w}")
+            print(f"    {n['kind']:<18} {n['pattern']:<14} "
+                  + "; ".join(n["weights"] + n["collectives"]))
     if r["uncovered"]:
-        print("  outside the templates (with weights):")
+        print("  outside the templates (with weights or collectives):")
         for n in r["uncovered"]:
-            w = ", ".join(f"{k}:{v}" for k, v in n["weights"].items())
-            print(f"    {n['kind']:<18} {n['pattern']:<14} {w}")
+            print(f"    {n['kind']:<18} {n['pattern']:<14} "
+                  + "; ".join(n["weights"] + n["collectives"]))
 
 
 def main(argv: list[str]) -> None:

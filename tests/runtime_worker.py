@@ -596,11 +596,22 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
     for entry in JOB["mesh"]:
         key = f"{entry['model']}/{entry['mesh']}/{entry['seed']}/{entry['optimizer']}"
         try:
-            e = models.get(entry["model"])
             mesh = mesh_lib.Mesh.parse(entry["mesh"])
-            model = e.build(seed=0)
-            xs, y = e.synthetic_batch()
-            specs = list(e.input_spec())
+            if entry["model"].startswith("keras-"):   # keras.applications (models.corpus)
+                from models import corpus
+                c = corpus.get(entry["model"])
+                model, specs = c.build(batch=8)
+                rng = np.random.RandomState(0)
+                xs = [rng.randn(*s.shape).astype("float32") for s in specs]
+                y = rng.randint(0, int(model.output_shape[-1]), size=(8,))
+                keras_loss = keras.losses.SparseCategoricalCrossentropy()   # softmax output
+                rebuild = lambda: c.build(batch=8)[0]  # noqa: E731
+            else:
+                e = models.get(entry["model"])
+                model = e.build(seed=0)
+                xs, y = e.synthetic_batch()
+                specs, keras_loss = list(e.input_spec()), e.keras_loss()
+                rebuild = lambda: e.build(seed=1)  # noqa: E731
             row = [tf.TensorSpec([s.shape[0] // mesh.rows] + s.shape.as_list()[1:], s.dtype,
                                  name=s.name) for s in specs]
             graph = capturing.capture(model, row, training=False)
@@ -608,7 +619,7 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
                                                                        entry["seed"])
             pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
                                       mesh=mesh, optimizer=entry["optimizer"],
-                                      loss=e.keras_loss(), training=False)
+                                      loss=keras_loss, training=False)
             report = pm.verify(list(xs), y, steps=2)
             # batched predict and fit over two global batches (verify trained the Keras model
             # side by side, so both hold the same weights)
@@ -626,9 +637,9 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
                 pm.graph, placements, mesh, cluster).terms}
             path = rt.save(os.path.join(JOB["dir"], f"mesh-{entry['mesh']}-{entry['seed']}"))
             weights = rt.global_weights()
-            flat = parallel.parallelize(e.build(seed=1), specs, None,
+            flat = parallel.parallelize(rebuild(), specs, None,
                                         distribute_strategy=strategy, training=False,
-                                        optimizer=entry["optimizer"], loss=e.keras_loss())
+                                        optimizer=entry["optimizer"], loss=keras_loss)
             how = flat.runtime.restore(path)
             restored = flat.runtime.global_weights()
             out[key] = {"ok": report["ok"], **{k: report[k] for k in

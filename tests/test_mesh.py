@@ -126,7 +126,9 @@ def test_cli_search_meshes_prints_the_table_and_writes_json(tmp_path: Any) -> No
 
 MESH_CASES = [{"model": "t5-tiny", "mesh": "2x2", "seed": 0, "optimizer": "adam"},
               {"model": "moe-tiny", "mesh": "2x2", "seed": 3, "optimizer": "adam"},
-              {"model": "resnet-tiny", "mesh": "2x2", "seed": 2, "optimizer": "sgd"}]
+              {"model": "resnet-tiny", "mesh": "2x2", "seed": 2, "optimizer": "sgd"},
+              # a model we did not write: keras.applications MobileNetV2 (32x32, 10 classes)
+              {"model": "keras-mobilenet-v2", "mesh": "2x2", "seed": 0, "optimizer": "sgd"}]
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +180,9 @@ def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
          "--mesh=3x2"], capture_output=True, text=True, timeout=300, cwd=ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert bad.returncode == 1 and "--mesh=3x2 has 6 devices but the run has 4" in bad.stderr
+    rows = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
+         "--batch_size=2", "--mesh=4x1"], capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert rows.returncode == 1, rows.stderr[-2000:]
+    assert "does not split into 4 mesh rows" in rows.stderr and "[2, 16]" in rows.stderr
