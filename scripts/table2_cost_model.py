@@ -72,7 +72,11 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
         # beyond the paper: a weight read in two placements (a tied embedding) priced as
         # the runtime moves it (CostOptions.weight_reshards)
         "+CF+GO+EC+WR": dict(constant_filter=True, gradient_overlap=True,
-                             collective_efficiency=True, weight_reshards=True)}
+                             collective_efficiency=True, weight_reshards=True),
+        # ... and the training loss's collectives on the output's placement (the model's
+        # Keras loss: CostOptions.loss, as `tapas search` and `tapas train` price it)
+        "+CF+GO+EC+WR+L": dict(constant_filter=True, gradient_overlap=True,
+                               collective_efficiency=True, weight_reshards=True, loss=True)}
 
 
 def candidates(graph, cluster, top_k: int) -> list[dict]:
@@ -89,14 +93,17 @@ def candidates(graph, cluster, top_k: int) -> list[dict]:
     return [{"names": names, "patterns": pats} for pats, names in out.items()]
 
 
-def recost(graph, cluster, plans: list[dict]) -> dict[str, list[float]]:
-    """Each ablation row's predicted step time (seconds) of every plan."""
+def recost(graph, cluster, plans: list[dict], loss) -> dict[str, list[float]]:
+    """Each ablation row's predicted step time (seconds) of every plan; ``loss`` (the
+    model's Keras loss) is priced in the rows that say ``loss=True``."""
     from tapas.planning import explore as ex
     from tapas.planning.cost import CostOptions
     from tapas.planning.table import EdgeCoster, pattern_table
     n = cluster.num_devices
     out = {}
     for row, changes in ROWS.items():
+        changes = dict(changes)
+        changes["loss"] = loss if changes.get("loss") else None
         opts = CostOptions.for_cluster(cluster, **changes)
         table = pattern_table(graph, n, cluster, opts)
         edges = EdgeCoster(n, cluster, opts)
@@ -201,7 +208,7 @@ def recost_file(path: str) -> None:
                                  "search returns today and the file has no patterns: "
                                  "measure again")
             plans = [by_label[r["plan"]] for r in mine]
-        predicted = recost(graph, cluster, plans)
+        predicted = recost(graph, cluster, plans, entry.keras_loss())
         for i, r in enumerate(mine):
             runs.append({**r, "predicted_s": {row: predicted[row][i] for row in ROWS}})
         medians = [r["median_s"] for r in mine]
@@ -247,7 +254,7 @@ def main(argv: list[str]) -> None:
         graph = capturing.capture(model, list(entry.input_spec(FLAGS.batch_size)),
                                   training=False)
         plans = candidates(graph, cluster, FLAGS.top_k)
-        predicted = recost(graph, cluster, plans)
+        predicted = recost(graph, cluster, plans, entry.keras_loss())
         meas = []
         for i, plan in enumerate(plans):
             m = measure(model, entry, graph, plan, strategy, n)

@@ -68,6 +68,10 @@ flags.DEFINE_boolean("meshes", False, "search: also search every 2-D mesh rows x
 flags.DEFINE_string("mesh", None, "search: search this one mesh ROWSxCOLS (e.g. 2x8) instead "
                     "of all of them; train: run on this mesh (data parallel over the rows, "
                     "--strategy made for COLS devices on one row's graph inside each row).")
+flags.DEFINE_boolean("price_loss", True, "search: price the collectives of the training "
+                     "loss on the output's placement (the zoo model's loss; a saved model's "
+                     "compiled loss, else mean squared error, as tapas train uses); "
+                     "--noprice_loss: leave them out (the paper's cost model).")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
                    "(e.g. for --mode=es on a large model).")
@@ -117,10 +121,13 @@ COMMANDS = ("inspect", "mine", "models", "search", "train", "profile")
 # ---- loading models ------------------------------------------------------------------------
 
 class LoadedModel:
-    """A model ready to capture: the Keras model, its input specs and a display name."""
+    """A model ready to capture: the Keras model, its input specs, a display name and the
+    loss it trains with (``keras.losses.Loss``)."""
 
-    def __init__(self, name: str, model: Any, specs: Any, build_seconds: float) -> None:
+    def __init__(self, name: str, model: Any, specs: Any, build_seconds: float,
+                 loss: Any = None) -> None:
         self.name, self.model, self.specs, self.build_seconds = name, model, specs, build_seconds
+        self.loss = loss
 
 
 def load_model(name: str | None, batch_size: int | None = None,
@@ -136,19 +143,28 @@ def load_model(name: str | None, batch_size: int | None = None,
         import keras
         import tensorflow as tf
         from tapas.execution.inputs import keras_structure
-        model = keras.saving.load_model(name, compile=False)
+        from tapas.execution.parallel import loss_object
+        try:   # compiled: its loss is the one tapas train uses
+            model = keras.saving.load_model(name)
+        except Exception:  # noqa: BLE001  (a compile config Keras cannot rebuild here)
+            model = keras.saving.load_model(name, compile=False)
+        try:
+            loss = loss_object(getattr(model, "loss", None) or "mean_squared_error")
+        except ValueError:
+            loss = None
         # in the model's own input structure (a dict for keras-hub models), batch filled in
         specs = keras.tree.map_structure(
             lambda t: tf.TensorSpec((batch_size or 8,) + tuple(t.shape[1:]), t.dtype,
                                     name=t.name), keras_structure(model))
-        return LoadedModel(os.path.basename(name), model, specs, time.perf_counter() - start)
+        return LoadedModel(os.path.basename(name), model, specs, time.perf_counter() - start,
+                           loss)
     try:
         entry = models.get(name)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     model = entry.build(fast_init=fast_init)
     return LoadedModel(name, model, list(entry.input_spec(batch_size)),
-                       time.perf_counter() - start)
+                       time.perf_counter() - start, entry.keras_loss())
 
 
 # ---- inspect ---------------------------------------------------------------------------------
@@ -197,8 +213,9 @@ def format_inspect(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _capture_flags_model() -> tuple[ir.Graph, Any, float]:
-    """Load --model and capture it: (IR graph, the Trace, IR-conversion seconds)."""
+def _capture_flags_model() -> tuple[ir.Graph, Any, float, LoadedModel]:
+    """Load --model and capture it: (IR graph, the Trace, IR-conversion seconds, the loaded
+    model)."""
     from tapas import capturing
     from tapas.progress import ProgressBar
     loaded = load_model(FLAGS.model, FLAGS.batch_size)
@@ -208,11 +225,11 @@ def _capture_flags_model() -> tuple[ir.Graph, Any, float]:
     start = time.perf_counter()
     with ProgressBar("reading the graph: ops").ticking() as bar:
         graph = capturing.to_ir(trace, progress=bar.update)
-    return graph, trace, time.perf_counter() - start
+    return graph, trace, time.perf_counter() - start, loaded
 
 
 def cmd_inspect() -> dict[str, Any]:
-    graph, trace, ir_s = _capture_flags_model()
+    graph, trace, ir_s, _ = _capture_flags_model()
     report = inspect_report(graph, trace.seconds, ir_s, len(trace.graph.get_operations()),
                             FLAGS.top)
     print(format_inspect(report))
@@ -228,7 +245,7 @@ def cmd_mine() -> dict[str, Any]:
     from absl import logging
 
     from tapas import mining
-    graph, trace, ir_s = _capture_flags_model()
+    graph, trace, ir_s, _ = _capture_flags_model()
     capture_s = trace.seconds + ir_s
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes from "
           f"{len(trace.graph.get_operations()):,} TF ops in {capture_s:.3f} s")
@@ -304,12 +321,14 @@ def cmd_search() -> dict[str, Any]:
     except (TypeError, ValueError) as e:
         raise app.UsageError(f"--cluster={FLAGS.cluster} --nodes={FLAGS.nodes} "
                              f"--devices_per_node={FLAGS.devices_per_node}: {e}") from None
-    graph, trace, ir_s = _capture_flags_model()
+    graph, trace, ir_s, loaded = _capture_flags_model()
     capture_s = trace.seconds + ir_s
+    loss = loaded.loss if FLAGS.price_loss else None
     if FLAGS.meshes or FLAGS.mesh:
-        return _search_meshes(graph, trace, cluster)
+        return _search_meshes(graph, trace, cluster, loss)
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes in {capture_s:.3f} s; "
-          f"searching ({FLAGS.mode}) on {cluster.name} ({cluster.num_devices} devices)")
+          f"searching ({FLAGS.mode}) on {cluster.name} ({cluster.num_devices} devices)"
+          + (f"; pricing the loss ({_loss_text(loss)})" if loss is not None else ""))
     start = time.perf_counter()
 
     progress = SearchProgress(start)
@@ -320,7 +339,7 @@ def cmd_search() -> dict[str, Any]:
             graph, cluster=cluster, mode=FLAGS.mode, top_k=FLAGS.top_k, memory_budget=budget,
             explore_options=explore.ExploreOptions(top_k=FLAGS.top_k,
                                                    time_limit=FLAGS.time_limit),
-            progress=progress)
+            progress=progress, loss=loss)
     except explore.SearchTimeout as e:
         raise app.UsageError(f"--mode={FLAGS.mode} did not finish within --time_limit="
                              f"{FLAGS.time_limit} s ({e}); use --mode=gp or a larger "
@@ -330,7 +349,9 @@ def cmd_search() -> dict[str, Any]:
     finally:
         progress.close()
     print(strategy.summary(graph))
+    from tapas.sharding.losses import LossSpec
     report = {"model": graph.name, "capture_seconds": round(capture_s, 4),
+              "loss_priced": LossSpec.of(loss).to_json() if loss is not None else None,
               "strategy": strategy.to_json()}
     if FLAGS.draw:
         from tapas.planning.draw import draw_strategy
@@ -345,7 +366,14 @@ def cmd_search() -> dict[str, Any]:
     return report
 
 
-def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any) -> dict[str, Any]:
+def _loss_text(loss: Any) -> str:
+    """``SparseCategoricalCrossentropy(from_logits=True)``: a loss as the search reads it."""
+    from tapas.sharding.losses import LossSpec
+    spec = LossSpec.of(loss)
+    return spec.name + ("(from_logits=True)" if spec.from_logits else "")
+
+
+def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any, loss: Any = None) -> dict[str, Any]:
     """`tapas search --meshes`: every rows x cols mesh (tapas.planning.mesh), each row's
     model captured again at its share of the batch."""
     import tensorflow as tf
@@ -383,7 +411,7 @@ def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any) -> dict[str, Any]:
             graph_for, batch, cluster, search=search_lib.search, meshes=meshes,
             on_result=say, mode=FLAGS.mode, top_k=FLAGS.top_k, memory_budget=budget,
             explore_options=explore.ExploreOptions(top_k=FLAGS.top_k,
-                                                   time_limit=FLAGS.time_limit))
+                                                   time_limit=FLAGS.time_limit), loss=loss)
         best = result.best
     except (ValueError, explore.SearchTimeout) as e:
         raise app.UsageError(str(e)) from None

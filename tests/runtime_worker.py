@@ -429,9 +429,25 @@ def check_logits(strategy: Any) -> dict[str, Any]:
                      **{k: report[k] for k in ("outputs", "loss", "gradients", "weights")},
                      "loss_comms": [k for fn, k, _ in pm.runtime.loss_comms
                                     if fn == "train_step"],
+                     "loss_bytes": sorted([k, b] for fn, k, b in pm.runtime.loss_comms
+                                          if fn == "train_step"),
+                     "priced_loss": _priced_loss(graph, chosen, n, losses[loss]),
                      "audit": pm.audit().matches, "audit_table": pm.audit().table()}
     out["moved_activation"] = _moved_activation(strategy, x)
     return out
+
+
+def _priced_loss(graph: Any, chosen: dict[int, Any], n: int, loss: Any) -> list[list[Any]]:
+    """The loss collectives [kind, global bytes] that the search prices for the plan
+    ``chosen`` (CostOptions.loss): what the runtime runs, if the two agree."""
+    from tapas.planning.cluster import Cluster
+    from tapas.planning.cost import CostOptions
+    from tapas.planning.table import pattern_table
+    table = pattern_table(graph, n, Cluster.loopback_cpu(n), CostOptions(loss=loss))
+    terms = [t for node in graph.nodes
+             for t in table.infos[node.id][table.index(node.id, chosen[node.id].name)].comm_terms
+             if t.label.startswith("loss ")]
+    return sorted([t.kind.value, t.nbytes] for t in terms)
 
 
 def _moved_activation(strategy: Any, x: np.ndarray) -> dict[str, Any]:

@@ -104,12 +104,15 @@ def test_search_prints_layer_table_references_timings_and_writes_strategy(tmp_pa
     for line in ("strategy for 't5-tiny' on v100-ethernet/1x2 (2 devices), mode gp",
                  "weights split", "reference plans:", "megatron", "ffn-only", "mha-only",
                  "data-parallel", "ranked alternatives", "phase timings:", "enumeration",
-                 "candidates generated", f"strategy written to {out_path}"):
+                 "candidates generated", f"strategy written to {out_path}",
+                 "pricing the loss (SparseCategoricalCrossentropy(from_logits=True))"):
         assert line in out, line
     from tapas.planning.search import Strategy
     saved = Strategy.load(str(out_path))
     report = json.loads(report_path.read_text())
     assert report["strategy"]["patterns"] == list(saved.patterns)
+    assert report["loss_priced"] == {"name": "SparseCategoricalCrossentropy",
+                                     "from_logits": True, "axis": -1, "ignore_class": None}
     assert saved.num_devices == 2 and len(saved.patterns) == saved.num_nodes
     proc = run_tapas("search", "--model=t5-tiny", "--devices_per_node=0", check=False)
     assert proc.returncode != 0 and "devices_per_node=0: a cluster with no devices" in proc.stderr

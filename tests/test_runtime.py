@@ -145,7 +145,8 @@ def test_softmax_and_sigmoid_outputs_train_from_their_logits(two: dict[str, Any]
     class-split sigmoid output with sparse targets gathers the logits (one loss all-gather);
     class-split logits under a softmax cross-entropy (sparse or dense targets, label
     smoothing, sum reduction) use the vocabulary-parallel cross-entropy: an all-gather of
-    the per-row maxima and one all-reduce of per-row sums, never the logits."""
+    the per-row maxima and one all-reduce of per-row sums, never the logits. The search
+    prices exactly those collectives (kind and bytes) for the same plan."""
     assert "error" not in two["logits"], two["logits"].get("traceback")
     cases = {k: v for k, v in two["logits"].items() if k not in ("check", "moved_activation")}
     assert len(cases) == 9
@@ -156,6 +157,8 @@ def test_softmax_and_sigmoid_outputs_train_from_their_logits(two: dict[str, Any]
             assert case[what]["ok"], (name, what, case[what])
         assert case["audit"], (name, case["audit_table"])
         assert case["loss_comms"] == LOSS_COMMS.get(name, []), name
+        # the search prices the loss collectives the runtime runs (CostOptions.loss)
+        assert case["priced_loss"] == case["loss_bytes"], name
 
 
 def test_logits_placed_unlike_the_output_refuse_training_not_predict(

@@ -331,7 +331,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``strategy``: a ``tapas.planning.search.Strategy``, the path of one saved as JSON, a
     ``tapas.execution.reconstruct.Plan`` (patterns chosen by hand), or ``None`` to search on
     ``cluster`` (default ``Cluster.loopback_cpu(N)``; ``search_options`` go to
-    ``tapas.search``). ``devices``/``distribute_strategy``: see the module docstring.
+    ``tapas.search``, which prices ``loss``'s collectives unless they say otherwise). ``devices``/``distribute_strategy``: see the module docstring.
     ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
     ``mesh``: ``"ROWSxCOLS"`` (or a ``tapas.planning.mesh.Mesh``) with rows x cols = N
     runs a 2-D mesh: data parallel over the rows (each row takes its share of axis 0 of the
@@ -385,7 +385,13 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         if cluster.num_devices != n:
             raise ValueError(f"cluster {cluster.name} has {cluster.num_devices} devices but the "
                              f"program runs on {n}")
-        strategy = search_mod.search(graph, cluster=cluster, **dict(search_options or {}))
+        kwargs = dict(search_options or {})
+        given = kwargs.get("options")
+        if "loss" not in kwargs and (given is None or given.loss is None):
+            # price the loss the program will train with (its collectives on the output)
+            kwargs["loss"] = loss_object(getattr(model, "loss", None) if loss is None
+                                         else loss)
+        strategy = search_mod.search(graph, cluster=cluster, **kwargs)
         strategy = strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
         timings["search"] = time.perf_counter() - start
     else:

@@ -66,6 +66,7 @@ from typing import Union
 
 from tapas.planning.cluster import (CLUSTER_PRESETS, SOURCE_KEYS, Cluster, Group, Link,
                                     check_count)
+from tapas.sharding.losses import LossSpec
 from tapas.sharding.placements import Collective
 
 __all__ = [
@@ -127,6 +128,13 @@ class CostOptions:
     # different placements (a tied embedding: stored as its first reader wants it, moved for
     # the others, as the runtime does); off by default (the search's numbers so far)
     weight_reshards: bool = False
+    # price the training loss (beyond the paper): the collectives the runtime's loss plan
+    # runs on the model's output as each pattern places it (an all-gather and an all-reduce
+    # of per-row statistics for vocabulary-split logits under a cross-entropy; the whole
+    # output gathered for a loss it cannot split; tapas.sharding.losses). None: not priced
+    # (the search's numbers before this option; an inference plan). A LossSpec, or a
+    # keras.losses.Loss object (read with LossSpec.of)
+    loss: LossSpec | None = None
     # plan level (beyond the paper): add compute time, FLOPs per device / device peak; off:
     # only communication ranks plans, as in the paper's eq. 4
     compute: bool = True
@@ -138,6 +146,8 @@ class CostOptions:
     optimizer: str = "adam"
 
     def __post_init__(self) -> None:
+        if self.loss is not None and not isinstance(self.loss, LossSpec):
+            object.__setattr__(self, "loss", LossSpec.of(self.loss))
         for name in ("latency", "constant_filter", "gradient_overlap", "collective_efficiency",
                      "compute"):
             if not isinstance(getattr(self, name), bool):

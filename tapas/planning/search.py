@@ -49,6 +49,7 @@ from tapas.planning.references import (REFERENCE_PLANS, applicable_references, n
                                        reference_filter)
 from tapas.planning.strategy import Alternative, EdgeReshard, Strategy, graph_digest
 from tapas.planning.table import EdgeCoster, PatternsFn, PatternTable, ReshardFn, pattern_table
+from tapas.sharding.losses import LossSpec
 from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Replica
 
@@ -74,7 +75,7 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
            memory_budget: float | None = None, explore_options: ex.ExploreOptions | None = None,
            references: Sequence[str] | None = None, folded: FoldedGraph | None = None,
            progress: Progress | None = None, patterns_fn: PatternsFn | None = None,
-           reshard_fn: ReshardFn | None = None) -> Strategy:
+           reshard_fn: ReshardFn | None = None, loss: Any = None) -> Strategy:
     """Find the best tensor-parallel strategy of a model (or captured graph) on ``cluster``.
 
     ``cluster`` defaults to one node of 8 V100 (``Cluster.v100_ethernet()``); its
@@ -84,12 +85,17 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     cost (default: all of REFERENCE_PLANS that apply to the graph). ``progress(phase,
     done, total, candidates)`` is called during long phases (every 2 s at most): steps
     done of the phase's total (templates while enumerating, units while stitching:
-    instances and uncovered GraphNodes) and the candidates generated so far.
+    instances and uncovered GraphNodes) and the candidates generated so far. ``loss`` (a
+    ``keras.losses.Loss`` or a ``tapas.sharding.losses.LossSpec``) is the training loss
+    whose collectives are priced on the output's placement (``CostOptions.loss``; default:
+    ``options.loss``, which is None: not priced).
     """
     timings: dict[str, float] = {}
     cluster = Cluster.v100_ethernet() if cluster is None else cluster
     budget, xopts = _checked_arguments(cluster, mode, top_k, memory_budget, explore_options)
     options = CostOptions.for_cluster(cluster) if options is None else options
+    if loss is not None:
+        options = dataclasses.replace(options, loss=LossSpec.of(loss))
     graph = _graph_of(model_or_graph, input_spec, timings)
     with _gc_frozen():
         return _search_graph(graph, cluster, mode, budget, xopts, options, references, folded,

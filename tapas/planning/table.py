@@ -28,6 +28,7 @@ from tapas.ir import Graph, GraphNode, Kind, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
+from tapas.sharding import losses
 from tapas.sharding.patterns import patterns_for
 from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Placement, Replica, parse_placement, reshard
@@ -146,8 +147,54 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         infos.append(tuple(_summarize(node, p, num_devices, cluster, options) for p in pats))
         weight_placements[key] = [[pl for _, pl in info.weights] for info in infos[-1]]
     infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
+    if options.loss is not None:
+        infos = _with_loss(graph, infos, num_devices, cluster, options)
     return PatternTable(tuple(infos), num_devices, len(first_of), time.perf_counter() - start,
                         options, generate, frozenset(constant))
+
+
+def _with_loss(graph: Graph, infos: list[tuple[PatternInfo, ...]], n: int, cluster: Cluster,
+               options: CostOptions) -> list[tuple[PatternInfo, ...]]:
+    """``infos`` with the training loss's collectives (``options.loss``) added to the
+    patterns of the GraphNode making the model's output, as each pattern places it
+    (``tapas.sharding.losses.plan_loss``, the plan the runtime runs and audits). Only a
+    model with one output is trained (the runtime's rule); others are left unpriced."""
+    if len(graph.outputs) != 1 or graph.outputs[0].shape is None:
+        return infos
+    out = graph.outputs[0]
+    made = [(node.id, i) for node in graph.nodes for i, t in enumerate(node.outputs)
+            if t.name == out.name]
+    if not made:
+        return infos
+    v, k = made[0]
+    spec = options.loss
+    assert spec is not None
+    activation = losses.output_activation(graph, out.name)
+    target_ndim = spec.target_ndim(len(out.shape))
+    row = []
+    for info in infos[v]:
+        plan = losses.plan_loss(spec, info.outputs[k], out.shape, out.dtype, target_ndim, n,
+                                activation)
+        if not plan.collectives:
+            row.append(info)
+            continue
+        extra = tuple(cost_lib.comm_cost(_LossComm(kind, nbytes), n, cluster, options,
+                                         label=f"loss [{plan.method}] {out.name}")
+                      for kind, nbytes in plan.collectives)
+        terms = info.comm_terms + extra
+        row.append(dataclasses.replace(info, comm_terms=terms,
+                                       comm_time=math.fsum(t.total for t in terms)))
+    return infos[:v] + [tuple(row)] + infos[v + 1:]
+
+
+@dataclasses.dataclass(frozen=True)
+class _LossComm:
+    """A loss collective as ``cost.comm_cost`` reads it (forward: the loss's own gradient
+    is local in every method)."""
+
+    kind: str
+    bytes: int
+    phase: str = "fwd"
 
 
 def _with_weights(info: PatternInfo, weights: tuple[tuple[str, Placement], ...]
