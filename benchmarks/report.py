@@ -7,7 +7,8 @@ In:  a benchmark's results (a JSON-able dict) and the path given by its ``--json
      per GraphNode) and a ``tf.distribute`` strategy.
 Out: :func:`machine` (python, platform, CPU count), :func:`write_json` (the file, its
      directory created, a line saying where it went), :func:`timed_search` (a row) and
-     :func:`timed_plan` (median and spread of the plan's training step).
+     :func:`plan_program` (a plan built and warmed) and :func:`timed_plan` (median and
+     spread of the plan's training step, optionally paired with an anchor plan's).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import statistics
 import time
 from typing import Any
 
-__all__ = ["machine", "write_json", "timed_search", "timed_plan"]
+__all__ = ["machine", "write_json", "timed_search", "plan_program", "timed_plan"]
 
 
 def machine() -> dict[str, Any]:
@@ -64,12 +65,18 @@ def timed_search(graph: Any, mode: str, limit: float | None, devices: int) -> di
             "split_weights": len(s.weight_placements)}
 
 
-def timed_plan(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
-               batch_size: int, steps: int, repeats: int) -> dict[str, Any]:
-    """Median, interquartile range and every step time of ``train_step`` of ``model`` (zoo
-    ``entry``, inference graph ``graph``) reconstructed with ``patterns`` (one pattern name
-    per GraphNode) under ``strategy``: one untimed step (tracing), then ``repeats`` rounds
-    of ``steps`` timed steps."""
+def _structure(x: Any) -> Any:
+    """A zoo entry's tuple of inputs or specs as the list parallelize takes; a dict (or one
+    array) as it is."""
+    return list(x) if isinstance(x, tuple) else x
+
+
+def plan_program(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
+                 batch_size: int) -> tuple[Any, Any, Any]:
+    """``(ParallelModel, inputs, targets)``: ``model`` (zoo ``entry``, or anything with its
+    ``input_spec``, ``synthetic_batch`` and ``keras_loss``; inference graph ``graph``)
+    reconstructed with ``patterns`` (one pattern name per GraphNode) under ``strategy``,
+    after one untimed ``train_step`` (tracing and the graph's first run)."""
     from tapas.execution import parallel
     from tapas.execution.plan import Plan
     from tapas.planning.strategy import graph_digest
@@ -78,16 +85,51 @@ def timed_plan(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
     chosen = {node.id: pattern_by_name(node, graph, n, patterns[node.id])
               for node in graph.nodes}
     xs, y = entry.synthetic_batch(batch_size)
-    specs = list(entry.input_spec(batch_size))
-    pm = parallel.parallelize(model, specs, Plan(n, chosen, graph_digest=graph_digest(graph)),
+    xs = _structure(xs)
+    pm = parallel.parallelize(model, _structure(entry.input_spec(batch_size)),
+                              Plan(n, chosen, graph_digest=graph_digest(graph)),
                               distribute_strategy=strategy, loss=entry.keras_loss(),
                               training=False)
-    pm.train_step(list(xs), y)                     # tracing and the graph's first run
-    times = []
+    pm.train_step(xs, y)
+    return pm, xs, y
+
+
+def _step_seconds(program: tuple[Any, Any, Any]) -> float:
+    pm, xs, y = program
+    start = time.perf_counter()
+    pm.train_step(xs, y)
+    return time.perf_counter() - start
+
+
+def timed_plan(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
+               batch_size: int, steps: int, repeats: int,
+               anchor: tuple[Any, Any, Any] | None = None) -> dict[str, Any]:
+    """Median, interquartile range and every step time of ``train_step`` of the plan
+    (:func:`plan_program`): one untimed step, then ``repeats`` rounds of ``steps`` timed
+    steps.
+
+    ``anchor`` (another :func:`plan_program`, e.g. the replicated plan): each timed step
+    of the plan is paired with one of the anchor right before it, and the result also has
+    ``ratio`` (the median of plan / anchor over the pairs), its interquartile range
+    ``ratio_iqr`` and the anchor's step times: a ratio is unmoved by the machine's load
+    drifting between plans measured minutes apart, which the plain medians are not."""
+    program = plan_program(model, entry, graph, patterns, strategy, batch_size)
+    times, anchored = [], []
     for _ in range(repeats):
         for _ in range(steps):
-            start = time.perf_counter()
-            pm.train_step(list(xs), y)
-            times.append(time.perf_counter() - start)
-    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-    return {"median_s": statistics.median(times), "iqr_s": q[2] - q[0], "times_s": times}
+            if anchor is not None:
+                anchored.append(_step_seconds(anchor))
+            times.append(_step_seconds(program))
+    out = {"median_s": statistics.median(times), "iqr_s": _iqr(times), "times_s": times}
+    if anchor is not None:
+        ratios = [t / a for t, a in zip(times, anchored)]
+        out.update(ratio=statistics.median(ratios), ratio_iqr=_iqr(ratios),
+                   anchor_times_s=anchored)
+    return out
+
+
+def _iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]

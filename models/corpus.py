@@ -62,6 +62,35 @@ class CorpusEntry:
         return model, specs
 
 
+    def loss(self) -> keras.losses.Loss:
+        """The loss a training run of this model uses: the sparse cross-entropy of the
+        10-class softmax of a ``keras.applications`` model, mean squared error of the one
+        output of any other."""
+        if self.library == "keras.applications":
+            return keras.losses.SparseCategoricalCrossentropy()
+        return keras.losses.MeanSquaredError()
+
+    def synthetic_batch(self, model: keras.Model, specs: Any, seed: int = 1
+                        ) -> tuple[Any, Any]:
+        """``(inputs, targets)`` for ``model`` (built by :meth:`build` with ``specs``): inputs
+        in the structure of ``specs`` (``tapas.execution.inputs.synthetic_batch``), targets
+        for :meth:`loss`: class ids below 10, or standard normal values shaped like the one
+        output (an unknown sequence length taken as :data:`SEQ`)."""
+        import numpy as np
+
+        from tapas.execution import inputs
+        rng = np.random.default_rng(seed)
+        signature = inputs.InputSignature.of(model, specs)
+        xs = inputs.synthetic_inputs(model, signature, seed)
+        batch = int(signature.specs[0].shape[0])
+        if self.library == "keras.applications":
+            return xs, rng.integers(0, 10, size=(batch,))
+        if len(model.outputs) != 1:
+            raise ValueError(f"{self.name}: {len(model.outputs)} outputs; training needs one")
+        shape = [SEQ if d is None else int(d) for d in model.outputs[0].shape[1:]]
+        return xs, rng.standard_normal([batch, *shape]).astype("float32")
+
+
 def _input_name(tensor: Any) -> str:
     return tensor.name.split(":")[0]
 

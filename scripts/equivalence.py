@@ -93,8 +93,6 @@ FLAGS = flags.FLAGS
 def _build(name: str, batch: int | None = None) -> dict[str, Any]:
     """The model, its input specs, its loss and a batch (or None where it has no loss);
     ``batch``: the corpus models' batch size (default ``corpus.BATCH``)."""
-    import keras
-    import numpy as np
     from tapas import models
     if name in models.names():
         e = models.get(name)
@@ -107,15 +105,8 @@ def _build(name: str, batch: int | None = None) -> dict[str, Any]:
     model, specs = entry.build(batch)
     out = {"model": model, "specs": specs, "library": entry.library, "y": None, "name": name,
            "batch": batch}
-    rng = np.random.default_rng(1)
-    shape = [corpus.SEQ if d is None else int(d) for d in model.outputs[0].shape[1:]] \
-        if len(model.outputs) == 1 else None
-    if entry.library == "keras.applications":
-        out.update(loss=keras.losses.SparseCategoricalCrossentropy(),
-                   y=rng.integers(0, 10, size=(batch,)))
-    elif shape is not None:
-        out.update(loss=keras.losses.MeanSquaredError(),
-                   y=rng.standard_normal([batch, *shape]).astype("float32"))
+    if entry.library == "keras.applications" or len(model.outputs) == 1:
+        out.update(loss=entry.loss(), y=entry.synthetic_batch(model, specs)[1])
     return out
 
 

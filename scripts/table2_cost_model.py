@@ -1,38 +1,53 @@
 """The paper's Table 2: how well the cost model ranks strategies against measured step times.
 
-    python scripts/table2_cost_model.py [--models=t5-tiny,resnet-tiny,moe-tiny] [--top_k=5]
-        [--steps=10] [--repeats=3] [--cluster=benchmarks/results/cluster_cpu4.json]
-        [--out=out/table2]
+    python scripts/table2_cost_model.py [--models=t5-tiny,keras-mobilenet,hub-mixtral,...]
+        [--top_k=5] [--steps=8] [--repeats=3] [--[no]paired]
+        [--cluster=benchmarks/results/cluster_cpu4.json] [--out=out/table2]
+    python scripts/table2_cost_model.py --recost=out/table2/table2.json   # no measuring
 
-For each model, in one process with 4 logical CPU devices (``--devices``):
+For each model (default: 15 architectures, 5 transformers, 6 CNNs, 4 MoE, among them
+keras.applications and keras-hub models from ``tapas.models.corpus``), in one process with 4
+logical CPU devices (``--devices``):
 
 1. ``tapas.search`` on the profiled cluster (``--cluster``, a ``tapas profile`` file) with
    every cost term on returns the top ``--top_k`` plans and the reference plans
-   (Megatron, FFN-only, MHA-only, expert, data parallel, replicate, those that apply);
-   plans with identical patterns are merged.
+   (Megatron, FFN-only, MHA-only, expert, data parallel, replicate, those that apply), and
+   the same search pricing the model's loss its top ``--top_k`` (``L#1``...); plans with
+   identical patterns are merged.
 2. Each distinct plan is reconstructed (``tapas.parallelize`` with a hand-made
    ``tapas.execution.plan.Plan``, inference graph as ``benchmarks/bench_train.py``) and its
-   ``train_step`` timed ONCE: ``--repeats`` rounds of ``--steps`` steps after a warm-up step,
-   the median of all steps and the interquartile range as the spread.
+   ``train_step`` timed ONCE: ``--repeats`` rounds of ``--steps`` steps after a warm-up
+   step. With ``--paired`` (the default) every timed step is paired with a step of the
+   replicated plan, kept built beside it, and the plan is ranked by the median ratio of
+   the pairs times the replicated plan's median over the model's run: the machine's load
+   drifting during the minutes between two plans cancels out (plain medians of the same
+   plan moved by 60 % between runs here). Two plans tie when they differ by less than 5 %
+   (``--tie_tol``) or the standard error of either's median; ``--nopaired``: plain medians,
+   ties within the interquartile range of the steps (the first run's method).
 3. The same plans are re-costed (``tapas.planning.explore.plan_cost``, no rerun) under the
    ablation rows: baseline (constant filter, gradient overlap and collective efficiency
    off), +CF, +CF+GO, +CF+GO+EC, and beyond the paper +CF+GO+EC+WR (a weight read in two
-   placements priced as the runtime reshards it), and ranked; ``tapas.planning.ranking`` scores the rank of the
+   placements priced as the runtime reshards it) and +CF+GO+EC+WR+L (also the training
+   loss's collectives), and ranked; ``tapas.planning.ranking`` scores the rank of the
    measured-best plan (measured ties within noise count for the model, predicted ties
    against it).
 
 Prints the table beside the paper's, writes ``table2.json`` and one scatter PNG per row of
 predicted against measured step time (the cost model's seconds are for the profiled
 constants; a least-squares scale through the origin maps them onto measured seconds, and the
-plot says the scale) with the y = x line.
+plot says the scale) with the y = x line. A plan that fails to build or run is reported
+with its error and left out of the ranking.
 """
 
 from __future__ import annotations
 
 import datetime
+import gc
 import json
+import math
 import os
 import platform
+import statistics
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -45,8 +60,20 @@ from absl import app, flags, logging  # noqa: E402
 import report  # noqa: E402  (benchmarks/report.py: the timed training step)
 
 flags.DEFINE_integer("devices", 4, "Logical CPU devices.")
-flags.DEFINE_list("models", ["t5-tiny", "t5-tiny-tapas", "t5-tiny-masked", "t5-small",
-                             "resnet-tiny", "moe-tiny", "moe-tiny-tapas"], "Zoo models.")
+# 15 architectures as the paper's table (5 transformers, 6 CNNs, 4 MoE), each small enough
+# to time every plan here; keras.applications (keras-*) and keras-hub (hub-*) models are
+# from tapas.models.corpus: written by other people. t5-small (60 M parameters: its plans
+# take about 30 minutes of timed steps) runs with --models=t5-small
+MODELS = ["t5-tiny", "t5-tiny-tapas", "t5-tiny-masked", "bert-tiny", "llama-tiny",
+          "resnet-tiny", "keras-mobilenet", "keras-mobilenet-v2", "keras-mobilenet-v3",
+          "keras-efficientnet", "keras-resnet",
+          "moe-tiny", "moe-tiny-tapas", "hub-mixtral", "hub-qwen3-moe"]
+flags.DEFINE_list("models", MODELS, "Zoo presets (tapas models) or corpus models "
+                  "(tapas.models.corpus: keras-*, hub-*).")
+flags.DEFINE_boolean("paired", True, "Time each plan's steps paired with the replicated "
+                     "plan's (one step of each in turn) and rank by the ratio times the "
+                     "replicated plan's median: load drifting between plans cancels out. "
+                     "--nopaired: plain medians, each plan timed alone.")
 flags.DEFINE_integer("top_k", 5, "Top plans of the search to run (plus the reference plans).")
 flags.DEFINE_integer("steps", 10, "Timed steps per round.")
 flags.DEFINE_integer("repeats", 3, "Rounds of --steps timed steps per plan.")
@@ -79,17 +106,21 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                                collective_efficiency=True, weight_reshards=True, loss=True)}
 
 
-def candidates(graph, cluster, top_k: int) -> list[dict]:
+def candidates(graph, cluster, top_k: int, loss=None) -> list[dict]:
     """The distinct plans to run: the search's top ``top_k`` and its reference plans, each
-    ``{"names": [...], "patterns": (pattern name per GraphNode)}``."""
+    ``{"names": [...], "patterns": (pattern name per GraphNode)}``; with ``loss``, also the
+    top ``top_k`` of the search that prices it (named ``L#1``...)."""
     from tapas.planning.search import search
-    s = search(graph, cluster=cluster, top_k=top_k)
     out: dict[tuple[str, ...], list[str]] = {}
-    for alt in list(s.alternatives)[:top_k] + list(s.references):
-        if alt.error:
-            continue
-        pats = tuple(alt.changes.get(v, p) for v, p in enumerate(s.patterns))
-        out.setdefault(pats, []).append(alt.name)
+    for priced in ((None, loss) if loss is not None else (None,)):
+        s = search(graph, cluster=cluster, top_k=top_k, loss=priced)
+        alts = list(s.alternatives)[:top_k] + ([] if priced else list(s.references))
+        for alt in alts:
+            if alt.error:
+                continue
+            pats = tuple(alt.changes.get(v, p) for v, p in enumerate(s.patterns))
+            out.setdefault(pats, []).append(("L" if priced else "") + alt.name
+                                            if alt.name.startswith("#") else alt.name)
     return [{"names": names, "patterns": pats} for pats, names in out.items()]
 
 
@@ -121,11 +152,65 @@ def recost(graph, cluster, plans: list[dict], loss) -> dict[str, list[float]]:
     return out
 
 
-def measure(model, entry, graph, plan: dict, strategy, n: int) -> dict:
-    """Median, interquartile range and all step times of one plan's ``train_step``."""
-    del n   # the strategy's replicas
+def measure(model, entry, graph, plan: dict, strategy, anchor) -> dict:
+    """Median, interquartile range and all step times of one plan's ``train_step`` (and
+    its ratio to ``anchor``'s steps, when given: ``benchmarks/report.timed_plan``)."""
     return report.timed_plan(model, entry, graph, plan["patterns"], strategy,
-                             FLAGS.batch_size, FLAGS.steps, FLAGS.repeats)
+                             FLAGS.batch_size, FLAGS.steps, FLAGS.repeats, anchor=anchor)
+
+
+class CorpusModel:
+    """A model of ``tapas.models.corpus`` (another library's) with the zoo entry's
+    interface that the timed step reads: built once at ``batch``, its loss (sparse
+    cross-entropy of a keras.applications classifier, MSE of a backbone's output) and one
+    synthetic batch in the model's own input structure (a dict for keras-hub)."""
+
+    def __init__(self, name: str, batch: int) -> None:
+        from tapas.models import corpus
+        self.entry = corpus.get(name)
+        self.batch = batch
+        self.model, self.specs = self.entry.build(batch)
+        self.xs, self.y = self.entry.synthetic_batch(self.model, self.specs)
+
+    def build(self, seed: int = 0, fast_init: bool = False):
+        del seed, fast_init   # corpus models are built with seed 0, once
+        return self.model
+
+    def input_spec(self, batch_size: int | None = None):
+        self._check(batch_size)
+        return self.specs
+
+    def synthetic_batch(self, batch_size: int | None = None):
+        self._check(batch_size)
+        return self.xs, self.y
+
+    def keras_loss(self):
+        return self.entry.loss()
+
+    def _check(self, batch_size: int | None) -> None:
+        if batch_size not in (None, self.batch):
+            raise ValueError(f"{self.entry.name} was built for batch {self.batch}, not "
+                             f"{batch_size}")
+
+
+def model_entry(name: str, batch: int):
+    """A zoo preset's entry, or a corpus model as :class:`CorpusModel`."""
+    from tapas import models
+    return models.get(name) if name in models.names() else CorpusModel(name, batch)
+
+
+def _specs(entry, batch: int):
+    specs = entry.input_spec(batch)
+    return list(specs) if isinstance(specs, tuple) else specs
+
+
+def measured(run: dict) -> tuple[float, float]:
+    """The step time a run is ranked by and the noise within which two plans tie: paired
+    (ratio to the replicated plan, times that plan's median; the standard error of that
+    median) when measured so, else (older runs) the plain median and its IQR."""
+    if "paired_s" in run:
+        return run["paired_s"], run["paired_se_s"]
+    return run["median_s"], run["iqr_s"]
 
 
 def scale_of(pred: list[float], meas: list[float]) -> float:
@@ -140,17 +225,17 @@ def plot(rows: list[dict], row: str, path: str) -> float:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     pred = [r["predicted_s"][row] for r in rows]
-    meas = [r["median_s"] for r in rows]
+    meas = [measured(r)[0] for r in rows]
     s = scale_of(pred, meas)
     fig, ax = plt.subplots(figsize=(5, 5))
     for model in sorted({r["model"] for r in rows}):
-        pts = [(r["predicted_s"][row] * s * 1e3, r["median_s"] * 1e3) for r in rows
+        pts = [(r["predicted_s"][row] * s * 1e3, measured(r)[0] * 1e3) for r in rows
                if r["model"] == model]
         ax.scatter(*zip(*pts), label=model, s=18)
     hi = max(max(meas) * 1e3, max(pred) * s * 1e3) * 1.05
     ax.plot([0, hi], [0, hi], "k--", lw=1, label="y = x")
     ax.set_xlabel(f"predicted step time x {s:.3g} (ms)")
-    ax.set_ylabel("measured median step time (ms)")
+    ax.set_ylabel("measured step time (ms; paired with the replicated plan where so run)")
     ax.set_title(f"Table 2 runs, cost model {row}")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -164,38 +249,63 @@ def _slug(row: str) -> str:
     return row.strip("+").replace("+", "_")
 
 
-def rank_table(ranks: dict) -> dict:
-    """Acc@1, Acc@5, MRR per ablation row, printed beside the paper's."""
+def rank_table(ranks: dict, regrets: dict) -> dict:
+    """Acc@1, Acc@5, MRR per ablation row, printed beside the paper's, and how often the
+    row's pick runs within 10 % of the measured best (``regrets[row][model]``: its
+    ``ranking.pick_regret``)."""
     from tapas.planning import ranking
-    table = {row: {**ranking.table_metrics(ranks[row], 5), "ranks": ranks[row]}
+    table = {row: {**ranking.table_metrics(ranks[row], 5), "ranks": ranks[row],
+                   "pick_regret": regrets[row],
+                   "picks_within_10pct": sum(r <= 0.10 for r in regrets[row].values())}
              for row in ROWS}
-    print(f"\n{'row':<14} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6}   paper Acc@1 Acc@5 MRR")
+    print(f"\n{'row':<16} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6} {'pick<=10%':>10} {'worst':>6}"
+          "   paper Acc@1 Acc@5 MRR")
     for row, t in table.items():
         p = PAPER.get(row, {})
-        print(f"{row:<14} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f}   "
+        worst = max(t["pick_regret"].values())
+        print(f"{row:<16} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f} "
+              f"{t['picks_within_10pct']:>5}/{t['models']:<4} {worst * 100:>5.0f}%   "
               f"{p.get('acc@1', '-'):>11} {p.get('acc@5', '-'):>5} {p.get('mrr', '-'):>4}")
     return table
+
+
+def score(ranks: dict, regrets: dict, name: str, mine: list[dict],
+          predicted: dict[str, list[float]], tie_tol: float) -> None:
+    """Fill ``ranks[row][name]`` and ``regrets[row][name]`` for the runs ``mine`` of one
+    model under each row's predictions."""
+    from tapas.planning import ranking
+    medians, spreads = (list(x) for x in zip(*(measured(r) for r in mine)))
+    for row in ROWS:
+        ranks[row][name] = ranking.best_rank(medians, predicted[row], spreads, tie_tol)
+        regrets[row][name] = ranking.pick_regret(medians, predicted[row])
 
 
 def recost_file(path: str) -> None:
     """--recost: the plans of an earlier run (its patterns, or the same search again when
     the file has none), re-costed under every row of ROWS, ranked against the medians it
     measured."""
-    from tapas import capturing, models
-    from tapas.planning import ranking
+    from tapas import capturing
     from tapas.planning.cluster import Cluster
     with open(path) as f:
         old = json.load(f)
-    cluster = Cluster.load(old.get("cluster", FLAGS.cluster))
+    # the run's own cluster file, unless --cluster names another (re-costing with new
+    # constants, e.g. a profile taken on a quieter machine)
+    cluster_file = FLAGS.cluster if FLAGS["cluster"].present else old.get("cluster",
+                                                                           FLAGS.cluster)
+    cluster = Cluster.load(cluster_file)
     batch = int(old.get("batch_size", FLAGS.batch_size))
     ranks: dict = {row: {} for row in ROWS}
+    regrets: dict = {row: {} for row in ROWS}
     runs = []
     names = list(dict.fromkeys(r["model"] for r in old["runs"]))
     for name in names:
-        mine = [r for r in old["runs"] if r["model"] == name]
-        entry = models.get(name)
-        graph = capturing.capture(entry.build(fast_init=True),
-                                  list(entry.input_spec(batch)), training=False)
+        runs.extend(r for r in old["runs"] if r["model"] == name and "error" in r)
+        mine = [r for r in old["runs"] if r["model"] == name and "error" not in r]
+        if not mine:
+            continue
+        entry = model_entry(name, batch)
+        graph = capturing.capture(entry.build(fast_init=True), _specs(entry, batch),
+                                  training=False)
         if all("patterns" in r for r in mine):
             plans = [{"names": r["plan"].split("/"), "patterns": tuple(r["patterns"])}
                      for r in mine]
@@ -211,15 +321,11 @@ def recost_file(path: str) -> None:
         predicted = recost(graph, cluster, plans, entry.keras_loss())
         for i, r in enumerate(mine):
             runs.append({**r, "predicted_s": {row: predicted[row][i] for row in ROWS}})
-        medians = [r["median_s"] for r in mine]
-        spreads = [r["iqr_s"] for r in mine]
-        for row in ROWS:
-            ranks[row][name] = ranking.best_rank(medians, predicted[row], spreads,
-                                                 float(old.get("tie_tol", FLAGS.tie_tol)))
+        score(ranks, regrets, name, mine, predicted, float(old.get("tie_tol", FLAGS.tie_tol)))
         print(f"{name}: rank of the measured-best plan "
               + ", ".join(f"{row} {ranks[row][name]}" for row in ROWS), flush=True)
-    table = rank_table(ranks)
-    out = {**old, "recosted_from": path, "rows": ROWS, "table": table, "runs": runs,
+    table = rank_table(ranks, regrets)
+    out = {**old, "recosted_from": path, "cluster": cluster_file, "rows": ROWS, "table": table, "runs": runs,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv)}
     os.makedirs(FLAGS.out, exist_ok=True)
@@ -237,8 +343,7 @@ def main(argv: list[str]) -> None:
         return
     from tapas.execution import devices
     devices.setup_devices(FLAGS.devices, "cpu")
-    from tapas import capturing, models
-    from tapas.planning import ranking
+    from tapas import capturing
     from tapas.planning.cluster import Cluster
     n = FLAGS.devices
     cluster = Cluster.load(FLAGS.cluster)
@@ -246,42 +351,64 @@ def main(argv: list[str]) -> None:
         raise ValueError(f"--cluster={FLAGS.cluster} has {cluster.num_devices} devices but "
                          f"--devices={n}: profile with `tapas profile --devices={n}`")
     strategy = devices.make_strategy(n)
-    runs, ranks = [], {row: {} for row in ROWS}
+    runs, ranks, regrets = [], {row: {} for row in ROWS}, {row: {} for row in ROWS}
     load_before = os.getloadavg()
     for name in FLAGS.models:
-        entry = models.get(name)
+        entry = model_entry(name, FLAGS.batch_size)
         model = entry.build(seed=0)
-        graph = capturing.capture(model, list(entry.input_spec(FLAGS.batch_size)),
-                                  training=False)
-        plans = candidates(graph, cluster, FLAGS.top_k)
-        predicted = recost(graph, cluster, plans, entry.keras_loss())
-        meas = []
+        graph = capturing.capture(model, _specs(entry, FLAGS.batch_size), training=False)
+        loss = entry.keras_loss()
+        plans = candidates(graph, cluster, FLAGS.top_k, loss)
+        predicted = recost(graph, cluster, plans, loss)
+        anchor = (report.plan_program(model, entry, graph, ["replicate"] * len(graph.nodes),
+                                      strategy, FLAGS.batch_size) if FLAGS.paired else None)
+        mine = []
         for i, plan in enumerate(plans):
-            m = measure(model, entry, graph, plan, strategy, n)
-            meas.append(m)
             run = {"model": name, "plan": "/".join(plan["names"]),
                    "patterns": list(plan["patterns"]),
                    "sharded_nodes": sum(p != "replicate" for p in plan["patterns"]),
-                   "predicted_s": {row: predicted[row][i] for row in ROWS}, **m}
+                   "predicted_s": {row: predicted[row][i] for row in ROWS}}
+            try:
+                run.update(measure(model, entry, graph, plan, strategy, anchor))
+            except Exception as e:  # noqa: BLE001  (reported with the plan, the run goes on)
+                run["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                print(f"[{name} {i + 1}/{len(plans)}] {run['plan']}: FAILED {run['error']}",
+                      flush=True)
+                runs.append(run)
+                continue
+            mine.append(run)
             runs.append(run)
-            print(f"[{name} {i + 1}/{len(plans)}] {run['plan']}: measured "
-                  f"{m['median_s'] * 1e3:.1f} ms (IQR {m['iqr_s'] * 1e3:.1f}), predicted "
-                  f"{predicted['+CF+GO+EC'][i] * 1e3:.2f} ms (+CF+GO+EC)", flush=True)
-        medians = [m["median_s"] for m in meas]
-        spreads = [m["iqr_s"] for m in meas]
-        for row in ROWS:
-            ranks[row][name] = ranking.best_rank(medians, predicted[row], spreads,
-                                                 FLAGS.tie_tol)
+        if anchor is not None and mine:   # one scale for the model: the anchor's median
+            base = statistics.median(t for r in mine for t in r["anchor_times_s"])
+            for r in mine:
+                # the spread that decides a measured tie: the standard error of the median
+                # ratio (~1.25 sigma / sqrt(n), sigma ~ IQR / 1.35), not the steps' spread
+                se = 0.93 * r["ratio_iqr"] / math.sqrt(len(r["times_s"]))
+                r.update(paired_s=r["ratio"] * base, paired_iqr_s=r["ratio_iqr"] * base,
+                         paired_se_s=se * base)
+        for i, r in enumerate(mine):
+            t, spread = measured(r)
+            print(f"[{name} {i + 1}/{len(mine)}] {r['plan']}: measured {t * 1e3:.1f} ms "
+                  f"(+-{spread * 1e3:.1f}; alone {r['median_s'] * 1e3:.1f}), predicted "
+                  f"{r['predicted_s']['+CF+GO+EC'] * 1e3:.2f} ms (+CF+GO+EC), "
+                  f"{r['predicted_s']['+CF+GO+EC+WR+L'] * 1e3:.2f} ms (+WR+L)", flush=True)
+        if not mine:
+            continue
+        score(ranks, regrets, name, mine,
+              {row: [r["predicted_s"][row] for r in mine] for row in ROWS}, FLAGS.tie_tol)
+        del anchor
+        gc.collect()
     os.makedirs(FLAGS.out, exist_ok=True)
-    scales = {row: plot(runs, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
+    timed = [r for r in runs if "error" not in r]
+    scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
               for row in ROWS}
-    table = rank_table(ranks)
+    table = rank_table(ranks, regrets)
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                        "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
            "cluster": FLAGS.cluster, "devices": n, "top_k": FLAGS.top_k, "steps": FLAGS.steps,
-           "batch_size": FLAGS.batch_size,
+           "batch_size": FLAGS.batch_size, "paired": FLAGS.paired,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "runs": runs}
     path = os.path.join(FLAGS.out, "table2.json")

@@ -194,3 +194,25 @@ def test_figure9_strategies_on_tiny_presets(tmp_path: pathlib.Path) -> None:
     assert "megatron" in data["rows"][0]["references"]
     assert (png / "t5-tiny.png").stat().st_size > 0 and (png / "moe-tiny.png").exists()
     assert "T0 x" in proc.stdout
+
+
+def test_paper_driver_runs_steps_and_summarises(tmp_path: pathlib.Path) -> None:
+    """scripts/paper.py --quick: each chosen step in its own process, its files under --out,
+    the minutes per step printed and written to paper.json; an unknown step is refused."""
+    out = tmp_path / "paper"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "paper.py"), "--quick", "--noxla",
+         "--only=table1,figure9", f"--out={out}", f"--graph_cache={tmp_path / 'graphs'}"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "=== [1/2] table1" in proc.stdout and "=== [2/2] figure9" in proc.stdout
+    summary = json.loads((out / "paper.json").read_text())
+    assert [s["step"] for s in summary["steps"]] == ["table1", "figure9"]
+    assert all(s["returncode"] == 0 and s["seconds"] > 0 for s in summary["steps"])
+    assert summary["quick"] is True and summary["xla"] is False
+    assert (out / "table1_complexity.json").exists() and (out / "table1_complexity.png").exists()
+    assert (out / "figure9_strategies.json").exists()
+    assert list((out / "figure9").glob("*.png"))
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "paper.py"), "--only=figure11"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and "the steps are table1, figure10, figure6" in bad.stderr

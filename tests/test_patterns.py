@@ -411,3 +411,19 @@ def test_a_node_nobody_reads_has_patterns() -> None:
     g = Graph.build([src, unread])
     pats = patterns_for(g.nodes[1], g, 2)
     assert pats[0].name == "replicate" and pats[0].expr.startswith("Unread(")
+
+
+def test_depthwise_convolution_flops_read_one_channel_window() -> None:
+    """A depthwise 3x3 convolution's output element reads 9 inputs of its own channel, not
+    9 x in_channels (the count that made EfficientNet's predicted step 6x its measured
+    one on CPU): 2 x output elements x 9, halved where its channels split over 2 devices."""
+    x = keras.Input((8, 8, 16), batch_size=2)
+    y = keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False, name="dw")(x)
+    graph = tapas.capture(keras.Model(x, y), [tf.TensorSpec((2, 8, 8, 16), tf.float32)])
+    (node,) = [n for n in graph.nodes if any(op.type == "DepthwiseConv2dNative" for op in n.ops)]
+    whole = pattern_by_name(node, graph, 1, "replicate")
+    out = 2 * 8 * 8 * 16
+    # the convolution, and the output's Identity counted as one elementwise op per element
+    assert whole.flops == pytest.approx(2 * out * 9 + out)
+    split = [p for p in patterns_for(node, graph, 2) if p.name != "replicate"]
+    assert split and all(p.flops == pytest.approx(whole.flops / 2) for p in split)

@@ -9,8 +9,9 @@ Out: :class:`InputSignature`: one named, static ``tf.TensorSpec`` per model inpu
      (:meth:`InputSignature.spec_structure`, :meth:`InputSignature.pack`), and
      :meth:`InputSignature.flatten`, which turns a batch in any accepted form into the
      program's list of arrays, naming the input, the expected shape and dtype and the fix
-     when something does not fit. :func:`synthetic_batch` makes a random batch and targets
-     for a model that comes without data (``tapas train --model=file.keras``).
+     when something does not fit. :func:`synthetic_inputs` makes a random batch and
+     :func:`synthetic_batch` targets too, for a model that comes without data
+     (``tapas train --model=file.keras``).
 
 The program's order is Keras's flattening order (``keras.tree.flatten`` of ``model.input``:
 lists in order, dict keys sorted), which is also the order in which ``tf.function`` flattens
@@ -34,7 +35,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["InputSignature", "synthetic_batch", "keras_structure"]
+__all__ = ["InputSignature", "synthetic_inputs", "synthetic_batch", "keras_structure"]
 
 
 def keras_structure(model: Any) -> Any:
@@ -259,13 +260,13 @@ def _vocabulary(model: Any) -> int:
     return max(2, min(sizes)) if sizes else 2
 
 
-def synthetic_batch(model: Any, signature: InputSignature, loss: Any,
-                    seed: int = 0) -> tuple[Any, np.ndarray]:
-    """A random batch in the model's input structure and targets the loss accepts: floats
-    standard normal, integers below the smallest embedding size, booleans; targets class
-    ids for a sparse crossentropy, one-hot rows for a crossentropy, 0/1 for a binary one,
-    standard normal otherwise (shaped like the model's one output)."""
-    rng = np.random.default_rng(seed)
+def synthetic_inputs(model: Any, signature: InputSignature, seed: int = 0) -> Any:
+    """A random batch in the model's input structure: floats standard normal, integers
+    below the smallest embedding size, booleans."""
+    return _synthetic(model, signature, np.random.default_rng(seed))
+
+
+def _synthetic(model: Any, signature: InputSignature, rng: np.random.Generator) -> Any:
     high = _vocabulary(model)
     flat = []
     for spec in signature.specs:
@@ -276,6 +277,16 @@ def synthetic_batch(model: Any, signature: InputSignature, loss: Any,
             flat.append(rng.integers(0, high, shape).astype(spec.dtype.as_numpy_dtype))
         else:
             flat.append(rng.standard_normal(shape).astype(spec.dtype.as_numpy_dtype))
+    return signature.pack(flat)
+
+
+def synthetic_batch(model: Any, signature: InputSignature, loss: Any,
+                    seed: int = 0) -> tuple[Any, np.ndarray]:
+    """A random batch in the model's input structure (:func:`synthetic_inputs`) and targets
+    the loss accepts: class ids for a sparse crossentropy, one-hot rows for a crossentropy,
+    0/1 for a binary one, standard normal otherwise (shaped like the model's one output)."""
+    rng = np.random.default_rng(seed)
+    xs = _synthetic(model, signature, rng)
     outputs = list(model.outputs)
     if len(outputs) != 1:
         raise ValueError(f"model '{model.name}' has {len(outputs)} outputs: training needs "
@@ -290,4 +301,4 @@ def synthetic_batch(model: Any, signature: InputSignature, loss: Any,
         y = rng.integers(0, 2, shape).astype("float32")
     else:
         y = rng.standard_normal(shape).astype("float32")
-    return signature.pack(flat), y
+    return xs, y

@@ -3,7 +3,8 @@
 In:  for one model, the measured step times of its candidate plans (median and spread of
      repeated timings) and the cost model's predicted times of the same plans.
 Out: the rank the model gives the measured-best plan (:func:`best_rank`) and, over models,
-     Acc@1, Acc@k and MRR (:func:`table_metrics`).
+     Acc@1, Acc@k and MRR (:func:`table_metrics`); how much slower than the measured best
+     the plan the model picks runs (:func:`pick_regret`).
 
 How ties are scored (the docs of Table 2 repeat this):
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["measured_best", "predicted_rank", "best_rank", "table_metrics"]
+__all__ = ["measured_best", "predicted_rank", "best_rank", "table_metrics", "pick_regret"]
 
 _PREDICTED_TIE = 1e-9
 
@@ -93,3 +94,21 @@ def table_metrics(ranks: Mapping[str, int], k: int = 5) -> dict[str, float]:
     return {"acc@1": sum(r == 1 for r in ranks.values()) / n,
             f"acc@{k}": sum(r <= k for r in ranks.values()) / n,
             "mrr": sum(1.0 / r for r in ranks.values()) / n, "models": n}
+
+
+def pick_regret(medians: Sequence[float], predicted: Sequence[float]) -> float:
+    """How much slower the plan the cost model picks runs than the fastest measured plan:
+    ``medians[p] / min(medians) - 1`` for ``p`` the plan predicted cheapest (the worst
+    measured of several predicted equally cheap). 0 when the pick is the fastest; the
+    issue's bar is 0.10 (within 10 % of the best measured plan)."""
+    if len(predicted) != len(medians):
+        raise ValueError(f"predicted has {len(predicted)} values but medians has "
+                         f"{len(medians)}: give one prediction per measured plan")
+    _check("medians", medians)
+    _check("predicted", predicted)
+    low = min(predicted)
+    picks = [i for i, q in enumerate(predicted) if q <= low * (1 + _PREDICTED_TIE)]
+    best = min(medians)
+    if best <= 0:
+        raise ValueError(f"the fastest measured plan has median {best}: times must be > 0")
+    return max(medians[i] for i in picks) / best - 1.0

@@ -50,7 +50,7 @@ def depthwise_conv(op: OpInfo, ctx: OpContext) -> OpSpec:
     kl = tuple(fresh.many(r - 2)) + (xl[c], mult)
     no = spatial | frozenset(kl[:-2]) | {mult}
     return OpSpec((tuple(xl), kl), (tuple(ol),), no_split=no, reduce="none", linear=(0, 1),
-                  flops="conv")
+                  flops="depthwise")
 
 
 def pool(op: OpInfo, ctx: OpContext) -> OpSpec:

@@ -31,7 +31,7 @@ Shape = tuple[int, ...]
 # nothing valid ("none")
 Reduction = Literal["sum", "mean", "gather", "none"]
 # how the flops of the op are counted (tapas.sharding.patterns.propagation.flops)
-FlopsKind = Literal["contract", "conv", "reduce", "elementwise", "none"]
+FlopsKind = Literal["contract", "conv", "depthwise", "reduce", "elementwise", "none"]
 
 
 @dataclasses.dataclass(frozen=True)

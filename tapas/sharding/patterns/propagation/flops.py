@@ -3,7 +3,8 @@
 In:  the op, its :class:`~tapas.sharding.rules.OpSpec`, the placements of its operands, the
      split label, and the shapes and placements the forward pass has found.
 Out: :func:`op_flops` -- 2 x the local contraction volume for contractions and
-     convolutions, the local input size for reductions, the local output size for
+     convolutions (a depthwise convolution's output element reads one channel's window),
+     the local input size for reductions, the local output size for
      elementwise ops, 0 for data movement; :func:`volume`, a shape's element count.
 
 This module imports no TensorFlow.
@@ -45,6 +46,8 @@ def op_flops(n: int, op: OpInfo, spec: rules.OpSpec, names: Sequence[str],
         if label is not None and len(kl) >= 2 and kl[-2] == label:
             k /= n
         return 2.0 * volume(out_local) * k
+    if spec.flops == "depthwise":   # each output reads one channel's window: kh x kw
+        return 2.0 * volume(out_local) * volume((shapes.get(names[1]) or ())[:-2])
     if spec.flops == "reduce":
         return volume(in_pl[0].local_shape(shapes.get(names[0]) or (), n))
     return volume(out_local)
