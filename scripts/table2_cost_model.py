@@ -228,14 +228,20 @@ def plot(rows: list[dict], row: str, path: str) -> float:
     meas = [measured(r)[0] for r in rows]
     s = scale_of(pred, meas)
     fig, ax = plt.subplots(figsize=(5, 5))
-    for model in sorted({r["model"] for r in rows}):
+    colors = plt.get_cmap("tab20").colors
+    for i, model in enumerate(sorted({r["model"] for r in rows})):
         pts = [(r["predicted_s"][row] * s * 1e3, measured(r)[0] * 1e3) for r in rows
                if r["model"] == model]
-        ax.scatter(*zip(*pts), label=model, s=18)
-    hi = max(max(meas) * 1e3, max(pred) * s * 1e3) * 1.05
-    ax.plot([0, hi], [0, hi], "k--", lw=1, label="y = x")
+        ax.scatter(*zip(*pts), label=model, s=18, color=colors[i % len(colors)],
+                   marker="os^D"[i // len(colors) % 4])
+    # log axes: the models' steps span 10 ms to half a second
+    values = [v for v in meas + [p * s for p in pred] if v > 0]
+    lo, hi = min(values) * 1e3 / 1.2, max(values) * 1e3 * 1.2
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel(f"predicted step time x {s:.3g} (ms)")
-    ax.set_ylabel("measured step time (ms; paired with the replicated plan where so run)")
+    ax.set_ylabel("measured step time (ms)")
     ax.set_title(f"Table 2 runs, cost model {row}")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -325,10 +331,14 @@ def recost_file(path: str) -> None:
         print(f"{name}: rank of the measured-best plan "
               + ", ".join(f"{row} {ranks[row][name]}" for row in ROWS), flush=True)
     table = rank_table(ranks, regrets)
-    out = {**old, "recosted_from": path, "cluster": cluster_file, "rows": ROWS, "table": table, "runs": runs,
+    os.makedirs(FLAGS.out, exist_ok=True)
+    timed = [r for r in runs if "error" not in r]
+    scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
+              for row in ROWS}
+    out = {**old, "recosted_from": path, "cluster": cluster_file, "rows": ROWS, "table": table,
+           "scatter_scale": scales, "runs": runs,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv)}
-    os.makedirs(FLAGS.out, exist_ok=True)
     dest = os.path.join(FLAGS.out, "table2_recost.json")
     with open(dest, "w") as f:
         json.dump(out, f, indent=1)
