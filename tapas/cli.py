@@ -373,7 +373,8 @@ def _loss_text(loss: Any) -> str:
     return spec.name + ("(from_logits=True)" if spec.from_logits else "")
 
 
-def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any, loss: Any = None) -> dict[str, Any]:
+def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any,
+                   loss: Any = None) -> dict[str, Any]:
     """`tapas search --meshes`: every rows x cols mesh (tapas.planning.mesh), each row's
     model captured again at its share of the batch."""
     import tensorflow as tf

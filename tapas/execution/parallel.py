@@ -331,7 +331,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``strategy``: a ``tapas.planning.search.Strategy``, the path of one saved as JSON, a
     ``tapas.execution.reconstruct.Plan`` (patterns chosen by hand), or ``None`` to search on
     ``cluster`` (default ``Cluster.loopback_cpu(N)``; ``search_options`` go to
-    ``tapas.search``, which prices ``loss``'s collectives unless they say otherwise). ``devices``/``distribute_strategy``: see the module docstring.
+    ``tapas.search``, which prices ``loss``'s collectives unless they say otherwise).
+    ``devices``/``distribute_strategy``: see the module docstring.
     ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
     ``mesh``: ``"ROWSxCOLS"`` (or a ``tapas.planning.mesh.Mesh``) with rows x cols = N
     runs a 2-D mesh: data parallel over the rows (each row takes its share of axis 0 of the
