@@ -3,7 +3,7 @@ parallelism, Megatron and a ZeRO-2-style sharded optimizer.
 
     python scripts/figure7_throughput.py [--models=resnet50-1k,...,moe-1.3b] [--devices=8]
         [--measure=t5-tiny,moe-tiny,resnet-tiny] [--measure_devices=4] [--steps=5]
-        [--repeats=3] [--cluster=benchmarks/results/cluster_cpu4.json]
+        [--repeats=3] [--cluster=benchmarks/results/cluster_cpu4.json] [--xla_json=FILE]
         [--json_out=out/figure7_throughput.json] [--png_out=out/figure7_throughput.png]
 
 **Predicted** (no GPUs here), for each model on one node of ``--devices`` V100s
@@ -14,6 +14,11 @@ time, for the whole node) of
 * ``TAPAS``: the searched plan;
 * ``data-parallel``, ``megatron`` (transformers), ``expert`` (MoE): the reference plans of
   the same search (``tapas.planning.references``);
+* ``XLA`` (with ``--xla_json``): XLA's automatic sharding of the same preset (compiled for 8
+  TPU v5e chips by ``scripts/baselines/xla_autoshard.py``), its parameter shardings costed
+  by this cost model: the cheapest plan with every parameter placed as XLA placed it
+  (``tapas.planning.search.plan_with_weights``); parameters that no 1-D TAPAS placement
+  describes (XLA splitting one on two axes) are left to the search and counted;
 * ``zero-2`` (ResNet, MoE, as the paper): data parallelism whose gradient all-reduce of each
   weight becomes a reduce-scatter (backward, overlapped: gamma) and an all-gather of the
   updated parameters (not overlapped), optimizer state and gradients sharded N ways. It is
@@ -56,6 +61,10 @@ flags.DEFINE_float("tie_tol", 0.05, "Relative difference under which measured ti
 flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4.json",
                     "Cluster file of the logical CPU devices (tapas profile) for the "
                     "measured part's predictions.")
+flags.DEFINE_string("xla_json", None, "A JSON of XLA's auto-sharding on the same presets "
+                    "(`.venv-xla/bin/python scripts/baselines/xla_autoshard.py --models=... "
+                    "--devices=8 --json_out=FILE`): its parameter shardings are costed by the "
+                    "cost model as the column XLA (plan_with_weights).")
 flags.DEFINE_string("json_out", "out/figure7_throughput.json", "Where to write the JSON.")
 flags.DEFINE_string("png_out", "out/figure7_throughput.png", "Where to write the plot.")
 FLAGS = flags.FLAGS
@@ -99,7 +108,44 @@ def zero2(graph, strategy, cluster) -> dict:
             "memory": dp.memory - (grads + optimizer) * (1 - 1 / n)}
 
 
-def predicted(name: str) -> dict:
+def _xla_module():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines",
+                        "xla_autoshard.py")
+    spec = importlib.util.spec_from_file_location("xla_autoshard", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def xla_rows(path: str | None) -> dict:
+    """The rows of an xla_autoshard.py JSON that carry parameter shardings, by model."""
+    if not path:
+        return {}
+    import json
+    with open(path) as f:
+        rows = json.load(f).get("results", [])
+    return {r["model"]: r for r in rows if r.get("weight_shardings")}
+
+
+def xla_plan(graph, row: dict, cluster) -> dict:
+    """XLA's parameter shardings costed by the cost model: the cheapest plan with every
+    parameter placed as XLA placed it (the rest of the plan, activations and unweighted
+    GraphNodes, the search's), and the parameters no TAPAS pattern places that way."""
+    from tapas.planning.search import plan_with_weights
+    placements, unmapped = _xla_module().tapas_placements(row["weight_shardings"],
+                                                          cluster.num_devices)
+    # es: XLA places each layer on its own (gp would give a repeated layer its template's)
+    r = plan_with_weights(graph, placements, cluster=cluster, mode="es")
+    unmapped.update(r.unmapped)
+    return {"cost": r.cost.total, "communication": r.cost.communication,
+            "compute": r.cost.compute, "memory": r.cost.memory.total,
+            "weights": len(row["weight_shardings"]),
+            "weights_split": sum(1 for p in placements.values() if p != "R"),
+            "unmapped": unmapped}
+
+
+def predicted(name: str, xla: dict | None = None) -> dict:
     import tapas
     from tapas import models
     from tapas.planning.cluster import Cluster
@@ -117,6 +163,8 @@ def predicted(name: str) -> dict:
                                "compute": alt.compute, "memory": alt.memory}
     if name.startswith(("resnet", "moe")):
         plans["zero-2"] = zero2(graph, s, cluster)
+    if xla and name in xla:
+        plans["XLA"] = xla_plan(graph, xla[name], cluster)
     for p in plans.values():
         if "cost" in p:
             p["tflops"] = flops / p["cost"] / 1e12 if p["cost"] > 0 else 0.0
@@ -180,7 +228,7 @@ def plot(pred: list[dict], meas: list[dict], path: str) -> None:
     fig = Figure(figsize=(12, 4.5), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 2, 1)
-    kinds = ["data-parallel", "megatron", "expert", "zero-2", "TAPAS"]
+    kinds = ["data-parallel", "megatron", "expert", "zero-2", "XLA", "TAPAS"]
     width = 0.8 / len(kinds)
     for k, kind in enumerate(kinds):
         xs = [i + k * width for i, r in enumerate(pred) if "cost" in r["plans"].get(kind, {})]
@@ -217,14 +265,15 @@ def main(argv: list[str]) -> None:
         devices.setup_devices(FLAGS.measure_devices, "cpu")
     print(f"Figure 7: throughput of the plans, predicted on one node of {FLAGS.devices} "
           "V100s (cost model; no GPUs here)")
-    pred = [predicted(name) for name in FLAGS.models]
+    xla = xla_rows(FLAGS.xla_json)
+    pred = [predicted(name, xla) for name in FLAGS.models]
     meas = []
     if FLAGS.measure:
         strategy = devices.make_strategy(FLAGS.measure_devices)
         print(f"\nmeasured here: {FLAGS.measure_devices} logical CPU devices, batch "
               f"{FLAGS.batch_size}, median of {FLAGS.steps * FLAGS.repeats} steps")
         meas = [measured(name, strategy) for name in FLAGS.measure]
-    kinds = ["TAPAS", "data-parallel", "megatron", "expert", "zero-2"]
+    kinds = ["TAPAS", "data-parallel", "megatron", "expert", "zero-2"] + (["XLA"] if xla else [])
     print(f"\npredicted TFLOPS on {FLAGS.devices} V100s (step ms):")
     print(f"{'model':<15}" + "".join(f"{k:>20}" for k in kinds))
     for r in pred:
@@ -243,6 +292,12 @@ def main(argv: list[str]) -> None:
                   f"{r['pairs']} pairs; best predicted {r['best_predicted']}, best measured "
                   f"{r['best_measured']}" + (" (within the tie tolerance)"
                                             if r["best_within_tie"] else ""))
+    for r in pred:
+        x = r["plans"].get("XLA")
+        if x:
+            print(f"  XLA on {r['model']}: {x['weights_split']} of {x['weights']} parameters "
+                  f"split, {len(x['unmapped'])} not placeable as XLA placed them (left to "
+                  "the search)")
     print("Paper (Figure 7, 8 V100s): TAPAS's plans match or beat Megatron on T5, DP and "
           "ZeRO-2 on ResNet and MoE as they grow (TFLOPS).")
     out = {"figure": "TAPAS Figure 7", "predicted_devices": FLAGS.devices,

@@ -170,6 +170,27 @@ def test_figure7_throughput_on_tiny_presets(tmp_path: pathlib.Path) -> None:
     assert png.stat().st_size > 0 and "measured here" in proc.stdout
 
 
+def test_figure7_costs_xla_s_parameter_shardings(tmp_path: pathlib.Path) -> None:
+    """--xla_json: XLA's plan for t5-tiny on 8 TPU chips (a real xla_autoshard.py row,
+    tests/fixtures/xla_autoshard_t5_tiny.json) costed by the cost model, every parameter
+    placed as XLA placed it; it cannot cost less than the searched plan."""
+    out = tmp_path / "f7.json"
+    fixture = ROOT / "tests" / "fixtures" / "xla_autoshard_t5_tiny.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "figure7_throughput.py"), "--models=t5-tiny",
+         "--measure=", f"--xla_json={fixture}", f"--json_out={out}", "--png_out="],
+        capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (r,) = json.loads(out.read_text())["predicted"]
+    xla = r["plans"]["XLA"]
+    shardings = json.loads(fixture.read_text())["results"][0]["weight_shardings"]
+    assert xla["weights"] == len(shardings) == 47
+    assert xla["weights_split"] == sum(1 for s in shardings.values() if s["axes"]) == 45
+    assert xla["unmapped"] == {}
+    assert xla["cost"] >= r["plans"]["TAPAS"]["cost"] * (1 - 1e-9) and xla["tflops"] > 0
+    assert "XLA on t5-tiny: 45 of 47 parameters split, 0 not placeable" in proc.stdout
+
+
 def test_figure9_strategies_on_tiny_presets(tmp_path: pathlib.Path) -> None:
     """Figure 9's script on t5-tiny and moe-tiny over 2 devices: one instance of every
     template with each GraphNode's pattern and family, the weighted GraphNodes outside the
@@ -216,3 +237,15 @@ def test_paper_driver_runs_steps_and_summarises(tmp_path: pathlib.Path) -> None:
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "paper.py"), "--only=figure11"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and "the steps are table1, figure10, figure6" in bad.stderr
+
+
+def test_xla_shardings_become_tapas_placements() -> None:
+    xla = _load(ROOT / "scripts" / "baselines" / "xla_autoshard.py", "xla_autoshard")
+    placements, unmapped = xla.tapas_placements({
+        "dense/kernel": {"shape": [64, 256], "axes": [1], "ways": [8]},
+        "dense/bias": {"shape": [256], "axes": [], "ways": []},
+        "emb/embeddings": {"shape": [512, 64], "axes": [0, 1], "ways": [2, 4]},
+        "norm/scale": {"shape": [64], "axes": [0], "ways": [4]}}, 8)
+    assert placements == {"dense/kernel": "S1", "dense/bias": "R"}
+    assert set(unmapped) == {"emb/embeddings", "norm/scale"}
+    assert "2 x 4 ways on axes [0, 1]" in unmapped["emb/embeddings"]

@@ -381,3 +381,30 @@ def test_a_weight_read_in_two_placements_is_priced_when_asked() -> None:
                                  for v in range(len(graph.nodes))]
         assert explore.weight_reshard_terms(graph, table, everything_replicated, edges) == []
     assert math.isclose(costs[True] - costs[False], sum(t.total for t in terms), rel_tol=1e-9)
+
+
+def test_plan_with_weights_places_them_as_given_and_says_what_it_cannot(t5_tiny):
+    """Another system's parameter placements costed by the cost model: Megatron's weights
+    of the first encoder layer given (es: every GraphNode on its own), the rest searched; a
+    placement no pattern offers is left free and named."""
+    from tapas.sharding.placements import Replica, Split
+    cluster = Cluster.v100_ethernet(1, 2)
+    given = {"encoder_block_0/self_attention/q/kernel": "S1",
+             "encoder_block_0/self_attention/o/kernel": "S0",
+             "encoder_block_0/ffn/wi/kernel": "S1", "encoder_block_0/ffn/wo/kernel": "S0",
+             "encoder_block_1/ffn/wi/kernel": "S5"}          # no such axis
+    r = search.plan_with_weights(t5_tiny, given, cluster=cluster, mode="es")
+    assert set(r.unmapped) == {"encoder_block_1/ffn/wi/kernel"}
+    assert "has no pattern placing it S5" in r.unmapped["encoder_block_1/ffn/wi/kernel"]
+    table = explore.pattern_table(t5_tiny, 2, cluster, CostOptions.for_cluster(cluster))
+    placed = {path: pl for v, name in enumerate(r.patterns)
+              for path, pl in table.infos[v][table.index(v, name)].weights}
+    for path, want in given.items():
+        if path not in r.unmapped:
+            assert placed[path] == Split(int(want[1])), path
+    best = search.search(t5_tiny, cluster=cluster, mode="es")
+    assert r.cost.total >= best.total_cost * (1 - 1e-9)
+    # every weight given replicated: the replicated plan's cost
+    everything = {path: Replica() for path in placed}
+    assert search.plan_with_weights(t5_tiny, everything, cluster=cluster).cost.total == \
+        pytest.approx({a.name: a for a in best.references}["replicate"].cost)

@@ -111,6 +111,25 @@ def parse_autoshard_log(text: str) -> dict:
 # --------------------------------------------------------------------------- #
 
 
+def tapas_placements(shardings: dict, devices: int) -> tuple[dict, dict]:
+    """XLA's parameter shardings (``weight_shardings`` of a result row: path -> split axes
+    and ways) as TAPAS placements on a 1-D mesh of ``devices``: ``"R"`` (not split),
+    ``"S<axis>"`` (one axis split ``devices`` ways), and, apart, the parameters no 1-D
+    placement describes (split on several axes, or fewer ways with the rest replicated)
+    with why. Standard library only: the TAPAS venv calls it."""
+    placements, unmapped = {}, {}
+    for path, s in shardings.items():
+        axes, ways = list(s["axes"]), list(s["ways"])
+        if not axes:
+            placements[path] = "R"
+        elif len(axes) == 1 and ways[0] == devices:
+            placements[path] = f"S{axes[0]}"
+        else:
+            unmapped[path] = (f"XLA splits it {' x '.join(str(w) for w in ways)} ways on axes "
+                              f"{axes} of {s['shape']}: not a 1-D placement over {devices}")
+    return placements, unmapped
+
+
 def _worker(args: argparse.Namespace) -> None:
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", ACCELERATOR_TYPE)
     os.environ["KERAS_BACKEND"] = "jax"
@@ -164,6 +183,15 @@ def _worker(args: argparse.Namespace) -> None:
     param_shardings = compiled.input_shardings[0][0]
     result["trainable_variables"] = len(tv)
     result["split_variables"] = sum(1 for s in param_shardings if not s.is_fully_replicated)
+    # each parameter's sharding as the axes it is split on and into how many parts
+    # (tapas_placements turns them into TAPAS placements for figure7_throughput.py)
+    shardings = {}
+    for var, spec, sharding in zip(model.trainable_variables, tv, param_shardings):
+        shard = sharding.shard_shape(tuple(spec.shape))
+        axes = [i for i, (a, b) in enumerate(zip(spec.shape, shard)) if b < a]
+        shardings[var.path] = {"shape": list(spec.shape), "axes": axes,
+                               "ways": [int(spec.shape[i]) // int(shard[i]) for i in axes]}
+    result["weight_shardings"] = shardings
     hlo = compiled.as_text()
     result["collectives"] = {c: hlo.count(f" {c}(") for c in
                              ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",

@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tapas.ir import Graph, TensorInfo
+from tapas.ir import Graph, GraphNode, TensorInfo
 from tapas.planning import explore as ex
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, PlanCost
@@ -56,7 +56,8 @@ from tapas.sharding.placements import Replica
 if TYPE_CHECKING:
     from tapas.mining import FoldedGraph
 
-__all__ = ["search", "Strategy", "EdgeReshard", "Alternative", "MemoryBudgetError",
+__all__ = ["search", "plan_with_weights", "GivenWeightsPlan", "Strategy", "EdgeReshard",
+           "Alternative", "MemoryBudgetError",
            "graph_digest", "REFERENCE_PLANS", "reference_filter", "node_roles"]
 
 # a plan whose every pattern is of these families splits no weight
@@ -273,6 +274,65 @@ def _reference(runner: _Runner, name: str, xopts: ex.ExploreOptions, best: ex.Pl
         return unavailable(f"no GraphNode splits its batch over {runner.cluster.num_devices} "
                            "devices (batch size not divisible?)")
     return _alternative(name, runner.table, plan, pc, best, budget, REFERENCE_PLANS[name])
+
+
+@dataclasses.dataclass(frozen=True)
+class GivenWeightsPlan:
+    """:func:`plan_with_weights`'s answer: the cheapest plan with the weights placed as
+    given, its cost, the pattern name per GraphNode, and the weights whose given placement
+    no pattern of theirs offers (left free, with why)."""
+
+    cost: PlanCost
+    patterns: tuple[str, ...]
+    unmapped: Mapping[str, str]
+
+
+def plan_with_weights(graph: Graph, weights: Mapping[str, Any], *,
+                      cluster: Cluster | None = None, options: CostOptions | None = None,
+                      mode: str = "gp", folded: FoldedGraph | None = None
+                      ) -> GivenWeightsPlan:
+    """The cheapest plan of ``graph`` in which every weight named in ``weights`` (path ->
+    ``Split(axis)``, ``Replica()`` or their text) is placed as given, the other GraphNodes'
+    patterns chosen by the search: another system's plan (XLA's automatic sharding gives
+    a placement per parameter) costed by this cost model. A weight whose given placement no
+    pattern of a GraphNode reading it offers (a convolution kernel split on a spatial axis)
+    is left free and listed in ``unmapped``; so is, in ``mode="gp"``, a weight of a repeated
+    layer placed unlike the template's first instance (gp plans a template once)."""
+    from tapas.sharding.placements import parse_placement
+    cluster = Cluster.v100_ethernet() if cluster is None else cluster
+    options = CostOptions.for_cluster(cluster) if options is None else options
+    want = {path: parse_placement(p) for path, p in weights.items()}
+    if mode == "gp" and folded is None:
+        from tapas import mining
+        folded = mining.mine(graph)
+    n = cluster.num_devices
+    table = pattern_table(graph, n, cluster, options)
+    unmapped: dict[str, str] = {}
+    for node in graph.nodes:
+        for w in node.weights:
+            if w.path in want and not any(dict(i.weights).get(w.path) == want[w.path]
+                                          for i in table.infos[node.id]):
+                offered = sorted({str(dict(i.weights)[w.path]) for i in table.infos[node.id]})
+                unmapped[w.path] = (f"GraphNode '{node.name}' has no pattern placing it "
+                                    f"{want[w.path]} (its patterns place it {offered})")
+    fixed = {p: pl for p, pl in want.items() if p not in unmapped}
+
+    def allowed(node: GraphNode, info: Any) -> bool:
+        return all(fixed.get(path, pl) == pl for path, pl in info.weights)
+
+    runner = _Runner(graph, cluster, mode, folded, options, table,
+                     EdgeCoster(n, cluster, options), None)
+    result = runner.explore(allowed, ex.ExploreOptions(top_k=1))
+    plan, pc, _ = runner.evaluate(result.best)
+    names = tuple(table.infos[v][p].name for v, p in enumerate(plan.patterns))
+    for v, p in enumerate(plan.patterns):   # gp: a repeated layer takes its template's choice
+        for path, got in table.infos[v][p].weights:
+            if path in fixed and got != fixed[path] and path not in unmapped:
+                unmapped[path] = (f"placed {got}, not {fixed[path]}: GraphNode "
+                                  f"'{graph.nodes[v].name}' repeats a template whose first "
+                                  "instance was placed otherwise (mode='es' plans each "
+                                  "GraphNode on its own)")
+    return GivenWeightsPlan(pc, names, unmapped)
 
 
 def _alternative(name: str, table: PatternTable, plan: ex.Plan, pc: PlanCost, best: ex.Plan,
