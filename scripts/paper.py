@@ -11,24 +11,23 @@ took. Every script writes its JSON and PNG under ``--out``; captured graphs are 
 through ``--graph_cache``. Which numbers are measured here and which are predicted by the
 cost model is printed by each script and said in ``docs/paper.md``:
 
-=========  ==========================================================  =====================
-step       what                                                        measured / predicted
-=========  ==========================================================  =====================
-table1     V and E of the op, GraphNode and folded graphs; candidates   counted
-figure10   unique subgraphs and mining time across minSize              measured
-figure6    search time: TAPAS-GP, TAPAS-ES, XLA's auto-sharding pass    measured, same run
-figure9    the strategies found (T5-large, ResNet50-100K, MoE-1.3B)     predicted (cost model)
-figure8    weak scaling 8 -> 32 GPUs, GP against time-limited ES        predicted; search
-                                                                        times measured
-figure7    throughput on 8 V100s; the small presets timed on CPU        predicted; CPU part
-                                                                        measured
-table2     the cost model's ranking against measured step times         measured
-=========  ==========================================================  =====================
+===========  ===========================================================  ========================
+step         what                                                         measured / predicted
+===========  ===========================================================  ========================
+table1       V and E of the op, GraphNode and folded graphs; candidates   counted
+figure10     unique subgraphs and mining time across minSize              measured
+figure6      search time: TAPAS-GP, TAPAS-ES, XLA's auto-sharding pass    measured, same run
+figure9      the strategies found (T5-large, ResNet50-100K, MoE-1.3B)     predicted (cost model)
+figure8      weak scaling 8 -> 32 GPUs, GP against time-limited ES        predicted; searches timed
+xla_figure7  XLA's automatic sharding of Figure 7's presets (with XLA)    compiled here
+figure7      throughput on 8 V100s, XLA's placement costed too; tiny CPU  predicted; CPU measured
+table2       the cost model's ranking against measured step times         measured
+===========  ===========================================================  ========================
 
 ``--noxla`` (or no ``.venv-xla``: ``scripts/baselines/setup.sh`` makes it, ``paper.sh``
-runs it) leaves the XLA baseline out of Figure 6. A step that fails is reported with its
-exit status and the run goes on; the script exits 1 if any failed. The summary is written
-to ``<out>/paper.json``.
+runs it) leaves the XLA baseline out of Figures 6 and 7. A step that fails is reported
+with its exit status and the run goes on; the script exits 1 if any failed. The summary is
+written to ``<out>/paper.json``.
 """
 
 from __future__ import annotations
@@ -44,7 +43,12 @@ from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-STEPS = ("table1", "figure10", "figure6", "figure9", "figure8", "figure7", "table2")
+STEPS = ("table1", "figure10", "figure6", "figure9", "figure8", "xla_figure7", "figure7",
+         "table2")
+# Figure 7's presets (figure7_throughput.py's default --models), compiled by XLA for the
+# XLA column
+FIGURE7_MODELS = ("resnet50-1k,resnet50-10k,resnet50-100k,t5-small,t5-base,t5-large,"
+                  "moe-380m,moe-1.3b")
 # Figure 6 here: both ends of the ResNet width series, the two smaller T5 depths and the
 # MoE presets that compile in minutes (the rest: docs/paper.md, measured run by run)
 FIGURE6_MODELS = "resnet50-1k,resnet50-100k,t5-large-depth6,t5-large-depth12,moe-tiny"
@@ -70,6 +74,7 @@ QUICK = {
     "figure6": ["--quick"],
     "figure9": [f"--models={TINY}"],
     "figure8": ["--models=moe-tiny", "--nodes=1,2"],
+    "xla_figure7": ["--models=t5-tiny"],
     "figure7": [f"--models={TINY}", "--steps=2", "--repeats=1"],
     "table2": ["--models=t5-tiny,moe-tiny", "--top_k=2", "--steps=2", "--repeats=1"],
 }
@@ -96,6 +101,10 @@ def commands(out: str, cache: str, xla: bool, quick: bool = False) -> dict[str, 
         "figure8": script("figure8_weak_scaling.py") + [
             "--nodes=1,2,4", f"--json_out={out}/figure8_weak_scaling.json",
             f"--png_out={out}/figure8_weak_scaling.png"],
+        "xla_figure7": [os.path.join(ROOT, ".venv-xla", "bin", "python"),
+                        os.path.join(ROOT, "scripts", "baselines", "xla_autoshard.py"),
+                        f"--models={FIGURE7_MODELS}", "--devices=8", "--timeout=480",
+                        f"--json_out={out}/xla_figure7.json", f"--log_dir={out}/xla_logs"],
         "figure7": script("figure7_throughput.py") + [
             f"--json_out={out}/figure7_throughput.json",
             f"--png_out={out}/figure7_throughput.png"],
@@ -115,11 +124,15 @@ def main(argv: list[str]) -> None:
         print("note: .venv-xla is missing (bash scripts/baselines/setup.sh makes it): Figure 6 "
               "runs without the XLA baseline", flush=True)
     os.makedirs(FLAGS.out, exist_ok=True)
-    chosen = [s for s in STEPS if s in FLAGS.only and s not in FLAGS.skip]
+    chosen = [s for s in STEPS if s in FLAGS.only and s not in FLAGS.skip
+              and (xla or s != "xla_figure7")]
     cmds = commands(FLAGS.out, FLAGS.graph_cache, xla, FLAGS.quick)
     rows = []
     start = time.perf_counter()
     for i, step in enumerate(chosen, 1):
+        xla_json = os.path.join(FLAGS.out, "xla_figure7.json")
+        if step == "figure7" and os.path.exists(xla_json):   # the XLA column
+            cmds[step] = cmds[step] + [f"--xla_json={xla_json}"]
         print(f"\n=== [{i}/{len(chosen)}] {step}: {' '.join(cmds[step][1:])}", flush=True)
         t = time.perf_counter()
         rc = subprocess.run(cmds[step], cwd=ROOT).returncode

@@ -296,8 +296,11 @@ def plan_with_weights(graph: Graph, weights: Mapping[str, Any], *,
     patterns chosen by the search: another system's plan (XLA's automatic sharding gives
     a placement per parameter) costed by this cost model. A weight whose given placement no
     pattern of a GraphNode reading it offers (a convolution kernel split on a spatial axis)
-    is left free and listed in ``unmapped``; so is, in ``mode="gp"``, a weight of a repeated
-    layer placed unlike the template's first instance (gp plans a template once)."""
+    is left free and listed in ``unmapped``; so are weights of one GraphNode given in a
+    combination none of its patterns has (a convolution's kernel split on its output
+    channels with the batch norm's scale of the same GraphNode replicated) and, in
+    ``mode="gp"``, a weight of a repeated layer placed unlike the template's first instance
+    (gp plans a template once)."""
     from tapas.sharding.placements import parse_placement
     cluster = Cluster.v100_ethernet() if cluster is None else cluster
     options = CostOptions.for_cluster(cluster) if options is None else options
@@ -325,13 +328,15 @@ def plan_with_weights(graph: Graph, weights: Mapping[str, Any], *,
     result = runner.explore(allowed, ex.ExploreOptions(top_k=1))
     plan, pc, _ = runner.evaluate(result.best)
     names = tuple(table.infos[v][p].name for v, p in enumerate(plan.patterns))
-    for v, p in enumerate(plan.patterns):   # gp: a repeated layer takes its template's choice
+    for v, p in enumerate(plan.patterns):
         for path, got in table.infos[v][p].weights:
             if path in fixed and got != fixed[path] and path not in unmapped:
-                unmapped[path] = (f"placed {got}, not {fixed[path]}: GraphNode "
-                                  f"'{graph.nodes[v].name}' repeats a template whose first "
-                                  "instance was placed otherwise (mode='es' plans each "
-                                  "GraphNode on its own)")
+                unmapped[path] = (
+                    f"placed {got}, not {fixed[path]}: no pattern of GraphNode "
+                    f"'{graph.nodes[v].name}' places all of its weights as given together"
+                    + (" (or it repeats a template whose first instance was placed "
+                       "otherwise: mode='es' plans each GraphNode on its own)"
+                       if mode == "gp" else ""))
     return GivenWeightsPlan(pc, names, unmapped)
 
 
