@@ -143,13 +143,13 @@ def load_model(name: str | None, batch_size: int | None = None,
         import keras
         import tensorflow as tf
         from tapas.execution.inputs import keras_structure
-        from tapas.execution.parallel import loss_object
+        from tapas.execution.parallel import training_loss
         try:   # compiled: its loss is the one tapas train uses
             model = keras.saving.load_model(name)
         except Exception:  # noqa: BLE001  (a compile config Keras cannot rebuild here)
             model = keras.saving.load_model(name, compile=False)
         try:
-            loss = loss_object(getattr(model, "loss", None) or "mean_squared_error")
+            loss = training_loss(model)
         except ValueError:
             loss = None
         # in the model's own input structure (a dict for keras-hub models), batch filled in

@@ -114,5 +114,10 @@ def test_search_prints_layer_table_references_timings_and_writes_strategy(tmp_pa
     assert report["loss_priced"] == {"name": "SparseCategoricalCrossentropy",
                                      "from_logits": True, "axis": -1, "ignore_class": None}
     assert saved.num_devices == 2 and len(saved.patterns) == saved.num_nodes
+    plain = tmp_path / "plain.json"
+    out = run_tapas("search", "--model=t5-tiny", "--nodes=1", "--devices_per_node=2",
+                    "--noprice_loss", f"--json_out={plain}").stdout
+    assert "pricing the loss" not in out
+    assert json.loads(plain.read_text())["loss_priced"] is None
     proc = run_tapas("search", "--model=t5-tiny", "--devices_per_node=0", check=False)
     assert proc.returncode != 0 and "devices_per_node=0: a cluster with no devices" in proc.stderr

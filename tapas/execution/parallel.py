@@ -261,6 +261,12 @@ def loss_object(loss: Any) -> Any:
                      "keras.losses.MeanSquaredError(); pass loss=<that object>")
 
 
+def training_loss(model: Any) -> Any:
+    """The loss ``tapas train`` trains a saved model with: the one it was compiled with,
+    mean squared error when it was saved uncompiled (a ``keras.losses.Loss``)."""
+    return loss_object(getattr(model, "loss", None) or "mean_squared_error")
+
+
 def _capture(model: Any, signature: Any, training: bool,
              timings: dict[str, float]) -> tuple[Any, Any]:
     """(trace, IR graph) of ``model`` in the given mode, timed as "capture"."""

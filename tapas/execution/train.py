@@ -268,7 +268,7 @@ def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any,
     specs = keras.tree.pack_sequence_as(structure, [
         tf.TensorSpec((batch,) + tuple(t.shape)[1:], t.dtype) for t in leaves])
     try:
-        loss = parallel.loss_object(getattr(model, "loss", None) or "mean_squared_error")
+        loss = parallel.training_loss(model)
         signature = inputs.InputSignature.of(model, specs)
         xs, y = inputs.synthetic_batch(model, signature, loss)
     except ValueError as e:
