@@ -39,6 +39,11 @@ flags.DEFINE_list("models", ["t5-tiny", "resnet-tiny"], "Zoo models.")
 flags.DEFINE_list("strategies", ["best", "random:0"], "'best' or 'random:SEED'.")
 flags.DEFINE_integer("steps", 10, "Timed steps after the first.")
 flags.DEFINE_integer("batch_size", 8, "Global batch (divisible by --devices for a batch split).")
+flags.DEFINE_list("graph_optimization", ["lean"], "Grappler options of the parallel step "
+                  "(tapas.parallelize(graph_optimization=...)): lean or default (both: one "
+                  "after the other in this process; the later program's first step then "
+                  "reuses memory the earlier one touched, so compare first steps across "
+                  "separate runs).")
 flags.DEFINE_string("json_out", "out/bench_train.json", "Where to write the JSON results.")
 FLAGS = flags.FLAGS
 
@@ -76,7 +81,8 @@ def main(argv: list[str]) -> None:
 
         (single_first, single_first_cpu), single = _time(lambda: keras_step().numpy(),
                                                          FLAGS.steps)
-        for label in FLAGS.strategies:
+        for label, grappler in [(s, g) for s in FLAGS.strategies
+                                for g in FLAGS.graph_optimization]:
             model.set_weights(initial)
             plan = None
             if label.startswith("random:"):
@@ -86,12 +92,13 @@ def main(argv: list[str]) -> None:
             # the inference graph, as the Keras step above (training=False)
             pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
                                       loss=loss_fn, cluster=Cluster.v100_ethernet(1, n),
-                                      training=False)
+                                      training=False, graph_optimization=grappler)
             build_s = time.perf_counter() - start
             (first, first_cpu), times = _time(lambda: pm.train_step(list(xs), y), FLAGS.steps)
             sharded = sum(1 for node in pm.graph.nodes
                           if pm.program.plan.pattern(node).name != "replicate")
-            row = {"model": name, "strategy": label, "devices": n, "batch": len(y),
+            row = {"model": name, "strategy": label, "graph_optimization": grappler,
+                   "devices": n, "batch": len(y),
                    "sharded_nodes": sharded, "graph_nodes": len(pm.graph.nodes),
                    "single_step_s": statistics.median(single),
                    "parallel_step_s": statistics.median(times),
@@ -102,13 +109,14 @@ def main(argv: list[str]) -> None:
                    "first_step_cpu_ratio": first_cpu / single_first_cpu,
                    "build_s": build_s, "audit_matches": pm.audit().matches}
             rows.append(row)
-            print(f"{name} {label}: {row['parallel_step_s'] * 1e3:.1f} ms vs "
+            print(f"{name} {label} ({grappler}): first step {first:.1f} s vs "
+                  f"{single_first:.1f} s, {row['parallel_step_s'] * 1e3:.1f} ms vs "
                   f"{row['single_step_s'] * 1e3:.1f} ms single device", flush=True)
-    print(f"\n{'model':<12} {'strategy':<9} {'sharded':>9} {'1-device ms':>11} "
+    print(f"\n{'model':<12} {'strategy':<9} {'grappler':<8} {'sharded':>9} {'1-device ms':>11} "
           f"{'N-device ms':>11} {'ratio':>6} {'first step s':>12} {'1-device':>9} "
           f"{'ratio':>6} {'CPU ratio':>9} {'audit':>6}")
     for r in rows:
-        print(f"{r['model']:<12} {r['strategy']:<9} "
+        print(f"{r['model']:<12} {r['strategy']:<9} {r['graph_optimization']:<8} "
               f"{r['sharded_nodes']:>4}/{r['graph_nodes']:<4} "
               f"{r['single_step_s'] * 1e3:>11.1f} {r['parallel_step_s'] * 1e3:>11.1f} "
               f"{r['ratio']:>6.1f} {r['first_step_s']:>12.1f} "

@@ -95,6 +95,10 @@ flags.DEFINE_boolean("verify", False, "train: run the single-device Keras model 
 flags.DEFINE_integer("workers", 0, "train: launch this many processes on 127.0.0.1 under "
                      "MultiWorkerMirroredStrategy (one device each).")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "train: optimizer (Keras numerics).")
+flags.DEFINE_enum("graph_optimization", "lean", ["lean", "default"], "train: Grappler's "
+                  "options for the step functions: lean (one round of passes; on CPUs without "
+                  "the layout and memory optimizers: a faster first step) or TensorFlow's "
+                  "default.")
 flags.DEFINE_float("learning_rate", None, "train: learning rate (default: Keras's).")
 flags.DEFINE_string("data", None, "train: an .npz of training data: one array per model "
                     "input, named by input name (x for a one-input model), and the targets "
@@ -438,7 +442,8 @@ def cmd_train() -> dict[str, Any]:
                               training=FLAGS.training, data=FLAGS.data,
                               epochs=FLAGS.epochs, checkpoint_dir=FLAGS.checkpoint_dir,
                               checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume,
-                              tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh)
+                              tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh,
+                              graph_optimization=FLAGS.graph_optimization)
     from absl import logging
     logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
     try:

@@ -300,10 +300,12 @@ def check_bad_inputs(strategy: Any) -> dict[str, Any]:
 
 
 def check_zoo(strategy: Any) -> dict[str, Any]:
-    """For each JOB['zoo'] entry {model, strategies, optimizer, training}: parallelize the
-    model with each strategy ("best": tapas.search on a V100 cluster of N devices;
-    "random:SEED": tapas.execution.parallel.random_plan) in the entry's mode (``training``,
-    default False: the inference graph) and verify it against the single-device Keras model."""
+    """For each JOB['zoo'] entry {model, strategies, optimizer, training,
+    graph_optimization}: parallelize the model with each strategy ("best": tapas.search on
+    a V100 cluster of N devices; "random:SEED": tapas.execution.parallel.random_plan) in the
+    entry's mode (``training``, default False: the inference graph) and Grappler options
+    (default "lean"; the key ends in "/default" for TensorFlow's) and verify it against the
+    single-device Keras model."""
     from tapas import capturing, models
     from tapas.execution import parallel
     from tapas.planning.cost import Cluster
@@ -327,8 +329,11 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
             specs, loss = list(e.input_spec()), e.keras_loss()
         initial = [w.numpy() for w in model.weights]
         graph = None
+        grappler = entry.get("graph_optimization", "lean")
         for label in entry["strategies"]:
             model.set_weights(initial)
+            key = f"{name}/{label}/{entry.get('optimizer', 'sgd')}" + (
+                "/default" if grappler == "default" else "")
             if label == "best":
                 plan = None
             else:
@@ -341,19 +346,21 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
                                           optimizer=entry.get("optimizer", "sgd"),
                                           learning_rate=entry.get("learning_rate"), loss=loss,
                                           cluster=Cluster.v100_ethernet(1, n),
-                                          training=entry.get("training", False))
+                                          training=entry.get("training", False),
+                                          graph_optimization=grappler)
                 report = pm.verify(list(xs), y, steps=3)
                 audit = pm.audit()
                 names = pm.program.plan.patterns
-                out[f"{name}/{label}/{entry.get('optimizer', 'sgd')}"] = {
+                out[key] = {
                     "optimizer": entry.get("optimizer", "sgd"), "ok": report["ok"],
+                    "graph_optimization": pm.runtime.graph_optimization,
                     **{k: report[k] for k in
                                            ("outputs", "loss", "gradients", "weights")},
                     "audit": audit.to_json(), "sharded_nodes": sum(
                         1 for p in names.values() if getattr(p, "name", "") != "replicate"),
                     "trace_seconds": pm.runtime.trace_seconds}
             except Exception as e:  # reported per strategy
-                out[f"{name}/{label}/{entry.get('optimizer', 'sgd')}"] = {
+                out[key] = {
                     "error": f"{type(e).__name__}: {e}",
                     "traceback": traceback.format_exc()[-3000:]}
     return out

@@ -477,7 +477,14 @@ class KeyedCollectives(_OneReplica):
 
     def _common(self) -> dict[str, Any]:
         g = self.group
-        return dict(group_size=g.group_size, group_key=g.group_key, instance_key=g.next_key(),
+        if not hasattr(self, "_group_tensors"):
+            # one constant each for the whole trace, not two per collective (the graph's
+            # size is the first step's time: issue 11)
+            self._group_tensors = (tf.constant(g.group_size, tf.int32),
+                                   tf.constant(g.group_key, tf.int32)
+                                   if isinstance(g.group_key, int) else g.group_key)
+        size, key = self._group_tensors
+        return dict(group_size=size, group_key=key, instance_key=g.next_key(),
                     ordering_token=[] if self.token is None else [self.token],
                     communication_hint=g.hint.lower(), timeout_seconds=float(g.timeout_s))
 

@@ -20,19 +20,40 @@ Symbols used, and why:
   recording, to skip the bookkeeping when none is.
 * ``tensorflow.python.framework.ops.get_default_graph`` is public as
   ``tf.compat.v1.get_default_graph``; used to reach the graph being built.
+* ``tensorflow.python.eager.context.context().function_call_options`` (private, per
+  thread): the ``ConfigProto`` a ``tf.function`` is instantiated with on its first call
+  (Grappler's options), set for the runtime's step functions by
+  :func:`graph_optimization` (the first step's time, issue 11).
 
 Nothing else in TAPAS imports private TensorFlow modules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import copy
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.python.eager import context as _context  # private: function_call_options
 from tensorflow.python.eager import execute as _execute  # private: must_record_gradient
 
-__all__ = ["replay_op", "ReplayError"]
+__all__ = ["replay_op", "ReplayError", "graph_optimization", "GRAPH_OPTIMIZATIONS",
+           "check_graph_optimization"]
+
+#: ``"lean"``: Grappler's passes run once, not twice, without the MLIR passes, and on
+#: CPU-only devices without the layout and memory optimizers (which change nothing there);
+#: ``"default"``: TensorFlow's own configuration.
+GRAPH_OPTIMIZATIONS = ("lean", "default")
+
+
+def check_graph_optimization(mode: str) -> str:
+    """``mode`` if it is one of :data:`GRAPH_OPTIMIZATIONS`; a ValueError naming it if not."""
+    if mode not in GRAPH_OPTIMIZATIONS:
+        raise ValueError(f"graph_optimization={mode!r}: use one of {list(GRAPH_OPTIMIZATIONS)}")
+    return mode
 
 
 class ReplayError(RuntimeError):
@@ -72,3 +93,46 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
             flat.extend((key, new_op.get_attr(key)))
         tf.__internal__.record_gradient(op.type, list(new_op.inputs), tuple(flat), outputs)
     return outputs
+
+
+@contextlib.contextmanager
+def graph_optimization(mode: str, accelerators: bool) -> Iterator[None]:
+    """While active, a ``tf.function`` called (in this thread) for the first time is
+    instantiated with Grappler options for ``mode`` (:data:`GRAPH_OPTIMIZATIONS`).
+
+    The runtime's step function holds one copy of the replica body per device (the calls
+    are inlined), so Grappler's work grows with the device count: on t5-small over 4
+    logical CPU devices its second round of passes and the layout and memory optimizers
+    took about 4 s of a 13 s first call and changed no step time. ``"lean"`` runs the
+    passes once, without the MLIR ("tfg") passes (attribute consolidation, a topological
+    sort, control-flow sinking: no change to these graphs) and, when ``accelerators`` is
+    False, without the layout optimizer (it rewrites GPU convolutions' data format) and the
+    memory optimizer (swapping and recomputation for accelerator memory): nothing is left
+    out that changes a CPU graph here. Options the user set in TensorFlow's config
+    (``tf.config.optimizer.set_experimental_options``) are kept. A function is optimised
+    once, on its first call: later calls run the same instantiation whatever the options.
+    """
+    if check_graph_optimization(mode) == "default":
+        yield
+        return
+    ctx = _context.context()
+    saved = copy.copy(ctx.function_call_options)
+    config = config_pb2.ConfigProto()
+    config.ParseFromString(saved.config_proto_serialized)
+    rewrite = config.graph_options.rewrite_options
+    rc = rewriter_config_pb2.RewriterConfig
+    if rewrite.meta_optimizer_iterations == rc.DEFAULT_NUM_ITERS:
+        rewrite.meta_optimizer_iterations = rc.ONE
+    rewrite.disable_tfg_optimizer = True
+    if not accelerators:
+        if rewrite.layout_optimizer == rc.DEFAULT:
+            rewrite.layout_optimizer = rc.OFF
+        if rewrite.memory_optimization == rc.DEFAULT_MEM_OPT:
+            rewrite.memory_optimization = rc.NO_MEM_OPT
+    options = copy.copy(saved)
+    options.config_proto_serialized = config
+    ctx.function_call_options = options
+    try:
+        yield
+    finally:
+        ctx.function_call_options = saved

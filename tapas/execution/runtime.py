@@ -80,7 +80,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
-from tapas.execution import checkpoints, losses, stateful
+from tapas.execution import checkpoints, losses, replay, stateful
 from tapas.execution.collectives import (Audit, CommRecord, KeyedCollectives, KeyedGroup,
                                          ReplicaContextCollectives, gather_values, local_slice)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
@@ -179,7 +179,9 @@ class Runtime:
     def __init__(self, program: Any, strategy: tf.distribute.Strategy,
                  initial_weights: Mapping[str, np.ndarray], input_specs: Sequence[tf.TensorSpec],
                  *, optimizer: Optimizer | str = "sgd", loss: Any = None,
-                 collectives: Callable[[str], Any] | None = None, mesh_rows: int = 1) -> None:
+                 collectives: Callable[[str], Any] | None = None, mesh_rows: int = 1,
+                 graph_optimization: str = "lean") -> None:
+        self.graph_optimization = replay.check_graph_optimization(graph_optimization)
         self.program, self.strategy = program, strategy
         self.num_replicas = int(strategy.num_replicas_in_sync)
         self.num_devices = int(program.num_devices)
@@ -850,12 +852,16 @@ class Runtime:
         return w
 
     def _call(self, key: str, fn: Callable, *args: Any) -> Any:
-        """Run one tf.function, timing its first call (the trace)."""
+        """Run one tf.function, timing its first call (the trace), under the runtime's
+        Grappler options (:func:`tapas.execution.replay.graph_optimization`)."""
         first = key not in self.trace_seconds
         self._tracing = key
         start = time.perf_counter()
+        accelerators = any("CPU" not in d.upper().rsplit("/", 1)[-1]
+                           for d in self.strategy.extended.worker_devices)
         try:
-            result = fn(*args)
+            with replay.graph_optimization(self.graph_optimization, accelerators):
+                result = fn(*args)
         finally:
             self._tracing = ""
         if first:

@@ -66,6 +66,8 @@ class TrainOptions:
     # a 2-D mesh "ROWSxCOLS" (tapas.planning.mesh): data parallel over the rows, the strategy
     # (made for COLS devices on one row's graph) inside each row
     mesh: str | None = None
+    # Grappler's options for the step functions (tapas.execution.replay.graph_optimization)
+    graph_optimization: str = "lean"
 
     @property
     def is_job(self) -> bool:
@@ -105,7 +107,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     workers = n // len(distribute.extended.worker_devices)
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
                               "optimizer": opts.optimizer, "batch": int(len(y)),
-                              "mode": "training" if pm.training else "inference"}
+                              "mode": "training" if pm.training else "inference",
+                              "graph_optimization": pm.runtime.graph_optimization}
     if opts.is_job:
         check = None
         _run_job(opts, pm, xs, y, report, say)
@@ -195,7 +198,8 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
                                   optimizer=opts.optimizer, learning_rate=opts.learning_rate,
                                   loss=loss, cluster=cluster, training=opts.training,
-                                  search_options=search_options, mesh=opts.mesh)
+                                  search_options=search_options, mesh=opts.mesh,
+                                  graph_optimization=opts.graph_optimization)
     except (ValueError, reconstruct.ReconstructError) as e:
         raise TrainError(str(e)) from None
     timings.update(pm.timings)
@@ -581,6 +585,7 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
         argv.append("--resume")
     if opts.mesh:
         argv.append(f"--mesh={opts.mesh}")
+    argv.append(f"--graph_optimization={opts.graph_optimization}")
     print(f"launching {opts.workers} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)",
           flush=True)
     try:
