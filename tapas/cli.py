@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -92,8 +93,8 @@ flags.DEFINE_string("strategy", None, "train: a Strategy JSON (`tapas search --o
                     "'random:SEED' for a random valid plan; default: search on --cluster.")
 flags.DEFINE_boolean("verify", False, "train: run the single-device Keras model side by side "
                      "and report the largest differences.")
-flags.DEFINE_integer("workers", 0, "train: launch this many processes on 127.0.0.1 under "
-                     "MultiWorkerMirroredStrategy (one device each).")
+flags.DEFINE_integer("workers", 0, "train, profile: launch this many processes on 127.0.0.1 "
+                     "under MultiWorkerMirroredStrategy (one device each).")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "train: optimizer (Keras numerics).")
 flags.DEFINE_enum("graph_optimization", "lean", ["lean", "default"], "train: Grappler's "
                   "options for the step functions: lean (one round of passes; on CPUs without "
@@ -474,8 +475,17 @@ def cmd_profile() -> dict[str, Any]:
                              "point are needed; use --repeats=3 or more")
     out = FLAGS.out or os.path.join("out", "cluster.json")
     plot = FLAGS.plot if FLAGS.plot is not None else os.path.splitext(out)[0] + "_residuals.png"
+    if FLAGS.workers:
+        return _profile_workers(out, plot)
+    from tapas.execution import devices
+    cfg = devices.tf_config()
+    chief = cfg is None or int(cfg["task"].get("index", 0)) == 0
     result = profiling.profile(FLAGS.devices, sizes=sizes, repeats=FLAGS.repeats,
-                               gamma=FLAGS.gamma, progress=lambda line: print(line, flush=True))
+                               gamma=FLAGS.gamma,
+                               progress=(lambda line: print(line, flush=True)) if chief else None)
+    if not chief:   # every worker measured (the collectives need them all); one writes
+        print(f"worker {cfg['task'].get('index')}: done; worker 0 writes the cluster file")
+        return {}
     print()
     print(result.table())
     result.save(out)
@@ -485,6 +495,44 @@ def cmd_profile() -> dict[str, Any]:
         why_not = result.plot(plot)
         print(f"residual plot: {why_not}" if why_not else f"residual plot written to {plot}")
     return {"cluster": result.cluster.to_json(), "profile": result.to_json()}
+
+
+def _profile_workers(out: str, plot: str) -> dict[str, Any]:
+    """``tapas profile --workers=K``: the same command in K processes on 127.0.0.1 under
+    MultiWorkerMirroredStrategy (one device each); worker 0 writes the cluster file, the
+    plot and the JSON report; its output is printed; every worker is stopped on failure."""
+    from tapas.execution import launch
+    k = FLAGS.workers
+    if k < 2:
+        raise app.UsageError(f"--workers={k}: a collective needs at least 2 workers; use "
+                             "--workers=2 or more, or --workers=0 for logical devices")
+    if FLAGS["devices"].present and FLAGS.devices != k:
+        raise app.UsageError(f"--devices={FLAGS.devices} with --workers={k}: each worker "
+                             f"has one device, so the profile spans {k}; leave --devices "
+                             f"out or set it to {k}")
+    argv = [sys.executable, "-m", "tapas.cli", "profile", f"--devices={k}", "--workers=0",
+            f"--repeats={FLAGS.repeats}", f"--gamma={str(FLAGS.gamma).lower()}",
+            f"--out={os.path.abspath(out)}",
+            f"--plot={os.path.abspath(plot) if plot else ''}"]
+    if FLAGS.sizes is not None:
+        argv.append(f"--sizes={FLAGS.sizes}")
+    fd, report_path = tempfile.mkstemp(suffix=".json", prefix="tapas-profile-")
+    os.close(fd)
+    print(f"launching {k} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)", flush=True)
+    try:
+        results = launch.launch(lambda i: argv + ([f"--json_out={report_path}"] if i == 0
+                                                  else []), k, timeout_s=1800.0)
+        print(results[0].output, end="")
+        with open(report_path) as f:
+            report = json.load(f)
+    except launch.LaunchError as e:
+        # a failed run (a worker lost or timed out), not a usage mistake: no flag listing
+        print(f"tapas profile: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    finally:
+        os.unlink(report_path)
+    report["worker_seconds"] = [round(r.seconds, 2) for r in results]
+    return report
 
 
 def cmd_models() -> dict[str, Any]:

@@ -254,6 +254,45 @@ def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
     assert saved["cluster"]["epsilon"] == dict(cluster.epsilon)
 
 
+
+def test_profile_across_worker_processes(tmp_path):
+    """`tapas profile --workers=2`: two MultiWorkerMirroredStrategy processes on 127.0.0.1;
+    worker 0 writes the cluster file (2 nodes of 1 device, the fitted link between the
+    workers), the plot and the JSON report; both workers are gone afterwards."""
+    out, png, report = tmp_path / "c.json", tmp_path / "r.png", tmp_path / "report.json"
+    stdout = run_tapas("profile", "--workers=2", "--sizes=16KiB,4MiB", "--repeats=3",
+                       "--nogamma", f"--out={out}", f"--plot={png}", f"--json_out={report}")
+    assert "launching 2 workers" in stdout and "in 2 worker processes" in stdout
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        assert sum(line.startswith(kind) for line in stdout.splitlines()) == 3, stdout
+    cluster = Cluster.load(str(out))
+    assert (cluster.num_nodes, cluster.devices_per_node) == (2, 1)
+    assert cluster.name == "profiled-cpu/2x1"
+    assert cluster.inter.bandwidth > 0 and cluster.inter.latency > 0
+    assert "worker processes" in cluster.source("inter.bandwidth")
+    assert "same as inter" in cluster.source("intra.bandwidth")
+    assert cluster.device_peak_flops > 0 and cluster.epsilon["AR"] == 1.0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    saved = json.loads(report.read_text())
+    assert saved["cluster"]["name"] == "profiled-cpu/2x1" and len(saved["worker_seconds"]) == 2
+    assert "task:1" not in " ".join(saved["profile"]["devices"])   # worker 0's own devices
+    with pytest.raises(AssertionError, match="at least 2 workers"):
+        run_tapas("profile", "--workers=1", f"--out={out}")
+    with pytest.raises(AssertionError, match="each worker has one device"):
+        run_tapas("profile", "--workers=2", "--devices=3", f"--out={out}")
+
+
+def test_profiled_cluster_of_worker_processes():
+    w, alpha, beta = 4, 100e-6, 1e-9
+    fits = fit_collectives(synthetic_rows(w, alpha, beta, {"AR": 1.0}), w)
+    two = profiled_cluster("profiled-gpu", fits, 2 ** 34, 1e13, None, "GPUs in 2 worker "
+                           "processes", "2026-01-01", nodes=2)
+    assert (two.num_nodes, two.devices_per_node, two.name) == (2, 2, "profiled-gpu/2x2")
+    assert two.intra == two.inter and close(two.inter.latency, alpha, 1e-6)
+    assert "not separated" in two.source("intra.latency")
+    with pytest.raises(ValueError, match="split evenly"):
+        profiled_cluster("p", fits, 1.0, 1.0, None, "x", "2026-01-01", nodes=3)
+
 def test_search_refuses_a_bad_cluster_file_naming_it(tmp_path):
     bad = tmp_path / "bad.json"
     d = profiled().to_json()

@@ -1,7 +1,9 @@
 """``tapas profile``: measure this machine's collectives and compute, fit the cost model.
 
 In:  a device count W (logical CPU devices, or the GPUs when at least W are present:
-     ``tapas.execution.devices.make_strategy``), message sizes, repeats.
+     ``tapas.execution.devices.make_strategy``; or, in a process whose ``TF_CONFIG`` names
+     K workers, the K workers' devices under ``MultiWorkerMirroredStrategy``: ``tapas
+     profile --workers=K`` starts them on 127.0.0.1), message sizes, repeats.
 Out: a :class:`Profile`: one row per (primitive, size) measured, the fits of
      ``tapas.planning.calibrate`` (alpha', beta, epsilon per primitive with R^2), the
      achieved matmul and convolution FLOP/s, the measured gamma, and the profiled
@@ -58,7 +60,7 @@ from typing import Any
 import tensorflow as tf
 
 from tapas.execution.collectives import Audit, ReplicaContextCollectives
-from tapas.execution.devices import make_strategy
+from tapas.execution.devices import make_strategy, tf_config
 from tapas.planning.calibrate import (KIB, MIB, FitError, Profile, fit_collectives,
                                       fit_gamma, parse_sizes, profiled_cluster)
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
@@ -107,10 +109,20 @@ def _run_op(coll: ReplicaContextCollectives, kind: Collective, x: tf.Tensor,
 class _Timer:
     """Calls of per-replica functions under one strategy, timed to completion."""
 
-    def __init__(self, strategy: tf.distribute.Strategy) -> None:
+    def __init__(self, strategy: tf.distribute.Strategy, sync: bool = False) -> None:
         self.strategy = strategy
         self.w = strategy.num_replicas_in_sync
         self.audit = Audit()
+        # worker processes: end every compute call with a one-number all-reduce so the
+        # workers' calls run at the same time (within one process the replicas of a call
+        # already do); the empty call pays it too, so the difference is the compute
+        self.sync = sync
+
+    def done(self, x: tf.Tensor) -> tf.Tensor:
+        """A compute call's result: ``x``, synchronised across workers when ``sync``."""
+        if not self.sync:
+            return x
+        return tf.distribute.get_replica_context().all_reduce("sum", x)
 
     def values(self, shape: Sequence[int]) -> Any:
         """Per-replica float32 tensors of ``shape``, replica r filled with r + 1."""
@@ -177,10 +189,10 @@ def _matmul_rate(timer: _Timer, n: int, repeats: int, devices: list[str]) -> dic
     a = timer.values([n, n])
 
     def replica_mm(x):
-        return tf.reshape(tf.matmul(x, x), [-1])[:1]
+        return timer.done(tf.reshape(tf.matmul(x, x), [-1])[:1])
 
     def replica_empty(x):
-        return tf.reshape(x, [-1])[:1]
+        return timer.done(tf.reshape(x, [-1])[:1])
 
     empty, mm = timer.function(replica_empty), timer.function(replica_mm)
     te, tm = timer.timed([empty, mm], [a], repeats)
@@ -210,10 +222,10 @@ def _conv_rate(timer: _Timer, repeats: int) -> dict[str, Any]:
 
     def replica_conv(v):
         y = tf.nn.conv2d(v, kernel, strides=1, padding="SAME")
-        return tf.reshape(y, [-1])[:1]
+        return timer.done(tf.reshape(y, [-1])[:1])
 
     def replica_empty(v):
-        return tf.reshape(v, [-1])[:1]
+        return timer.done(tf.reshape(v, [-1])[:1])
 
     te, tc = timer.timed([timer.function(replica_empty), timer.function(replica_conv)],
                          [x], repeats)
@@ -241,15 +253,15 @@ def _overlap_trial(timer: _Timer, nbytes: int, flop_rate: float,
         y = wm
         for _ in range(count):
             y = tf.tanh(tf.matmul(y, wm) * (1.0 / m))
-        return tf.reshape(y, [-1])[:1]
+        return timer.done(tf.reshape(y, [-1])[:1])
 
     def replica_empty(v, wm):
-        return tf.reshape(v, [-1])[:1], tf.reshape(wm, [-1])[:1]
+        return tf.reshape(v, [-1])[:1], timer.done(tf.reshape(wm, [-1])[:1])
 
     def replica_comm(v, wm):
         coll = ReplicaContextCollectives(timer.w, timer.audit)
         return tf.reshape(_run_op(coll, Collective.ALL_REDUCE, v, full), [-1])[:1], \
-            tf.reshape(wm, [-1])[:1]
+            timer.done(tf.reshape(wm, [-1])[:1])
 
     def replica_compute(v, wm):
         return tf.reshape(v, [-1])[:1], compute(wm)
@@ -309,10 +321,14 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     say = progress or (lambda line: None)
     strategy = make_strategy(devices, device_type=device_type)
     names = list(strategy.extended.worker_devices)
-    timer = _Timer(strategy)
+    cfg = tf_config()
+    nodes = 1 if cfg is None else sum(len(cfg["cluster"].get(k, ())) for k in ("chief", "worker"))
+    timer = _Timer(strategy, sync=nodes > 1)
     w = timer.w
-    say(f"profiling on {w} devices ({', '.join(n.split('/')[-1] for n in names)}), "
-        f"{len(sizes)} sizes x {len(kinds)} primitives, {repeats} repeats each")
+    local = ", ".join(n.split("/")[-1] for n in names)
+    say(f"profiling on {w} devices "
+        + (f"({local})" if nodes == 1 else f"in {nodes} worker processes ({local} in each)")
+        + f", {len(sizes)} sizes x {len(kinds)} primitives, {repeats} repeats each")
     say(f"{'primitive':<15} {'N bytes':>12} {'chain':>5} {'one call ms':>11} "
         f"{'collective ms':>13} {'ring GB/s':>9}")
     rows = []
@@ -386,9 +402,12 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
             raise RuntimeError(f"device memory {memory_source}: pass device_memory=BYTES")
     kind_name = "gpu" if "GPU" in names[0].upper() else "cpu"
     where = "GPUs" if kind_name == "gpu" else "logical CPU devices"
+    if nodes > 1:
+        where = (f"{'GPUs' if kind_name == 'gpu' else 'CPU devices'} in {nodes} "
+                 "MultiWorkerMirroredStrategy worker processes")
     date = datetime.date.today().isoformat()
     cluster = profiled_cluster(f"profiled-{kind_name}", fits, device_memory, flop_rate,
-                               gamma_fit, where, date)
+                               gamma_fit, where, date, nodes=nodes)
     cluster = dataclasses.replace(cluster, sources={
         **cluster.sources, "device_memory": f"{memory_source} ({device_memory / 2**30:.1f} GiB)"})
     return Profile(cluster, fits, rows, compute, gamma_fit, names,

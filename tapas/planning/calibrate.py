@@ -230,21 +230,38 @@ def fit_gamma(trials: Sequence[Mapping[str, float]], floor: float = 0.05) -> Gam
 
 def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device_memory: float,
                      device_peak_flops: float, gamma: GammaFit | None, where: str,
-                     date: str) -> Cluster:
-    """The one-node cluster the fits describe: the link's latency is the all-reduce's
-    alpha' and its bandwidth the all-reduce's 1 / beta (the cost model's ``alpha'`` and
-    ``beta``), epsilon per primitive its slope over the all-reduce's, gamma measured (or the
-    prior when ``gamma`` is None). ``where``/``date`` go into ``sources``."""
+                     date: str, nodes: int = 1) -> Cluster:
+    """The cluster the fits describe: the link's latency is the all-reduce's alpha' and its
+    bandwidth the all-reduce's 1 / beta (the cost model's ``alpha'`` and ``beta``), epsilon
+    per primitive its slope over the all-reduce's, gamma measured (or the prior when
+    ``gamma`` is None). ``where``/``date`` go into ``sources``.
+
+    ``nodes`` > 1: the W devices were ``nodes`` worker processes (W / nodes devices each)
+    whose collectives crossed process boundaries: the fitted link is the one between
+    workers (``inter``); a ring over all W devices is as slow as its slowest hop, so the
+    link inside a worker is not separated from it and ``intra`` takes the same constants."""
     ar = fits[Collective.ALL_REDUCE]
     w = ar.group_size
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or w % nodes:
+        raise ValueError(f"nodes={nodes!r}: the {w} profiled devices must split evenly into "
+                         "worker processes")
     link = Link(bandwidth=1.0 / ar.beta, latency=ar.alpha_per_worker, name="profiled")
     measured = f"tapas profile on {date}, {w} {where}"
+    fitted = {"bandwidth": f"{measured}: all-reduce fit slope (R^2 {ar.fit.r2:.4f})",
+              "latency": f"{measured}: all-reduce fit intercept / W (includes the in-graph "
+                         "launch of one collective)"}
+    if nodes == 1:
+        links = {f"intra.{k}": v for k, v in fitted.items()}
+        links.update({"inter.bandwidth": "one node profiled: same as intra",
+                      "inter.latency": "one node profiled: same as intra"})
+    else:
+        links = {f"inter.{k}": v for k, v in fitted.items()}
+        same = ("one device per worker: no link inside a worker was used; same as inter"
+                if w == nodes else "the ring crossed both links and is as slow as the "
+                "slower one: not separated, same as inter")
+        links.update({"intra.bandwidth": same, "intra.latency": same})
     sources = {
-        "intra.bandwidth": f"{measured}: all-reduce fit slope (R^2 {ar.fit.r2:.4f})",
-        "intra.latency": f"{measured}: all-reduce fit intercept / W (includes the in-graph "
-                         "launch of one collective)",
-        "inter.bandwidth": "one node profiled: same as intra",
-        "inter.latency": "one node profiled: same as intra",
+        **links,
         "device_memory": f"{measured}: memory of one device",
         "device_peak_flops": f"{measured}: float32 matmul FLOP/s per device, all devices "
                              "computing at once",
@@ -254,8 +271,9 @@ def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device
                   "compute" if gamma is not None else
                   f"not measured: CostOptions' prior {DEFAULT_GAMMA}"),
     }
-    return Cluster(name=f"{name}/1x{w}", num_nodes=1, devices_per_node=w, intra=link,
-                   inter=link, device_memory=float(device_memory),
+    return Cluster(name=f"{name}/{nodes}x{w // nodes}", num_nodes=nodes,
+                   devices_per_node=w // nodes, intra=link, inter=link,
+                   device_memory=float(device_memory),
                    device_peak_flops=float(device_peak_flops), sources=sources,
                    epsilon={k.value: f.epsilon for k, f in fits.items()},
                    gamma=None if gamma is None else gamma.gamma)
