@@ -4,6 +4,7 @@
         [--top_k=5] [--steps=8] [--repeats=3] [--[no]paired]
         [--cluster=benchmarks/results/cluster_cpu4.json] [--out=out/table2]
     python scripts/table2_cost_model.py --recost=out/table2/table2.json   # no measuring
+    python scripts/table2_cost_model.py --workers=2 --cluster=cluster_workers2.json ...
 
 For each model (default: 15 architectures, 5 transformers, 6 CNNs, 4 MoE, among them
 keras.applications and keras-hub models from ``tapas.models.corpus``), in one process with 4
@@ -37,6 +38,12 @@ predicted against measured step time (the cost model's seconds are for the profi
 constants; a least-squares scale through the origin maps them onto measured seconds, and the
 plot says the scale) with the y = x line. A plan that fails to build or run is reported
 with its error and left out of the ranking.
+
+``--workers=K``: the same run on a second cluster, K processes on 127.0.0.1 under
+``MultiWorkerMirroredStrategy`` with one device each (``tapas.execution.launch`` starts
+them with this command and always stops them). Every worker builds, searches and steps the
+same plans in the same order (the collectives keep them in step); worker 0's timings are
+the measurement and it alone writes ``--out``.
 """
 
 from __future__ import annotations
@@ -60,6 +67,10 @@ from absl import app, flags, logging  # noqa: E402
 import report  # noqa: E402  (benchmarks/report.py: the timed training step)
 
 flags.DEFINE_integer("devices", 4, "Logical CPU devices.")
+flags.DEFINE_integer("workers", 0, "Time the plans on this many processes on 127.0.0.1 under "
+                     "MultiWorkerMirroredStrategy (one device each: the second cluster) "
+                     "instead of logical devices; --cluster must then be a `tapas profile "
+                     "--workers=K` file.")
 # 15 architectures as the paper's table (5 transformers, 6 CNNs, 4 MoE), each small enough
 # to time every plan here; keras.applications (keras-*) and keras-hub (hub-*) models are
 # from tapas.models.corpus: written by other people. t5-small (60 M parameters: its plans
@@ -255,35 +266,42 @@ def _slug(row: str) -> str:
     return row.strip("+").replace("+", "_")
 
 
-def rank_table(ranks: dict, regrets: dict) -> dict:
-    """Acc@1, Acc@5, MRR per ablation row, printed beside the paper's, and how often the
-    row's pick runs within 10 % of the measured best (``regrets[row][model]``: its
-    ``ranking.pick_regret``)."""
+def rank_table(ranks: dict, regrets: dict, taus: dict) -> dict:
+    """Acc@1, Acc@5, MRR per ablation row, printed beside the paper's, how often the row's
+    pick runs within 10 % of the measured best (``regrets[row][model]``: its
+    ``ranking.pick_regret``) and the mean Kendall tau of the whole predicted order against
+    the measured one (``taus[row][model]``: ``ranking.kendall_tau``; beyond the paper)."""
     from tapas.planning import ranking
-    table = {row: {**ranking.table_metrics(ranks[row], 5), "ranks": ranks[row],
-                   "pick_regret": regrets[row],
-                   "picks_within_10pct": sum(r <= 0.10 for r in regrets[row].values())}
-             for row in ROWS}
+    table = {}
+    for row in ROWS:
+        known = [t for t in taus[row].values() if t is not None]
+        table[row] = {**ranking.table_metrics(ranks[row], 5), "ranks": ranks[row],
+                      "pick_regret": regrets[row],
+                      "picks_within_10pct": sum(r <= 0.10 for r in regrets[row].values()),
+                      "taus": taus[row],
+                      "tau": sum(known) / len(known) if known else None}
     print(f"\n{'row':<16} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6} {'pick<=10%':>10} {'worst':>6}"
-          "   paper Acc@1 Acc@5 MRR")
+          f" {'tau':>5}   paper Acc@1 Acc@5 MRR")
     for row, t in table.items():
         p = PAPER.get(row, {})
         worst = max(t["pick_regret"].values())
+        tau = "-" if t["tau"] is None else f"{t['tau']:.2f}"
         print(f"{row:<16} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f} "
-              f"{t['picks_within_10pct']:>5}/{t['models']:<4} {worst * 100:>5.0f}%   "
+              f"{t['picks_within_10pct']:>5}/{t['models']:<4} {worst * 100:>5.0f}% {tau:>5}   "
               f"{p.get('acc@1', '-'):>11} {p.get('acc@5', '-'):>5} {p.get('mrr', '-'):>4}")
     return table
 
 
-def score(ranks: dict, regrets: dict, name: str, mine: list[dict],
+def score(ranks: dict, regrets: dict, taus: dict, name: str, mine: list[dict],
           predicted: dict[str, list[float]], tie_tol: float) -> None:
-    """Fill ``ranks[row][name]`` and ``regrets[row][name]`` for the runs ``mine`` of one
-    model under each row's predictions."""
+    """Fill ``ranks[row][name]``, ``regrets[row][name]`` and ``taus[row][name]`` for the
+    runs ``mine`` of one model under each row's predictions."""
     from tapas.planning import ranking
     medians, spreads = (list(x) for x in zip(*(measured(r) for r in mine)))
     for row in ROWS:
         ranks[row][name] = ranking.best_rank(medians, predicted[row], spreads, tie_tol)
         regrets[row][name] = ranking.pick_regret(medians, predicted[row])
+        taus[row][name] = ranking.kendall_tau(medians, predicted[row])
 
 
 def recost_file(path: str) -> None:
@@ -302,6 +320,7 @@ def recost_file(path: str) -> None:
     batch = int(old.get("batch_size", FLAGS.batch_size))
     ranks: dict = {row: {} for row in ROWS}
     regrets: dict = {row: {} for row in ROWS}
+    taus: dict = {row: {} for row in ROWS}
     runs = []
     names = list(dict.fromkeys(r["model"] for r in old["runs"]))
     for name in names:
@@ -327,10 +346,11 @@ def recost_file(path: str) -> None:
         predicted = recost(graph, cluster, plans, entry.keras_loss())
         for i, r in enumerate(mine):
             runs.append({**r, "predicted_s": {row: predicted[row][i] for row in ROWS}})
-        score(ranks, regrets, name, mine, predicted, float(old.get("tie_tol", FLAGS.tie_tol)))
+        score(ranks, regrets, taus, name, mine, predicted,
+              float(old.get("tie_tol", FLAGS.tie_tol)))
         print(f"{name}: rank of the measured-best plan "
               + ", ".join(f"{row} {ranks[row][name]}" for row in ROWS), flush=True)
-    table = rank_table(ranks, regrets)
+    table = rank_table(ranks, regrets, taus)
     os.makedirs(FLAGS.out, exist_ok=True)
     timed = [r for r in runs if "error" not in r]
     scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
@@ -352,16 +372,25 @@ def main(argv: list[str]) -> None:
         recost_file(FLAGS.recost)
         return
     from tapas.execution import devices
-    devices.setup_devices(FLAGS.devices, "cpu")
+    if FLAGS.workers:
+        launch_workers()
+        return
+    cfg = devices.tf_config()
+    chief = cfg is None or int(cfg["task"].get("index", 0)) == 0
+    if cfg is None:
+        devices.setup_devices(FLAGS.devices, "cpu")
     from tapas import capturing
     from tapas.planning.cluster import Cluster
     n = FLAGS.devices
     cluster = Cluster.load(FLAGS.cluster)
     if cluster.num_devices != n:
+        how = (f"tapas profile --workers={n}" if cfg is not None else
+               f"tapas profile --devices={n}")
         raise ValueError(f"--cluster={FLAGS.cluster} has {cluster.num_devices} devices but "
-                         f"--devices={n}: profile with `tapas profile --devices={n}`")
+                         f"the run has {n}: profile with `{how}`")
     strategy = devices.make_strategy(n)
     runs, ranks, regrets = [], {row: {} for row in ROWS}, {row: {} for row in ROWS}
+    taus: dict = {row: {} for row in ROWS}
     load_before = os.getloadavg()
     for name in FLAGS.models:
         entry = model_entry(name, FLAGS.batch_size)
@@ -404,20 +433,23 @@ def main(argv: list[str]) -> None:
                   f"{r['predicted_s']['+CF+GO+EC+WR+L'] * 1e3:.2f} ms (+WR+L)", flush=True)
         if not mine:
             continue
-        score(ranks, regrets, name, mine,
+        score(ranks, regrets, taus, name, mine,
               {row: [r["predicted_s"][row] for r in mine] for row in ROWS}, FLAGS.tie_tol)
         del anchor
         gc.collect()
+    if not chief:   # worker 0 measured the same steps and writes the results
+        return
     os.makedirs(FLAGS.out, exist_ok=True)
     timed = [r for r in runs if "error" not in r]
     scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
               for row in ROWS}
-    table = rank_table(ranks, regrets)
+    table = rank_table(ranks, regrets, taus)
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                        "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-           "cluster": FLAGS.cluster, "devices": n, "top_k": FLAGS.top_k, "steps": FLAGS.steps,
+           "cluster": FLAGS.cluster, "devices": n,
+           "workers": 1 if cfg is None else n, "top_k": FLAGS.top_k, "steps": FLAGS.steps,
            "batch_size": FLAGS.batch_size, "paired": FLAGS.paired,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "runs": runs}
@@ -425,6 +457,31 @@ def main(argv: list[str]) -> None:
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     print(f"\nwritten to {path}")
+
+
+def launch_workers() -> None:
+    """``--workers=K``: this command in K processes on 127.0.0.1 (module docstring); worker
+    0's output is printed."""
+    from tapas.execution import launch
+    k = FLAGS.workers
+    if k < 2:
+        raise app.UsageError(f"--workers={k}: a cluster of processes needs at least 2")
+    if FLAGS.batch_size % k:
+        raise app.UsageError(f"--batch_size={FLAGS.batch_size} is not divisible by "
+                             f"--workers={k}")
+    argv = [sys.executable, os.path.abspath(__file__), "--workers=0", f"--devices={k}",
+            f"--models={','.join(FLAGS.models)}", f"--top_k={FLAGS.top_k}",
+            f"--steps={FLAGS.steps}", f"--repeats={FLAGS.repeats}",
+            f"--batch_size={FLAGS.batch_size}", f"--tie_tol={FLAGS.tie_tol}",
+            f"--paired={str(FLAGS.paired).lower()}",
+            f"--cluster={os.path.abspath(FLAGS.cluster)}", f"--out={os.path.abspath(FLAGS.out)}"]
+    print(f"launching {k} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)", flush=True)
+    try:
+        results = launch.launch(lambda i: argv, k, timeout_s=6 * 3600.0)
+    except launch.LaunchError as e:
+        print(f"table2: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    print(results[0].output, end="")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,18 @@ def test_pick_regret_is_how_much_slower_the_predicted_best_runs() -> None:
         ranking.pick_regret([1.0], [1.0, 2.0])
 
 
+def test_kendall_tau_scores_the_whole_order() -> None:
+    assert ranking.kendall_tau([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]) == 1.0
+    assert ranking.kendall_tau([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == -1.0
+    # 3 pairs, one swapped: (2 - 1) / 3
+    assert ranking.kendall_tau([1.0, 2.0, 3.0], [1.0, 3.0, 2.0]) == pytest.approx(1 / 3)
+    # a tie on either side orders no pair: the tied pair counts as neither
+    assert ranking.kendall_tau([1.0, 1.0, 3.0], [1.0, 2.0, 3.0]) == 1.0
+    assert ranking.kendall_tau([1.0, 2.0], [5.0, 5.0]) is None
+    assert ranking.kendall_tau([1.0], [1.0]) is None
+    with pytest.raises(ValueError, match="one prediction per measured plan"):
+        ranking.kendall_tau([1.0, 2.0], [1.0])
+
 def test_table_metrics_average_over_models() -> None:
     t = ranking.table_metrics({"a": 1, "b": 2, "c": 6, "d": 1}, k=5)
     assert t["acc@1"] == 0.5
@@ -108,6 +120,8 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                for name in r["plan"].split("/"))
     for row, t in d["table"].items():
         ranks = list(t["ranks"].values())
+        taus = [x for x in t["taus"].values() if x is not None]
+        assert t["tau"] == (pytest.approx(sum(taus) / len(taus)) if taus else None)
         assert t["acc@1"] == pytest.approx(sum(r == 1 for r in ranks) / 2)
         assert t["mrr"] == pytest.approx(sum(1 / r for r in ranks) / 2)
         assert (out / f"table2_scatter_{row.strip('+').replace('+', '_')}.png").stat().st_size \
@@ -122,3 +136,33 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert r2["recosted_from"].endswith("table2.json") and "not measured again" in again.stdout
     assert r2["table"] == d["table"]
     assert [r["paired_s"] for r in r2["runs"]] == [r["paired_s"] for r in d["runs"]]
+
+
+def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
+    """--workers=2: the second cluster, two MultiWorkerMirroredStrategy processes on
+    127.0.0.1 costed with a `tapas profile --workers=2` file; worker 0 writes the table; a
+    cluster file of the wrong size is refused naming the command that makes the right one."""
+    out = tmp_path / "t2w"
+    cluster = ROOT / "benchmarks" / "results" / "cluster_workers2.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--workers=2",
+         f"--cluster={cluster}", "--models=moe-tiny", "--top_k=1", "--steps=2", "--repeats=1",
+         f"--out={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "launching 2 workers" in proc.stdout and "[moe-tiny 1/" in proc.stdout
+    d = json.loads((out / "table2.json").read_text())
+    assert d["devices"] == 2 and d["workers"] == 2
+    runs = d["runs"]
+    assert not [r for r in runs if "error" in r], runs
+    assert {"expert", "data-parallel"} <= {n for r in runs for n in r["plan"].split("/")}
+    assert all(len(r["times_s"]) == 2 and r["paired_s"] > 0 for r in runs)
+    assert set(d["table"]["+CF+GO+EC"]["ranks"]) == {"moe-tiny"}
+    wrong = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--workers=2",
+         "--cluster=benchmarks/results/cluster_cpu4.json", "--models=moe-tiny",
+         f"--out={tmp_path / 'x'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode != 0
+    assert "has 4 devices but the run has 2" in wrong.stdout + wrong.stderr
+    assert "tapas profile --workers=2" in wrong.stdout + wrong.stderr

@@ -4,7 +4,8 @@ In:  for one model, the measured step times of its candidate plans (median and s
      repeated timings) and the cost model's predicted times of the same plans.
 Out: the rank the model gives the measured-best plan (:func:`best_rank`) and, over models,
      Acc@1, Acc@k and MRR (:func:`table_metrics`); how much slower than the measured best
-     the plan the model picks runs (:func:`pick_regret`).
+     the plan the model picks runs (:func:`pick_regret`); how well the whole predicted
+     order agrees with the measured one (:func:`kendall_tau`).
 
 How ties are scored (the docs of Table 2 repeat this):
 
@@ -24,7 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["measured_best", "predicted_rank", "best_rank", "table_metrics", "pick_regret"]
+__all__ = ["measured_best", "predicted_rank", "best_rank", "table_metrics", "pick_regret",
+           "kendall_tau"]
 
 _PREDICTED_TIE = 1e-9
 
@@ -112,3 +114,31 @@ def pick_regret(medians: Sequence[float], predicted: Sequence[float]) -> float:
     if best <= 0:
         raise ValueError(f"the fastest measured plan has median {best}: times must be > 0")
     return max(medians[i] for i in picks) / best - 1.0
+
+
+def kendall_tau(medians: Sequence[float], predicted: Sequence[float]) -> float | None:
+    """Kendall's rank correlation of the predicted and the measured order of all plans:
+    (concordant - discordant) / (concordant + discordant) over the pairs of plans, a pair
+    whose measured or predicted times are equal (to a relative 1e-9) counting as neither.
+    1: the model orders every pair as measured; 0: no better than chance; -1: reversed.
+    None when no pair is ordered both ways (fewer than two plans, or all tied). Unlike
+    Acc@k and MRR, which look only at where the measured-best plan lands, this scores the
+    whole ranking (a cluster where one plan wins by far makes Acc@1 easy)."""
+    if len(predicted) != len(medians):
+        raise ValueError(f"predicted has {len(predicted)} values but medians has "
+                         f"{len(medians)}: give one prediction per measured plan")
+    _check("medians", medians)
+    _check("predicted", predicted)
+
+    def order(a: float, b: float) -> int:
+        if abs(a - b) <= _PREDICTED_TIE * max(abs(a), abs(b)):
+            return 0
+        return 1 if a > b else -1
+
+    agree = disagree = 0
+    for i in range(len(medians)):
+        for j in range(i + 1, len(medians)):
+            s = order(medians[i], medians[j]) * order(predicted[i], predicted[j])
+            agree += s > 0
+            disagree += s < 0
+    return None if agree + disagree == 0 else (agree - disagree) / (agree + disagree)
