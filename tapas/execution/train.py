@@ -537,6 +537,14 @@ def _say_verify(check: dict[str, Any], say: Any) -> None:
                       f"{r['max_abs_diff_all']:.1e})")
         say(f"  {what:<12} max |diff| {r['max_abs_diff']:.3e}  "
             f"{'ok' if r['ok'] else 'MISMATCH'}{worst}")
+    sens = check.get("sensitivity")
+    if sens and sens["exceeds"]:
+        say(f"  note: the single-device model is itself this sensitive: its gradients move "
+            f"by up to {sens['max_abs_diff']:.1e} when its weights are perturbed by "
+            f"{sens['relative_perturbation']:.0e} (float32 rounding), above the gradient "
+            f"tolerance {sens['tolerance']:.1e}; differences of that size are rounding in "
+            f"another order of operations, not a wrong plan (a larger batch, or "
+            f"--notraining, is better conditioned)")
     say("verify: " + ("PASSED" if check["ok"] else "FAILED"))
 
 

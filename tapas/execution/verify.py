@@ -275,7 +275,65 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     report["states"] = _states_after(pm)
     report["mode"] = "training" if pm.training else "inference"
     report["ok"] = all(report[k]["ok"] for k in keys)
+    if not report["gradients"]["ok"]:
+        report["sensitivity"] = reference_sensitivity(model, call, rt.loss, y)
     return report
+
+
+#: relative size of the weight perturbation :func:`reference_sensitivity` applies: about
+#: one float32 rounding step (2**-23 = 1.2e-7)
+SENSITIVITY_PERTURBATION = 1e-7
+
+
+def reference_sensitivity(model: Any, call: Any, loss_fn: Any, y: Any,
+                          relative: float = SENSITIVITY_PERTURBATION,
+                          seed: int = 0) -> dict[str, Any]:
+    """How much the single-device model's own gradients move when its trainable weights are
+    perturbed by ``relative`` (each element times 1 + relative * N(0, 1)): float32 rounding
+    in another order of operations perturbs a program by about that much, so a gradient
+    difference from a parallel program of this size is rounding, not a wrong plan. Some
+    models are ill-conditioned this way in training mode (batch norm over a handful of
+    values: keras.applications MobileNetV2 at 32x32 with a batch of 8 moves its gradients by
+    6e-3 at a scale of 93, six times the verify tolerance).
+
+    Both gradients are taken at the model's current weights (in ``verify``, after its
+    steps) from the same state: every variable of ``model`` (moving statistics, seed
+    generators) is saved first and restored after each call, so dropout draws the same
+    masks and the model is left as it was. Returns the largest gradient
+    difference, the scale and tolerance ``verify`` uses for gradients, and ``exceeds``:
+    whether the model's own sensitivity is above that tolerance."""
+    saved = [v.numpy() for v in model.variables]
+    rng = np.random.default_rng(seed)
+
+    def restore() -> None:
+        for v, value in zip(model.variables, saved):
+            v.assign(value)
+
+    def gradients(perturb: bool) -> list[np.ndarray]:
+        restore()
+        if perturb:
+            for w in model.trainable_weights:
+                value = w.numpy()
+                if value.dtype.kind == "f":
+                    noise = rng.standard_normal(value.shape).astype(value.dtype)
+                    w.assign(value * (1 + relative * noise))
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, call())
+        grads = tape.gradient(loss, model.trainable_weights)
+        return [np.zeros(w.shape, np.float64) if g is None
+                else np.asarray(tf.convert_to_tensor(g), np.float64)
+                for g, w in zip(grads, model.trainable_weights)]
+
+    try:
+        base, moved = gradients(False), gradients(True)
+    finally:
+        restore()
+    scale = max((float(np.abs(g).max()) for g in base if g.size), default=0.0)
+    diff = max((float(np.abs(a - b).max()) for a, b in zip(base, moved) if a.size),
+               default=0.0)
+    tolerance = ATOL_FACTOR * scale
+    return {"relative_perturbation": relative, "max_abs_diff": diff, "scale": scale,
+            "tolerance": tolerance, "exceeds": diff > tolerance}
 
 
 def _inference_check(inference: Any, model: Any, structure: Any, xs: list,
