@@ -45,6 +45,7 @@ def test_a_well_conditioned_model_is_not_flagged_and_is_left_as_it_was() -> None
     before = [v.numpy().copy() for v in model.variables]
     s = _sensitivity(model, training=True)
     assert not s["exceeds"] and s["max_abs_diff"] < s["tolerance"] and s["scale"] > 0
+    assert not s["outputs_exceed"] and s["outputs_max_abs_diff"] < s["outputs_tolerance"]
     assert s["relative_perturbation"] == 1e-7
     # weights, moving statistics and the dropout seed generator: all restored
     for v, b in zip(model.variables, before):
@@ -69,8 +70,16 @@ def test_the_verify_table_names_the_reference_sensitivity() -> None:
     _say_verify(check, lines.append)
     note = [line for line in lines if "note:" in line]
     assert len(note) == 1 and "7.0e-04" in note[0] and "2.0e-04" in note[0], lines
+    assert "its outputs" not in note[0]
     assert lines[-1] == "verify: FAILED"
-    check["sensitivity"]["exceeds"] = False
+    check["sensitivity"].update(outputs_exceed=True, outputs_max_abs_diff=3e-5,
+                                outputs_tolerance=1e-5)
+    lines.clear()
+    _say_verify(check, lines.append)
+    note = [line for line in lines if "note:" in line]
+    assert "its outputs move by up to 3.0e-05 (tolerance 1.0e-05) and its gradients move" \
+        in note[0]
+    check["sensitivity"].update(exceeds=False, outputs_exceed=False)
     lines.clear()
     _say_verify(check, lines.append)
     assert not [line for line in lines if "note:" in line]
@@ -103,7 +112,8 @@ for seed in range(6):
     pm = tapas.parallelize(model, tf.TensorSpec([4, 6]), plan, distribute_strategy=ds,
                            loss=keras.losses.MeanSquaredError())
     rep = pm.verify(xb, yb, steps=1)
-    out.append({"gradients_ok": rep["gradients"]["ok"], "sensitivity": rep.get("sensitivity")})
+    out.append({"gradients_ok": rep["gradients"]["ok"] and rep["outputs"]["ok"],
+                "sensitivity": rep.get("sensitivity")})
 print("RESULT " + json.dumps(out))
 """
 

@@ -538,13 +538,18 @@ def _say_verify(check: dict[str, Any], say: Any) -> None:
         say(f"  {what:<12} max |diff| {r['max_abs_diff']:.3e}  "
             f"{'ok' if r['ok'] else 'MISMATCH'}{worst}")
     sens = check.get("sensitivity")
-    if sens and sens["exceeds"]:
-        say(f"  note: the single-device model is itself this sensitive: its gradients move "
-            f"by up to {sens['max_abs_diff']:.1e} when its weights are perturbed by "
-            f"{sens['relative_perturbation']:.0e} (float32 rounding), above the gradient "
-            f"tolerance {sens['tolerance']:.1e}; differences of that size are rounding in "
-            f"another order of operations, not a wrong plan (a larger batch, or "
-            f"--notraining, is better conditioned)")
+    if sens and (sens["exceeds"] or sens.get("outputs_exceed")):
+        moved = [f"{what} move by up to {sens[key]:.1e} (tolerance {sens[tol]:.1e})"
+                 for what, key, tol, flag in (
+                     ("its outputs", "outputs_max_abs_diff", "outputs_tolerance",
+                      "outputs_exceed"),
+                     ("its gradients", "max_abs_diff", "tolerance", "exceeds"))
+                 if sens.get(flag)]
+        say(f"  note: the single-device model is itself this sensitive: when its weights are "
+            f"perturbed by {sens['relative_perturbation']:.0e} (float32 rounding), "
+            f"{' and '.join(moved)}; differences of that size are rounding in another order "
+            f"of operations, not a wrong plan (a larger batch, or --notraining, is better "
+            f"conditioned)")
     say("verify: " + ("PASSED" if check["ok"] else "FAILED"))
 
 

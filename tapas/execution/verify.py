@@ -275,7 +275,7 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     report["states"] = _states_after(pm)
     report["mode"] = "training" if pm.training else "inference"
     report["ok"] = all(report[k]["ok"] for k in keys)
-    if not report["gradients"]["ok"]:
+    if not (report["gradients"]["ok"] and report["outputs"]["ok"]):
         report["sensitivity"] = reference_sensitivity(model, call, rt.loss, y)
     return report
 
@@ -288,8 +288,8 @@ SENSITIVITY_PERTURBATION = 1e-7
 def reference_sensitivity(model: Any, call: Any, loss_fn: Any, y: Any,
                           relative: float = SENSITIVITY_PERTURBATION,
                           seed: int = 0) -> dict[str, Any]:
-    """How much the single-device model's own gradients move when its trainable weights are
-    perturbed by ``relative`` (each element times 1 + relative * N(0, 1)): float32 rounding
+    """How much the single-device model's own gradients (and first output) move when its
+    trainable weights are perturbed by ``relative`` (each element times 1 + relative * N(0, 1)): float32 rounding
     in another order of operations perturbs a program by about that much, so a gradient
     difference from a parallel program of this size is rounding, not a wrong plan. Some
     models are ill-conditioned this way in training mode (batch norm over a handful of
@@ -301,7 +301,8 @@ def reference_sensitivity(model: Any, call: Any, loss_fn: Any, y: Any,
     generators) is saved first and restored after each call, so dropout draws the same
     masks and the model is left as it was. Returns the largest gradient
     difference, the scale and tolerance ``verify`` uses for gradients, and ``exceeds``:
-    whether the model's own sensitivity is above that tolerance."""
+    whether the model's own sensitivity is above that tolerance; the same for the first
+    output (``outputs_max_abs_diff``, ``outputs_tolerance``, ``outputs_exceed``)."""
     saved = [v.numpy() for v in model.variables]
     rng = np.random.default_rng(seed)
 
@@ -309,7 +310,7 @@ def reference_sensitivity(model: Any, call: Any, loss_fn: Any, y: Any,
         for v, value in zip(model.variables, saved):
             v.assign(value)
 
-    def gradients(perturb: bool) -> list[np.ndarray]:
+    def run(perturb: bool) -> tuple[np.ndarray, list[np.ndarray]]:
         restore()
         if perturb:
             for w in model.trainable_weights:
@@ -318,22 +319,29 @@ def reference_sensitivity(model: Any, call: Any, loss_fn: Any, y: Any,
                     noise = rng.standard_normal(value.shape).astype(value.dtype)
                     w.assign(value * (1 + relative * noise))
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, call())
+            out = call()
+            loss = loss_fn(y, out)
         grads = tape.gradient(loss, model.trainable_weights)
-        return [np.zeros(w.shape, np.float64) if g is None
-                else np.asarray(tf.convert_to_tensor(g), np.float64)
-                for g, w in zip(grads, model.trainable_weights)]
+        first = tf.nest.flatten(out)[0]
+        return np.asarray(first, np.float64), [
+            np.zeros(w.shape, np.float64) if g is None
+            else np.asarray(tf.convert_to_tensor(g), np.float64)
+            for g, w in zip(grads, model.trainable_weights)]
 
     try:
-        base, moved = gradients(False), gradients(True)
+        (out0, base), (out1, moved) = run(False), run(True)
     finally:
         restore()
     scale = max((float(np.abs(g).max()) for g in base if g.size), default=0.0)
     diff = max((float(np.abs(a - b).max()) for a, b in zip(base, moved) if a.size),
                default=0.0)
     tolerance = ATOL_FACTOR * scale
+    out_scale = float(np.abs(out0).max()) if out0.size else 0.0
+    out_diff = float(np.abs(out0 - out1).max()) if out0.size else 0.0
     return {"relative_perturbation": relative, "max_abs_diff": diff, "scale": scale,
-            "tolerance": tolerance, "exceeds": diff > tolerance}
+            "tolerance": tolerance, "exceeds": diff > tolerance,
+            "outputs_max_abs_diff": out_diff, "outputs_tolerance": ATOL_FACTOR * out_scale,
+            "outputs_exceed": out_diff > ATOL_FACTOR * out_scale}
 
 
 def _inference_check(inference: Any, model: Any, structure: Any, xs: list,
