@@ -33,7 +33,8 @@ dependency, no data is copied between them), another runs one, the two called in
 minimum, not the median: on a shared machine other processes only ever add time, so the
 fastest call is the least disturbed one (the row keeps every call and the estimate from
 medians too). A point costing milliseconds is timed more often than ``repeats`` (up to
-4 x, until its calls took 0.4 s). k is 8 for messages up to 256 KiB, 4 up to 4 MiB and 3
+4 x, until its calls took 0.4 s; not across worker processes, which must all make the same
+number of calls). k is 8 for messages up to 256 KiB, 4 up to 4 MiB and 3
 above. Every other timing below is the fastest of its repeats as well.
 
 Compute: an n x n float32 matmul per replica, all replicas at once (the devices of a step
@@ -151,7 +152,11 @@ class _Timer:
         times: list[list[float]] = [[] for _ in fns]
         start = time.perf_counter()
         rounds = 0
-        while rounds < repeats or (rounds < EXTRA_REPEATS * repeats and
+        # worker processes run exactly ``repeats`` rounds: a count that depends on each
+        # worker's own clock would leave one worker calling a collective the others have
+        # moved past (mismatched collective instances)
+        extend = not self.sync
+        while rounds < repeats or (extend and rounds < EXTRA_REPEATS * repeats and
                                    time.perf_counter() - start < MIN_POINT_SECONDS):
             for i, fn in enumerate(fns):
                 times[i].append(self.call(fn, *args))
@@ -334,7 +339,9 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     rows = []
     for kind in kinds:
         for nbytes in sizes:
-            for attempt in range(1, 4):   # a chain no slower than one call: noise, again
+            # a chain no slower than one call is noise: again, up to 3 attempts (once in
+            # worker processes, which must all make the same calls: it is then left out)
+            for attempt in range(1, 2 if timer.sync else 4):
                 row = _measure_collective(timer, kind, nbytes, repeats)
                 row["attempts"] = attempt
                 if row["seconds"] > 0:
