@@ -375,16 +375,16 @@ def main(argv: list[str]) -> None:
     if FLAGS.workers:
         launch_workers()
         return
-    cfg = devices.tf_config()
-    chief = cfg is None or int(cfg["task"].get("index", 0)) == 0
-    if cfg is None:
+    workers = devices.process_count()
+    chief = devices.is_chief_process()
+    if workers == 1:
         devices.setup_devices(FLAGS.devices, "cpu")
     from tapas import capturing
     from tapas.planning.cluster import Cluster
     n = FLAGS.devices
     cluster = Cluster.load(FLAGS.cluster)
     if cluster.num_devices != n:
-        how = (f"tapas profile --workers={n}" if cfg is not None else
+        how = (f"tapas profile --workers={n}" if workers > 1 else
                f"tapas profile --devices={n}")
         raise ValueError(f"--cluster={FLAGS.cluster} has {cluster.num_devices} devices but "
                          f"the run has {n}: profile with `{how}`")
@@ -449,7 +449,7 @@ def main(argv: list[str]) -> None:
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                        "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
            "cluster": FLAGS.cluster, "devices": n,
-           "workers": 1 if cfg is None else n, "top_k": FLAGS.top_k, "steps": FLAGS.steps,
+           "workers": workers, "top_k": FLAGS.top_k, "steps": FLAGS.steps,
            "batch_size": FLAGS.batch_size, "paired": FLAGS.paired,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "runs": runs}

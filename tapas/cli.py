@@ -478,13 +478,13 @@ def cmd_profile() -> dict[str, Any]:
     if FLAGS.workers:
         return _profile_workers(out, plot)
     from tapas.execution import devices
-    cfg = devices.tf_config()
-    chief = cfg is None or int(cfg["task"].get("index", 0)) == 0
+    chief = devices.is_chief_process()
     result = profiling.profile(FLAGS.devices, sizes=sizes, repeats=FLAGS.repeats,
                                gamma=FLAGS.gamma,
                                progress=(lambda line: print(line, flush=True)) if chief else None)
     if not chief:   # every worker measured (the collectives need them all); one writes
-        print(f"worker {cfg['task'].get('index')}: done; worker 0 writes the cluster file")
+        print(f"worker {devices.tf_config()['task'].get('index')}: done; worker 0 writes "
+              "the cluster file")
         return {}
     print()
     print(result.table())

@@ -166,3 +166,14 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     assert wrong.returncode != 0
     assert "has 4 devices but the run has 2" in wrong.stdout + wrong.stderr
     assert "tapas profile --workers=2" in wrong.stdout + wrong.stderr
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--workers=1"], "--workers=1: a cluster of processes needs at least 2"),
+    (["--workers=3", "--batch_size=8"], "--batch_size=8 is not divisible by --workers=3"),
+])
+def test_table2_worker_flags_are_checked_before_any_work(flags, words) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
+                           *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and words in proc.stdout + proc.stderr
+    assert "launching" not in proc.stdout

@@ -102,6 +102,26 @@ def tf_config() -> dict[str, Any] | None:
     return cfg
 
 
+def process_count() -> int:
+    """How many worker processes ``TF_CONFIG`` names (chief and workers); 1 without it."""
+    cfg = tf_config()
+    if cfg is None:
+        return 1
+    return sum(len(cfg["cluster"].get(k, ())) for k in ("chief", "worker"))
+
+
+def is_chief_process() -> bool:
+    """Whether this process reports for the job: always without ``TF_CONFIG``; else the
+    ``chief`` task, or worker 0 when the cluster has no chief (as ``tapas`` launches it)."""
+    cfg = tf_config()
+    if cfg is None:
+        return True
+    task = cfg["task"]
+    if task.get("type") == "chief":
+        return True
+    return "chief" not in cfg["cluster"] and int(task.get("index", 0)) == 0
+
+
 def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
                   join_timeout_s: float = 60.0,
                   collective_timeout_s: float | None = None) -> tf.distribute.Strategy:

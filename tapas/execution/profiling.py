@@ -61,7 +61,7 @@ from typing import Any
 import tensorflow as tf
 
 from tapas.execution.collectives import Audit, ReplicaContextCollectives
-from tapas.execution.devices import make_strategy, tf_config
+from tapas.execution.devices import make_strategy, process_count
 from tapas.planning.calibrate import (KIB, MIB, FitError, Profile, fit_collectives,
                                       fit_gamma, parse_sizes, profiled_cluster)
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
@@ -326,8 +326,7 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     say = progress or (lambda line: None)
     strategy = make_strategy(devices, device_type=device_type)
     names = list(strategy.extended.worker_devices)
-    cfg = tf_config()
-    nodes = 1 if cfg is None else sum(len(cfg["cluster"].get(k, ())) for k in ("chief", "worker"))
+    nodes = process_count()
     timer = _Timer(strategy, sync=nodes > 1)
     w = timer.w
     local = ", ".join(n.split("/")[-1] for n in names)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -116,9 +117,23 @@ def graph_optimization(mode: str, accelerators: bool) -> Iterator[None]:
         yield
         return
     ctx = _context.context()
-    saved = copy.copy(ctx.function_call_options)
+    saved = ctx.function_call_options
+    options = copy.copy(saved)
+    options.config_proto_serialized = _lean_config(saved.config_proto_serialized, accelerators)
+    ctx.function_call_options = options
+    try:
+        yield
+    finally:
+        ctx.function_call_options = saved
+
+
+@functools.lru_cache(maxsize=16)
+def _lean_config(base: bytes, accelerators: bool) -> config_pb2.ConfigProto:
+    """The serialized ``ConfigProto`` ``base`` with the lean Grappler options, parsed and
+    edited once per configuration (the runtime enters :func:`graph_optimization` on every
+    step); callers must not modify it."""
     config = config_pb2.ConfigProto()
-    config.ParseFromString(saved.config_proto_serialized)
+    config.ParseFromString(base)
     rewrite = config.graph_options.rewrite_options
     rc = rewriter_config_pb2.RewriterConfig
     if rewrite.meta_optimizer_iterations == rc.DEFAULT_NUM_ITERS:
@@ -129,10 +144,4 @@ def graph_optimization(mode: str, accelerators: bool) -> Iterator[None]:
             rewrite.layout_optimizer = rc.OFF
         if rewrite.memory_optimization == rc.DEFAULT_MEM_OPT:
             rewrite.memory_optimization = rc.NO_MEM_OPT
-    options = copy.copy(saved)
-    options.config_proto_serialized = config
-    ctx.function_call_options = options
-    try:
-        yield
-    finally:
-        ctx.function_call_options = saved
+    return config

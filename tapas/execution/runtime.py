@@ -182,6 +182,9 @@ class Runtime:
                  collectives: Callable[[str], Any] | None = None, mesh_rows: int = 1,
                  graph_optimization: str = "lean") -> None:
         self.graph_optimization = replay.check_graph_optimization(graph_optimization)
+        # Grappler keeps the layout and memory optimizers for accelerators (replay)
+        self._accelerators = any("CPU" not in d.upper().rsplit("/", 1)[-1]
+                                 for d in strategy.extended.worker_devices)
         self.program, self.strategy = program, strategy
         self.num_replicas = int(strategy.num_replicas_in_sync)
         self.num_devices = int(program.num_devices)
@@ -857,10 +860,8 @@ class Runtime:
         first = key not in self.trace_seconds
         self._tracing = key
         start = time.perf_counter()
-        accelerators = any("CPU" not in d.upper().rsplit("/", 1)[-1]
-                           for d in self.strategy.extended.worker_devices)
         try:
-            with replay.graph_optimization(self.graph_optimization, accelerators):
+            with replay.graph_optimization(self.graph_optimization, self._accelerators):
                 result = fn(*args)
         finally:
             self._tracing = ""
