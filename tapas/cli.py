@@ -68,7 +68,9 @@ flags.DEFINE_boolean("meshes", False, "search: also search every 2-D mesh rows x
                      "tapas.planning.mesh) and print the best cost per mesh.")
 flags.DEFINE_string("mesh", None, "search: search this one mesh ROWSxCOLS (e.g. 2x8) instead "
                     "of all of them; train: run on this mesh (data parallel over the rows, "
-                    "--strategy made for COLS devices on one row's graph inside each row).")
+                    "--strategy made for COLS devices on one row's graph inside each row). "
+                    "ROWSxCOLS:experts also splits the experts of every MoE layer over the "
+                    "rows (nested expert + tensor parallelism, tapas.planning.experts).")
 flags.DEFINE_boolean("price_loss", True, "search: price the collectives of the training "
                      "loss on the output's placement (the zoo model's loss; a saved model's "
                      "compiled loss, else mean squared error, as tapas train uses); "

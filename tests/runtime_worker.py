@@ -614,7 +614,6 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
     from tapas import capturing, models
     from tapas.execution import parallel
     from tapas.planning import mesh as mesh_lib
-    from tapas.planning.cost import Cluster
     out: dict[str, Any] = {}
     for entry in JOB["mesh"]:
         key = f"{entry['model']}/{entry['mesh']}/{entry['seed']}/{entry['optimizer']}"
@@ -638,8 +637,12 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
             row = [tf.TensorSpec([s.shape[0] // mesh.rows] + s.shape.as_list()[1:], s.dtype,
                                  name=s.name) for s in specs]
             graph = capturing.capture(model, row, training=False)
-            plan = None if entry["seed"] < 0 else parallel.random_plan(graph, mesh.cols,
-                                                                       entry["seed"])
+            nested = None
+            if mesh.experts:   # nested experts: the region keeps experts and groups whole
+                from tapas.planning import experts
+                nested = experts.nested_patterns(graph, mesh.rows)
+            plan = None if entry["seed"] < 0 else parallel.random_plan(
+                graph, mesh.cols, entry["seed"], patterns_fn=nested)
             pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
                                       mesh=mesh, optimizer=entry["optimizer"],
                                       loss=keras_loss, training=False)
@@ -653,11 +656,9 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
             history = pm.fit(twice, np.concatenate([y, y]), batch_size=len(y), epochs=1,
                              verbose=0).history
             rt = pm.runtime
-            ran = {r.tensor: r.bytes for r in rt.dp_audits["train_step"].records}
-            cluster = Cluster.v100_ethernet(2, strategy.num_replicas_in_sync // 2)
-            placements = {p: str(s.placement) for p, s in rt.specs.items()}
-            priced = {t.label[len("dp "):]: t.nbytes for t in mesh_lib.gradient_all_reduce(
-                pm.graph, placements, mesh, cluster).terms}
+            from tapas.execution.train import column_audit
+            ran, priced = ({"|".join(k): v for k, v in d.items()}
+                           for d in column_audit(pm, mesh))
             path = rt.save(os.path.join(JOB["dir"], f"mesh-{entry['mesh']}-{entry['seed']}"))
             weights = rt.global_weights()
             flat = parallel.parallelize(rebuild(), specs, None,
@@ -672,6 +673,8 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
                         "fit_losses": history["loss"],
                         "sharded_nodes": sum(1 for n in pm.graph.nodes if
                                              pm.program.plan.pattern(n).name != "replicate"),
+                        "row_split": sorted(p for p, s in rt.specs.items()
+                                            if s.row_axis is not None),
                         "restore": how, "restored_equal": all(
                             np.array_equal(restored[p], weights[p]) for p in weights)}
         except Exception as err:  # reported per entry

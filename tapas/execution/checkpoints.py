@@ -48,7 +48,7 @@ def layout(rt: Any) -> dict[str, Any]:
             "optimizer": dataclasses.asdict(rt.optimizer) | {"name": rt.optimizer.name},
             "weights": [{"path": s.path, "shape": list(s.global_shape),
                          "placement": str(s.placement), "trainable": s.trainable,
-                         "dtype": s.dtype} for s in rt.specs.values()],
+                         "dtype": s.dtype, "row_axis": s.row_axis} for s in rt.specs.values()],
             "states": list(rt.states.paths)}
 
 
@@ -99,7 +99,8 @@ def restore(rt: Any, path: str) -> str:
     same = (meta["num_devices"] == rt.num_devices
             and meta.get("mesh_rows", 1) == getattr(rt, "rows", 1)
             and meta["optimizer"]["name"] == rt.optimizer.name
-            and all(old[p]["placement"] == str(rt.specs[p].placement) for p in rt.paths)
+            and all(old[p]["placement"] == str(rt.specs[p].placement)
+                    and old[p].get("row_axis") == rt.specs[p].row_axis for p in rt.paths)
             and [w["path"] for w in meta["weights"]] == rt.paths
             and len(meta.get("states", [])) == len(rt.states.paths)
             and os.path.exists(os.path.join(path, f"task{rt.task_id}.index")))
@@ -126,26 +127,34 @@ def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
     for reader in readers:
         for key in reader.get_variable_to_shape_map():
             keys[key] = reader
-    n_old = int(meta["num_devices"])
+    n_old = int(meta["num_devices"])   # a mesh row's devices
 
-    def read(k: int, suffix: str, placement: str) -> np.ndarray:
-        p = _stored_placement(placement)
+    def read_row(k: int, suffix: str, p: Placement, row: int) -> np.ndarray:
         parts = []
-        for r in range(n_old if p.axis is not None else 1):
-            key = f"r{r}/w{k}{suffix}/.ATTRIBUTES/VARIABLE_VALUE"
+        for j in range(n_old if p.axis is not None else 1):
+            key = f"r{row * n_old + j}/w{k}{suffix}/.ATTRIBUTES/VARIABLE_VALUE"
             if key not in keys:
                 raise ValueError(f"checkpoint {path} lacks the shard {key}: a worker's file "
                                  "is missing")
             parts.append(keys[key].get_tensor(key))
         return p.unshard(parts)
 
+    def read(k: int, suffix: str, w: Mapping[str, Any]) -> np.ndarray:
+        p = _stored_placement(w["placement"])
+        if w.get("row_axis") is None:
+            return read_row(k, suffix, p, 0)
+        # nested experts: each mesh row holds its part of axis row_axis
+        return np.concatenate([read_row(k, suffix, p, i)
+                               for i in range(int(meta.get("mesh_rows", 1)))],
+                              axis=int(w["row_axis"]))
+
     values, slots = {}, {k: {} for k in rt.optimizer.slot_names}
     same_opt = meta["optimizer"]["name"] == rt.optimizer.name
     for k, w in enumerate(meta["weights"]):
-        values[w["path"]] = read(k, "", w["placement"])
+        values[w["path"]] = read(k, "", w)
         if w["path"] in rt.trainable_paths and same_opt:
             for s in rt.optimizer.slot_names:
-                slots[s][w["path"]] = read(k, f"_{s}", w["placement"])
+                slots[s][w["path"]] = read(k, f"_{s}", w)
     rt.set_global_weights(values, slots)
     values = {}
     for k, p in _state_order(rt, meta, path).items():

@@ -79,10 +79,13 @@ def matching_plan(graph: Any, num_devices: int, program: Any,
     return reconstruct.Plan(num_devices, chosen, graph_digest=graph_digest(graph))
 
 
-def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7) -> Any:
-    """A random valid plan: per GraphNode, one of ``tapas.sharding.patterns.patterns_for`` (a
-    non-replicating one with probability ``p_shard`` when there is one). Reconstruction
-    reshards between any two choices, so every such plan is valid."""
+def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7,
+                patterns_fn: Any = None) -> Any:
+    """A random valid plan: per GraphNode, one of ``tapas.sharding.patterns.patterns_for``
+    (or of ``patterns_fn(node, graph, num_devices)``, e.g.
+    ``tapas.planning.experts.nested_patterns``) (a non-replicating one with probability
+    ``p_shard`` when there is one). Reconstruction reshards between any two choices, so
+    every such plan is valid."""
     import random
 
     from tapas.sharding import patterns
@@ -90,8 +93,9 @@ def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7) -
     from tapas.planning.strategy import graph_digest
     rng = random.Random(seed)
     chosen = {}
+    patterns_fn = patterns.patterns_for if patterns_fn is None else patterns_fn
     for node in graph.nodes:
-        pats = patterns.patterns_for(node, graph, num_devices)
+        pats = patterns_fn(node, graph, num_devices)
         sharded = [p for p in pats if p.name != "replicate"]
         pool = sharded if sharded and rng.random() < p_shard else pats
         chosen[node.id] = rng.choice(pool)
@@ -136,7 +140,8 @@ class ParallelModel:
             timings: dict[str, float] = {}
             trace, graph = _capture(self.model, self.row_inputs, False, timings)
             plan = matching_plan(graph, self.num_devices, self.program, self.plan_patterns())
-            program = reconstruct.Program(trace, graph, plan)
+            program = reconstruct.Program(trace, graph, plan,
+                                          expert_rows=getattr(self.program, "expert_rows", 1))
             rt = self.runtime.sharing(program, trace.input_specs)
             timings["inference_program"] = time.perf_counter() - start
             self._inference = ParallelModel(self.model, trace, graph, plan, program, rt,
@@ -344,7 +349,12 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     runs a 2-D mesh: data parallel over the rows (each row takes its share of axis 0 of the
     batch; gradients all-reduced over the columns) and ``strategy`` (made for ``cols``
     devices on the graph of one row, at batch / rows: ``tapas search --mesh=RxC`` writes
-    it) inside each row. Batch norm's batch statistics are then per row (as Keras's
+    it) inside each row. ``"ROWSxCOLS:experts"`` also splits the experts of every MoE
+    layer over the rows (nested expert + tensor parallelism, ``tapas.planning.experts``:
+    the dispatched tokens exchanged over the mesh column by all-to-alls, each row running
+    its experts tensor parallel; the row's strategy must split neither the experts nor the
+    groups inside the expert region: a search here or ``tapas search --mesh=RxC:experts``
+    makes such a strategy). Batch norm's batch statistics are then per row (as Keras's
     unsynchronised batch norm under ``tf.distribute``) and dropout draws per row, so
     ``verify`` is exact only for a graph without them (``training=False``).
     ``graph_optimization``: Grappler's options when the step functions are first called:
@@ -388,6 +398,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                              f"on {replicas}: choose rows x cols = {replicas}")
         rows = mesh.rows
     n = replicas // rows   # the devices of one row (all of them in 1-D)
+    expert_rows = rows if mesh is not None and mesh.experts else 1
     global_signature = inputs.InputSignature.of(model, input_spec)
     signature = global_signature.per_row(rows)
     if strategy is None:
@@ -399,6 +410,9 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
             raise ValueError(f"cluster {cluster.name} has {cluster.num_devices} devices but the "
                              f"program runs on {n}")
         kwargs = dict(search_options or {})
+        if expert_rows > 1 and "patterns_fn" not in kwargs:
+            from tapas.planning import experts
+            kwargs["patterns_fn"] = experts.nested_patterns(graph, expert_rows)
         given = kwargs.get("options")
         if "loss" not in kwargs and (given is None or given.loss is None):
             # price the loss the program will train with (its collectives on the output)
@@ -413,7 +427,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     start = time.perf_counter()
     plan = strategy if isinstance(strategy, reconstruct.Plan) else \
         reconstruct.Plan.from_strategy(strategy, graph)
-    program = reconstruct.Program(trace, graph, plan)
+    program = reconstruct.Program(trace, graph, plan, expert_rows=expert_rows)
     timings["reconstruct"] = time.perf_counter() - start
 
     if rows > 1 and (getattr(program, "states", None) or getattr(program, "has_writes", False)):

@@ -141,7 +141,10 @@ class Plan:
 
 @dataclasses.dataclass(frozen=True)
 class WeightLayout:
-    """How one model weight is stored across the devices."""
+    """How one model weight is stored across the devices: ``placement`` over the devices
+    of a mesh row; on a mesh with nested experts (``tapas.planning.experts``) an expert
+    weight is first cut on ``row_axis`` into the ``rows`` mesh rows (row ``i`` holds part
+    ``i``), and ``placement`` places that part (``row_shape``) in the row."""
 
     path: str
     global_shape: tuple[int, ...]
@@ -149,3 +152,14 @@ class WeightLayout:
     placement: Placement
     local_shape: tuple[int, ...]
     trainable: bool
+    row_axis: int | None = None
+    rows: int = 1
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of the part one mesh row holds (the global shape unless cut over rows)."""
+        if self.row_axis is None:
+            return tuple(self.global_shape)
+        out = list(self.global_shape)
+        out[self.row_axis] //= self.rows
+        return tuple(out)

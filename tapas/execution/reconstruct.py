@@ -103,13 +103,35 @@ class Program:
     match the node) before any TensorFlow op is created.
     """
 
-    def __init__(self, trace: Any, graph: ir.Graph, plan: Plan) -> None:
+    def __init__(self, trace: Any, graph: ir.Graph, plan: Plan, expert_rows: int = 1) -> None:
         self.trace = trace
-        self.graph = graph
         self.plan = plan
         self.num_devices = int(plan.num_devices)
         if self.num_devices < 1:
             raise ReconstructError(f"plan has num_devices={plan.num_devices}: it must be >= 1")
+        # nested expert + tensor parallelism (tapas.planning.experts): the expert region runs
+        # on tokens exchanged over the mesh column, in the shapes one row sees there
+        self.expert_rows = int(expert_rows)
+        self.region = None
+        self.source_graph = graph
+        if self.expert_rows > 1:
+            from tapas.planning import experts
+            try:
+                self.region = experts.ExpertRegion.of(graph, self.expert_rows)
+            except experts.NestingError as e:
+                raise ReconstructError(str(e)) from None
+            plan.check_graph(graph)
+            for node in graph.nodes:
+                why = experts.allowed_pattern(plan.pattern(node), node, self.region)
+                if why:
+                    raise ReconstructError(
+                        f"GraphNode {node.id} '{node.name}' (pattern "
+                        f"'{getattr(plan.pattern(node), 'name', '?')}') cannot run with its "
+                        f"experts split over the mesh rows: {why}; search the row with "
+                        "tapas.planning.experts.nested_patterns (tapas search --mesh=RxC:experts)"
+                        " or choose another pattern for it")
+            graph = experts.row_view(graph, self.expert_rows, self.region)
+        self.graph = graph
         self._tf_ops = {op.name: op for op in trace.graph.get_operations()}
         self._weight_of_ph = {ph: w.path for ph, w in trace.weights.items()}
         # variables the graph reads and writes that are no weights (seed states)
@@ -134,7 +156,8 @@ class Program:
 
     # ---- validation and layouts --------------------------------------------------------
     def _check_plan(self) -> None:
-        self.plan.check_graph(self.graph)
+        if self.region is None:   # else checked on the source graph (__init__)
+            self.plan.check_graph(self.graph)
         n_dev = self.num_devices
         for node in self.graph.nodes:
             pat = self.plan.pattern(node)
@@ -185,6 +208,12 @@ class Program:
                 layouts[w.path] = WeightLayout(w.path, tuple(w.shape), w.dtype, p,
                                                p.local_shape(w.shape, self.num_devices),
                                                w.trainable)
+                if self.region is not None and w.path in self.region.weights:
+                    # w is the row view (experts / rows): the global weight has them all
+                    whole = (w.shape[0] * self.expert_rows,) + tuple(w.shape[1:])
+                    layouts[w.path] = WeightLayout(w.path, whole, w.dtype, p,
+                                                   p.local_shape(w.shape, self.num_devices),
+                                                   w.trainable, 0, self.expert_rows)
         return layouts
 
     def _boundary_placements(self, names: Sequence[str]) -> tuple:
@@ -234,7 +263,8 @@ class Program:
 
     # ---- the program --------------------------------------------------------------------
     def __call__(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
-                 collectives: Collectives, writes: dict | None = None) -> list[list[tf.Tensor]]:
+                 collectives: Collectives, writes: dict | None = None,
+                 column: Collectives | None = None) -> list[list[tf.Tensor]]:
         """Run the program for the local replicas of ``collectives``.
 
         ``inputs[k][r]``: local part of trace input ``k`` on local replica ``r``;
@@ -242,23 +272,39 @@ class Program:
         state missing there is read from the traced model's variable). Returns
         ``outputs[k][r]``; ``writes``, when given, receives the variable writes of a
         training-mode graph: ``{path: [new local value per replica]}`` in the stored
-        placement (``stored_placement``), for the caller to assign.
+        placement (``stored_placement``), for the caller to assign. ``column``: the
+        collectives over the replica's mesh column (its group of ``expert_rows`` devices),
+        which a program with nested experts exchanges the expert region's tokens over.
         """
         if collectives.num_devices != self.num_devices:
             raise ReconstructError(f"the plan is for {self.num_devices} devices but the "
                                    f"collectives span {collectives.num_devices}: build the "
                                    "program with a plan for this device count")
-        run = _Run(self, collectives)
+        if self.region is not None and (column is None
+                                        or column.num_devices != self.expert_rows):
+            raise ReconstructError(f"the program splits its experts over {self.expert_rows} "
+                                   "mesh rows: call it with column= the collectives of the "
+                                   "replica's mesh column")
+        run = _Run(self, collectives, column)
         outs = run.execute(inputs, weights)
         if writes is not None:
             writes.update(run.writes.values)
         return outs
 
+    def source_info(self, name: str) -> ir.TensorInfo:
+        """Tensor ``name`` with its single-device shape (``_info`` has the row view's shape
+        inside an expert region)."""
+        for t in (self.region.entries + self.region.exits) if self.region else ():
+            if t.name == name:
+                return t
+        return self._info[name]
+
     def values(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
-               collectives: Collectives, names: Sequence[str]) -> dict[str, list[tf.Tensor]]:
+               collectives: Collectives, names: Sequence[str],
+               column: Collectives | None = None) -> dict[str, list[tf.Tensor]]:
         """Like calling the program, but return the local values of the tensors ``names``
         (outputs of GraphNodes) instead of the graph outputs."""
-        run = _Run(self, collectives)
+        run = _Run(self, collectives, column)
         run.execute(inputs, weights)
         missing = [n for n in names if n not in run.env]
         if missing:
@@ -270,9 +316,11 @@ class Program:
 class _Run:
     """One replay of a Program (state of one trace)."""
 
-    def __init__(self, prog: Program, coll: Collectives) -> None:
+    def __init__(self, prog: Program, coll: Collectives, column: Collectives | None = None
+                 ) -> None:
         self.p = prog
         self.coll = coll
+        self.column = column
         self.n = prog.num_devices
         self.rids = coll.replica_ids()
         self.n_local = len(self.rids)
@@ -293,11 +341,11 @@ class _Run:
         return info
 
     def reshard(self, vals: list, have: Placement, want: Placement, name: str,
-                partial_grad: bool = False) -> list:
+                partial_grad: bool = False, info: ir.TensorInfo | None = None) -> list:
         """Turn ``vals`` (placed ``have``) into ``want`` with the conjugate collectives."""
         if have == want:
             return vals
-        info = self._info(name)
+        info = self._info(name) if info is None else info
         shape, dtype, c = info.shape, info.dtype, self.coll
         if isinstance(want, Partial):
             raise ReconstructError(f"'{name}' is placed {have}; nothing turns it into a partial "
@@ -312,7 +360,13 @@ class _Run:
             return c.all_to_all(vals, have.axis, want.axis, name, shape, dtype)
         return c.scatter(vals, want.axis, name, shape, dtype)
 
-    def _edge(self, name: str, want: Placement) -> list:
+    def _edge(self, name: str, want: Placement, into_region: bool = False) -> list:
+        region = self.p.region
+        if region is not None:
+            inside = any(t.name == name for t in region.entries) and into_region
+            outside = any(t.name == name for t in region.exits) and not into_region
+            if inside or outside:
+                return self._exchanged(name, want, inside)
         have = self.place[name]
         if have == want:
             return self.env[name]
@@ -320,6 +374,35 @@ class _Run:
         if key not in self.cache:
             self.cache[key] = self.reshard(self.env[name], have, want, name)
         return self.cache[key]
+
+    def _exchanged(self, name: str, want: Placement, entry: bool) -> list:
+        """A tensor crossing the expert region's boundary (nested experts): into the
+        region, resharded in the row as the region's GraphNode wants it and then exchanged
+        over the mesh column (groups -> experts: ``[E, G]`` becomes ``[E / rows, G * rows]``);
+        out of it, exchanged back first (experts -> groups), then resharded. The all-to-all
+        moves axes 0 and 1, which no placement inside the region splits."""
+        key = (name, str(want), "entry" if entry else "exit")
+        if key in self.cache:
+            return self.cache[key]
+        outer = self.p.source_info(name)
+        have = self.place[name]
+        vals = self.env[name]
+        c = self.column
+        # audited as the tensor over the whole column (its global size, as in 1-D): every
+        # expert, every row's groups; each device's buffer is 1/rows of it
+        if entry:
+            vals = self.reshard(vals, have, want, name)
+            shape = vals[0].shape.as_list()
+            shape[1] *= c.num_devices
+            vals = c.all_to_all(vals, 1, 0, name, shape, outer.dtype)
+        else:
+            shape = vals[0].shape.as_list()
+            shape[0] *= c.num_devices
+            vals = c.all_to_all(vals, 0, 1, name, shape, outer.dtype)
+            if have != want:
+                vals = self.reshard(vals, have, want, name, info=outer)
+        self.cache[key] = vals
+        return vals
 
     # ---- the replay ------------------------------------------------------------------
     def execute(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]]
@@ -382,9 +465,10 @@ class _Run:
             for c in bwd.pop(key, []):
                 for nm in names:
                     bwd.setdefault(nm, []).append(c)
+        into_region = self.p.region is not None and node.id in self.p.region.nodes
         for k, t in enumerate(node.inputs):
             want = _place(pat.inputs[k])
-            view[t.name] = self._edge(t.name, want)
+            view[t.name] = self._edge(t.name, want, into_region)
             vplace[t.name] = want
             self._apply_bwd(t.name, view, vplace, fwd, bwd)
         tensors = {name: _place(pl) for name, pl in getattr(pat, "tensors", {}).items()}
@@ -478,7 +562,7 @@ class _Run:
             return vals
         key = (f"weight:{path}", str(want))
         if key not in self.cache:  # a tied weight read with another placement
-            info = ir.TensorInfo(path, layout.global_shape, layout.dtype)
+            info = ir.TensorInfo(path, layout.row_shape, layout.dtype)
             self.p._info.setdefault(path, info)
             self.cache[key] = self.reshard(vals, layout.placement, want, path)
         return self.cache[key]

@@ -219,11 +219,17 @@ class Runtime:
             if tuple(value.shape) != shape:
                 raise ValueError(f"weight '{path}': initial value has shape {list(value.shape)}, "
                                  f"the program expects {list(shape)}")
-            self._check_divisible(f"weight '{path}'", shape, layout.placement)
+            row_axis = getattr(layout, "row_axis", None)
+            if row_axis is not None and (self.rows != layout.rows or shape[row_axis] % self.rows):
+                raise ValueError(f"weight '{path}' of shape {list(shape)} is cut into "
+                                 f"{layout.rows} mesh rows on axis {row_axis} but the runtime "
+                                 f"has {self.rows} rows: build the program for this mesh")
             placement = parse_placement(layout.placement)
-            self.specs[path] = WeightLayout(path, shape, tf.as_dtype(value.dtype).name, placement,
-                                            placement.local_shape(shape, self.num_devices),
-                                            bool(layout.trainable))
+            spec = WeightLayout(path, shape, tf.as_dtype(value.dtype).name, placement,
+                                (), bool(layout.trainable), row_axis, self.rows)
+            self._check_divisible(f"weight '{path}'", spec.row_shape, placement)
+            self.specs[path] = dataclasses.replace(
+                spec, local_shape=placement.local_shape(spec.row_shape, self.num_devices))
         self.paths = list(self.specs)
         self.trainable_paths = [p for p in self.paths if self.specs[p].trainable]
         self.local_replicas = local_replica_ids(strategy)
@@ -234,8 +240,7 @@ class Runtime:
         self._slots: dict[int, dict[str, dict[str, tf.Variable]]] = {}
         for r in self.local_replicas:
             with tf.device(self._device[r]):
-                self._vars[r] = {p: tf.Variable(s.placement.shard(initial_weights[p],
-                                                                  self.num_devices, self._j(r)),
+                self._vars[r] = {p: tf.Variable(self._cut(s, initial_weights[p], r),
                                                 trainable=s.trainable, name=f"w{k}_r{r}")
                                  for k, (p, s) in enumerate(self.specs.items())}
                 self._slots[r] = {p: {name: tf.Variable(tf.zeros_like(self._vars[r][p]),
@@ -285,19 +290,17 @@ class Runtime:
                                  "runtime's: the programs come from different models")
             spec, placement = self.specs[path], parse_placement(layout.placement)
             if placement != spec.placement:
-                shape = spec.global_shape
-                self._check_divisible(f"weight '{path}'", shape, placement)
-                other.specs[path] = WeightLayout(path, shape, spec.dtype, placement,
-                                                 placement.local_shape(shape, self.num_devices),
-                                                 spec.trainable)
+                self._check_divisible(f"weight '{path}'", spec.row_shape, placement)
+                other.specs[path] = dataclasses.replace(
+                    spec, placement=placement,
+                    local_shape=placement.local_shape(spec.row_shape, self.num_devices))
                 other.resynced.append(path)
         values = self._global(self._vars, other.resynced) if other.resynced else {}
         for r in self.local_replicas:
             with tf.device(self._device[r]):
                 for k, path in enumerate(other.resynced):
                     other._vars[r][path] = tf.Variable(
-                        other.specs[path].placement.shard(values[path], self.num_devices,
-                                                          self._j(r)),
+                        self._cut(other.specs[path], values[path], r),
                         trainable=False, name=f"resynced{k}_r{r}")
         other._dist_vars = self.strategy.experimental_distribute_values_from_function(
             lambda ctx: other._vars[ctx.replica_id_in_sync_group])
@@ -327,15 +330,21 @@ class Runtime:
         values = source._global(source._vars, self.resynced)
         for r in self.local_replicas:
             for p in self.resynced:
-                self._vars[r][p].assign(self.specs[p].placement.shard(values[p],
-                                                                      self.num_devices,
-                                                                      self._j(r)))
+                self._vars[r][p].assign(self._cut(self.specs[p], values[p], r))
 
     # -- building blocks ------------------------------------------------------------------
 
     def _j(self, replica: int) -> int:
         """The shard index (mesh column) of a replica."""
         return replica % self.num_devices
+
+    def _cut(self, spec: WeightLayout, value: np.ndarray, replica: int) -> np.ndarray:
+        """Replica ``replica``'s part of the global ``value`` of a weight laid out as
+        ``spec``: its row's part first when the weight is cut over the mesh rows (nested
+        experts), then the row placement's shard."""
+        if getattr(spec, "row_axis", None) is not None:
+            value = Split(spec.row_axis).shard(value, self.rows, replica // self.num_devices)
+        return spec.placement.shard(value, self.num_devices, self._j(replica))
 
     def _global_spec(self, spec: tf.TensorSpec) -> tf.TensorSpec:
         """A row's input spec as the global one: axis 0 (the batch) times the rows."""
@@ -576,10 +585,13 @@ class Runtime:
         """(local outputs, {path: new local value} the program writes: training mode)."""
         local = {p: [weights[p]] for p in self.paths}
         local.update({p: [v] for p, v in states.items()})
+        # nested experts: the expert region's tokens are exchanged over the mesh column
+        column = {"column": r.dp} if getattr(self.program, "region", None) is not None else {}
         if not getattr(self.program, "has_writes", False):
-            return [o[0] for o in self.program([[x] for x in xs], local, r.coll)], {}
+            return [o[0] for o in self.program([[x] for x in xs], local, r.coll,
+                                               **column)], {}
         writes: dict[str, list] = {}
-        outs = self.program([[x] for x in xs], local, r.coll, writes)
+        outs = self.program([[x] for x in xs], local, r.coll, writes, **column)
         return [o[0] for o in outs], {p: v[0] for p, v in writes.items()}
 
     def _on_device(self, fn: Callable) -> Callable:
@@ -687,7 +699,8 @@ class Runtime:
                 return body(_Replica(coll, coll, ids[0], True), *a)
             coll = KeyedCollectives(self.num_devices, ids[0],
                                     sub_group(self.num_devices, ids[2]), token, audit=audit)
-            dp = KeyedCollectives(self.rows, ids[1], sub_group(self.rows, ids[3]), token)
+            dp = KeyedCollectives(self.rows, ids[1], sub_group(self.rows, ids[3]), token,
+                                  audit=self.dp_audits.setdefault(self._tracing, Audit()))
             return body(_Replica(coll, coll, ids[0], True, dp), *a)
 
         fn = tf.function(traced, autograph=False).get_concrete_function(
@@ -719,7 +732,10 @@ class Runtime:
             share, partial = self._local_loss(r, outs[0], y)
         grads = tape.gradient(share, trainable)
         if r.dp is not None:   # data parallel over the mesh column: the rows' gradients add up
-            grads = [None if g is None else self._dp_grad(r, p, g)
+            # (not those of weights cut over the rows: each row holds other experts, whose
+            # gradients the all-to-all's backward already brought from every row)
+            grads = [None if g is None else
+                     g if self.specs[p].row_axis is not None else self._dp_grad(r, p, g)
                      for p, g in zip(self.trainable_paths, grads)]
         return share, partial, grads, writes, outs
 
@@ -880,6 +896,8 @@ class Runtime:
                 placement = self.specs[p].placement
                 full_grads[p] = (r.values.gather_value(g, placement.axis)
                                  if isinstance(placement, Split) else g)
+                if self.specs[p].row_axis is not None:   # nested experts: the rows' parts
+                    full_grads[p] = r.dp.gather_value(full_grads[p], self.specs[p].row_axis)
             full_outs = [self._dp_output(r, r.values.gather_value(o, pl.axis)
                                          if isinstance(pl, Split) else o)
                          for o, pl in zip(outs, self.output_placements)]
@@ -993,6 +1011,19 @@ class Runtime:
 
     def _global(self, tensors: Mapping[int, Mapping[str, tf.Variable]],
                 paths: Sequence[str]) -> dict[str, np.ndarray]:
+        split = [p for p in paths if self.specs[p].row_axis is not None]
+        if split:   # nested experts: every row holds its part
+            if not self._all_local():
+                raise ValueError(f"weight '{split[0]}' is cut over the mesh rows: reading its "
+                                 "global value needs every row in this process")
+            cols = self.num_devices
+            return {p: np.concatenate(
+                [self.specs[p].placement.unshard([tensors[i * cols + j][p].numpy()
+                                                  for j in range(cols)])
+                 for i in range(self.rows)], axis=self.specs[p].row_axis)
+                if self.specs[p].row_axis is not None else
+                self.specs[p].placement.unshard([tensors[j][p].numpy() for j in range(cols)])
+                for p in paths}
         row = self._local_row()
         if row is not None:
             return {p: self.specs[p].placement.unshard(
@@ -1030,12 +1061,11 @@ class Runtime:
         """Cut global values into this layout's shards and assign them."""
         for r in self.local_replicas:
             for p, v in values.items():
-                self._vars[r][p].assign(self.specs[p].placement.shard(v, self.num_devices,
-                                                                      self._j(r)))
+                self._vars[r][p].assign(self._cut(self.specs[p], v, r))
             for k, per_path in (slots or {}).items():
                 for p, v in per_path.items():
                     self._slots[r][p][k].assign(
-                        self.specs[p].placement.shard(v, self.num_devices, self._j(r)))
+                        self._cut(self.specs[p], v, r))
 
     def to_keras(self, model: Any) -> Any:
         """Write the global weights into the single-device Keras ``model`` (matched by

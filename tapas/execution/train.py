@@ -64,7 +64,8 @@ class TrainOptions:
     resume: bool = False              # continue from checkpoint_dir's newest checkpoint
     tensorboard: str | None = None    # log directory for the scalars
     # a 2-D mesh "ROWSxCOLS" (tapas.planning.mesh): data parallel over the rows, the strategy
-    # (made for COLS devices on one row's graph) inside each row
+    # (made for COLS devices on one row's graph) inside each row; "ROWSxCOLS:experts" also
+    # splits the MoE experts over the rows (tapas.planning.experts)
     mesh: str | None = None
     # Grappler's options for the step functions (tapas.execution.replay.graph_optimization)
     graph_optimization: str = "lean"
@@ -141,10 +142,11 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     from tapas import models
     from tapas.execution import parallel, reconstruct
     from tapas.planning.cost import Cluster
+    from tapas.planning.mesh import Mesh
     n = distribute.num_replicas_in_sync
     rows = 1
+    mesh = Mesh(1, n)
     if opts.mesh:
-        from tapas.planning.mesh import Mesh
         try:
             mesh = Mesh.parse(opts.mesh)
         except ValueError as e:
@@ -186,13 +188,22 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
             raise TrainError(f"--mesh={opts.mesh}: {e}") from None
         graph = capturing.capture(model, row.spec_structure(),
                                   training=opts.training is not False)
-        strategy = parallel.random_plan(graph, n // rows, int(strategy.split(":", 1)[1]))
+        nested = None
+        if mesh.experts:   # the region may split neither experts nor groups
+            from tapas.planning import experts
+            try:
+                nested = experts.nested_patterns(graph, rows)
+            except experts.NestingError as e:
+                raise TrainError(f"--mesh={opts.mesh}: {e}") from None
+        strategy = parallel.random_plan(graph, n // rows, int(strategy.split(":", 1)[1]),
+                                        patterns_fn=nested)
     elif strategy and not os.path.exists(strategy):
         raise TrainError(f"--strategy={strategy}: no such file (give a Strategy JSON from "
                          "`tapas search --out=...`, 'random:SEED', or leave it out to search)")
     say(f"model {name}: {model.count_params():,} parameters, batch {len(y)}; {n} devices "
         f"({distribute.__class__.__name__}, {', '.join(_device_names(distribute))})"
-        + (f"; mesh {opts.mesh}: data parallel over {rows} rows of {n // rows}" if rows > 1
+        + (f"; mesh {opts.mesh}: data parallel over {rows} rows of {n // rows}"
+           + (", the experts split over the rows" if mesh.experts else "") if rows > 1
            else ""))
     try:
         pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
@@ -214,26 +225,47 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
 
 
 def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
-    """The mesh columns' gradient all-reduces of one training step against the ones the
-    cost model prices (``tapas.planning.mesh.gradient_all_reduce``)."""
+    """The collectives over the mesh columns in one training step (the gradient
+    all-reduces; with nested experts also the expert all-to-alls) against the ones the cost
+    model prices (``tapas.planning.mesh.column_collectives``)."""
+    from tapas.planning import mesh as mesh_lib
+    mesh = mesh_lib.Mesh.parse(mesh_text)
+    ran, priced = column_audit(pm, mesh)
+    same = ran == priced
+    n_ar = sum(1 for k in ran if k[0] == "AR")
+    n_a2a = len(ran) - n_ar
+    say(f"over the {mesh.rows} mesh rows ({mesh.plan}): {n_ar} gradient all-reduces"
+        + (f" and {n_a2a} expert all-to-alls" if mesh.experts else "")
+        + f", {sum(ran.values()):,} bytes per step over each column (the cost model prices "
+        f"{len(priced)} collectives of {sum(priced.values()):,} bytes: "
+        f"{'the same' if same else 'DIFFERENT'})")
+    return {"mesh": str(mesh), "dp_all_reduces": n_ar, "ep_all_to_alls": n_a2a,
+            "dp_bytes": sum(v for k, v in ran.items() if k[0] == "AR"),
+            "column_bytes": sum(ran.values()), "priced_collectives": len(priced),
+            "priced_bytes": sum(priced.values()), "matches": same}
+
+
+def column_audit(pm: Any, mesh: Any) -> tuple[dict, dict]:
+    """({(kind, tensor, phase): bytes} the mesh columns ran in ``pm``'s training step, the
+    same that ``tapas.planning.mesh.column_collectives`` prices). Bytes are the tensor over
+    the column (an all-to-all's priced buffer is 1/rows of it)."""
     from tapas.planning import mesh as mesh_lib
     from tapas.planning.cost import Cluster
     rt = pm.runtime
-    mesh = mesh_lib.Mesh.parse(mesh_text)
-    ran = {r.tensor: r.bytes for r in rt.dp_audits.get("train_step", ()).records} \
-        if "train_step" in rt.dp_audits else {}
+    ran = {(r.kind.value, r.tensor, r.phase): r.bytes
+           for r in rt.dp_audits["train_step"].records} if "train_step" in rt.dp_audits else {}
     placements = {p: str(s.placement) for p, s in rt.specs.items()}
     cluster = Cluster.v100_ethernet(mesh.rows, mesh.cols)   # shape only: bytes are priced
-    priced = {t.label[len("dp "):]: t.nbytes for t in mesh_lib.gradient_all_reduce(
-        pm.graph, placements, mesh, cluster).terms}
-    same = ran == priced
-    say(f"data parallel over the {mesh.rows} mesh rows: {len(ran)} gradient all-reduces of "
-        f"{sum(ran.values()):,} bytes per device over each column (the cost model prices "
-        f"{len(priced)} of {sum(priced.values()):,} bytes: "
-        f"{'the same' if same else 'DIFFERENT'})")
-    return {"mesh": str(mesh), "dp_all_reduces": len(ran), "dp_bytes": sum(ran.values()),
-            "priced_all_reduces": len(priced), "priced_bytes": sum(priced.values()),
-            "matches": same}
+    patterns = {n.id: pm.program.plan.pattern(n) for n in pm.graph.nodes}
+    priced = {}
+    for t in mesh_lib.column_collectives(pm.graph, placements, mesh, cluster,
+                                         patterns.__getitem__).terms:
+        kind, name = t.label.split(" ", 1)
+        if kind == "dp":
+            priced[("AR", name, "bwd")] = t.nbytes
+        else:
+            priced[("A2A", name, "bwd" if t.backward else "fwd")] = t.nbytes * mesh.rows
+    return ran, priced
 
 
 def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any, Any]:

@@ -11,7 +11,12 @@ Out: :class:`MeshSearch`: for every mesh shape ``rows x cols`` with rows * cols 
      spans), the data-parallel gradient all-reduce of every trainable weight's local shard
      over the ``rows`` devices of a column (priced on the link a column spans; a backward
      collective, so gamma applies), their sum per training step, the memory per device,
-     and the cheapest mesh.
+     and the cheapest mesh. A graph with MoE expert einsums is also searched on every
+     ``rows x cols:experts`` mesh (rows > 1): nested expert + tensor parallelism
+     (``tapas.planning.experts``), the row searched with patterns that keep the expert
+     region's expert and group axes whole, the all-to-alls of the dispatched tokens over
+     the column priced on the column's link (``ep_cost``), no column all-reduce for the
+     expert weights, and their memory divided by the rows.
 
 Device r = i * cols + j sits in row i, column j, and devices fill a node before the next
 (``Cluster.group``): a row of cols <= n devices stays inside a node (NVLink), and a column
@@ -36,23 +41,31 @@ from typing import Any
 from tapas.ir import Graph, dtype_bytes
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostBreakdown, CostOptions, collective_cost
+from tapas.planning.experts import ExpertRegion, NestingError, column_all_to_all, \
+    expert_memory_saving, nested_patterns
 
 __all__ = ["Mesh", "MeshResult", "MeshSearch", "mesh_shapes", "row_cluster", "column_nodes",
-           "gradient_all_reduce", "search_meshes"]
+           "gradient_all_reduce", "column_collectives", "search_meshes"]
 
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Mesh:
-    """``rows`` x ``cols`` devices: data parallel over the rows, tensor parallel in a row."""
+    """``rows`` x ``cols`` devices: data parallel over the rows, tensor parallel in a row;
+    with ``experts`` (written ``RxC:experts``) also the experts of every MoE layer split
+    over the rows, each expert tensor parallel in its row (``tapas.planning.experts``)."""
 
     rows: int
     cols: int
+    experts: bool = False
 
     def __post_init__(self) -> None:
         for field in ("rows", "cols"):
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"mesh {field}={v!r}: must be a positive int")
+        if self.experts and self.rows < 2:
+            raise ValueError(f"mesh {self.rows}x{self.cols}:experts splits the experts over "
+                             "the rows: it needs at least 2 rows")
 
     @property
     def num_devices(self) -> int:
@@ -65,15 +78,27 @@ class Mesh:
         return divmod(device, self.cols)
 
     def __str__(self) -> str:
-        return f"{self.rows}x{self.cols}"
+        return f"{self.rows}x{self.cols}" + (":experts" if self.experts else "")
+
+    @property
+    def plan(self) -> str:
+        """What runs on it, for tables: "DP x TP" or "EP x TP" (nested experts)."""
+        if self.rows == 1:
+            return "TP"
+        return "EP x TP" if self.experts else ("DP" if self.cols == 1 else "DP x TP")
 
     @staticmethod
     def parse(text: str) -> Mesh:
-        """``"2x4"`` -> Mesh(2, 4)."""
-        parts = str(text).lower().split("x")
+        """``"2x4"`` -> Mesh(2, 4); ``"2x4:experts"`` -> Mesh(2, 4, experts=True)."""
+        shape, _, suffix = str(text).lower().partition(":")
+        parts = shape.split("x")
         if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"mesh {text!r}: write it ROWSxCOLS, e.g. 2x4")
-        return Mesh(int(parts[0]), int(parts[1]))
+            raise ValueError(f"mesh {text!r}: write it ROWSxCOLS, e.g. 2x4 (or 2x4:experts "
+                             "for nested expert + tensor parallelism)")
+        if suffix not in ("", "experts"):
+            raise ValueError(f"mesh {text!r}: the only suffix is ':experts' (nested expert + "
+                             "tensor parallelism)")
+        return Mesh(int(parts[0]), int(parts[1]), suffix == "experts")
 
 
 def mesh_shapes(num_devices: int) -> list[Mesh]:
@@ -121,8 +146,10 @@ def gradient_all_reduce(graph: Graph, weight_placements: dict[str, str], mesh: M
     if mesh.rows == 1:
         return CostBreakdown(())
     nodes = column_nodes(cluster, mesh)
+    # nested experts: each row holds other experts, so their gradients are not summed
+    split = set(ExpertRegion.of(graph, mesh.rows).weights) if mesh.experts else set()
     for w in graph.weights:
-        if not w.trainable:
+        if not w.trainable or w.path in split:
             continue
         nbytes = w.num_elements * dtype_bytes(w.dtype)
         if w.path in weight_placements and weight_placements[w.path] not in ("R", ""):
@@ -132,15 +159,34 @@ def gradient_all_reduce(graph: Graph, weight_placements: dict[str, str], mesh: M
     return CostBreakdown(tuple(terms))
 
 
+def column_collectives(graph: Graph, weight_placements: dict[str, str], mesh: Mesh,
+                       cluster: Cluster, pattern_of: Callable[[int], Any] | None = None,
+                       options: CostOptions | None = None) -> CostBreakdown:
+    """Every collective over a mesh column: :func:`gradient_all_reduce` and, on a mesh with
+    nested experts, the expert all-to-alls (``tapas.planning.experts.column_all_to_all``;
+    ``pattern_of(node_id)`` is the row strategy's pattern). Terms are labelled
+    ``dp <weight path>`` and ``ep <tensor name>``."""
+    terms = gradient_all_reduce(graph, weight_placements, mesh, cluster, options).terms
+    if mesh.experts:
+        if pattern_of is None:
+            raise ValueError(f"a {mesh} mesh prices its expert all-to-alls on the row "
+                             "strategy's patterns: give pattern_of")
+        terms += column_all_to_all(graph, pattern_of, mesh.rows, mesh.cols, cluster,
+                                   column_nodes(cluster, mesh), options).terms
+    return CostBreakdown(tuple(terms))
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshResult:
     """One mesh shape: the row's strategy (None when the shape does not apply, with
-    ``note`` saying why), its cost, the gradient all-reduce over the columns, the total."""
+    ``note`` saying why), its cost, the gradient all-reduce over the columns, the expert
+    all-to-alls over the columns (nested experts), the total."""
 
     mesh: Mesh
     strategy: Any = None            # tapas.planning.strategy.Strategy of one row
     row_cost: float = math.inf      # seconds per step of the row's strategy
     dp_cost: float = 0.0            # seconds per step of the column all-reduces
+    ep_cost: float = 0.0            # seconds per step of the column all-to-alls (experts)
     memory: float = math.inf        # bytes per device
     capture_seconds: float = 0.0    # capturing the row's graph (graph_for)
     search_seconds: float = 0.0     # searching it and pricing the column all-reduces
@@ -152,7 +198,7 @@ class MeshResult:
 
     @property
     def total(self) -> float:
-        return self.row_cost + self.dp_cost
+        return self.row_cost + self.dp_cost + self.ep_cost
 
     @property
     def ok(self) -> bool:
@@ -160,8 +206,10 @@ class MeshResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"mesh": str(self.mesh), "rows": self.mesh.rows, "cols": self.mesh.cols,
+                "plan": self.mesh.plan, "experts": self.mesh.experts,
                 "row_cost": self.row_cost if self.ok else None,
                 "dp_cost": self.dp_cost if self.ok else None,
+                "ep_cost": self.ep_cost if self.ok else None,
                 "total": self.total if self.ok else None,
                 "memory": self.memory if self.ok else None,
                 "capture_seconds": round(self.capture_seconds, 3),
@@ -189,18 +237,21 @@ class MeshSearch:
     def summary(self) -> str:
         """The table `tapas search --meshes` prints."""
         lines = [f"meshes of {self.cluster.name} ({self.cluster.num_devices} devices), global "
-                 f"batch {self.batch}: rows data parallel, the searched strategy in each row",
-                 f"{'mesh':>6} {'row batch':>9} {'row cost ms':>12} {'dp grad ms':>11} "
-                 f"{'total ms':>10} {'memory GiB':>11} {'capture s':>9} {'search s':>8}  note"]
+                 f"batch {self.batch}: rows data parallel (EP x TP: experts split over the "
+                 "rows), the searched strategy in each row",
+                 f"{'mesh':>12} {'plan':>7} {'row batch':>9} {'row cost ms':>12} "
+                 f"{'dp grad ms':>11} {'ep a2a ms':>10} {'total ms':>10} {'memory GiB':>11} "
+                 f"{'capture s':>9} {'search s':>8}  note"]
         best = self.best.mesh if any(r.ok for r in self.results) else None
         for r in self.results:
             if not r.ok:
-                lines.append(f"{str(r.mesh):>6} {'-':>9} {'-':>12} {'-':>11} {'-':>10} "
-                             f"{'-':>11} {'-':>9} {'-':>8}  {r.note}")
+                lines.append(f"{str(r.mesh):>12} {r.mesh.plan:>7} {'-':>9} {'-':>12} {'-':>11} "
+                             f"{'-':>10} {'-':>10} {'-':>11} {'-':>9} {'-':>8}  {r.note}")
                 continue
             mark = "  <- best" if r.mesh == best else ""
-            lines.append(f"{str(r.mesh):>6} {self.batch // r.mesh.rows:>9} "
+            lines.append(f"{str(r.mesh):>12} {r.mesh.plan:>7} {self.batch // r.mesh.rows:>9} "
                          f"{r.row_cost * 1e3:>12.3f} {r.dp_cost * 1e3:>11.3f} "
+                         f"{r.ep_cost * 1e3:>10.3f} "
                          f"{r.total * 1e3:>10.3f} {r.memory / 2**30:>11.2f} "
                          f"{r.capture_seconds:>9.2f} {r.search_seconds:>8.2f}  {r.note}{mark}")
         return "\n".join(lines)
@@ -231,7 +282,7 @@ def search_meshes(graph_for: Callable[[int], Graph], batch: int, cluster: Cluste
                   search: Callable[..., Any], meshes: Sequence[Mesh] | None = None,
                   options: CostOptions | None = None,
                   on_result: Callable[[MeshResult], None] | None = None,
-                  **search_kwargs: Any) -> MeshSearch:
+                  experts: bool | None = None, **search_kwargs: Any) -> MeshSearch:
     """Search every mesh shape of ``cluster`` (module docstring).
 
     ``graph_for(rows)`` returns the graph of one row (the model at batch ``batch // rows``);
@@ -239,41 +290,80 @@ def search_meshes(graph_for: Callable[[int], Graph], batch: int, cluster: Cluste
     same structure (only the batch differs);
     ``search(graph, cluster=..., options=..., **search_kwargs)`` is ``tapas.search`` (passed
     in so that this module stays free of the capture stage). ``on_result`` is called after
-    each shape (progress)."""
+    each shape (progress). ``experts``: also search each ``rows x cols:experts`` mesh
+    (nested expert + tensor parallelism) after ``rows x cols``: None (the default) when
+    the graph has MoE expert einsums, True always (a graph without them gets a note),
+    False never; ``meshes`` given are searched as given."""
     options = CostOptions.for_cluster(cluster) if options is None else options
     results = []
-    folded: Any = None   # mined once: every row's graph is the model's at another batch
-    for mesh in (list(meshes) if meshes is not None else mesh_shapes(cluster.num_devices)):
-        note = ""
-        if batch % mesh.rows:
-            note = f"the batch {batch} does not split into {mesh.rows} rows"
-        else:
-            try:
-                sub = row_cluster(cluster, mesh)
-            except ValueError as e:
-                note = str(e)
-        if note:
-            result = MeshResult(mesh, note=note)
-        else:
-            start = time.perf_counter()
-            graph = graph_for(mesh.rows)
-            captured = time.perf_counter()
-            kwargs = dict(search_kwargs)
-            if kwargs.get("mode", "gp") == "gp" and "folded" not in kwargs:
-                if folded is None or not _same_structure(graph, folded):
-                    from tapas import mining
-                    folded = mining.mine(graph)
-                kwargs["folded"] = folded
-            strategy = search(graph, cluster=sub, options=options, **kwargs)
-            dp = gradient_all_reduce(graph, dict(strategy.weight_placements), mesh, cluster,
-                                     options)
-            where = ("one node" if sub.num_nodes == 1 else f"{sub.num_nodes} nodes")
-            note = (f"rows on {where}, columns on {column_nodes(cluster, mesh)} node(s)"
-                    if mesh.rows > 1 else f"1-D over {where}")
-            result = MeshResult(mesh, strategy, strategy.total_cost, dp.total,
-                                float(strategy.memory.total), captured - start,
-                                time.perf_counter() - captured, note)
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
+    state: dict[str, Any] = {"folded": None, "graphs": {}}
+    given = meshes is not None
+    for mesh in (list(meshes) if given else mesh_shapes(cluster.num_devices)):
+        variants = [mesh]
+        if not given and mesh.rows > 1 and experts is not False and not batch % mesh.rows:
+            has = experts or any(n.kind.value == "expert-einsum"   # (the 1-D graph's)
+                                 for n in _row_graph(graph_for, 1, state).nodes)
+            if has:
+                variants.append(Mesh(mesh.rows, mesh.cols, True))
+        for m in variants:
+            result = _search_mesh(m, graph_for, batch, cluster, search, options, state,
+                                  search_kwargs)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
     return MeshSearch(cluster, batch, tuple(results))
+
+
+def _row_graph(graph_for: Callable[[int], Graph], rows: int, state: dict[str, Any]) -> Graph:
+    """One row's graph, captured once per row count (``state["graphs"]``)."""
+    if rows not in state["graphs"]:
+        start = time.perf_counter()
+        state["graphs"][rows] = (graph_for(rows), time.perf_counter() - start)
+    return state["graphs"][rows][0]
+
+
+def _search_mesh(mesh: Mesh, graph_for: Callable[[int], Graph], batch: int, cluster: Cluster,
+                 search: Callable[..., Any], options: CostOptions, state: dict[str, Any],
+                 search_kwargs: dict[str, Any]) -> MeshResult:
+    """One mesh shape of :func:`search_meshes`."""
+    if batch % mesh.rows:
+        return MeshResult(mesh, note=f"the batch {batch} does not split into {mesh.rows} rows")
+    try:
+        sub = row_cluster(cluster, mesh)
+    except ValueError as e:
+        return MeshResult(mesh, note=str(e))
+    graph = _row_graph(graph_for, mesh.rows, state)
+    # the capture is reported with the first mesh of this row count that uses it
+    reported = state.setdefault("reported", set())
+    capture_seconds = 0.0 if mesh.rows in reported else state["graphs"][mesh.rows][1]
+    reported.add(mesh.rows)
+    start = time.perf_counter()
+    kwargs = dict(search_kwargs)
+    if mesh.experts:
+        try:
+            kwargs["patterns_fn"] = nested_patterns(graph, mesh.rows,
+                                                    kwargs.get("patterns_fn"))
+        except NestingError as e:
+            return MeshResult(mesh, note=str(e))
+    if kwargs.get("mode", "gp") == "gp" and "folded" not in kwargs:
+        if state["folded"] is None or not _same_structure(graph, state["folded"]):
+            from tapas import mining
+            state["folded"] = mining.mine(graph)
+        kwargs["folded"] = state["folded"]
+    strategy = search(graph, cluster=sub, options=options, **kwargs)
+    placements = dict(strategy.weight_placements)
+    dp = gradient_all_reduce(graph, placements, mesh, cluster, options)
+    memory = float(strategy.memory.total)
+    ep = 0.0
+    where = ("one node" if sub.num_nodes == 1 else f"{sub.num_nodes} nodes")
+    note = (f"rows on {where}, columns on {column_nodes(cluster, mesh)} node(s)"
+            if mesh.rows > 1 else f"1-D over {where}")
+    if mesh.experts:
+        ep = column_all_to_all(graph, strategy.pattern, mesh.rows, mesh.cols, cluster,
+                               column_nodes(cluster, mesh), options).total
+        memory -= expert_memory_saving(graph, placements, mesh.rows, mesh.cols,
+                                       options).total
+        note += f"; {ExpertRegion.of(graph).experts // mesh.rows} experts per row"
+    return MeshResult(mesh, strategy, row_cost=strategy.total_cost, dp_cost=dp.total,
+                      ep_cost=ep, memory=memory, capture_seconds=capture_seconds,
+                      search_seconds=time.perf_counter() - start, note=note)

@@ -8,8 +8,8 @@ Out: its seeds (family ``expert``, ``column``, ``row``, ``batch``, ``follow``):
 - ``column``/``row``: a split of the per-expert matrix, as for a dense layer;
 - ``batch``: the tokens' leading axis split, the weight replicated.
 
-The nested expert + tensor split needs a 2-D mesh and is out of scope of the 1-D mesh
-(docs/sharding.md).
+The nested expert + tensor split needs a 2-D mesh: ``tapas.planning.experts`` splits the
+experts over the mesh rows and keeps ``column``/``row`` of these patterns inside a row.
 
 This module imports no TensorFlow.
 """

@@ -1,0 +1,188 @@
+"""Nested expert + tensor parallelism (tapas.planning.experts): the expert region of a
+captured MoE model, the row view of its shapes, the patterns a nested row may use, the
+column all-to-alls and memory priced by hand, and the mesh search trying every
+``RxC:experts`` mesh. Training on a 2x2:experts mesh against Keras is in test_mesh.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tapas.ir import Kind
+from tapas.planning import experts as X
+from tapas.planning import mesh as M
+from tapas.planning.cost import Cluster, CostOptions, MemoryEstimate, collective_cost, \
+    weight_memory
+from tapas.sharding.patterns import patterns_for
+from tapas.sharding.placements import parse_placement
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def moe() -> Any:
+    """moe-tiny (1 dense + 1 MoE block, 4 experts, seq 16) captured per row batch."""
+    from tapas import capturing, models
+    entry = models.get("moe-tiny")
+    model = entry.build(seed=0)
+    graphs: dict[int, Any] = {}
+
+    def graph_for(rows: int) -> Any:
+        if rows not in graphs:
+            graphs[rows] = capturing.capture(model, list(entry.input_spec(4 // rows)),
+                                             name=f"moe-tiny/batch{4 // rows}")
+        return graphs[rows]
+    return graph_for
+
+
+def test_region_of_moe_tiny(moe: Any) -> None:
+    graph = moe(1)
+    region = X.ExpertRegion.of(graph, 2)
+    expert_nodes = {n.id for n in graph.nodes if n.kind is Kind.EXPERT_EINSUM}
+    assert region.nodes == expert_nodes and len(expert_nodes) == 2
+    assert region.experts == 4
+    assert [t.shape for t in region.entries] == [(4, 4, 8, 32)]   # [E, G, C, M] dispatched
+    assert [t.shape for t in region.exits] == [(4, 4, 8, 32)]
+    assert [w.split("/")[-1] for w in region.weights] == ["wi", "wo"]
+    # every token tensor inside leads with the experts; the weights' reads are no tokens
+    assert all(region.view_shape(a, (4, 4, 8, 64), 2)[:2] == (2, 8)
+               for a in region.activations)
+
+
+def test_row_view_shapes(moe: Any) -> None:
+    graph = moe(1)
+    view = X.row_view(graph, 2)
+    region = X.ExpertRegion.of(graph, 2)
+    for before, after in zip(graph.nodes, view.nodes):
+        if before.id not in region.nodes:
+            assert after is before
+            continue
+        for t in after.inputs + after.outputs:   # [E / 2, G * 2, C, *]
+            assert t.shape[:2] == (2, 8), t
+        for w, w0 in zip(after.weights, before.weights):
+            assert w.shape == (2,) + w0.shape[1:]
+
+
+def test_nested_patterns_keep_experts_and_groups_whole(moe: Any) -> None:
+    graph = moe(1)
+    fn = X.nested_patterns(graph, 2)
+    region = X.ExpertRegion.of(graph, 2)
+    for node in graph.nodes:
+        every = patterns_for(node, graph, 2)
+        kept = fn(node, graph, 2)
+        if node.id not in region.nodes:
+            assert [p.name for p in kept] == [p.name for p in every]
+            continue
+        names = {p.name for p in kept}
+        assert {"replicate", "column", "row"} <= names and "expert" not in names
+        assert "batch" not in names       # splits the groups (axis 1) of the tokens
+        refused = [p for p in every if p.name not in names]
+        assert refused and all(X.allowed_pattern(p, node, region) for p in refused)
+        expert = next(p for p in every if p.name == "expert")
+        assert "axis 0" in X.allowed_pattern(expert, node, region)
+
+
+def test_errors_name_the_constraint(moe: Any, tmp_path: Any) -> None:
+    import keras
+    import tensorflow as tf
+
+    from tapas import capturing
+    x = keras.Input((8,))
+    mlp = keras.Model(x, keras.layers.Dense(4)(x))
+    with pytest.raises(X.NestingError, match="no expert einsum"):
+        X.ExpertRegion.of(capturing.capture(mlp, tf.TensorSpec((2, 8), tf.float32)))
+    with pytest.raises(X.NestingError, match="4 experts do not split into 3 mesh rows"):
+        X.ExpertRegion.of(moe(1), 3)
+    assert str(M.Mesh.parse("2x4:experts")) == "2x4:experts"
+    assert M.Mesh.parse("2x4:experts") == M.Mesh(2, 4, True) and M.Mesh(2, 4).plan == "DP x TP"
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        M.Mesh(1, 4, True)
+    with pytest.raises(ValueError, match="the only suffix is ':experts'"):
+        M.Mesh.parse("2x4:heads")
+
+
+def test_column_collectives_priced_by_hand(moe: Any) -> None:
+    """On a 2x2:experts mesh of S(2, 2): the entry and exit tokens each cross the column
+    by an all-to-all forward and one backward (N: the row's local part, as the region's
+    pattern places it); no column all-reduce for the expert weights; their memory
+    halved."""
+    from tapas.planning.search import search
+    graph = moe(2)
+    cluster = Cluster.v100_ethernet(2, 2)
+    options = CostOptions.for_cluster(cluster)
+    mesh = M.Mesh(2, 2, True)
+    row = search(graph, cluster=M.row_cluster(cluster, mesh), options=options,
+                 patterns_fn=X.nested_patterns(graph, 2))
+    region = X.ExpertRegion.of(graph, 2)
+    terms = X.column_all_to_all(graph, row.pattern, 2, 2, cluster, 2, options).terms
+    want = []
+    for t, side in ((region.entries[0], "inputs"), (region.exits[0], "outputs")):
+        node = next(n for n in graph.nodes if n.id in region.nodes
+                    and any(u.name == t.name for u in getattr(n, side)))
+        k = [u.name for u in getattr(node, side)].index(t.name)
+        placement = parse_placement(getattr(row.pattern(node.id), side)[k])
+        nbytes = int(placement.local_bytes(t.shape, t.dtype, 2))
+        want += [collective_cost("A2A", nbytes, 2, cluster, options, backward=b, nodes=2,
+                                 label=f"ep {t.name}") for b in (False, True)]
+    assert list(terms) == want
+    placements = dict(row.weight_placements)
+    dp = M.gradient_all_reduce(graph, placements, mesh, cluster, options)
+    plain = M.gradient_all_reduce(graph, placements, M.Mesh(2, 2), cluster, options)
+    assert {t.label for t in plain.terms} - {t.label for t in dp.terms} == \
+        {f"dp {w}" for w in region.weights}
+    both = M.column_collectives(graph, placements, mesh, cluster, row.pattern, options)
+    assert len(both.terms) == len(dp.terms) + 4
+    saved = X.expert_memory_saving(graph, placements, 2, 2, options)
+    by_hand = sum((weight_memory(parse_placement(placements.get(w.path, "R") or "R")
+                                 .local_bytes(w.shape, w.dtype, 2) / 2, True, options)
+                   for w in graph.weights if w.path in region.weights),
+                  start=MemoryEstimate())
+    assert saved == by_hand and saved.total > 0
+
+
+def test_mesh_search_tries_nested_experts(moe: Any) -> None:
+    from tapas.planning.search import search
+    cluster = Cluster.v100_ethernet(2, 2)
+    result = M.search_meshes(moe, 4, cluster, search=search)
+    by = {str(r.mesh): r for r in result.results}
+    assert list(by) == ["1x4", "2x2", "2x2:experts", "4x1", "4x1:experts"]
+    nested, plain = by["2x2:experts"], by["2x2"]
+    assert nested.ok and nested.ep_cost > 0 and plain.ep_cost == 0
+    assert nested.dp_cost < plain.dp_cost      # no all-reduce of the expert weights
+    assert nested.total == pytest.approx(nested.row_cost + nested.dp_cost + nested.ep_cost)
+    assert "EP x TP" in result.summary() and "2 experts per row" in nested.note
+    assert result.to_json()["results"][2]["experts"] is True
+    off = M.search_meshes(moe, 4, cluster, search=search, experts=False)
+    assert [str(r.mesh) for r in off.results] == ["1x4", "2x2", "4x1"]
+
+
+def test_cli_search_meshes_on_moe() -> None:
+    """`tapas search --model=moe-tiny --meshes`: the table lists the EP x TP meshes."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "search", "--model=moe-tiny", "--nodes=2",
+         "--devices_per_node=2", "--batch_size=4", "--meshes"], capture_output=True,
+        text=True, timeout=300, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "2x2:experts EP x TP" in proc.stdout and "best mesh" in proc.stdout
+
+
+def test_cli_train_nested_experts_verified(tmp_path: Any) -> None:
+    """`tapas train --mesh=2x2:experts` on 4 logical devices: a random row plan drawn from
+    the nested patterns, verified against Keras; the columns' collectives (gradient
+    all-reduces of the non-expert weights, four expert all-to-alls) equal the cost
+    model's."""
+    import json
+    out = tmp_path / "train.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "train", "--model=moe-tiny", "--devices=4",
+         "--mesh=2x2:experts", "--strategy=random:1", "--steps=2", "--verify",
+         "--training=false", f"--json_out={out}"], capture_output=True, text=True,
+        timeout=400, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "verify: PASSED" in proc.stdout and "the experts split over the rows" in proc.stdout
+    report = json.loads(out.read_text())["mesh"]
+    assert report["matches"] and report["ep_all_to_alls"] == 4 and report["dp_all_reduces"] > 0
