@@ -6,7 +6,9 @@ Out: :func:`check_node_patterns` -- every ShardingPattern ``tapas.sharding.patte
      for every GraphNode (one GraphNode per signature), rebuilt alone on N simulated shards
      and compared with the node on one device (outputs, gradients of weights and float
      inputs, collectives against the pattern's comms): the number checked and a message
-     per pattern that cannot be rebuilt or differs; :func:`check_plan` -- the same for a
+     per pattern that cannot be rebuilt or differs; :func:`check_nested_patterns` -- the
+     same on a 2-D mesh with the experts over its rows (every pattern the nested search
+     may give an expert GraphNode); :func:`check_plan` -- the same for a
      whole-model plan; :func:`synthetic_inputs` -- valid inputs for a captured graph.
 
 A pattern the search may choose must be buildable: one that :mod:`tapas.execution.reconstruct`
@@ -28,7 +30,8 @@ from tapas.execution import audit, verify
 from tapas.execution.plan import Plan, ReconstructError
 from tapas.sharding import patterns
 
-__all__ = ["synthetic_inputs", "check_node_patterns", "check_plan", "BUILD_ERRORS"]
+__all__ = ["synthetic_inputs", "check_node_patterns", "check_nested_patterns", "check_plan",
+           "BUILD_ERRORS"]
 
 # what a pattern that cannot be rebuilt raises: reconstruction's own refusal, or TensorFlow
 # refusing a replayed op (shape inference, an invalid argument while running it)
@@ -85,6 +88,54 @@ def check_node_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.nda
             problem = _check_one(trace, sub, Plan(num_devices, {0: pat}), args, rtol, atol)
             if problem:
                 failures.append(f"{_describe(node, pat, num_devices)}: {problem}")
+    return checked, failures
+
+
+def check_nested_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.ndarray],
+                          num_devices: int, rows: int, rtol: float = 1e-5,
+                          atol: float = 1e-5, seed: int = 0) -> tuple[int, list[str]]:
+    """The 2-D pattern checker: (number checked, failure messages) for every pattern a
+    ``rows x num_devices:experts`` mesh may give each GraphNode of the expert region
+    (``tapas.planning.experts.nested_patterns``; the first GraphNode of each signature),
+    rebuilt alone with its experts cut over the rows, the tokens exchanged over the columns
+    and the pattern in each row, all ``rows * num_devices`` replicas simulated
+    (``tapas.execution.verify.compare_nested``), against the GraphNode on one device run on
+    each row's share. ``values``: every GraphNode input's value in one row's graph
+    (:func:`tapas.execution.verify.intermediate_values`); the other rows get fresh random
+    tokens (floats) or copies (integers), so that rows differ."""
+    from tapas.planning import experts
+    region = experts.ExpertRegion.of(graph, rows)
+    rng = np.random.default_rng(seed)
+    failures: list[str] = []
+    checked = 0
+    seen: set[str] = set()
+    for node in graph.nodes:
+        if node.id not in region.nodes or (node.signature and node.signature in seen):
+            continue
+        seen.add(node.signature)
+        sub = verify.node_graph(graph, node.id)
+        sub_region = experts.ExpertRegion.of(sub, rows)
+        boundary = {t.name for t in sub_region.entries + sub_region.exits}
+        args = []
+        for t in node.inputs:
+            x = np.asarray(values[t.name])
+            axis = 1 if t.name in boundary else 0
+            others = [rng.standard_normal(x.shape).astype(x.dtype) if x.dtype.kind == "f"
+                      else x for _ in range(rows - 1)]
+            args.append(np.concatenate([x] + others, axis=axis))
+        for pat in patterns.patterns_for(node, graph, num_devices):
+            if experts.allowed_pattern(pat, sub.nodes[0], sub_region):
+                continue   # the nested search never offers it (the all-to-all moves the axis)
+            checked += 1
+            label = f"{_describe(node, pat, num_devices)} on {rows}x{num_devices}:experts"
+            try:
+                cmp = verify.compare_nested(trace, sub, Plan(num_devices, {0: pat}), args,
+                                            rows)
+            except BUILD_ERRORS as err:
+                failures.append(f"{label}: cannot be rebuilt: {type(err).__name__}: {err}")
+                continue
+            if not cmp.ok(rtol=rtol, atol=atol):
+                failures.append(f"{label}: largest difference {cmp.worst}")
     return checked, failures
 
 

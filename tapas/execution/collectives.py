@@ -53,6 +53,7 @@ from tapas.sharding.placements import Collective
 from tapas.ir import dtype_bytes
 
 __all__ = ["CommRecord", "Audit", "Collectives", "SimulatedCollectives",
+           "GroupedSimulatedCollectives",
            "ReplicaContextCollectives", "KeyedCollectives", "KeyedGroup", "local_slice"]
 
 Tensors = list  # list[tf.Tensor], one per local replica
@@ -303,6 +304,51 @@ class SimulatedCollectives(Collectives):
         pieces = [tf.split(x, n, axis=split_axis) for x in xs]
         return [tf.concat([pieces[i][j] for i in range(n)], axis=concat_axis)
                 for j in range(n)]
+
+
+class GroupedSimulatedCollectives(Collectives):
+    """Every replica of a 2-D mesh in one program, collectives within groups of them: the
+    local list holds all replicas, ``groups`` lists the positions of each group (a mesh
+    row, or a mesh column), and each collective runs as :class:`SimulatedCollectives`
+    inside every group. ``num_devices`` is the group size; a replica's id is its index in
+    its group. For the 2-D pattern checker (``tapas.execution.verify.compare_nested``)."""
+
+    def __init__(self, groups: Sequence[Sequence[int]], audit: Audit | None = None) -> None:
+        sizes = {len(g) for g in groups}
+        if len(sizes) != 1:
+            raise ValueError(f"groups of sizes {sorted(sizes)}: every group needs as many "
+                             "replicas")
+        super().__init__(sizes.pop(), audit)
+        self.groups = [list(g) for g in groups]
+        self._size = sum(len(g) for g in self.groups)
+        self._ids = [0] * self._size
+        for g in self.groups:
+            for k, pos in enumerate(g):
+                self._ids[pos] = k
+        self._inner = SimulatedCollectives(self.num_devices)
+
+    def replica_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def _per_group(self, xs: Tensors, fn: Callable[[Tensors], Tensors]) -> Tensors:
+        if len(xs) != self._size:
+            raise ValueError(f"grouped collectives over {self._size} replicas got {len(xs)} "
+                             "tensors: pass one per replica")
+        out: list[Any] = [None] * self._size
+        for g in self.groups:
+            for pos, y in zip(g, fn([xs[pos] for pos in g])):
+                out[pos] = y
+        return out
+
+    def _sum(self, xs: Tensors) -> Tensors:
+        return self._per_group(xs, self._inner._sum)
+
+    def _gather(self, xs: Tensors, axis: int) -> Tensors:
+        return self._per_group(xs, lambda ys: self._inner._gather(ys, axis))
+
+    def _all_to_all(self, xs: Tensors, split_axis: int, concat_axis: int) -> Tensors:
+        return self._per_group(xs, lambda ys: self._inner._all_to_all(ys, split_axis,
+                                                                      concat_axis))
 
 
 # dtypes TF's collective kernels take (CollectiveReduceV2 / CollectiveGatherV2)

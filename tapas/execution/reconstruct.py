@@ -428,7 +428,8 @@ class _Run:
         self.weights = weights
         for node in p.graph.nodes:
             self._node(node)
-        outs = [self.env[t.name] for t in p.graph.outputs]
+        # (an output made inside an expert region is exchanged back out of it first)
+        outs = [self._edge(t.name, self.place[t.name]) for t in p.graph.outputs]
         for t, act, vals in zip(p.graph.outputs, p.output_logits, outs):
             if act is not None:
                 self._tag_logits(t.name, act, vals)
