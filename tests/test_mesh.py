@@ -177,7 +177,8 @@ def test_dp_x_tp_mesh_trains_equal_to_keras(case: dict[str, Any], mesh_runs: dic
 def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
     """`tapas train --workers=2 --mesh=2x1`: each MultiWorkerMirroredStrategy worker is one
     mesh row (on CPU a worker has one device), the gradients all-reduced across the
-    processes; verified against Keras, the columns' all-reduces equal to the cost model's."""
+    processes; verified against Keras, the columns' all-reduces equal to the cost model's.
+    The same with nested experts (2x1:experts) on moe-tiny."""
     out = tmp_path / "train.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--workers=2",
@@ -189,6 +190,18 @@ def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
     report = json.loads(out.read_text())
     assert report["workers"] == 2 and report["verify"]["ok"]
     assert report["mesh"]["matches"] and report["mesh"]["dp_all_reduces"] > 0
+    # nested expert + tensor across the two processes: moe-tiny's experts split over the
+    # workers, the dispatched tokens exchanged between them by all-to-alls
+    moe = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "train", "--model=moe-tiny", "--workers=2",
+         "--mesh=2x1:experts", "--steps=2", "--verify", "--optimizer=adam", "--training=false",
+         f"--json_out={out}"], capture_output=True, text=True, timeout=400, cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert moe.returncode == 0, moe.stdout[-3000:] + moe.stderr[-3000:]
+    assert "verify: PASSED" in moe.stdout
+    report = json.loads(out.read_text())
+    assert report["workers"] == 2 and report["audit"]["matches"]
+    assert report["mesh"]["matches"] and report["mesh"]["ep_all_to_alls"] == 4
     bad = subprocess.run(
         [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
          "--mesh=3x2"], capture_output=True, text=True, timeout=300, cwd=ROOT,

@@ -1012,18 +1012,10 @@ class Runtime:
     def _global(self, tensors: Mapping[int, Mapping[str, tf.Variable]],
                 paths: Sequence[str]) -> dict[str, np.ndarray]:
         split = [p for p in paths if self.specs[p].row_axis is not None]
-        if split:   # nested experts: every row holds its part
-            if not self._all_local():
-                raise ValueError(f"weight '{split[0]}' is cut over the mesh rows: reading its "
-                                 "global value needs every row in this process")
-            cols = self.num_devices
-            return {p: np.concatenate(
-                [self.specs[p].placement.unshard([tensors[i * cols + j][p].numpy()
-                                                  for j in range(cols)])
-                 for i in range(self.rows)], axis=self.specs[p].row_axis)
-                if self.specs[p].row_axis is not None else
-                self.specs[p].placement.unshard([tensors[j][p].numpy() for j in range(cols)])
-                for p in paths}
+        if split:   # nested experts: every row holds its part of these
+            out = self._global_over_rows(tensors, split)
+            rest = [p for p in paths if p not in out]
+            return {**out, **(self._global(tensors, rest) if rest else {})}
         row = self._local_row()
         if row is not None:
             return {p: self.specs[p].placement.unshard(
@@ -1045,6 +1037,33 @@ class Runtime:
 
         out = gather(dist)
         return {p: self.strategy.experimental_local_results(out[p])[0].numpy() for p in paths}
+
+    def _global_over_rows(self, tensors: Mapping[int, Mapping[str, tf.Variable]],
+                          paths: Sequence[str]) -> dict[str, np.ndarray]:
+        """Global values of weights cut over the mesh rows (nested experts): each row's part
+        from its columns' shards, the rows' parts concatenated. Shards held by other
+        workers are all-gathered (every worker must call it)."""
+        cols = self.num_devices
+        if self._all_local():
+            shards = {p: [tensors[r][p].numpy() for r in range(self.num_replicas)]
+                      for p in paths}
+        else:
+            dist = self.strategy.experimental_distribute_values_from_function(
+                lambda ctx: {p: tensors[ctx.replica_id_in_sync_group][p] for p in paths})
+
+            @tf.function
+            def gather(values: Any) -> Any:
+                def fn(vals: dict) -> dict:   # every replica's shard, stacked in replica order
+                    return {p: gather_values(vals[p].read_value()[None], 0) for p in paths}
+                return self.strategy.run(fn, args=(values,))
+
+            out = gather(dist)
+            shards = {p: list(self.strategy.experimental_local_results(out[p])[0].numpy())
+                      for p in paths}
+        return {p: np.concatenate([self.specs[p].placement.unshard(shards[p][i * cols:
+                                                                             (i + 1) * cols])
+                                   for i in range(self.rows)], axis=self.specs[p].row_axis)
+                for p in paths}
 
     def global_weights(self) -> dict[str, np.ndarray]:
         """Every weight's global value, reassembled from the shards."""
