@@ -237,8 +237,10 @@ class MeshSearch:
     def summary(self) -> str:
         """The table `tapas search --meshes` prints."""
         lines = [f"meshes of {self.cluster.name} ({self.cluster.num_devices} devices), global "
-                 f"batch {self.batch}: rows data parallel (EP x TP: experts split over the "
-                 "rows), the searched strategy in each row",
+                 f"batch {self.batch}: rows data parallel"
+                 + (" (EP x TP: the experts split over the rows)"
+                    if any(r.mesh.experts for r in self.results) else "")
+                 + ", the searched strategy in each row",
                  f"{'mesh':>12} {'plan':>7} {'row batch':>9} {'row cost ms':>12} "
                  f"{'dp grad ms':>11} {'ep a2a ms':>10} {'total ms':>10} {'memory GiB':>11} "
                  f"{'capture s':>9} {'search s':>8}  note"]
