@@ -8,7 +8,7 @@
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
                   [--meshes | --mesh=ROWSxCOLS] [--draw=strategy.png]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
-                  [--workers=K] [--optimizer=sgd|adam] [--learning_rate=LR]
+                  [--workers=K [--devices_per_worker=D]] [--optimizer=sgd|adam] [--learning_rate=LR]
                   [--data=file.npz|file.tfrecord] [--epochs=E] [--checkpoint_dir=DIR]
                   [--checkpoint_every=K] [--resume] [--tensorboard=LOGDIR] [--mesh=ROWSxCOLS]
 
@@ -96,7 +96,12 @@ flags.DEFINE_string("strategy", None, "train: a Strategy JSON (`tapas search --o
 flags.DEFINE_boolean("verify", False, "train: run the single-device Keras model side by side "
                      "and report the largest differences.")
 flags.DEFINE_integer("workers", 0, "train, profile: launch this many processes on 127.0.0.1 "
-                     "under MultiWorkerMirroredStrategy (one device each).")
+                     "under MultiWorkerMirroredStrategy (one device each; train: "
+                     "--devices_per_worker each).")
+flags.DEFINE_integer("devices_per_worker", 1, "train --workers: local devices of each worker "
+                     "(logical CPU devices on a host without GPUs; with GPUs, the number "
+                     "each worker sees), e.g. --workers=2 --devices_per_worker=2 "
+                     "--mesh=2x2 puts one mesh row in each process.", lower_bound=1)
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "train: optimizer (Keras numerics).")
 flags.DEFINE_enum("graph_optimization", "lean", ["lean", "default"], "train: Grappler's "
                   "options for the step functions: lean (one round of passes; on CPUs without "
@@ -439,6 +444,7 @@ def cmd_train() -> dict[str, Any]:
     opts = train.TrainOptions(model=FLAGS.model, devices=FLAGS.devices, steps=FLAGS.steps,
                               strategy=FLAGS.strategy, verify=FLAGS.verify,
                               workers=FLAGS.workers, optimizer=FLAGS.optimizer,
+                              devices_per_worker=FLAGS.devices_per_worker,
                               learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
                               cluster=FLAGS.cluster, json_out=FLAGS.json_out,
                               memory_budget_gib=FLAGS.memory_budget_gib,

@@ -1,4 +1,5 @@
-"""tapas.execution.devices: which process reports for a job, read from TF_CONFIG."""
+"""tapas.execution.devices: which process reports for a job, read from TF_CONFIG; local
+devices per worker."""
 
 from __future__ import annotations
 
@@ -36,3 +37,19 @@ def test_a_cluster_without_a_task_is_refused(monkeypatch) -> None:
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]}}))
     with pytest.raises(ValueError, match="no 'task'"):
         devices.process_count()
+
+
+def test_devices_per_worker_is_checked_and_leaves_tensorflow_as_it_was() -> None:
+    """`make_strategy(devices_per_worker=D)`: D must be a positive int; D = 1 (and hosts
+    with GPUs) leave TensorFlow's choice of local devices alone. (D = 2 across two worker
+    processes is run end to end in tests/test_mesh.py.)"""
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+    original = cars.CollectiveAllReduceExtended.__dict__["_initialize_local_devices"]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="devices_per_worker"):
+            with devices._cpu_devices_per_worker(bad):
+                pass
+    with devices._cpu_devices_per_worker(1):
+        assert cars.CollectiveAllReduceExtended.__dict__["_initialize_local_devices"] \
+            is original
+    assert cars.CollectiveAllReduceExtended.__dict__["_initialize_local_devices"] is original

@@ -178,7 +178,8 @@ def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
     """`tapas train --workers=2 --mesh=2x1`: each MultiWorkerMirroredStrategy worker is one
     mesh row (on CPU a worker has one device), the gradients all-reduced across the
     processes; verified against Keras, the columns' all-reduces equal to the cost model's.
-    The same with nested experts (2x1:experts) on moe-tiny."""
+    Then 2 workers of 2 logical devices each: a 2x2 mesh with a row in each process, DP x
+    TP and nested expert + tensor."""
     out = tmp_path / "train.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--workers=2",
@@ -190,18 +191,22 @@ def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
     report = json.loads(out.read_text())
     assert report["workers"] == 2 and report["verify"]["ok"]
     assert report["mesh"]["matches"] and report["mesh"]["dp_all_reduces"] > 0
-    # nested expert + tensor across the two processes: moe-tiny's experts split over the
-    # workers, the dispatched tokens exchanged between them by all-to-alls
-    moe = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "train", "--model=moe-tiny", "--workers=2",
-         "--mesh=2x1:experts", "--steps=2", "--verify", "--optimizer=adam", "--training=false",
-         f"--json_out={out}"], capture_output=True, text=True, timeout=400, cwd=ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert moe.returncode == 0, moe.stdout[-3000:] + moe.stderr[-3000:]
-    assert "verify: PASSED" in moe.stdout
-    report = json.loads(out.read_text())
-    assert report["workers"] == 2 and report["audit"]["matches"]
-    assert report["mesh"]["matches"] and report["mesh"]["ep_all_to_alls"] == 4
+    # 2 workers x 2 logical devices each (--devices_per_worker), one mesh row per process:
+    # DP x TP of t5-tiny (a random row plan), and nested expert + tensor of moe-tiny (its
+    # experts split between the processes, the dispatched tokens exchanged between them)
+    for model, mesh, seed, a2a in (("t5-tiny", "2x2", 0, 0), ("moe-tiny", "2x2:experts", 1, 4)):
+        run = subprocess.run(
+            [sys.executable, "-m", "tapas.cli", "train", f"--model={model}", "--workers=2",
+             "--devices_per_worker=2", f"--mesh={mesh}", f"--strategy=random:{seed}",
+             "--steps=2", "--verify", "--optimizer=adam", "--training=false",
+             f"--json_out={out}"], capture_output=True, text=True, timeout=400, cwd=ROOT,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "verify: PASSED" in run.stdout and "device:CPU:1" in run.stdout
+        report = json.loads(out.read_text())
+        assert report["workers"] == 2 and report["devices"] == 4
+        assert report["audit"]["matches"] and report["audit"]["measured"], report["audit"]
+        assert report["mesh"]["matches"] and report["mesh"]["ep_all_to_alls"] == a2a
     bad = subprocess.run(
         [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
          "--mesh=3x2"], capture_output=True, text=True, timeout=300, cwd=ROOT,

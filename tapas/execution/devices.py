@@ -23,10 +23,12 @@ refuses a strategy created elsewhere whose keys another strategy of this process
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -124,12 +126,15 @@ def is_chief_process() -> bool:
 
 def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
                   join_timeout_s: float = 60.0,
-                  collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
+                  collective_timeout_s: float | None = None,
+                  devices_per_worker: int = 1) -> tf.distribute.Strategy:
     """``MultiWorkerMirroredStrategy`` when ``TF_CONFIG`` names several workers, else a
     ``MirroredStrategy`` over :func:`setup_devices` (``num_devices``).
 
-    With ``TF_CONFIG`` each worker uses its one CPU (or its GPUs) and N is the number of
-    workers times local devices; ``num_devices``, when given, must equal that N. If the
+    With ``TF_CONFIG`` each worker uses its GPUs, or on a host without GPUs
+    ``devices_per_worker`` logical CPU devices (TensorFlow's own choice there is one CPU
+    device per worker: :func:`_cpu_devices_per_worker`), and N is the number of workers
+    times local devices; ``num_devices``, when given, must equal that N. If the
     cluster has not formed within ``join_timeout_s`` a watchdog prints which worker never
     joined and ends this process (``tapas.execution.launch.JoinWatchdog``: TF holds the GIL while it
     waits, so nothing in this process can raise); ``collective_timeout_s`` bounds every
@@ -146,15 +151,59 @@ def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=collective_timeout_s)
+    local = _cpu_devices_per_worker(devices_per_worker)
     watchdog = launch.JoinWatchdog(cfg, join_timeout_s) if join_timeout_s else None
     try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        with local:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     finally:
         if watchdog is not None:
             watchdog.cancel()
     _multi_worker[text] = strategy
     _check_replicas(strategy, num_devices)
     return strategy
+
+
+@contextlib.contextmanager
+def _cpu_devices_per_worker(k: int) -> Iterator[None]:
+    """While a ``MultiWorkerMirroredStrategy`` is built: ``k`` logical CPU devices per worker
+    on a host without GPUs. TensorFlow's ``CollectiveAllReduceExtended`` takes one CPU device
+    per worker whatever the logical configuration (``_initialize_local_devices``); its
+    collectives, launchers and ``tf.distribute`` replicas work over several local devices
+    as they do over a worker's GPUs, so that method is wrapped for this one construction
+    (as ``_mirrored_strategy`` sets the key base) and the worker's ``k`` logical devices
+    configured first (the process must not have started TensorFlow's runtime yet). With GPUs TensorFlow's choice (every visible GPU) stands; ``k`` must then
+    be their number."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"devices_per_worker={k!r}: must be a positive int")
+    gpus = tf.config.list_physical_devices("GPU")
+    if k == 1 or gpus:
+        if gpus and k not in (1, len(gpus)):
+            raise ValueError(f"devices_per_worker={k} but this worker sees {len(gpus)} GPUs, "
+                             "all of which MultiWorkerMirroredStrategy uses: make "
+                             "CUDA_VISIBLE_DEVICES name that many")
+        yield
+        return
+    # (configured, not listed: listing would start the runtime before the strategy
+    # configures its collective ops, which TensorFlow refuses)
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * k)
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+    cls = cars.CollectiveAllReduceExtended
+    original = cls.__dict__["_initialize_local_devices"]
+
+    def local_devices(self: Any, resolver: Any, worker_device: str) -> Any:
+        found, kind = original(self, resolver, worker_device)
+        if kind == "CPU":
+            found = tuple(f"{worker_device}/device:CPU:{i}" for i in range(k))
+        return found, kind
+
+    with _key_lock:
+        cls._initialize_local_devices = local_devices
+        try:
+            yield
+        finally:
+            cls._initialize_local_devices = original
 
 
 def _check_replicas(strategy: tf.distribute.Strategy, num_devices: int | None) -> None:

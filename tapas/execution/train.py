@@ -45,6 +45,7 @@ class TrainOptions:
     strategy: str | None = None       # Strategy JSON path, "random:SEED", or None (search)
     verify: bool = False
     workers: int = 0                  # >0: that many processes under MultiWorkerMirrored
+    devices_per_worker: int = 1       # workers: local devices of each (logical CPUs, GPUs)
     optimizer: str = "sgd"
     learning_rate: float | None = None
     batch_size: int | None = None
@@ -99,7 +100,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     timings: dict[str, float] = {}
     start = time.perf_counter()
     # devices first: logical CPU devices must exist before TensorFlow runs any op
-    distribute = devices.make_strategy(None if devices.tf_config() else opts.devices)
+    distribute = (devices.make_strategy(devices_per_worker=opts.devices_per_worker)
+                  if devices.tf_config() else devices.make_strategy(opts.devices))
     timings["devices"] = time.perf_counter() - start
     chief = _is_chief(distribute)
     say = print if chief else (lambda *a, **k: None)
@@ -608,7 +610,8 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
     fd, report_path = tempfile.mkstemp(suffix=".json", prefix="tapas-train-")
     os.close(fd)
     argv = [sys.executable, "-m", "tapas.cli", "train", f"--model={opts.model or ''}",
-            f"--devices={opts.workers}", f"--steps={opts.steps}",
+            f"--devices={opts.workers * opts.devices_per_worker}",
+            f"--devices_per_worker={opts.devices_per_worker}", f"--steps={opts.steps}",
             f"--optimizer={opts.optimizer}", f"--cluster={opts.cluster}",
             f"--verify={str(opts.verify).lower()}", f"--json_out={report_path}",
             "--workers=0"]
