@@ -260,11 +260,14 @@ def compare_nested(trace: Any, graph: ir.Graph, plan: Any, inputs: Sequence[Any]
                                     tuple(None if c is None else Split(a).shard(c, rows, i)
                                           for a, c in zip(out_axis, coeffs))), single)
                for i in range(rows)]
-    r_outs = [np.concatenate([np.asarray(r[0][k]) for r in per_row], axis=out_axis[k])
+    def dense(x: Any) -> np.ndarray:   # (an embedding's gradient is IndexedSlices)
+        return np.asarray(tf.convert_to_tensor(x))
+
+    r_outs = [np.concatenate([dense(r[0][k]) for r in per_row], axis=out_axis[k])
               for k in range(len(graph.outputs))]
-    r_wg = [np.sum([np.asarray(r[1][0][q]) for r in per_row], axis=0)
+    r_wg = [np.sum([dense(r[1][0][q]) for r in per_row], axis=0)
             for q in range(len(trainable))]
-    r_xg = [np.concatenate([np.asarray(r[1][1][q]) for r in per_row], axis=in_axis[k])
+    r_xg = [np.concatenate([dense(r[1][1][q]) for r in per_row], axis=in_axis[k])
             for q, k in enumerate(floats)]
 
     def whole(locals_: Sequence[Any], plc: Placement, row_axis: int | None) -> np.ndarray:
