@@ -37,17 +37,29 @@ class SGD:
         return keras.optimizers.SGD(self.learning_rate, momentum=self.momentum,
                                     nesterov=self.nesterov)
 
+    def scalars(self, step: tf.Tensor, learning_rate: Any, dtype: tf.DType
+                ) -> dict[str, tf.Tensor]:
+        """The step's scalars in ``dtype``, shared by every weight of that dtype (made once
+        per step, not once per weight: the traced step has fewer ops to build and
+        optimise)."""
+        lr = tf.cast(self.learning_rate if learning_rate is None else learning_rate, dtype)
+        return {"lr": lr, "momentum": tf.cast(self.momentum, dtype)}
+
     def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
                step: tf.Tensor, grad_square: tf.Tensor | None = None,
-               learning_rate: Any = None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+               learning_rate: Any = None, scalars: Mapping[str, tf.Tensor] | None = None
+               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """(new variable value, new slot values) for one weight; ``step`` counts from 1;
         ``learning_rate`` (a scalar tensor or variable) replaces ``self.learning_rate``
-        (the runtime passes its learning-rate variable, which callbacks may change)."""
-        lr = tf.cast(self.learning_rate if learning_rate is None else learning_rate, var.dtype)
+        (the runtime passes its learning-rate variable, which callbacks may change);
+        ``scalars``: :meth:`scalars` of this step in the weight's dtype, when made
+        already."""
+        c = scalars if scalars is not None else self.scalars(step, learning_rate, var.dtype)
+        lr = c["lr"]
         grad = tf.cast(grad, var.dtype)
         if not self.momentum:
             return var - grad * lr, {}
-        momentum = tf.cast(self.momentum, var.dtype)
+        momentum = c["momentum"]
         m = slots["momentum"] * momentum - grad * lr
         if self.nesterov:
             return var + (m * momentum - grad * lr), {"momentum": m}
@@ -72,25 +84,36 @@ class Adam:
         return keras.optimizers.Adam(self.learning_rate, beta_1=self.beta_1,
                                      beta_2=self.beta_2, epsilon=self.epsilon)
 
-    def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
-               step: tf.Tensor, grad_square: tf.Tensor | None = None,
-               learning_rate: Any = None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """``grad_square``: what Keras squares for the second moment. For a sparse
-        (``IndexedSlices``) gradient Keras squares each slice *before* summing duplicate
-        rows (``keras.ops.square`` maps over the slices), which is not ``square(grad)``.
-        ``learning_rate`` as for :meth:`SGD.update`."""
-        dtype = var.dtype
+    def scalars(self, step: tf.Tensor, learning_rate: Any, dtype: tf.DType
+                ) -> dict[str, tf.Tensor]:
+        """The step's scalars in ``dtype`` (as :meth:`SGD.scalars`): the bias-corrected step
+        size and the constants of the moment updates."""
         lr = tf.cast(self.learning_rate if learning_rate is None else learning_rate, dtype)
-        grad = tf.cast(grad, dtype)
         local_step = tf.cast(step, dtype)
         beta_1_power = tf.pow(tf.cast(self.beta_1, dtype), local_step)
         beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), local_step)
+        return {"alpha": lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power),
+                "one_minus_beta_1": tf.constant(1 - self.beta_1, dtype),
+                "one_minus_beta_2": tf.constant(1 - self.beta_2, dtype),
+                "epsilon": tf.constant(self.epsilon, dtype)}
+
+    def update(self, var: tf.Tensor, grad: tf.Tensor, slots: Mapping[str, tf.Tensor],
+               step: tf.Tensor, grad_square: tf.Tensor | None = None,
+               learning_rate: Any = None, scalars: Mapping[str, tf.Tensor] | None = None
+               ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """``grad_square``: what Keras squares for the second moment. For a sparse
+        (``IndexedSlices``) gradient Keras squares each slice *before* summing duplicate
+        rows (``keras.ops.square`` maps over the slices), which is not ``square(grad)``.
+        ``learning_rate`` and ``scalars`` as for :meth:`SGD.update`."""
+        dtype = var.dtype
+        c = scalars if scalars is not None else self.scalars(step, learning_rate, dtype)
+        grad = tf.cast(grad, dtype)
         m, v = slots["momentum"], slots["velocity"]
-        alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
-        m = m + (grad - m) * (1 - self.beta_1)
+        m = m + (grad - m) * c["one_minus_beta_1"]
         squared = tf.square(grad) if grad_square is None else tf.cast(grad_square, dtype)
-        v = v + (squared - v) * (1 - self.beta_2)
-        return var - (m * alpha) / (tf.sqrt(v) + self.epsilon), {"momentum": m, "velocity": v}
+        v = v + (squared - v) * c["one_minus_beta_2"]
+        return var - (m * c["alpha"]) / (tf.sqrt(v) + c["epsilon"]), \
+            {"momentum": m, "velocity": v}
 
 
 Optimizer = SGD | Adam

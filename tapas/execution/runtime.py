@@ -784,6 +784,7 @@ class Runtime:
         share, partial, grads, writes, _ = self._grads(r, xs, y, weights, states)
         step = self.iterations + 1
         new: dict[str, dict[str, tf.Tensor]] = {}
+        scalars: dict[tf.DType, dict[str, tf.Tensor]] = {}   # per dtype, once per step
         for p, g in zip(self.trainable_paths, grads):
             if g is None:
                 continue  # the loss does not depend on this weight (as Keras: no update)
@@ -794,9 +795,12 @@ class Runtime:
                 grad_square = tf.convert_to_tensor(tf.IndexedSlices(
                     tf.square(g.values), g.indices, g.dense_shape))
                 g = tf.convert_to_tensor(g)
+            dtype = weights[p].dtype
+            if dtype not in scalars:
+                scalars[dtype] = self.optimizer.scalars(step, self.learning_rate, dtype)
             value, new_slots = self.optimizer.update(
                 weights[p], g, dict(slots[p]), step, grad_square,
-                learning_rate=self.learning_rate)
+                learning_rate=self.learning_rate, scalars=scalars[dtype])
             new[p] = {"value": value, "grad": g, **new_slots}
         loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
         return loss, new, writes
