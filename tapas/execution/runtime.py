@@ -136,9 +136,13 @@ class _SummedSlices(NamedTuple):
 
 
 def _read(args: Any) -> Any:
-    """``args`` with every variable read (a replica program body takes tensors only)."""
+    """``args`` with every variable read (a replica program body takes tensors only). A
+    plain resource read: ``Variable.read_value`` adds an identity and several Python layers
+    per read, and the step reads every weight and slot on every replica (t5-small on 4
+    devices: 1,572 reads while the first step is traced)."""
     return tf.nest.map_structure(
-        lambda a: a.read_value() if isinstance(a, tf.Variable) else a, args)
+        lambda a: tf.raw_ops.ReadVariableOp(resource=a.handle, dtype=a.dtype)
+        if isinstance(a, tf.Variable) else a, args)
 
 
 def _spec(a: Any) -> Any:
@@ -809,10 +813,12 @@ class Runtime:
                         states: dict, deps: list[tf.Tensor]) -> tf.Tensor:
         with tf.control_dependencies(deps):
             ops = stateful.assign_writes(writes, weights, states)
-            for p, upd in new.items():
-                ops.append(weights[p].assign(upd["value"]))
+            for p, upd in new.items():   # plain resource writes (see _read)
+                ops.append(tf.raw_ops.AssignVariableOp(resource=weights[p].handle,
+                                                       value=upd["value"]))
                 for k in self.optimizer.slot_names:
-                    ops.append(slots[p][k].assign(upd[k]))
+                    ops.append(tf.raw_ops.AssignVariableOp(resource=slots[p][k].handle,
+                                                           value=upd[k]))
         with tf.control_dependencies(ops):
             return tf.constant(True)
 
