@@ -337,7 +337,7 @@ def cmd_search() -> dict[str, Any]:
     capture_s = trace.seconds + ir_s
     loss = loaded.loss if FLAGS.price_loss else None
     if FLAGS.meshes or FLAGS.mesh:
-        return _search_meshes(graph, trace, cluster, loss)
+        return _search_meshes(graph, trace, cluster, loss, loaded)
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes in {capture_s:.3f} s; "
           f"searching ({FLAGS.mode}) on {cluster.name} ({cluster.num_devices} devices)"
           + (f"; pricing the loss ({_loss_text(loss)})" if loss is not None else ""))
@@ -385,10 +385,12 @@ def _loss_text(loss: Any) -> str:
     return spec.name + ("(from_logits=True)" if spec.from_logits else "")
 
 
-def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any,
-                   loss: Any = None) -> dict[str, Any]:
+def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any, loss: Any = None,
+                   loaded: Any = None) -> dict[str, Any]:
     """`tapas search --meshes`: every rows x cols mesh (tapas.planning.mesh), each row's
-    model captured again at its share of the batch."""
+    graph captured again at its share of the batch (from the same model object: building
+    the model again for every row count held a copy of its weights each, 5 GB for
+    moe-1.3b)."""
     import tensorflow as tf
 
     from tapas import capturing
@@ -407,9 +409,15 @@ def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any,
     def graph_for(rows: int) -> ir.Graph:
         if rows == 1:
             return graph
-        loaded = load_model(FLAGS.model, batch // rows)
-        return capturing.capture(loaded.model, loaded.specs, training=bool(FLAGS.training),
-                                 name=f"{loaded.name}/batch{batch // rows}")
+        if loaded is None:
+            again = load_model(FLAGS.model, batch // rows)
+            model, specs, name = again.model, again.specs, again.name
+        else:
+            from tapas.execution.inputs import InputSignature
+            model, name = loaded.model, loaded.name
+            specs = InputSignature.of(model, loaded.specs).per_row(rows).spec_structure()
+        return capturing.capture(model, specs, training=bool(FLAGS.training),
+                                 name=f"{name}/batch{batch // rows}")
 
     def say(r: Any) -> None:
         print(f"  {r.mesh}: " + (f"{r.total * 1e3:.3f} ms per step" if r.ok else r.note)
