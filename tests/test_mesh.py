@@ -207,6 +207,12 @@ def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
         assert report["workers"] == 2 and report["devices"] == 4
         assert report["audit"]["matches"] and report["audit"]["measured"], report["audit"]
         assert report["mesh"]["matches"] and report["mesh"]["ep_all_to_alls"] == a2a
+    alone = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
+         "--devices_per_worker=2"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert alone.returncode == 1 and "--devices_per_worker=2: it sets the devices of each " \
+        "process of --workers=K" in alone.stderr, alone.stderr[-2000:]
     bad = subprocess.run(
         [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
          "--mesh=3x2"], capture_output=True, text=True, timeout=300, cwd=ROOT,

@@ -94,6 +94,11 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         raise TrainError(f"--epochs={opts.epochs}: need at least 1 epoch")
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
         raise TrainError("--checkpoint_every and --resume need --checkpoint_dir=DIR")
+    if opts.devices_per_worker < 1 or (opts.devices_per_worker > 1 and not opts.workers
+                                       and not os.environ.get("TF_CONFIG")):
+        raise TrainError(f"--devices_per_worker={opts.devices_per_worker}: it sets the "
+                         "devices of each process of --workers=K (at least 1); for one "
+                         "process use --devices=N")
     if opts.workers and not os.environ.get("TF_CONFIG"):
         return _launch_workers(opts)
     from tapas.execution import devices
