@@ -115,11 +115,10 @@ def check_nested_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.n
         seen.add(node.signature)
         sub = verify.node_graph(graph, node.id)
         sub_region = experts.ExpertRegion.of(sub, rows)
-        boundary = {t.name for t in sub_region.entries + sub_region.exits}
         args = []
         for t in node.inputs:
             x = np.asarray(values[t.name])
-            axis = 1 if t.name in boundary else 0
+            axis = 1 if t.name in sub_region.boundary else 0
             others = [rng.standard_normal(x.shape).astype(x.dtype) if x.dtype.kind == "f"
                       else x for _ in range(rows - 1)]
             args.append(np.concatenate([x] + others, axis=axis))

@@ -294,9 +294,8 @@ class Program:
     def source_info(self, name: str) -> ir.TensorInfo:
         """Tensor ``name`` with its single-device shape (``_info`` has the row view's shape
         inside an expert region)."""
-        for t in (self.region.entries + self.region.exits) if self.region else ():
-            if t.name == name:
-                return t
+        if self.region is not None and name in self.region.boundary:
+            return self.region.boundary[name]
         return self._info[name]
 
     def values(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
@@ -363,8 +362,8 @@ class _Run:
     def _edge(self, name: str, want: Placement, into_region: bool = False) -> list:
         region = self.p.region
         if region is not None:
-            inside = any(t.name == name for t in region.entries) and into_region
-            outside = any(t.name == name for t in region.exits) and not into_region
+            inside = into_region and name in region.entry_names
+            outside = not into_region and name in region.exit_names
             if inside or outside:
                 return self._exchanged(name, want, inside)
         have = self.place[name]

@@ -92,15 +92,7 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
     from tapas.execution.reconstruct import Program
     prog = Program(trace, graph, plan)
     rng = np.random.default_rng(seed)
-    values = {prog._weight_of_ph[ph]: np.asarray(tf.convert_to_tensor(v))
-              for ph, v in trace.variables.items()
-              if prog._weight_of_ph[ph] in prog.weight_layouts}
-    paths = tuple(sorted(values))
-    arrays = tuple(np.asarray(x) for x in inputs)
-    case = _Case(prog, values, paths,
-                 tuple(p for p in paths if prog.weight_layouts[p].trainable), arrays,
-                 tuple(k for k, x in enumerate(arrays) if x.dtype.kind == "f"
-                       and not stopped(trace, graph.inputs[k].name)),
+    case = _Case(prog, *_weights_and_inputs(trace, prog, graph, inputs),
                  tuple(rng.standard_normal(t.shape).astype(t.dtype)
                        if t.dtype.startswith("float") else None for t in graph.outputs))
     audit = Audit()
@@ -118,6 +110,21 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
     diffs += [_difference(f"write of '{p}'", s_writes[p], r_writes[p][0],
                           prog.stored_placement(p)) for p in sorted(r_writes)]
     return Comparison(tuple(diffs), audit.records)
+
+
+def _weights_and_inputs(trace: Any, prog: Any, graph: ir.Graph, inputs: Sequence[Any]
+                        ) -> tuple:
+    """What both comparisons start from: the model's weight values by path (those the
+    program lays out), the paths in order, the trainable ones (gradients compared), the
+    input arrays and the inputs whose gradients are compared (float, not stopped)."""
+    values = {prog._weight_of_ph[ph]: np.asarray(tf.convert_to_tensor(v))
+              for ph, v in trace.variables.items()
+              if prog._weight_of_ph[ph] in prog.weight_layouts}
+    paths = tuple(sorted(values))
+    arrays = tuple(np.asarray(x) for x in inputs)
+    return (values, paths, tuple(p for p in paths if prog.weight_layouts[p].trainable),
+            arrays, tuple(k for k, x in enumerate(arrays) if x.dtype.kind == "f"
+                          and not stopped(trace, graph.inputs[k].name)))
 
 
 def _sharded_run(case: _Case, audit: Audit) -> Any:
@@ -193,18 +200,11 @@ def compare_nested(trace: Any, graph: ir.Graph, plan: Any, inputs: Sequence[Any]
     from tapas.execution.reconstruct import Program
     prog = Program(trace, graph, plan, expert_rows=rows)
     n, region = prog.num_devices, prog.region
-    boundary = {t.name for t in region.entries + region.exits}
-    in_axis = [1 if t.name in boundary else 0 for t in graph.inputs]
-    out_axis = [1 if t.name in boundary else 0 for t in graph.outputs]
+    in_axis = [1 if t.name in region.boundary else 0 for t in graph.inputs]
+    out_axis = [1 if t.name in region.boundary else 0 for t in graph.outputs]
     rng = np.random.default_rng(seed)
-    values = {prog._weight_of_ph[ph]: np.asarray(tf.convert_to_tensor(v))
-              for ph, v in trace.variables.items()
-              if prog._weight_of_ph[ph] in prog.weight_layouts}
-    paths = tuple(sorted(values))
-    trainable = tuple(p for p in paths if prog.weight_layouts[p].trainable)
-    arrays = tuple(np.asarray(x) for x in inputs)
-    floats = tuple(k for k, x in enumerate(arrays) if x.dtype.kind == "f"
-                   and not stopped(trace, graph.inputs[k].name))
+    values, paths, trainable, arrays, floats = _weights_and_inputs(trace, prog, graph, inputs)
+
     def over_mesh(shape: Sequence[int], axis: int) -> list[int]:
         return [d * rows if a == axis else d for a, d in enumerate(shape)]
 

@@ -34,6 +34,7 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -149,6 +150,19 @@ class ExpertRegion:
         weights = tuple(dict.fromkeys(w.path for n in nodes for w in n.weights))
         return ExpertRegion(frozenset(region), e, tuple(entries.values()),
                             tuple(exits.values()), weights, frozenset(activations))
+
+    @functools.cached_property
+    def boundary(self) -> dict[str, TensorInfo]:
+        """The entries and exits by name (single-device shapes)."""
+        return {t.name: t for t in self.entries + self.exits}
+
+    @functools.cached_property
+    def entry_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.entries)
+
+    @functools.cached_property
+    def exit_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.exits)
 
     def view_shape(self, name: str, shape: Sequence[int] | None, rows: int,
                    weight: bool = False) -> tuple[int, ...] | None:
