@@ -219,3 +219,32 @@ def test_keras_hub_moe_nested_matches_one_device(name: str) -> None:
     values = verify.intermediate_values(trace, graph, checker.synthetic_inputs(graph), names)
     checked, failures = checker.check_nested_patterns(trace, graph, values, 2, 2)
     assert checked >= 3 and not failures, failures[:3]
+
+
+def test_plans_that_cannot_nest_are_refused_with_the_reason(moe: Any) -> None:
+    """A row plan that splits the experts inside the region (the `expert` pattern) is refused
+    when the program is built for a :experts mesh, naming the GraphNode and why; a model
+    without expert einsums on a :experts mesh is refused by `tapas train` with the fix."""
+    import keras
+
+    from tapas import capturing, models
+    from tapas.execution.plan import Plan, ReconstructError
+    from tapas.execution.reconstruct import Program
+    entry = models.get("moe-tiny")
+    keras.utils.set_random_seed(0)
+    model = entry.build(seed=0)
+    trace = capturing.trace(model, list(entry.input_spec(2)))
+    graph = capturing.to_ir(trace)
+    node = next(n for n in graph.nodes if n.kind is Kind.EXPERT_EINSUM)
+    expert = next(p for p in patterns_for(node, graph, 2) if p.name == "expert")
+    plan = Plan(2, {node.id: expert})
+    Program(trace, graph, plan)                       # a 1-D program takes it
+    with pytest.raises(ReconstructError, match=f"GraphNode {node.id} .*'expert'.* cannot run "
+                       "with its experts split over the mesh rows: it splits"):
+        Program(trace, graph, plan, expert_rows=2)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
+         "--mesh=2x2:experts", "--steps=1"], capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "has no expert einsum" in proc.stderr and "use a plain ROWSxCOLS mesh" in proc.stderr
