@@ -8,20 +8,25 @@ In:  a benchmark's results (a JSON-able dict) and the path given by its ``--json
 Out: :func:`machine` (python, platform, CPU count), :func:`write_json` (the file, its
      directory created, a line saying where it went), :func:`timed_search` (a row) and
      :func:`plan_program` (a plan built and warmed) and :func:`timed_plan` (median and
-     spread of the plan's training step, optionally paired with an anchor plan's).
+     spread of the plan's training step, optionally paired with an anchor plan's, and
+     optionally of the same plan built :func:`without_communication`: how much of the
+     step its collectives take).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["machine", "write_json", "timed_search", "plan_program", "timed_plan"]
+__all__ = ["machine", "write_json", "timed_search", "plan_program", "timed_plan",
+           "without_communication"]
 
 
 def machine() -> dict[str, Any]:
@@ -94,6 +99,38 @@ def plan_program(model: Any, entry: Any, graph: Any, patterns: Any, strategy: An
     return pm, xs, y
 
 
+@contextlib.contextmanager
+def without_communication() -> Iterator[None]:
+    """A timing instrument, not a program: while active, a program traced for the first
+    time (``plan_program`` traces it) runs every collective as a local op of the same
+    output shape (an all-reduce as ``x + 0``, an all-gather as ``x`` concatenated N times),
+    so its step costs the plan's compute, data movement and dispatch without any
+    communication. The step's *numbers are wrong*: time it, never read it. Plan step minus
+    this step is what the plan's collectives cost inside the step (the model prices that
+    as the plan's communication, Table 2's decomposition). Logical devices or GPUs of one
+    process: under several worker processes the workers' steps would no longer meet."""
+    import tensorflow as tf
+
+    from tapas.execution import collectives as c
+
+    def local_sum(self: Any, xs: list) -> list:
+        return [x + tf.zeros([], x.dtype) if x.dtype != tf.bool else tf.identity(x)
+                for x in xs]
+
+    def local_gather(self: Any, xs: list, axis: int) -> list:
+        return [tf.concat([x] * self.num_devices, axis=axis) for x in xs]
+
+    saved = {cls: (cls._sum, cls._gather) for cls in (c.KeyedCollectives,
+                                                      c.ReplicaContextCollectives)}
+    for cls in saved:
+        cls._sum, cls._gather = local_sum, local_gather
+    try:
+        yield
+    finally:
+        for cls, (s_, g_) in saved.items():
+            cls._sum, cls._gather = s_, g_
+
+
 def _step_seconds(program: tuple[Any, Any, Any]) -> float:
     pm, xs, y = program
     start = time.perf_counter()
@@ -103,7 +140,8 @@ def _step_seconds(program: tuple[Any, Any, Any]) -> float:
 
 def timed_plan(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
                batch_size: int, steps: int, repeats: int,
-               anchor: tuple[Any, Any, Any] | None = None) -> dict[str, Any]:
+               anchor: tuple[Any, Any, Any] | None = None,
+               decompose: bool = False) -> dict[str, Any]:
     """Median, interquartile range and every step time of ``train_step`` of the plan
     (:func:`plan_program`): one untimed step, then ``repeats`` rounds of ``steps`` timed
     steps.
@@ -112,19 +150,35 @@ def timed_plan(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
     of the plan is paired with one of the anchor right before it, and the result also has
     ``ratio`` (the median of plan / anchor over the pairs), its interquartile range
     ``ratio_iqr`` and the anchor's step times: a ratio is unmoved by the machine's load
-    drifting between plans measured minutes apart, which the plain medians are not."""
+    drifting between plans measured minutes apart, which the plain medians are not.
+
+    ``decompose``: the plan is also built :func:`without_communication` and each of its
+    timed steps is followed by one of that copy: the result also has ``local_median_s``,
+    ``local_times_s`` and (with ``anchor``) ``local_ratio``, the median of local copy /
+    anchor over the same pairs."""
     program = plan_program(model, entry, graph, patterns, strategy, batch_size)
-    times, anchored = [], []
+    local = None
+    if decompose:
+        with without_communication():
+            local = plan_program(model, entry, graph, patterns, strategy, batch_size)
+    times, anchored, local_times = [], [], []
     for _ in range(repeats):
         for _ in range(steps):
             if anchor is not None:
                 anchored.append(_step_seconds(anchor))
             times.append(_step_seconds(program))
+            if local is not None:
+                local_times.append(_step_seconds(local))
     out = {"median_s": statistics.median(times), "iqr_s": _iqr(times), "times_s": times}
     if anchor is not None:
         ratios = [t / a for t, a in zip(times, anchored)]
         out.update(ratio=statistics.median(ratios), ratio_iqr=_iqr(ratios),
                    anchor_times_s=anchored)
+    if local is not None:
+        out.update(local_median_s=statistics.median(local_times), local_times_s=local_times)
+        if anchor is not None:
+            out["local_ratio"] = statistics.median(t / a for t, a in zip(local_times,
+                                                                           anchored))
     return out
 
 

@@ -39,6 +39,14 @@ constants; a least-squares scale through the origin maps them onto measured seco
 plot says the scale) with the y = x line. A plan that fails to build or run is reported
 with its error and left out of the ranking.
 
+``--decompose``: each plan is also built with its collectives replaced by local ops of the
+same shape (``benchmarks/report.without_communication``, a timing instrument whose numbers
+are wrong) and that copy's step is timed in the same pairs: the plan's step minus the copy's
+is what its collectives cost inside the step, the copy's step is its compute, data movement
+and dispatch. Printed and written (``decomposition`` in the JSON, ``table2_decomposition.png``)
+against the cost model's communication and compute of each plan: where the model
+mispredicts, this says which half. One process only (not with ``--workers``).
+
 ``--workers=K``: the same run on a second cluster, K processes on 127.0.0.1 under
 ``MultiWorkerMirroredStrategy`` with one device each (``tapas.execution.launch`` starts
 them with this command and always stops them). Every worker builds, searches and steps the
@@ -96,6 +104,9 @@ flags.DEFINE_string("recost", None, "Re-cost the runs of an earlier table2.json 
                     "measured medians and spreads) under every row of this script, without "
                     "measuring again (e.g. after a cost-model change); writes "
                     "table2_recost.json.")
+flags.DEFINE_boolean("decompose", False, "Also time each plan with its collectives replaced "
+                     "by local ops (benchmarks/report.without_communication): measured "
+                     "communication and compute beside the model's. Not with --workers.")
 flags.DEFINE_string("out", "out/table2", "Directory for table2.json and the PNGs.")
 FLAGS = flags.FLAGS
 
@@ -135,39 +146,124 @@ def candidates(graph, cluster, top_k: int, loss=None) -> list[dict]:
     return [{"names": names, "patterns": pats} for pats, names in out.items()]
 
 
-def recost(graph, cluster, plans: list[dict], loss) -> dict[str, list[float]]:
-    """Each ablation row's predicted step time (seconds) of every plan; ``loss`` (the
-    model's Keras loss) is priced in the rows that say ``loss=True``."""
+def plan_costs(graph, cluster, plans: list[dict], loss, row: str) -> list:
+    """The ``PlanCost`` (communication, compute, memory) of every plan under one ablation
+    row; ``loss`` (the model's Keras loss) is priced when the row says ``loss=True``."""
     from tapas.planning import explore as ex
     from tapas.planning.cost import CostOptions
     from tapas.planning.table import EdgeCoster, pattern_table
     n = cluster.num_devices
-    out = {}
-    for row, changes in ROWS.items():
-        changes = dict(changes)
-        changes["loss"] = loss if changes.get("loss") else None
-        opts = CostOptions.for_cluster(cluster, **changes)
-        table = pattern_table(graph, n, cluster, opts)
-        edges = EdgeCoster(n, cluster, opts)
-        costs = []
-        for plan in plans:
-            idx = []
-            for v, name in enumerate(plan["patterns"]):
-                names = [i.name for i in table.infos[v]]
-                if name not in names:
-                    raise ValueError(f"row {row}: GraphNode {v} has no pattern {name!r} (has "
-                                     f"{names}); the plan cannot be re-costed")
-                idx.append(names.index(name))
-            costs.append(ex.plan_cost(graph, table, idx, edges)[0].total)
-        out[row] = costs
+    changes = dict(ROWS[row])
+    changes["loss"] = loss if changes.get("loss") else None
+    opts = CostOptions.for_cluster(cluster, **changes)
+    table = pattern_table(graph, n, cluster, opts)
+    edges = EdgeCoster(n, cluster, opts)
+    costs = []
+    for plan in plans:
+        idx = []
+        for v, name in enumerate(plan["patterns"]):
+            names = [i.name for i in table.infos[v]]
+            if name not in names:
+                raise ValueError(f"row {row}: GraphNode {v} has no pattern {name!r} (has "
+                                 f"{names}); the plan cannot be re-costed")
+            idx.append(names.index(name))
+        costs.append(ex.plan_cost(graph, table, idx, edges)[0])
+    return costs
+
+
+def recost(graph, cluster, plans: list[dict], loss) -> dict[str, list[float]]:
+    """Each ablation row's predicted step time (seconds) of every plan (``plan_costs``)."""
+    return {row: [c.total for c in plan_costs(graph, cluster, plans, loss, row)]
+            for row in ROWS}
+
+
+# the row whose communication and compute --decompose sets beside the measured ones: every
+# term the model has
+PARTS_ROW = "+CF+GO+EC+WR+L"
+
+
+def predicted_parts(graph, cluster, plans: list[dict], loss) -> list[dict[str, float]]:
+    """Each plan's predicted communication and compute (seconds), row ``PARTS_ROW``."""
+    return [{"communication_s": c.communication, "compute_s": c.compute}
+            for c in plan_costs(graph, cluster, plans, loss, PARTS_ROW)]
+
+
+def decomposition(runs: list[dict]) -> dict | None:
+    """Measured against predicted communication and compute over the runs timed with
+    ``--decompose`` (None when none was). Communication: the median over plans with
+    collectives of measured / predicted. Compute: per model, the least-squares slope of the
+    measured compute (the local copy's step) against the predicted compute over its plans
+    (the intercept is what every plan pays: dispatch, per-op work), its median over models;
+    a slope of k means the compute a plan saves by sharding costs k times what the model
+    prices it at."""
+    done = [r for r in runs if "measured_compute_s" in r and "predicted_parts" in r]
+    if not done:
+        return None
+    ratios = [r["measured_communication_s"] / r["predicted_parts"]["communication_s"]
+              for r in done if r["predicted_parts"]["communication_s"] > 0]
+    slopes = {}
+    for model in dict.fromkeys(r["model"] for r in done):
+        pts = [(r["predicted_parts"]["compute_s"], r["measured_compute_s"]) for r in done
+               if r["model"] == model]
+        xs = [p for p, _ in pts]
+        mx = sum(xs) / len(xs)
+        var = sum((x - mx) ** 2 for x in xs)
+        if len(pts) < 2 or var <= (1e-3 * mx) ** 2:   # the plans' compute is all the same
+            continue
+        my = sum(m for _, m in pts) / len(pts)
+        slopes[model] = sum((x - mx) * (m - my) for x, m in pts) / var
+    out = {"row": PARTS_ROW, "plans": len(done),
+           "communication_ratio_median": statistics.median(ratios) if ratios else None,
+           "communication_ratios": ratios, "compute_slopes": slopes,
+           "compute_slope_median": statistics.median(slopes.values()) if slopes else None}
+    comm = out["communication_ratio_median"]
+    slope = out["compute_slope_median"]
+    print(f"\ndecomposition ({len(done)} plans, cost model {PARTS_ROW}): measured / predicted "
+          f"communication, median over plans with collectives: "
+          f"{'-' if comm is None else f'{comm:.2f}'}; measured compute against predicted, "
+          f"slope over each model's plans, median over models: "
+          f"{'-' if slope is None else f'{slope:.2f}'}")
+    for model, k in slopes.items():
+        print(f"  {model:<22} compute slope {k:6.2f}")
     return out
+
+
+def plot_decomposition(runs: list[dict], path: str) -> None:
+    """Two panels: predicted against measured communication, and compute, every plan."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    done = [r for r in runs if "measured_compute_s" in r and "predicted_parts" in r]
+    if not done:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 5))
+    colors = plt.get_cmap("tab20").colors
+    for ax, part, measured_key in ((axes[0], "communication_s", "measured_communication_s"),
+                                   (axes[1], "compute_s", "measured_compute_s")):
+        values = []
+        for i, model in enumerate(sorted({r["model"] for r in done})):
+            pts = [(r["predicted_parts"][part] * 1e3, r[measured_key] * 1e3) for r in done
+                   if r["model"] == model]
+            values += [v for p in pts for v in p]
+            ax.scatter(*zip(*pts), label=model, s=18, color=colors[i % len(colors)],
+                       marker="os^D"[i // len(colors) % 4])
+        lo, hi = min(values + [0.0]), max(values + [1e-3])
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+        ax.set_xlabel(f"predicted {part[:-2]} (ms, {PARTS_ROW})")
+        ax.set_ylabel(f"measured {part[:-2]} (ms)")
+        ax.set_title(f"{part[:-2]} per step: model against measured")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def measure(model, entry, graph, plan: dict, strategy, anchor) -> dict:
     """Median, interquartile range and all step times of one plan's ``train_step`` (and
     its ratio to ``anchor``'s steps, when given: ``benchmarks/report.timed_plan``)."""
     return report.timed_plan(model, entry, graph, plan["patterns"], strategy,
-                             FLAGS.batch_size, FLAGS.steps, FLAGS.repeats, anchor=anchor)
+                             FLAGS.batch_size, FLAGS.steps, FLAGS.repeats, anchor=anchor,
+                             decompose=FLAGS.decompose)
 
 
 class CorpusModel:
@@ -344,8 +440,11 @@ def recost_file(path: str) -> None:
                                  "measure again")
             plans = [by_label[r["plan"]] for r in mine]
         predicted = recost(graph, cluster, plans, entry.keras_loss())
+        parts = (predicted_parts(graph, cluster, plans, entry.keras_loss())
+                 if any("measured_compute_s" in r for r in mine) else None)
         for i, r in enumerate(mine):
-            runs.append({**r, "predicted_s": {row: predicted[row][i] for row in ROWS}})
+            runs.append({**r, "predicted_s": {row: predicted[row][i] for row in ROWS},
+                         **({"predicted_parts": parts[i]} if parts else {})})
         score(ranks, regrets, taus, name, mine, predicted,
               float(old.get("tie_tol", FLAGS.tie_tol)))
         print(f"{name}: rank of the measured-best plan "
@@ -355,8 +454,11 @@ def recost_file(path: str) -> None:
     timed = [r for r in runs if "error" not in r]
     scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
               for row in ROWS}
+    parts_summary = decomposition(timed)
+    if parts_summary is not None:
+        plot_decomposition(timed, os.path.join(FLAGS.out, "table2_decomposition.png"))
     out = {**old, "recosted_from": path, "cluster": cluster_file, "rows": ROWS, "table": table,
-           "scatter_scale": scales, "runs": runs,
+           "scatter_scale": scales, "decomposition": parts_summary, "runs": runs,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv)}
     dest = os.path.join(FLAGS.out, "table2_recost.json")
@@ -373,6 +475,10 @@ def main(argv: list[str]) -> None:
         return
     from tapas.execution import devices
     if FLAGS.workers:
+        if FLAGS.decompose:
+            raise app.UsageError("--decompose times each plan without its collectives, "
+                                 "which worker processes cannot run (their steps would no "
+                                 "longer meet): run it on --devices, without --workers")
         launch_workers()
         return
     workers = devices.process_count()
@@ -399,6 +505,7 @@ def main(argv: list[str]) -> None:
         loss = entry.keras_loss()
         plans = candidates(graph, cluster, FLAGS.top_k, loss)
         predicted = recost(graph, cluster, plans, loss)
+        parts = predicted_parts(graph, cluster, plans, loss) if FLAGS.decompose else None
         anchor = (report.plan_program(model, entry, graph, ["replicate"] * len(graph.nodes),
                                       strategy, FLAGS.batch_size) if FLAGS.paired else None)
         mine = []
@@ -407,6 +514,8 @@ def main(argv: list[str]) -> None:
                    "patterns": list(plan["patterns"]),
                    "sharded_nodes": sum(p != "replicate" for p in plan["patterns"]),
                    "predicted_s": {row: predicted[row][i] for row in ROWS}}
+            if parts is not None:
+                run["predicted_parts"] = parts[i]
             try:
                 run.update(measure(model, entry, graph, plan, strategy, anchor))
             except Exception as e:  # noqa: BLE001  (reported with the plan, the run goes on)
@@ -425,12 +534,22 @@ def main(argv: list[str]) -> None:
                 se = 0.93 * r["ratio_iqr"] / math.sqrt(len(r["times_s"]))
                 r.update(paired_s=r["ratio"] * base, paired_iqr_s=r["ratio_iqr"] * base,
                          paired_se_s=se * base)
+        for r in mine:
+            if "local_median_s" in r:   # --decompose: the step without its collectives
+                local = r["local_ratio"] * base if "local_ratio" in r else r["local_median_s"]
+                r.update(measured_compute_s=local,
+                         measured_communication_s=measured(r)[0] - local)
         for i, r in enumerate(mine):
             t, spread = measured(r)
             print(f"[{name} {i + 1}/{len(mine)}] {r['plan']}: measured {t * 1e3:.1f} ms "
                   f"(+-{spread * 1e3:.1f}; alone {r['median_s'] * 1e3:.1f}), predicted "
                   f"{r['predicted_s']['+CF+GO+EC'] * 1e3:.2f} ms (+CF+GO+EC), "
-                  f"{r['predicted_s']['+CF+GO+EC+WR+L'] * 1e3:.2f} ms (+WR+L)", flush=True)
+                  f"{r['predicted_s']['+CF+GO+EC+WR+L'] * 1e3:.2f} ms (+WR+L)"
+                  + (f"; communication {r['measured_communication_s'] * 1e3:.1f} ms measured, "
+                     f"{r['predicted_parts']['communication_s'] * 1e3:.1f} predicted; compute "
+                     f"{r['measured_compute_s'] * 1e3:.1f} ms measured, "
+                     f"{r['predicted_parts']['compute_s'] * 1e3:.1f} predicted"
+                     if "measured_compute_s" in r else ""), flush=True)
         if not mine:
             continue
         score(ranks, regrets, taus, name, mine,
@@ -444,6 +563,9 @@ def main(argv: list[str]) -> None:
     scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
               for row in ROWS}
     table = rank_table(ranks, regrets, taus)
+    parts_summary = decomposition(timed)
+    if parts_summary is not None:
+        plot_decomposition(timed, os.path.join(FLAGS.out, "table2_decomposition.png"))
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -452,7 +574,8 @@ def main(argv: list[str]) -> None:
            "workers": workers, "top_k": FLAGS.top_k, "steps": FLAGS.steps,
            "batch_size": FLAGS.batch_size, "paired": FLAGS.paired,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
-           "table": table, "scatter_scale": scales, "runs": runs}
+           "table": table, "scatter_scale": scales, "decomposition": parts_summary,
+           "runs": runs}
     path = os.path.join(FLAGS.out, "table2.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)

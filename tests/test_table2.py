@@ -171,9 +171,92 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
 @pytest.mark.parametrize("flags, words", [
     (["--workers=1"], "--workers=1: a cluster of processes needs at least 2"),
     (["--workers=3", "--batch_size=8"], "--batch_size=8 is not divisible by --workers=3"),
+    (["--workers=2", "--decompose"], "run it on --devices, without --workers"),
 ])
 def test_table2_worker_flags_are_checked_before_any_work(flags, words) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
                            *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and words in proc.stdout + proc.stderr
     assert "launching" not in proc.stdout
+
+
+_INSTRUMENT = """
+import sys
+sys.path.insert(0, "benchmarks")
+from tapas.execution import devices
+devices.setup_devices(2, "cpu")
+import report
+from tapas import capturing, models
+from tapas.execution import collectives
+from tapas.sharding.patterns import patterns_for
+
+def collective_ops(pm):
+    library = pm.runtime.graphs["train_step"]._functions.values()
+    ops = [n.op for f in library for n in f.cached_definition.node_def]
+    return sum("Collective" in op for op in ops)
+
+entry = models.get("t5-tiny")
+model = entry.build(seed=0)
+graph = capturing.capture(model, entry.input_spec(8), training=False)
+strategy = devices.make_strategy(2)
+plan = ["batch" if "batch" in [p.name for p in patterns_for(node, graph, 2)] else "replicate"
+        for node in graph.nodes]
+real = report.plan_program(model, entry, graph, plan, strategy, 8)
+with report.without_communication():
+    local = report.plan_program(model, entry, graph, plan, strategy, 8)
+assert collectives.KeyedCollectives._sum.__name__ == "_sum"     # restored on exit
+xs, y = entry.synthetic_batch(8)
+print("collectives", collective_ops(real[0]), collective_ops(local[0]))
+print("losses", real[0].train_step(list(xs), y), local[0].train_step(list(xs), y))
+"""
+
+
+def test_without_communication_takes_the_collectives_out_of_the_step() -> None:
+    """The timing instrument of --decompose: a data-parallel t5-tiny built inside it has
+    no collective op in its step (the same plan built outside has its gradient
+    all-reduces), still steps, and the context puts the collectives back when it ends."""
+    proc = subprocess.run([sys.executable, "-c", _INSTRUMENT], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    counts = next(ln for ln in proc.stdout.splitlines() if ln.startswith("collectives"))
+    real, local = (int(x) for x in counts.split()[1:])
+    assert real > 10 and local == 0, counts
+    losses = next(ln for ln in proc.stdout.splitlines() if ln.startswith("losses"))
+    assert all(float(x) > 0 for x in losses.split()[1:]), losses
+
+
+def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib.Path) -> None:
+    """--decompose: every plan also timed without its collectives; its measured compute
+    and communication beside the model's, the summary and the two-panel PNG; --recost
+    keeps them."""
+    out = tmp_path / "t2d"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--models=t5-tiny",
+         "--top_k=1", "--steps=2", "--repeats=1", "--decompose", f"--out={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "decomposition (" in proc.stdout and "communication" in proc.stdout
+    d = json.loads((out / "table2.json").read_text())
+    runs = {r["plan"]: r for r in d["runs"]}
+    assert not [r for r in runs.values() if "error" in r], runs
+    for r in runs.values():
+        assert len(r["local_times_s"]) == 2 and r["local_ratio"] > 0
+        assert r["measured_compute_s"] == pytest.approx(r["local_ratio"] * r["paired_s"]
+                                                        / r["ratio"])
+        assert r["measured_communication_s"] == pytest.approx(r["paired_s"]
+                                                              - r["measured_compute_s"])
+        assert r["predicted_parts"]["compute_s"] > 0
+    replicated = next(r for p, r in runs.items() if "replicate" in p.split("/"))
+    assert replicated["predicted_parts"]["communication_s"] == 0
+    assert runs["data-parallel"]["predicted_parts"]["communication_s"] > 0
+    summary = d["decomposition"]
+    assert summary["plans"] == len(runs) and summary["communication_ratio_median"] > 0
+    assert set(summary["compute_slopes"]) == {"t5-tiny"}
+    assert (out / "table2_decomposition.png").stat().st_size > 1000
+    again = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
+         f"--recost={out / 'table2.json'}", f"--out={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    r2 = json.loads((out / "table2_recost.json").read_text())
+    assert r2["decomposition"]["compute_slopes"] == pytest.approx(summary["compute_slopes"])
