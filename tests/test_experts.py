@@ -1,7 +1,8 @@
 """Nested expert + tensor parallelism (tapas.planning.experts): the expert region of a
 captured MoE model, the row view of its shapes, the patterns a nested row may use, the
 column all-to-alls and memory priced by hand, and the mesh search trying every
-``RxC:experts`` mesh. Training on a 2x2:experts mesh against Keras is in test_mesh.py."""
+``RxC:experts`` mesh; keras-hub's MoE backbones trained on a 2x2:experts mesh of logical
+devices against Keras (moe-tiny's is in test_mesh.py)."""
 
 from __future__ import annotations
 
@@ -248,3 +249,50 @@ def test_plans_that_cannot_nest_are_refused_with_the_reason(moe: Any) -> None:
         cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "has no expert einsum" in proc.stderr and "use a plain ROWSxCOLS mesh" in proc.stderr
+
+
+_HUB_NESTED = """
+import sys
+from tapas.execution import devices
+devices.setup_devices(4, "cpu")
+import tensorflow as tf
+from models import corpus
+from tapas import capturing
+from tapas.execution import parallel, train
+from tapas.planning import experts as X
+from tapas.planning.mesh import Mesh
+entry = corpus.get(sys.argv[1])
+model, specs = entry.build(batch=8)
+row = tf.nest.map_structure(lambda s: tf.TensorSpec([s.shape[0] // 2] + s.shape[1:], s.dtype,
+                                                    name=s.name), specs)
+graph = capturing.capture(model, row, training=False)
+plan = parallel.random_plan(graph, 2, 1, patterns_fn=X.nested_patterns(graph, 2))
+pm = parallel.parallelize(model, specs, plan, devices=4, mesh="2x2:experts",
+                          loss=entry.loss(), training=False)
+xs, y = entry.synthetic_batch(model, specs)
+result = pm.verify(xs, y)
+ran, priced = train.column_audit(pm, Mesh.parse("2x2:experts"))
+print("verify", result["ok"], result["gradients"]["max_abs_diff"], result["weights"]["count"])
+print("audit", pm.audit().matches, ran == priced,
+      sum(k[0] == "A2A" for k in ran), sum(k[0] == "AR" for k in ran))
+"""
+
+
+@pytest.mark.parametrize("name", ["hub-mixtral", "hub-qwen3-moe"])
+def test_keras_hub_moe_trains_on_a_2x2_experts_mesh_equal_to_keras(name: str) -> None:
+    """keras-hub's Mixtral and Qwen3-MoE backbones (dict inputs, their own router and
+    expert layers) on 4 logical devices as a 2x2:experts mesh, a random nested row plan:
+    outputs, loss, gradients and weights after the verify steps equal Keras's; the rows'
+    collectives are the row strategy's, the columns' (expert all-to-alls, gradient
+    all-reduces of the other weights) are what the cost model prices."""
+    proc = subprocess.run([sys.executable, "-c", _HUB_NESTED, name], capture_output=True,
+                          text=True, timeout=400, cwd=ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verified = next(ln for ln in proc.stdout.splitlines() if ln.startswith("verify"))
+    ok, _, weights = verified.split()[1:]
+    assert ok == "True" and int(weights) > 10, verified
+    audit = next(ln for ln in proc.stdout.splitlines() if ln.startswith("audit"))
+    rows_match, columns_match, all_to_alls, all_reduces = audit.split()[1:]
+    assert rows_match == "True" and columns_match == "True", audit
+    assert int(all_to_alls) >= 4 and int(all_reduces) > 0, audit
