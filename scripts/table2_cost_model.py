@@ -47,6 +47,11 @@ and dispatch. Printed and written (``decomposition`` in the JSON, ``table2_decom
 against the cost model's communication and compute of each plan: where the model
 mispredicts, this says which half. One process only (not with ``--workers``).
 
+``--ceiling=other/table2.json``: another run of the same models; its measured times rank
+this run's plans (matched by their patterns) and are scored like a cost model: how well a
+model that knew every plan's time from one run could do on another, i.e. the ceiling the
+measurement noise leaves (``ceiling`` in the JSON; also with ``--recost``).
+
 ``--workers=K``: the same run on a second cluster, K processes on 127.0.0.1 under
 ``MultiWorkerMirroredStrategy`` with one device each (``tapas.execution.launch`` starts
 them with this command and always stops them). Every worker builds, searches and steps the
@@ -107,6 +112,10 @@ flags.DEFINE_string("recost", None, "Re-cost the runs of an earlier table2.json 
 flags.DEFINE_boolean("decompose", False, "Also time each plan with its collectives replaced "
                      "by local ops (benchmarks/report.without_communication): measured "
                      "communication and compute beside the model's. Not with --workers.")
+flags.DEFINE_string("ceiling", None, "Another run's table2.json of the same models: its "
+                    "measured times used as the predictor of this run's (plans matched by "
+                    "their patterns), the score a perfect model could expect given how far "
+                    "measurements move between runs.")
 flags.DEFINE_string("out", "out/table2", "Directory for table2.json and the PNGs.")
 FLAGS = flags.FLAGS
 
@@ -225,6 +234,37 @@ def decomposition(runs: list[dict]) -> dict | None:
           f"{'-' if slope is None else f'{slope:.2f}'}")
     for model, k in slopes.items():
         print(f"  {model:<22} compute slope {k:6.2f}")
+    return out
+
+
+def ceiling(runs: list[dict], other_path: str, tie_tol: float) -> dict:
+    """``--ceiling``: Acc@1, Acc@5, MRR and picks within 10 % when another run's measured
+    times (``other_path``) rank this run's plans, matched by their patterns; models with
+    fewer than two matched plans are left out. Two runs of the same plans disagree by the
+    measurement noise, which no cost model can beat."""
+    from tapas.planning import ranking
+    with open(other_path) as f:
+        other = {(r["model"], tuple(r["patterns"])): r for r in json.load(f)["runs"]
+                 if "error" not in r and "patterns" in r}
+    ranks, regrets = {}, {}
+    for model in dict.fromkeys(r["model"] for r in runs):
+        mine = [r for r in runs if r["model"] == model and "error" not in r
+                and (model, tuple(r["patterns"])) in other]
+        if len(mine) < 2:
+            continue
+        medians, spreads = (list(x) for x in zip(*(measured(r) for r in mine)))
+        theirs = [measured(other[(model, tuple(r["patterns"]))])[0] for r in mine]
+        ranks[model] = ranking.best_rank(medians, theirs, spreads, tie_tol)
+        regrets[model] = ranking.pick_regret(medians, theirs)
+    if not ranks:
+        raise ValueError(f"--ceiling={other_path}: no model has two plans in common with "
+                         "this run (plans are matched by their patterns)")
+    out = {**ranking.table_metrics(ranks, 5), "ranks": ranks, "pick_regret": regrets,
+           "picks_within_10pct": sum(r <= 0.10 for r in regrets.values()),
+           "other": other_path}
+    print(f"\nceiling: {other_path}'s measurements as the predictor of this run's "
+          f"({out['models']} models): Acc@1 {out['acc@1']:.2f}, Acc@5 {out['acc@5']:.2f}, "
+          f"MRR {out['mrr']:.2f}, picks within 10 % {out['picks_within_10pct']}/{out['models']}")
     return out
 
 
@@ -457,8 +497,11 @@ def recost_file(path: str) -> None:
     parts_summary = decomposition(timed)
     if parts_summary is not None:
         plot_decomposition(timed, os.path.join(FLAGS.out, "table2_decomposition.png"))
+    tie_tol = float(old.get("tie_tol", FLAGS.tie_tol))
+    bound = ceiling(timed, FLAGS.ceiling, tie_tol) if FLAGS.ceiling else old.get("ceiling")
     out = {**old, "recosted_from": path, "cluster": cluster_file, "rows": ROWS, "table": table,
-           "scatter_scale": scales, "decomposition": parts_summary, "runs": runs,
+           "scatter_scale": scales, "decomposition": parts_summary, "ceiling": bound,
+           "runs": runs,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv)}
     dest = os.path.join(FLAGS.out, "table2_recost.json")
@@ -566,6 +609,7 @@ def main(argv: list[str]) -> None:
     parts_summary = decomposition(timed)
     if parts_summary is not None:
         plot_decomposition(timed, os.path.join(FLAGS.out, "table2_decomposition.png"))
+    bound = ceiling(timed, FLAGS.ceiling, FLAGS.tie_tol) if FLAGS.ceiling else None
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -575,7 +619,7 @@ def main(argv: list[str]) -> None:
            "batch_size": FLAGS.batch_size, "paired": FLAGS.paired,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "decomposition": parts_summary,
-           "runs": runs}
+           "ceiling": bound, "runs": runs}
     path = os.path.join(FLAGS.out, "table2.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)

@@ -228,7 +228,7 @@ def test_without_communication_takes_the_collectives_out_of_the_step() -> None:
 def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib.Path) -> None:
     """--decompose: every plan also timed without its collectives; its measured compute
     and communication beside the model's, the summary and the two-panel PNG; --recost
-    keeps them."""
+    keeps them, and --ceiling scores a run's measurements as the predictor."""
     out = tmp_path / "t2d"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--models=t5-tiny",
@@ -253,10 +253,15 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     assert summary["plans"] == len(runs) and summary["communication_ratio_median"] > 0
     assert set(summary["compute_slopes"]) == {"t5-tiny"}
     assert (out / "table2_decomposition.png").stat().st_size > 1000
+    # --recost keeps the decomposition; --ceiling scores another run's measurements as
+    # the predictor (here the run itself: every measured-best plan ranked first)
     again = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
-         f"--recost={out / 'table2.json'}", f"--out={out}"],
+         f"--recost={out / 'table2.json'}", f"--ceiling={out / 'table2.json'}", f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     r2 = json.loads((out / "table2_recost.json").read_text())
     assert r2["decomposition"]["compute_slopes"] == pytest.approx(summary["compute_slopes"])
+    assert "ceiling:" in again.stdout
+    assert r2["ceiling"]["models"] == 1 and r2["ceiling"]["acc@1"] == 1.0
+    assert r2["ceiling"]["mrr"] == 1.0 and r2["ceiling"]["ranks"] == {"t5-tiny": 1}
