@@ -172,6 +172,7 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     (["--workers=1"], "--workers=1: a cluster of processes needs at least 2"),
     (["--workers=3", "--batch_size=8"], "--batch_size=8 is not divisible by --workers=3"),
     (["--workers=2", "--decompose"], "run it on --devices, without --workers"),
+    (["--ceiling=no/such/table2.json"], "--ceiling=no/such/table2.json: no such file"),
 ])
 def test_table2_worker_flags_are_checked_before_any_work(flags, words) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
