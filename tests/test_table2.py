@@ -174,7 +174,7 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     (["--workers=2", "--decompose"], "run it on --devices, without --workers"),
     (["--ceiling=no/such/table2.json"], "--ceiling=no/such/table2.json: no such file"),
 ])
-def test_table2_worker_flags_are_checked_before_any_work(flags, words) -> None:
+def test_table2_flags_are_checked_before_any_work(flags, words) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
                            *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and words in proc.stdout + proc.stderr
