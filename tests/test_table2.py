@@ -232,7 +232,7 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     keeps them, and --ceiling scores a run's measurements as the predictor."""
     out = tmp_path / "t2d"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--models=t5-tiny",
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--models=resnet-tiny",
          "--top_k=1", "--steps=2", "--repeats=1", "--decompose", f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -252,7 +252,7 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     assert runs["data-parallel"]["predicted_parts"]["communication_s"] > 0
     summary = d["decomposition"]
     assert summary["plans"] == len(runs) and summary["communication_ratio_median"] > 0
-    assert set(summary["compute_slopes"]) == {"t5-tiny"}
+    assert set(summary["compute_slopes"]) == {"resnet-tiny"}
     assert (out / "table2_decomposition.png").stat().st_size > 1000
     # --recost keeps the decomposition; --ceiling scores another run's measurements as
     # the predictor (here the run itself: every measured-best plan ranked first)
@@ -265,4 +265,4 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     assert r2["decomposition"]["compute_slopes"] == pytest.approx(summary["compute_slopes"])
     assert "ceiling:" in again.stdout
     assert r2["ceiling"]["models"] == 1 and r2["ceiling"]["acc@1"] == 1.0
-    assert r2["ceiling"]["mrr"] == 1.0 and r2["ceiling"]["ranks"] == {"t5-tiny": 1}
+    assert r2["ceiling"]["mrr"] == 1.0 and r2["ceiling"]["ranks"] == {"resnet-tiny": 1}
