@@ -1,19 +1,15 @@
 """Tests for the `tapas` command line: the real console script, in a subprocess."""
 
 import json
-import os
-import subprocess
-import sys
 
+import command  # tests/command.py
 import pytest
 
 from tapas import cli
 
 
 def run_tapas(*args, check=True):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-m", "tapas.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+    proc = command.run_tapas(*args)
     if check and proc.returncode != 0:
         raise AssertionError(f"tapas {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc

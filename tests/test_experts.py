@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import pytest
+from command import run_tapas  # tests/command.py
 
 from tapas.ir import Kind
 from tapas.planning import experts as X
@@ -163,10 +164,8 @@ def test_mesh_search_tries_nested_experts(moe: Any) -> None:
 
 def test_cli_search_meshes_on_moe() -> None:
     """`tapas search --model=moe-tiny --meshes`: the table lists the EP x TP meshes."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "search", "--model=moe-tiny", "--nodes=2",
-         "--devices_per_node=2", "--batch_size=4", "--meshes"], capture_output=True,
-        text=True, timeout=300, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    proc = run_tapas("search", "--model=moe-tiny", "--nodes=2", "--devices_per_node=2",
+                     "--batch_size=4", "--meshes")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "2x2:experts EP x TP" in proc.stdout and "best mesh" in proc.stdout
 
@@ -178,11 +177,9 @@ def test_cli_train_nested_experts_verified(tmp_path: Any) -> None:
     model's."""
     import json
     out = tmp_path / "train.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "train", "--model=moe-tiny", "--devices=4",
-         "--mesh=2x2:experts", "--strategy=random:1", "--steps=2", "--verify",
-         "--training=false", f"--json_out={out}"], capture_output=True, text=True,
-        timeout=400, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    proc = run_tapas("train", "--model=moe-tiny", "--devices=4", "--mesh=2x2:experts",
+                     "--strategy=random:1", "--steps=2", "--verify", "--training=false",
+                     f"--json_out={out}", timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verify: PASSED" in proc.stdout and "the experts split over the rows" in proc.stdout
     report = json.loads(out.read_text())
@@ -243,10 +240,8 @@ def test_plans_that_cannot_nest_are_refused_with_the_reason(moe: Any) -> None:
     with pytest.raises(ReconstructError, match=f"GraphNode {node.id} .*'expert'.* cannot run "
                        "with its experts split over the mesh rows: it splits"):
         Program(trace, graph, plan, expert_rows=2)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
-         "--mesh=2x2:experts", "--steps=1"], capture_output=True, text=True, timeout=300,
-        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    proc = run_tapas("train", "--model=t5-tiny", "--devices=4", "--mesh=2x2:experts",
+                     "--steps=1")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "has no expert einsum" in proc.stderr and "use a plain ROWSxCOLS mesh" in proc.stderr
 

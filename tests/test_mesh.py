@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from typing import Any
 
 import pytest
+from command import run_tapas  # tests/command.py
 
 from tapas.ir import Graph
 from tapas.planning import mesh as M
@@ -105,20 +105,15 @@ def test_mesh_search_1xN_is_the_1d_search_and_rows_add_the_column_all_reduce(mlp
 
 def test_cli_search_meshes_prints_the_table_and_writes_json(tmp_path: Any) -> None:
     out = tmp_path / "meshes.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "search", "--model=t5-tiny", "--nodes=2",
-         "--devices_per_node=2", "--meshes", f"--json_out={out}"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TAPAS_PROGRESS="0"))
+    proc = run_tapas("search", "--model=t5-tiny", "--nodes=2", "--devices_per_node=2",
+                     "--meshes", f"--json_out={out}", TAPAS_PROGRESS="0")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "<- best" in proc.stdout and "dp grad ms" in proc.stdout
     report = json.loads(out.read_text())["meshes"]
     assert [r["mesh"] for r in report["results"]] == ["1x4", "2x2", "4x1"]
     assert report["best"] in ("1x4", "2x2", "4x1")
-    bad = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "search", "--model=t5-tiny", "--nodes=2",
-         "--devices_per_node=2", "--mesh=2x4"], capture_output=True, text=True, timeout=300,
-        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    bad = run_tapas("search", "--model=t5-tiny", "--nodes=2", "--devices_per_node=2",
+                    "--mesh=2x4")
     assert bad.returncode != 0 and "--mesh=2x4 has 8 devices, the cluster 4" in bad.stderr
 
 
@@ -181,11 +176,9 @@ def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
     Then 2 workers of 2 logical devices each: a 2x2 mesh with a row in each process, DP x
     TP and nested expert + tensor."""
     out = tmp_path / "train.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--workers=2",
-         "--mesh=2x1", "--steps=2", "--verify", "--optimizer=adam", "--training=false",
-         f"--json_out={out}"], capture_output=True, text=True, timeout=400, cwd=ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    proc = run_tapas("train", "--model=t5-tiny", "--workers=2", "--mesh=2x1", "--steps=2",
+                     "--verify", "--optimizer=adam", "--training=false", f"--json_out={out}",
+                     timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verify: PASSED" in proc.stdout
     report = json.loads(out.read_text())
@@ -195,32 +188,22 @@ def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
     # DP x TP of t5-tiny (a random row plan), and nested expert + tensor of moe-tiny (its
     # experts split between the processes, the dispatched tokens exchanged between them)
     for model, mesh, seed, a2a in (("t5-tiny", "2x2", 0, 0), ("moe-tiny", "2x2:experts", 1, 4)):
-        run = subprocess.run(
-            [sys.executable, "-m", "tapas.cli", "train", f"--model={model}", "--workers=2",
-             "--devices_per_worker=2", f"--mesh={mesh}", f"--strategy=random:{seed}",
-             "--steps=2", "--verify", "--optimizer=adam", "--training=false",
-             f"--json_out={out}"], capture_output=True, text=True, timeout=400, cwd=ROOT,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        run = run_tapas("train", f"--model={model}", "--workers=2", "--devices_per_worker=2",
+                        f"--mesh={mesh}", f"--strategy=random:{seed}", "--steps=2", "--verify",
+                        "--optimizer=adam", "--training=false", f"--json_out={out}",
+                        timeout=400)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert "verify: PASSED" in run.stdout and "device:CPU:1" in run.stdout
         report = json.loads(out.read_text())
         assert report["workers"] == 2 and report["devices"] == 4
         assert report["audit"]["matches"] and report["audit"]["measured"], report["audit"]
         assert report["mesh"]["matches"] and report["mesh"]["ep_all_to_alls"] == a2a
-    alone = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
-         "--devices_per_worker=2"], capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    alone = run_tapas("train", "--model=t5-tiny", "--devices=4", "--devices_per_worker=2")
     assert alone.returncode == 1 and "--devices_per_worker=2: it sets the devices of each " \
         "process of --workers=K" in alone.stderr, alone.stderr[-2000:]
-    bad = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
-         "--mesh=3x2"], capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    bad = run_tapas("train", "--model=t5-tiny", "--devices=4", "--mesh=3x2")
     assert bad.returncode == 1 and "--mesh=3x2 has 6 devices but the run has 4" in bad.stderr
-    rows = subprocess.run(
-        [sys.executable, "-m", "tapas.cli", "train", "--model=t5-tiny", "--devices=4",
-         "--batch_size=2", "--mesh=4x1"], capture_output=True, text=True, timeout=300,
-        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    rows = run_tapas("train", "--model=t5-tiny", "--devices=4", "--batch_size=2",
+                     "--mesh=4x1")
     assert rows.returncode == 1, rows.stderr[-2000:]
     assert "does not split into 4 mesh rows" in rows.stderr and "[2, 16]" in rows.stderr

@@ -4,10 +4,9 @@ followed by `tapas search --cluster=FILE` in subprocesses."""
 import dataclasses
 import json
 import math
-import os
-import subprocess
 import sys
 
+import command  # tests/command.py
 import numpy as np
 import pytest
 
@@ -216,9 +215,7 @@ def test_parse_sizes():
 # ---- the command, in subprocesses --------------------------------------------------------------
 
 def run_tapas(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-m", "tapas.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+    proc = command.run_tapas(*args)
     assert proc.returncode == 0, f"tapas {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
@@ -298,10 +295,7 @@ def test_search_refuses_a_bad_cluster_file_naming_it(tmp_path):
     d = profiled().to_json()
     d["intra"]["latency"] = "slow"
     bad.write_text(json.dumps(d))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-m", "tapas.cli", "search", "--model=t5-tiny",
-                           f"--cluster={bad}"], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = command.run_tapas("search", "--model=t5-tiny", f"--cluster={bad}")
     assert proc.returncode != 0
     assert f"--cluster={bad}" in proc.stderr and "field 'intra.latency' is 'slow'" in proc.stderr
 
