@@ -385,8 +385,8 @@ def _loss_text(loss: Any) -> str:
     return spec.name + ("(from_logits=True)" if spec.from_logits else "")
 
 
-def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any, loss: Any = None,
-                   loaded: Any = None) -> dict[str, Any]:
+def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any, loss: Any,
+                   loaded: Any) -> dict[str, Any]:
     """`tapas search --meshes`: every rows x cols mesh (tapas.planning.mesh), each row's
     graph captured again at its share of the batch (from the same model object: building
     the model again for every row count held a copy of its weights each, 5 GB for
@@ -394,6 +394,7 @@ def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any, loss: Any = None,
     import tensorflow as tf
 
     from tapas import capturing
+    from tapas.execution.inputs import InputSignature
     from tapas.planning import explore
     from tapas.planning import mesh as mesh_lib
     from tapas.planning import search as search_lib
@@ -409,15 +410,9 @@ def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any, loss: Any = None,
     def graph_for(rows: int) -> ir.Graph:
         if rows == 1:
             return graph
-        if loaded is None:
-            again = load_model(FLAGS.model, batch // rows)
-            model, specs, name = again.model, again.specs, again.name
-        else:
-            from tapas.execution.inputs import InputSignature
-            model, name = loaded.model, loaded.name
-            specs = InputSignature.of(model, loaded.specs).per_row(rows).spec_structure()
-        return capturing.capture(model, specs, training=bool(FLAGS.training),
-                                 name=f"{name}/batch{batch // rows}")
+        specs = InputSignature.of(loaded.model, loaded.specs).per_row(rows).spec_structure()
+        return capturing.capture(loaded.model, specs, training=bool(FLAGS.training),
+                                 name=f"{loaded.name}/batch{batch // rows}")
 
     def say(r: Any) -> None:
         print(f"  {r.mesh}: " + (f"{r.total * 1e3:.3f} ms per step" if r.ok else r.note)
