@@ -162,14 +162,6 @@ def test_mesh_search_tries_nested_experts(moe: Any) -> None:
     assert [str(r.mesh) for r in off.results] == ["1x4", "2x2", "4x1"]
 
 
-def test_cli_search_meshes_on_moe() -> None:
-    """`tapas search --model=moe-tiny --meshes`: the table lists the EP x TP meshes."""
-    proc = run_tapas("search", "--model=moe-tiny", "--nodes=2", "--devices_per_node=2",
-                     "--batch_size=4", "--meshes")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "2x2:experts EP x TP" in proc.stdout and "best mesh" in proc.stdout
-
-
 def test_cli_train_nested_experts_verified(tmp_path: Any) -> None:
     """`tapas train --mesh=2x2:experts` on 4 logical devices: a random row plan drawn from
     the nested patterns, verified against Keras; the columns' collectives (gradient
