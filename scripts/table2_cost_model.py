@@ -45,7 +45,10 @@ are wrong) and that copy's step is timed in the same pairs: the plan's step minu
 is what its collectives cost inside the step, the copy's step is its compute, data movement
 and dispatch. Printed and written (``decomposition`` in the JSON, ``table2_decomposition.png``)
 against the cost model's communication and compute of each plan: where the model
-mispredicts, this says which half. One process only (not with ``--workers``).
+mispredicts, this says which half. With it, two predictors that each know one half from the
+measurement (measured compute + the model's communication; the model's compute + measured
+communication) are scored like the table's rows (``oracles``): how far fixing that half
+alone would go. One process only (not with ``--workers``).
 
 ``--ceiling=other/table2.json``: another run of the same models; its measured times rank
 this run's plans (matched by their patterns) and are scored like a cost model: how well a
@@ -197,14 +200,16 @@ def predicted_parts(graph, cluster, plans: list[dict], loss) -> list[dict[str, f
             for c in plan_costs(graph, cluster, plans, loss, PARTS_ROW)]
 
 
-def decomposition(runs: list[dict]) -> dict | None:
+def decomposition(runs: list[dict], tie_tol: float) -> dict | None:
     """Measured against predicted communication and compute over the runs timed with
     ``--decompose`` (None when none was). Communication: the median over plans with
     collectives of measured / predicted. Compute: per model, the least-squares slope of the
     measured compute (the local copy's step) against the predicted compute over its plans
     (the intercept is what every plan pays: dispatch, per-op work), its median over models;
     a slope of k means the compute a plan saves by sharding costs k times what the model
-    prices it at."""
+    prices it at. ``oracles``: the ranking scores when one half of the model is replaced by
+    its measurement (:func:`half_oracles`), which says how far fixing that half alone
+    would go."""
     done = [r for r in runs if "measured_compute_s" in r and "predicted_parts" in r]
     if not done:
         return None
@@ -225,6 +230,7 @@ def decomposition(runs: list[dict]) -> dict | None:
            "communication_ratio_median": statistics.median(ratios) if ratios else None,
            "communication_ratios": ratios, "compute_slopes": slopes,
            "compute_slope_median": statistics.median(slopes.values()) if slopes else None}
+    out["oracles"] = half_oracles(done, tie_tol)
     comm = out["communication_ratio_median"]
     slope = out["compute_slope_median"]
     print(f"\ndecomposition ({len(done)} plans, cost model {PARTS_ROW}): measured / predicted "
@@ -234,6 +240,40 @@ def decomposition(runs: list[dict]) -> dict | None:
           f"{'-' if slope is None else f'{slope:.2f}'}")
     for model, k in slopes.items():
         print(f"  {model:<22} compute slope {k:6.2f}")
+    for name, o in out["oracles"].items():
+        print(f"  {name}: Acc@1 {o['acc@1']:.2f}, Acc@5 {o['acc@5']:.2f}, MRR {o['mrr']:.2f} "
+              f"({o['models']} models)")
+    return out
+
+
+#: the predictors of :func:`half_oracles`: (name, compute, communication) of a run, each
+#: "measured" (the --decompose timings) or "model" (predicted_parts)
+ORACLES = (("measured compute + model communication", "measured", "model"),
+           ("model compute + measured communication", "model", "measured"))
+
+
+def half_oracles(runs: list[dict], tie_tol: float) -> dict[str, dict]:
+    """Acc@1, Acc@5 and MRR of two predictors that know half of each plan's step from the
+    measurement: the measured compute (the local copy's step) plus the model's
+    communication, and the model's compute plus the measured communication (a negative
+    measured part, noise around zero, counts as 0). Ranked against the same measured times
+    and ties as the table; models with fewer than two decomposed plans are left out."""
+    from tapas.planning import ranking
+    out = {}
+    for name, compute, communication in ORACLES:
+        ranks = {}
+        for model in dict.fromkeys(r["model"] for r in runs):
+            mine = [r for r in runs if r["model"] == model]
+            if len(mine) < 2:
+                continue
+            pred = [max(0.0, (r["measured_compute_s"] if compute == "measured"
+                              else r["predicted_parts"]["compute_s"])
+                        + (r["measured_communication_s"] if communication == "measured"
+                           else r["predicted_parts"]["communication_s"])) for r in mine]
+            medians, spreads = (list(x) for x in zip(*(measured(r) for r in mine)))
+            ranks[model] = ranking.best_rank(medians, pred, spreads, tie_tol)
+        if ranks:
+            out[name] = {**ranking.table_metrics(ranks, 5), "ranks": ranks}
     return out
 
 
@@ -495,10 +535,10 @@ def recost_file(path: str) -> None:
     timed = [r for r in runs if "error" not in r]
     scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
               for row in ROWS}
-    parts_summary = decomposition(timed)
+    tie_tol = float(old.get("tie_tol", FLAGS.tie_tol))
+    parts_summary = decomposition(timed, tie_tol)
     if parts_summary is not None:
         plot_decomposition(timed, os.path.join(FLAGS.out, "table2_decomposition.png"))
-    tie_tol = float(old.get("tie_tol", FLAGS.tie_tol))
     bound = ceiling(timed, FLAGS.ceiling, tie_tol) if FLAGS.ceiling else old.get("ceiling")
     out = {**old, "recosted_from": path, "cluster": cluster_file, "rows": ROWS, "table": table,
            "scatter_scale": scales, "decomposition": parts_summary, "ceiling": bound,
@@ -610,7 +650,7 @@ def main(argv: list[str]) -> None:
     scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
               for row in ROWS}
     table = rank_table(ranks, regrets, taus)
-    parts_summary = decomposition(timed)
+    parts_summary = decomposition(timed, FLAGS.tie_tol)
     if parts_summary is not None:
         plot_decomposition(timed, os.path.join(FLAGS.out, "table2_decomposition.png"))
     bound = ceiling(timed, FLAGS.ceiling, FLAGS.tie_tol) if FLAGS.ceiling else None

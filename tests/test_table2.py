@@ -253,6 +253,14 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     summary = d["decomposition"]
     assert summary["plans"] == len(runs) and summary["communication_ratio_median"] > 0
     assert set(summary["compute_slopes"]) == {"resnet-tiny"}
+    # one half of the model replaced by its measurement: scored like the table's rows
+    assert "measured compute + model communication: Acc@1" in proc.stdout
+    oracles = summary["oracles"]
+    assert set(oracles) == {"measured compute + model communication",
+                            "model compute + measured communication"}
+    for o in oracles.values():
+        assert o["models"] == 1 and 0 <= o["acc@1"] <= o["acc@5"] <= 1
+        assert o["ranks"]["resnet-tiny"] >= 1 and o["mrr"] == 1 / o["ranks"]["resnet-tiny"]
     assert (out / "table2_decomposition.png").stat().st_size > 1000
     # --recost keeps the decomposition; --ceiling scores another run's measurements as
     # the predictor (here the run itself: every measured-best plan ranked first)
