@@ -15,6 +15,15 @@ comm or a mix with full gradients, a backward comm makes them full: ``AR`` (part
 split on that axis instead (a bias follows its kernel), and the driver runs the passes
 again.
 
+A node output also gets the gradient of its consumers outside the node, which arrives full
+(the consumer's node makes the gradient of each of its inputs full): a node output read
+inside the node by an op that leaves its gradient partial or sliced would mix the two, which
+no comm on the tensor can fix (a backward ``AR`` there sums the outside gradient N times, an
+``AG`` slices the output itself), so such a pattern is Invalid. keras-hub DeBERTa-v3 applies
+the query and key projections to the layer-normed relative embeddings that the next layers
+read too: its ``column`` patterns had summed their gradient N times and ``row`` sliced the
+node's output.
+
 A sliced gradient that travelled back through replicated ops and is not absorbed by a weight
 split is all-gathered where it *started*: at the tensor the split consumer reads (its
 *origin*), not where the lazy pass stopped. Reconstruction lowers a backward ``AG(a)`` on a
@@ -69,6 +78,14 @@ class _Backward:
         self.upgrades: dict[str, int] = {}
         self.reduced = {c.tensor for c in fw.fwd_comms}
         self.boundary = {t.name for t in trial.node.inputs} | set(trial.weight_tensors)
+        self.outputs = {t.name for t in trial.node.outputs}
+        # which lazy (partial or sliced) gradients each lazy state or comm derives from:
+        # the lazy tensors an operand's contribution came through (per consumer (k, i)),
+        # those behind each tensor's lazy state, and those some placed comm or weight
+        # upgrade relied on; making one of those full afterwards is a conflict (see _late)
+        self.via_sources: dict[tuple[int, int], frozenset[str]] = {}
+        self.derived: dict[str, frozenset[str]] = {}
+        self.committed: set[str] = set()
 
     def run(self) -> tuple[list[Comm], dict[str, int]]:
         fw = self.fw
@@ -89,24 +106,43 @@ class _Backward:
         if w is not None and not w.trainable:
             self.state[t] = "ok"   # no gradient: nothing to reduce
             return
+        self._late(t, by=t)
         if s == "partial":
             shape = self.fw.shapes.get(t) or ()
             dtype = self.fw.dtypes.get(t, "float32")
             self.comms.append(Comm(Collective.ALL_REDUCE, t, shape, dtype, _P, _R, "bwd"))
         else:
             for o, a, _ in sorted(self.origins.get(t, frozenset({(t, s[1], True)}))):
-                self._gather(o, a)
+                self._gather(o, a, by=t)
         self.state[t] = "ok"
+        self.committed |= self.derived.get(t, frozenset())
 
-    def _gather(self, t: str, a: int) -> None:
-        """The backward ``AG(a)`` of tensor ``t``, once."""
+    def _gather(self, t: str, a: int, by: str | None = None) -> None:
+        """The backward ``AG(a)`` of tensor ``t``, once (``by``: the tensor whose
+        materialization gathers its origin ``t``)."""
         if t in self.gathered:
             return
+        self._late(t, by)
         self.gathered.add(t)
         shape = self.fw.shapes.get(t) or ()
         dtype = self.fw.dtypes.get(t, "float32")
         self.comms.append(Comm(Collective.ALL_GATHER, t, shape, dtype, Split(a), _R, "bwd", a))
         self.state[t] = "ok"
+
+    def _late(self, t: str, by: str | None = None) -> None:
+        """Invalid when the gradient of ``t`` is made full after something upstream relied
+        on its lazy state: a comm or weight upgrade already placed (it would reduce a full
+        gradient a second time), or another tensor's lazy state still pending (it would
+        reach a comm later). ``by``: the tensor being made full, whose own state derives
+        from ``t`` (a slice gathered at its origin). It happens when a later tensor mixes
+        full and lazy contributions and gathers the slices at their origin (keras-hub
+        DeBERTa-v3: the query kernel's gradient all-reduced, then the projection's output
+        gathered because the layer-normed embeddings it reads are a node output too)."""
+        pending = [r for r, src in self.derived.items()
+                   if r != by and t in src and self.state.get(r, "ok") != "ok"]
+        if t in self.committed or pending:
+            raise Invalid(f"the gradient of '{t}' would be made full after an operand "
+                          "upstream already reduced its partial or sliced state")
 
     def _through(self, k: int, i: int) -> Contribution:
         """The gradient replicated op ``k`` hands its operand ``i``: its outputs' state,
@@ -121,6 +157,7 @@ class _Backward:
                 self._materialize(t, s)
             return "ok"
         t, s = bad[0]
+        self.via_sources[(k, i)] = self.derived.get(t, frozenset()) | {t}
         if s == "partial":
             return "partial"
         passed = self._pass_slice(k, i, t, s)
@@ -151,10 +188,13 @@ class _Backward:
 
     def _kinds(self, t: str) -> list[Contribution]:
         """The contribution of every consumer of ``t`` to its gradient, as it stands (a
-        direct slice of ``t`` is full once ``t`` is gathered)."""
-        return [self._through(k, i) if kind == "via"
-                else "ok" if isinstance(kind, tuple) and t in self.gathered else kind
-                for kind, k, i in self.fw.contrib.get(t, [])]
+        direct slice of ``t`` is full once ``t`` is gathered), in the order of
+        ``fw.contrib``; a node output's consumers outside the node add a last, full one."""
+        kinds: list[Contribution] = [
+            self._through(k, i) if kind == "via"
+            else "ok" if isinstance(kind, tuple) and t in self.gathered else kind
+            for kind, k, i in self.fw.contrib.get(t, [])]
+        return kinds + ["ok"] if t in self.outputs else kinds
 
     def _slice_origins(self, t: str, kinds: list[Contribution]) -> frozenset[_Origin]:
         """Where the sliced contributions ``kinds`` to the gradient of ``t`` started: ``t``
@@ -224,10 +264,15 @@ class _Backward:
             slices = {x for x in kinds if x != "partial"}
         s: Contribution = next(iter(slices)) if len(slices) == 1 and "partial" not in kinds \
             else "partial"
+        self.derived[t] = frozenset().union(*(
+            self.via_sources.get((k, i), frozenset())
+            for (kind, k, i), now in zip(self.fw.contrib.get(t, []), kinds)
+            if kind == "via" and now != "ok"))
         w = self.trial.weight_tensors.get(t)
         if w is not None and w.path not in self.fixed and s != "partial":
             self.upgrades[w.path] = s[1]
             self.state[t] = "ok"
+            self.committed |= self.derived[t]
             return
         if s != "partial":
             self.origins[t] = self._slice_origins(t, kinds)
