@@ -50,6 +50,8 @@ class CorpusEntry:
     builder: Callable[[], keras.Model]
     dict_inputs: bool = False
     slow: bool = False      # minutes, not seconds, through the pipeline: left out of the CI slice
+    ci: bool = True         # in tests/test_corpus.py's CI slice (else scripts/corpus.py's and
+                            # scripts/equivalence.py's matrices only, to keep CI short)
 
     def build(self, batch: int = BATCH) -> tuple[keras.Model, Any]:
         """The model and its input specs with ``batch`` examples (default :data:`BATCH`)."""
@@ -138,6 +140,16 @@ def keras_hub_available() -> bool:
     return True
 
 
+# keras-hub backbones added to the matrices (2026-11-25) whose kinds of layers the CI slice
+# already has in other backbones (BERT-, GPT- and Llama-style blocks, a shared-expert MoE
+# beside Qwen3-MoE, DINOv2 beside ViT): scripts only. DeBERTa-v3 (its relative embeddings
+# projected by the attention's own query and key layers) and ViT (image patches) are in
+# the CI slice.
+_HUB_SCRIPT_ONLY = frozenset({"albert", "electra", "falcon", "gpt-neox", "opt", "bloom", "phi3",
+                              "qwen3", "fnet", "roformer-v2", "xlm-roberta", "qwen-moe",
+                              "dinov2"})
+
+
 def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
     import keras_hub
     m = keras_hub.models
@@ -156,6 +168,32 @@ def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
                                                 head_dim=16, **gqa),
         "t5": lambda: m.T5Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=64,
                                    intermediate_dim=128),
+        "albert": lambda: m.AlbertBackbone(num_heads=4, embedding_dim=32, num_groups=1,
+                                           num_inner_repetitions=1, max_sequence_length=SEQ,
+                                           **text),
+        "deberta-v3": lambda: m.DebertaV3Backbone(num_heads=4, max_sequence_length=SEQ,
+                                                  bucket_size=8, **text),
+        "electra": lambda: m.ElectraBackbone(vocab_size=VOCAB, num_layers=2, num_heads=4,
+                                             hidden_dim=64, embedding_dim=32,
+                                             intermediate_dim=128, max_sequence_length=SEQ),
+        "falcon": lambda: m.FalconBackbone(num_attention_heads=4, **text),
+        "gpt-neox": lambda: m.GPTNeoXBackbone(num_heads=4, max_sequence_length=SEQ, **text),
+        "opt": lambda: m.OPTBackbone(num_heads=4, max_sequence_length=SEQ, **text),
+        "bloom": lambda: m.BloomBackbone(num_heads=4, **text),
+        "phi3": lambda: m.Phi3Backbone(max_sequence_length=SEQ, **gqa),
+        "qwen3": lambda: m.Qwen3Backbone(head_dim=16, **gqa),
+        "fnet": lambda: m.FNetBackbone(max_sequence_length=SEQ, **text),
+        "roformer-v2": lambda: m.RoformerV2Backbone(num_heads=4, head_size=16, **text),
+        "xlm-roberta": lambda: m.XLMRobertaBackbone(num_heads=4, max_sequence_length=SEQ, **text),
+        "qwen-moe": lambda: m.QwenMoeBackbone(moe_intermediate_dim=32,
+                                              shared_expert_intermediate_dim=64, num_experts=4,
+                                              top_k=2, **gqa),
+        "vit": lambda: m.ViTBackbone(image_shape=(IMAGE, IMAGE, 3), patch_size=8, num_layers=2,
+                                     num_heads=4, hidden_dim=64, mlp_dim=128),
+        "dinov2": lambda: m.DINOV2Backbone(patch_size=8, num_layers=2, hidden_dim=64,
+                                           num_heads=4, intermediate_dim=128,
+                                           image_shape=(IMAGE, IMAGE, 3),
+                                           position_embedding_shape=(IMAGE, IMAGE)),
     }
 
 
@@ -174,7 +212,7 @@ def _keras_hub() -> list[CorpusEntry]:
     if not keras_hub_available():
         return []
     out = [CorpusEntry(f"hub-{name}", "keras-hub", f"keras-hub {name} backbone from a small config",
-                       builder, dict_inputs=True)
+                       builder, dict_inputs=True, ci=name not in _HUB_SCRIPT_ONLY)
            for name, builder in _hub_backbones().items()]
     out.append(CorpusEntry("hub-bert-classifier", "keras-hub",
                            "keras-hub BERT with a mean-pool + Dense head (its pooler unused)",

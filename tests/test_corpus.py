@@ -1,6 +1,7 @@
 """The corpus over models built by other libraries (issue 10): every keras.applications
 family and keras-hub's transformer backbones capture, mine and search on 2, 4 and 8
-devices without an exception. The slow entries run in ``scripts/corpus.py`` only."""
+devices without an exception. The slow entries, and those left out of the CI slice
+(``CorpusEntry.ci``), run in ``scripts/corpus.py`` only."""
 
 import gc
 
@@ -9,7 +10,7 @@ import pytest
 
 from tapas.models import corpus
 
-FAST = [e for e in corpus.entries() if not e.slow]
+FAST = [e for e in corpus.entries() if not e.slow and e.ci]
 
 
 def test_keras_hub_is_installed_for_the_corpus():
