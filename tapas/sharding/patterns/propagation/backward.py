@@ -134,12 +134,15 @@ class _Backward:
         on its lazy state: a comm or weight upgrade already placed (it would reduce a full
         gradient a second time), or another tensor's lazy state still pending (it would
         reach a comm later). ``by``: the tensor being made full, whose own state derives
-        from ``t`` (a slice gathered at its origin). It happens when a later tensor mixes
-        full and lazy contributions and gathers the slices at their origin (keras-hub
-        DeBERTa-v3: the query kernel's gradient all-reduced, then the projection's output
-        gathered because the layer-normed embeddings it reads are a node output too)."""
+        from ``t`` (a slice gathered at its origin): it and the tensors its lazy state came
+        through are made full with it. It happens when a later tensor mixes full and lazy
+        contributions and gathers the slices at their origin (keras-hub DeBERTa-v3: the
+        query kernel's gradient all-reduced, then the projection's output gathered because
+        the layer-normed embeddings it reads are a node output too)."""
+        covered = self.derived.get(by, frozenset()) if by is not None else frozenset()
         pending = [r for r, src in self.derived.items()
-                   if r != by and t in src and self.state.get(r, "ok") != "ok"]
+                   if r != by and r not in covered and t in src
+                   and self.state.get(r, "ok") != "ok"]
         if t in self.committed or pending:
             raise Invalid(f"the gradient of '{t}' would be made full after an operand "
                           "upstream already reduced its partial or sliced state")
