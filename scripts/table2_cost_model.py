@@ -72,6 +72,7 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -252,6 +253,26 @@ ORACLES = (("measured compute + model communication", "measured", "model"),
            ("model compute + measured communication", "model", "measured"))
 
 
+def predictor_ranks(runs: list[dict], predict: Callable[[dict], float | None],
+                    tie_tol: float) -> tuple[dict[str, int], dict[str, float]]:
+    """Per model, the rank ``predict`` (a run -> predicted time, None to leave the run out)
+    gives the measured-best plan, and the pick regret, ranked against the measured times
+    and ties as the table's rows are; models with fewer than two predicted runs are left
+    out."""
+    from tapas.planning import ranking
+    ranks, regrets = {}, {}
+    for model in dict.fromkeys(r["model"] for r in runs):
+        mine = [(r, predict(r)) for r in runs if r["model"] == model and "error" not in r]
+        mine = [(r, p) for r, p in mine if p is not None]
+        if len(mine) < 2:
+            continue
+        medians, spreads = (list(x) for x in zip(*(measured(r) for r, _ in mine)))
+        pred = [p for _, p in mine]
+        ranks[model] = ranking.best_rank(medians, pred, spreads, tie_tol)
+        regrets[model] = ranking.pick_regret(medians, pred)
+    return ranks, regrets
+
+
 def half_oracles(runs: list[dict], tie_tol: float) -> dict[str, dict]:
     """Acc@1, Acc@5 and MRR of two predictors that know half of each plan's step from the
     measurement: the measured compute (the local copy's step) plus the model's
@@ -261,17 +282,13 @@ def half_oracles(runs: list[dict], tie_tol: float) -> dict[str, dict]:
     from tapas.planning import ranking
     out = {}
     for name, compute, communication in ORACLES:
-        ranks = {}
-        for model in dict.fromkeys(r["model"] for r in runs):
-            mine = [r for r in runs if r["model"] == model]
-            if len(mine) < 2:
-                continue
-            pred = [max(0.0, (r["measured_compute_s"] if compute == "measured"
-                              else r["predicted_parts"]["compute_s"])
-                        + (r["measured_communication_s"] if communication == "measured"
-                           else r["predicted_parts"]["communication_s"])) for r in mine]
-            medians, spreads = (list(x) for x in zip(*(measured(r) for r in mine)))
-            ranks[model] = ranking.best_rank(medians, pred, spreads, tie_tol)
+        def predict(r: dict, compute: str = compute, communication: str = communication
+                    ) -> float:
+            return max(0.0, (r["measured_compute_s"] if compute == "measured"
+                             else r["predicted_parts"]["compute_s"])
+                       + (r["measured_communication_s"] if communication == "measured"
+                          else r["predicted_parts"]["communication_s"]))
+        ranks, _ = predictor_ranks(runs, predict, tie_tol)
         if ranks:
             out[name] = {**ranking.table_metrics(ranks, 5), "ranks": ranks}
     return out
@@ -286,16 +303,11 @@ def ceiling(runs: list[dict], other_path: str, tie_tol: float) -> dict | None:
     with open(other_path) as f:
         other = {(r["model"], tuple(r["patterns"])): r for r in json.load(f)["runs"]
                  if "error" not in r and "patterns" in r}
-    ranks, regrets = {}, {}
-    for model in dict.fromkeys(r["model"] for r in runs):
-        mine = [r for r in runs if r["model"] == model and "error" not in r
-                and (model, tuple(r["patterns"])) in other]
-        if len(mine) < 2:
-            continue
-        medians, spreads = (list(x) for x in zip(*(measured(r) for r in mine)))
-        theirs = [measured(other[(model, tuple(r["patterns"]))])[0] for r in mine]
-        ranks[model] = ranking.best_rank(medians, theirs, spreads, tie_tol)
-        regrets[model] = ranking.pick_regret(medians, theirs)
+
+    def theirs(r: dict) -> float | None:
+        match = other.get((r["model"], tuple(r["patterns"])))
+        return None if match is None else measured(match)[0]
+    ranks, regrets = predictor_ranks(runs, theirs, tie_tol)
     if not ranks:   # said, not raised: the run's own results are still written
         print(f"\nceiling: {other_path} has no model with two plans in common with this run "
               "(plans are matched by their patterns): no ceiling", flush=True)
