@@ -72,6 +72,10 @@ FLAGS = flags.FLAGS
 def main(argv: list[str]) -> None:
     del argv
     sides = _check_sides(FLAGS.sides)
+    if "mirrored" in sides and FLAGS.batch_size % FLAGS.devices:
+        raise app.UsageError(f"--batch_size={FLAGS.batch_size} does not split over "
+                             f"--devices={FLAGS.devices}: the data-parallel baseline "
+                             "(--sides=mirrored) needs a multiple of --devices")
     if FLAGS.each_side_alone:
         _each_side_alone(sides)
         return
@@ -255,10 +259,7 @@ def _mirrored_step(entry: Any, strategy: Any, xs: list, y: Any, n: int) -> Any:
     import tensorflow as tf
 
     from tapas.execution import optimizers
-    batch = len(y)
-    if batch % n:
-        raise app.UsageError(f"--batch_size={batch} does not split over {n} devices: "
-                             "the data-parallel baseline needs a multiple of --devices")
+    batch = len(y)   # a multiple of n (main checks --batch_size first)
     with strategy.scope():
         model = entry.build(seed=0)
         opt = optimizers.SGD().keras()

@@ -47,9 +47,14 @@ def test_bench_train_reports_first_step_and_steady_step(tmp_path: Any) -> None:
     assert r["first_step_user_ratio"] > 0 and r["ratio"] > 0
 
 
-def test_bench_train_refuses_an_unknown_side() -> None:
+def test_bench_train_refuses_an_unknown_side_and_an_unsplittable_batch() -> None:
     proc = subprocess.run([sys.executable, SCRIPT, "--sides=keras,xla", "--models=t5-tiny"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode != 0
     assert "--sides=keras,xla: use one or more of ['keras', 'mirrored', 'tapas']" in \
         proc.stderr, proc.stderr[-2000:]
+    odd = subprocess.run([sys.executable, SCRIPT, "--sides=mirrored", "--devices=4",
+                          "--batch_size=6", "--models=t5-tiny"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert odd.returncode != 0
+    assert "--batch_size=6 does not split over --devices=4" in odd.stderr, odd.stderr[-2000:]
