@@ -178,6 +178,29 @@ def test_layer_with_two_projections_gives_two_graphnodes():
     assert "Relu" in {op.type for op in dense[0].ops}
 
 
+def test_a_sublayers_projection_between_its_parents_weights_stays_its_own():
+    # keras-hub RWKV-7's time mix: the layer's own mixing weights are read on both sides of
+    # its receptance Dense (x * mix -> receptance -> * scale). The parent's seeds are a few
+    # hops apart, so the ops between them joined the parent's seed, the Dense's MatMul too,
+    # which then seeded its own layer's GraphNode as well: an AssertionError in capture.
+    # Now the MatMul seeds the Dense's GraphNode, which absorbs the parent's elementwise
+    # neighbours
+    b = Builder()
+    x = b.input("x")
+    mix = b.weight("tm/mix", (8,))
+    scale = b.weight("tm/scale", (8,))
+    h = b.op("tm/mul", "Mul", [x, mix])
+    h = b.dense("tm/receptance", h, act=None)
+    y = b.op("tm/mul_1", "Mul", [h, scale])
+    g = b.graph(y)
+    _every_op_once(b, g)
+    owner = {op.name: n.id for n in g.nodes for op in n.ops}
+    node = g.nodes[owner["tm/receptance/MatMul"]]
+    assert node.kind == Kind.DENSE
+    assert owner["tm/receptance/BiasAdd"] == node.id
+    assert {"tm/receptance/bias", "tm/receptance/kernel"} <= {w.path for w in node.weights}
+
+
 def test_expert_einsum_is_recognised():
     b = Builder()
     x = b.input("x", (4, 2, 3, 8))  # experts, groups, capacity, model

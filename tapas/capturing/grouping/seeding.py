@@ -45,6 +45,10 @@ class Seeding(GroupingState):
             paths = sorted(self.raw.weights[self.ops[w].name].path for w in ws)
             layer = paths[0].rpartition("/")[0] or paths[0]
             by_layer.setdefault(layer, []).append(i)
+        # a weight-reading op belongs to its own layer's GraphNode: another layer's fill
+        # (an op on a path between that layer's seeds, e.g. RWKV-7's token-shift mix read by
+        # the receptance projection) must not take it
+        every_seed = {s for seeds in by_layer.values() for s in seeds}
         for layer, seeds in by_layer.items():
             for cluster in (part for c in self._cluster_seeds(seeds)
                             for part in self._split_heavy(c)):
@@ -54,7 +58,7 @@ class Seeding(GroupingState):
                 g = self.new_group(scope)
                 for s in cluster:
                     self.assign(s, g)
-                self._fill_between(g, cluster)
+                self._fill_between(g, cluster, every_seed)
         # weight-less heavy ops seed their own GraphNodes
         for i, op in enumerate(self.ops):
             if self.live[i] and self.group[i] < 0 and op.type in HEAVY_OPS and \
@@ -156,8 +160,9 @@ class Seeding(GroupingState):
         out = [sorted(p) for p in parts.values()]
         return out + ([rest] if rest else [])
 
-    def _fill_between(self, g: int, cluster: list[int]) -> None:
-        """Ops on a short path from one seed of the cluster to another join the group."""
+    def _fill_between(self, g: int, cluster: list[int], seeds: set[int]) -> None:
+        """Ops on a short path from one seed of the cluster to another join the group,
+        except ``seeds`` (other layers' weight-reading ops, which seed their own)."""
         if len(cluster) < 2:
             return
         targets = set(cluster)
@@ -174,7 +179,7 @@ class Seeding(GroupingState):
                         stack.append(p)
             for op in sorted(seen):
                 if self.group[op] < 0 and not self.is_const[op] and not self.is_wside[op] \
-                        and not self.opaque[op]:
+                        and not self.opaque[op] and op not in seeds:
                     self.assign(op, g)
 
     # ---- absorption --------------------------------------------------------------------
