@@ -383,16 +383,20 @@ _IGNORED_ATTRS = frozenset({"_class", "device", "_XlaCompile", "_output_shapes",
 
 
 def compute_signature(ops: Sequence[OpInfo], inputs: Sequence[TensorInfo],
-                      weights: Iterable[WeightInfo], pin: str | None = None) -> str:
+                      outputs: Sequence[TensorInfo], weights: Iterable[WeightInfo],
+                      pin: str | None = None) -> str:
     """A short hash of a GraphNode's structure.
 
     It covers, for every op in order: its type, its semantic attributes, its output shapes
     and dtypes, small constant values, and where each of its inputs comes from (an earlier
-    op of the node and which output, or the k-th external input with its shape). Weight
-    shapes and dtypes are included; op names, scopes and weight paths are not, so the same
-    layer at two depths hashes the same while a layer of another width does not. A pinned
-    sharding pattern (``pin``) is part of the structure: a pinned and an unpinned copy of a
-    layer are searched separately.
+    op of the node and which output, or the k-th external input with its shape); and which
+    op outputs are the node's ``outputs`` (read outside it), in order: the same ops with
+    another tensor read outside have other patterns (a pattern places every node output,
+    and a node output's outside readers change its gradient). Weight shapes and dtypes are
+    included; op names, scopes and weight paths are not, so the same layer at two depths
+    hashes the same while a layer of another width does not. A pinned sharding pattern
+    (``pin``) is part of the structure: a pinned and an unpinned copy of a layer are
+    searched separately.
     """
     local = {op.name: i for i, op in enumerate(ops)}
     ext = {t.name: i for i, t in enumerate(inputs)}
@@ -411,6 +415,8 @@ def compute_signature(ops: Sequence[OpInfo], inputs: Sequence[TensorInfo],
                  if k not in _IGNORED_ATTRS and not k.startswith("_")}
         outs = [[list(t.shape) if t.shape is not None else None, t.dtype] for t in op.outputs]
         parts.append([op.type, attrs, outs, refs, op.value])
+    produced = {t.name: (i, k) for i, op in enumerate(ops) for k, t in enumerate(op.outputs)}
+    parts.append(["out", [produced.get(t.name, ("X", ext.get(t.name))) for t in outputs]])
     parts.append(sorted([list(w.shape), w.dtype, w.trainable] for w in weights))
     if pin is not None:
         parts.append(["pin", pin])

@@ -21,7 +21,7 @@ def _dense(name, inp, units=8, width=8):
     ops = (OpInfo(f"{name}/read", "ReadVariableOp", (f"{name}/ph:0",), (_t(f"{name}/read:0", (width, units)),)),
            OpInfo(f"{name}/MatMul", "MatMul", (inp.name, f"{name}/read:0"), (out,)))
     node = GraphNode(id=0, name=name, kind=Kind.DENSE, ops=ops, inputs=(inp,), outputs=(out,),
-                     weights=(w,), signature=ir.compute_signature(ops, (inp,), (w,)))
+                     weights=(w,), signature=ir.compute_signature(ops, (inp,), (out,), (w,)))
     return node, out
 
 
@@ -55,6 +55,19 @@ def test_identical_layers_have_identical_signatures_names_do_not_matter():
     assert g.nodes[1].signature == g.nodes[2].signature == g.nodes[3].signature
     wider, _ = _dense("other", _t("y:0"), units=16)
     assert wider.signature != g.nodes[1].signature
+
+
+def test_signature_covers_which_tensors_the_node_exposes():
+    # keras-hub RWKV-7: layer 0 and layer 1 group the same ops into one GraphNode, but only
+    # layer 1's reads an intermediate outside; sharing patterns between them gave one a
+    # pattern with too few output placements (IndexError in the search)
+    x = _t("x:0")
+    node, out = _dense("d", x)
+    read = node.ops[0].outputs[0]
+    both = ir.compute_signature(node.ops, (x,), (out, read), node.weights)
+    assert both != node.signature
+    assert both == ir.compute_signature(node.ops, (x,), (out, read), node.weights)
+    assert ir.compute_signature(node.ops, (x,), (read, out), node.weights) != both
 
 
 def test_json_roundtrip_is_lossless():

@@ -70,7 +70,8 @@ class Grouper(Absorbing):
             nodes.append(ir.GraphNode(
                 id=gid, name=self._name(m, kinds[gid]), kind=kinds[gid], ops=ops,
                 inputs=tuple(inputs), outputs=tuple(outputs), weights=tuple(weights),
-                signature=ir.compute_signature(ops, inputs, weights, pin), pin=pin))
+                signature=ir.compute_signature(ops, inputs, outputs, weights, pin),
+                pin=pin))
         edges = []
         for node in nodes:
             for t in node.inputs:
