@@ -11,7 +11,7 @@ Checks: ``mlp``, ``checkpoint``, ``failed_step``, ``bad_inputs`` (a hand-written
 ``zoo`` (zoo models through ``tapas.parallelize``, searched or random plans), ``programs``
 (successive programs and strategies in one process), ``logits``
 (softmax/sigmoid outputs: the loss computes from their logits, as Keras's does), ``property``
-(hypothesis over random small models and plans). The hand-written program is Megatron's MLP (column-parallel then row-parallel dense) and two
+(hypothesis over random small models and plans), ``empty`` (collectives of empty tensors). The hand-written program is Megatron's MLP (column-parallel then row-parallel dense) and two
 other layouts of the same two Dense layers, written against the program protocol of
 ``tapas.execution.runtime`` with their own f/g collectives, so the runtime is tested without the
 reconstruction stage.
@@ -366,6 +366,44 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
     return out
 
 
+def check_empty(strategy: Any) -> dict[str, Any]:
+    """A concat with an empty operand (keras-hub Qwen3.5's chunked linear attention
+    concatenates a zero-length slice), its GraphNode split by each non-replicating pattern
+    while its producers stay replicated: the backward gathers the empty operand's gradient,
+    and TensorFlow's CPU all-gather of an empty tensor crashes the process (before the fix
+    this check ended its worker with a segmentation fault). Verified against Keras."""
+    from tapas import capturing
+    from tapas.execution import parallel
+    from tapas.execution.plan import Plan
+    from tapas.planning.strategy import graph_digest
+    from tapas.sharding.patterns import patterns_for
+    n = strategy.num_replicas_in_sync
+    inp = keras.Input((8, 4), name="x")
+    h = keras.layers.Dense(4, name="d1")(inp)
+    a = keras.layers.Dense(4, name="d2")(inp)
+    joined = keras.layers.Concatenate(axis=1)([h[:, :7], a[:, :1], h[:, 8:]])  # (B, 0, 4)
+    model = keras.Model(inp, keras.layers.Dense(3, name="d3")(joined))
+    specs = [tf.TensorSpec([BATCH, 8, 4], tf.float32, name="x")]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH, 8, 4)).astype("float32")
+    y = rng.standard_normal((BATCH, 8, 3)).astype("float32")
+    graph = capturing.capture(model, specs)
+    (node,) = [v for v in graph.nodes if any(op.type == "ConcatV2" for op in v.ops)]
+    assert any(0 in t.shape for t in node.inputs), [t.shape for t in node.inputs]
+    initial = [w.numpy() for w in model.weights]
+    out: dict[str, Any] = {}
+    for pattern in patterns_for(node, graph, n):
+        if pattern.name == "replicate":
+            continue
+        model.set_weights(initial)
+        plan = Plan(n, {node.id: pattern}, graph_digest=graph_digest(graph))
+        pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
+                                  loss=keras.losses.MeanSquaredError())
+        report = pm.verify([x], y, steps=2)
+        out[pattern.name] = {k: report[k] for k in ("outputs", "loss", "gradients", "weights")}
+    return out
+
+
 # (activation, loss, targets, patterns of the input node and the two Dense GraphNodes)
 LOGIT_CASES = {
     "softmax-probs-megatron": ("softmax", "scce", "sparse", ("replicate", "column", "row")),
@@ -687,7 +725,7 @@ CHECKS = {"property": check_property, "mesh": check_mesh, "programs": check_prog
           "mlp": check_mlp,
           "logits": check_logits,
           "checkpoint": check_checkpoint, "failed_step": check_failed_step,
-          "bad_inputs": check_bad_inputs}
+          "bad_inputs": check_bad_inputs, "empty": check_empty}
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("two"))
     (res,) = run_job({"devices": 2, "dir": d, "examples": 3,
                       "checks": ["mlp", "checkpoint", "failed_step", "bad_inputs", "property",
-                                 "zoo", "logits"],
+                                 "zoo", "logits", "empty"],
                       "zoo": [{"model": "t5-tiny", "strategies": ["random:3"],
                                "optimizer": "adam"},
                               {"model": "resnet-tiny", "strategies": ["best", "random:0"],
@@ -134,6 +134,18 @@ def test_zoo_models_equal_keras_on_2_devices(two: dict[str, Any]) -> None:
     assert {k: v["graph_optimization"] for k, v in two["zoo"].items() if k != "check"} == {
         "t5-tiny/random:3/adam": "lean", "resnet-tiny/best/sgd": "lean",
         "resnet-tiny/random:0/sgd": "lean", "resnet-tiny/random:0/sgd/default": "default"}
+
+
+def test_collectives_of_empty_tensors_are_not_launched(two: dict[str, Any]) -> None:
+    """A concat GraphNode with an empty operand, split while its producers are replicated:
+    its empty gradient is gathered without a collective (TensorFlow's CPU all-gather of an
+    empty tensor crashes the process) and every pattern equals Keras."""
+    res = two["empty"]
+    assert "error" not in res, res
+    assert set(res) == {"batch", "follow-S2"}, res
+    for pattern, report in res.items():
+        for what, cmp in report.items():
+            assert cmp["ok"], (pattern, what, cmp)
 
 
 def test_unknown_graph_optimization_is_refused_before_any_work() -> None:

@@ -365,6 +365,16 @@ def _in_collective_dtype(x: tf.Tensor, collective: Callable[[tf.Tensor], tf.Tens
     return tf.cast(collective(tf.cast(x, carrier)), x.dtype)
 
 
+def _empty(x: tf.Tensor) -> bool:
+    """Whether ``x`` statically has no elements (a dimension of size 0: a zero-length slice
+    of a sequence, as keras-hub Qwen3.5's chunked linear attention concatenates). No
+    collective is launched for it: TensorFlow 2.21's CPU all-gather of an empty tensor
+    crashes the process (a segmentation fault, `docs/running.md`), and the result is
+    known from the shapes alone. Shapes are static and equal on every replica, so every
+    replica skips the same collectives."""
+    return x.shape.is_fully_defined() and x.shape.num_elements() == 0
+
+
 class _OneReplica(Collectives):
     """The collectives of one replica (a list of one local tensor): all-to-all and
     reduce-scatter from the sum and gather primitives of a subclass (module docstring), and
@@ -448,7 +458,8 @@ class ReplicaContextCollectives(_OneReplica):
         else:
             def reduce(v):
                 return self._ctx().all_reduce(tf.distribute.ReduceOp.SUM, v)
-        return [tf.ensure_shape(_in_collective_dtype(x, reduce), x.shape) for x in xs]
+        return [x if _empty(x) else tf.ensure_shape(_in_collective_dtype(x, reduce), x.shape)
+                for x in xs]
 
     def _gather(self, xs: Tensors, axis: int) -> Tensors:
         launcher = self._launcher()
@@ -456,6 +467,9 @@ class ReplicaContextCollectives(_OneReplica):
         for x in xs:
             shape = x.shape.as_list()
             shape[axis] = None if shape[axis] is None else shape[axis] * self.num_devices
+            if _empty(x):
+                out.append(tf.zeros(shape, x.dtype))
+                continue
             if launcher is not None and x.shape.is_fully_defined():
                 gathered = _in_collective_dtype(
                     x, lambda v: _gather_on_axis(launcher, v, axis))
@@ -542,7 +556,8 @@ class KeyedCollectives(_OneReplica):
         return tf.raw_ops.CollectiveGatherV2(input=x, **self._common())
 
     def _sum(self, xs: Tensors) -> Tensors:
-        return [tf.ensure_shape(_in_collective_dtype(x, self._reduce), x.shape) for x in xs]
+        return [x if _empty(x) else
+                tf.ensure_shape(_in_collective_dtype(x, self._reduce), x.shape) for x in xs]
 
     def _gather(self, xs: Tensors, axis: int) -> Tensors:
         out = []
@@ -552,6 +567,9 @@ class KeyedCollectives(_OneReplica):
                 raise ValueError(f"all-gather of a tensor of shape {shape} along axis {axis}: "
                                  "the collectives need static shapes")
             shape[axis] *= self.num_devices
+            if _empty(x):
+                out.append(tf.zeros(shape, x.dtype))
+                continue
             gathered = _in_collective_dtype(x, lambda v: _on_axis(self._gather0, v, axis))
             out.append(tf.ensure_shape(gathered, shape))
         return out
