@@ -221,6 +221,39 @@ def test_random_whole_model_plans_equal_one_device(name, n, seeds):
         assert diff == [], f"seed {seed}: {diff}"
 
 
+class _IndexedBias(keras.layers.Layer):
+    """A bias looked up by an index tensor the layer computes once in Python, as keras-hub
+    Swin's window attention holds its relative position index: the traced function captures
+    it (a placeholder fed from outside, above 128 elements; TensorFlow embeds smaller ones as
+    Const ops), neither an input nor a variable."""
+
+    def build(self, shape):
+        self.table = self.add_weight(shape=(6,), name="table")
+        i = np.arange(shape[-1])
+        self.index = tf.constant((i[:, None] - i[None, :]) % 6, tf.int32)   # an eager tensor
+
+    def call(self, x):
+        return x + tf.gather(self.table, self.index)
+
+
+def test_a_tensor_captured_from_python_is_a_constant_of_every_plan():
+    x = keras.Input((16, 16))
+    h = keras.layers.Dense(16, name="d1")(x)
+    model = keras.Model(x, keras.layers.Dense(8, name="d2")(_IndexedBias(name="bias")(h)))
+    specs = [tf.TensorSpec([4, 16, 16])]
+    t = capturing.trace(model, specs)
+    (index,) = t.constants.values()
+    assert index.shape == (16, 16) and index[3, 1] == 2 and index[1, 3] == 4
+    g = capturing.to_ir(t)
+    assert any(op.type == "Placeholder" and op.name in t.constants
+               for node in g.nodes for op in node.ops)
+    xs = _inputs(specs)
+    for n, seed in ((2, 0), (2, 1), (4, 2)):
+        plan = _random_plan(g, n, seed)
+        cmp = verify.compare_with_single_device(t, g, plan, xs)
+        assert cmp.ok(rtol=1e-5, atol=1e-5), f"N={n} seed {seed}: {cmp.worst}"
+
+
 def test_searched_strategy_runs_and_matches_its_prediction():
     model, specs = _zoo("t5-tiny", batch=4)
     t = capturing.trace(model, specs)

@@ -71,6 +71,10 @@ class Trace:
     # placeholder op name -> the path of that state, unique as weight paths are
     # (:func:`state_paths`)
     state_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # placeholder op name -> the value of a tensor the traced function captured from
+    # Python (an eager tensor a layer computed once, e.g. keras-hub Swin's relative
+    # position index): a constant of the program, like a Const op
+    constants: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def graph(self) -> tf.Graph:
@@ -138,6 +142,7 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
     captured_ids = set()
     var_of: dict[str, Any] = {}
     states: dict[str, Any] = {}
+    constants: dict[str, Any] = {}
     path_of_state = {id(v): p for v, p in zip(others, weight_paths(others))}
     for external, internal in cf.graph.captures:
         captured_ids.add(id(internal))
@@ -146,6 +151,8 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
             var_of[internal.op.name] = v
         elif id(external) in state_by_handle:
             states[internal.op.name] = state_by_handle[id(external)]
+        elif external.dtype != tf.resource and hasattr(external, "numpy"):
+            constants[internal.op.name] = external.numpy()
     path_of = {id(v): p for v, p in zip(variables, weight_paths(variables))}
     weights = {ph: _weight_info(v, ph, path_of[id(v)]) for ph, v in var_of.items()}
     if not model_weights:
@@ -156,7 +163,7 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
     return Trace(concrete_function=cf, input_specs=tuple(specs), input_names=input_names,
                  variables=var_of, weights=weights, model_weights=model_weights,
                  name=name or label, seconds=time.perf_counter() - start, pins=pins,
-                 states=states,
+                 states=states, constants=constants,
                  state_paths={ph: path_of_state[id(v)] for ph, v in states.items()})
 
 

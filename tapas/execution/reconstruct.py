@@ -137,6 +137,7 @@ class Program:
         # variables the graph reads and writes that are no weights (seed states)
         self.states = stateful.states_of(trace)
         self._state_of_ph = {ph: s.path for ph, s in self.states.items()}
+        self._constant_of_ph = dict(getattr(trace, "constants", {}))
         self.has_writes = any(op.type in stateful.WRITE_OPS for n in graph.nodes for op in n.ops)
         # graph inputs by tensor name: the trace's placeholders for a whole model, any
         # tensors for a sub-graph (the pattern checker runs one GraphNode alone)
@@ -478,10 +479,16 @@ class _Run:
                 name = op.outputs[0].name
                 if name in self.env:  # a graph input
                     view[name], vplace[name] = self.env[name], self.place[name]
+                elif op.name in self.p._constant_of_ph:  # captured from Python: a constant
+                    value = tf.constant(self.p._constant_of_ph[op.name])
+                    view[name], vplace[name] = self._conform(
+                        [value] * self.n_local, None, tensors.get(name), op.outputs[0], label,
+                        op)
                 elif op.name not in self.p._weight_of_ph and \
                         op.name not in self.p._state_of_ph:
                     raise ReconstructError(f"{label}: placeholder '{op.name}' is neither a "
-                                           "graph input nor a model variable")
+                                           "graph input, a model variable nor a captured "
+                                           "constant")
                 continue
             if op.type in stateful.WRITE_OPS:
                 stateful.record_write(self, op, view, vplace, label)
