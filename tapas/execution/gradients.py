@@ -41,7 +41,11 @@ class GradientFlow:
 
 
 def _differentiable(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat", "half", "complex")) or dtype == "resource"
+    # a variant is a TensorList handle (a loop's TensorArray: keras-hub RWKV-7's unrolled
+    # recurrence writes its states into one and stacks them): TensorFlow differentiates
+    # through TensorListSetItem / TensorListStack, so the values read back get gradients
+    return dtype.startswith(("float", "bfloat", "half", "complex")) or \
+        dtype in ("resource", "variant")
 
 
 def _topological(ops: Sequence[ir.OpInfo]) -> list[ir.OpInfo]:
