@@ -259,7 +259,7 @@ def _float32_noise(built: dict[str, Any], initial: list, xs: Any, training: bool
                 loss = built["loss"](target, got)
             outs[dtype] = [np.asarray(o, np.float64) for o in tf.nest.flatten(got)]
             g = tape.gradient(loss, weights_by_path(model)[path])
-            grads[dtype] = np.asarray(g, np.float64)
+            grads[dtype] = np.asarray(tf.convert_to_tensor(g), np.float64)  # IndexedSlices too
             keras.backend.clear_session()
     finally:
         keras.config.set_dtype_policy(policy)
