@@ -145,9 +145,18 @@ def keras_hub_available() -> bool:
 # beside Qwen3-MoE, DINOv2 beside ViT): scripts only. DeBERTa-v3 (its relative embeddings
 # projected by the attention's own query and key layers) and ViT (image patches) are in
 # the CI slice.
+_NEW_2026_11_26 = ("bart", "whisper", "xlnet", "esm2", "gemma3", "llama3", "qwen2", "smollm3",
+                   "gpt-oss", "qwen3.5", "rwkv7", "deit", "dinov3", "swin", "vitdet", "mit",
+                   "resnet", "resnet-v2", "cspnet", "hgnetv2", "densenet", "vgg", "xception")
 _HUB_SCRIPT_ONLY = frozenset({"albert", "electra", "falcon", "gpt-neox", "opt", "bloom", "phi3",
                               "qwen3", "fnet", "roformer-v2", "xlm-roberta", "qwen-moe",
-                              "dinov2"})
+                              "dinov2", *_NEW_2026_11_26})
+
+
+# backbones whose one image input is an unnamed keras.Input: Keras itself takes no dict
+# for them (its input check wants the InputLayer's name, its dict matching the tensor's)
+_HUB_UNNAMED_INPUT = frozenset({"deit", "swin", "mit", "resnet", "resnet-v2", "cspnet",
+                                "densenet", "vgg", "xception"})
 
 
 def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
@@ -194,7 +203,85 @@ def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
                                            num_heads=4, intermediate_dim=128,
                                            image_shape=(IMAGE, IMAGE, 3),
                                            position_embedding_shape=(IMAGE, IMAGE)),
+        # added 2026-11-26: encoder-decoders, more decoders, vision transformers and CNNs
+        "bart": lambda: _one_output(m.BartBackbone(num_heads=4, max_sequence_length=SEQ, **text),
+                                    "decoder_sequence_output"),
+        "whisper": lambda: _one_output(m.WhisperBackbone(
+            num_heads=4, num_mels=16, max_encoder_sequence_length=2 * SEQ,
+            max_decoder_sequence_length=SEQ, **text), "decoder_sequence_output"),
+        "xlnet": lambda: m.XLNetBackbone(num_heads=4, **text),
+        "esm2": lambda: m.ESM2Backbone(num_heads=4, max_sequence_length=SEQ, **text),
+        "gemma3": lambda: m.Gemma3Backbone(image_size=IMAGE, head_dim=16,
+                                           **dict(gqa, num_key_value_heads=1)),
+        "llama3": lambda: m.Llama3Backbone(**gqa),
+        "qwen2": lambda: m.Qwen2Backbone(**gqa),
+        "smollm3": lambda: m.SmolLM3Backbone(
+            vocabulary_size=VOCAB, hidden_dim=64, intermediate_dim=128, num_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, attention_bias=False,
+            attention_dropout=0.0, rope_layer_enabled_list=[True, False],
+            layer_types=["full_attention", "full_attention"], mlp_bias=False,
+            layer_norm_epsilon=1e-6, max_position_embeddings=SEQ, rope_theta=10000.0,
+            partial_rotary_factor=1.0),
+        "gpt-oss": lambda: m.GptOssBackbone(num_experts=4, top_k=2, head_dim=16, sliding_window=8,
+                                            **gqa),
+        "qwen3.5": lambda: m.Qwen3_5Backbone(
+            head_dim=16, layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, **gqa),
+        "rwkv7": lambda: m.RWKV7Backbone(hidden_size=64, head_size=16, num_layers=2,
+                                         vocabulary_size=VOCAB, intermediate_dim=128,
+                                         gate_lora=16, mv_lora=8, aaa_lora=8, decay_lora=8),
+        "deit": lambda: m.DeiTBackbone(image_shape=(IMAGE, IMAGE, 3), patch_size=8, num_layers=2,
+                                       num_heads=4, hidden_dim=64, intermediate_dim=128),
+        "dinov3": lambda: m.DINOV3Backbone(patch_size=8, num_layers=2, hidden_dim=64,
+                                           num_heads=4, intermediate_dim=128,
+                                           num_register_tokens=2, image_shape=(IMAGE, IMAGE, 3)),
+        "swin": lambda: m.SwinTransformerBackbone(image_shape=(IMAGE, IMAGE, 3), embed_dim=32,
+                                                  depths=[2, 2], num_heads=[2, 4], window_size=4,
+                                                  patch_size=2, drop_path=0.0),
+        "vitdet": lambda: m.ViTDetBackbone(hidden_size=64, num_layers=2, intermediate_dim=128,
+                                           num_heads=4, global_attention_layer_indices=[1],
+                                           image_shape=(IMAGE, IMAGE, 3), patch_size=8,
+                                           num_output_channels=32, window_size=2),
+        "mit": lambda: m.MiTBackbone(layerwise_depths=[1, 1], num_layers=2,
+                                     layerwise_num_heads=[1, 2], layerwise_sr_ratios=[2, 1],
+                                     max_drop_path_rate=0.0, layerwise_patch_sizes=[7, 3],
+                                     layerwise_strides=[4, 2], image_shape=(IMAGE, IMAGE, 3),
+                                     hidden_dims=[16, 32]),
+        "resnet": lambda: m.ResNetBackbone(
+            input_conv_filters=[16], input_conv_kernel_sizes=[3], stackwise_num_filters=[64, 32],
+            stackwise_num_blocks=[2, 2], stackwise_num_strides=[1, 2],
+            block_type="bottleneck_block", image_shape=(IMAGE, IMAGE, 3)),
+        "resnet-v2": lambda: m.ResNetBackbone(
+            input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64, 64],
+            stackwise_num_blocks=[2, 2], stackwise_num_strides=[1, 2], block_type="basic_block",
+            use_pre_activation=True, image_shape=(IMAGE, IMAGE, 3)),
+        "cspnet": lambda: m.CSPNetBackbone(
+            stem_filters=16, stem_kernel_size=3, stem_strides=2, stackwise_depth=[1, 2],
+            stackwise_strides=[1, 2], stackwise_num_filters=[32, 64], block_type="dark_block",
+            stage_type="csp", bottle_ratio=[0.5], block_ratio=[1.0], expand_ratio=[2.0],
+            image_shape=(IMAGE, IMAGE, 3)),
+        "hgnetv2": lambda: _one_output(m.HGNetV2Backbone(
+            depths=[1, 1], embedding_size=16, hidden_sizes=[32, 64], stem_channels=[3, 8, 16],
+            hidden_act="relu", use_learnable_affine_block=True,
+            stackwise_stage_filters=[[16, 8, 32, 1, 2, 3], [32, 16, 64, 1, 2, 3]],
+            apply_downsample=[False, True], use_lightweight_conv_block=[False, True],
+            image_shape=(IMAGE, IMAGE, 3)), "stage2"),
+        "densenet": lambda: m.DenseNetBackbone(stackwise_num_repeats=[2, 2],
+                                               image_shape=(IMAGE, IMAGE, 3), growth_rate=8),
+        "vgg": lambda: m.VGGBackbone(stackwise_num_repeats=[1, 2], stackwise_num_filters=[16, 32],
+                                     image_shape=(IMAGE, IMAGE, 3)),
+        "xception": lambda: m.XceptionBackbone(
+            stackwise_conv_filters=[[16, 32], [64, 64], [128, 128]],
+            stackwise_pooling=[False, True, False], image_shape=(IMAGE, IMAGE, 3)),
     }
+
+
+def _one_output(backbone: keras.Model, key: str) -> keras.Model:
+    """``backbone`` (a keras-hub model with a dict of outputs) as a model of its output
+    ``key`` alone, so that it trains with one loss: an encoder-decoder's decoder output
+    (the encoder's output still feeds the cross-attention), a CNN's last stage."""
+    return keras.Model(backbone.input, backbone.output[key], name=f"{backbone.name}_{key}")
 
 
 def _bert_with_head() -> keras.Model:
@@ -212,7 +299,8 @@ def _keras_hub() -> list[CorpusEntry]:
     if not keras_hub_available():
         return []
     out = [CorpusEntry(f"hub-{name}", "keras-hub", f"keras-hub {name} backbone from a small config",
-                       builder, dict_inputs=True, ci=name not in _HUB_SCRIPT_ONLY)
+                       builder, dict_inputs=name not in _HUB_UNNAMED_INPUT,
+                       ci=name not in _HUB_SCRIPT_ONLY)
            for name, builder in _hub_backbones().items()]
     out.append(CorpusEntry("hub-bert-classifier", "keras-hub",
                            "keras-hub BERT with a mean-pool + Dense head (its pooler unused)",
