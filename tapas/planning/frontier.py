@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -49,8 +49,68 @@ TieOptions = Mapping[int, Sequence[tuple[tuple[int, ...], float]]]
 # progress(phase, done, total, candidates): steps done of total in this phase, and the
 # candidates (prefix extensions) generated so far in it
 Progress = Callable[[str, int, int, int], None]
-# a frontier: (tensor key, placement) pairs, sorted by key; ("tie", t) keys hold a choice
-State = tuple[tuple[Any, Any], ...]
+
+
+class State:
+    """A frontier: tensor key -> placement (``("tie", t)`` keys hold a template's choice).
+
+    Iterates as ``(key, placement)`` pairs sorted by the keys' reprs. Hashed incrementally
+    (the XOR of its items' hashes, each computed once when the item enters a state): a
+    prefix extension changes a few items of a frontier that may hold dozens of live tensors
+    (keras-hub RWKV-7: about 48), and hashing and sorting whole frontiers for every
+    extension was most of such a search's time."""
+
+    __slots__ = ("items", "hashes", "_hash")
+
+    def __init__(self, items: dict[Any, Any], hashes: dict[Any, int], value: int) -> None:
+        self.items, self.hashes, self._hash = items, hashes, value
+
+    @staticmethod
+    def of(pairs: Iterable[tuple[Any, Any]]) -> State:
+        items = dict(pairs)
+        hashes = {k: hash((k, v)) for k, v in items.items()}
+        value = 0
+        for h in hashes.values():
+            value ^= h
+        return State(items, hashes, value)
+
+    def changed(self, puts: Iterable[tuple[Any, Any]], drops: Iterable[Any]) -> State:
+        """This frontier with ``puts`` set (in order) and then ``drops`` removed."""
+        items, hashes, value = dict(self.items), dict(self.hashes), self._hash
+        for k, v in puts:
+            old = hashes.get(k)
+            if old is not None:
+                if items[k] is v:
+                    continue
+                value ^= old
+            h = hash((k, v))
+            items[k], hashes[k] = v, h
+            value ^= h
+        for k in drops:
+            old = hashes.pop(k, None)
+            if old is not None:
+                value ^= old
+                del items[k]
+        return State(items, hashes, value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, State) and self._hash == other._hash and \
+            self.items == other.items
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return iter(sorted(self.items.items(), key=_item_key))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __repr__(self) -> str:
+        return f"State({list(self)!r})"
+
+
+_EMPTY = State({}, {}, 0)
 
 
 class SearchTimeout(RuntimeError):
@@ -186,20 +246,17 @@ def _match_inputs(step: Step, info: PatternInfo, state: Mapping[Any, Any], edges
     return extra, sets, moved
 
 
-def _next_state(step: Step, info: PatternInfo, state: Mapping[Any, Any],
+def _next_state(step: Step, info: PatternInfo, state: State,
                 sets: Mapping[Any, Placement], tie_set: int | None) -> State:
     """The frontier after ``step`` takes pattern ``info``."""
-    nd = dict(state)
-    nd.update(sets)
-    for out_i, key in step.writes:
-        nd[key] = info.outputs[out_i]
-    for key in step.drops:
-        nd.pop(key, None)
+    puts = list(sets.items())
+    puts += [(key, info.outputs[out_i]) for out_i, key in step.writes]
+    drops = list(step.drops)
     if tie_set is not None:
-        nd[("tie", step.tie)] = tie_set
-    for t in step.release:
-        nd.pop(("tie", t), None)
-    return tuple(sorted(nd.items(), key=_item_key))
+        puts.append((("tie", step.tie), tie_set))
+    drops += [("tie", t) for t in step.release]
+    # a key both written and dropped here (a tie set and released at once) ends dropped
+    return state.changed(puts, drops)
 
 
 def _advance(step: Step, frontier: Mapping[State, list[tuple[float, Any]]],
@@ -208,7 +265,7 @@ def _advance(step: Step, frontier: Mapping[State, list[tuple[float, Any]]],
     """Extend every prefix of ``frontier`` by every option of ``step``."""
     nxt: dict[State, list[tuple[float, Any]]] = {}
     for state, entries in frontier.items():
-        sd = dict(state)
+        sd = state.items
         for oi, pi, base, tie_set in _branches(step, sd, tie_options):
             tally.generated += len(entries)
             info = infos[pi]
@@ -220,7 +277,7 @@ def _advance(step: Step, frontier: Mapping[State, list[tuple[float, Any]]],
             tally.costed += len(entries)
             if moved:
                 tally.resharded += len(entries)
-            bucket = nxt.setdefault(_next_state(step, info, sd, sets, tie_set), [])
+            bucket = nxt.setdefault(_next_state(step, info, state, sets, tie_set), [])
             for c, path in entries:
                 bucket.append((c + extra, (path, oi)))
     return nxt
@@ -257,7 +314,7 @@ def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
     state onto its renamed self, the remaining periods but the last are jumped over.
     """
     tally = _Tally()
-    frontier: dict[State, list[tuple[float, Any]]] = {(): [(0.0, None)]}
+    frontier: dict[State, list[tuple[float, Any]]] = {_EMPTY: [(0.0, None)]}
     next_report = time.perf_counter() + _PROGRESS_SECONDS
     by_start = {r.start + j * r.period: (r, j) for r in runs for j in range(r.count - 1)}
     before: tuple[Run, int, dict[State, list[tuple[float, Any]]]] | None = None
@@ -294,7 +351,7 @@ def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
 
 
 def _rename(state: State, r: Run, periods: int) -> State:
-    return tuple(sorted(((r.shift(key, periods), v) for key, v in state), key=_item_key))
+    return State.of((r.shift(key, periods), v) for key, v in state)
 
 
 def _jump(r: Run, j: int, start: Mapping[State, list[tuple[float, Any]]],
@@ -341,6 +398,7 @@ def _jump(r: Run, j: int, start: Mapping[State, list[tuple[float, Any]]],
 
 def _item_key(item: tuple[Any, Any]) -> str:
     return repr(item[0])
+
 
 
 def unwind(path: Any, n: int) -> list[int]:
