@@ -6,9 +6,12 @@ random weights (nothing is downloaded) and small inputs, so that the whole pipel
 run over them in a test:
 
 * every ``keras.applications`` family, at its smallest variant and a small image size;
-* transformer backbones of keras-hub, built from a config (BERT, RoBERTa, DistilBERT,
-  GPT-2, Llama, Mistral, Gemma, Mixtral and Qwen3-MoE, T5), alone and wrapped with a user's
-  head so that part of the backbone (the BERT pooler) is computed but read by nothing.
+* backbones of keras-hub, built from a config: transformers (BERT, RoBERTa, DistilBERT,
+  GPT-2, Llama, Mistral, Gemma, Mixtral and Qwen3-MoE, T5 and 31 more: encoder-decoders,
+  MoEs, linear attention, a recurrence (RWKV-7), vision transformers) and keras-hub's own
+  CNNs, alone and wrapped with a user's head so that part of the backbone (the BERT pooler)
+  is computed but read by nothing; a backbone with a dict of outputs trains on one of them
+  (:func:`_one_output`).
 
 keras-hub is optional (the ``test`` extra installs it; see README): its entries are listed
 only when it imports. Every entry builds in a few seconds on 2 cores.
