@@ -352,3 +352,26 @@ def test_a_narrow_order_carries_fewer_tensors_and_finds_the_same_plans(cluster, 
     assert [p.cost for p in chosen.plans] == pytest.approx([p.cost for p in plain.plans],
                                                            rel=1e-12)
     assert chosen.counts.generated < plain.counts.generated
+
+
+def test_a_frontier_state_hashes_and_compares_as_its_items():
+    """frontier.State is hashed incrementally (items XORed in and out as a prefix extension
+    sets and drops them); it must hash, compare and iterate exactly as a state built from
+    its items at once, whatever the order of the changes."""
+    import random
+
+    from tapas.planning.frontier import State
+    from tapas.sharding.placements import Replica, Split
+    rng = random.Random(0)
+    values = [Replica(), Split(0), Split(1), 0, 1]
+    keys = [(i, 0) for i in range(6)] + [("x", "in:0"), ("tie", 2)]
+    state = State.of([])
+    for _ in range(300):
+        puts = [(rng.choice(keys), rng.choice(values)) for _ in range(rng.randint(0, 3))]
+        drops = rng.sample(keys, rng.randint(0, 2))
+        state = state.changed(puts, drops)
+        whole = State.of(list(state))
+        assert hash(state) == hash(whole) and state == whole
+        assert list(state) == sorted(whole.items.items(), key=lambda kv: repr(kv[0]))
+        assert {k for k, _ in state}.isdisjoint(drops)
+    assert State.of([((0, 0), Split(0))]) != State.of([((0, 0), Split(1))])
