@@ -136,6 +136,35 @@ def test_seed_states_sharing_a_keras_path_are_told_apart() -> None:
         np.testing.assert_array_equal(value.numpy(), after[path].numpy())
 
 
+def test_one_dropout_layer_applied_three_times_draws_three_masks_as_keras() -> None:
+    """keras-hub ESM-2's encoder applies one Dropout layer (one seed generator) three times
+    per call. The three advances of its state (read, add 1, assign: nothing from the
+    activations) are grouped into the first dropout's GraphNode, so the later dropouts'
+    reads are replayed after all three writes; each must still see the state as it was at
+    its place in the program (it saw the last write: the outputs differed by 2.3 on ESM-2,
+    on one device too)."""
+    keras.utils.set_random_seed(0)
+    drop = keras.layers.Dropout(0.5)
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8, name="d1")(drop(inp))
+    h = keras.layers.Dense(8, name="d2")(drop(h))
+    model = keras.Model(inp, drop(h) + h)
+    trace = capturing.trace(model, SPEC, training=True)
+    graph = capturing.to_ir(trace)
+    x = batch()
+    (path,) = set(trace.state_paths.values())
+    before = capturing.tracing.states_by_path(model)[path].numpy()
+    got, writes = replay_on_one_device(trace, graph, x)
+    want = model(x, training=True)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    after = capturing.tracing.states_by_path(model)[path].numpy()
+    assert not np.array_equal(before, after)
+    np.testing.assert_array_equal(writes[path].numpy(), after)
+    for seed in range(2):
+        plan = parallel.random_plan(graph, 2, seed)
+        assert checker.check_plan(trace, graph, plan, [x])["ok"]
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_random_plans_on_simulated_shards_equal_one_device(n: int) -> None:
     """Random plans over the training graph on N simulated shards: outputs, gradients and

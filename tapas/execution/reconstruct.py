@@ -138,6 +138,15 @@ class Program:
         self.states = stateful.states_of(trace)
         self._state_of_ph = {ph: s.path for ph, s in self.states.items()}
         self._constant_of_ph = dict(getattr(trace, "constants", {}))
+        # program order of the traced ops, and of each seed state's writes (stateful)
+        self._op_order = {op.name: i for i, op in enumerate(trace.graph.get_operations())}
+        self._state_writes: dict[str, list[int]] = {}
+        for n in graph.nodes:
+            for op in n.ops:
+                ph = op.inputs[0].split(":")[0] if op.inputs else ""
+                if op.type in stateful.WRITE_OPS and ph in self._state_of_ph:
+                    self._state_writes.setdefault(self._state_of_ph[ph], []).append(
+                        self._op_order[op.name])
         self.has_writes = any(op.type in stateful.WRITE_OPS for n in graph.nodes for op in n.ops)
         # graph inputs by tensor name: the trace's placeholders for a whole model, any
         # tensors for a sub-graph (the pattern checker runs one GraphNode alone)
@@ -583,7 +592,7 @@ class _Run:
             written = self.writes.read(path, want)
             return [(written if written is not None else self._read_weight(path, want), want)]
         if op.type == "ReadVariableOp" and op.inputs[0].split(":")[0] in self.p._state_of_ph:
-            return [(stateful.read_state(self, self.p._state_of_ph[op.inputs[0].split(":")[0]]),
+            return [(stateful.read_state(self, self.p._state_of_ph[op.inputs[0].split(":")[0]], op),
                      Replica())]
         for name in op.inputs:
             if name.startswith("^"):

@@ -28,8 +28,10 @@ How training mode stays equal to the single-device Keras model:
 * A write needs its value whole (the rule makes it ``R``); a variable stored split takes
   its local slice of it (no communication).
 
-Reads of a variable written earlier in the same replay see the written value (a
-SeedGenerator shared by two dropout layers advances twice per step, as in Keras).
+Reads of a seed state see the value of the last write before them in the traced program
+(a SeedGenerator shared by two dropout layers, or one Dropout layer applied three times,
+advances once per draw, as in Keras), whatever order the replay meets them in
+(:func:`read_state`).
 """
 
 from __future__ import annotations
@@ -122,6 +124,15 @@ class Writes:
         self.n = num_devices
         self.rids = list(replica_ids)
         self.values: dict[str, list] = {}
+        # path -> [(the write's position in the traced program, value written)], in the
+        # order the replay met them (see :func:`read_state`)
+        self.history: dict[str, list[tuple[int, list]]] = {}
+
+    def as_of(self, path: str, at: int) -> tuple[int, list] | None:
+        """The last write to ``path`` before program position ``at`` that the replay has
+        recorded (its position and value), or None."""
+        before = [(k, v) for k, v in self.history.get(path, ()) if k < at]
+        return max(before, key=lambda kv: kv[0]) if before else None
 
     def read(self, path: str, want: Placement) -> list | None:
         """The value written to ``path`` earlier in this replay, placed ``want`` (None when
@@ -139,7 +150,7 @@ class Writes:
                                "that read it replicated or as it is stored")
 
     def write(self, op: Any, path: str, current: list, vals: list, plc: Placement,
-              label: str) -> None:
+              label: str, at: int | None = None) -> None:
         """Record ``op`` (an ``Assign*VariableOp``) writing ``vals`` (placed ``plc``) to
         ``path``, whose value before it is ``current`` (stored placement)."""
         want = self._stored(path)
@@ -156,6 +167,8 @@ class Writes:
         elif op.type == "AssignSubVariableOp":
             vals = [c - v for c, v in zip(current, vals)]
         self.values[path] = [tf.cast(v, c.dtype) for v, c in zip(vals, current)]
+        if at is not None:
+            self.history.setdefault(path, []).append((at, self.values[path]))
 
 
 class StateStore:
@@ -189,13 +202,33 @@ class StateStore:
                 copies[p].assign(v)
 
 
-def read_state(run: Any, path: str) -> list:
-    """A seed state's current local values in the replay ``run`` (a
-    ``reconstruct._Run``) (the value written earlier in this replay,
-    else the caller's variable, else the traced model's own variable)."""
-    written = run.writes.read(path, Replica())
-    if written is not None:
-        return written
+def read_state(run: Any, path: str, op: Any = None) -> list:
+    """A seed state's local values in the replay ``run`` (a ``reconstruct._Run``) as the
+    traced program's op ``op`` (a read or a write of it) sees them: the value of the last
+    write before ``op`` in the program, else the caller's variable, else the traced model's
+    own variable. The replay runs GraphNode by GraphNode, not in program order: keras-hub
+    ESM-2 applies one Dropout layer three times per call, and the three advances of its
+    seed state (read, add 1, assign: no data from the activations) are grouped into the
+    first dropout's GraphNode, so a later dropout's read, replayed after all three writes,
+    must still see the value after the writes that precede it in the program. A write
+    before ``op`` that the replay has not met yet cannot be seen: ReconstructError.
+    Without ``op``, the last value written in this replay."""
+    if op is not None and path in run.p._state_writes:
+        at = run.p._op_order[op.name]
+        due = [k for k in run.p._state_writes[path] if k < at]
+        seen = run.writes.as_of(path, at)
+        if due and (seen is None or seen[0] != max(due)):
+            raise ReconstructError(
+                f"the replay reads seed state '{path}' at op '{op.name}' before replaying "
+                "the write that precedes it in the traced program: the GraphNodes holding "
+                "them are in the wrong order for it; capture the model in inference mode "
+                "(training=False) to run it without drawing dropout masks")
+        if seen is not None:
+            return seen[1]
+    else:
+        written = run.writes.read(path, Replica())
+        if written is not None:
+            return written
     if path in run.weights:
         return [tf.convert_to_tensor(v) for v in run.weights[path]]
     ph = next(ph for ph, p in run.p._state_of_ph.items() if p == path)
@@ -215,8 +248,9 @@ def record_write(run: Any, op: Any, view: dict, vplace: dict, label: str) -> Non
         current = run.writes.read(path, plc) or run._read_weight(path, plc)
     else:
         path = run.p._state_of_ph[ph]
-        current = read_state(run, path)
-    run.writes.write(op, path, current, view[value], vplace[value], label)
+        current = read_state(run, path, op)
+    run.writes.write(op, path, current, view[value], vplace[value], label,
+                     run.p._op_order.get(op.name))
 
 
 def assign_writes(writes: Mapping[str, Any], weights: Mapping[str, Any],
