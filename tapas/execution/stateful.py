@@ -166,9 +166,14 @@ class Writes:
             vals = [c + v for c, v in zip(current, vals)]
         elif op.type == "AssignSubVariableOp":
             vals = [c - v for c, v in zip(current, vals)]
-        self.values[path] = [tf.cast(v, c.dtype) for v, c in zip(vals, current)]
-        if at is not None:
-            self.history.setdefault(path, []).append((at, self.values[path]))
+        value = [tf.cast(v, c.dtype) for v, c in zip(vals, current)]
+        if at is None:
+            self.values[path] = value
+            return
+        history = self.history.setdefault(path, [])
+        history.append((at, value))
+        # what the step leaves in the variable: its last write in the program
+        self.values[path] = max(history, key=lambda kv: kv[0])[1]
 
 
 class StateStore:
