@@ -140,7 +140,7 @@ def test_collectives_of_empty_tensors_are_not_launched(two: dict[str, Any]) -> N
     """A concat GraphNode with an empty operand, split while its producers are replicated:
     its empty gradient is gathered without a collective (TensorFlow's CPU all-gather of an
     empty tensor crashes the process) and every pattern equals Keras."""
-    res = two["empty"]
+    res = {k: v for k, v in two["empty"].items() if k != "check"}
     assert "error" not in res, res
     assert set(res) == {"batch", "follow-S2"}, res
     for pattern, report in res.items():
