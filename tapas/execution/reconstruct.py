@@ -138,8 +138,10 @@ class Program:
         self.states = stateful.states_of(trace)
         self._state_of_ph = {ph: s.path for ph, s in self.states.items()}
         self._constant_of_ph = dict(getattr(trace, "constants", {}))
-        # program order of the traced ops, and of each seed state's writes (stateful)
-        self._op_order = {op.name: i for i, op in enumerate(trace.graph.get_operations())}
+        # program order of the traced ops, and of each seed state's writes (stateful); an
+        # inference graph has no seed states and skips it (a pass over every traced op)
+        self._op_order = {op.name: i for i, op in enumerate(trace.graph.get_operations())} \
+            if self.states else {}
         self._state_writes: dict[str, list[int]] = {}
         for n in graph.nodes:
             for op in n.ops:
