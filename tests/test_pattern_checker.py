@@ -166,6 +166,73 @@ def _grouped_conv():
     return keras.Model(x, y, name="grouped_conv"), [tf.TensorSpec([4, 8, 8, 8])]
 
 
+class RecurrentState(keras.layers.Layer):
+    """A linear-attention read of a recurrent state that starts as a constant per batch row
+    and head (Qwen3.5's gated delta net: ``q @ zeros((b, heads, d, d))``); the state is
+    used again outside the read. The constant has the batch and head dimensions of the
+    batched matmul, so a pattern that splits them must slice it."""
+
+    def call(self, q):
+        ops = keras.ops
+        b, h, _, d = q.shape
+        rows = ops.cast(ops.arange(b), "float32")[:, None, None, None]
+        state = ops.full((b, h, d, d), 0.5) + 0.1 * rows
+        return ops.matmul(q, state) + ops.mean(state, axis=(2, 3), keepdims=True)
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+def _recurrent_state():
+    x = keras.Input((8, 16))
+    q = keras.layers.Reshape((8, 2, 8))(keras.layers.Dense(16)(x))
+    q = keras.layers.Permute((2, 1, 3))(q)
+    y = RecurrentState()(q)
+    return keras.Model(x, keras.layers.Dense(4)(y), name="recurrent_state"), \
+        [tf.TensorSpec([4, 8, 16])]
+
+
+class PadToMaxPool(keras.layers.Layer):
+    """keras-hub ResNet-v2's stem: padding with ``-inf`` before a valid max-pooling, so the
+    padded tensor (a node output) holds infinities in both programs."""
+
+    def call(self, x):
+        ops = keras.ops
+        padded = ops.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=float("-inf"))
+        return ops.max_pool(padded, 3, strides=2, padding="valid")
+
+
+def _inf_padding():
+    x = keras.Input((8, 8, 4))
+    y = keras.layers.Conv2D(8, 3, padding="same")(x)
+    y = PadToMaxPool()(y)
+    return keras.Model(x, keras.layers.Conv2D(4, 1)(y), name="inf_padding"), \
+        [tf.TensorSpec([4, 8, 8, 4])]
+
+
+class TensorArrayRecurrence(keras.layers.Layer):
+    """A recurrence unrolled over a static sequence into a ``tf.TensorArray`` and stacked
+    (keras-hub RWKV-7's time mixing): GraphNodes joined by TensorList handles."""
+
+    def call(self, x):
+        steps = tf.TensorArray(x.dtype, size=x.shape[1])
+        h = tf.zeros_like(x[:, 0])
+        for t in range(x.shape[1]):
+            h = 0.5 * h + tf.tanh(x[:, t])
+            steps = steps.write(t, h)
+        return tf.transpose(steps.stack(), (1, 0, 2))
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+def _tensor_array():
+    x = keras.Input((4, 8))
+    y = TensorArrayRecurrence()(keras.layers.Dense(8)(x))
+    return keras.Model(x, keras.layers.Dense(4)(y), name="tensor_array"), \
+        [tf.TensorSpec([4, 4, 8])]
+
+
 def _zoo(name):
     def build():
         entry = models.get(name)
@@ -176,7 +243,8 @@ def _zoo(name):
 MODELS = {"mlp": _mlp, "mha": _mha, "conv-bn": _conv_bn, "embedding": _embedding,
           "layer-norm": _layer_norm, "t5-tiny": _zoo("t5-tiny"), "moe-tiny": _zoo("moe-tiny"),
           "resnet-tiny": _zoo("resnet-tiny"), "library-layers": _library_layers,
-          "grouped-conv": _grouped_conv}
+          "grouped-conv": _grouped_conv, "recurrent-state": _recurrent_state,
+          "inf-padding": _inf_padding, "tensor-array": _tensor_array}
 
 _CAPTURED = {}
 
@@ -296,14 +364,16 @@ def test_the_checker_catches_a_gather_placed_upstream_of_a_masked_softmax():
 def test_the_checker_catches_moe_gates_left_whole():
     """The MoE combine einsum split on experts reads its gates sliced on the expert axis;
     without the all-gather that slices them (the propagation once passed their gradient on
-    as a partial sum through the Sum that makes them) the pattern cannot be built."""
+    as a partial sum through the Sum that makes them) reconstruction slices the replicated
+    gates locally and their gradient stays a slice: the checker reports the wrong gradient
+    (before contractions sliced replicated operands: "cannot be rebuilt")."""
     def no_gather(p, node):
         return tuple(c for c in p.comms if not (c.phase == "bwd" and c.kind.value == "AG"))
 
     node, failures = _check_with("library-layers", {"OneHot", "Sum", "Einsum"},
                                  "split-R-R-S0", no_gather)
     assert len(failures) == 1, failures
-    assert "'split-R-R-S0'" in failures[0] and "cannot be rebuilt" in failures[0]
+    assert "'split-R-R-S0'" in failures[0] and "gradient of input" in failures[0]
 
 
 @pytest.mark.parametrize("rows,num_devices", [(2, 2), (4, 1)])

@@ -73,22 +73,50 @@ def check_node_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.nda
     """(number checked, failure messages) for every pattern of every GraphNode of ``graph``
     (the first GraphNode of each signature: identical nodes have identical patterns).
     ``values`` holds the value of every GraphNode input
-    (:func:`tapas.execution.verify.intermediate_values`)."""
+    (:func:`tapas.execution.verify.intermediate_values`). GraphNodes joined by variants (a
+    TensorArray's list handle, which has no value to feed or compare) are checked together:
+    each pattern of one of them with the others replicated."""
     failures: list[str] = []
     checked = 0
     seen: set[str] = set()
+    units = _variant_units(graph)
     for node in graph.nodes:
         if node.kind == ir.Kind.INPUT or (node.signature and node.signature in seen):
             continue
         seen.add(node.signature)
-        sub = verify.node_graph(graph, node.id)
-        args = [values[i.name] for i in node.inputs]
+        unit = units.get(node.id)
+        sub = verify.nodes_graph(graph, unit) if unit else verify.node_graph(graph, node.id)
+        local = unit.index(node.id) if unit else 0
+        args = [values[i.name] for i in sub.inputs]
         for pat in patterns.patterns_for(node, graph, num_devices):
             checked += 1
-            problem = _check_one(trace, sub, Plan(num_devices, {0: pat}), args, rtol, atol)
+            problem = _check_one(trace, sub, Plan(num_devices, {local: pat}), args, rtol, atol)
             if problem:
                 failures.append(f"{_describe(node, pat, num_devices)}: {problem}")
     return checked, failures
+
+
+def _variant_units(graph: ir.Graph) -> dict[int, list[int]]:
+    """GraphNode id -> the ids (sorted) of the GraphNodes joined to it by variant edges,
+    for every GraphNode that reads or writes a variant."""
+    parent = {n.id: n.id for n in graph.nodes}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+    for e in graph.edges:
+        if e.tensor.dtype == "variant":
+            parent[root(e.src)] = root(e.dst)
+    groups: dict[int, list[int]] = {}
+    for e in graph.edges:
+        if e.tensor.dtype == "variant":
+            for i in (e.src, e.dst):
+                members = groups.setdefault(root(i), [])
+                if i not in members:
+                    members.append(i)
+    return {i: sorted(members) for members in groups.values() for i in members}
 
 
 def check_nested_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.ndarray],

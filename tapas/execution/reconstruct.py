@@ -56,7 +56,7 @@ from tapas.execution.gradients import NO_GRADIENT
 # the plan types stay importable from here (reconstruct.Plan, .NodeSharding, ...)
 from tapas.execution.plan import NodeSharding, Plan, ReconstructError, WeightLayout
 from tapas import ir
-from tapas.sharding import placements
+from tapas.sharding import placements, rules
 from tapas.sharding.patterns import Rewrite
 from tapas.execution.collectives import (Audit, Collectives, CommRecord, ReplicaContextCollectives,
                                          SimulatedCollectives, local_slice)
@@ -76,6 +76,9 @@ _BROADCASTING = frozenset({
     "FloorMod", "Maximum", "Minimum", "SquaredDifference", "Pow", "SelectV2", "Select",
     "BiasAdd", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual",
     "LogicalAnd", "LogicalOr", "Atan2", "Xdivy", "Xlogy"})
+# contractions: a replicated operand that has the label the other operands split is sliced
+# locally on it (the propagation's ("slice", axis): a constant state in a batched matmul)
+_CONTRACTIONS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
 # local programs that differ from "the same op on local shapes" (named by the patterns,
 # tapas.sharding.patterns.Rewrite); each has its lowering in _LOWERINGS below:
 #   vocab-gather  GatherV2 from a row-split table (see _Run._vocab_gather); result P
@@ -623,16 +626,19 @@ class _Run:
                 ins[idx] = [tf.constant(target, dtype=dt)] * self.n_local
         if op.type in _BROADCASTING:
             ins = self._slice_broadcast(op, ins, view, vplace, tensors.get(op.outputs[0].name))
-        per_replica = self._replay(op, ins, label)
+        elif op.type in _CONTRACTIONS:
+            ins = self._slice_contraction(op, ins, vplace)
+        per_replica = self._replay(op, ins, label, _squeezed_axes(tf_op))
         return [([outs[j] for outs in per_replica], None) for j in range(len(op.outputs))]
 
-    def _replay(self, op: ir.OpInfo, ins: list, label: str) -> list:
+    def _replay(self, op: ir.OpInfo, ins: list, label: str,
+                attrs: Mapping[str, Any] | None = None) -> list:
         """The traced op re-created on every local replica's inputs: outputs per replica."""
         tf_op = self.p._tf_ops[op.name]
         per_replica = []
         for r in range(self.n_local):
             try:
-                per_replica.append(replay.replay_op(tf_op, [x[r] for x in ins]))
+                per_replica.append(replay.replay_op(tf_op, [x[r] for x in ins], attrs=attrs))
             except replay.ReplayError as err:
                 raise ReconstructError(f"{label}: {err}") from err
         return per_replica
@@ -661,6 +667,27 @@ class _Run:
                 # a plain local slice: the gradient of the replicated operand becomes
                 # partial, and the pattern's backward comms reduce it where it must be whole
                 out[i] = self._plain_slices(ins[i], a)
+        return out
+
+    def _slice_contraction(self, op: ir.OpInfo, ins: list, vplace: dict) -> list:
+        """A contraction whose split operands split a label (its rule's, from the global
+        shapes) that a replicated operand has too: that operand's local slice on it, as the
+        propagation assumed (its gradient is the slice's, reduced by the pattern's comms)."""
+        shapes = tuple(self._info(name).shape for name in op.inputs)
+        if any(s is None for s in shapes):
+            return ins
+        spec = rules.spec_for(op, rules.OpContext(shapes, tuple(t.shape for t in op.outputs),
+                                                  lambda i: None))
+        if isinstance(spec, str):
+            return ins
+        labels = [labs[vplace[name].axis] for name, labs in zip(op.inputs, spec.inputs)
+                  if labs is not None and isinstance(vplace.get(name), Split)]
+        if not labels:
+            return ins
+        out = list(ins)
+        for i, (name, labs) in enumerate(zip(op.inputs, spec.inputs)):
+            if labs is not None and isinstance(vplace.get(name), Replica) and labels[0] in labs:
+                out[i] = self._plain_slices(ins[i], labs.index(labels[0]))
         return out
 
     def _plain_slices(self, vals: list, axis: int) -> list:
@@ -748,6 +775,19 @@ _LOWERINGS: Mapping[Rewrite, Callable[[_Run, ir.OpInfo, list, dict, str], list]]
         run._global_shape(run.p._tf_ops[op.name], label),
     Rewrite.PARTIAL_MEAN: lambda run, op, ins, vplace, label: run._partial_mean(op, ins, label),
 }
+
+
+def _squeezed_axes(tf_op: tf.Operation) -> dict[str, Any] | None:
+    """A Squeeze of every size-1 axis (no ``squeeze_dims``) names the axes it squeezed in
+    the traced graph, so that a local shape whose split axis has size 1 (a 4-channel bias
+    on 4 devices) keeps that axis; None for every other op."""
+    if tf_op.type != "Squeeze" or list(tf_op.get_attr("squeeze_dims")) or \
+            tf_op.inputs[0].shape.rank is None or tf_op.outputs[0].shape.rank is None:
+        return None
+    axes = [a for a, d in enumerate(tf_op.inputs[0].shape.as_list()) if d == 1]
+    if len(axes) != tf_op.inputs[0].shape.rank - tf_op.outputs[0].shape.rank:
+        return None            # an unknown dimension may have been squeezed too
+    return {"squeeze_dims": tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(i=axes))}
 
 
 # ---- one GraphNode alone (the pattern checker) --------------------------------------------

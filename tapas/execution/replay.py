@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -61,12 +61,12 @@ class ReplayError(RuntimeError):
     """An op of the traced graph cannot be re-created; the message names it."""
 
 
-def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = None
-              ) -> list[tf.Tensor]:
+def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = None,
+              attrs: Mapping[str, Any] | None = None) -> list[tf.Tensor]:
     """Re-create ``op`` (from a traced graph) on ``inputs`` in the current graph.
 
-    The attributes are copied from ``op``'s NodeDef; the output shapes are inferred from
-    ``inputs``. Must run while a graph is being built (inside ``tf.function``). Returns the
+    The attributes are copied from ``op``'s NodeDef (``attrs``: AttrValues that replace
+    some of them); the output shapes are inferred from ``inputs``. Must run while a graph is being built (inside ``tf.function``). Returns the
     new op's outputs, recorded for ``tf.GradientTape``.
     """
     graph = tf.compat.v1.get_default_graph()
@@ -74,7 +74,8 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
         raise ReplayError(f"replaying op '{op.name}' ({op.type}) needs a graph: call the "
                           "reconstructed program inside a tf.function")
     node_def = op.node_def
-    attrs = {k: v for k, v in node_def.attr.items() if not k.startswith("_")}
+    attrs = {**{k: v for k, v in node_def.attr.items() if not k.startswith("_")},
+             **(attrs or {})}
     try:
         new_op = graph.create_op(op.type, list(inputs), dtypes=[o.dtype for o in op.outputs],
                                  name=name or op.name, attrs=attrs, op_def=op.op_def)

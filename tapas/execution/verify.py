@@ -302,15 +302,31 @@ def compare_nested(trace: Any, graph: ir.Graph, plan: Any, inputs: Sequence[Any]
 def _difference(what: str, locals_: Sequence[Any], ref: Any, plc: Placement) -> Difference:
     """The largest difference of the local values ``locals_`` (placed ``plc``) from ``ref``."""
     ref = np.asarray(tf.convert_to_tensor(ref), dtype=np.float64)
-    mag = float(np.max(np.abs(ref))) if ref.size else 0.0
+    mag = _magnitude(ref)
     if isinstance(plc, Split):
         got = np.concatenate([np.asarray(tf.convert_to_tensor(v), dtype=np.float64)
                               for v in locals_], axis=plc.axis)
-        worst = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+        worst = float(np.max(abs_difference(got, ref))) if ref.size else 0.0
     else:  # every replica must hold the whole value
-        worst = max(float(np.max(np.abs(np.asarray(tf.convert_to_tensor(v), np.float64)
-                                        - ref))) if ref.size else 0.0 for v in locals_)
+        worst = max(float(np.max(abs_difference(
+            np.asarray(tf.convert_to_tensor(v), np.float64), ref))) if ref.size else 0.0
+            for v in locals_)
     return Difference(what, worst, mag)
+
+
+def abs_difference(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """``|got - want|`` elementwise, 0 where both hold the same infinity or both NaN (a
+    max-pooling's ``-inf`` padding in both programs), inf where only one is not finite."""
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(got - want)
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    return np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
+
+
+def _magnitude(x: np.ndarray) -> float:
+    """The largest finite ``|x|`` (0 for an empty or all non-finite array)."""
+    finite = np.abs(x[np.isfinite(x)])
+    return float(finite.max()) if finite.size else 0.0
 
 
 # ---- the runtime against the Keras model ----------------------------------------------------
@@ -324,9 +340,10 @@ def compare(got: Any, want: Any, rtol: float = RTOL, atol_factor: float = ATOL_F
     if got.shape != want.shape:
         raise ValueError(f"shapes differ: {got.shape} vs reference {want.shape}")
     if scale is None:
-        scale = float(np.abs(want).max()) if want.size else 0.0
-    diff = np.abs(got - want)
-    ok = bool(np.all(diff <= atol_factor * scale + rtol * np.abs(want)))
+        scale = _magnitude(want)
+    diff = abs_difference(got, want)
+    ok = bool(np.all(diff <= atol_factor * scale +
+                     rtol * np.where(np.isfinite(want), np.abs(want), 0.0)))
     return {"max_abs_diff": float(diff.max()) if diff.size else 0.0, "scale": scale, "ok": ok}
 
 
@@ -568,14 +585,35 @@ def node_graph(graph: ir.Graph, node_id: int) -> ir.Graph:
                     outputs=node.outputs, name=f"{graph.name}/{node.name}")
 
 
+def nodes_graph(graph: ir.Graph, node_ids: Sequence[int]) -> ir.Graph:
+    """GraphNodes ``node_ids`` as a graph of their own (renumbered in graph order, the
+    edges between them kept): its inputs are the tensors they read from other GraphNodes,
+    its outputs every output of theirs but the variants (a TensorList handle is no value
+    to compare)."""
+    ids = sorted(set(node_ids))
+    new = {old: k for k, old in enumerate(ids)}
+    nodes = tuple(dataclasses.replace(graph.nodes[i], id=new[i]) for i in ids)
+    produced = {t.name for n in nodes for t in n.outputs}
+    inputs = tuple({t.name: t for n in nodes for t in n.inputs
+                    if t.name not in produced}.values())
+    edges = tuple(ir.Edge(new[e.src], new[e.dst], e.tensor) for e in graph.edges
+                  if e.src in new and e.dst in new)
+    outputs = tuple(t for n in nodes for t in n.outputs if t.dtype != "variant")
+    return ir.Graph(nodes=nodes, edges=edges, inputs=inputs, outputs=outputs,
+                    name=f"{graph.name}/{nodes[0].name}+{len(nodes) - 1}")
+
+
 def intermediate_values(trace: Any, graph: ir.Graph, inputs: Sequence[Any],
                         names: Sequence[str]) -> dict[str, np.ndarray]:
     """The values of the GraphNode outputs ``names`` when the traced model runs on ``inputs``
-    (one array per graph input) with its current weights, on one device."""
+    (one array per graph input) with its current weights, on one device. Variants (a
+    TensorList handle between GraphNodes: keras-hub RWKV-7's TensorArray) have no array
+    value and are left out."""
     from tapas.execution.plan import Plan
     from tapas.execution.reconstruct import Program
     prog = Program(trace, graph, Plan.replicated(graph, 1))
-    names = list(dict.fromkeys(names))
+    variants = {t.name for n in graph.nodes for t in n.outputs if t.dtype == "variant"}
+    names = [n for n in dict.fromkeys(names) if n not in variants]
 
     @tf.function(autograph=False)
     def run():
