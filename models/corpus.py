@@ -8,8 +8,9 @@ run over them in a test:
 * every ``keras.applications`` family, at its smallest variant and a small image size;
 * backbones of keras-hub, built from a config: transformers (BERT, RoBERTa, DistilBERT,
   GPT-2, Llama, Mistral, Gemma, Mixtral and Qwen3-MoE, T5 and 31 more: encoder-decoders,
-  MoEs, linear attention, a recurrence (RWKV-7), vision transformers) and keras-hub's own
-  CNNs, alone and wrapped with a user's head so that part of the backbone (the BERT pooler)
+  MoEs, linear attention, a recurrence (RWKV-7), vision transformers), keras-hub's own
+  CNNs, and 28 more models (dense-prediction heads on a small encoder, image-text models,
+  video, a diffusion transformer, mobile CNNs, more decoders), alone and wrapped with a user's head so that part of the backbone (the BERT pooler)
   is computed but read by nothing; a backbone with a dict of outputs trains on one of them
   (:func:`_one_output`).
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
@@ -55,13 +56,16 @@ class CorpusEntry:
     slow: bool = False      # minutes, not seconds, through the pipeline: left out of the CI slice
     ci: bool = True         # in tests/test_corpus.py's CI slice (else scripts/corpus.py's and
                             # scripts/equivalence.py's matrices only, to keep CI short)
+    # inputs whose unknown sizes are not SEQ: input name -> shape without the batch
+    input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def build(self, batch: int = BATCH) -> tuple[keras.Model, Any]:
         """The model and its input specs with ``batch`` examples (default :data:`BATCH`)."""
         keras.utils.set_random_seed(0)
         model = self.builder()
-        specs = [tf.TensorSpec([batch, *[d if d is not None else SEQ for d in i.shape[1:]]],
-                               i.dtype, name=_input_name(i)) for i in model.inputs]
+        specs = [tf.TensorSpec([batch, *self.input_shapes.get(
+            _input_name(i), [d if d is not None else SEQ for d in i.shape[1:]])],
+            i.dtype, name=_input_name(i)) for i in model.inputs]
         if self.dict_inputs:
             return model, {s.name: s for s in specs}
         return model, specs
@@ -92,7 +96,9 @@ class CorpusEntry:
             return xs, rng.integers(0, 10, size=(batch,))
         if len(model.outputs) != 1:
             raise ValueError(f"{self.name}: {len(model.outputs)} outputs; training needs one")
-        shape = [SEQ if d is None else int(d) for d in model.outputs[0].shape[1:]]
+        # the output's shape from one call: a symbolic shape may leave out what the
+        # backbone prepends (PaliGemma's image tokens) or be the batch (CLIP's logits)
+        shape = keras.ops.shape(model(xs, training=False))[1:]
         return xs, rng.standard_normal([batch, *shape]).astype("float32")
 
 
@@ -151,6 +157,7 @@ def keras_hub_available() -> bool:
 _NEW_2026_11_26 = ("bart", "whisper", "xlnet", "esm2", "gemma3", "llama3", "qwen2", "smollm3",
                    "gpt-oss", "qwen3.5", "rwkv7", "deit", "dinov3", "swin", "vitdet", "mit",
                    "resnet", "resnet-v2", "cspnet", "hgnetv2", "densenet", "vgg", "xception")
+# the second batch of 2026-11-26 (_hub_backbones_2026_11_26): scripts only too
 _HUB_SCRIPT_ONLY = frozenset({"albert", "electra", "falcon", "gpt-neox", "opt", "bloom", "phi3",
                               "qwen3", "fnet", "roformer-v2", "xlm-roberta", "qwen-moe",
                               "dinov2", *_NEW_2026_11_26})
@@ -159,7 +166,17 @@ _HUB_SCRIPT_ONLY = frozenset({"albert", "electra", "falcon", "gpt-neox", "opt", 
 # backbones whose one image input is an unnamed keras.Input: Keras itself takes no dict
 # for them (its input check wants the InputLayer's name, its dict matching the tensor's)
 _HUB_UNNAMED_INPUT = frozenset({"deit", "swin", "mit", "resnet", "resnet-v2", "cspnet",
-                                "densenet", "vgg", "xception"})
+                                "densenet", "vgg", "xception", "efficientnet", "mobilenet",
+                                "mobilenetv5", "basnet", "segformer"})
+
+# inputs whose length is not SEQ: entry -> {input name: shape without the batch}
+_HUB_INPUT_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {
+    # Moonshine's encoder convolutions (kernel 127 stride 64, then 7/3 and 3/2) take raw
+    # audio: 4096 samples make 9 encoder frames
+    "moonshine": {"encoder_input_values": (4096, 1), "encoder_padding_mask": (4096,)},
+    # SAM: at most one mask prompt per image, 4x the image embedding's grid
+    "sam": {"masks": (1, 4 * (IMAGE // 8), 4 * (IMAGE // 8), 1)},
+}
 
 
 def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
@@ -202,10 +219,7 @@ def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
                                               top_k=2, **gqa),
         "vit": lambda: m.ViTBackbone(image_shape=(IMAGE, IMAGE, 3), patch_size=8, num_layers=2,
                                      num_heads=4, hidden_dim=64, mlp_dim=128),
-        "dinov2": lambda: m.DINOV2Backbone(patch_size=8, num_layers=2, hidden_dim=64,
-                                           num_heads=4, intermediate_dim=128,
-                                           image_shape=(IMAGE, IMAGE, 3),
-                                           position_embedding_shape=(IMAGE, IMAGE)),
+        "dinov2": _dinov2,
         # added 2026-11-26: encoder-decoders, more decoders, vision transformers and CNNs
         "bart": lambda: _one_output(m.BartBackbone(num_heads=4, max_sequence_length=SEQ, **text),
                                     "decoder_sequence_output"),
@@ -246,11 +260,7 @@ def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
                                            num_heads=4, global_attention_layer_indices=[1],
                                            image_shape=(IMAGE, IMAGE, 3), patch_size=8,
                                            num_output_channels=32, window_size=2),
-        "mit": lambda: m.MiTBackbone(layerwise_depths=[1, 1], num_layers=2,
-                                     layerwise_num_heads=[1, 2], layerwise_sr_ratios=[2, 1],
-                                     max_drop_path_rate=0.0, layerwise_patch_sizes=[7, 3],
-                                     layerwise_strides=[4, 2], image_shape=(IMAGE, IMAGE, 3),
-                                     hidden_dims=[16, 32]),
+        "mit": _mit,
         "resnet": lambda: m.ResNetBackbone(
             input_conv_filters=[16], input_conv_kernel_sizes=[3], stackwise_num_filters=[64, 32],
             stackwise_num_blocks=[2, 2], stackwise_num_strides=[1, 2],
@@ -264,12 +274,7 @@ def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
             stackwise_strides=[1, 2], stackwise_num_filters=[32, 64], block_type="dark_block",
             stage_type="csp", bottle_ratio=[0.5], block_ratio=[1.0], expand_ratio=[2.0],
             image_shape=(IMAGE, IMAGE, 3)),
-        "hgnetv2": lambda: _one_output(m.HGNetV2Backbone(
-            depths=[1, 1], embedding_size=16, hidden_sizes=[32, 64], stem_channels=[3, 8, 16],
-            hidden_act="relu", use_learnable_affine_block=True,
-            stackwise_stage_filters=[[16, 8, 32, 1, 2, 3], [32, 16, 64, 1, 2, 3]],
-            apply_downsample=[False, True], use_lightweight_conv_block=[False, True],
-            image_shape=(IMAGE, IMAGE, 3)), "stage2"),
+        "hgnetv2": lambda: _one_output(_hgnetv2(), "stage2"),
         "densenet": lambda: m.DenseNetBackbone(stackwise_num_repeats=[2, 2],
                                                image_shape=(IMAGE, IMAGE, 3), growth_rate=8),
         "vgg": lambda: m.VGGBackbone(stackwise_num_repeats=[1, 2], stackwise_num_filters=[16, 32],
@@ -278,6 +283,239 @@ def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
             stackwise_conv_filters=[[16, 32], [64, 64], [128, 128]],
             stackwise_pooling=[False, True, False], image_shape=(IMAGE, IMAGE, 3)),
     }
+
+
+def _hub_backbones_2026_11_26() -> dict[str, Callable[[], keras.Model]]:
+    """keras-hub backbones added on 2026-11-26 (second batch): more decoders and
+    encoder-decoders, keras-hub's mobile CNNs, dense-prediction heads on a small encoder
+    (DeepLabV3, BASNet, RetinaNet, SegFormer, Depth Anything, D-FINE, SAM), image-text
+    models (CLIP, MetaCLIP 2, SigLIP, BLIP-2, PARSeq, PaliGemma), video (VideoPrism) and a
+    diffusion transformer (Flux)."""
+    import keras_hub
+    m = keras_hub.models
+    text = dict(vocabulary_size=VOCAB, num_layers=2, hidden_dim=64, intermediate_dim=128)
+    gqa = dict(text, num_query_heads=4, num_key_value_heads=2)
+    return {
+        # ---- text ----
+        "qwen": lambda: m.QwenBackbone(**gqa),
+        "esm1": lambda: m.ESMBackbone(num_heads=4, max_sequence_length=SEQ,
+                                      position_embedding_type="absolute",
+                                      use_pre_layer_norm=True, **text),
+        "edrec": lambda: _one_output(m.EdRecBackbone(
+            vocab_size=VOCAB, num_layers_enc=2, num_layers_dec=2, hidden_dim=64,
+            intermediate_dim=128, num_heads=4), "decoder_sequence_output"),
+        "moonshine": lambda: _one_output(m.MoonshineBackbone(
+            vocabulary_size=VOCAB, filter_dim=32, encoder_num_layers=2, decoder_num_layers=2,
+            hidden_dim=32, intermediate_dim=64, encoder_num_heads=2, decoder_num_heads=2,
+            max_position_embeddings=64), "decoder_sequence_output"),
+        "t5gemma": lambda: _one_output(m.T5GemmaBackbone(**_t5gemma(8)), "decoder_sequence_output"),
+        "t5gemma2": lambda: _one_output(m.T5Gemma2Backbone(**_t5gemma(8)),
+                                        "decoder_sequence_output"),
+        "gemma3n": lambda: m.Gemma3nBackbone(
+            text_vocab_size=VOCAB, text_hidden_size=64, num_hidden_layers=2, pad_token_id=0,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            intermediate_size=[128, 128], hidden_activation="gelu_approximate",
+            layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+            rope_theta=10000.0, max_position_embeddings=SEQ, vocab_size_per_layer_input=VOCAB,
+            hidden_size_per_layer_input=8, altup_num_inputs=2, laurel_rank=8),
+        "gemma4": lambda: m.Gemma4Backbone(
+            image_size=IMAGE, head_dim=16, sliding_window_size=8,
+            layer_types=["sliding_attention", "full_attention"], **gqa),
+        "qwen3.5-moe": lambda: m.Qwen3_5MoeBackbone(
+            head_dim=16, hidden_dim=64, moe_intermediate_dim=32,
+            shared_expert_intermediate_size=64, num_experts=4, top_k=2,
+            layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            vocabulary_size=VOCAB, num_layers=2, num_query_heads=4, num_key_value_heads=2),
+        "paligemma": lambda: m.PaliGemmaBackbone(
+            image_size=IMAGE, head_dim=16, vit_patch_size=8, vit_num_heads=4, vit_hidden_dim=64,
+            vit_num_layers=2, vit_intermediate_dim=128, **dict(gqa, num_key_value_heads=1)),
+        # ---- CNNs ----
+        "efficientnet": lambda: m.EfficientNetBackbone(
+            stackwise_width_coefficients=[1.0, 1.0], stackwise_depth_coefficients=[1.0, 1.0],
+            stackwise_kernel_sizes=[3, 3], stackwise_num_repeats=[1, 2],
+            stackwise_input_filters=[16, 16], stackwise_output_filters=[16, 32],
+            stackwise_expansion_ratios=[1, 4], stackwise_squeeze_and_excite_ratios=[0.0, 0.25],
+            stackwise_strides=[1, 2], stackwise_block_types=["fused", "unfused"],
+            num_features=64, input_shape=(IMAGE, IMAGE, 3)),
+        "mobilenet": lambda: m.MobileNetBackbone(
+            stackwise_expansion=[[32, 48], [64, 96]], stackwise_num_blocks=[2, 2],
+            stackwise_num_filters=[[16, 16], [24, 24]], stackwise_kernel_size=[[3, 3], [5, 5]],
+            stackwise_num_strides=[[2, 1], [2, 1]], stackwise_se_ratio=[[None, None], [0.25, 0.25]],
+            stackwise_activation=[["relu", "relu"], ["hard_swish", "hard_swish"]],
+            stackwise_padding=[[1, 1], [2, 2]], output_num_filters=64, depthwise_filters=8,
+            depthwise_stride=2, depthwise_residual=False, last_layer_filter=64,
+            squeeze_and_excite=0.5, image_shape=(IMAGE, IMAGE, 3)),
+        "mobilenetv5": lambda: m.MobileNetV5Backbone(
+            **_mnv5_arch([["er_r1_k3_s2_e4_c16"],
+                          ["uir_r1_a3_k5_s2_e4_c32", "mqa_r1_h2_v2_d16_s1_c32"]]),
+            stem_size=16, num_features=64, msfa_output_resolution=IMAGE // 8,
+            image_shape=(IMAGE, IMAGE, 3)),
+        # ---- dense prediction heads on a tiny encoder ----
+        "deeplabv3": lambda: m.DeepLabV3Backbone(
+            image_encoder=_resnet(2), spatial_pyramid_pooling_key="P3", low_level_feature_key="P2",
+            upsampling_size=2, dilation_rates=[2, 4], projection_filters=16,
+            image_shape=(IMAGE, IMAGE, 3)),
+        # BASNet feeds its own projection (projection_filters channels) to the ResNet's
+        # first stack, so it must equal input_conv_filters: a bottleneck ResNet (its first
+        # block has a conv shortcut) with an 8-filter stem; its decoder is 8x that wide
+        "basnet": lambda: _one_output(m.BASNetBackbone(
+            image_encoder=m.ResNetBackbone(
+                input_conv_filters=[8], input_conv_kernel_sizes=[3],
+                stackwise_num_filters=[64, 16, 16, 16], stackwise_num_blocks=[1, 1, 1, 1],
+                stackwise_num_strides=[1, 2, 2, 2], block_type="bottleneck_block"),
+            num_classes=1, projection_filters=8, image_shape=(IMAGE, IMAGE, 3)), "refine_out"),
+        "retinanet": lambda: _one_output(m.RetinaNetBackbone(
+            image_encoder=_resnet(3), min_level=3, max_level=4, use_p5=False,
+            image_shape=(IMAGE, IMAGE, 3)), "P3"),
+        "segformer": lambda: m.SegFormerBackbone(image_encoder=_mit(), projection_filters=32),
+        "depth-anything": lambda: m.DepthAnythingBackbone(
+            image_encoder=_dinov2(), reassemble_factors=[2, 1], neck_hidden_dims=[16, 32],
+            fusion_hidden_dim=32, head_hidden_dim=16, head_in_index=-1,
+            feature_keys=["stage1", "stage2"]),
+        "d-fine": lambda: _one_output(m.DFineBackbone(
+            backbone=_hgnetv2(), decoder_in_channels=[32, 32], encoder_hidden_dim=32,
+            num_labels=4, num_denoising=0, learn_initial_query=False, num_queries=8,
+            anchor_image_size=(IMAGE, IMAGE), feat_strides=[4, 8], num_feature_levels=2,
+            hidden_dim=32, encoder_in_channels=[32, 64], encode_proj_layers=[1],
+            num_attention_heads=2, encoder_ffn_dim=64, num_encoder_layers=1,
+            hidden_expansion=0.5, depth_multiplier=0.5, eval_idx=-1, num_decoder_layers=2,
+            decoder_attention_heads=2, decoder_ffn_dim=64, decoder_n_points=[2, 2],
+            lqe_hidden_dim=16, num_lqe_layers=2, out_features=["stage1", "stage2"],
+            image_shape=(IMAGE, IMAGE, 3), seed=0), "intermediate_logits"),
+        "sam": _sam,
+        # ---- image-text ----
+        "clip": lambda: _one_output(m.CLIPBackbone(
+            vision_encoder=m.CLIPVisionEncoder(**_vit_enc()),
+            text_encoder=m.CLIPTextEncoder(**_text_enc()), projection_dim=32), "vision_logits"),
+        "metaclip2": lambda: _one_output(m.MetaCLIP2Backbone(
+            vision_encoder=m.MetaCLIP2VisionEncoder(**_vit_enc()),
+            text_encoder=m.MetaCLIP2TextEncoder(**_text_enc()), projection_dim=32),
+            "vision_logits"),
+        "siglip": lambda: _one_output(m.SigLIPBackbone(
+            vision_encoder=m.SigLIPVisionEncoder(**_vit_enc()),
+            text_encoder=m.SigLIPTextEncoder(**_text_enc())), "vision_logits"),
+        "blip2": lambda: m.BLIP2Backbone(
+            vision_encoder=m.BLIP2VisionEncoder(
+                image_size=IMAGE, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64,
+                intermediate_dim=128, use_patch_bias=True, use_class_token=True,
+                use_mha_bias=True, use_mlp_bias=True, dropout_rate=0.0,
+                layer_norm_epsilon=1e-6, initializer_range=0.02),
+            qformer=m.BLIP2QFormer(
+                num_query_tokens=4, num_layers=2, num_heads=4, hidden_dim=64,
+                intermediate_dim=128, vision_dim=64, cross_attention_frequency=1, dropout=0.0,
+                layer_norm_epsilon=1e-12),
+            language_model=m.BLIP2CustomOPT(
+                vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=64,
+                intermediate_dim=128, num_query_tokens=4, dropout=0.0,
+                max_sequence_length=4 * SEQ, qformer_hidden_dim=64)),
+        "parseq": lambda: m.PARSeqBackbone(
+            image_encoder=m.ViTBackbone(image_shape=(IMAGE, IMAGE, 3), patch_size=8,
+                                        num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128,
+                                        use_class_token=False),
+            vocabulary_size=VOCAB, max_label_length=SEQ - 1, decoder_hidden_dim=64,
+            num_decoder_layers=2, num_decoder_heads=4, decoder_mlp_dim=128),
+        # ---- video, diffusion ----
+        "videoprism": lambda: m.VideoPrismBackbone(
+            num_frames=2, patch_size=8, hidden_dim=64, intermediate_dim=128, num_heads=4,
+            num_spatial_layers=2, num_temporal_layers=2, num_auxiliary_layers=0,
+            image_shape=(IMAGE, IMAGE, 3)),
+        "videoprism-lvt": lambda: _one_output(m.VideoPrismBackbone(
+            num_frames=2, patch_size=8, hidden_dim=64, intermediate_dim=128, num_heads=4,
+            num_spatial_layers=2, num_temporal_layers=2, num_auxiliary_layers=1,
+            vocabulary_size=VOCAB, num_text_layers=2, image_shape=(IMAGE, IMAGE, 3)),
+            "vision_embeddings"),
+        "flux": lambda: m.FluxBackbone(
+            input_channels=16, hidden_size=64, mlp_ratio=2.0, num_heads=4, depth=2,
+            depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000, use_bias=True,
+            guidance_embed=True, image_shape=(SEQ, 16), text_shape=(SEQ, 32),
+            image_ids_shape=(SEQ, 3), text_ids_shape=(SEQ, 3), y_shape=(32,)),
+    }
+
+
+
+
+def _t5gemma(window: int) -> dict:
+    """Encoder and decoder of 2 layers each (one sliding-window, one full attention)."""
+    layers = ["sliding_attention", "full_attention"]
+    half = dict(hidden_dim=64, intermediate_dim=128, num_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, layer_types=layers)
+    cfg = {f"{side}_{k}": v for side in ("encoder", "decoder") for k, v in half.items()}
+    return dict(cfg, vocabulary_size=VOCAB, sliding_window=window)
+
+
+def _resnet(stacks: int, image_shape=(IMAGE, IMAGE, 3)) -> keras.Model:
+    """A ResNet of ``stacks`` stacks of one basic block (pyramid P2..P{stacks+1})."""
+    from keras_hub.models import ResNetBackbone
+    return ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3],
+        stackwise_num_filters=[64, 32, 32, 32][:stacks], stackwise_num_blocks=[1] * stacks,
+        stackwise_num_strides=[1, 2, 2, 2][:stacks], block_type="basic_block",
+        image_shape=image_shape)
+
+
+def _mit() -> keras.Model:
+    """corpus.py's "mit" (MiT, 2 stages)."""
+    from keras_hub.models import MiTBackbone
+    return MiTBackbone(layerwise_depths=[1, 1], num_layers=2, layerwise_num_heads=[1, 2],
+                       layerwise_sr_ratios=[2, 1], max_drop_path_rate=0.0,
+                       layerwise_patch_sizes=[7, 3], layerwise_strides=[4, 2],
+                       image_shape=(IMAGE, IMAGE, 3), hidden_dims=[16, 32])
+
+
+def _dinov2() -> keras.Model:
+    """corpus.py's "dinov2"."""
+    from keras_hub.models import DINOV2Backbone
+    return DINOV2Backbone(patch_size=8, num_layers=2, hidden_dim=64, num_heads=4,
+                          intermediate_dim=128, image_shape=(IMAGE, IMAGE, 3),
+                          position_embedding_shape=(IMAGE, IMAGE))
+
+
+def _hgnetv2() -> keras.Model:
+    """corpus.py's "hgnetv2" (2 stages, strides 4 and 8), both stages as features."""
+    from keras_hub.models import HGNetV2Backbone
+    return HGNetV2Backbone(
+        depths=[1, 1], embedding_size=16, hidden_sizes=[32, 64], stem_channels=[3, 8, 16],
+        hidden_act="relu", use_learnable_affine_block=True,
+        stackwise_stage_filters=[[16, 8, 32, 1, 2, 3], [32, 16, 64, 1, 2, 3]],
+        apply_downsample=[False, True], use_lightweight_conv_block=[False, True],
+        image_shape=(IMAGE, IMAGE, 3), out_features=["stage1", "stage2"])
+
+
+def _mnv5_arch(arch_def: list[list[str]]) -> dict:
+    from keras_hub.src.models.mobilenetv5.mobilenetv5_builder import (
+        convert_arch_def_to_stackwise)
+    return convert_arch_def_to_stackwise(arch_def)
+
+
+def _vit_enc() -> dict:
+    return dict(patch_size=8, hidden_dim=64, num_layers=2, num_heads=4, intermediate_dim=128,
+                image_shape=(IMAGE, IMAGE, 3))
+
+
+def _text_enc() -> dict:
+    return dict(vocabulary_size=VOCAB, embedding_dim=64, hidden_dim=64, num_layers=2,
+                num_heads=4, intermediate_dim=128, max_sequence_length=SEQ)
+
+
+def _sam() -> keras.Model:
+    """SAMBackbone (ViTDet image encoder + prompt encoder) with its mask decoder applied,
+    as SAMImageSegmenter does: a model of the predicted masks."""
+    from keras_hub.layers import SAMMaskDecoder, SAMPromptEncoder
+    from keras_hub.models import SAMBackbone, ViTDetBackbone
+    grid = IMAGE // 8
+    backbone = SAMBackbone(
+        image_encoder=ViTDetBackbone(
+            hidden_size=64, num_layers=2, intermediate_dim=128, num_heads=4,
+            global_attention_layer_indices=[1], image_shape=(IMAGE, IMAGE, 3), patch_size=8,
+            num_output_channels=32, window_size=2),
+        prompt_encoder=SAMPromptEncoder(hidden_size=32, image_embedding_size=(grid, grid),
+                                        input_image_size=(IMAGE, IMAGE), mask_in_channels=16),
+        mask_decoder=SAMMaskDecoder(hidden_size=32, num_layers=2, intermediate_dim=64,
+                                    num_heads=2, embedding_dim=32, num_multimask_outputs=3,
+                                    iou_head_depth=3, iou_head_hidden_dim=32))
+    masks = backbone.mask_decoder(**backbone.output)["masks"]
+    return keras.Model(backbone.input, masks, name="sam_masks")
 
 
 def _one_output(backbone: keras.Model, key: str) -> keras.Model:
@@ -305,6 +543,10 @@ def _keras_hub() -> list[CorpusEntry]:
                        builder, dict_inputs=name not in _HUB_UNNAMED_INPUT,
                        ci=name not in _HUB_SCRIPT_ONLY)
            for name, builder in _hub_backbones().items()]
+    out += [CorpusEntry(f"hub-{name}", "keras-hub", f"keras-hub {name} from a small config",
+                        builder, dict_inputs=name not in _HUB_UNNAMED_INPUT, ci=False,
+                        input_shapes=_HUB_INPUT_SHAPES.get(name, {}))
+            for name, builder in _hub_backbones_2026_11_26().items()]
     out.append(CorpusEntry("hub-bert-classifier", "keras-hub",
                            "keras-hub BERT with a mean-pool + Dense head (its pooler unused)",
                            _bert_with_head, dict_inputs=True))

@@ -42,3 +42,19 @@ def test_corpus_model_plans_on_2_4_8_devices(entry):
 def test_unknown_corpus_model_names_the_choices():
     with pytest.raises(ValueError, match="no corpus model 'keras-nope'.*keras-resnet"):
         corpus.get("keras-nope")
+
+
+def test_inputs_of_their_own_length_and_targets_shaped_like_the_real_output():
+    """Moonshine takes raw audio (4096 samples, not the token length) and PaliGemma prepends
+    its image tokens to the text, which its symbolic output shape does not show: the specs
+    take the entry's own input shapes and the training targets the output's real shape."""
+    moonshine = corpus.get("hub-moonshine")
+    _, specs = moonshine.build()
+    assert specs["encoder_input_values"].shape.as_list() == [corpus.BATCH, 4096, 1]
+    assert specs["decoder_token_ids"].shape.as_list() == [corpus.BATCH, corpus.SEQ]
+    paligemma = corpus.get("hub-paligemma")
+    model, specs = paligemma.build()
+    _, y = paligemma.synthetic_batch(model, specs)
+    image_tokens = (corpus.IMAGE // 8) ** 2
+    assert y.shape == (corpus.BATCH, image_tokens + corpus.SEQ, 64)
+    keras.backend.clear_session()
