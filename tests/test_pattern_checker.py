@@ -233,6 +233,42 @@ def _tensor_array():
         [tf.TensorSpec([4, 4, 8])]
 
 
+class PrefixMask(keras.layers.Layer):
+    """BLIP-2's language model: ones for its query tokens concatenated before the text's
+    padding mask, batch by batch (a constant operand of a concat split on the batch)."""
+
+    def call(self, inputs):
+        ops = keras.ops
+        x, mask = inputs
+        queries = ops.ones((x.shape[0], x.shape[1] - mask.shape[1]), "bool")
+        full = ops.concatenate([queries, ops.cast(mask, "bool")], axis=1)
+        return x * ops.cast(full, x.dtype)[:, :, None]
+
+    def compute_output_shape(self, shapes):
+        return shapes[0]
+
+
+class PositionQueries(keras.layers.Layer):
+    """PARSeq's decoder: position queries kept as a (1, positions, dim) table and looked up
+    along axis 1."""
+
+    def build(self, shape):
+        self.queries = self.add_weight((1, shape[1] + 2, shape[-1]), name="queries")
+
+    def call(self, x):
+        ops = keras.ops
+        return x + ops.take(self.queries, ops.arange(x.shape[1]), axis=1)
+
+
+def _prefix_and_positions():
+    x = keras.Input((12, 8))
+    mask = keras.Input((8,), dtype="int32")
+    y = PrefixMask()([keras.layers.Dense(8)(x), mask])
+    y = PositionQueries()(y)
+    return keras.Model([x, mask], keras.layers.Dense(4)(y), name="prefix_and_positions"), \
+        [tf.TensorSpec([4, 12, 8]), tf.TensorSpec([4, 8], tf.int32)]
+
+
 def _zoo(name):
     def build():
         entry = models.get(name)
@@ -244,7 +280,8 @@ MODELS = {"mlp": _mlp, "mha": _mha, "conv-bn": _conv_bn, "embedding": _embedding
           "layer-norm": _layer_norm, "t5-tiny": _zoo("t5-tiny"), "moe-tiny": _zoo("moe-tiny"),
           "resnet-tiny": _zoo("resnet-tiny"), "library-layers": _library_layers,
           "grouped-conv": _grouped_conv, "recurrent-state": _recurrent_state,
-          "inf-padding": _inf_padding, "tensor-array": _tensor_array}
+          "inf-padding": _inf_padding, "tensor-array": _tensor_array,
+          "prefix-and-positions": _prefix_and_positions}
 
 _CAPTURED = {}
 

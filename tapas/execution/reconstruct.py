@@ -76,6 +76,9 @@ _BROADCASTING = frozenset({
     "FloorMod", "Maximum", "Minimum", "SquaredDifference", "Pow", "SelectV2", "Select",
     "BiasAdd", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual",
     "LogicalAnd", "LogicalOr", "Atan2", "Xdivy", "Xlogy"})
+# concatenations: a replicated operand with the output's split dimension (not the concat
+# axis: that is never split) is sliced locally, as for the element-wise ops
+_CONCATS = frozenset({"ConcatV2", "Concat"})
 # contractions: a replicated operand that has the label the other operands split is sliced
 # locally on it (the propagation's ("slice", axis): a constant state in a batched matmul)
 _CONTRACTIONS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
@@ -624,7 +627,7 @@ class _Run:
                 dt = tf_op.inputs[idx].dtype
                 ins = list(ins)
                 ins[idx] = [tf.constant(target, dtype=dt)] * self.n_local
-        if op.type in _BROADCASTING:
+        if op.type in _BROADCASTING or op.type in _CONCATS:
             ins = self._slice_broadcast(op, ins, view, vplace, tensors.get(op.outputs[0].name))
         elif op.type in _CONTRACTIONS:
             ins = self._slice_contraction(op, ins, vplace)
@@ -739,30 +742,37 @@ class _Run:
             "pattern's placement rule for this op is wrong")
 
     def _vocab_gather(self, op: ir.OpInfo, ins: list, vplace: dict, label: str) -> list:
-        """GatherV2 from a table split on rows: look up the ids this shard owns, zeros for
-        the others; the sum over devices (P) is the full lookup."""
+        """GatherV2 from a table split on the gathered axis (an embedding's rows, or axis 1
+        of a (1, positions, dim) table: PARSeq's position queries): look up the ids this
+        shard owns, zeros for the others; the sum over devices (P) is the full lookup."""
         if op.type not in ("GatherV2", "ResourceGather"):
             raise ReconstructError(f"{label}: rewrite 'vocab-gather' applies to GatherV2, not "
                                    f"'{op.name}' ({op.type})")
         table_name, ids_name = op.inputs[0], op.inputs[1]
-        if not isinstance(vplace.get(table_name), Split) or vplace[table_name].axis != 0 or \
+        tf_op = self.p._tf_ops[op.name]
+        axis = tf.get_static_value(tf_op.inputs[2]) if len(op.inputs) > 2 else 0
+        rank = tf_op.inputs[0].shape.rank
+        if axis is not None and rank is not None and int(axis) < 0:
+            axis = int(axis) + rank
+        if axis is None or (tf_op.type == "GatherV2" and tf_op.get_attr("batch_dims") != 0):
+            raise ReconstructError(f"{label}: 'vocab-gather' needs a constant gather axis and "
+                                   f"no batch dimensions in '{op.name}'")
+        axis = int(axis)
+        if not isinstance(vplace.get(table_name), Split) or vplace[table_name].axis != axis or \
                 not isinstance(vplace.get(ids_name), Replica):
-            raise ReconstructError(f"{label}: 'vocab-gather' needs the table split on rows "
-                                   f"(S0) and replicated ids, got {vplace.get(table_name)} and "
-                                   f"{vplace.get(ids_name)}")
-        axis = self.p._tf_ops[op.name].inputs[2]
-        if len(op.inputs) > 2 and tf.get_static_value(axis) not in (0, None):
-            raise ReconstructError(f"{label}: 'vocab-gather' needs a gather on axis 0")
+            raise ReconstructError(f"{label}: 'vocab-gather' needs the table split on the "
+                                   f"gathered axis (S{axis}) and replicated ids, got "
+                                   f"{vplace.get(table_name)} and {vplace.get(ids_name)}")
         out = []
         for table, ids, rid in zip(ins[0], ins[1], self.rids):
-            rows = table.shape[0]
+            rows = table.shape[axis]
             start = tf.cast(rid, ids.dtype) * rows
             local = ids - start
             mine = tf.logical_and(local >= 0, local < rows)
-            got = tf.gather(table, tf.where(mine, local, tf.zeros_like(local)), axis=0)
+            got = tf.gather(table, tf.where(mine, local, tf.zeros_like(local)), axis=axis)
             mask = tf.cast(mine, got.dtype)
-            out.append(got * tf.reshape(mask, mask.shape.as_list() + [1] *
-                                        (got.shape.rank - mask.shape.rank)))
+            out.append(got * tf.reshape(mask, [1] * axis + mask.shape.as_list() + [1] *
+                                        (got.shape.rank - axis - mask.shape.rank)))
         return out
 
 
