@@ -404,6 +404,43 @@ def check_empty(strategy: Any) -> dict[str, Any]:
     return out
 
 
+def check_map_fn(strategy: Any) -> dict[str, Any]:
+    """A ``tf.map_fn`` over the batch rows between two Dense layers (keras-hub D-FINE's
+    query selection is one): a While loop on the gradient path, trained through
+    tapas.parallelize under two plans, two programs in one process (the second's While
+    gradient once met the first's rewritten loop body under the same name; before that the
+    gradient could not find the replayed loop's body at all). Verified against Keras."""
+    from tapas import capturing
+    from tapas.execution import parallel
+    from tapas.execution.plan import Plan
+    from tapas.planning.strategy import graph_digest
+    from tapas.sharding.patterns import patterns_for
+    n = strategy.num_replicas_in_sync
+    inp = keras.Input((6, 8), name="x")
+    h = keras.layers.Dense(8, name="d1")(inp)
+    mapped = keras.layers.Lambda(lambda t: tf.map_fn(lambda row: tf.tanh(row) * 2.0 + row, t),
+                                 output_shape=(6, 8), name="rows")(h)
+    model = keras.Model(inp, keras.layers.Dense(3, name="d2")(mapped))
+    specs = [tf.TensorSpec([BATCH, 6, 8], tf.float32, name="x")]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH, 6, 8)).astype("float32")
+    y = rng.standard_normal((BATCH, 6, 3)).astype("float32")
+    graph = capturing.capture(model, specs)
+    assert any(op.type.endswith("While") for v in graph.nodes for op in v.ops)
+    initial = [w.numpy() for w in model.weights]
+    out: dict[str, Any] = {}
+    for wanted in ("column", "row"):
+        model.set_weights(initial)
+        first = next(v for v in graph.nodes if any(w.path.startswith("d1/") for w in v.weights))
+        pattern = next(p for p in patterns_for(first, graph, n) if p.name == wanted)
+        plan = Plan(n, {first.id: pattern}, graph_digest=graph_digest(graph))
+        pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
+                                  loss=keras.losses.MeanSquaredError())
+        report = pm.verify([x], y, steps=2)
+        out[wanted] = {k: report[k] for k in ("outputs", "loss", "gradients", "weights")}
+    return out
+
+
 # (activation, loss, targets, patterns of the input node and the two Dense GraphNodes)
 LOGIT_CASES = {
     "softmax-probs-megatron": ("softmax", "scce", "sparse", ("replicate", "column", "row")),
@@ -725,7 +762,7 @@ CHECKS = {"property": check_property, "mesh": check_mesh, "programs": check_prog
           "mlp": check_mlp,
           "logits": check_logits,
           "checkpoint": check_checkpoint, "failed_step": check_failed_step,
-          "bad_inputs": check_bad_inputs, "empty": check_empty}
+          "bad_inputs": check_bad_inputs, "empty": check_empty, "map_fn": check_map_fn}
 
 
 def main() -> None:

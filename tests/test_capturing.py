@@ -480,3 +480,19 @@ def test_weights_whose_keras_paths_repeat_get_distinct_paths():
     assert list(capturing.weights_by_path(model)) == paths
     replay = verify.intermediate_values(t, g, [x], [g.outputs[0].name])[g.outputs[0].name]
     np.testing.assert_allclose(replay, model(x).numpy(), rtol=1e-6)
+
+
+def test_a_model_with_a_loop_has_the_same_digest_when_captured_again():
+    """A While loop's cond and body functions get a process-unique number in their names on
+    every trace; the GraphNode signatures leave it out, so a plan made on one capture of a
+    model with a ``tf.map_fn`` applies to tapas.parallelize's own capture of it."""
+    from tapas.planning.strategy import graph_digest
+    inp = keras.Input((6, 8))
+    mapped = keras.layers.Lambda(lambda t: tf.map_fn(tf.tanh, t), output_shape=(6, 8))(
+        keras.layers.Dense(8)(inp))
+    model = keras.Model(inp, keras.layers.Dense(3)(mapped))
+    specs = [tf.TensorSpec([4, 6, 8])]
+    first, second = capturing.capture(model, specs), capturing.capture(model, specs)
+    loops = [op for n in first.nodes for op in n.ops if op.type.endswith("While")]
+    assert loops and not re.search(r"_\d+$", loops[0].attrs["body"])
+    assert graph_digest(first) == graph_digest(second)

@@ -269,6 +269,24 @@ def _prefix_and_positions():
         [tf.TensorSpec([4, 12, 8]), tf.TensorSpec([4, 8], tf.int32)]
 
 
+class RowMap(keras.layers.Layer):
+    """A ``tf.map_fn`` over the batch rows (keras-hub D-FINE's query selection): a While
+    loop on the gradient path, replayed by two programs (the sharded one and the one-device
+    reference) in one process."""
+
+    def call(self, x):
+        return tf.map_fn(lambda row: tf.tanh(row) * 2.0 + row, x)
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+def _row_map():
+    x = keras.Input((6, 8))
+    y = RowMap()(keras.layers.Dense(8)(x))
+    return keras.Model(x, keras.layers.Dense(4)(y), name="row_map"), [tf.TensorSpec([4, 6, 8])]
+
+
 def _zoo(name):
     def build():
         entry = models.get(name)
@@ -281,7 +299,7 @@ MODELS = {"mlp": _mlp, "mha": _mha, "conv-bn": _conv_bn, "embedding": _embedding
           "resnet-tiny": _zoo("resnet-tiny"), "library-layers": _library_layers,
           "grouped-conv": _grouped_conv, "recurrent-state": _recurrent_state,
           "inf-padding": _inf_padding, "tensor-array": _tensor_array,
-          "prefix-and-positions": _prefix_and_positions}
+          "prefix-and-positions": _prefix_and_positions, "row-map": _row_map}
 
 _CAPTURED = {}
 

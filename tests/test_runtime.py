@@ -45,7 +45,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("two"))
     (res,) = run_job({"devices": 2, "dir": d, "examples": 3,
                       "checks": ["mlp", "checkpoint", "failed_step", "bad_inputs", "property",
-                                 "zoo", "logits", "empty"],
+                                 "zoo", "logits", "empty", "map_fn"],
                       "zoo": [{"model": "t5-tiny", "strategies": ["random:3"],
                                "optimizer": "adam"},
                               {"model": "resnet-tiny", "strategies": ["best", "random:0"],
@@ -143,6 +143,17 @@ def test_collectives_of_empty_tensors_are_not_launched(two: dict[str, Any]) -> N
     res = {k: v for k, v in two["empty"].items() if k != "check"}
     assert "error" not in res, res
     assert set(res) == {"batch", "follow-S2"}, res
+    for pattern, report in res.items():
+        for what, cmp in report.items():
+            assert cmp["ok"], (pattern, what, cmp)
+
+
+def test_a_map_fn_on_the_gradient_path_trains_in_two_programs(two: dict[str, Any]) -> None:
+    """tf.map_fn (a While loop) between two Dense layers, its gradient needed: trained under
+    two plans in one process, each equal to Keras."""
+    res = {k: v for k, v in two["map_fn"].items() if k != "check"}
+    assert "error" not in res, res
+    assert set(res) == {"column", "row"}, res
     for pattern, report in res.items():
         for what, cmp in report.items():
             assert cmp["ok"], (pattern, what, cmp)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -481,6 +482,13 @@ def _const_value(tensor_proto: Any) -> Any:
     return None
 
 
+def _function_name(name: str) -> str:
+    """A function attribute's name without the process-unique number TensorFlow appends
+    (``..._map_while_body_66``): the same model captured twice has the same GraphNode
+    signatures, so a plan made on one capture applies to the other."""
+    return re.sub(r"_\d+$", "", name)
+
+
 def _attr_value(value: Any) -> Any:
     which = value.WhichOneof("value")
     if which == "s":
@@ -492,7 +500,7 @@ def _attr_value(value: Any) -> Any:
     if which == "shape":
         return _proto_shape(value.shape)
     if which == "func":
-        return value.func.name
+        return _function_name(value.func.name)
     if which == "list":
         lst = value.list
         if lst.s:
@@ -508,7 +516,7 @@ def _attr_value(value: Any) -> Any:
         if lst.shape:
             return [_proto_shape(s) for s in lst.shape]
         if lst.func:
-            return [f.name for f in lst.func]
+            return [_function_name(f.name) for f in lst.func]
         return []
     return None
 

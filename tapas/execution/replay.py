@@ -20,6 +20,10 @@ Symbols used, and why:
   recording, to skip the bookkeeping when none is.
 * ``tensorflow.python.framework.ops.get_default_graph`` is public as
   ``tf.compat.v1.get_default_graph``; used to reach the graph being built.
+* ``tf.Graph._is_function``, ``_get_function`` and ``_add_function`` (private methods),
+  ``atomic_function.from_function_def`` and ``ops.uid`` (private modules): a replayed op
+  that names functions (a While's body, an If's branches) gets renamed copies of them in
+  the graph it is created in, where its gradient looks them up (:func:`_own_functions`).
 * ``tensorflow.python.eager.context.context().function_call_options`` (private, per
   thread): the ``ConfigProto`` a ``tf.function`` is instantiated with on its first call
   (Grappler's options), set for the runtime's step functions by
@@ -38,7 +42,10 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.core.framework import attr_value_pb2, function_pb2
 from tensorflow.python.eager import context as _context  # private: function_call_options
+from tensorflow.python.eager.polymorphic_function import atomic_function as _atomic  # private
+from tensorflow.python.framework.ops import uid as _uid  # private: a process-unique int
 from tensorflow.python.eager import execute as _execute  # private: must_record_gradient
 
 __all__ = ["replay_op", "ReplayError", "graph_optimization", "GRAPH_OPTIMIZATIONS",
@@ -66,8 +73,9 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
     """Re-create ``op`` (from a traced graph) on ``inputs`` in the current graph.
 
     The attributes are copied from ``op``'s NodeDef (``attrs``: AttrValues that replace
-    some of them); the output shapes are inferred from ``inputs``. Must run while a graph is being built (inside ``tf.function``). Returns the
-    new op's outputs, recorded for ``tf.GradientTape``.
+    some of them); the output shapes are inferred from ``inputs``. Must run while a graph
+    is being built (inside ``tf.function``). Returns the new op's outputs, recorded for
+    ``tf.GradientTape``.
     """
     graph = tf.compat.v1.get_default_graph()
     if tf.executing_eagerly():
@@ -76,6 +84,8 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
     node_def = op.node_def
     attrs = {**{k: v for k, v in node_def.attr.items() if not k.startswith("_")},
              **(attrs or {})}
+    if any(v.HasField("func") or v.list.func for v in node_def.attr.values()):
+        attrs.update(_own_functions(op, graph))
     try:
         new_op = graph.create_op(op.type, list(inputs), dtypes=[o.dtype for o in op.outputs],
                                  name=name or op.name, attrs=attrs, op_def=op.op_def)
@@ -95,6 +105,46 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
             flat.extend((key, new_op.get_attr(key)))
         tf.__internal__.record_gradient(op.type, list(new_op.inputs), tuple(flat), outputs)
     return outputs
+
+
+def _own_functions(op: tf.Operation, graph: tf.Graph) -> dict[str, Any]:
+    """Attribute overrides that give a replayed op that names functions (a While's cond and
+    body, an If's branches, a PartitionedCall's callee) copies of them under names of its
+    own, added to ``graph``. The gradient of a While (a ``map_fn``: keras-hub D-FINE) looks
+    its body up in the graph that holds the op, and rewrites the op to output the
+    accumulators it needs under ``<body name>_rewritten``: two programs replaying the same
+    traced While with one name would register two different functions under one name."""
+    overrides: dict[str, Any] = {}
+    for key, value in op.node_def.attr.items():
+        if key.startswith("_") or not (value.HasField("func") or value.list.func):
+            continue
+        new = attr_value_pb2.AttrValue()
+        new.CopyFrom(value)
+        funcs = [new.func] if value.HasField("func") else list(new.list.func)
+        for func in funcs:
+            func.name = _renamed_copy(op.graph, func.name, graph)
+        overrides[key] = new
+    return overrides
+
+
+def _renamed_copy(source: tf.Graph, name: str, graph: tf.Graph) -> str:
+    """A copy of function ``name`` of ``source`` (or of a graph it is nested in) added to
+    ``graph`` under a new name, the functions it calls beside it; the new name."""
+    found = None
+    while found is None and source is not None:
+        found = source._get_function(name)
+        source = getattr(source, "outer_graph", None)
+    if found is None:
+        raise ReplayError(f"function '{name}' is not in the traced graph's library")
+    fdef = function_pb2.FunctionDef()
+    fdef.CopyFrom(found.cached_definition)
+    fdef.signature.name = f"{name}_replay{_uid()}"
+    copy_ = _atomic.from_function_def(fdef, found.function_type)
+    for child in getattr(found, "children", ()):
+        if not graph._is_function(child.name):
+            graph._add_function(child)
+    graph._add_function(copy_)
+    return fdef.signature.name
 
 
 @contextlib.contextmanager
