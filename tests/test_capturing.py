@@ -496,3 +496,19 @@ def test_a_model_with_a_loop_has_the_same_digest_when_captured_again():
     loops = [op for n in first.nodes for op in n.ops if op.type.endswith("While")]
     assert loops and not re.search(r"_\d+$", loops[0].attrs["body"])
     assert graph_digest(first) == graph_digest(second)
+
+
+def test_a_dict_of_specs_for_a_model_with_a_list_of_inputs_follows_the_model_order():
+    """keras-hub Gemma3n takes a list of named inputs; a dict of specs keyed by their names
+    (which Keras matches by name) is captured in the model's order, the order
+    tapas.parallelize feeds them in, so a plan made on it fits parallelize's capture."""
+    from tapas.planning.strategy import graph_digest
+    ids = keras.Input((6,), dtype="int32", name="token_ids")
+    mask = keras.Input((6,), dtype="bool", name="a_mask")
+    h = keras.layers.Embedding(16, 4)(ids) * keras.ops.cast(mask, "float32")[..., None]
+    model = keras.Model([ids, mask], keras.layers.Dense(2)(h))
+    specs = {"a_mask": tf.TensorSpec([2, 6], tf.bool), "token_ids": tf.TensorSpec([2, 6], tf.int32)}
+    from_dict = capturing.capture(model, specs)
+    from_list = capturing.capture(model, [specs["token_ids"], specs["a_mask"]])
+    assert [t.dtype for t in from_dict.inputs] == ["int32", "bool"]
+    assert graph_digest(from_dict) == graph_digest(from_list)

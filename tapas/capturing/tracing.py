@@ -310,6 +310,7 @@ def _trace_keras(model: keras.Layer, input_spec: Any, batch_size: int | None,
                 "the model with keras.Input first")
         input_spec = [tf.TensorSpec(tuple(t.shape), t.dtype, name=_input_name(t, k))
                       for k, t in enumerate(model_inputs)]
+    input_spec = _dict_as_input_list(model, input_spec)
     if isinstance(input_spec, Mapping) or (isinstance(input_spec, (list, tuple)) and any(
             tf.nest.is_nested(s) for s in input_spec)):
         cf, specs = _trace_keras_structure(model, input_spec, batch_size, training, label)
@@ -334,6 +335,24 @@ def _trace_keras(model: keras.Layer, input_spec: Any, batch_size: int | None,
         fn = tf.function(lambda *xs: model(list(xs), training=training))
         cf = fn.get_concrete_function(*specs)
     return cf, specs, list(model.weights), label
+
+
+def _dict_as_input_list(model: Any, input_spec: Any) -> Any:
+    """A dict of specs keyed by the input names of a model whose inputs are a list (as
+    Keras matches such a dict): the list in the model's order, which is the order
+    ``tapas.parallelize`` feeds them in (keras-hub Gemma3n). Anything else as it is."""
+    if not isinstance(input_spec, Mapping):
+        return input_spec
+    try:
+        structure = model.input
+    except (AttributeError, ValueError):
+        return input_spec
+    if not isinstance(structure, (list, tuple)) or any(tf.nest.is_nested(t) for t in structure):
+        return input_spec
+    names = [_input_name(t, k) for k, t in enumerate(structure)]
+    if sorted(names) != sorted(input_spec) or len(set(names)) != len(names):
+        return input_spec
+    return [input_spec[n] for n in names]
 
 
 def _trace_keras_structure(model: Any, input_spec: Any, batch_size: int | None,
