@@ -107,6 +107,34 @@ def test_memory_budget_rejects_and_re_searches_with_a_penalty():
     assert "use more devices" in msg
 
 
+def test_a_budget_under_the_memory_bound_is_refused_after_one_penalty_round(monkeypatch):
+    """A budget under what no plan goes below (every GraphNode's and weight's smallest
+    share, ``explore.memory_lower_bound``) is refused after one penalised exploration (for
+    the error's smallest plan), not six (keras-hub Qwen3.5-MoE: 220 s); the bound is below
+    every plan's memory, and a budget that can be met takes the first penalty that fits."""
+    penalties = []
+    original = search._Runner.explore
+
+    def counting(self, allowed, xo):
+        penalties.append(xo.memory_penalty)
+        return original(self, allowed, xo)
+    monkeypatch.setattr(search._Runner, "explore", counting)
+    g = mlp(2)
+    with pytest.raises(MemoryBudgetError, match="smallest found needs"):
+        fake_search(g, memory_budget=1000.0)
+    assert len([p for p in penalties if p > 0]) == 1, penalties
+    penalties.clear()
+    base = fake_search(g, options=CostOptions(compute=False))
+    s = fake_search(g, options=CostOptions(compute=False), memory_budget=base.memory.total * 0.6)
+    assert s.memory.total <= base.memory.total * 0.6
+    assert 1 <= s.counts["penalty_rounds"] == len([p for p in penalties if p > 0])
+    from tapas.planning.table import pattern_table
+    table = pattern_table(g, N, Cluster.v100_ethernet(1, N), CostOptions(compute=False),
+                          fake_patterns)
+    bound = explore.memory_lower_bound(g, table)
+    assert 0 < bound <= s.memory.total and bound <= base.memory.total
+
+
 def test_bad_inputs():
     g = mlp(1)
     with pytest.raises(ValueError, match="devices_per_node=0: a cluster with no devices"):

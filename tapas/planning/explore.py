@@ -439,6 +439,29 @@ def plan_memory(graph: Graph, table: PatternTable, patterns: Sequence[int],
     return mem
 
 
+def memory_lower_bound(graph: Graph, table: PatternTable,
+                       options: CostOptions | None = None) -> float:
+    """Bytes per device that no plan of ``table`` goes below: every GraphNode's outputs at
+    their smallest over its patterns, every weight at the largest over its readers of the
+    smallest local size each reader's patterns give it (the smallest parts need not come
+    from one plan, so this is a bound, not a plan's memory)."""
+    options = table.options if options is None else options
+    n = table.num_devices
+    act = 0.0
+    weights: dict[str, tuple[float, bool]] = {}
+    for node in graph.nodes:
+        infos = table.infos[node.id]
+        act += min(info.memory.activations for info in infos)
+        for k, w in enumerate(node.weights):
+            b = min(info.weights[k][1].local_bytes(w.shape, w.dtype, n) for info in infos)
+            if w.path not in weights or weights[w.path][0] < b:
+                weights[w.path] = (b, w.trainable)
+    mem = MemoryEstimate(activations=act)
+    for b, trainable in weights.values():
+        mem = mem + cost_lib.weight_memory(b, trainable, options)
+    return mem.total
+
+
 def node_memory(graph: Graph, table: PatternTable, patterns: Sequence[int]) -> list[float]:
     """Bytes per device attributable to each GraphNode (its weights, untied, and outputs)."""
     return [table.infos[v][patterns[v]].memory.total for v in range(len(graph.nodes))]
