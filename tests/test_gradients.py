@@ -29,3 +29,29 @@ def test_the_gradient_flows_through_a_tensor_list():
                for t in op.outputs]
     assert stacked, [op.type for node in graph.nodes for op in node.ops]
     assert set(stacked) <= flow.forward and set(stacked) <= flow.needed
+
+
+def test_a_floor_output_is_watched_but_passes_nothing_back_and_sign_passes_zeros():
+    """Floor's registered gradient returns None: the tape records it, so its output gets a
+    gradient (a collective after it runs its backward half: keras-hub D-FINE's sampling
+    offsets), but its input gets none through it. Sign's gradient is zeros: its input's
+    gradient is computed."""
+    w = tf.Variable(tf.ones([4, 4]), name="w")
+
+    @tf.function
+    def f(x):
+        h = tf.matmul(x, w)
+        return tf.floor(h) * h + tf.sign(h)
+
+    graph = capturing.capture(f, [tf.TensorSpec([2, 4])])
+    flow = gradient_flow(graph)
+    ops = {op.type: op for node in graph.nodes for op in node.ops}
+    floor, sign = ops["Floor"], ops["Sign"]
+    assert floor.outputs[0].name in flow.needed
+    assert sign.outputs[0].name in flow.needed and sign.inputs[0] in flow.needed
+    # the MatMul's output reaches the loss through the product as well, so it is needed;
+    # what Floor must not do is make its input needed through itself alone
+    from tapas import ir
+    only_floor = ir.Graph(nodes=graph.nodes, edges=graph.edges, inputs=graph.inputs,
+                          outputs=(floor.outputs[0],), name="floor-only")
+    assert floor.inputs[0] not in gradient_flow(only_floor).needed

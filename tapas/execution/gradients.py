@@ -21,14 +21,19 @@ from collections.abc import Collection, Sequence
 
 from tapas import ir
 
-__all__ = ["GradientFlow", "gradient_flow", "NO_GRADIENT"]
+__all__ = ["GradientFlow", "gradient_flow", "NO_GRADIENT", "NONE_GRADIENT"]
 
-# ops through which no gradient flows back to any input
+# ops whose registered gradient returns None: TensorFlow's tape records them, so their
+# outputs are watched and a collective after them runs its backward half (keras-hub
+# D-FINE's sampling offsets go through Floor), but nothing flows back to their inputs
+NONE_GRADIENT = frozenset({"Floor", "Ceil", "Round", "Rint"})
+# ops through which no gradient flows back to any input (``Sign`` is not one: its gradient
+# is zeros, which the backward computes and passes on)
 NO_GRADIENT = frozenset({
     "ArgMax", "ArgMin", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
     "StopGradient", "PreventGradient", "Shape", "ShapeN", "Size", "Rank", "ZerosLike",
-    "OnesLike", "Floor", "Ceil", "Round", "Rint", "Sign", "IsFinite", "IsNan", "IsInf",
-    "LogicalAnd", "LogicalOr", "LogicalNot"})
+    "OnesLike", "IsFinite", "IsNan", "IsInf", "LogicalAnd", "LogicalOr",
+    "LogicalNot"}) | NONE_GRADIENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +77,8 @@ def _topological(ops: Sequence[ir.OpInfo]) -> list[ir.OpInfo]:
 def _forward(order: Sequence[ir.OpInfo], sources: set[str]) -> set[str]:
     reached = set(sources)
     for op in order:
-        if op.type not in NO_GRADIENT and any(name in reached for name in op.inputs):
+        if (op.type not in NO_GRADIENT or op.type in NONE_GRADIENT) and \
+                any(name in reached for name in op.inputs):
             reached |= {t.name for t in op.outputs if _differentiable(t.dtype)}
     return reached
 
