@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import types
@@ -202,6 +203,15 @@ class GraphNode:
     def num_params(self) -> int:
         return sum(w.num_elements for w in self.weights)
 
+    def reads(self, weight: WeightInfo) -> bool:
+        """Whether an op of this node reads ``weight`` (its resource placeholder or a read
+        of it). A node also lists the weights of the weight-side ops whose outputs it
+        consumes (BLIP-2's layer-normed query tokens, read once, consumed by two layers):
+        those reach it as inputs, not as reads, and are stored and resharded only where
+        they are read."""
+        handle = weight.placeholder + ":0"
+        return any(op.name == weight.placeholder or handle in op.inputs for op in self.ops)
+
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "kind": self.kind.value,
                 "signature": self.signature,
@@ -284,6 +294,25 @@ class Graph:
     @property
     def num_params(self) -> int:
         return sum(w.num_elements for w in self.weights)
+
+    @functools.cached_property
+    def readers(self) -> Mapping[str, frozenset[int]]:
+        """Weight path -> the ids of the GraphNodes that read it (:meth:`GraphNode.reads`);
+        a weight that no op reads (a graph built by hand, without read ops): every
+        GraphNode that lists it."""
+        listed: dict[str, set[int]] = {}
+        reading: dict[str, set[int]] = {}
+        for n in self.nodes:
+            for w in n.weights:
+                listed.setdefault(w.path, set()).add(n.id)
+                if n.reads(w):
+                    reading.setdefault(w.path, set()).add(n.id)
+        return types.MappingProxyType({p: frozenset(reading.get(p) or ids)
+                                       for p, ids in listed.items()})
+
+    def reads(self, node_id: int, path: str) -> bool:
+        """Whether GraphNode ``node_id`` reads weight ``path`` (:attr:`readers`)."""
+        return node_id in self.readers.get(path, ())
 
     def kind_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

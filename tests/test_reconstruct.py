@@ -254,6 +254,57 @@ def test_a_tensor_captured_from_python_is_a_constant_of_every_plan():
         assert cmp.ok(rtol=1e-5, atol=1e-5), f"N={n} seed {seed}: {cmp.worst}"
 
 
+class _QueryTokens(keras.layers.Layer):
+    """BLIP-2's Q-Former input: learned query tokens broadcast to the batch (ops on the
+    weight alone)."""
+
+    def build(self, shape):
+        self.tokens = self.add_weight(shape=(1, 4, shape[-1]), name="tokens")
+
+    def call(self, x):
+        return keras.ops.broadcast_to(self.tokens, (x.shape[0], 4, x.shape[-1]))
+
+    def compute_output_shape(self, shape):
+        return (shape[0], 4, shape[-1])
+
+
+def test_a_weight_consumed_through_weight_side_ops_is_stored_where_it_is_read():
+    """A GraphNode lists the weights of the weight-side ops whose outputs it consumes (the
+    layer-normed query tokens); it reaches them as inputs, not reads. Stored placement,
+    the cost model's weight reshards and the audit's prediction count only the GraphNodes
+    that read the weight (keras-hub BLIP-2's audit predicted an all-gather and an
+    all-to-all of the query tokens that the program never ran)."""
+    x = keras.Input((8, 16))
+    tokens = keras.layers.LayerNormalization(name="norm")(_QueryTokens(name="query")(x))
+    q = keras.layers.Dense(16, name="q")(tokens)
+    k = keras.layers.Dense(16, use_bias=False, name="k")(tokens)  # its bias: no gradient
+    scores = keras.layers.Softmax()(keras.ops.einsum("bqd,bkd->bqk", q, k))
+    mixed = keras.ops.einsum("bqk,bkd->bqd", scores, keras.layers.Dense(16, name="v")(tokens))
+    model = keras.Model(x, keras.layers.Dense(8, name="out")(mixed + tokens))
+    specs = [tf.TensorSpec([4, 8, 16])]
+    t = capturing.trace(model, specs)
+    g = capturing.to_ir(t)
+    listers = [n for n in g.nodes for w in n.weights if w.path.endswith("tokens")]
+    readers = [n for n in listers if any(n.reads(w) for w in n.weights
+                                         if w.path.endswith("tokens"))]
+    assert len(readers) == 1 and len(listers) > 1, [n.name for n in listers]
+    xs = _inputs(specs)
+    differs = 0
+    for n, seed in ((2, 0), (2, 1), (2, 2), (4, 3), (4, 4)):
+        plan = _random_plan(g, n, seed)
+        path = next(w.path for w in readers[0].weights if w.path.endswith("tokens"))
+        want = {str(plan.pattern(node).weights[path]) for node in listers}
+        differs += len(want) > 1
+        cmp = verify.compare_with_single_device(t, g, plan, xs)
+        assert cmp.ok(rtol=1e-5, atol=1e-5), f"N={n} seed {seed}: {cmp.worst}"
+        prog = rc.Program(t, g, plan)
+        assert str(prog.weight_layouts[path].placement) == str(
+            plan.pattern(readers[0]).weights[path])
+        diff = audit.compare_audit(cmp.audit, audit.program_comms(prog, input_gradients=True))
+        assert diff == [], f"N={n} seed {seed}: {diff}"
+    assert differs, "no plan gave the listers other placements than the reader"
+
+
 def test_searched_strategy_runs_and_matches_its_prediction():
     model, specs = _zoo("t5-tiny", batch=4)
     t = capturing.trace(model, specs)

@@ -216,6 +216,8 @@ def _plan_reshards(plan: Any, graph: ir.Graph) -> list[_Tagged]:
         wanted = [(t.name, t.shape, t.dtype, parse_placement(p))
                   for t, p in zip(node.inputs, pat.inputs)]
         for w in node.weights:
+            if not graph.reads(node.id, w.path):
+                continue   # a weight-side output it consumes as an input (Graph.readers)
             p = parse_placement(pat.weights[w.path])
             stored.setdefault(w.path, p)
             wanted.append((w.path, w.shape, w.dtype, p))

@@ -216,22 +216,24 @@ class Program:
                               lambda path: trainable.get(path, False))
 
     def _weight_layouts(self) -> dict[str, WeightLayout]:
+        """Each weight stored as its first reader (``Graph.readers``) wants it."""
         layouts: dict[str, WeightLayout] = {}
-        for node in self.graph.nodes:
-            pat = self.plan.pattern(node)
-            for w in node.weights:
-                if w.path in layouts:
-                    continue
-                p = _place(pat.weights[w.path])
-                layouts[w.path] = WeightLayout(w.path, tuple(w.shape), w.dtype, p,
+        readers = [(node, w) for node in self.graph.nodes for w in node.weights
+                   if self.graph.reads(node.id, w.path)]
+        listed = [(node, w) for node in self.graph.nodes for w in node.weights]
+        for node, w in readers + listed:   # a weight no GraphNode reads: its first lister
+            if w.path in layouts:
+                continue
+            p = _place(self.plan.pattern(node).weights[w.path])
+            layouts[w.path] = WeightLayout(w.path, tuple(w.shape), w.dtype, p,
+                                           p.local_shape(w.shape, self.num_devices),
+                                           w.trainable)
+            if self.region is not None and w.path in self.region.weights:
+                # w is the row view (experts / rows): the global weight has them all
+                whole = (w.shape[0] * self.expert_rows,) + tuple(w.shape[1:])
+                layouts[w.path] = WeightLayout(w.path, whole, w.dtype, p,
                                                p.local_shape(w.shape, self.num_devices),
-                                               w.trainable)
-                if self.region is not None and w.path in self.region.weights:
-                    # w is the row view (experts / rows): the global weight has them all
-                    whole = (w.shape[0] * self.expert_rows,) + tuple(w.shape[1:])
-                    layouts[w.path] = WeightLayout(w.path, whole, w.dtype, p,
-                                                   p.local_shape(w.shape, self.num_devices),
-                                                   w.trainable, 0, self.expert_rows)
+                                               w.trainable, 0, self.expert_rows)
         return layouts
 
     def _boundary_placements(self, names: Sequence[str]) -> tuple:

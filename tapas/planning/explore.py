@@ -400,16 +400,19 @@ def weight_reshard_terms(graph: Graph, table: PatternTable, patterns: Sequence[i
                          edges: EdgeCoster) -> list[CostTerm]:
     """The collectives that move a weight read in several placements: stored as its first
     reader (in GraphNode order) wants it, resharded once per other placement wanted (with
-    the gradient's conjugate), as the runtime runs it (``tapas.execution.audit``)."""
+    the gradient's conjugate), as the runtime runs it (``tapas.execution.audit``). Only
+    GraphNodes that read the weight count (``Graph.readers``)."""
     stored: dict[str, Any] = {}
     seen: set[tuple[str, str]] = set()
     terms: list[CostTerm] = []
     for node in graph.nodes:
         info = table.infos[node.id][patterns[node.id]]
-        shapes = {w.path: w for w in node.weights}
+        shapes = {w.path: w for w in node.weights if graph.reads(node.id, w.path)}
         for path, want in info.weights:
+            if path not in shapes:
+                continue
             have = stored.setdefault(path, want)
-            if have == want or (path, str(want)) in seen or path not in shapes:
+            if have == want or (path, str(want)) in seen:
                 continue
             seen.add((path, str(want)))
             w = shapes[path]
@@ -429,6 +432,8 @@ def plan_memory(graph: Graph, table: PatternTable, patterns: Sequence[int],
     for node in graph.nodes:
         info = table.infos[node.id][patterns[node.id]]
         for w, (_, pl) in zip(node.weights, info.weights):
+            if not graph.reads(node.id, w.path):
+                continue
             b = pl.local_bytes(w.shape, w.dtype, n)
             if w.path not in weights or weights[w.path][0] < b:
                 weights[w.path] = (b, w.trainable)
@@ -453,6 +458,8 @@ def memory_lower_bound(graph: Graph, table: PatternTable,
         infos = table.infos[node.id]
         act += min(info.memory.activations for info in infos)
         for k, w in enumerate(node.weights):
+            if not graph.reads(node.id, w.path):
+                continue
             b = min(info.weights[k][1].local_bytes(w.shape, w.dtype, n) for info in infos)
             if w.path not in weights or weights[w.path][0] < b:
                 weights[w.path] = (b, w.trainable)
