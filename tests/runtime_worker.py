@@ -366,34 +366,28 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
     return out
 
 
-def check_empty(strategy: Any) -> dict[str, Any]:
-    """A concat with an empty operand (keras-hub Qwen3.5's chunked linear attention
-    concatenates a zero-length slice), its GraphNode split by each non-replicating pattern
-    while its producers stay replicated: the backward gathers the empty operand's gradient,
-    and TensorFlow's CPU all-gather of an empty tensor crashes the process (before the fix
-    this check ended its worker with a segmentation fault). Verified against Keras."""
+def _each_pattern_verified(strategy: Any, model: Any, in_shape: tuple, out_shape: tuple,
+                           node_of: Any, names: Any = None) -> dict[str, Any]:
+    """``model`` (one input ``x`` of ``in_shape``, one output of ``out_shape``, MSE) through
+    tapas.parallelize with each pattern of the GraphNode ``node_of(graph)`` (those called
+    ``names``, else every one but ``replicate``), the rest replicated, one program after
+    another in this process: ``{pattern: verify's outputs, loss, gradients, weights}``."""
     from tapas import capturing
     from tapas.execution import parallel
     from tapas.execution.plan import Plan
     from tapas.planning.strategy import graph_digest
     from tapas.sharding.patterns import patterns_for
     n = strategy.num_replicas_in_sync
-    inp = keras.Input((8, 4), name="x")
-    h = keras.layers.Dense(4, name="d1")(inp)
-    a = keras.layers.Dense(4, name="d2")(inp)
-    joined = keras.layers.Concatenate(axis=1)([h[:, :7], a[:, :1], h[:, 8:]])  # (B, 0, 4)
-    model = keras.Model(inp, keras.layers.Dense(3, name="d3")(joined))
-    specs = [tf.TensorSpec([BATCH, 8, 4], tf.float32, name="x")]
+    specs = [tf.TensorSpec([BATCH, *in_shape], tf.float32, name="x")]
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((BATCH, 8, 4)).astype("float32")
-    y = rng.standard_normal((BATCH, 8, 3)).astype("float32")
+    x = rng.standard_normal((BATCH, *in_shape)).astype("float32")
+    y = rng.standard_normal((BATCH, *out_shape)).astype("float32")
     graph = capturing.capture(model, specs)
-    (node,) = [v for v in graph.nodes if any(op.type == "ConcatV2" for op in v.ops)]
-    assert any(0 in t.shape for t in node.inputs), [t.shape for t in node.inputs]
+    node = node_of(graph)
     initial = [w.numpy() for w in model.weights]
     out: dict[str, Any] = {}
     for pattern in patterns_for(node, graph, n):
-        if pattern.name == "replicate":
+        if pattern.name == "replicate" or (names is not None and pattern.name not in names):
             continue
         model.set_weights(initial)
         plan = Plan(n, {node.id: pattern}, graph_digest=graph_digest(graph))
@@ -404,41 +398,42 @@ def check_empty(strategy: Any) -> dict[str, Any]:
     return out
 
 
+def check_empty(strategy: Any) -> dict[str, Any]:
+    """A concat with an empty operand (keras-hub Qwen3.5's chunked linear attention
+    concatenates a zero-length slice), its GraphNode split by each non-replicating pattern
+    while its producers stay replicated: the backward gathers the empty operand's gradient,
+    and TensorFlow's CPU all-gather of an empty tensor crashes the process (before the fix
+    this check ended its worker with a segmentation fault). Verified against Keras."""
+    inp = keras.Input((8, 4), name="x")
+    h = keras.layers.Dense(4, name="d1")(inp)
+    a = keras.layers.Dense(4, name="d2")(inp)
+    joined = keras.layers.Concatenate(axis=1)([h[:, :7], a[:, :1], h[:, 8:]])  # (B, 0, 4)
+    model = keras.Model(inp, keras.layers.Dense(3, name="d3")(joined))
+
+    def concat(graph: Any) -> Any:
+        (node,) = [v for v in graph.nodes if any(op.type == "ConcatV2" for op in v.ops)]
+        assert any(0 in t.shape for t in node.inputs), [t.shape for t in node.inputs]
+        return node
+    return _each_pattern_verified(strategy, model, (8, 4), (8, 3), concat)
+
+
 def check_map_fn(strategy: Any) -> dict[str, Any]:
     """A ``tf.map_fn`` over the batch rows between two Dense layers (keras-hub D-FINE's
     query selection is one): a While loop on the gradient path, trained through
     tapas.parallelize under two plans, two programs in one process (the second's While
     gradient once met the first's rewritten loop body under the same name; before that the
     gradient could not find the replayed loop's body at all). Verified against Keras."""
-    from tapas import capturing
-    from tapas.execution import parallel
-    from tapas.execution.plan import Plan
-    from tapas.planning.strategy import graph_digest
-    from tapas.sharding.patterns import patterns_for
-    n = strategy.num_replicas_in_sync
     inp = keras.Input((6, 8), name="x")
     h = keras.layers.Dense(8, name="d1")(inp)
     mapped = keras.layers.Lambda(lambda t: tf.map_fn(lambda row: tf.tanh(row) * 2.0 + row, t),
                                  output_shape=(6, 8), name="rows")(h)
     model = keras.Model(inp, keras.layers.Dense(3, name="d2")(mapped))
-    specs = [tf.TensorSpec([BATCH, 6, 8], tf.float32, name="x")]
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((BATCH, 6, 8)).astype("float32")
-    y = rng.standard_normal((BATCH, 6, 3)).astype("float32")
-    graph = capturing.capture(model, specs)
-    assert any(op.type.endswith("While") for v in graph.nodes for op in v.ops)
-    initial = [w.numpy() for w in model.weights]
-    out: dict[str, Any] = {}
-    for wanted in ("column", "row"):
-        model.set_weights(initial)
-        first = next(v for v in graph.nodes if any(w.path.startswith("d1/") for w in v.weights))
-        pattern = next(p for p in patterns_for(first, graph, n) if p.name == wanted)
-        plan = Plan(n, {first.id: pattern}, graph_digest=graph_digest(graph))
-        pm = parallel.parallelize(model, specs, plan, distribute_strategy=strategy,
-                                  loss=keras.losses.MeanSquaredError())
-        report = pm.verify([x], y, steps=2)
-        out[wanted] = {k: report[k] for k in ("outputs", "loss", "gradients", "weights")}
-    return out
+
+    def first_dense(graph: Any) -> Any:
+        assert any(op.type.endswith("While") for v in graph.nodes for op in v.ops)
+        return next(v for v in graph.nodes if any(w.path.startswith("d1/") for w in v.weights))
+    return _each_pattern_verified(strategy, model, (6, 8), (6, 3), first_dense,
+                                  ("column", "row"))
 
 
 # (activation, loss, targets, patterns of the input node and the two Dense GraphNodes)

@@ -140,20 +140,19 @@ def test_collectives_of_empty_tensors_are_not_launched(two: dict[str, Any]) -> N
     """A concat GraphNode with an empty operand, split while its producers are replicated:
     its empty gradient is gathered without a collective (TensorFlow's CPU all-gather of an
     empty tensor crashes the process) and every pattern equals Keras."""
-    res = {k: v for k, v in two["empty"].items() if k != "check"}
-    assert "error" not in res, res
-    assert set(res) == {"batch", "follow-S2"}, res
-    for pattern, report in res.items():
-        for what, cmp in report.items():
-            assert cmp["ok"], (pattern, what, cmp)
+    _assert_each_pattern_equal(two["empty"], {"batch", "follow-S2"})
 
 
 def test_a_map_fn_on_the_gradient_path_trains_in_two_programs(two: dict[str, Any]) -> None:
     """tf.map_fn (a While loop) between two Dense layers, its gradient needed: trained under
     two plans in one process, each equal to Keras."""
-    res = {k: v for k, v in two["map_fn"].items() if k != "check"}
+    _assert_each_pattern_equal(two["map_fn"], {"column", "row"})
+
+
+def _assert_each_pattern_equal(result: dict[str, Any], patterns: set[str]) -> None:
+    res = {k: v for k, v in result.items() if k != "check"}
     assert "error" not in res, res
-    assert set(res) == {"column", "row"}, res
+    assert set(res) == patterns, res
     for pattern, report in res.items():
         for what, cmp in report.items():
             assert cmp["ok"], (pattern, what, cmp)
