@@ -55,3 +55,22 @@ def test_a_floor_output_is_watched_but_passes_nothing_back_and_sign_passes_zeros
     only_floor = ir.Graph(nodes=graph.nodes, edges=graph.edges, inputs=graph.inputs,
                           outputs=(floor.outputs[0],), name="floor-only")
     assert floor.inputs[0] not in gradient_flow(only_floor).needed
+
+
+def test_integer_outputs_carry_no_gradient_back():
+    """TopKV2's indices select rows of a detached tensor (keras-hub D-FINE's query
+    selection): the scores the indices come from get no gradient through them, so the
+    audit must not predict backward collectives on them."""
+    w = tf.Variable(tf.ones([4, 4]), name="w")
+
+    @tf.function
+    def f(x):
+        scores = tf.reduce_sum(tf.matmul(x, w), axis=1)
+        _, idx = tf.math.top_k(scores, k=1)
+        return tf.gather(tf.stop_gradient(x), idx) * 2.0
+
+    graph = capturing.capture(f, [tf.TensorSpec([3, 4])])
+    flow = gradient_flow(graph, input_gradients=True)
+    ops = {op.type: op for node in graph.nodes for op in node.ops}
+    assert ops["TopKV2"].inputs[0] not in flow.needed
+    assert ops["MatMul"].outputs[0].name not in flow.needed

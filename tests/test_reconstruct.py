@@ -305,6 +305,41 @@ def test_a_weight_consumed_through_weight_side_ops_is_stored_where_it_is_read():
     assert differs, "no plan gave the listers other placements than the reader"
 
 
+class _FloorProjection(keras.layers.Layer):
+    """A projection of its input rounded down: it reads the tensor, passes no gradient
+    back to it."""
+
+    def build(self, shape):
+        self.kernel = self.add_weight(shape=(shape[-1], shape[-1]), name="kernel")
+
+    def call(self, x):
+        return tf.matmul(tf.floor(x), self.kernel)
+
+
+def test_a_node_that_reads_a_tensor_without_a_gradient_runs_no_backward_comm_of_it():
+    """``h`` gets a gradient through one GraphNode; another reads it only through Floor. A
+    backward all-reduce of ``h`` in the second GraphNode's pattern never runs (its readers
+    pass nothing back), though ``h`` has a gradient: keras-hub D-FINE reads its encoder
+    memory in one GraphNode only to select by it, and the prediction counted that
+    GraphNode's backward all-reduce."""
+    from tapas.execution.gradients import gradient_flow
+    from tapas.sharding.placements import Comm, Partial, Replica
+    x = keras.Input((8, 16))
+    h = keras.layers.Dense(16, name="h")(x)
+    a = keras.layers.Dense(16, name="a")(h)
+    b = _FloorProjection(name="b")(h)
+    g = capturing.capture(keras.Model(x, keras.layers.Add()([a, b])), [tf.TensorSpec([4, 8, 16])])
+    flow = gradient_flow(g)
+    hidden = next(t for n in g.nodes for t in n.outputs if t.name.startswith(
+        next(n.name for n in g.nodes if any(w.path.startswith("h/") for w in n.weights))))
+    readers = [n for n in g.nodes if hidden.name in {t.name for t in n.inputs}]
+    comm = Comm(Collective.ALL_REDUCE, hidden.name, hidden.shape, hidden.dtype, Partial(),
+                Replica(), "bwd")
+    runs = {any(op.type == "Floor" for op in n.ops): audit._pattern_comm_runs(comm, n, flow)
+            for n in readers}
+    assert hidden.name in flow.needed and runs == {True: False, False: True}, runs
+
+
 def test_searched_strategy_runs_and_matches_its_prediction():
     model, specs = _zoo("t5-tiny", batch=4)
     t = capturing.trace(model, specs)

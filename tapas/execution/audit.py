@@ -26,7 +26,7 @@ from typing import Any
 from tapas import ir
 from tapas.execution.collectives import Audit, CommRecord
 from tapas.execution.plan import Plan
-from tapas.execution.gradients import NO_GRADIENT, GradientFlow, gradient_flow
+from tapas.execution.gradients import NO_GRADIENT, GradientFlow, differentiable, gradient_flow
 from tapas.sharding import placements
 from tapas.sharding.placements import Collective, parse_placement
 
@@ -119,7 +119,10 @@ def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
     if plan is None:
         plan = Plan(strategy.num_devices,
                                 {node.id: strategy.pattern(node.id) for node in graph.nodes})
-    tagged: list[_Tagged] = [(c, None) for node in graph.nodes for c in plan.pattern(node).comms]
+    flow = gradient_flow(graph, input_gradients=input_gradients)
+    runs = [c for node in graph.nodes for c in plan.pattern(node).comms
+            if _pattern_comm_runs(c, node, flow)]
+    tagged: list[_Tagged] = []
     if hasattr(strategy, "edge_comms"):
         for e in strategy.edge_comms:
             tensor = graph.nodes[e.dst].inputs[e.input_index].name
@@ -130,9 +133,8 @@ def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
         tagged += [(c, key) for c, key in _plan_reshards(plan, graph) if key[0] in weights]
     else:
         tagged += _plan_reshards(plan, graph)
-    flow = gradient_flow(graph, input_gradients=input_gradients)
     readers = _readers(plan, graph)
-    return [c for c, key in tagged if _runs(c, key, flow, readers, graph)]
+    return runs + [c for c, key in tagged if _runs(c, key, flow, readers, graph)]
 
 
 def program_comms(prog: Any, strategy: Any = None, *,
@@ -174,6 +176,23 @@ def _runs(comm: Any, key: tuple[str, str] | None, flow: GradientFlow,
     return tensor in flow.forward and any(
         op.type not in NO_GRADIENT and any(o.name in flow.backward for o in op.outputs)
         for op in readers.get((tensor, key[1]), ()))
+
+
+def _pattern_comm_runs(comm: Any, node: ir.GraphNode, flow: GradientFlow) -> bool:
+    """Whether the program runs a pattern's ``comm`` in ``node``: a forward comm always; a
+    backward one when its tensor gets a gradient and, for a tensor the node reads from
+    another GraphNode, when one of the node's readers of it passes a gradient back (keras-hub
+    D-FINE reads its encoder memory in one GraphNode only to select by it: that GraphNode's
+    backward all-reduce of it never runs, though other readers give the tensor a gradient)."""
+    if comm.phase != "bwd":
+        return True
+    if comm.tensor not in flow.needed:
+        return False
+    if comm.tensor not in {t.name for t in node.inputs}:
+        return True
+    return any(op.type not in NO_GRADIENT and comm.tensor in op.inputs and
+               any(o.name in flow.backward and differentiable(o.dtype) for o in op.outputs)
+               for op in node.ops)
 
 
 def _weight_tensor(graph: ir.Graph, name: str) -> str:

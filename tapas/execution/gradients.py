@@ -21,7 +21,7 @@ from collections.abc import Collection, Sequence
 
 from tapas import ir
 
-__all__ = ["GradientFlow", "gradient_flow", "NO_GRADIENT", "NONE_GRADIENT"]
+__all__ = ["GradientFlow", "gradient_flow", "differentiable", "NO_GRADIENT", "NONE_GRADIENT"]
 
 # ops whose registered gradient returns None: TensorFlow's tape records them, so their
 # outputs are watched and a collective after them runs its backward half (keras-hub
@@ -45,7 +45,8 @@ class GradientFlow:
     needed: frozenset[str]     # forward and backward: TensorFlow computes their gradient
 
 
-def _differentiable(dtype: str) -> bool:
+def differentiable(dtype: str) -> bool:
+    """Whether a tensor of ``dtype`` can carry a gradient."""
     # a variant is a TensorList handle (a loop's TensorArray: keras-hub RWKV-7's unrolled
     # recurrence writes its states into one and stacks them): TensorFlow differentiates
     # through TensorListSetItem / TensorListStack, so the values read back get gradients
@@ -79,14 +80,18 @@ def _forward(order: Sequence[ir.OpInfo], sources: set[str]) -> set[str]:
     for op in order:
         if (op.type not in NO_GRADIENT or op.type in NONE_GRADIENT) and \
                 any(name in reached for name in op.inputs):
-            reached |= {t.name for t in op.outputs if _differentiable(t.dtype)}
+            reached |= {t.name for t in op.outputs if differentiable(t.dtype)}
     return reached
 
 
 def _backward(graph: ir.Graph, order: Sequence[ir.OpInfo]) -> set[str]:
+    # a gradient reaches an op only through an output that can carry one: TopKV2's
+    # indices, read by a gather whose values are detached (keras-hub D-FINE's query
+    # selection), pass nothing back to the scores
     reached = {t.name for t in graph.outputs}
     for op in reversed(order):
-        if op.type not in NO_GRADIENT and any(t.name in reached for t in op.outputs):
+        if op.type not in NO_GRADIENT and any(t.name in reached and differentiable(t.dtype)
+                                              for t in op.outputs):
             reached |= set(op.inputs)
     return reached
 
