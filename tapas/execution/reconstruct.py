@@ -149,7 +149,7 @@ class Program:
         self._op_order = {op.name: i for i, op in enumerate(trace.graph.get_operations())} \
             if self.states else {}
         self._state_writes: dict[str, list[int]] = {}
-        for n in graph.nodes:
+        for n in graph.nodes if self.states else ():
             for op in n.ops:
                 ph = op.inputs[0].split(":")[0] if op.inputs else ""
                 if op.type in stateful.WRITE_OPS and ph in self._state_of_ph:
@@ -678,6 +678,10 @@ class _Run:
         """A contraction whose split operands split a label (its rule's, from the global
         shapes) that a replicated operand has too: that operand's local slice on it, as the
         propagation assumed (its gradient is the slice's, reduced by the pattern's comms)."""
+        placed = [vplace.get(name) for name in op.inputs]
+        if not (any(isinstance(p, Split) for p in placed) and
+                any(isinstance(p, Replica) for p in placed)):
+            return ins              # nothing to slice: no rule lookup on the common path
         shapes = tuple(self._info(name).shape for name in op.inputs)
         if any(s is None for s in shapes):
             return ins
