@@ -287,6 +287,28 @@ def _row_map():
     return keras.Model(x, keras.layers.Dense(4)(y), name="row_map"), [tf.TensorSpec([4, 6, 8])]
 
 
+def _resource_gather():
+    """A Keras 2 (tf_keras) embedding that looks its ids up straight from the variable, as
+    Hugging Face's TF models do (``tf.gather(self.weight, ids)``: a ResourceGather, no
+    ReadVariableOp), its table also read by the output projection (tied)."""
+    import tf_keras as k2
+
+    class Embeddings(k2.layers.Layer):
+        def build(self, shape):
+            self.weight = self.add_weight(name="weight", shape=(32, 8))
+
+        def call(self, ids, project=False):
+            if project:
+                return tf.matmul(ids, self.weight, transpose_b=True)
+            return tf.gather(params=self.weight, indices=ids)
+
+    ids = k2.Input((6,), batch_size=4, dtype="int32")
+    emb = Embeddings()
+    h = k2.layers.Dense(8, activation="tanh")(emb(ids))
+    return k2.Model(ids, emb(h, project=True), name="resource_gather"), \
+        [tf.TensorSpec([4, 6], tf.int32)]
+
+
 def _zoo(name):
     def build():
         entry = models.get(name)
@@ -299,7 +321,8 @@ MODELS = {"mlp": _mlp, "mha": _mha, "conv-bn": _conv_bn, "embedding": _embedding
           "resnet-tiny": _zoo("resnet-tiny"), "library-layers": _library_layers,
           "grouped-conv": _grouped_conv, "recurrent-state": _recurrent_state,
           "inf-padding": _inf_padding, "tensor-array": _tensor_array,
-          "prefix-and-positions": _prefix_and_positions, "row-map": _row_map}
+          "prefix-and-positions": _prefix_and_positions, "row-map": _row_map,
+          "resource-gather": _resource_gather}
 
 _CAPTURED = {}
 

@@ -481,6 +481,10 @@ class _Run:
             if op.type == "ReadVariableOp" and ph in self.p._weight_of_ph:
                 reads.setdefault(self.p._weight_of_ph[ph], []).append(op.outputs[0].name)
                 reads.setdefault(op.inputs[0], []).append(op.outputs[0].name)
+            elif op.type in _RESOURCE_GATHERS and ph in self.p._weight_of_ph:
+                # a lookup straight from the variable (Hugging Face's TF embeddings:
+                # tf.gather(self.weight, ids)) reads it as a value named by its handle
+                reads.setdefault(self.p._weight_of_ph[ph], []).append(op.inputs[0])
         for key, names in reads.items():  # bwd comms on a weight apply where it is read
             for c in bwd.pop(key, []):
                 for nm in names:
@@ -514,6 +518,11 @@ class _Run:
                 continue
             if not op.outputs:
                 continue  # NoOp and other control-only ops
+            if op.type in _RESOURCE_GATHERS and op.inputs[0] not in view and \
+                    op.inputs[0].split(":")[0] in self.p._weight_of_ph:
+                handle = op.inputs[0]
+                view[handle], vplace[handle] = self._weight_value(handle, pat)
+                self._apply_bwd(handle, view, vplace, fwd, bwd)
             if op.name in self._want_logits and op.inputs[0] in view:
                 self.logits[op.name] = (view[op.inputs[0]], vplace[op.inputs[0]])
             vals_per_out = self._make(op, node, pat, label, view, vplace, tensors, rewrites)
@@ -593,14 +602,19 @@ class _Run:
             self.cache[key] = self.reshard(vals, layout.placement, want, path)
         return self.cache[key]
 
+    def _weight_value(self, handle: str, pat: Any) -> tuple[list, Placement]:
+        """(local values, placement) of the weight whose resource is ``handle``, as the
+        pattern places it (the step's last write of it, if a GraphNode wrote it)."""
+        path = self.p._weight_of_ph[handle.split(":")[0]]
+        want = _place(pat.weights[path])
+        written = self.writes.read(path, want)
+        return (written if written is not None else self._read_weight(path, want)), want
+
     def _make(self, op: ir.OpInfo, node: ir.GraphNode, pat: Any, label: str, view: dict,
               vplace: dict, tensors: dict, rewrites: Mapping[str, str]) -> list:
         """Create ``op`` for every local replica; returns ``[(values, placement)]`` per output."""
         if op.type == "ReadVariableOp" and op.inputs[0].split(":")[0] in self.p._weight_of_ph:
-            path = self.p._weight_of_ph[op.inputs[0].split(":")[0]]
-            want = _place(pat.weights[path])
-            written = self.writes.read(path, want)
-            return [(written if written is not None else self._read_weight(path, want), want)]
+            return [self._weight_value(op.inputs[0], pat)]
         if op.type == "ReadVariableOp" and op.inputs[0].split(":")[0] in self.p._state_of_ph:
             return [(stateful.read_state(self, self.p._state_of_ph[op.inputs[0].split(":")[0]], op),
                      Replica())]
@@ -633,6 +647,8 @@ class _Run:
             ins = self._slice_broadcast(op, ins, view, vplace, tensors.get(op.outputs[0].name))
         elif op.type in _CONTRACTIONS:
             ins = self._slice_contraction(op, ins, vplace)
+        if op.type in _RESOURCE_GATHERS:
+            return [(_gather_values(tf_op, ins, self.n_local), None)]
         per_replica = self._replay(op, ins, label, _squeezed_axes(tf_op))
         return [([outs[j] for outs in per_replica], None) for j in range(len(op.outputs))]
 
@@ -791,6 +807,21 @@ _LOWERINGS: Mapping[Rewrite, Callable[[_Run, ir.OpInfo, list, dict, str], list]]
         run._global_shape(run.p._tf_ops[op.name], label),
     Rewrite.PARTIAL_MEAN: lambda run, op, ins, vplace, label: run._partial_mean(op, ins, label),
 }
+
+
+# lookups that read a variable themselves; replayed as the same lookup of its local value
+_RESOURCE_GATHERS = frozenset({"ResourceGather", "ResourceGatherNd"})
+
+
+def _gather_values(tf_op: tf.Operation, ins: list, n_local: int) -> list:
+    """A ResourceGather / ResourceGatherNd re-created on each replica's local table value
+    (``ins[0]``) as GatherV2 / GatherNd: the same rows, and a gradient (IndexedSlices) that
+    flows to the value read, as the runtime's other weight reads."""
+    if tf_op.type == "ResourceGatherNd":
+        return [tf.gather_nd(ins[0][r], ins[1][r]) for r in range(n_local)]
+    batch_dims = tf_op.get_attr("batch_dims")
+    return [tf.gather(ins[0][r], ins[1][r], axis=batch_dims, batch_dims=batch_dims)
+            for r in range(n_local)]
 
 
 def _squeezed_axes(tf_op: tf.Operation) -> dict[str, Any] | None:
