@@ -192,6 +192,44 @@ def test_random_plans_on_simulated_shards_equal_one_device(n: int) -> None:
     assert split_dropout > 0
 
 
+def keras2_dropout_mlp() -> Any:
+    import tf_keras as k2
+    k2.utils.set_random_seed(0)
+    inp = k2.Input((8,), batch_size=8)
+    h = k2.layers.Dropout(0.5)(k2.layers.Dense(16)(inp))
+    model = k2.Model(inp, k2.layers.Dense(4)(k2.layers.Dense(16, activation="relu")(h)))
+    tf.random.set_seed(None)   # no global seed (as usual): the op draws from its own state
+    return model
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_keras2_dropout_draws_one_mask_that_every_shard_slices(n: int) -> None:
+    """Keras 2's Dropout (Hugging Face's TF models) draws with a stateful RandomUniform op.
+    Replayed as it was, each device's copy drew its own mask (a replicated activation held
+    other values on every device; a split one was not a slice of one mask). It is drawn
+    statelessly from the step number: random plans on N simulated shards equal one device
+    (outputs, gradients), the draw is the same for the same step and new for the next."""
+    trace = capturing.trace(keras2_dropout_mlp(), SPEC, training=True)
+    graph = capturing.to_ir(trace)
+    single = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))
+    assert len(single.stateful_random) == 1
+    draw = tf.function(lambda step: single([[tf.constant(batch())]], single.trace_weights(),
+                                           SimulatedCollectives(1), seed=step)[0][0],
+                       autograph=False)
+    draws = [draw(tf.constant(step, tf.int64)).numpy() for step in (0, 0, 1)]
+    np.testing.assert_array_equal(draws[0], draws[1])
+    assert not np.array_equal(draws[0], draws[2])
+    split = 0
+    for seed in range(3):
+        plan = parallel.random_plan(graph, n, seed)
+        cmp = verify.compare_with_single_device(trace, graph, plan, [batch()])
+        assert cmp.ok(), cmp.worst
+        split += sum(1 for node in graph.nodes for op in node.ops if op.type == "SelectV2"
+                     and str(plan.pattern(node).tensors.get(op.outputs[0].name, "R"))
+                     .startswith("S"))
+    assert split > 0
+
+
 def test_a_split_read_of_the_stopped_batch_mean_runs_no_backward_gather() -> None:
     """Random plan 15 on 2 shards reads batch norm's StopGradient of the mean split: the
     forward slices it and TensorFlow drops its gradient, so no backward all-gather may run
@@ -277,7 +315,8 @@ def assert_equal_to_keras(r: dict[str, Any], mode: str = "training") -> None:
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("training2"))
-    return run_job({"devices": 2, "dir": d, "checks": ["mlp", "resume"], "seeds": [0, 1]})
+    return run_job({"devices": 2, "dir": d, "checks": ["mlp", "resume", "keras2_dropout"],
+                    "seeds": [0, 1]})
 
 
 def test_dropout_and_batch_norm_mlp_random_plans_on_2_devices(two_devices: dict) -> None:
@@ -293,6 +332,20 @@ def test_dropout_and_batch_norm_mlp_random_plans_on_2_devices(two_devices: dict)
         assert [1, 4] in r[label]["state_values"].values()   # Dropout(seed=1): [1, 0] + 4 draws
     assert sum(r[k]["dropout_split"] for k in ("random:0", "random:1")) > 0
     assert sum(r[k]["moments_split"] for k in ("random:0", "random:1")) > 0
+
+
+def test_keras2_dropout_trains_with_one_draw_on_every_device(two_devices: dict) -> None:
+    """Keras 2's stateful dropout on 2 devices: the first step's loss equals the graph
+    replayed on one device with the same draws (every device sliced one mask), and verify
+    says why training mode cannot be compared with Keras instead of reporting a
+    difference."""
+    r = ok(two_devices["keras2_dropout"])
+    for label in ("random:0", "random:1"):
+        got = r[label]
+        assert got["stateful_random"] == 1
+        np.testing.assert_allclose(got["loss"], got["reference"], rtol=1e-5)
+        assert "stateful op" in got["refused"] and "training=False" in got["refused"]
+        assert got["same_seed_same_draw"] and got["next_step_other_draw"]
 
 
 def test_a_restored_training_mode_program_draws_the_saved_programs_next_masks(

@@ -12,6 +12,9 @@ Each check prints one line ``RESULT <json>``; a check that raises prints
 * ``bert``: keras-hub's BERT classifier of ``tapas.models.corpus`` (dict inputs, dropout
   in every layer) with a dict batch, in the modes of ``JOB["modes"]``;
 * ``save``: that classifier compiled and saved as ``<dir>/bert.keras`` for ``tapas train``;
+* ``keras2_dropout``: a Keras 2 (tf_keras) MLP whose Dropout draws with a stateful op,
+  under random plans: the first step's loss against the graph replayed on one device with
+  the same draws, and verify's refusal of training mode;
 * ``resume``: the MLP trained 2 steps, saved, 2 more steps; a fresh program restored from
   the checkpoint takes the same 2 steps: losses, weights and seed states against the first.
 
@@ -206,7 +209,59 @@ def check_resume() -> dict[str, Any]:
             "weights_max_diff": max(float(np.abs(w1[p] - w2[p]).max()) for p in w1)}
 
 
-CHECKS = {"mlp": check_mlp, "bert": check_bert, "save": check_save, "resume": check_resume}
+def keras2_dropout_mlp() -> Any:
+    """A Keras 2 (tf_keras) MLP whose Dropout draws with a stateful RandomUniform op, as
+    Hugging Face's TF models do."""
+    import tf_keras as k2
+    k2.utils.set_random_seed(0)
+    inp = k2.Input((8,), batch_size=8, name="x")
+    h = k2.layers.Dense(16, name="dense_in")(inp)
+    h = k2.layers.Dropout(0.5, name="dropout")(h)
+    h = k2.layers.Dense(16, activation="relu", name="dense_mid")(h)
+    model = k2.Model(inp, k2.layers.Dense(4, name="dense_out")(h), name="keras2_dropout")
+    tf.random.set_seed(None)   # no global seed (as usual): the op draws from its own state
+    return model
+
+
+def check_keras2_dropout() -> dict[str, Any]:
+    """Per plan: the first training step's loss on N devices and the loss of the same graph
+    replayed on one device with the same draws (step 0), and what verify says."""
+    from tapas.execution import reconstruct
+    from tapas.execution.collectives import SimulatedCollectives
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 8)).astype("float32")
+    y = rng.standard_normal((8, 4)).astype("float32")
+    spec = tf.TensorSpec([8, 8])
+    out = {}
+    for seed in JOB.get("seeds", [0]):
+        model = keras2_dropout_mlp()
+        trace = capturing.trace(model, spec, training=True)
+        graph = capturing.to_ir(trace)
+        single = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))
+        weights = single.trace_weights()
+        draw = tf.function(lambda step: single([[tf.constant(x)]], weights,
+                                               SimulatedCollectives(1), seed=step)[0][0],
+                           autograph=False)
+        drawn = [draw(tf.constant(step, tf.int64)).numpy() for step in (0, 0, 1)]
+        reference = float(MSE(y, drawn[0]))
+        plan = parallel.random_plan(graph, N, seed)
+        pm = parallel.parallelize(model, spec, plan, devices=N, loss=MSE)
+        try:
+            pm.verify(x, y)
+            refused = ""
+        except ValueError as e:
+            refused = str(e)
+        loss = float(pm.train_step(x, y))
+        out[f"random:{seed}"] = {
+            "loss": loss, "reference": reference, "refused": refused,
+            "same_seed_same_draw": bool(np.array_equal(drawn[0], drawn[1])),
+            "next_step_other_draw": not np.array_equal(drawn[0], drawn[2]),
+            "stateful_random": len(pm.program.stateful_random), **machinery(pm)}
+    return out
+
+
+CHECKS = {"mlp": check_mlp, "bert": check_bert, "save": check_save, "resume": check_resume,
+          "keras2_dropout": check_keras2_dropout}
 
 if __name__ == "__main__":
     run_checks(CHECKS, JOB["checks"])

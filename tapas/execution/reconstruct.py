@@ -45,6 +45,7 @@ Example (single device: forward and tape gradients equal the model's)::
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -156,6 +157,10 @@ class Program:
                     self._state_writes.setdefault(self._state_of_ph[ph], []).append(
                         self._op_order[op.name])
         self.has_writes = any(op.type in stateful.WRITE_OPS for n in graph.nodes for op in n.ops)
+        # stateful random ops (Keras 2's dropout, tf.random.uniform): drawn from a seed the
+        # caller passes per step (:func:`_draw`); their names, for the error verify gives
+        self.stateful_random = tuple(op.name for n in graph.nodes for op in n.ops
+                                     if op.type in STATEFUL_RANDOM)
         # graph inputs by tensor name: the trace's placeholders for a whole model, any
         # tensors for a sub-graph (the pattern checker runs one GraphNode alone)
         self._input_names = tuple(t.name for t in graph.inputs)
@@ -284,7 +289,7 @@ class Program:
     # ---- the program --------------------------------------------------------------------
     def __call__(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
                  collectives: Collectives, writes: dict | None = None,
-                 column: Collectives | None = None) -> list[list[tf.Tensor]]:
+                 column: Collectives | None = None, seed: Any = None) -> list[list[tf.Tensor]]:
         """Run the program for the local replicas of ``collectives``.
 
         ``inputs[k][r]``: local part of trace input ``k`` on local replica ``r``;
@@ -295,6 +300,8 @@ class Program:
         placement (``stored_placement``), for the caller to assign. ``column``: the
         collectives over the replica's mesh column (its group of ``expert_rows`` devices),
         which a program with nested experts exchanges the expert region's tokens over.
+        ``seed``: an integer scalar (the runtime's step number) that the graph's stateful
+        random ops (:data:`STATEFUL_RANDOM`) draw from, the same on every replica; None: 0.
         """
         if collectives.num_devices != self.num_devices:
             raise ReconstructError(f"the plan is for {self.num_devices} devices but the "
@@ -305,7 +312,7 @@ class Program:
             raise ReconstructError(f"the program splits its experts over {self.expert_rows} "
                                    "mesh rows: call it with column= the collectives of the "
                                    "replica's mesh column")
-        run = _Run(self, collectives, column)
+        run = _Run(self, collectives, column, seed)
         outs = run.execute(inputs, weights)
         if writes is not None:
             writes.update(run.writes.values)
@@ -320,10 +327,11 @@ class Program:
 
     def values(self, inputs: Sequence[Sequence[Any]], weights: Mapping[str, Sequence[Any]],
                collectives: Collectives, names: Sequence[str],
-               column: Collectives | None = None) -> dict[str, list[tf.Tensor]]:
+               column: Collectives | None = None, seed: Any = None
+               ) -> dict[str, list[tf.Tensor]]:
         """Like calling the program, but return the local values of the tensors ``names``
         (outputs of GraphNodes) instead of the graph outputs."""
-        run = _Run(self, collectives, column)
+        run = _Run(self, collectives, column, seed)
         run.execute(inputs, weights)
         missing = [n for n in names if n not in run.env]
         if missing:
@@ -335,9 +343,10 @@ class Program:
 class _Run:
     """One replay of a Program (state of one trace)."""
 
-    def __init__(self, prog: Program, coll: Collectives, column: Collectives | None = None
-                 ) -> None:
+    def __init__(self, prog: Program, coll: Collectives, column: Collectives | None = None,
+                 seed: Any = None) -> None:
         self.p = prog
+        self.seed = seed
         self.coll = coll
         self.column = column
         self.n = prog.num_devices
@@ -649,6 +658,8 @@ class _Run:
             ins = self._slice_contraction(op, ins, vplace)
         if op.type in _RESOURCE_GATHERS:
             return [(_gather_values(tf_op, ins, self.n_local), None)]
+        if op.type in STATEFUL_RANDOM:
+            return [(_draw(tf_op, ins, self.n_local, self.seed), None)]
         per_replica = self._replay(op, ins, label, _squeezed_axes(tf_op))
         return [([outs[j] for outs in per_replica], None) for j in range(len(op.outputs))]
 
@@ -822,6 +833,43 @@ def _gather_values(tf_op: tf.Operation, ins: list, n_local: int) -> list:
     batch_dims = tf_op.get_attr("batch_dims")
     return [tf.gather(ins[0][r], ins[1][r], axis=batch_dims, batch_dims=batch_dims)
             for r in range(n_local)]
+
+
+#: random ops that draw from a hidden per-op state (Keras 2's ``Dropout``, ``tf.random.uniform``
+#: without a seed): replayed as the stateless draw :func:`_draw`
+STATEFUL_RANDOM = frozenset(rules.STATEFUL_RANDOM)
+
+
+def _draw(tf_op: tf.Operation, ins: list, n_local: int, seed: Any) -> list:
+    """A stateful random op (``RandomUniform``, ``RandomStandardNormal``, ``TruncatedNormal``,
+    ``RandomUniformInt``) re-created as the stateless draw of the same distribution from the
+    seed (``seed``, a hash of the op's name): the same numbers on every replica, whatever its
+    device. Replayed as it is, each device's copy of the op would draw from its own state,
+    so the copies of a replicated tensor would differ from device to device (a dropout mask
+    on a replicated activation: the replicas of every later value disagree). The draw has
+    the traced (global) shape; a consumer that splits it keeps its slice (the rule:
+    ``tapas.sharding.rules.plumbing.random``), so every device uses its part of one draw,
+    as the single-device program would. Each step draws anew when ``seed`` is the step
+    number (the runtime's). The draws are not Keras's: Keras 2 draws from the ops' own
+    states, which nothing can replay (``verify`` says so for training mode)."""
+    out = tf_op.outputs[0]
+    key = tf.constant(zlib.crc32(tf_op.name.encode()) & 0x7FFFFFFF, tf.int64)
+    step = tf.constant(0, tf.int64) if seed is None else tf.cast(seed, tf.int64)
+    pair = tf.stack([step, key])
+    static = out.shape.is_fully_defined()
+    values = []
+    for r in range(n_local):
+        shape = out.shape.as_list() if static else ins[0][r]
+        if tf_op.type == "RandomUniformInt":
+            values.append(tf.random.stateless_uniform(shape, pair, ins[1][r], ins[2][r],
+                                                      dtype=out.dtype))
+        elif tf_op.type == "RandomUniform":
+            values.append(tf.random.stateless_uniform(shape, pair, dtype=out.dtype))
+        elif tf_op.type == "RandomStandardNormal":
+            values.append(tf.random.stateless_normal(shape, pair, dtype=out.dtype))
+        else:
+            values.append(tf.random.stateless_truncated_normal(shape, pair, dtype=out.dtype))
+    return values
 
 
 def _squeezed_axes(tf_op: tf.Operation) -> dict[str, Any] | None:

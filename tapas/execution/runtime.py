@@ -589,13 +589,16 @@ class Runtime:
         """(local outputs, {path: new local value} the program writes: training mode)."""
         local = {p: [weights[p]] for p in self.paths}
         local.update({p: [v] for p, v in states.items()})
-        # nested experts: the expert region's tokens are exchanged over the mesh column
-        column = {"column": r.dp} if getattr(self.program, "region", None) is not None else {}
+        extra: dict[str, Any] = {}
+        if getattr(self.program, "region", None) is not None:
+            extra["column"] = r.dp   # nested experts: tokens exchanged over the mesh column
+        if getattr(self.program, "stateful_random", ()):
+            extra["seed"] = self.iterations   # Keras 2's dropout: a new draw each step, the
+            # same draw on every replica
         if not getattr(self.program, "has_writes", False):
-            return [o[0] for o in self.program([[x] for x in xs], local, r.coll,
-                                               **column)], {}
+            return [o[0] for o in self.program([[x] for x in xs], local, r.coll, **extra)], {}
         writes: dict[str, list] = {}
-        outs = self.program([[x] for x in xs], local, r.coll, writes, **column)
+        outs = self.program([[x] for x in xs], local, r.coll, writes, **extra)
         return [o[0] for o in outs], {p: v[0] for p, v in writes.items()}
 
     def _on_device(self, fn: Callable) -> Callable:

@@ -396,6 +396,20 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     weights, moving statistics updated once, against ``model(x, training=False)``), so one
     call verifies both modes."""
     rt = pm.runtime
+    drawn = getattr(pm.program, "stateful_random", ())
+    if pm.training and drawn:
+        raise ValueError(
+            f"verify cannot compare training mode with the Keras model: the graph draws "
+            f"random numbers with {len(drawn)} stateful op(s) (e.g. '{drawn[0]}': Keras 2's "
+            "Dropout, tf.random.* without a seed), whose draws come from states inside "
+            "TensorFlow that nothing can replay. The parallel program draws them from the "
+            "step number, one draw shared by every device, so it computes the same "
+            "function with other random numbers. Verify with training=False (the same "
+            "model, no random draws), check the plan in training mode against the graph "
+            "replayed on one device with the same draws "
+            "(tapas.execution.verify.compare_with_single_device, scripts/equivalence.py "
+            "--levels=sim), or build the model with Keras 3 layers (their dropout draws "
+            "from seed states, which verify replays)")
     if int(rt.iterations.numpy()) != 0:
         raise RuntimeError("verify() compares from the initial state: call it before any "
                            "train_step, on a freshly parallelized model")

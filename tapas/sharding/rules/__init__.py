@@ -63,7 +63,9 @@ from tapas.sharding.rules import (conv, elementwise, gather, matmul, norm, plumb
 from tapas.sharding.rules.spec import OpContext, OpSpec, Rule
 
 __all__ = ["OpSpec", "OpContext", "Rule", "RULES", "spec_for", "CONTRACTION_OPS",
-           "NO_GRAD_OPS"]
+           "NO_GRAD_OPS", "STATEFUL_RANDOM"]
+
+STATEFUL_RANDOM = plumbing.STATEFUL_RANDOM
 
 
 def _each(types: Iterable[str], rule: Rule) -> dict[str, Rule]:
@@ -126,7 +128,7 @@ RULES: dict[str, Rule] = {
     "ShapeN": plumbing.shape_n,
     **_each(plumbing.CONSTANT, plumbing.constant),
     "NoOp": plumbing.no_op,
-    **_each(plumbing.RANDOM, plumbing.random),
+    **_each(plumbing.RANDOM + plumbing.STATEFUL_RANDOM, plumbing.random),
     **_each(plumbing.VARIABLE_WRITES, plumbing.variable_write),
     "ReadVariableOp": plumbing.read_variable,
     "IdentityN": plumbing.identity_n,
@@ -140,7 +142,8 @@ NO_GRAD_OPS = frozenset({"StopGradient", "PreventGradient", "Shape", "ShapeN", "
                          "ZerosLike", "OnesLike", "ArgMax", "ArgMin", "Less", "LessEqual",
                          "Greater", "GreaterEqual", "Equal", "NotEqual", "OneHot", "Floor",
                          "Ceil", "Round", "Rint", "Sign", "IsNan", "IsInf", "IsFinite",
-                         "LogicalNot", "LogicalAnd", "LogicalOr", *plumbing.RANDOM})
+                         "LogicalNot", "LogicalAnd", "LogicalOr", *plumbing.RANDOM,
+                         *plumbing.STATEFUL_RANDOM})
 
 
 def spec_for(op: OpInfo, ctx: OpContext) -> OpSpec | str:

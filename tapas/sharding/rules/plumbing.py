@@ -28,6 +28,10 @@ RANDOM = ("StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessTrunc
           "StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg",
           "StatelessRandomUniform", "StatelessRandomNormal", "StatelessTruncatedNormal",
           "StatelessRandomUniformInt", "StatelessRandomUniformFullInt")
+# stateful random ops (Keras 2's Dropout, tf.random.* without a seed): reconstruction draws
+# them statelessly with the traced shape, the same on every device, so the rule is the same
+STATEFUL_RANDOM = ("RandomUniform", "RandomStandardNormal", "TruncatedNormal",
+                   "RandomUniformInt")
 VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
@@ -51,8 +55,9 @@ def constant(op: OpInfo, ctx: OpContext) -> OpSpec:
 
 
 def random(op: OpInfo, ctx: OpContext) -> OpSpec:
-    """A stateless random draw: meta operands only, the output replicated (the global
-    draw), sliced locally by consumers that split it."""
+    """A random draw (stateless, or stateful and drawn statelessly by reconstruction): meta
+    operands only, the output replicated (the global draw), sliced locally by consumers
+    that split it."""
     return OpSpec(tuple(None for _ in op.inputs),
                   tuple(None for _ in ctx.out_shapes), flops="none")
 
