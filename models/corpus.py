@@ -35,7 +35,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-__all__ = ["CorpusEntry", "entries", "get", "keras_hub_available", "run"]
+__all__ = ["CorpusEntry", "entries", "get", "keras_hub_available", "transformers_available",
+           "run"]
 
 BATCH = 2          # batch size of every corpus input spec
 SEQ = 16           # token sequence length of the text backbones
@@ -553,9 +554,168 @@ def _keras_hub() -> list[CorpusEntry]:
     return out
 
 
+def transformers_available() -> bool:
+    """Whether Hugging Face transformers imports here with its TensorFlow models (the
+    ``test`` extra installs 4.57, the last release that has them, with tf-keras)."""
+    try:
+        transformers = importlib.import_module("transformers")
+        return hasattr(transformers, "TFBertModel")
+    except ImportError:
+        return False
+
+
+# Hugging Face's TensorFlow models are Keras 2 (tf_keras) models: they look embeddings up
+# straight from the variable (ResourceGather) and draw dropout with stateful random ops
+_HF_CI = frozenset({"bert", "t5"})   # in the CI slice; the others in the scripts' matrices
+
+
+def _hf_models() -> dict[str, tuple[Callable[..., Any], Any, str, Mapping[str, Any]]]:
+    """name -> (TF model class, config class, output to train on, input kind and config)."""
+    import transformers as hf
+    text = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, max_position_embeddings=64)
+    seq2seq = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                   vocab_size=VOCAB)
+    vit = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+               image_size=IMAGE, patch_size=8)
+    speech = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 4),
+                  conv_kernel=(10, 4), num_conv_pos_embeddings=16,
+                  num_conv_pos_embedding_groups=4)
+    last = "last_hidden_state"
+    return {
+        # encoders
+        "bert": (hf.TFBertModel, hf.BertConfig, last, dict(text, _inputs="text+types")),
+        "roberta": (hf.TFRobertaModel, hf.RobertaConfig, last, text),
+        "distilbert": (hf.TFDistilBertModel, hf.DistilBertConfig, last, dict(
+            vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+            max_position_embeddings=64)),
+        "albert": (hf.TFAlbertModel, hf.AlbertConfig, last, dict(text, embedding_size=16)),
+        "electra": (hf.TFElectraModel, hf.ElectraConfig, last, dict(text, embedding_size=16)),
+        "deberta": (hf.TFDebertaModel, hf.DebertaConfig, last, text),
+        "deberta-v2": (hf.TFDebertaV2Model, hf.DebertaV2Config, last, text),
+        "mpnet": (hf.TFMPNetModel, hf.MPNetConfig, last, text),
+        "convbert": (hf.TFConvBertModel, hf.ConvBertConfig, last, dict(text, embedding_size=32)),
+        "roformer": (hf.TFRoFormerModel, hf.RoFormerConfig, last, dict(text, embedding_size=32)),
+        "funnel": (hf.TFFunnelBaseModel, hf.FunnelConfig, last, dict(
+            vocab_size=VOCAB, d_model=32, n_head=4, d_head=8, d_inner=64, block_sizes=[1, 1],
+            num_decoder_layers=1)),
+        "xlm-roberta": (hf.TFXLMRobertaModel, hf.XLMRobertaConfig, last, text),
+        "esm": (hf.TFEsmModel, hf.EsmConfig, last, dict(text, pad_token_id=1)),
+        "rembert": (hf.TFRemBertModel, hf.RemBertConfig, last, dict(
+            text, input_embedding_size=16, output_embedding_size=16)),
+        "xlnet": (hf.TFXLNetModel, hf.XLNetConfig, last, dict(
+            vocab_size=VOCAB, d_model=32, n_layer=2, n_head=4, d_inner=64)),
+        # decoders
+        "gpt2": (hf.TFGPT2Model, hf.GPT2Config, last, dict(
+            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+        "gptj": (hf.TFGPTJModel, hf.GPTJConfig, last, dict(
+            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4)),
+        "opt": (hf.TFOPTModel, hf.OPTConfig, last, dict(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            ffn_dim=64, max_position_embeddings=64, word_embed_proj_dim=32)),
+        "ctrl": (hf.TFCTRLModel, hf.CTRLConfig, last, dict(
+            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, dff=64, n_positions=64)),
+        "xglm": (hf.TFXGLMModel, hf.XGLMConfig, last, dict(
+            vocab_size=VOCAB, d_model=32, num_layers=2, attention_heads=4, ffn_dim=64,
+            max_position_embeddings=64)),
+        "mistral": (hf.TFMistralModel, hf.MistralConfig, last, dict(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)),
+        # encoder-decoders (trained on the decoder's output)
+        "t5": (hf.TFT5Model, hf.T5Config, last, dict(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+            _inputs="seq2seq")),
+        "bart": (hf.TFBartModel, hf.BartConfig, last, dict(
+            seq2seq, max_position_embeddings=64, _inputs="seq2seq")),
+        "marian": (hf.TFMarianModel, hf.MarianConfig, last, dict(
+            seq2seq, decoder_vocab_size=VOCAB, max_position_embeddings=64, _inputs="seq2seq")),
+        "pegasus": (hf.TFPegasusModel, hf.PegasusConfig, last, dict(
+            seq2seq, max_position_embeddings=64, _inputs="seq2seq")),
+        "blenderbot": (hf.TFBlenderbotModel, hf.BlenderbotConfig, last, dict(
+            seq2seq, max_position_embeddings=64, _inputs="seq2seq")),
+        "mbart": (hf.TFMBartModel, hf.MBartConfig, last, dict(
+            seq2seq, max_position_embeddings=64, _inputs="seq2seq")),
+        "led": (hf.TFLEDModel, hf.LEDConfig, last, dict(
+            seq2seq, attention_window=4, max_encoder_position_embeddings=64,
+            max_decoder_position_embeddings=64, _inputs="seq2seq")),
+        # vision (channels first, as Hugging Face takes pixel values)
+        "vit": (hf.TFViTModel, hf.ViTConfig, last, dict(vit, _inputs="image")),
+        "deit": (hf.TFDeiTModel, hf.DeiTConfig, last, dict(vit, _inputs="image")),
+        "data2vec-vision": (hf.TFData2VecVisionModel, hf.Data2VecVisionConfig, last,
+                            dict(vit, _inputs="image")),
+        "swin": (hf.TFSwinModel, hf.SwinConfig, last, dict(
+            image_size=IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+            window_size=4, _inputs="image")),
+        "convnext": (hf.TFConvNextModel, hf.ConvNextConfig, last, dict(
+            num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], image_size=IMAGE,
+            _inputs="image")),
+        "convnextv2": (hf.TFConvNextV2Model, hf.ConvNextV2Config, last, dict(
+            num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], image_size=IMAGE,
+            _inputs="image")),
+        "resnet": (hf.TFResNetModel, hf.ResNetConfig, last, dict(
+            embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], _inputs="image")),
+        "regnet": (hf.TFRegNetModel, hf.RegNetConfig, last, dict(
+            embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8,
+            _inputs="image")),
+        "segformer": (hf.TFSegformerModel, hf.SegformerConfig, last, dict(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+            num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2],
+            mlp_ratios=[2, 2], decoder_hidden_size=32, _inputs="image")),
+        "mobilevit": (hf.TFMobileViTModel, hf.MobileViTConfig, last, dict(
+            image_size=IMAGE, hidden_sizes=[16, 24, 32],
+            neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48], num_attention_heads=2,
+            _inputs="image")),
+        # speech (raw audio)
+        "wav2vec2": (hf.TFWav2Vec2Model, hf.Wav2Vec2Config, last, dict(speech, _inputs="audio")),
+        "hubert": (hf.TFHubertModel, hf.HubertConfig, last, dict(speech, _inputs="audio")),
+    }
+
+
+# a batch of 1600 raw audio samples: the speech models' two convolutions (stride 5, 4)
+# make 79 frames
+_HF_AUDIO = 1600
+
+
+def _hf_inputs(kind: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The named inputs (shape without the batch, dtype) of a Hugging Face model's kind."""
+    text = {"input_ids": ((SEQ,), "int32"), "attention_mask": ((SEQ,), "int32")}
+    return {"text": text,
+            "text+types": dict(text, token_type_ids=((SEQ,), "int32")),
+            "seq2seq": dict(text, decoder_input_ids=((SEQ,), "int32")),
+            "image": {"pixel_values": ((3, IMAGE, IMAGE), "float32")},
+            "audio": {"input_values": ((_HF_AUDIO,), "float32")}}[kind]
+
+
+def _hf_builder(name: str) -> Callable[[], Any]:
+    def build() -> Any:
+        import tf_keras
+        model_cls, config_cls, key, config = _hf_models()[name]
+        config = dict(config)
+        kind = config.pop("_inputs", "text")
+        tf_keras.utils.set_random_seed(0)
+        backbone = model_cls(config_cls(**config))
+        inputs = {k: tf_keras.Input(shape, batch_size=None, dtype=dtype, name=k)
+                  for k, (shape, dtype) in _hf_inputs(kind).items()}
+        return tf_keras.Model(inputs, backbone(inputs)[key], name=f"hf_{name}".replace("-", "_"))
+    return build
+
+
+def _hugging_face() -> list[CorpusEntry]:
+    if not transformers_available():
+        return []
+    return [CorpusEntry(f"hf-{name}", "transformers",
+                        f"Hugging Face transformers TF{model_cls.__name__[2:]} (Keras 2) from "
+                        "a small config", _hf_builder(name), dict_inputs=True,
+                        ci=name in _HF_CI)
+            for name, (model_cls, *_rest) in _hf_models().items()]
+
+
 def entries(library: str | None = None) -> list[CorpusEntry]:
-    """Every corpus entry (of ``library`` when given: "keras.applications", "keras-hub")."""
-    found = _applications() + _keras_hub()
+    """Every corpus entry (of ``library`` when given: "keras.applications", "keras-hub",
+    "transformers")."""
+    found = _applications() + _keras_hub() + _hugging_face()
     return [e for e in found if library is None or e.library == library]
 
 

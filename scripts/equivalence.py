@@ -177,6 +177,8 @@ def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str,
         # the plan was made on run_case's capture, in the same mode
         pm = tapas.parallelize(built["model"], built["specs"], plan, devices=n,
                                loss=built["loss"], optimizer=optimizer, training=training)
+        if training and pm.program.stateful_random:
+            return _runtime_stateful_random(pm, xs, built["y"])
         report = pm.verify(xs, built["y"], steps=2)
         audit = pm.audit()
     except Exception as e:  # noqa: BLE001 -- classified and reported, never hidden
@@ -200,6 +202,26 @@ def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str,
                 and grads["max_abs_diff"] <= 2 * grad_noise:
             out["status"] = "float32 noise"
     return out
+
+
+def _runtime_stateful_random(pm: Any, xs: Any, y: Any) -> dict[str, Any]:
+    """Training mode of a graph with stateful random ops (Keras 2's dropout: Hugging Face's
+    TF models), whose draws Keras cannot replay, so ``verify`` refuses it: the program's
+    plan on simulated shards against the graph replayed on one device with the same draws
+    (outputs, gradients, writes), then two training steps on the devices (finite losses)
+    and the collective audit of the training step against the plan's prediction."""
+    import numpy as np
+    from tapas.execution import verify
+    program = pm.program
+    cmp = verify.compare_with_single_device(program.trace, pm.graph, program.plan,
+                                            pm.inputs.flatten(xs))
+    losses = [float(pm.train_step(xs, y)) for _ in range(2)]
+    audit = pm.audit()
+    ok = cmp.ok() and audit.matches and bool(np.all(np.isfinite(losses)))
+    return {"status": "ok" if ok else "MISMATCH", "audit_matches": audit.matches,
+            "reference": "the graph on one device, the same draws (stateful random ops: "
+                         "Keras's own draws cannot be replayed)",
+            "sim_worst": str(cmp.worst), "losses": losses}
 
 
 @contextlib.contextmanager

@@ -315,8 +315,8 @@ def assert_equal_to_keras(r: dict[str, Any], mode: str = "training") -> None:
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("training2"))
-    return run_job({"devices": 2, "dir": d, "checks": ["mlp", "resume", "keras2_dropout"],
-                    "seeds": [0, 1]})
+    return run_job({"devices": 2, "dir": d, "checks": ["mlp", "resume", "keras2_dropout",
+                                                       "hf_bert"], "seeds": [0, 1]})
 
 
 def test_dropout_and_batch_norm_mlp_random_plans_on_2_devices(two_devices: dict) -> None:
@@ -346,6 +346,20 @@ def test_keras2_dropout_trains_with_one_draw_on_every_device(two_devices: dict) 
         np.testing.assert_allclose(got["loss"], got["reference"], rtol=1e-5)
         assert "stateful op" in got["refused"] and "training=False" in got["refused"]
         assert got["same_seed_same_draw"] and got["next_step_other_draw"]
+
+
+def test_hugging_face_bert_with_a_dict_batch_in_both_modes(two_devices: dict) -> None:
+    """Hugging Face's TFBertModel (Keras 2: its embeddings read straight from the
+    variables, its dropout stateful) under random plans on 2 devices: equal to Keras in
+    inference mode (outputs, gradients, 2 steps, audit = prediction), and in training mode
+    its first step equals the graph on one device with the same draws."""
+    r = ok(two_devices["hf_bert"])
+    for seed in (0, 1):
+        assert_equal_to_keras(r[f"inference random:{seed}"], mode="inference")
+        got = r[f"training random:{seed}"]
+        assert got["stateful_random"] > 0 and got["sharded"] > 0
+        np.testing.assert_allclose(got["loss"], got["reference"], rtol=1e-5)
+        assert "stateful op" in got["refused"]
 
 
 def test_a_restored_training_mode_program_draws_the_saved_programs_next_masks(

@@ -36,6 +36,22 @@ def _sensitivity(model: Any, training: bool = False) -> dict[str, Any]:
                                  keras.losses.MeanSquaredError(), y)
 
 
+def test_a_gradient_zero_but_for_rounding_is_judged_at_the_scale_of_the_others() -> None:
+    """The simulated-shards comparison scales its absolute tolerance as verify does, by the
+    largest magnitude of the same kind: Hugging Face BERT's attention key bias has a
+    gradient that is zero but for rounding (1e-9 against 6e-10 on one device, the other
+    gradients about 3), which failed a correct plan; a real difference still fails."""
+    from tapas.execution.verify import Comparison, Difference
+    key_bias = Difference("gradient of 'key/bias'", 1.05e-9, 6.1e-10)
+    kernel = Difference("gradient of 'key/kernel'", 2e-7, 3.0)
+    output = Difference("output 0 'y'", 1e-7, 2.0)
+    assert Comparison((output, kernel, key_bias), ()).ok()
+    assert not Comparison((output, Difference("gradient of 'key/kernel'", 1e-3, 3.0),
+                           key_bias), ()).ok()
+    # the scale is per kind: a large output does not excuse a gradient
+    assert not Comparison((Difference("output 0 'y'", 0.0, 1e6), key_bias), ()).ok()
+
+
 def test_a_well_conditioned_model_is_not_flagged_and_is_left_as_it_was() -> None:
     import keras
     keras.utils.set_random_seed(0)

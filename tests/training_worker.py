@@ -15,6 +15,8 @@ Each check prints one line ``RESULT <json>``; a check that raises prints
 * ``keras2_dropout``: a Keras 2 (tf_keras) MLP whose Dropout draws with a stateful op,
   under random plans: the first step's loss against the graph replayed on one device with
   the same draws, and verify's refusal of training mode;
+* ``hf_bert``: Hugging Face's TFBertModel (tapas.models.corpus's ``hf-bert``) with a dict
+  batch: verified against Keras in inference mode, its first training step as above;
 * ``resume``: the MLP trained 2 steps, saved, 2 more steps; a fresh program restored from
   the checkpoint takes the same 2 steps: losses, weights and seed states against the first.
 
@@ -223,45 +225,71 @@ def keras2_dropout_mlp() -> Any:
     return model
 
 
-def check_keras2_dropout() -> dict[str, Any]:
-    """Per plan: the first training step's loss on N devices and the loss of the same graph
-    replayed on one device with the same draws (step 0), and what verify says."""
+def first_step_against_one_device(model: Any, spec: Any, x: Any, y: Any, plan_seed: int
+                                  ) -> dict[str, Any]:
+    """A training-mode plan of a graph with stateful random ops: the first step's loss on N
+    devices and the loss of the same graph replayed on one device with the same draws
+    (step 0), whether the draws repeat for a step and change with it, and what verify
+    says."""
     from tapas.execution import reconstruct
     from tapas.execution.collectives import SimulatedCollectives
+    trace = capturing.trace(model, spec, training=True)
+    graph = capturing.to_ir(trace)
+    single = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))
+    weights = single.trace_weights()
+    xs = [tf.constant(x[t.name.split(":")[0]]) for t in graph.inputs] if isinstance(x, dict) \
+        else [tf.constant(x)]
+    draw = tf.function(lambda step: single([[v] for v in xs], weights,
+                                           SimulatedCollectives(1), seed=step)[0][0],
+                       autograph=False)
+    drawn = [draw(tf.constant(step, tf.int64)).numpy() for step in (0, 0, 1)]
+    reference = float(MSE(y, drawn[0]))
+    plan = parallel.random_plan(graph, N, plan_seed)
+    pm = parallel.parallelize(model, spec, plan, devices=N, loss=MSE)
+    try:
+        pm.verify(x, y)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    loss = float(pm.train_step(x, y))
+    return {"loss": loss, "reference": reference, "refused": refused,
+            "same_seed_same_draw": bool(np.array_equal(drawn[0], drawn[1])),
+            "next_step_other_draw": not np.array_equal(drawn[0], drawn[2]),
+            "stateful_random": len(pm.program.stateful_random),
+            "sharded": sum(1 for n in pm.graph.nodes
+                           if pm.program.plan.pattern(n).name != "replicate"), **machinery(pm)}
+
+
+def check_keras2_dropout() -> dict[str, Any]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 8)).astype("float32")
     y = rng.standard_normal((8, 4)).astype("float32")
-    spec = tf.TensorSpec([8, 8])
+    return {f"random:{seed}": first_step_against_one_device(
+        keras2_dropout_mlp(), tf.TensorSpec([8, 8]), x, y, seed)
+        for seed in JOB.get("seeds", [0])}
+
+
+def check_hf_bert() -> dict[str, Any]:
+    """Hugging Face's TFBertModel (the corpus's hf-bert: a dict of token ids, attention mask
+    and token types; embeddings looked up straight from the variables; Keras 2 dropout in
+    every layer) under a random plan: verified against Keras in inference mode, and its
+    first training step against one device with the same draws."""
+    from tapas.models import corpus
+    entry = corpus.get("hf-bert")
+    model, specs = entry.build()
+    x, y = entry.synthetic_batch(model, specs)
     out = {}
     for seed in JOB.get("seeds", [0]):
-        model = keras2_dropout_mlp()
-        trace = capturing.trace(model, spec, training=True)
-        graph = capturing.to_ir(trace)
-        single = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))
-        weights = single.trace_weights()
-        draw = tf.function(lambda step: single([[tf.constant(x)]], weights,
-                                               SimulatedCollectives(1), seed=step)[0][0],
-                           autograph=False)
-        drawn = [draw(tf.constant(step, tf.int64)).numpy() for step in (0, 0, 1)]
-        reference = float(MSE(y, drawn[0]))
-        plan = parallel.random_plan(graph, N, seed)
-        pm = parallel.parallelize(model, spec, plan, devices=N, loss=MSE)
-        try:
-            pm.verify(x, y)
-            refused = ""
-        except ValueError as e:
-            refused = str(e)
-        loss = float(pm.train_step(x, y))
-        out[f"random:{seed}"] = {
-            "loss": loss, "reference": reference, "refused": refused,
-            "same_seed_same_draw": bool(np.array_equal(drawn[0], drawn[1])),
-            "next_step_other_draw": not np.array_equal(drawn[0], drawn[2]),
-            "stateful_random": len(pm.program.stateful_random), **machinery(pm)}
+        trace_graph = capturing.capture(model, specs, training=False)
+        plan = parallel.random_plan(trace_graph, N, seed)
+        pm = parallel.parallelize(model, specs, plan, devices=N, loss=MSE, training=False)
+        out[f"inference random:{seed}"] = verified(pm, x, y, steps=2)
+        out[f"training random:{seed}"] = first_step_against_one_device(model, specs, x, y, seed)
     return out
 
 
 CHECKS = {"mlp": check_mlp, "bert": check_bert, "save": check_save, "resume": check_resume,
-          "keras2_dropout": check_keras2_dropout}
+          "keras2_dropout": check_keras2_dropout, "hf_bert": check_hf_bert}
 
 if __name__ == "__main__":
     run_checks(CHECKS, JOB["checks"])

@@ -61,8 +61,18 @@ class Comparison:
         return max(self.differences, key=lambda d: d.abs_diff / max(d.magnitude, 1e-30))
 
     def ok(self, rtol: float = 1e-5, atol: float = 1e-5) -> bool:
-        """Every difference within ``atol * magnitude + rtol * magnitude``."""
-        return all(d.abs_diff <= (atol + rtol) * max(d.magnitude, 1e-30) for d in self.differences)
+        """Every difference within ``rtol * magnitude + atol * scale``, where ``scale`` is
+        the largest magnitude of its kind (outputs, gradients, writes), as ``verify``
+        scales its absolute tolerance: a gradient that is zero but for rounding (an
+        attention key bias: softmax ignores a shift of every score of a row) is rounding
+        noise of the others' size, not a difference of its own size."""
+        scale: dict[str, float] = {}
+        for d in self.differences:
+            kind = d.what.split(" ")[0]
+            scale[kind] = max(scale.get(kind, 0.0), d.magnitude)
+        return all(d.abs_diff <= rtol * d.magnitude + atol * max(scale[d.what.split(" ")[0]],
+                                                                 1e-30)
+                   for d in self.differences)
 
 
 @dataclasses.dataclass(frozen=True)
