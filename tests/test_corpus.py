@@ -58,3 +58,31 @@ def test_inputs_of_their_own_length_and_targets_shaped_like_the_real_output():
     image_tokens = (corpus.IMAGE // 8) ** 2
     assert y.shape == (corpus.BATCH, image_tokens + corpus.SEQ, 64)
     keras.backend.clear_session()
+
+
+def test_transformers_is_installed_for_the_corpus():
+    # Hugging Face's TensorFlow models (transformers 4.57, from requirements-corpus.txt)
+    assert corpus.transformers_available(), "install requirements-corpus.txt"
+    assert len(corpus.entries("transformers")) >= 40
+
+
+def test_hugging_face_mobilevit_with_lengths_unknown_to_the_trace_plans_and_rebuilds():
+    """Hugging Face MobileViT resizes its feature maps inside a tf.cond, so the traced graph
+    leaves their height and width unknown ((batch, -1, -1, channels)). A plan that split
+    such a tensor, or sliced it for a split consumer (its gradient then gathered), failed
+    at reconstruction ("cannot cut dimension 1 of size None"): those placements are not
+    offered, and random plans on 2 simulated shards equal one device."""
+    from tapas import capturing
+    from tapas.execution import checker, parallel, verify
+    model, specs = corpus.get("hf-mobilevit").build()
+    trace = capturing.trace(model, specs)
+    graph = capturing.to_ir(trace)
+    assert any(d < 0 for n in graph.nodes for t in n.outputs for d in (t.shape or ()))
+    inputs = checker.synthetic_inputs(graph)
+    sharded = 0
+    for seed in range(2):
+        plan = parallel.random_plan(graph, 2, seed)
+        cmp = verify.compare_with_single_device(trace, graph, plan, inputs)
+        assert cmp.ok(), cmp.worst
+        sharded += sum(1 for p in plan.patterns.values() if p.name != "replicate")
+    assert sharded > 0

@@ -309,6 +309,29 @@ def _resource_gather():
         [tf.TensorSpec([4, 6], tf.int32)]
 
 
+class DynamicTruncate(keras.layers.Layer):
+    """Keeps a data-dependent number of positions (all of them here), so the traced graph
+    has a tensor of unknown length, whose shape is then read (Hugging Face LED's
+    Longformer attention pads to a window computed so)."""
+
+    def call(self, x):
+        keep = tf.reduce_max(tf.cast(tf.reduce_sum(tf.abs(x), -1) >= 0, tf.int32)
+                             * tf.range(1, tf.shape(x)[1] + 1))
+        h = x[:, :keep]                                     # (batch, None, features)
+        shape = tf.shape(h)
+        return tf.reshape(tf.nn.relu(h), tf.concat([shape[:2], [2, x.shape[-1] // 2]], 0))
+
+    def compute_output_shape(self, shape):
+        return (shape[0], None, 2, shape[-1] // 2)
+
+
+def _dynamic_shape():
+    x = keras.Input((6, 8), batch_size=4)
+    h = DynamicTruncate()(keras.layers.Dense(8)(x))
+    return keras.Model(x, keras.layers.Dense(4)(h), name="dynamic_shape"), \
+        [tf.TensorSpec([4, 6, 8])]
+
+
 def _zoo(name):
     def build():
         entry = models.get(name)
@@ -322,7 +345,7 @@ MODELS = {"mlp": _mlp, "mha": _mha, "conv-bn": _conv_bn, "embedding": _embedding
           "grouped-conv": _grouped_conv, "recurrent-state": _recurrent_state,
           "inf-padding": _inf_padding, "tensor-array": _tensor_array,
           "prefix-and-positions": _prefix_and_positions, "row-map": _row_map,
-          "resource-gather": _resource_gather}
+          "resource-gather": _resource_gather, "dynamic-shape": _dynamic_shape}
 
 _CAPTURED = {}
 

@@ -237,6 +237,33 @@ def test_elementwise_last_axis_split() -> None:
     assert not ps[f"follow-S{rank - 1}"].comms
 
 
+def _shape_read_graph(length: int) -> tuple[Graph, GraphNode]:
+    """One GraphNode: h = relu(x); reshape(h, shape(h)); x of shape (4, length, 8)."""
+    x = TensorInfo("x:0", (4, length, 8), "float32")
+    h = TensorInfo("h:0", (4, length, 8), "float32")
+    shape = TensorInfo("s:0", (3,), "int32")
+    y = TensorInfo("y:0", (4, length, 8), "float32")
+    ops = (OpInfo("h", "Relu", ("x:0",), (h,)), OpInfo("s", "Shape", ("h:0",), (shape,)),
+           OpInfo("y", "Reshape", ("h:0", "s:0"), (y,)))
+    node = GraphNode(0, "shape_read", Kind.ELEMENTWISE, ops, (x,), (y,), (), "sig")
+    return Graph((node,), (), (x,), (y,)), node
+
+
+def test_the_shape_of_a_dynamic_tensor_is_never_read_from_a_split() -> None:
+    """A Shape of a split tensor reads the traced (global) value (the global-shape
+    rewrite); where the traced graph does not know that shape (Hugging Face LED's
+    Longformer attention: (4, 8, 4, None)) no constant stands in for it, so the patterns
+    that would split it are not offered (LED's random plans failed in reconstruction)."""
+    from tapas.sharding.patterns import Rewrite
+    static_graph, static_node = _shape_read_graph(6)
+    assert Rewrite.GLOBAL_SHAPE in \
+        _by_name(static_node, static_graph, 2)["follow-S2"].rewrites.values()
+    g, node = _shape_read_graph(-1)   # (capture writes an unknown length as -1)
+    offered = patterns_for(node, g, 2)
+    assert offered and all(Rewrite.GLOBAL_SHAPE not in p.rewrites.values() for p in offered)
+    assert "dynamic in the traced graph" in explain(node, g, 2, "follow-S2")
+
+
 # ---- MoE -----------------------------------------------------------------------------------
 
 def test_moe_expert_split() -> None:

@@ -3,7 +3,8 @@
 In:  a Keras model being traced by :func:`tapas.capturing.tracing.trace`.
 Out: the same model's graph, except that Keras's *grouped convolutions* (``Conv1D/2D/3D``
      with ``groups > 1``: ConvNeXt's depthwise 7x7, ResNeXt- and RegNet-style blocks) are
-     traced as ordinary TensorFlow ops instead of an XLA function call.
+     traced as ordinary TensorFlow ops instead of an XLA function call; Keras 2's
+     (``tf_keras``, Hugging Face's TF models) as well.
 
 Why: TensorFlow has no CPU kernel for a grouped ``Conv2D``, so Keras's TensorFlow backend
 runs every grouped convolution as a ``tf.function(jit_compile=True)`` call
@@ -27,13 +28,15 @@ strides together with dilation on a depthwise convolution) keep Keras's own path
 stay opaque GraphNodes.
 
 This module patches one attribute of Keras's TensorFlow backend (the module function
-``conv``) for the duration of a trace and restores it afterwards; it is the only place
-TAPAS touches Keras internals.
+``conv``), and when tf_keras is in use one method of its convolution base class
+(``Conv._jit_compiled_convolution_op``, the same XLA call), for the duration of a trace and
+restores them afterwards; it is the only place TAPAS touches Keras internals.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -97,12 +100,46 @@ def grouped_convolutions_lowered() -> Iterator[None]:
     try:
         from keras.src.backend.tensorflow import nn as tf_backend_nn
     except ImportError:          # another Keras layout: trace what Keras produces
-        yield
-        return
+        tf_backend_nn = None
+    keras2 = _keras2_conv_class()
     with _lock:
-        original = tf_backend_nn.conv
-        tf_backend_nn.conv = _lowered_conv(original)
+        if tf_backend_nn is not None:
+            original = tf_backend_nn.conv
+            tf_backend_nn.conv = _lowered_conv(original)
+        if keras2 is not None:
+            original2 = keras2.__dict__["_jit_compiled_convolution_op"]
+            keras2._jit_compiled_convolution_op = _keras2_grouped_conv(original2)
         try:
             yield
         finally:
-            tf_backend_nn.conv = original
+            if tf_backend_nn is not None:
+                tf_backend_nn.conv = original
+            if keras2 is not None:
+                keras2._jit_compiled_convolution_op = original2
+
+
+def _keras2_conv_class() -> Any:
+    """Keras 2's (tf_keras) convolution base class when tf_keras is in use (imported by the
+    caller's model; never imported here), else None."""
+    if "tf_keras" not in sys.modules:
+        return None
+    try:
+        from tf_keras.src.layers.convolutional import base_conv
+    except ImportError:
+        return None
+    conv = getattr(base_conv, "Conv", None)
+    return conv if "_jit_compiled_convolution_op" in getattr(conv, "__dict__", {}) else None
+
+
+def _keras2_grouped_conv(original: Any) -> Any:
+    """Keras 2's grouped convolution (``Conv._jit_compiled_convolution_op``: a
+    ``tf.function(jit_compile=True)`` of the layer's convolution, one ``PartitionedCall``
+    whose gradient the tape cannot record; Hugging Face's ConvNeXt, RegNet, SegFormer and
+    Wav2Vec2 use it) lowered as Keras 3's is; cases it cannot lower run the original."""
+    def op(self: Any, inputs: Any, kernel: Any) -> Any:
+        def keep(*_args: Any) -> Any:
+            return original.__get__(self, type(self))(inputs, kernel)
+        padding = "valid" if self.padding == "causal" else self.padding
+        return _lowered_conv(keep)(inputs, kernel, self.strides, padding, self.data_format,
+                                   self.dilation_rate)
+    return op

@@ -445,9 +445,14 @@ class _Run:
                 raise ReconstructError(f"input '{name}' has {len(vals)} local part(s); the "
                                        f"collectives run {self.n_local} local replica(s)")
             info = self._info(name)
-            want = p.input_placements[k].local_shape(info.shape, self.n)
+            # (a length the traced graph leaves unknown, as the input of one GraphNode run
+            # alone can have, is not checked)
+            want = None if info.shape is None else p.input_placements[k].local_shape(
+                [-1 if d is None else d for d in info.shape], self.n)
             for v in vals:
-                if tuple(v.shape.as_list()) != want:
+                got = tuple(v.shape.as_list())
+                if want is not None and (len(got) != len(want) or
+                                         any(w >= 0 and g != w for g, w in zip(got, want))):
                     raise ReconstructError(
                         f"input '{name}' has local shape {tuple(v.shape.as_list())}; placed "
                         f"{p.input_placements[k]} on {self.n} devices it must be {want}")

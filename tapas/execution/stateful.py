@@ -20,6 +20,10 @@ How training mode stays equal to the single-device Keras model:
   mask of a split activation is therefore exactly the single-device mask's slice, with no
   communication; each device computes the whole mask (its flops and memory, N times the
   share of a split activation). The state advances by the replayed write, as in Keras.
+* Dropout of Keras 2 (stateful ``RandomUniform``, no seed state to read): drawn statelessly
+  from the step number instead, the same draw on every device
+  (``reconstruct.STATEFUL_RANDOM``); not Keras's numbers, so ``verify`` refuses training
+  mode there and says why.
 * Batch norm: the batch moments are ``Mean`` s over the batch (and spatial) axes; a plan
   that splits the batch computes them with the ``partial-mean`` rewrite and a forward
   all-reduce (synchronized batch norm: the statistics of the global batch), which the

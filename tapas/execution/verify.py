@@ -101,14 +101,19 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
     from tapas.execution.plan import Plan
     from tapas.execution.reconstruct import Program
     prog = Program(trace, graph, plan)
+    single = Program(trace, graph, Plan.replicated(graph, 1))
     rng = np.random.default_rng(seed)
-    case = _Case(prog, *_weights_and_inputs(trace, prog, graph, inputs),
-                 tuple(rng.standard_normal(t.shape).astype(t.dtype)
-                       if t.dtype.startswith("float") else None for t in graph.outputs))
+    start = _weights_and_inputs(trace, prog, graph, inputs)
+    shapes = [t.shape for t in graph.outputs]
+    if any(s is None or any(d < 0 for d in s) for s in shapes):
+        shapes = _output_shapes(single, start[0], start[1], start[3])  # dynamic in the trace
+    case = _Case(prog, *start,
+                 tuple(rng.standard_normal(shape).astype(t.dtype)
+                       if t.dtype.startswith("float") else None
+                       for t, shape in zip(graph.outputs, shapes)))
     audit = Audit()
     s_outs, (s_wg, s_xg), s_writes = _sharded_run(case, audit)
-    r_outs, (r_wg, r_xg), r_writes = _reference_run(
-        case, Program(trace, graph, Plan.replicated(graph, 1)))
+    r_outs, (r_wg, r_xg), r_writes = _reference_run(case, single)
     diffs = [_difference(f"output {k} '{graph.outputs[k].name}'", so, ro,
                          prog.output_placements[k])
              for k, (so, ro) in enumerate(zip(s_outs, r_outs))]
@@ -120,6 +125,18 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
     diffs += [_difference(f"write of '{p}'", s_writes[p], r_writes[p][0],
                           prog.stored_placement(p)) for p in sorted(r_writes)]
     return Comparison(tuple(diffs), audit.records)
+
+
+def _output_shapes(single: Any, values: Mapping[str, np.ndarray], paths: Sequence[str],
+                   inputs: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
+    """The shapes of the outputs of the one-device program ``single`` on these values (an
+    output whose length the traced graph leaves unknown)."""
+    @tf.function(autograph=False)
+    def forward():
+        return [o[0] for o in single([[tf.constant(x)] for x in inputs],
+                                     {p: [tf.constant(values[p])] for p in paths},
+                                     SimulatedCollectives(1), {})]
+    return [tuple(o.shape) for o in forward()]
 
 
 def _weights_and_inputs(trace: Any, prog: Any, graph: ir.Graph, inputs: Sequence[Any]

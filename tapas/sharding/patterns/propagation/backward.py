@@ -125,6 +125,11 @@ class _Backward:
         self._late(t, by)
         self.gathered.add(t)
         shape = self.fw.shapes.get(t) or ()
+        if any(d < 0 for d in shape):
+            # a slice of a tensor whose length the traced graph leaves unknown (Hugging
+            # Face MobileViT): its gradient could not be gathered
+            raise Invalid(f"'{t}' has shape {tuple(shape)}, dynamic in the traced graph: the "
+                          "gradient of a slice of it cannot be gathered")
         dtype = self.fw.dtypes.get(t, "float32")
         self.comms.append(Comm(Collective.ALL_GATHER, t, shape, dtype, Split(a), _R, "bwd", a))
         self.state[t] = "ok"

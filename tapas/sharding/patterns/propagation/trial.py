@@ -57,6 +57,11 @@ class Trial:
             return
         if shape is None or p.axis >= len(shape):
             raise Invalid(f"{what} has shape {shape}, which has no dimension {p.axis} to split")
+        if any(d < 0 for d in shape):
+            # a length the traced graph leaves unknown (Hugging Face MobileViT's resize in
+            # a tf.cond): the collectives that would reshard a piece of it need its shape
+            raise Invalid(f"{what} has shape {shape}, dynamic in the traced graph: it stays "
+                          "whole")
         d = shape[p.axis]
         if d % self.n != 0 or d < self.n:
             raise Invalid(f"dimension {p.axis} of {what} has size {d}, not divisible by "
