@@ -394,6 +394,21 @@ def test_every_pattern_of_keras_hub_deberta_v3_matches_one_device():
         "\n".join(failures[:20])
 
 
+def test_every_pattern_of_hugging_face_albert_matches_one_device():
+    """Hugging Face ALBERT (Keras 2) applies its one shared layer twice inside one
+    GraphNode, which reads each weight twice: the backward all-reduce of a replicated
+    weight's partial gradient ran once per read where the pattern (and the cost model)
+    has one; a later read now takes the first read's value, so the gradients add up before
+    the one collective. Its embeddings also assert their ids with string messages, which
+    the checker compared as floats (a false alarm on every model of the library)."""
+    from tapas.models import corpus
+    t, g, values = _captured("hf-albert", corpus.get("hf-albert").build)
+    checked, failures = check_node_patterns(t, g, values, 2)
+    assert checked > 50
+    assert not failures, f"{len(failures)} of {checked} patterns are wrong:\n" + \
+        "\n".join(failures[:20])
+
+
 def test_the_checker_catches_a_wrong_rule():
     """Drop the backward all-reduce from the column pattern (Megatron's f): the gradient of
     the replicated input comes out partial and the checker names node and pattern."""

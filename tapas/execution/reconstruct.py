@@ -490,10 +490,21 @@ class _Run:
         for c in getattr(pat, "comms", ()):
             (fwd if c.phase == "fwd" else bwd).setdefault(c.tensor, []).append(c)
         reads: dict[str, list[str]] = {}  # weight path or placeholder tensor -> reads
+        # a later read of a trainable weight this GraphNode read already (ALBERT's one layer
+        # applied twice) takes the first read's value, so the gradients of both add up
+        # before the one backward collective the pattern has for the weight
+        again: dict[str, str] = {}
         for op in node.ops:
             ph = op.inputs[0].split(":")[0] if op.inputs else ""
             if op.type == "ReadVariableOp" and ph in self.p._weight_of_ph:
-                reads.setdefault(self.p._weight_of_ph[ph], []).append(op.outputs[0].name)
+                path = self.p._weight_of_ph[ph]
+                first = reads.get(path, [None])[0]
+                layout = self.p.weight_layouts.get(path)
+                if first is not None and layout is not None and layout.trainable and \
+                        first not in fwd and op.outputs[0].name not in fwd:
+                    again[op.outputs[0].name] = first
+                    continue
+                reads.setdefault(path, []).append(op.outputs[0].name)
                 reads.setdefault(op.inputs[0], []).append(op.outputs[0].name)
             elif op.type in _RESOURCE_GATHERS and ph in self.p._weight_of_ph:
                 # a lookup straight from the variable (Hugging Face's TF embeddings:
@@ -529,6 +540,10 @@ class _Run:
                 continue
             if op.type in stateful.WRITE_OPS:
                 stateful.record_write(self, op, view, vplace, label)
+                continue
+            if op.outputs and op.outputs[0].name in again:
+                first = again[op.outputs[0].name]
+                view[op.outputs[0].name], vplace[op.outputs[0].name] = view[first], vplace[first]
                 continue
             if not op.outputs:
                 continue  # NoOp and other control-only ops

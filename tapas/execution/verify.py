@@ -327,8 +327,14 @@ def compare_nested(trace: Any, graph: ir.Graph, plan: Any, inputs: Sequence[Any]
 
 
 def _difference(what: str, locals_: Sequence[Any], ref: Any, plc: Placement) -> Difference:
-    """The largest difference of the local values ``locals_`` (placed ``plc``) from ``ref``."""
-    ref = np.asarray(tf.convert_to_tensor(ref), dtype=np.float64)
+    """The largest difference of the local values ``locals_`` (placed ``plc``) from ``ref``;
+    strings (an ``Assert``'s message, Hugging Face's embeddings check their ids) are equal
+    or not (0 or inf)."""
+    ref = np.asarray(tf.convert_to_tensor(ref))
+    if ref.dtype.kind in "SUO":
+        same = all(np.array_equal(np.asarray(tf.convert_to_tensor(v)), ref) for v in locals_)
+        return Difference(what, 0.0 if same else float("inf"), 1.0)
+    ref = ref.astype(np.float64)
     mag = _magnitude(ref)
     if isinstance(plc, Split):
         got = np.concatenate([np.asarray(tf.convert_to_tensor(v), dtype=np.float64)
