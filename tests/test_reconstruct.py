@@ -384,3 +384,33 @@ def test_shard_and_unshard_round_trip():
     assert R.unshard([x, x]) is x
     with pytest.raises(ValueError, match="cannot be sharded as P"):
         P.shard(x, 2, 0)
+
+
+def test_a_cond_whose_branch_reads_a_variable_is_refused_with_the_fix() -> None:
+    """A tf.cond whose branch reads a model variable (Hugging Face LED's global attention)
+    takes the variable's resource into the branch; the program holds weights as values, so
+    it cannot be rebuilt: the error names the op, the weight and what to do."""
+    import keras
+
+    class Gated(keras.layers.Layer):
+        def build(self, shape):
+            self.kernel = self.add_weight((shape[-1], shape[-1]), name="kernel")
+
+        def call(self, x):
+            return tf.cond(tf.reduce_sum(x) > 0, lambda: tf.matmul(x, self.kernel),
+                           lambda: x)
+
+    x = keras.Input((4,), batch_size=2)
+    model = keras.Model(x, Gated()(x))
+    from tapas import capturing
+    from tapas.execution.collectives import SimulatedCollectives
+    from tapas.execution.plan import ReconstructError
+    from tapas.execution.reconstruct import Plan, Program
+    trace = capturing.trace(model, tf.TensorSpec([2, 4]))
+    graph = capturing.to_ir(trace)
+    prog = Program(trace, graph, Plan.replicated(graph, 1))
+    run = tf.function(lambda: prog([[tf.ones([2, 4])]], prog.trace_weights(),
+                                   SimulatedCollectives(1)), autograph=False)
+    with pytest.raises(ReconstructError, match=r"\(If\) reads weight 'gated/kernel' directly.*"
+                                               r"tf.cond, loop or function call"):
+        run()

@@ -653,9 +653,15 @@ class _Run:
             if name not in view:
                 base = name.split(":")[0]
                 if base in self.p._weight_of_ph:
+                    hint = ""
+                    if op.type in _CALLS:
+                        hint = (": a tf.cond, loop or function call whose body reads the "
+                                "variable (Hugging Face LED's global attention) cannot be "
+                                "rebuilt, since the program holds weights as values; read "
+                                "it outside (pass tf.convert_to_tensor(variable) in)")
                     raise ReconstructError(f"{label}: op '{op.name}' ({op.type}) reads weight "
                                            f"'{self.p._weight_of_ph[base]}' directly; only "
-                                           "ReadVariableOp reads are supported")
+                                           f"ReadVariableOp reads are supported{hint}")
                 raise ReconstructError(f"{label}: op '{op.name}' reads '{name}', which is "
                                        "neither an input of the node nor produced inside it")
         ins = [view[name] for name in op.inputs]
@@ -840,6 +846,9 @@ _LOWERINGS: Mapping[Rewrite, Callable[[_Run, ir.OpInfo, list, dict, str], list]]
 }
 
 
+# ops that run functions (their bodies may read variables through resource arguments)
+_CALLS = frozenset({"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
+                    "PartitionedCall", "StatefulPartitionedCall"})
 # lookups that read a variable themselves; replayed as the same lookup of its local value
 _RESOURCE_GATHERS = frozenset({"ResourceGather", "ResourceGatherNd"})
 
