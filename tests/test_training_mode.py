@@ -316,7 +316,8 @@ def assert_equal_to_keras(r: dict[str, Any], mode: str = "training") -> None:
 def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("training2"))
     return run_job({"devices": 2, "dir": d, "checks": ["mlp", "resume", "keras2_dropout",
-                                                       "hf_bert"], "seeds": [0, 1]})
+                                                       "hf_bert", "cond_weights"],
+                    "seeds": [0, 1]})
 
 
 def test_dropout_and_batch_norm_mlp_random_plans_on_2_devices(two_devices: dict) -> None:
@@ -360,6 +361,17 @@ def test_hugging_face_bert_with_a_dict_batch_in_both_modes(two_devices: dict) ->
         assert got["stateful_random"] > 0 and got["sharded"] > 0
         np.testing.assert_allclose(got["loss"], got["reference"], rtol=1e-5)
         assert "stateful op" in got["refused"]
+
+
+def test_a_cond_reading_weights_trains_and_an_untaken_branch_has_a_zero_gradient(
+        two_devices: dict) -> None:
+    """A tf.cond whose branches read weights (Hugging Face LED) through tapas.parallelize on
+    2 devices: equal to Keras in inference mode over 2 steps; Keras's gradient of the
+    weight only the untaken branch reads is None, which verify takes as zero (it crashed
+    converting None)."""
+    r = ok(two_devices["cond_weights"])
+    for label in ("random:0", "random:1"):
+        assert_equal_to_keras(r[label], mode="inference")
 
 
 def test_a_restored_training_mode_program_draws_the_saved_programs_next_masks(

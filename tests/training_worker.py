@@ -15,6 +15,8 @@ Each check prints one line ``RESULT <json>``; a check that raises prints
 * ``keras2_dropout``: a Keras 2 (tf_keras) MLP whose Dropout draws with a stateful op,
   under random plans: the first step's loss against the graph replayed on one device with
   the same draws, and verify's refusal of training mode;
+* ``cond_weights``: a tf.cond whose branches read weights, one only in the branch not
+  taken (Keras's gradient of it is None), verified in inference mode;
 * ``hf_bert``: Hugging Face's TFBertModel (tapas.models.corpus's ``hf-bert``) with a dict
   batch: verified against Keras in inference mode, its first training step as above;
 * ``resume``: the MLP trained 2 steps, saved, 2 more steps; a fresh program restored from
@@ -288,7 +290,36 @@ def check_hf_bert() -> dict[str, Any]:
     return out
 
 
-CHECKS = {"mlp": check_mlp, "bert": check_bert, "save": check_save, "resume": check_resume,
+def check_cond_weights() -> dict[str, Any]:
+    """A layer with a tf.cond whose branches read weights (Hugging Face LED's global
+    attention), one weight only in the branch the batch does not take, so Keras's own
+    gradient of it is None: random plans verified in inference mode."""
+    class Gated(keras.layers.Layer):
+        def build(self, shape):
+            self.kernel = self.add_weight((shape[-1], shape[-1]), name="kernel")
+            self.other = self.add_weight((shape[-1], shape[-1]), name="other")
+
+        def call(self, x):
+            return tf.cond(tf.reduce_sum(x) > 0, lambda: tf.tanh(tf.matmul(x, self.kernel)),
+                           lambda: tf.matmul(x, self.other))
+
+    out = {}
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.standard_normal((8, 8))).astype("float32")
+    y = rng.standard_normal((8, 4)).astype("float32")
+    spec = tf.TensorSpec([8, 8])
+    for seed in JOB.get("seeds", [0]):
+        keras.utils.set_random_seed(seed)
+        inp = keras.Input((8,), name="x")
+        h = Gated(name="gated")(keras.layers.Dense(8, name="dense_in")(inp))
+        model = keras.Model(inp, keras.layers.Dense(4, name="dense_out")(h))
+        plan = parallel.random_plan(capturing.capture(model, spec, training=False), N, seed)
+        pm = parallel.parallelize(model, spec, plan, devices=N, loss=MSE, training=False)
+        out[f"random:{seed}"] = verified(pm, x, y, steps=2)
+    return out
+
+
+CHECKS = {"mlp": check_mlp, "cond_weights": check_cond_weights, "bert": check_bert, "save": check_save, "resume": check_resume,
           "keras2_dropout": check_keras2_dropout, "hf_bert": check_hf_bert}
 
 if __name__ == "__main__":

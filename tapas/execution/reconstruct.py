@@ -510,6 +510,12 @@ class _Run:
                 # a lookup straight from the variable (Hugging Face's TF embeddings:
                 # tf.gather(self.weight, ids)) reads it as a value named by its handle
                 reads.setdefault(self.p._weight_of_ph[ph], []).append(op.inputs[0])
+            elif op.type in _CALLS:   # a tf.cond or call whose body reads variables: the
+                for name in op.inputs:   # values are passed in (replay.replay_op)
+                    base = name.split(":")[0]
+                    if base in self.p._weight_of_ph and name not in reads.get(
+                            self.p._weight_of_ph[base], ()):
+                        reads.setdefault(self.p._weight_of_ph[base], []).append(name)
         for key, names in reads.items():  # bwd comms on a weight apply where it is read
             for c in bwd.pop(key, []):
                 for nm in names:
@@ -547,11 +553,12 @@ class _Run:
                 continue
             if not op.outputs:
                 continue  # NoOp and other control-only ops
-            if op.type in _RESOURCE_GATHERS and op.inputs[0] not in view and \
-                    op.inputs[0].split(":")[0] in self.p._weight_of_ph:
-                handle = op.inputs[0]
-                view[handle], vplace[handle] = self._weight_value(handle, pat)
-                self._apply_bwd(handle, view, vplace, fwd, bwd)
+            handles = op.inputs[:1] if op.type in _RESOURCE_GATHERS else \
+                op.inputs if op.type in _CALLS else ()
+            for handle in handles:
+                if handle not in view and handle.split(":")[0] in self.p._weight_of_ph:
+                    view[handle], vplace[handle] = self._weight_value(handle, pat)
+                    self._apply_bwd(handle, view, vplace, fwd, bwd)
             if op.name in self._want_logits and op.inputs[0] in view:
                 self.logits[op.name] = (view[op.inputs[0]], vplace[op.inputs[0]])
             vals_per_out = self._make(op, node, pat, label, view, vplace, tensors, rewrites)
@@ -653,15 +660,9 @@ class _Run:
             if name not in view:
                 base = name.split(":")[0]
                 if base in self.p._weight_of_ph:
-                    hint = ""
-                    if op.type in _CALLS:
-                        hint = (": a tf.cond, loop or function call whose body reads the "
-                                "variable (Hugging Face LED's global attention) cannot be "
-                                "rebuilt, since the program holds weights as values; read "
-                                "it outside (pass tf.convert_to_tensor(variable) in)")
                     raise ReconstructError(f"{label}: op '{op.name}' ({op.type}) reads weight "
                                            f"'{self.p._weight_of_ph[base]}' directly; only "
-                                           f"ReadVariableOp reads are supported{hint}")
+                                           "ReadVariableOp reads are supported")
                 raise ReconstructError(f"{label}: op '{op.name}' reads '{name}', which is "
                                        "neither an input of the node nor produced inside it")
         ins = [view[name] for name in op.inputs]
@@ -846,7 +847,8 @@ _LOWERINGS: Mapping[Rewrite, Callable[[_Run, ir.OpInfo, list, dict, str], list]]
 }
 
 
-# ops that run functions (their bodies may read variables through resource arguments)
+# ops that run functions whose bodies may read variables through resource arguments: the
+# replay passes the values instead (tapas.execution.replay._as_values)
 _CALLS = frozenset({"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
                     "PartitionedCall", "StatefulPartitionedCall"})
 # lookups that read a variable themselves; replayed as the same lookup of its local value

@@ -85,10 +85,15 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
     attrs = {**{k: v for k, v in node_def.attr.items() if not k.startswith("_")},
              **(attrs or {})}
     if any(v.HasField("func") or v.list.func for v in node_def.attr.values()):
-        attrs.update(_own_functions(op, graph))
+        attrs.update(_own_functions(op, graph, _valued_arguments(op, inputs)))
+    op_type, op_def, inputs = op.type, op.op_def, list(inputs)
+    if op.type in _CALLS_AS_IF and not (
+            "_XlaMustCompile" in node_def.attr and node_def.attr["_XlaMustCompile"].b):
+        op_type, inputs, attrs = _call_as_if(op, inputs, attrs)
+        op_def = None
     try:
-        new_op = graph.create_op(op.type, list(inputs), dtypes=[o.dtype for o in op.outputs],
-                                 name=name or op.name, attrs=attrs, op_def=op.op_def)
+        new_op = graph.create_op(op_type, inputs, dtypes=[o.dtype for o in op.outputs],
+                                 name=name or op.name, attrs=attrs, op_def=op_def)
     except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
         shapes = [tuple(t.shape.as_list()) if t.shape.rank is not None else None
                   for t in inputs]
@@ -103,11 +108,50 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
         flat: list[Any] = []
         for key in attrs:
             flat.extend((key, new_op.get_attr(key)))
-        tf.__internal__.record_gradient(op.type, list(new_op.inputs), tuple(flat), outputs)
+        tf.__internal__.record_gradient(op_type, list(new_op.inputs), tuple(flat), outputs)
     return outputs
 
 
-def _own_functions(op: tf.Operation, graph: tf.Graph) -> dict[str, Any]:
+# function calls (a nested tf.function: Hugging Face LED's compute_hidden_states) have no
+# registered gradient; an If of a constant true predicate with the function as both
+# branches calls it too, and TensorFlow differentiates If (cond_v2)
+_CALLS_AS_IF = {"PartitionedCall": "StatelessIf", "StatefulPartitionedCall": "If"}
+
+
+def _call_as_if(op: tf.Operation, inputs: list, attrs: dict[str, Any]
+                ) -> tuple[str, list, dict[str, Any]]:
+    """(op type, inputs, attributes) of the If that calls ``op``'s function."""
+    function = attrs["f"]
+    return _CALLS_AS_IF[op.type], [tf.constant(True)] + inputs, {
+        "Tcond": attr_value_pb2.AttrValue(type=tf.bool.as_datatype_enum),
+        "Tin": attrs["Tin"], "Tout": attrs["Tout"],
+        "then_branch": function, "else_branch": function,
+        "output_shapes": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+            shape=[o.shape.as_proto() for o in op.outputs]))}
+
+
+# ops that call functions, and the number of their inputs before the functions' arguments
+_ARGUMENT_OFFSET = {"If": 1, "StatelessIf": 1, "Case": 1, "StatelessCase": 1,
+                    "PartitionedCall": 0, "StatefulPartitionedCall": 0}
+
+
+def _valued_arguments(op: tf.Operation, inputs: Sequence[tf.Tensor]) -> dict[int, tf.DType]:
+    """Function argument index -> dtype, for the arguments where the traced op passed a
+    variable's resource and the replay passes the variable's value (a tf.cond whose branch
+    reads a model variable: Hugging Face LED; the program holds weights as values)."""
+    valued = {}
+    for i, (old, new) in enumerate(zip(op.inputs, inputs)):
+        if old.dtype == tf.resource and getattr(new, "dtype", tf.resource) != tf.resource:
+            if op.type not in _ARGUMENT_OFFSET:
+                raise ReplayError(f"op '{op.name}' ({op.type}) takes a variable as input {i}: "
+                                  "a loop that carries a model variable cannot be rebuilt; "
+                                  "read the variable before the loop")
+            valued[i - _ARGUMENT_OFFSET[op.type]] = new.dtype
+    return valued
+
+
+def _own_functions(op: tf.Operation, graph: tf.Graph,
+                   valued: Mapping[int, tf.DType] | None = None) -> dict[str, Any]:
     """Attribute overrides that give a replayed op that names functions (a While's cond and
     body, an If's branches, a PartitionedCall's callee) copies of them under names of its
     own, added to ``graph``. The gradient of a While (a ``map_fn``: keras-hub D-FINE) looks
@@ -122,14 +166,22 @@ def _own_functions(op: tf.Operation, graph: tf.Graph) -> dict[str, Any]:
         new.CopyFrom(value)
         funcs = [new.func] if value.HasField("func") else list(new.list.func)
         for func in funcs:
-            func.name = _renamed_copy(op.graph, func.name, graph)
+            func.name = _renamed_copy(op.graph, func.name, graph, valued or {})
         overrides[key] = new
+    if valued:   # the argument types the op declares
+        tin = attr_value_pb2.AttrValue()
+        tin.CopyFrom(op.node_def.attr["Tin"])
+        for j, dtype in valued.items():
+            tin.list.type[j] = dtype.as_datatype_enum
+        overrides["Tin"] = tin
     return overrides
 
 
-def _renamed_copy(source: tf.Graph, name: str, graph: tf.Graph) -> str:
+def _renamed_copy(source: tf.Graph, name: str, graph: tf.Graph,
+                  valued: Mapping[int, tf.DType]) -> str:
     """A copy of function ``name`` of ``source`` (or of a graph it is nested in) added to
-    ``graph`` under a new name, the functions it calls beside it; the new name."""
+    ``graph`` under a new name, the functions it calls beside it, with the ``valued``
+    arguments taking values instead of resources (:func:`_as_values`); the new name."""
     found = None
     while found is None and source is not None:
         found = source._get_function(name)
@@ -139,12 +191,48 @@ def _renamed_copy(source: tf.Graph, name: str, graph: tf.Graph) -> str:
     fdef = function_pb2.FunctionDef()
     fdef.CopyFrom(found.cached_definition)
     fdef.signature.name = f"{name}_replay{_uid()}"
+    _as_values(fdef, valued)
     copy_ = _atomic.from_function_def(fdef, found.function_type)
     for child in getattr(found, "children", ()):
         if not graph._is_function(child.name):
             graph._add_function(child)
     graph._add_function(copy_)
     return fdef.signature.name
+
+
+def _as_values(fdef: function_pb2.FunctionDef, valued: Mapping[int, tf.DType]) -> None:
+    """Edit ``fdef`` so that each argument of ``valued`` takes the variable's value: its
+    type becomes the value's, and its reads (``ReadVariableOp``) become ``Identity`` s.
+    Any other use of the resource (a write, a nested call) cannot take a value."""
+    renamed: dict[str, str] = {}
+    for j, dtype in valued.items():
+        arg = fdef.signature.input_arg[j]
+        arg.type = dtype.as_datatype_enum
+        arg.ClearField("handle_data")
+        for table in (fdef.arg_attr, fdef.resource_arg_unique_id):
+            if j in table:
+                del table[j]
+        for node in fdef.node_def:
+            if not any(x == arg.name or x.startswith(arg.name + ":") for x in node.input):
+                continue
+            if node.op != "ReadVariableOp":
+                raise ReplayError(f"function '{fdef.signature.name}' uses variable argument "
+                                  f"'{arg.name}' in '{node.name}' ({node.op}), not only "
+                                  "reads it: it cannot take the variable's value")
+            node.op = "Identity"
+            node.attr["T"].CopyFrom(node.attr["dtype"])
+            del node.attr["dtype"]
+            renamed[f"{node.name}:value:"] = f"{node.name}:output:"
+    if renamed:   # (ReadVariableOp's output is called "value", Identity's "output")
+        def rename(ref: str) -> str:
+            for old, new in renamed.items():
+                if ref.startswith(old):
+                    return new + ref[len(old):]
+            return ref
+        for node in fdef.node_def:
+            node.input[:] = [rename(x) for x in node.input]
+        for key in list(fdef.ret):
+            fdef.ret[key] = rename(fdef.ret[key])
 
 
 @contextlib.contextmanager

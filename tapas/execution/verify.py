@@ -561,7 +561,10 @@ def _first_batch(rt: Any, model: Any, call: Any, xs: list,
     ref_grads = tape.gradient(ref_loss, list(trainable.values()))
     report["outputs"] = compare(outs[0], np.asarray(ref_out))   # scale: the largest output
     report["loss"] = compare(loss, float(ref_loss))
-    ref_g = {p: tf.convert_to_tensor(g).numpy() for p, g in zip(trainable, ref_grads)}
+    # (None: Keras's tape found no path to the loss, e.g. a weight used in the branch of a
+    # tf.cond not taken, Hugging Face LED's global attention: a zero gradient)
+    ref_g = {p: np.zeros(w.shape, np.float32) if g is None else tf.convert_to_tensor(g).numpy()
+             for (p, w), g in zip(trainable.items(), ref_grads)}
     g_scale = max((float(np.abs(g).max()) for g in ref_g.values() if g.size), default=0.0)
     report["gradients"] = _worst({p: compare(grads[p], g, scale=g_scale)
                                   for p, g in ref_g.items()})
