@@ -5,7 +5,10 @@ In:  an operation of a traced ``tf.Graph`` (its type, its NodeDef attributes) an
 Out: the same operation re-created in the current graph on the new inputs, recorded on the
      active ``tf.GradientTape`` s so that tape gradients flow through it exactly as through
      the original op (TF-FACTS, "Executing a rewritten graph": re-importing a GraphDef runs
-     forward but leaves the tape blind).
+     forward but leaves the tape blind). Two rewrites keep that possible: a function call
+     (``PartitionedCall``, no registered gradient) is made as an ``If`` of a constant true
+     predicate calling the same function, and a cond or call given a variable's value where
+     the traced op took its resource gets functions that take the value (:func:`_as_values`).
 
 Symbols used, and why:
 
