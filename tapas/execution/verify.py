@@ -440,9 +440,9 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
             "function with other random numbers. Verify with training=False (the same "
             "model, no random draws), check the plan in training mode against the graph "
             "replayed on one device with the same draws "
-            "(tapas.execution.verify.compare_with_single_device, scripts/equivalence.py "
-            "--levels=sim), or build the model with Keras 3 layers (their dropout draws "
-            "from seed states, which verify replays)")
+            "(tapas.execution.verify.compare_with_single_device; scripts/equivalence.py "
+            "--modes=training does so), or build the model with Keras 3 layers (their "
+            "dropout draws from seed states, which verify replays)")
     if int(rt.iterations.numpy()) != 0:
         raise RuntimeError("verify() compares from the initial state: call it before any "
                            "train_step, on a freshly parallelized model")
