@@ -14,8 +14,13 @@ run over them in a test:
   is computed but read by nothing; a backbone with a dict of outputs trains on one of them
   (:func:`_one_output`).
 
-keras-hub is optional (the ``test`` extra installs it; see README): its entries are listed
-only when it imports. Every entry builds in a few seconds on 2 cores.
+* Hugging Face transformers' TensorFlow models (Keras 2, ``tf_keras``; transformers 4.57,
+  the last release with them): 40 encoders, decoders, encoder-decoders, vision and speech
+  models from small configs, each a functional Keras 2 model of its dict of named inputs
+  and its ``last_hidden_state`` (:func:`_hf_models`).
+
+keras-hub and transformers are optional (``requirements-corpus.txt``; see README): their
+entries are listed only when they import. Every entry builds in a few seconds on 2 cores.
 
 Usage::
 
@@ -50,7 +55,7 @@ class CorpusEntry:
     ``input_spec`` is what ``tapas.capture`` takes (a list, or a dict keyed by input name)."""
 
     name: str
-    library: str            # "keras.applications" or "keras-hub"
+    library: str            # "keras.applications", "keras-hub" or "transformers"
     description: str
     builder: Callable[[], keras.Model]
     dict_inputs: bool = False
