@@ -179,6 +179,29 @@ _MIRRORED = textwrap.dedent("""
 """)
 
 
+# the same collectives on complex values (FNet's Fourier mixing: Model Garden's FNet split
+# its complex activations, and the runtime's collectives carried them as int32, dropping
+# every imaginary part and the fractions of the real one)
+_MIRRORED_COMPLEX = _MIRRORED.replace(
+    'xs = [rng.standard_normal((4, 6)).astype("float32") for _ in range(N)]',
+    'xs = [(rng.standard_normal((4, 6)) + 1j * rng.standard_normal((4, 6))).astype("complex64")'
+    ' for _ in range(N)]').replace(
+    'cs = [rng.standard_normal((8, 12)).astype("float32") for _ in range(N)]',
+    'cs = [(rng.standard_normal((8, 12)) - 1j * rng.standard_normal((8, 12))).astype('
+    '"complex64") for _ in range(N)]').replace(
+    "loss = tf.reduce_sum(y * c)", "loss = tf.reduce_sum(tf.math.real(y * c))").replace(
+    "loss = tf.add_n([tf.reduce_sum(y * cs[i]", "loss = tf.add_n([tf.reduce_sum(tf.math.real("
+    "y * cs[i]").replace("for i, y in enumerate(sy)])", ") for i, y in enumerate(sy)])")
+
+
+def test_collectives_carry_complex_values():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    assert "complex64" in _MIRRORED_COMPLEX and "tf.math.real(y * c)" in _MIRRORED_COMPLEX
+    proc = subprocess.run([sys.executable, "-c", _MIRRORED_COMPLEX], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout + proc.stderr[-4000:]
+
+
 def test_replica_context_collectives_match_the_simulation_under_mirrored_strategy():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, "-c", _MIRRORED], capture_output=True, text=True,

@@ -358,9 +358,15 @@ _COLLECTIVE_DTYPES = frozenset({tf.float16, tf.float32, tf.float64, tf.int32, tf
 def _in_collective_dtype(x: tf.Tensor, collective: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
     """``collective(x)`` for any dtype: the kernels take only float16/32/64 and int32/64, so
     a boolean (an attention mask), a small integer or a bfloat16 tensor travels as int32 or
-    float32 and is cast back (exact: every value of those dtypes is representable)."""
+    float32 and is cast back (exact: every value of those dtypes is representable), and a
+    complex one as its real and imaginary parts. ``collective`` must act on the leading
+    axes only (a sum, or a gather or exchange along an axis of ``x``)."""
     if x.dtype in _COLLECTIVE_DTYPES:
         return collective(x)
+    if x.dtype.is_complex:   # real and imaginary parts side by side on a new last axis
+        # (Model Garden's FNet: its Fourier mixing's complex activations)
+        parts = collective(tf.stack([tf.math.real(x), tf.math.imag(x)], axis=-1))
+        return tf.complex(parts[..., 0], parts[..., 1])
     carrier = tf.float32 if x.dtype.is_floating else tf.int32
     return tf.cast(collective(tf.cast(x, carrier)), x.dtype)
 
