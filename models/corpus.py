@@ -19,7 +19,11 @@ run over them in a test:
   models from small configs, each a functional Keras 2 model of its dict of named inputs
   and its ``last_hidden_state`` (:func:`_hf_models`).
 
-keras-hub and transformers are optional (``requirements-corpus.txt``; see README): their
+* the TensorFlow Model Garden's NLP networks and models (``tf-models-official``, Keras 2):
+  BERT, ALBERT, MobileBERT, FNet (Fourier mixing in complex numbers), Funnel, a BERT
+  classifier and the Seq2Seq Transformer (:func:`_tfm_models`).
+
+keras-hub, transformers and the Model Garden are optional (``requirements-corpus.txt``; see README): their
 entries are listed only when they import. Every entry builds in a few seconds on 2 cores.
 
 Usage::
@@ -41,7 +45,7 @@ import keras
 import tensorflow as tf
 
 __all__ = ["CorpusEntry", "entries", "get", "keras_hub_available", "transformers_available",
-           "run"]
+           "model_garden_available", "run"]
 
 BATCH = 2          # batch size of every corpus input spec
 SEQ = 16           # token sequence length of the text backbones
@@ -55,7 +59,8 @@ class CorpusEntry:
     ``input_spec`` is what ``tapas.capture`` takes (a list, or a dict keyed by input name)."""
 
     name: str
-    library: str            # "keras.applications", "keras-hub" or "transformers"
+    library: str            # "keras.applications", "keras-hub", "transformers" or
+                            # "tf-models-official"
     description: str
     builder: Callable[[], keras.Model]
     dict_inputs: bool = False
@@ -717,10 +722,77 @@ def _hugging_face() -> list[CorpusEntry]:
             for name, (model_cls, *_rest) in _hf_models().items()]
 
 
+def model_garden_available() -> bool:
+    """Whether the TensorFlow Model Garden's NLP modeling library imports here
+    (``tf-models-official``, Keras 2)."""
+    try:
+        importlib.import_module("official.nlp.modeling.networks")
+    except ImportError:
+        return False
+    return True
+
+
+_TFM_CI = frozenset({"fnet"})   # in the CI slice (the complex-valued Fourier mixing)
+_TFM_TEXT = ("input_word_ids", "input_mask", "input_type_ids")
+
+
+def _tfm_models() -> dict[str, tuple[Callable[[], Any], tuple[str, ...]]]:
+    """name -> (builder of the Model Garden network or model, its input names)."""
+    from official.nlp.modeling import models, networks
+    text = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_attention_heads=4,
+                max_sequence_length=SEQ)
+    return {
+        "bert": (lambda: networks.BertEncoderV2(inner_dim=64, **text), _TFM_TEXT),
+        "albert": (lambda: networks.AlbertEncoder(embedding_width=16, intermediate_size=64,
+                                                  **text), _TFM_TEXT),
+        "mobilebert": (lambda: networks.MobileBERTEncoder(
+            word_vocab_size=VOCAB, word_embed_size=16, type_vocab_size=2,
+            max_sequence_length=SEQ, num_blocks=2, hidden_size=32, num_attention_heads=4,
+            intermediate_size=32, intra_bottleneck_size=16), _TFM_TEXT),
+        "fnet": (lambda: networks.FNet(inner_dim=64, **text), _TFM_TEXT),
+        "funnel": (lambda: networks.FunnelTransformerEncoder(inner_dim=64, pool_stride=2,
+                                                             **text), _TFM_TEXT),
+        "bert-classifier": (lambda: models.BertClassifier(
+            networks.BertEncoderV2(inner_dim=64, **text), num_classes=3), _TFM_TEXT),
+        "seq2seq": (lambda: models.Seq2SeqTransformer(
+            vocab_size=VOCAB, embedding_width=32,
+            encoder_layer=models.TransformerEncoder(num_layers=2, num_attention_heads=4,
+                                                    intermediate_size=64),
+            decoder_layer=models.TransformerDecoder(num_layers=2, num_attention_heads=4,
+                                                    intermediate_size=64)),
+            ("inputs", "targets")),
+    }
+
+
+def _tfm_builder(name: str) -> Callable[[], Any]:
+    def build() -> Any:
+        import tf_keras
+        make, names = _tfm_models()[name]
+        tf_keras.utils.set_random_seed(0)
+        network = make()
+        inputs = {k: tf_keras.Input((SEQ,), dtype="int32", name=k) for k in names}
+        out = network(inputs)
+        if isinstance(out, dict):        # an encoder: its sequence output
+            out = out["sequence_output"]
+        elif isinstance(out, (list, tuple)):
+            out = out[0]
+        return tf_keras.Model(inputs, out, name=f"tfm_{name}".replace("-", "_"))
+    return build
+
+
+def _model_garden() -> list[CorpusEntry]:
+    if not model_garden_available():
+        return []
+    return [CorpusEntry(f"tfm-{name}", "tf-models-official",
+                        f"TensorFlow Model Garden {name} (Keras 2) from a small config",
+                        _tfm_builder(name), dict_inputs=True, ci=name in _TFM_CI)
+            for name in _tfm_models()]
+
+
 def entries(library: str | None = None) -> list[CorpusEntry]:
     """Every corpus entry (of ``library`` when given: "keras.applications", "keras-hub",
-    "transformers")."""
-    found = _applications() + _keras_hub() + _hugging_face()
+    "transformers", "tf-models-official")."""
+    found = _applications() + _keras_hub() + _hugging_face() + _model_garden()
     return [e for e in found if library is None or e.library == library]
 
 

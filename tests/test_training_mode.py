@@ -316,7 +316,8 @@ def assert_equal_to_keras(r: dict[str, Any], mode: str = "training") -> None:
 def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = str(tmp_path_factory.mktemp("training2"))
     return run_job({"devices": 2, "dir": d, "checks": ["mlp", "resume", "keras2_dropout",
-                                                       "hf_bert", "cond_weights"],
+                                                       "hf_bert", "cond_weights",
+                                                       "tfm_fnet"],
                     "seeds": [0, 1]})
 
 
@@ -372,6 +373,18 @@ def test_a_cond_reading_weights_trains_and_an_untaken_branch_has_a_zero_gradient
     r = ok(two_devices["cond_weights"])
     for label in ("random:0", "random:1"):
         assert_equal_to_keras(r[label], mode="inference")
+
+
+def test_model_garden_fnet_with_split_complex_activations_equals_keras(
+        two_devices: dict) -> None:
+    """The TensorFlow Model Garden's FNet mixes tokens with Fourier transforms in complex
+    numbers; the runtime's collectives carried complex values as int32 (the simulation,
+    whose collectives are concatenations, was right): random plans that split them are
+    equal to Keras on 2 devices."""
+    r = ok(two_devices["tfm_fnet"])
+    for label in ("random:0", "random:1"):
+        assert_equal_to_keras(r[label], mode="inference")
+    assert sum(r[k]["complex_split"] for k in ("random:0", "random:1")) > 0
 
 
 def test_a_restored_training_mode_program_draws_the_saved_programs_next_masks(

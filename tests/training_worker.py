@@ -17,6 +17,7 @@ Each check prints one line ``RESULT <json>``; a check that raises prints
   the same draws, and verify's refusal of training mode;
 * ``cond_weights``: a tf.cond whose branches read weights, one only in the branch not
   taken (Keras's gradient of it is None), verified in inference mode;
+* ``tfm_fnet``: the Model Garden's FNet (complex activations) verified in inference mode;
 * ``hf_bert``: Hugging Face's TFBertModel (tapas.models.corpus's ``hf-bert``) with a dict
   batch: verified against Keras in inference mode, its first training step as above;
 * ``resume``: the MLP trained 2 steps, saved, 2 more steps; a fresh program restored from
@@ -319,7 +320,27 @@ def check_cond_weights() -> dict[str, Any]:
     return out
 
 
-CHECKS = {"mlp": check_mlp, "cond_weights": check_cond_weights, "bert": check_bert, "save": check_save, "resume": check_resume,
+def check_tfm_fnet() -> dict[str, Any]:
+    """The Model Garden's FNet (Fourier mixing in complex numbers) under random plans,
+    verified in inference mode: plans that split its complex activations."""
+    from tapas.models import corpus
+    entry = corpus.get("tfm-fnet")
+    model, specs = entry.build()
+    x, y = entry.synthetic_batch(model, specs)
+    out = {}
+    for seed in JOB.get("seeds", [0]):
+        plan = parallel.random_plan(capturing.capture(model, specs, training=False), N, seed)
+        pm = parallel.parallelize(model, specs, plan, devices=N, loss=MSE, training=False)
+        got = verified(pm, x, y, steps=2)
+        got["complex_split"] = sum(
+            1 for node in pm.graph.nodes for op in node.ops for t in op.outputs
+            if t.dtype.startswith("complex") and str(pm.program.plan.pattern(node).tensors.get(
+                t.name, "R")).startswith("S"))
+        out[f"random:{seed}"] = got
+    return out
+
+
+CHECKS = {"mlp": check_mlp, "cond_weights": check_cond_weights, "tfm_fnet": check_tfm_fnet, "bert": check_bert, "save": check_save, "resume": check_resume,
           "keras2_dropout": check_keras2_dropout, "hf_bert": check_hf_bert}
 
 if __name__ == "__main__":
