@@ -109,7 +109,10 @@ def check_writes(nodes: Sequence[Any], weight_of_ph: Mapping[str, str],
                     f"GraphNode {node.id} '{node.name}': op '{op.name}' ({op.type}) writes "
                     f"the variable behind '{ph}', which is neither a model weight nor a "
                     "variable of the model (a SeedGenerator state): make it a variable the "
-                    "Keras model tracks")
+                    "Keras model tracks. A metric updated in the forward pass (Keras 2's "
+                    "add_metric: the Model Garden's MoE router) is such a variable; turn "
+                    "the metric off for the parallel program (the router's "
+                    "export_metrics=False)")
             if ph in weight_of_ph and trainable(path):
                 raise ReconstructError(
                     f"GraphNode {node.id} '{node.name}': op '{op.name}' writes the trainable "
