@@ -20,8 +20,8 @@ run over them in a test:
   and its ``last_hidden_state`` (:func:`_hf_models`).
 
 * the TensorFlow Model Garden's NLP networks and models (``tf-models-official``, Keras 2):
-  BERT, ALBERT, MobileBERT, FNet (Fourier mixing in complex numbers), Funnel, a BERT
-  classifier and the Seq2Seq Transformer (:func:`_tfm_models`).
+  BERT, ALBERT, MobileBERT, FNet (Fourier mixing in complex numbers), Funnel, SparseMixer
+  (a sparse MoE), a BERT classifier and the Seq2Seq Transformer (:func:`_tfm_models`).
 
 keras-hub, transformers and the Model Garden are optional (``requirements-corpus.txt``; see README): their
 entries are listed only when they import. Every entry builds in a few seconds on 2 cores.
@@ -752,6 +752,11 @@ def _tfm_models() -> dict[str, tuple[Callable[[], Any], tuple[str, ...]]]:
         "fnet": (lambda: networks.FNet(inner_dim=64, **text), _TFM_TEXT),
         "funnel": (lambda: networks.FunnelTransformerEncoder(inner_dim=64, pool_stride=2,
                                                              **text), _TFM_TEXT),
+        # a sparse MoE (top-k router, experts as einsums); its router's metrics (Keras 2
+        # add_metric, updated in the forward pass) off: the program cannot replay them
+        "sparse-mixer": (lambda: networks.SparseMixer(
+            inner_dim=64, num_experts=4, moe_layers=(1,), attention_layers=(0,),
+            export_metrics=False, **text), _TFM_TEXT),
         "bert-classifier": (lambda: models.BertClassifier(
             networks.BertEncoderV2(inner_dim=64, **text), num_classes=3), _TFM_TEXT),
         "seq2seq": (lambda: models.Seq2SeqTransformer(

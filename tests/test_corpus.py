@@ -86,3 +86,23 @@ def test_hugging_face_mobilevit_with_lengths_unknown_to_the_trace_plans_and_rebu
         assert cmp.ok(), cmp.worst
         sharded += sum(1 for p in plan.patterns.values() if p.name != "replicate")
     assert sharded > 0
+
+
+def test_model_garden_sparse_mixer_runs_the_collectives_its_plans_predict():
+    """The Model Garden's SparseMixer routes with TopKV2 of its router probabilities and
+    uses only the (integer) indices: no gradient flows back through that read, so a
+    resharding of the probabilities for it runs no backward collective. The audit's
+    prediction had one (a reader counted as passing a gradient through any output):
+    random plans on 2 simulated shards equal one device and run what they predict."""
+    from tapas import capturing
+    from tapas.execution import audit, checker, parallel, reconstruct, verify
+    model, specs = corpus.get("tfm-sparse-mixer").build()
+    trace = capturing.trace(model, specs)
+    graph = capturing.to_ir(trace)
+    inputs = checker.synthetic_inputs(graph)
+    for seed in range(2):
+        plan = parallel.random_plan(graph, 2, seed)
+        cmp = verify.compare_with_single_device(trace, graph, plan, inputs)
+        assert cmp.ok(), cmp.worst
+        assert not audit.compare_audit(cmp.audit, audit.program_comms(
+            reconstruct.Program(trace, graph, plan), input_gradients=True))

@@ -173,8 +173,12 @@ def _runs(comm: Any, key: tuple[str, str] | None, flow: GradientFlow,
     if key is None:
         return comm.tensor in flow.needed
     tensor = _weight_tensor(graph, key[0])
+    # (a reader passes a gradient back only through an output that can carry one: the
+    # Model Garden SparseMixer's router reads its probabilities with TopKV2 and uses only
+    # the integer indices, so their resharding's backward half never runs)
     return tensor in flow.forward and any(
-        op.type not in NO_GRADIENT and any(o.name in flow.backward for o in op.outputs)
+        op.type not in NO_GRADIENT and any(o.name in flow.backward and differentiable(o.dtype)
+                                           for o in op.outputs)
         for op in readers.get((tensor, key[1]), ()))
 
 
