@@ -71,7 +71,7 @@ def test_hugging_face_mobilevit_with_lengths_unknown_to_the_trace_plans_and_rebu
     leaves their height and width unknown ((batch, -1, -1, channels)). A plan that split
     such a tensor, or sliced it for a split consumer (its gradient then gathered), failed
     at reconstruction ("cannot cut dimension 1 of size None"): those placements are not
-    offered, and random plans on 2 simulated shards equal one device."""
+    offered, and a random plan on 2 simulated shards equals one device."""
     from tapas import capturing
     from tapas.execution import checker, parallel, verify
     model, specs = corpus.get("hf-mobilevit").build()
@@ -79,13 +79,10 @@ def test_hugging_face_mobilevit_with_lengths_unknown_to_the_trace_plans_and_rebu
     graph = capturing.to_ir(trace)
     assert any(d < 0 for n in graph.nodes for t in n.outputs for d in (t.shape or ()))
     inputs = checker.synthetic_inputs(graph)
-    sharded = 0
-    for seed in range(2):
-        plan = parallel.random_plan(graph, 2, seed)
-        cmp = verify.compare_with_single_device(trace, graph, plan, inputs)
-        assert cmp.ok(), cmp.worst
-        sharded += sum(1 for p in plan.patterns.values() if p.name != "replicate")
-    assert sharded > 0
+    plan = parallel.random_plan(graph, 2, 0)
+    cmp = verify.compare_with_single_device(trace, graph, plan, inputs)
+    assert cmp.ok(), cmp.worst
+    assert sum(1 for p in plan.patterns.values() if p.name != "replicate") > 0
 
 
 def test_model_garden_sparse_mixer_runs_the_collectives_its_plans_predict():
