@@ -332,6 +332,18 @@ def _dynamic_shape():
         [tf.TensorSpec([4, 6, 8])]
 
 
+def _grouped_conv_bn():
+    """A RegNet block's grouped 3x3 convolution (4 groups, no bias) and batch norm: lowered
+    to a Split of input and kernel and one convolution per group, the first group's in the
+    GraphNode of the Split, the other kernel pieces node outputs (Hugging Face RegNet)."""
+    x = keras.Input((8, 8, 16))
+    y = keras.layers.Conv2D(16, 3, padding="same", groups=4, use_bias=False)(x)
+    y = keras.layers.ReLU()(keras.layers.BatchNormalization()(y))
+    y = keras.layers.GlobalAveragePooling2D()(y)
+    return keras.Model(x, keras.layers.Dense(4)(y), name="grouped_conv_bn"), \
+        [tf.TensorSpec([4, 8, 8, 16])]
+
+
 def _zoo(name):
     def build():
         entry = models.get(name)
@@ -345,7 +357,8 @@ MODELS = {"mlp": _mlp, "mha": _mha, "conv-bn": _conv_bn, "embedding": _embedding
           "grouped-conv": _grouped_conv, "recurrent-state": _recurrent_state,
           "inf-padding": _inf_padding, "tensor-array": _tensor_array,
           "prefix-and-positions": _prefix_and_positions, "row-map": _row_map,
-          "resource-gather": _resource_gather, "dynamic-shape": _dynamic_shape}
+          "resource-gather": _resource_gather, "dynamic-shape": _dynamic_shape,
+          "grouped-conv-bn": _grouped_conv_bn}
 
 _CAPTURED = {}
 

@@ -160,7 +160,10 @@ class _Backward:
         bad = [(t, self.state.get(t, "ok")) for t in outs if self.state.get(t, "ok") != "ok"]
         if not bad:
             return "ok"
-        if len(bad) > 1:
+        if len(bad) > 1 or len(bad) < len(outs):
+            # several lazy outputs, or a lazy one beside full ones (a Split whose other
+            # pieces are node outputs, with full gradients from outside: the operand's
+            # gradient would be part partial, part full, which no comm makes full)
             for t, s in bad:
                 self._materialize(t, s)
             return "ok"
