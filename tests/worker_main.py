@@ -47,6 +47,13 @@ def run_worker(script: str, job: dict[str, Any], workers: int = 1, timeout_s: fl
 
 
 def finish() -> None:
-    """End the worker process now, output flushed."""
+    """End the worker process now, output flushed. A worker of several (``TF_CONFIG`` set)
+    first waits 2 s: a peer may still be pulling the last collective's buffers from this
+    worker's server (collectives between processes are received by pulling), and leaving
+    at once closed that socket under it ("Collective ops is aborted by: Socket closed",
+    seen on a machine loaded with other jobs)."""
     sys.stdout.flush()
+    if os.environ.get("TF_CONFIG"):
+        import time
+        time.sleep(2.0)
     os._exit(0)
