@@ -352,16 +352,15 @@ def test_keras2_dropout_trains_with_one_draw_on_every_device(two_devices: dict) 
 
 def test_hugging_face_bert_with_a_dict_batch_in_both_modes(two_devices: dict) -> None:
     """Hugging Face's TFBertModel (Keras 2: its embeddings read straight from the
-    variables, its dropout stateful) under random plans on 2 devices: equal to Keras in
+    variables, its dropout stateful) under a random plan on 2 devices: equal to Keras in
     inference mode (outputs, gradients, 2 steps, audit = prediction), and in training mode
     its first step equals the graph on one device with the same draws."""
     r = ok(two_devices["hf_bert"])
-    for seed in (0, 1):
-        assert_equal_to_keras(r[f"inference random:{seed}"], mode="inference")
-        got = r[f"training random:{seed}"]
-        assert got["stateful_random"] > 0 and got["sharded"] > 0
-        np.testing.assert_allclose(got["loss"], got["reference"], rtol=1e-5)
-        assert "stateful op" in got["refused"]
+    assert_equal_to_keras(r["inference random:0"], mode="inference")
+    got = r["training random:0"]
+    assert got["stateful_random"] > 0 and got["sharded"] > 0
+    np.testing.assert_allclose(got["loss"], got["reference"], rtol=1e-5)
+    assert "stateful op" in got["refused"]
 
 
 def test_a_cond_reading_weights_trains_and_an_untaken_branch_has_a_zero_gradient(
@@ -379,12 +378,11 @@ def test_model_garden_fnet_with_split_complex_activations_equals_keras(
         two_devices: dict) -> None:
     """The TensorFlow Model Garden's FNet mixes tokens with Fourier transforms in complex
     numbers; the runtime's collectives carried complex values as int32 (the simulation,
-    whose collectives are concatenations, was right): random plans that split them are
+    whose collectives are concatenations, was right): a random plan that splits them is
     equal to Keras on 2 devices."""
     r = ok(two_devices["tfm_fnet"])
-    for label in ("random:0", "random:1"):
-        assert_equal_to_keras(r[label], mode="inference")
-    assert sum(r[k]["complex_split"] for k in ("random:0", "random:1")) > 0
+    assert_equal_to_keras(r["random:0"], mode="inference")
+    assert r["random:0"]["complex_split"] > 0
 
 
 def test_a_restored_training_mode_program_draws_the_saved_programs_next_masks(
