@@ -87,7 +87,7 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "t2"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
-         "--models=t5-tiny,keras-mobilenet", "--top_k=2", "--steps=2", "--repeats=1",
+         "--models=t5-tiny,keras-mobilenet", "--top_k=1", "--steps=2", "--repeats=1",
          f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -99,7 +99,7 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     for model in ("t5-tiny", "keras-mobilenet"):
         runs = [r for r in d["runs"] if r["model"] == model]
         assert not [r for r in runs if "error" in r], runs
-        assert len(runs) >= 3      # top 2 plus at least data parallel / replicate, merged
+        assert len(runs) >= 2      # the top plan and data parallel / replicate, merged
         assert len({r["plan"] for r in runs}) == len(runs)
         assert len({tuple(r["patterns"]) for r in runs}) == len(runs)
         for r in runs:
