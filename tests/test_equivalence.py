@@ -111,3 +111,66 @@ def test_equivalence_slice_of_other_libraries_models():
         assert r["sim"]["ok"] and r["sim"]["keras_diff"] < 1e-4, r["sim"]
     assert rows[-1]["result"]["runtime"]["status"] == "ok", rows[-1]["result"]
     assert proc.returncode == 0
+
+
+def _run_cases(cases):
+    out = os.path.join(ROOT, "out", f"equivalence-f64-{os.getpid()}.json")
+    proc = subprocess.run([sys.executable, SCRIPT, f"--json_out={out}", "--timeout=300",
+                           f"--cases={json.dumps(cases)}"], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        with open(out) as f:
+            return json.load(f), proc
+    finally:
+        if os.path.exists(out):
+            os.remove(out)
+
+
+def test_a_float32_plan_runs_again_in_float64_with_the_same_patterns():
+    """A case given the patterns of a float32 plan and ``dtype: float64`` (what the script
+    runs when a Keras 3 model's case fails in float32) rebuilds the model in float64 and
+    applies exactly those patterns, GraphNode by GraphNode; the plan is equal to one device
+    there too."""
+    from tapas import models
+    entry = models.get("resnet-tiny")
+    graph = capturing.capture(entry.build(seed=0), list(entry.input_spec()))
+    plan = parallel.random_plan(graph, 2, seed=0)
+    names = {str(k): p.name for k, p in plan.patterns.items()}
+    assert sum(v != "replicate" for v in names.values()) > 0
+    rows, proc = _run_cases([{"model": "resnet-tiny", "devices": 2, "plan": "random:0",
+                              "levels": ["sim"], "dtype": "float64", "patterns": names}])
+    r = rows[0]["result"]
+    assert r.get("ok"), (r, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert r["patterns"] == names and r["note"] == "the float32 case's plan"
+    assert r["sim"]["ok"] and r["sim"]["keras_diff"] < 1e-12, r["sim"]   # float64 replay
+
+
+def test_a_failed_case_is_float32_noise_only_when_equal_in_float64(monkeypatch):
+    """The script's classification: a failed float32 case whose float64 rerun passes is
+    counted equal as float32 noise; one that differs in float64 too stays failed; the
+    checker, cases that did not run, and training mode are not rerun."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("equivalence_script", SCRIPT)
+    eq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eq)
+    case = {"model": "resnet-tiny", "devices": 2, "plan": "random:0", "levels": ["sim"]}
+    failed = {"ok": False, "patterns": {"0": "batch"}, "sim": {"ok": False}}
+    asked = []
+
+    def spawn(c, result):
+        asked.append(c)
+        return result
+    monkeypatch.setattr(eq, "_spawn", lambda c: spawn(c, {"ok": True, "sim": {"ok": True},
+                                                         "patterns": {"0": "batch"}}))
+    assert eq._float64_rerunnable(case, failed)
+    r = eq._with_float64_rerun(case, failed)
+    assert r["ok"] and r["status"] == "float32 noise (equal in float64)"
+    assert asked[-1]["dtype"] == "float64" and asked[-1]["patterns"] == {"0": "batch"}
+    assert "patterns" not in r["float64"]
+    monkeypatch.setattr(eq, "_spawn", lambda c: spawn(c, {"ok": False, "sim": {"ok": False}}))
+    r = eq._with_float64_rerun(case, failed)
+    assert not r["ok"] and "status" not in r
+    assert "DIFFERS in float64 too" in eq._row(case, {**r, "seconds": 1.0})
+    assert not eq._float64_rerunnable({**case, "plan": "checker"}, failed)
+    assert not eq._float64_rerunnable(case, {"ok": False, "error": "timeout"})
+    assert not eq._float64_rerunnable({**case, "mode": "training"}, failed)
