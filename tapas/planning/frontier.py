@@ -236,13 +236,16 @@ def _match_inputs(step: Step, info: PatternInfo, state: Mapping[Any, Any], edges
                 sets[key] = want
                 continue
             raise AssertionError(f"GraphNode {step.node} reads {key!r} before it is produced")
-        if have == want:
+        if have is want:      # placements are interned (tapas.sharding.placements)
             continue
-        c = edges.cost(tensor, have, want)
+        c = edges.cost(tensor, have, want)   # 0.0 where equal by value
         if c is None:
             return None
-        extra += c
-        moved = True
+        if c:
+            extra += c
+            moved = True
+        elif have != want:   # a free resharding still reshards
+            moved = True
     return extra, sets, moved
 
 
@@ -264,12 +267,22 @@ def _advance(step: Step, frontier: Mapping[State, list[tuple[float, Any]]],
              tally: _Tally) -> dict[State, list[tuple[float, Any]]]:
     """Extend every prefix of ``frontier`` by every option of ``step``."""
     nxt: dict[State, list[tuple[float, Any]]] = {}
+    # frontiers that place the tensors this step reads alike match an option alike: one
+    # check per (their placements, option). The placements by identity (interned; a copy
+    # equal by value only misses the memo), alive in the frontier while the memo lives.
+    keys = [key for key, _ in step.reads]
+    memo: dict[tuple[Any, ...], tuple[float, dict[Any, Placement], bool] | None] = {}
     for state, entries in frontier.items():
         sd = state.items
+        sig = tuple([id(sd.get(key)) for key in keys])
         for oi, pi, base, tie_set in _branches(step, sd, tie_options):
             tally.generated += len(entries)
             info = infos[pi]
-            matched = _match_inputs(step, info, sd, edges, base)
+            mk = (sig, pi, base)
+            if mk in memo:
+                matched = memo[mk]
+            else:
+                matched = memo[mk] = _match_inputs(step, info, sd, edges, base)
             if matched is None:
                 tally.pruned += len(entries)
                 continue

@@ -249,6 +249,7 @@ class EdgeCoster:
         self.allow = allow_reshard
         self.reshard_fn: ReshardFn = reshard_fn or _default_reshard
         self._cache: dict[tuple[Any, ...], float | None] = {}
+        self._by_id: dict[tuple[int, int, int], tuple[Any, Any, Any, float | None]] = {}
 
     def comms(self, tensor: TensorInfo, src: Placement, dst: Placement) -> tuple[Any, ...]:
         """The Comms turning ``src`` into ``dst`` (ValueError if none can)."""
@@ -264,6 +265,11 @@ class EdgeCoster:
 
     def cost(self, tensor: TensorInfo, src: Placement, dst: Placement) -> float | None:
         """Seconds to turn ``src`` into ``dst``; None if it cannot be done (or is not allowed)."""
+        # by the objects' identities first (a search asks for the same few edges millions of
+        # times on a wide frontier); the entry holds the objects, so their ids stay theirs
+        hit = self._by_id.get((id(tensor), id(src), id(dst)))
+        if hit is not None:
+            return hit[3]
         if src == dst:
             return 0.0
         if not self.allow:
@@ -275,4 +281,5 @@ class EdgeCoster:
                 self._cache[key] = math.fsum(t.total for t in terms)
             except ValueError:
                 self._cache[key] = None
+        self._by_id[(id(tensor), id(src), id(dst))] = (tensor, src, dst, self._cache[key])
         return self._cache[key]

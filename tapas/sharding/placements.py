@@ -106,11 +106,35 @@ class _Placement:
         raise NotImplementedError
 
 
+# Placements are immutable values, made once each: ``Split(1) is Split(1)``. Equality stays
+# by value (an unpickled placement is a new object, equal to the interned one), so identity
+# is only ever a fast path before ``==``.
+_SPLITS: dict[int, Any] = {}
+_SINGLETONS: dict[type, Any] = {}
+
+
+def _interned(cls: type) -> Any:
+    found = _SINGLETONS.get(cls)
+    if found is None:
+        found = _SINGLETONS[cls] = object.__new__(cls)
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class Split(_Placement):
     """Dimension ``axis`` cut into N equal contiguous shards, shard ``i`` on device ``i``."""
 
     axis: int
+
+    def __new__(cls, axis: Any = None) -> Split:
+        # one object per axis (see _interned): the search compares placements by identity
+        # first, millions of times on a wide frontier
+        if type(axis) is int and axis >= 0:
+            found = _SPLITS.get(axis)
+            if found is None:
+                found = _SPLITS[axis] = super().__new__(cls)
+            return found
+        return super().__new__(cls)   # unpickling (no argument), or an invalid axis
 
     def __post_init__(self) -> None:
         if isinstance(self.axis, bool) or not isinstance(self.axis, int) or self.axis < 0:
@@ -143,6 +167,9 @@ class Split(_Placement):
 class Replica(_Placement):
     """Every device holds the whole tensor."""
 
+    def __new__(cls) -> Replica:
+        return _interned(cls)
+
     def __str__(self) -> str:
         return "R"
 
@@ -156,6 +183,9 @@ class Replica(_Placement):
 @dataclasses.dataclass(frozen=True)
 class Partial(_Placement):
     """Every device holds a full-shape addend; the tensor is their sum."""
+
+    def __new__(cls) -> Partial:
+        return _interned(cls)
 
     def __str__(self) -> str:
         return "P"
