@@ -44,6 +44,40 @@ def _kinds(src: str, dst: str) -> list[tuple[str, str, str, str]]:
             for c in reshard(parse_placement(src), parse_placement(dst), SHAPE, "float32", "t:0")]
 
 
+def test_placements_are_interned_and_compared_by_value() -> None:
+    """One object per placement (the search compares them by identity first); a copy made
+    by pickling or deepcopy is a new object that is still equal, with the same hash, so
+    identity is only ever a fast path."""
+    import copy
+    import pickle
+    assert Split(1) is Split(1) and Replica() is Replica() and Partial() is Partial()
+    assert Split(1) is not Split(2) and Split(1) != Split(2)
+    for p in (Split(3), Replica(), Partial()):
+        for twin in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p)):
+            assert twin == p and hash(twin) == hash(p) and str(twin) == str(p)
+    with pytest.raises(ValueError):
+        Split(-1)
+    with pytest.raises(ValueError):
+        Split(True)
+
+
+def test_an_edge_cost_cached_by_identity_equals_its_cost_by_value() -> None:
+    """EdgeCoster caches by the objects' identities: an equal placement that is another
+    object (unpickled) gets the same seconds, and equal placements cost nothing."""
+    import pickle
+
+    from tapas.ir import TensorInfo
+    from tapas.planning.cost import Cluster, CostOptions
+    from tapas.planning.table import EdgeCoster
+    edges = EdgeCoster(4, Cluster.v100_ethernet(1, 4), CostOptions())
+    t = TensorInfo("x:0", (8, 16), "float32")
+    first = edges.cost(t, Split(0), Replica())
+    assert first is not None and first > 0
+    assert edges.cost(t, Split(0), Replica()) == first
+    assert edges.cost(t, pickle.loads(pickle.dumps(Split(0))), Replica()) == first
+    assert edges.cost(t, Split(1), pickle.loads(pickle.dumps(Split(1)))) == 0.0
+
+
 def test_reshard_table() -> None:
     assert _kinds("P", "R") == [("fwd", "AR", "P", "R")]
     assert _kinds("S1", "R") == [("fwd", "AG", "S1", "R")]
