@@ -23,7 +23,12 @@ run over them in a test:
   BERT, ALBERT, MobileBERT, FNet (Fourier mixing in complex numbers), Funnel, SparseMixer
   (a sparse MoE), a BERT classifier and the Seq2Seq Transformer (:func:`_tfm_models`).
 
-keras-hub, transformers and the Model Garden are optional (``requirements-corpus.txt``; see README): their
+* kimm (Keras Image Models, Keras 3, timm's image models rewritten for Keras): the smallest
+  variant of each of its 26 families, among them ones no other library here has (ConvMixer,
+  GhostNet v1-v3, HGNet, InceptionNeXt, LCNet, MobileOne, RepVGG, TinyNet), with
+  a 10-class head (:func:`_kimm_models`).
+
+keras-hub, transformers, the Model Garden and kimm are optional (``requirements-corpus.txt``; see README): their
 entries are listed only when they import. Every entry builds in a few seconds on 2 cores.
 
 Usage::
@@ -45,7 +50,7 @@ import keras
 import tensorflow as tf
 
 __all__ = ["CorpusEntry", "entries", "get", "keras_hub_available", "transformers_available",
-           "model_garden_available", "run"]
+           "model_garden_available", "kimm_available", "run"]
 
 BATCH = 2          # batch size of every corpus input spec
 SEQ = 16           # token sequence length of the text backbones
@@ -59,8 +64,8 @@ class CorpusEntry:
     ``input_spec`` is what ``tapas.capture`` takes (a list, or a dict keyed by input name)."""
 
     name: str
-    library: str            # "keras.applications", "keras-hub", "transformers" or
-                            # "tf-models-official"
+    library: str            # "keras.applications", "keras-hub", "transformers",
+                            # "tf-models-official" or "kimm"
     description: str
     builder: Callable[[], keras.Model]
     dict_inputs: bool = False
@@ -86,7 +91,7 @@ class CorpusEntry:
         """The loss a training run of this model uses: the sparse cross-entropy of the
         10-class softmax of a ``keras.applications`` model, mean squared error of the one
         output of any other."""
-        if self.library == "keras.applications":
+        if self.library in _CLASSIFIERS:
             return keras.losses.SparseCategoricalCrossentropy()
         return keras.losses.MeanSquaredError()
 
@@ -103,7 +108,7 @@ class CorpusEntry:
         signature = inputs.InputSignature.of(model, specs)
         xs = inputs.synthetic_inputs(model, signature, seed)
         batch = int(signature.specs[0].shape[0])
-        if self.library == "keras.applications":
+        if self.library in _CLASSIFIERS:
             return xs, rng.integers(0, 10, size=(batch,))
         if len(model.outputs) != 1:
             raise ValueError(f"{self.name}: {len(model.outputs)} outputs; training needs one")
@@ -111,6 +116,10 @@ class CorpusEntry:
         # backbone prepends (PaliGemma's image tokens) or be the batch (CLIP's logits)
         shape = keras.ops.shape(model(xs, training=False))[1:]
         return xs, rng.standard_normal([batch, *shape]).astype("float32")
+
+
+# libraries whose corpus models end in a 10-class softmax (trained on class ids)
+_CLASSIFIERS = frozenset({"keras.applications", "kimm"})
 
 
 def _input_name(tensor: Any) -> str:
@@ -794,10 +803,78 @@ def _model_garden() -> list[CorpusEntry]:
             for name in _tfm_models()]
 
 
+def kimm_available() -> bool:
+    """Whether kimm (Keras Image Models, Keras 3) imports here."""
+    try:
+        importlib.import_module("kimm")
+    except ImportError:
+        return False
+    return True
+
+
+_KIMM_CI = frozenset({"mobileone"})   # in the CI slice (its blocks: parallel conv branches)
+
+
+def _kimm_models() -> dict[str, tuple[str, int]]:
+    """family -> (kimm constructor, image size): the smallest variant of each family at the
+    smallest input its blocks accept (GhostNet v2/v3 pool a 2x2 map: 64 pixels; Inception v3:
+    75). kimm's VGG is left out: its head is a 7x7 convolution over a 7x7 map (224 pixels,
+    133 M parameters); keras.applications' VGG is in the corpus."""
+    return {
+        "convmixer": ("ConvMixer736D32", IMAGE),
+        "convnext": ("ConvNeXtAtto", IMAGE),
+        "densenet": ("DenseNet121", IMAGE),
+        "efficientnet": ("EfficientNetB0", IMAGE),
+        "efficientnet-lite": ("EfficientNetLiteB0", IMAGE),
+        "efficientnetv2": ("EfficientNetV2B0", IMAGE),
+        "ghostnet": ("GhostNetW050", IMAGE),
+        "ghostnet-v2": ("GhostNetV2W100", 64),
+        "ghostnet-v3": ("GhostNetV3W050", 64),
+        "hgnet": ("HGNetTiny", IMAGE),
+        "hgnet-v2": ("HGNetV2B0", IMAGE),
+        "inception-next": ("InceptionNeXtTiny", IMAGE),
+        "inception-v3": ("InceptionV3", 75),
+        "lcnet": ("LCNet035", IMAGE),
+        "mobilenet-v2": ("MobileNetV2W050", IMAGE),
+        "mobilenet-v3": ("MobileNetV3W050Small", IMAGE),
+        "mobileone": ("MobileOneS0", IMAGE),
+        "mobilevit": ("MobileViTXXS", IMAGE),
+        "mobilevit-v2": ("MobileViTV2W050", IMAGE),
+        "regnet-x": ("RegNetX002", IMAGE),
+        "regnet-y": ("RegNetY002", IMAGE),
+        "repvgg": ("RepVGGA0", IMAGE),
+        "resnet": ("ResNet18", IMAGE),
+        "tinynet": ("TinyNetE", IMAGE),
+        "vit": ("VisionTransformerTiny16", IMAGE),
+        "xception": ("Xception", IMAGE),
+    }
+
+
+def _kimm_builder(ctor_name: str, size: int) -> Callable[[], keras.Model]:
+    def build() -> keras.Model:
+        import warnings
+
+        import kimm
+        with warnings.catch_warnings():   # "... doesn't have pretrained weights for 'None'"
+            warnings.simplefilter("ignore")
+            return getattr(kimm.models, ctor_name)(weights=None, input_shape=(size, size, 3),
+                                                   classes=10)
+    return build
+
+
+def _kimm() -> list[CorpusEntry]:
+    if not kimm_available():
+        return []
+    return [CorpusEntry(f"kimm-{family}", "kimm",
+                        f"kimm {ctor} (Keras 3), {size}x{size}, 10 classes",
+                        _kimm_builder(ctor, size), ci=family in _KIMM_CI)
+            for family, (ctor, size) in _kimm_models().items()]
+
+
 def entries(library: str | None = None) -> list[CorpusEntry]:
     """Every corpus entry (of ``library`` when given: "keras.applications", "keras-hub",
-    "transformers", "tf-models-official")."""
-    found = _applications() + _keras_hub() + _hugging_face() + _model_garden()
+    "transformers", "tf-models-official", "kimm")."""
+    found = _applications() + _keras_hub() + _hugging_face() + _model_garden() + _kimm()
     return [e for e in found if library is None or e.library == library]
 
 

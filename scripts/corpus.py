@@ -1,7 +1,7 @@
 """The corpus over models built by other libraries: capture, mine and search each.
 
-    python scripts/corpus.py [--devices=2,4,8] [--library=keras.applications|keras-hub]
-        [--models=name,...] [--json_out=out/corpus.json]
+    python scripts/corpus.py [--devices=2,4,8] [--models=name,...] [--json_out=out/corpus.json]
+        [--library=keras.applications|keras-hub|transformers|tf-models-official|kimm]
 
 Every ``keras.applications`` family (smallest variant, small images) and the keras-hub
 transformer backbones (``tapas.models.corpus``), each through ``tapas.capture``,
@@ -26,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 flags.DEFINE_list("devices", ["2", "4", "8"], "Device counts (one V100 node each).")
-flags.DEFINE_string("library", None, "Only this library: keras.applications or keras-hub.")
+flags.DEFINE_string("library", None, "Only this library: keras.applications, keras-hub, "
+                    "transformers, tf-models-official or kimm.")
 flags.DEFINE_list("models", None, "Only these corpus entries (default: all).")
 flags.DEFINE_string("json_out", "out/corpus.json", "Where to write the results.")
 FLAGS = flags.FLAGS

@@ -1,5 +1,6 @@
 """The corpus over models built by other libraries (issue 10): every keras.applications
-family and keras-hub's transformer backbones capture, mine and search on 2, 4 and 8
+and kimm family, keras-hub's backbones, Hugging Face's and the Model Garden's TensorFlow
+models capture, mine and search on 2, 4 and 8
 devices without an exception. The slow entries, and those left out of the CI slice
 (``CorpusEntry.ci``), run in ``scripts/corpus.py`` only."""
 
@@ -37,6 +38,24 @@ def test_corpus_model_plans_on_2_4_8_devices(entry):
     assert row["graph_nodes"] > 0
     for n in (2, 4, 8):
         assert row["searches"][n]["cost_s"] > 0
+
+
+def test_every_kimm_family_is_in_the_corpus_with_a_10_class_head():
+    """kimm (Keras Image Models) takes ``classes=`` (a ``num_classes=`` would be swallowed by
+    its keyword arguments and leave the 1000-class ImageNet head): each family's smallest
+    variant ends in the corpus's 10 classes, trained on class ids like keras.applications."""
+    assert corpus.kimm_available(), "install requirements-corpus.txt (pip --no-deps -r ...)"
+    found = corpus.entries("kimm")
+    assert {e.name for e in found} == {f"kimm-{f}" for f in corpus._kimm_models()}
+    assert len(found) == 26
+    entry = corpus.get("kimm-resnet")
+    model, specs = entry.build()
+    assert tuple(model.output.shape) == (None, 10)
+    assert specs[0].shape.as_list() == [corpus.BATCH, corpus.IMAGE, corpus.IMAGE, 3]
+    _, y = entry.synthetic_batch(model, specs)
+    assert y.shape == (corpus.BATCH,) and y.max() < 10
+    assert isinstance(entry.loss(), keras.losses.SparseCategoricalCrossentropy)
+    keras.backend.clear_session()
 
 
 def test_unknown_corpus_model_names_the_choices():
