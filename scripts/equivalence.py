@@ -48,7 +48,10 @@ therefore run again with the model built in float64 (``keras.config.set_dtype_po
 and the same plan (the patterns chosen in float32, by GraphNode, re-applied): equal there
 (``float64``: the rerun's levels all pass), the float32 difference is rounding, and the
 case is reported as ``float32 noise (equal in float64)``; a wrong plan differs in float64
-too. Keras 2 models (Hugging Face, the Model Garden) have no such policy and are not rerun.
+too. The pattern checker likewise: a Keras 3 model whose checker finds patterns that differ
+in float32 is checked again in float64 (every pattern of every GraphNode), and counted
+right where none differs there. Keras 2 models (Hugging Face, the Model Garden) have no
+such policy and are not rerun.
 
 ``--checker`` also runs the pattern checker (``check_node_patterns``) on each model once per
 device count. Prints a table and writes JSON.
@@ -407,9 +410,9 @@ def _spawn(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _float64_rerunnable(case: dict[str, Any], r: dict[str, Any]) -> bool:
-    """Whether a failed case may be run again in float64: a plan (not the checker) that
-    was built and run, of a Keras 3 model (Keras 2 models have no dtype policy)."""
-    if case["plan"] == "checker" or "error" in r or "patterns" not in r:
+    """Whether a failed case may be run again in float64: a plan that was built and run,
+    or the pattern checker, of a Keras 3 model (Keras 2 models have no dtype policy)."""
+    if "error" in r or ("patterns" not in r and case["plan"] != "checker"):
         return False
     if case.get("mode", "inference") == "training":   # dropout draws differ by dtype
         return False
@@ -423,7 +426,8 @@ def _float64_rerunnable(case: dict[str, Any], r: dict[str, Any]) -> bool:
 def _with_float64_rerun(case: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
     """``r`` with the float64 rerun of its plan attached; ok, as float32 noise, when every
     level passes in float64."""
-    again = _spawn({**case, "dtype": "float64", "patterns": r["patterns"]})
+    again = _spawn({**case, "dtype": "float64"} if case["plan"] == "checker" else
+                   {**case, "dtype": "float64", "patterns": r["patterns"]})
     rt = again.get("runtime", {})
     passed = again.get("ok", False) and rt.get("status", "ok") != "float32 noise"
     out = {**r, "float64": {k: v for k, v in again.items() if k != "patterns"}}
@@ -440,7 +444,12 @@ def _row(case: dict[str, Any], r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{head} ERROR {r['error'][-160:]!r}"
     if case["plan"] == "checker":
-        return f"{head} {r['checked']} patterns, {len(r['failures'])} wrong"
+        f64 = r.get("float64")
+        rerun = "" if f64 is None else (
+            f" in float32; in float64 {len(f64.get('failures', []))} of "
+            f"{f64.get('checked', '-')} wrong" + (": float32 noise" if r.get("ok") else "")
+            if "error" not in f64 else f"; float64 rerun: {f64['error'][-120:]}")
+        return f"{head} {r['checked']} patterns, {len(r['failures'])} wrong{rerun}"
     sim = r.get("sim", {})
     rt = r.get("runtime", {})
     sim_s = (f"sim {'ok' if sim['ok'] else 'FAIL'} keras "

@@ -171,6 +171,15 @@ def test_a_failed_case_is_float32_noise_only_when_equal_in_float64(monkeypatch):
     r = eq._with_float64_rerun(case, failed)
     assert not r["ok"] and "status" not in r
     assert "DIFFERS in float64 too" in eq._row(case, {**r, "seconds": 1.0})
-    assert not eq._float64_rerunnable({**case, "plan": "checker"}, failed)
+    # the checker: run again in float64 over every pattern (no plan to carry over)
+    checker_case = {**case, "plan": "checker"}
+    wrong = {"ok": False, "checked": 12, "failures": ["GraphNode 3 ... pattern 'row' ..."]}
+    assert eq._float64_rerunnable(checker_case, wrong)
+    monkeypatch.setattr(eq, "_spawn", lambda c: spawn(c, {"ok": True, "checked": 12,
+                                                         "failures": []}))
+    r = eq._with_float64_rerun(checker_case, wrong)
+    assert r["ok"] and asked[-1]["dtype"] == "float64" and "patterns" not in asked[-1]
+    assert "1 wrong in float32; in float64 0 of 12 wrong: float32 noise" in eq._row(
+        checker_case, r)
     assert not eq._float64_rerunnable(case, {"ok": False, "error": "timeout"})
     assert not eq._float64_rerunnable({**case, "mode": "training"}, failed)
