@@ -100,6 +100,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
                          "devices of each process of --workers=K (at least 1); for one "
                          "process use --devices=N")
     if opts.workers and not os.environ.get("TF_CONFIG"):
+        _check_model_name(opts.model)   # here, not once per worker after the launch
         return _launch_workers(opts)
     from tapas.execution import devices
     timings: dict[str, float] = {}
@@ -142,6 +143,28 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     return report
 
 
+def _is_path(name: str) -> bool:
+    return name.endswith(".keras") or os.path.sep in name
+
+
+def _check_model_name(name: str | None) -> None:
+    """TrainError naming the choices when ``name`` is neither a zoo model nor a saved
+    model's path that exists."""
+    from tapas import models
+    name = name or models.DEFAULT_MODEL
+    if _is_path(name):
+        if not os.path.exists(name):
+            raise TrainError(f"--model={name}: no such file; give a zoo name (tapas models) "
+                             "or the path of a model saved with model.save('name.keras')")
+        return
+    try:
+        models.get(name)
+    except ValueError as e:
+        raise TrainError(f"--model={name}: {e} (give a zoo name, which trains on the "
+                         "model's synthetic data, or the path of a saved .keras "
+                         "model)") from None
+
+
 def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
                  say: Any) -> tuple[Any, str, Any, Any]:
     """The zoo model built and parallelized under ``distribute`` with the strategy of
@@ -164,16 +187,12 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         rows = mesh.rows
     name = opts.model or models.DEFAULT_MODEL
     start = time.perf_counter()
-    if name.endswith(".keras") or os.path.sep in name:
+    _check_model_name(name)
+    if _is_path(name):
         model, specs, xs, y, loss = _saved_model(name, opts.batch_size)
         name = os.path.basename(name)
     else:
-        try:
-            entry = models.get(name)
-        except ValueError as e:
-            raise TrainError(f"--model={name}: {e} (give a zoo name, which trains on the "
-                             "model's synthetic data, or the path of a saved .keras "
-                             "model)") from None
+        entry = models.get(name)
         model = entry.build(seed=0)
         xs, y = entry.synthetic_batch(opts.batch_size)
         xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
@@ -280,9 +299,6 @@ def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any,
     ``batch_size`` (default 8), a synthetic batch in that structure, targets, loss). The
     loss is the one the model was compiled with, mean squared error when it was saved
     uncompiled (``tapas.execution.inputs.synthetic_batch`` says what the data are)."""
-    if not os.path.exists(path):
-        raise TrainError(f"--model={path}: no such file; give a zoo name (tapas models) or "
-                         "the path of a model saved with model.save('name.keras')")
     import keras
     import tensorflow as tf
 
