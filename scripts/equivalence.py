@@ -150,6 +150,7 @@ def _plan_by_names(graph: Any, n: int, names: dict[str, str]) -> Any:
     """The plan choosing, for each GraphNode id, the pattern of that name (a float32 case's
     plan applied to the model rebuilt in float64: the same GraphNodes and patterns)."""
     from tapas.execution import reconstruct
+    from tapas.planning.strategy import graph_digest
     from tapas.sharding import patterns
     chosen = {}
     for node in graph.nodes:
@@ -159,7 +160,9 @@ def _plan_by_names(graph: Any, n: int, names: dict[str, str]) -> Any:
             raise ValueError(f"GraphNode {node.id} '{node.name}' has no pattern {want!r} in "
                              "float64: the float32 plan cannot be re-applied")
         chosen[node.id] = found[0]
-    return reconstruct.Plan(n, chosen)
+    # the digest lets tapas.parallelize rebuild the plan on its own capture of the model
+    # (the same GraphNodes, tensors named by other counters)
+    return reconstruct.Plan(n, chosen, graph_digest=graph_digest(graph))
 
 
 def _keras_inputs(built: dict[str, Any], graph: Any, arrays: list) -> Any:
@@ -298,6 +301,10 @@ def _float32_noise(built: dict[str, Any], initial: list, xs: Any, training: bool
     import tensorflow as tf
     from tapas.capturing.tracing import weights_by_path
     grads, outs = {}, {}
+    # the weight by its position among the model's variables: a rebuilt model's layers may
+    # be named by another count (kimm's `depthwise_conv2d_101` became `_201`)
+    wanted = weights_by_path(built["model"])[path]
+    position = next(i for i, v in enumerate(built["model"].variables) if v is wanted)
     policy = keras.config.dtype_policy()
     try:
         for dtype in ("float32", "float64"):
@@ -314,7 +321,7 @@ def _float32_noise(built: dict[str, Any], initial: list, xs: Any, training: bool
                 got = model(x, training=training)
                 loss = built["loss"](target, got)
             outs[dtype] = [np.asarray(o, np.float64) for o in tf.nest.flatten(got)]
-            g = tape.gradient(loss, weights_by_path(model)[path])
+            g = tape.gradient(loss, model.variables[position])
             grads[dtype] = np.asarray(tf.convert_to_tensor(g), np.float64)  # IndexedSlices too
             keras.backend.clear_session()
     finally:
