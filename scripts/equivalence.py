@@ -286,6 +286,11 @@ def _float32_masks(active: bool) -> Iterator[None]:
         tf_random.dropout = original
 
 
+def _loss_in(loss: Any, dtype: str) -> Any:
+    """``loss`` computing in ``dtype`` (a Keras loss computes in its own dtype, floatx)."""
+    return type(loss).from_config({**loss.get_config(), "dtype": dtype})
+
+
 def _float32_noise(built: dict[str, Any], initial: list, xs: Any, training: bool,
                    path: str) -> tuple[float, float]:
     """How far Keras's own float32 outputs and gradient of weight ``path`` are from exact
@@ -319,7 +324,7 @@ def _float32_noise(built: dict[str, Any], initial: list, xs: Any, training: bool
                 np.asarray(built["y"]).dtype, np.floating) else tf.constant(built["y"], dtype)
             with tf.GradientTape() as tape, _float32_masks(dtype == "float64"):
                 got = model(x, training=training)
-                loss = built["loss"](target, got)
+                loss = _loss_in(built["loss"], dtype)(target, got)
             outs[dtype] = [np.asarray(o, np.float64) for o in tf.nest.flatten(got)]
             g = tape.gradient(loss, model.variables[position])
             grads[dtype] = np.asarray(tf.convert_to_tensor(g), np.float64)  # IndexedSlices too
@@ -342,6 +347,9 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     if case.get("dtype", "float32") != "float32":
         keras.config.set_dtype_policy(case["dtype"])
     built = _build(case["model"], case.get("batch") or (TRAINING_BATCH if training else None))
+    if case.get("dtype", "float32") != "float32" and built.get("loss") is not None:
+        # a Keras loss computes in its own dtype (floatx, float32), not the policy's
+        built["loss"] = _loss_in(built["loss"], case["dtype"])
     trace = capturing.trace(built["model"], built["specs"], training=training)
     graph = capturing.to_ir(trace)
     if case["plan"] == "checker":
