@@ -480,7 +480,8 @@ def _row(case: dict[str, Any], r: dict[str, Any]) -> str:
     if "float64" in r:
         f64 = r["float64"]
         verdict = ("equal in float64: float32 noise" if r.get("status", "").startswith(
-            "float32 noise") else "DIFFERS in float64 too")
+            "float32 noise") else "DIFFERS in float64 too" if "error" not in f64 else
+            f"no float64 rerun: {f64['error'][-160:]}")
         problem = (f"[{verdict}: sim {f64.get('sim', {}).get('worst', '-')}; runtime "
                    f"{f64.get('runtime', {}).get('status', f64.get('error', '-'))}] "
                    + problem)

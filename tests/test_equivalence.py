@@ -171,6 +171,12 @@ def test_a_failed_case_is_float32_noise_only_when_equal_in_float64(monkeypatch):
     r = eq._with_float64_rerun(case, failed)
     assert not r["ok"] and "status" not in r
     assert "DIFFERS in float64 too" in eq._row(case, {**r, "seconds": 1.0})
+    # a float64 rerun that could not run says why instead
+    monkeypatch.setattr(eq, "_spawn", lambda c: spawn(c, {"ok": False, "error": "ValueError: "
+                                                         "GraphNode 7 has no pattern 'x'"}))
+    r = eq._with_float64_rerun(case, failed)
+    assert not r["ok"]
+    assert "no float64 rerun: ValueError: GraphNode 7" in eq._row(case, {**r, "seconds": 1.0})
     # the checker: run again in float64 over every pattern (no plan to carry over)
     checker_case = {**case, "plan": "checker"}
     wrong = {"ok": False, "checked": 12, "failures": ["GraphNode 3 ... pattern 'row' ..."]}
