@@ -145,47 +145,54 @@ def test_a_float32_plan_runs_again_in_float64_with_the_same_patterns():
     assert r["sim"]["ok"] and r["sim"]["keras_diff"] < 1e-12, r["sim"]   # float64 replay
 
 
-def test_a_failed_case_is_float32_noise_only_when_equal_in_float64(monkeypatch):
+def test_a_failed_case_is_float32_noise_only_when_equal_in_float64():
     """The script's classification: a failed float32 case whose float64 rerun passes is
-    counted equal as float32 noise; one that differs in float64 too stays failed; the
-    checker, cases that did not run, and training mode are not rerun."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("equivalence_script", SCRIPT)
-    eq = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(eq)
-    case = {"model": "resnet-tiny", "devices": 2, "plan": "random:0", "levels": ["sim"]}
-    failed = {"ok": False, "patterns": {"0": "batch"}, "sim": {"ok": False}}
-    asked = []
+    counted equal as float32 noise; one that differs in float64 too stays failed; a rerun
+    that cannot run says why; the checker is checked again in float64; cases that did not
+    run, and training mode, are not rerun. (In a process of its own: the script defines
+    absl flags that tapas.cli, imported by other tests, defines too.)"""
+    proc = subprocess.run([sys.executable, "-c", _CLASSIFICATION, SCRIPT], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0 and "classified" in proc.stdout, proc.stdout + proc.stderr
 
-    def spawn(c, result):
+
+_CLASSIFICATION = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("equivalence_script", sys.argv[1])
+eq = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(eq)
+case = {"model": "resnet-tiny", "devices": 2, "plan": "random:0", "levels": ["sim"]}
+failed = {"ok": False, "patterns": {"0": "batch"}, "sim": {"ok": False}}
+asked = []
+def answer(result):
+    def spawn(c):
         asked.append(c)
         return result
-    monkeypatch.setattr(eq, "_spawn", lambda c: spawn(c, {"ok": True, "sim": {"ok": True},
-                                                         "patterns": {"0": "batch"}}))
-    assert eq._float64_rerunnable(case, failed)
-    r = eq._with_float64_rerun(case, failed)
-    assert r["ok"] and r["status"] == "float32 noise (equal in float64)"
-    assert asked[-1]["dtype"] == "float64" and asked[-1]["patterns"] == {"0": "batch"}
-    assert "patterns" not in r["float64"]
-    monkeypatch.setattr(eq, "_spawn", lambda c: spawn(c, {"ok": False, "sim": {"ok": False}}))
-    r = eq._with_float64_rerun(case, failed)
-    assert not r["ok"] and "status" not in r
-    assert "DIFFERS in float64 too" in eq._row(case, {**r, "seconds": 1.0})
-    # a float64 rerun that could not run says why instead
-    monkeypatch.setattr(eq, "_spawn", lambda c: spawn(c, {"ok": False, "error": "ValueError: "
-                                                         "GraphNode 7 has no pattern 'x'"}))
-    r = eq._with_float64_rerun(case, failed)
-    assert not r["ok"]
-    assert "no float64 rerun: ValueError: GraphNode 7" in eq._row(case, {**r, "seconds": 1.0})
-    # the checker: run again in float64 over every pattern (no plan to carry over)
-    checker_case = {**case, "plan": "checker"}
-    wrong = {"ok": False, "checked": 12, "failures": ["GraphNode 3 ... pattern 'row' ..."]}
-    assert eq._float64_rerunnable(checker_case, wrong)
-    monkeypatch.setattr(eq, "_spawn", lambda c: spawn(c, {"ok": True, "checked": 12,
-                                                         "failures": []}))
-    r = eq._with_float64_rerun(checker_case, wrong)
-    assert r["ok"] and asked[-1]["dtype"] == "float64" and "patterns" not in asked[-1]
-    assert "1 wrong in float32; in float64 0 of 12 wrong: float32 noise" in eq._row(
-        checker_case, r)
-    assert not eq._float64_rerunnable(case, {"ok": False, "error": "timeout"})
-    assert not eq._float64_rerunnable({**case, "mode": "training"}, failed)
+    eq._spawn = spawn
+answer({"ok": True, "sim": {"ok": True}, "patterns": {"0": "batch"}})
+assert eq._float64_rerunnable(case, failed)
+r = eq._with_float64_rerun(case, failed)
+assert r["ok"] and r["status"] == "float32 noise (equal in float64)", r
+assert asked[-1]["dtype"] == "float64" and asked[-1]["patterns"] == {"0": "batch"}
+assert "patterns" not in r["float64"]
+answer({"ok": False, "sim": {"ok": False}})
+r = eq._with_float64_rerun(case, failed)
+assert not r["ok"] and "status" not in r
+assert "DIFFERS in float64 too" in eq._row(case, {**r, "seconds": 1.0})
+answer({"ok": False, "error": "ValueError: GraphNode 7 has no pattern 'x'"})
+r = eq._with_float64_rerun(case, failed)
+assert not r["ok"]
+assert "no float64 rerun: ValueError: GraphNode 7" in eq._row(case, {**r, "seconds": 1.0})
+checker_case = {**case, "plan": "checker"}
+wrong = {"ok": False, "checked": 12, "failures": ["GraphNode 3 ... pattern 'row' ..."]}
+assert eq._float64_rerunnable(checker_case, wrong)
+answer({"ok": True, "checked": 12, "failures": []})
+r = eq._with_float64_rerun(checker_case, wrong)
+assert r["ok"] and asked[-1]["dtype"] == "float64" and "patterns" not in asked[-1]
+assert "1 wrong in float32; in float64 0 of 12 wrong: float32 noise" in eq._row(
+    checker_case, r)
+assert not eq._float64_rerunnable(case, {"ok": False, "error": "timeout"})
+assert not eq._float64_rerunnable({**case, "mode": "training"}, failed)
+print("classified")
+"""
