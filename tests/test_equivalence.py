@@ -88,21 +88,26 @@ SLICE = [("hub-mixtral", 4, "random:1", ["sim"]), ("hub-qwen3-moe", 2, "random:2
          ("keras-mobilenet", 2, "searched", ["sim", "runtime"])]
 
 
+def _run_cases(cases, timeout=600):
+    """scripts/equivalence.py over ``cases`` in a process of its own: (rows, process)."""
+    out = os.path.join(ROOT, "out", f"equivalence-test-{os.getpid()}.json")
+    proc = subprocess.run([sys.executable, SCRIPT, f"--json_out={out}", "--timeout=300",
+                           f"--cases={json.dumps(cases)}"], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        with open(out) as f:
+            return json.load(f), proc
+    finally:
+        if os.path.exists(out):
+            os.remove(out)
+
+
 @pytest.mark.ci
 def test_equivalence_slice_of_other_libraries_models():
     """A slice of scripts/equivalence.py's matrix: each case built and equal to the
     single-device model, sharded (not a replicated plan that proves nothing)."""
     cases = [{"model": m, "devices": n, "plan": p, "levels": lv} for m, n, p, lv in SLICE]
-    out = os.path.join(ROOT, "out", f"equivalence-ci-{os.getpid()}.json")
-    proc = subprocess.run([sys.executable, SCRIPT, f"--json_out={out}", "--timeout=300",
-                           f"--cases={json.dumps(cases)}"], capture_output=True, text=True,
-                          timeout=900, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    try:
-        with open(out) as f:
-            rows = json.load(f)
-    finally:
-        if os.path.exists(out):
-            os.remove(out)
+    rows, proc = _run_cases(cases, timeout=900)
     assert len(rows) == len(SLICE), proc.stdout + proc.stderr[-2000:]
     for row in rows:
         r = row["result"]
@@ -113,17 +118,6 @@ def test_equivalence_slice_of_other_libraries_models():
     assert proc.returncode == 0
 
 
-def _run_cases(cases):
-    out = os.path.join(ROOT, "out", f"equivalence-f64-{os.getpid()}.json")
-    proc = subprocess.run([sys.executable, SCRIPT, f"--json_out={out}", "--timeout=300",
-                           f"--cases={json.dumps(cases)}"], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    try:
-        with open(out) as f:
-            return json.load(f), proc
-    finally:
-        if os.path.exists(out):
-            os.remove(out)
 
 
 def test_a_float32_plan_runs_again_in_float64_with_the_same_patterns():
