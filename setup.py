@@ -22,6 +22,6 @@ setup(
         "absl-py>=2.0",
         "matplotlib>=3.7",
     ],
-    extras_require={"test": ["pytest>=8", "hypothesis>=6"]},
+    extras_require={"test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6"]},
     entry_points={"console_scripts": ["tapas=tapas.cli:run"]},
 )
