@@ -88,3 +88,62 @@ def test_a_function_first_called_under_lean_computes_the_same() -> None:
         want = default(x).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6)
     np.testing.assert_allclose(lean(x).numpy(), want, rtol=1e-6)   # later calls: same program
+
+
+def _traced_conv(x_shape, kernel_shape, strides, padding):
+    """A traced graph holding one ``Conv2D`` of these shapes (NHWC)."""
+    @tf.function
+    def f(x, k):
+        return tf.nn.conv2d(x, k, strides, padding)
+    graph = f.get_concrete_function(tf.TensorSpec(x_shape), tf.TensorSpec(kernel_shape)).graph
+    return next(op for op in graph.get_operations() if op.type == "Conv2D")
+
+
+@pytest.mark.parametrize("batch,padding", [(1, "VALID"), (3, "SAME"), (2, "VALID")])
+def test_strided_pointwise_conv_is_replayed_as_a_slice_and_equals_the_convolution(
+        batch: int, padding: str) -> None:
+    """A 1x1 stride-2 convolution of 32x32x3 images: TensorFlow 2.21's oneDNN filter gradient
+    of it over 1 or 3 images corrupts the heap (a crash; docs/tensorflow-notes.md). The
+    replay makes it as a strided slice and a stride-1 convolution: no strided Conv2D left in
+    the step, the output and both gradients equal to exact arithmetic (numpy)."""
+    rng = np.random.RandomState(0)
+    x = rng.rand(batch, 32, 32, 3).astype(np.float32)
+    k = rng.randn(1, 1, 3, 48).astype(np.float32)
+    dy = rng.randn(batch, 16, 16, 48).astype(np.float32)
+    op = _traced_conv(x.shape, k.shape, 2, padding)
+
+    @tf.function
+    def step(x, k):
+        with tf.GradientTape() as tape:
+            tape.watch([x, k])
+            (y,) = replay.replay_op(op, [x, k])
+            loss = tf.reduce_sum(y * dy)
+        return y, tape.gradient(loss, [x, k])
+
+    for _ in range(20):   # the crash needed a few repetitions
+        y, (dx, dk) = step(tf.constant(x), tf.constant(k))
+    graph = step.get_concrete_function(tf.constant(x), tf.constant(k)).graph
+    convs = [o for o in graph.get_operations() if o.type.startswith("Conv2D")]
+    assert convs and all(list(o.get_attr("strides")) == [1, 1, 1, 1] for o in convs)
+    sub = x[:, ::2, ::2, :].astype(np.float64)
+    want_y = np.einsum("bhwc,co->bhwo", sub, k[0, 0].astype(np.float64))
+    want_dk = np.einsum("bhwc,bhwo->co", sub, dy.astype(np.float64))
+    want_dx = np.zeros(x.shape)
+    want_dx[:, ::2, ::2, :] = np.einsum("bhwo,co->bhwc", dy.astype(np.float64), k[0, 0])
+    np.testing.assert_allclose(y.numpy(), want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dk.numpy()[0, 0], want_dk, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx.numpy(), want_dx, rtol=1e-5, atol=1e-5)
+
+
+def test_other_convolutions_are_replayed_as_they_are() -> None:
+    """A 3x3 strided convolution and a 1x1 convolution at stride 1 keep their op."""
+    for kernel, strides in (((3, 3, 3, 8), 2), ((1, 1, 3, 8), 1)):
+        op = _traced_conv((2, 8, 8, 3), kernel, strides, "SAME")
+
+        @tf.function
+        def f(x, k):
+            return replay.replay_op(op, [x, k])[0]
+        graph = f.get_concrete_function(tf.TensorSpec((2, 8, 8, 3)), tf.TensorSpec(kernel)).graph
+        (conv,) = [o for o in graph.get_operations() if o.type == "Conv2D"]
+        assert list(conv.get_attr("strides")) == [1, strides, strides, 1]
+        assert not [o for o in graph.get_operations() if o.type == "StridedSlice"]

@@ -9,6 +9,8 @@ Out: the same operation re-created in the current graph on the new inputs, recor
      (``PartitionedCall``, no registered gradient) is made as an ``If`` of a constant true
      predicate calling the same function, and a cond or call given a variable's value where
      the traced op took its resource gets functions that take the value (:func:`_as_values`).
+     A third avoids a TensorFlow crash: a strided 1x1 ``Conv2D`` is made as a strided
+     slice and a stride-1 convolution (:func:`_strided_pointwise`).
 
 Symbols used, and why:
 
@@ -90,6 +92,8 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
     if any(v.HasField("func") or v.list.func for v in node_def.attr.values()):
         attrs.update(_own_functions(op, graph, _valued_arguments(op, inputs)))
     op_type, op_def, inputs = op.type, op.op_def, list(inputs)
+    if op.type == "Conv2D" and (axes := _strided_pointwise(inputs, attrs)) is not None:
+        inputs[0], attrs = _subsampled(inputs[0], attrs, axes)
     if op.type in _CALLS_AS_IF and not (
             "_XlaMustCompile" in node_def.attr and node_def.attr["_XlaMustCompile"].b):
         op_type, inputs, attrs = _call_as_if(op, inputs, attrs)
@@ -113,6 +117,42 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
             flat.extend((key, new_op.get_attr(key)))
         tf.__internal__.record_gradient(op_type, list(new_op.inputs), tuple(flat), outputs)
     return outputs
+
+
+def _strided_pointwise(inputs: Sequence[tf.Tensor], attrs: Mapping[str, Any]
+                       ) -> tuple[int, int] | None:
+    """The spatial axes of a ``Conv2D`` with a 1x1 filter, a stride above 1 and no dilation
+    or padding (a ResNet-style shortcut, MobileOne's and RepVGG's 1x1 stem branch), or None.
+
+    TensorFlow 2.21's oneDNN filter gradient of such a convolution corrupts the heap for
+    some shapes (1 or 3 or 5 images of 32x32x3 at stride 2: ``free(): invalid size``, a
+    segmentation fault; 2, 4 or 8 images run; ``docs/tensorflow-notes.md``). A plan that
+    splits the batch makes those shapes from a batch Keras runs safely, so the replay makes
+    the op as the exact equivalent TensorFlow differentiates safely: every stride-th pixel,
+    then the convolution at stride 1 (a 1x1 filter reads only those pixels; with "SAME" or
+    "VALID" both give ceil(size / stride) outputs per axis and pad nothing)."""
+    kernel = inputs[1].shape
+    if kernel.rank != 4 or kernel[0] != 1 or kernel[1] != 1:
+        return None
+    axes = (2, 3) if attrs["data_format"].s == b"NCHW" else (1, 2)
+    strides, dilations = list(attrs["strides"].list.i), list(attrs["dilations"].list.i)
+    padding = attrs["padding"].s
+    if any(d != 1 for d in dilations) or all(strides[a] == 1 for a in axes) or not (
+            padding in (b"SAME", b"VALID") or
+            (padding == b"EXPLICIT" and not any(attrs["explicit_paddings"].list.i))):
+        return None
+    return axes
+
+
+def _subsampled(x: tf.Tensor, attrs: Mapping[str, Any], axes: tuple[int, int]
+                ) -> tuple[tf.Tensor, dict[str, Any]]:
+    """``x`` at every stride-th pixel of ``axes``, and ``attrs`` with strides of 1."""
+    strides = list(attrs["strides"].list.i)
+    index = [slice(None)] * 4
+    for a in axes:
+        index[a] = slice(None, None, strides[a])
+    ones = attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(i=[1, 1, 1, 1]))
+    return x[tuple(index)], {**attrs, "strides": ones}
 
 
 # function calls (a nested tf.function: Hugging Face LED's compute_hidden_states) have no
