@@ -12,7 +12,8 @@ strategy (a V100 node of N devices, with a memory budget of 70 % (else 85 %) of 
 unconstrained search's plan needs, so that it shards: tiny models are cheapest replicated)
 and ``tapas.execution.parallel.random_plan`` with each seed. Each (model, devices,
 plan) runs in a process of its own (logical devices are fixed per process, and a failed
-collective poisons its process), with a timeout. Levels:
+collective poisons its process), with a timeout; a case whose process dies of a signal is
+reported with the signal, the C library's message and the Python frames it was in. Levels:
 
 * ``sim`` -- the plan rebuilt and run on N simulated shards in one process
   (``tapas.execution.checker.check_plan``): outputs and the gradients of every weight and
@@ -407,7 +408,10 @@ def _cases() -> list[dict[str, Any]]:
 
 def _spawn(case: dict[str, Any]) -> dict[str, Any]:
     """Run ``case`` in a child process; its result, or why it has none."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--case", json.dumps(case)]
+    # -X faulthandler: a case that kills its process (a TensorFlow kernel corrupting the
+    # heap) still prints where Python was
+    cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--case",
+           json.dumps(case)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     start = time.perf_counter()
     try:
@@ -420,8 +424,36 @@ def _spawn(case: dict[str, Any]) -> dict[str, Any]:
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return {**json.loads(line[len("RESULT "):]), "seconds": seconds}
+    if proc.returncode < 0:
+        return {"ok": False, "seconds": seconds, "error": _killed(proc.returncode, proc.stderr)}
     return {"ok": False, "seconds": seconds,
             "error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
+
+
+def _killed(returncode: int, stderr: str) -> str:
+    """Why a case process died of a signal: the signal, the C library's or Python's last
+    words, and the Python frames faulthandler printed for the thread that died."""
+    import signal
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    lines = stderr.splitlines()
+    said = [ln for ln in lines if ln.startswith("Fatal Python error") or
+            any(w in ln for w in ("free(", "corrupted", "double free", "malloc(",
+                                  "could not execute a primitive"))]
+    frames, started = [], False
+    for ln in lines:
+        if ln.startswith(("Current thread", "Thread 0x")):
+            if frames:
+                break
+            started = True
+        elif started and ln.strip().startswith("File "):
+            frames.append(ln.strip())
+    # the innermost frame, then the nearest frames outside installed packages (TAPAS's)
+    shown = frames[:1] + [f for f in frames[1:] if "site-packages" not in f][:3]
+    return (f"killed by {name}: {'; '.join(dict.fromkeys(said)) or 'no message'}"
+            + (f"; in {' <- '.join(shown)}" if shown else ""))
 
 
 def _float64_rerunnable(case: dict[str, Any], r: dict[str, Any]) -> bool:

@@ -190,3 +190,24 @@ assert not eq._float64_rerunnable(case, {"ok": False, "error": "timeout"})
 assert not eq._float64_rerunnable({**case, "mode": "training"}, failed)
 print("classified")
 """
+
+
+def test_a_case_process_killed_by_a_signal_is_reported_with_its_last_words():
+    """A case whose process dies of a signal (TensorFlow's oneDNN corrupting the heap) is
+    reported with the signal, the C library's message and the Python frame that ran, not
+    with the tail of the interpreter's list of extension modules."""
+    crash = ("import os, sys\n"
+             "def step():\n"
+             "    sys.stderr.write('free(): invalid size\\n'); sys.stderr.flush(); os.abort()\n"
+             "step()\n")
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", crash],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode < 0
+    check = ("import json, sys; sys.path.insert(0, 'scripts'); import equivalence as eq; "
+             "print(eq._killed(*json.load(sys.stdin)))")
+    said = subprocess.run([sys.executable, "-c", check], input=json.dumps(
+        [proc.returncode, proc.stderr]), capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert said.returncode == 0, said.stderr[-2000:]
+    assert said.stdout.startswith("killed by SIGABRT: free(): invalid size; "
+                                  "Fatal Python error: Aborted; in "), said.stdout
+    assert "line 3 in step" in said.stdout, said.stdout
