@@ -90,27 +90,35 @@ def test_a_function_first_called_under_lean_computes_the_same() -> None:
     np.testing.assert_allclose(lean(x).numpy(), want, rtol=1e-6)   # later calls: same program
 
 
-def _traced_conv(x_shape, kernel_shape, strides, padding):
-    """A traced graph holding one ``Conv2D`` of these shapes (NHWC)."""
+def _traced_conv(x_shape, kernel_shape, strides, padding, depthwise=False):
+    """A traced graph holding one ``Conv2D`` (or ``DepthwiseConv2dNative``) of these shapes
+    (NHWC)."""
     @tf.function
     def f(x, k):
+        if depthwise:
+            return tf.nn.depthwise_conv2d(x, k, [1, strides, strides, 1], padding)
         return tf.nn.conv2d(x, k, strides, padding)
     graph = f.get_concrete_function(tf.TensorSpec(x_shape), tf.TensorSpec(kernel_shape)).graph
-    return next(op for op in graph.get_operations() if op.type == "Conv2D")
+    kind = "DepthwiseConv2dNative" if depthwise else "Conv2D"
+    return next(op for op in graph.get_operations() if op.type == kind)
 
 
-@pytest.mark.parametrize("batch,padding", [(1, "VALID"), (3, "SAME"), (2, "VALID")])
+@pytest.mark.parametrize("batch,channels,padding,depthwise", [
+    (1, 3, "VALID", False), (3, 3, "SAME", False), (2, 3, "VALID", False),
+    (3, 1, "SAME", True)])
 def test_strided_pointwise_conv_is_replayed_as_a_slice_and_equals_the_convolution(
-        batch: int, padding: str) -> None:
-    """A 1x1 stride-2 convolution of 32x32x3 images: TensorFlow 2.21's oneDNN filter gradient
-    of it over 1 or 3 images corrupts the heap (a crash; docs/tensorflow-notes.md). The
-    replay makes it as a strided slice and a stride-1 convolution: no strided Conv2D left in
-    the step, the output and both gradients equal to exact arithmetic (numpy)."""
+        batch: int, channels: int, padding: str, depthwise: bool) -> None:
+    """A 1x1 stride-2 convolution of 32x32 images: TensorFlow 2.21's oneDNN filter gradient
+    of it over 1 or 3 images of 3 channels (the depthwise one: 3 images of 1 channel)
+    corrupts the heap (a crash; docs/tensorflow-notes.md). The replay makes it as a strided
+    slice and a stride-1 convolution: no strided convolution left in the step, the output
+    and both gradients equal to exact arithmetic (numpy)."""
     rng = np.random.RandomState(0)
-    x = rng.rand(batch, 32, 32, 3).astype(np.float32)
-    k = rng.randn(1, 1, 3, 48).astype(np.float32)
-    dy = rng.randn(batch, 16, 16, 48).astype(np.float32)
-    op = _traced_conv(x.shape, k.shape, 2, padding)
+    cout = channels if depthwise else 48
+    x = rng.rand(batch, 32, 32, channels).astype(np.float32)
+    k = rng.randn(1, 1, channels, 1 if depthwise else cout).astype(np.float32)
+    dy = rng.randn(batch, 16, 16, cout).astype(np.float32)
+    op = _traced_conv(x.shape, k.shape, 2, padding, depthwise)
 
     @tf.function
     def step(x, k):
@@ -123,15 +131,20 @@ def test_strided_pointwise_conv_is_replayed_as_a_slice_and_equals_the_convolutio
     for _ in range(20):   # the crash needed a few repetitions
         y, (dx, dk) = step(tf.constant(x), tf.constant(k))
     graph = step.get_concrete_function(tf.constant(x), tf.constant(k)).graph
-    convs = [o for o in graph.get_operations() if o.type.startswith("Conv2D")]
+    convs = [o for o in graph.get_operations() if o.type.startswith(("Conv2D", "Depthwise"))]
     assert convs and all(list(o.get_attr("strides")) == [1, 1, 1, 1] for o in convs)
-    sub = x[:, ::2, ::2, :].astype(np.float64)
-    want_y = np.einsum("bhwc,co->bhwo", sub, k[0, 0].astype(np.float64))
-    want_dk = np.einsum("bhwc,bhwo->co", sub, dy.astype(np.float64))
+    sub, d64 = x[:, ::2, ::2, :].astype(np.float64), dy.astype(np.float64)
+    w = k[0, 0].astype(np.float64)
+    if depthwise:   # channel c times its own weight
+        w = np.diag(w[:, 0])
+    want_y = np.einsum("bhwc,co->bhwo", sub, w)
+    want_dw = np.einsum("bhwc,bhwo->co", sub, d64)
     want_dx = np.zeros(x.shape)
-    want_dx[:, ::2, ::2, :] = np.einsum("bhwo,co->bhwc", dy.astype(np.float64), k[0, 0])
+    want_dx[:, ::2, ::2, :] = np.einsum("bhwo,co->bhwc", d64, w)
+    got_dw = np.diag(dk.numpy()[0, 0, :, 0]) if depthwise else dk.numpy()[0, 0]
     np.testing.assert_allclose(y.numpy(), want_y, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dk.numpy()[0, 0], want_dk, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got_dw, np.diag(np.diag(want_dw)) if depthwise else want_dw,
+                               rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dx.numpy(), want_dx, rtol=1e-5, atol=1e-5)
 
 

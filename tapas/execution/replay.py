@@ -9,8 +9,8 @@ Out: the same operation re-created in the current graph on the new inputs, recor
      (``PartitionedCall``, no registered gradient) is made as an ``If`` of a constant true
      predicate calling the same function, and a cond or call given a variable's value where
      the traced op took its resource gets functions that take the value (:func:`_as_values`).
-     A third avoids a TensorFlow crash: a strided 1x1 ``Conv2D`` is made as a strided
-     slice and a stride-1 convolution (:func:`_strided_pointwise`).
+     A third avoids a TensorFlow crash: a strided 1x1 ``Conv2D`` (or depthwise convolution)
+     is made as a strided slice and a stride-1 convolution (:func:`_strided_pointwise`).
 
 Symbols used, and why:
 
@@ -92,7 +92,7 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
     if any(v.HasField("func") or v.list.func for v in node_def.attr.values()):
         attrs.update(_own_functions(op, graph, _valued_arguments(op, inputs)))
     op_type, op_def, inputs = op.type, op.op_def, list(inputs)
-    if op.type == "Conv2D" and (axes := _strided_pointwise(inputs, attrs)) is not None:
+    if op.type in _POINTWISE_CONVS and (axes := _strided_pointwise(inputs, attrs)) is not None:
         inputs[0], attrs = _subsampled(inputs[0], attrs, axes)
     if op.type in _CALLS_AS_IF and not (
             "_XlaMustCompile" in node_def.attr and node_def.attr["_XlaMustCompile"].b):
@@ -119,14 +119,20 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
     return outputs
 
 
+# convolutions whose strided 1x1 form is replayed as a slice (same attribute names)
+_POINTWISE_CONVS = ("Conv2D", "DepthwiseConv2dNative")
+
+
 def _strided_pointwise(inputs: Sequence[tf.Tensor], attrs: Mapping[str, Any]
                        ) -> tuple[int, int] | None:
-    """The spatial axes of a ``Conv2D`` with a 1x1 filter, a stride above 1 and no dilation
-    or padding (a ResNet-style shortcut, MobileOne's and RepVGG's 1x1 stem branch), or None.
+    """The spatial axes of a ``Conv2D`` or ``DepthwiseConv2dNative`` with a 1x1 filter, a
+    stride above 1 and no dilation or padding (a ResNet-style shortcut, MobileOne's and
+    RepVGG's 1x1 stem branch), or None.
 
     TensorFlow 2.21's oneDNN filter gradient of such a convolution corrupts the heap for
     some shapes (1 or 3 or 5 images of 32x32x3 at stride 2: ``free(): invalid size``, a
-    segmentation fault; 2, 4 or 8 images run; ``docs/tensorflow-notes.md``). A plan that
+    segmentation fault; 2, 4 or 8 images run; the depthwise one over 3 images of one
+    channel; ``docs/tensorflow-notes.md``). A plan that
     splits the batch makes those shapes from a batch Keras runs safely, so the replay makes
     the op as the exact equivalent TensorFlow differentiates safely: every stride-th pixel,
     then the convolution at stride 1 (a 1x1 filter reads only those pixels; with "SAME" or
