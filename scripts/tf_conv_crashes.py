@@ -47,7 +47,8 @@ flags.DEFINE_list("sizes", ["7", "8", "14", "16", "32"], "Image sizes (square)."
 flags.DEFINE_list("paddings", ["SAME", "VALID"], "Paddings.")
 flags.DEFINE_integer("calls", 40, "Calls of each configuration.")
 flags.DEFINE_string("json_out", "out/tf_conv_crashes.json", "Where to write the results.")
-flags.DEFINE_string("child", None, "Internal: run the grid (JSON) from the progress file.")
+flags.DEFINE_string("child", None, "Internal: run the grid (a JSON file) from the progress "
+                    "file.")
 FLAGS = flags.FLAGS
 
 
@@ -102,7 +103,8 @@ def run_one(config: tuple, calls: int) -> None:
 
 def child(job: str) -> None:
     """Run the grid from the index after the progress file's, writing each index first."""
-    spec = json.loads(job)
+    with open(job) as f:
+        spec = json.load(f)
     configs, progress = [tuple(c) for c in spec["grid"]], spec["progress"]
     with open(progress) as f:
         start = int(f.read().split()[0]) + 1
@@ -125,7 +127,9 @@ def main(argv: list[str]) -> None:
         progress = os.path.join(tmp, "progress")
         with open(progress, "w") as f:
             f.write("-1\n")
-        job = json.dumps({"grid": configs, "progress": progress, "calls": FLAGS.calls})
+        job = os.path.join(tmp, "job.json")
+        with open(job, "w") as f:
+            json.dump({"grid": configs, "progress": progress, "calls": FLAGS.calls}, f)
         while True:
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", job],
                                   capture_output=True, text=True, env=env)
