@@ -14,9 +14,11 @@ upgrade: every configuration of the grid (op x filter size x stride x batch x ch
 image size x padding; 48 output channels, NHWC) runs ``--calls`` times in a child process,
 which writes the configuration it is about to run to a progress file first; when the child
 dies of a signal, the configuration it was running is recorded as a crash and a new child
-goes on after it. A heap corruption can surface an op or two late, so a crash is evidence
-about its neighbourhood of the grid, not proof about one configuration. Prints the crashes
-as a table and writes them with the grid to ``--json_out``.
+goes on after it; a configuration whose op raises TensorFlow's error (oneDNN refusing a
+shape it should take: "could not create a primitive descriptor") is recorded as an error
+and the child goes on. A heap corruption can surface an op or two late, so a crash is
+evidence about its neighbourhood of the grid, not proof about one configuration. Prints the
+crashes and errors as a table and writes them with the grid to ``--json_out``.
 
 Ops: ``filter``/``input`` (Conv2D's two gradients), ``dw_filter``/``dw_input`` (the
 depthwise convolution's), ``fwd`` (Conv2D itself).
@@ -70,6 +72,10 @@ def grid() -> list[tuple]:
     return out
 
 
+def _named(config: tuple) -> dict:
+    return dict(zip(("op", "kernel", "stride", "batch", "channels", "size", "padding"), config))
+
+
 def run_one(config: tuple, calls: int) -> None:
     """``calls`` runs of one configuration (in the child)."""
     import numpy as np
@@ -108,10 +114,16 @@ def child(job: str) -> None:
     configs, progress = [tuple(c) for c in spec["grid"]], spec["progress"]
     with open(progress) as f:
         start = int(f.read().split()[0]) + 1
+    import tensorflow as tf
     for i in range(start, len(configs)):
         with open(progress, "w") as f:
             f.write(f"{i}\n")
-        run_one(configs[i], spec["calls"])
+        try:
+            run_one(configs[i], spec["calls"])
+        except tf.errors.OpError as e:   # oneDNN refusing a shape it should take
+            with open(spec["errors"], "a") as f:
+                f.write(json.dumps({"index": i, "error": f"{type(e).__name__}: "
+                                    f"{e.message.splitlines()[0][:300]}"}) + "\n")
     with open(progress, "w") as f:
         f.write(f"{len(configs)} done\n")
 
@@ -127,9 +139,11 @@ def main(argv: list[str]) -> None:
         progress = os.path.join(tmp, "progress")
         with open(progress, "w") as f:
             f.write("-1\n")
-        job = os.path.join(tmp, "job.json")
+        job, errors = os.path.join(tmp, "job.json"), os.path.join(tmp, "errors.jsonl")
+        open(errors, "w").close()
         with open(job, "w") as f:
-            json.dump({"grid": configs, "progress": progress, "calls": FLAGS.calls}, f)
+            json.dump({"grid": configs, "progress": progress, "calls": FLAGS.calls,
+                       "errors": errors}, f)
         while True:
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", job],
                                   capture_output=True, text=True, env=env)
@@ -141,17 +155,21 @@ def main(argv: list[str]) -> None:
             if proc.returncode >= 0:   # not a crash: an error of the script itself
                 raise SystemExit(f"configuration {configs[i]} failed (exit "
                                  f"{proc.returncode}):\n{proc.stderr[-2000:]}")
-            crashes.append({"config": dict(zip(("op", "kernel", "stride", "batch", "channels",
-                                                "size", "padding"), configs[i])),
+            crashes.append({"config": _named(configs[i]),
                             "signal": signal.Signals(-proc.returncode).name})
             print(f"crash {len(crashes)}: {configs[i]} ({crashes[-1]['signal']})", flush=True)
+        with open(errors) as f:
+            failed = [{"config": _named(configs[r["index"]]), "error": r["error"]}
+                      for r in map(json.loads, f)]
     seconds = time.perf_counter() - start
-    print(f"\n{len(configs)} configurations, {len(crashes)} crashed, {seconds:.0f} s; "
+    print(f"\n{len(configs)} configurations, {len(crashes)} crashed, {len(failed)} raised an "
+          f"error, {seconds:.0f} s; "
           f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}")
-    print("| op | kernel | stride | batch | channels | size | padding | signal |")
+    print("| op | kernel | stride | batch | channels | size | padding | what |")
     print("|---|---|---|---|---|---|---|---|")
-    for c in crashes:
-        print("| " + " | ".join(str(v) for v in c["config"].values()) + f" | {c['signal']} |")
+    for c in crashes + failed:
+        what = c.get("signal") or c["error"][:120]
+        print("| " + " | ".join(str(v) for v in c["config"].values()) + f" | {what} |")
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json_out)), exist_ok=True)
     with open(FLAGS.json_out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d"), "calls": FLAGS.calls,
@@ -160,7 +178,7 @@ def main(argv: list[str]) -> None:
                                                            "batches", "channels", "sizes",
                                                            "paddings")},
                    "configurations": len(configs), "seconds": seconds,
-                   "crashes": crashes}, f, indent=1)
+                   "crashes": crashes, "errors": failed}, f, indent=1)
     print(f"written to {FLAGS.json_out}")
 
 
