@@ -116,16 +116,21 @@ def child(job: str) -> None:
         start = int(f.read().split()[0]) + 1
     import tensorflow as tf
     for i in range(start, len(configs)):
-        with open(progress, "w") as f:
-            f.write(f"{i}\n")
+        _write(progress, f"{i}\n")
         try:
             run_one(configs[i], spec["calls"])
         except tf.errors.OpError as e:   # oneDNN refusing a shape it should take
             with open(spec["errors"], "a") as f:
                 f.write(json.dumps({"index": i, "error": f"{type(e).__name__}: "
                                     f"{e.message.splitlines()[0][:300]}"}) + "\n")
-    with open(progress, "w") as f:
-        f.write(f"{len(configs)} done\n")
+    _write(progress, f"{len(configs)} done\n")
+
+
+def _write(path: str, text: str) -> None:
+    """``text`` into ``path`` at once (a process dying mid-write leaves the old text)."""
+    with open(path + ".new", "w") as f:
+        f.write(text)
+    os.replace(path + ".new", path)
 
 
 def main(argv: list[str]) -> None:
