@@ -149,6 +149,9 @@ def main(argv: list[str]) -> None:
         with open(job, "w") as f:
             json.dump({"grid": configs, "progress": progress, "calls": FLAGS.calls,
                        "errors": errors}, f)
+        print(f"running {len(configs)} configurations x {FLAGS.calls} calls in child "
+              "processes (a line per crash)", flush=True)
+        last = None
         while True:
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", job],
                                   capture_output=True, text=True, env=env)
@@ -157,9 +160,12 @@ def main(argv: list[str]) -> None:
             if words[1:] == ["done"]:
                 break
             i = int(words[0])
-            if proc.returncode >= 0:   # not a crash: an error of the script itself
-                raise SystemExit(f"configuration {configs[i]} failed (exit "
-                                 f"{proc.returncode}):\n{proc.stderr[-2000:]}")
+            if proc.returncode >= 0 or i == last:   # an error of the script, or of its start
+                raise SystemExit(f"the child failed (exit {proc.returncode}) "
+                                 + (f"at configuration {configs[i]}" if i != last else
+                                    "before running any configuration")
+                                 + f":\n{proc.stderr[-2000:]}")
+            last = i
             crashes.append({"config": _named(configs[i]),
                             "signal": signal.Signals(-proc.returncode).name})
             print(f"crash {len(crashes)}: {configs[i]} ({crashes[-1]['signal']})", flush=True)
