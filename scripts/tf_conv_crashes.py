@@ -62,17 +62,32 @@ def grid() -> list[tuple]:
             raise app.UsageError(f"--ops: unknown op {op!r}; one of {', '.join(OPS)}")
     if FLAGS.calls < 1:
         raise app.UsageError(f"--calls={FLAGS.calls}: run each configuration at least once")
+    for pad in FLAGS.paddings:
+        if pad not in ("SAME", "VALID"):
+            raise app.UsageError(f"--paddings: unknown padding {pad!r}; SAME or VALID")
     out = []
     for op, k, s, b, c, hw, pad in itertools.product(
-            FLAGS.ops, map(int, FLAGS.kernels), map(int, FLAGS.strides), map(int, FLAGS.batches),
-            map(int, FLAGS.channels), map(int, FLAGS.sizes), FLAGS.paddings):
+            FLAGS.ops, _sizes("kernels"), _sizes("strides"), _sizes("batches"),
+            _sizes("channels"), _sizes("sizes"), FLAGS.paddings):
         if pad == "VALID" and hw < k:
             continue
         out.append((op, k, s, b, c, hw, pad))
     return out
 
 
+def _sizes(flag: str) -> list[int]:
+    """The positive integers of list flag ``--flag``, or a usage error naming the value."""
+    out = []
+    for v in getattr(FLAGS, flag):
+        if not v.isdigit() or int(v) < 1:
+            raise app.UsageError(f"--{flag}: {v!r} is not a positive integer "
+                                 f"(e.g. --{flag}=1,3)")
+        out.append(int(v))
+    return out
+
+
 def _named(config: tuple) -> dict:
+    """A configuration as a dict keyed by the grid's axes."""
     return dict(zip(("op", "kernel", "stride", "batch", "channels", "size", "padding"), config))
 
 

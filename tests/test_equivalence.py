@@ -118,8 +118,6 @@ def test_equivalence_slice_of_other_libraries_models():
     assert proc.returncode == 0
 
 
-
-
 def test_a_float32_plan_runs_again_in_float64_with_the_same_patterns():
     """A case given the patterns of a float32 plan and ``dtype: float64`` (what the script
     runs when a Keras 3 model's case fails in float32) rebuilds the model in float64 and

@@ -40,3 +40,13 @@ def _measured_cpu() -> bool:
             return " avx512f" in f.read()
     except OSError:
         return False
+
+
+def test_bad_grid_values_are_usage_errors_that_name_them():
+    for flag, words in (("--ops=bogus", "unknown op 'bogus'"),
+                        ("--kernels=1,x", "--kernels: 'x' is not a positive integer"),
+                        ("--batches=0", "--batches: '0' is not a positive integer"),
+                        ("--paddings=FULL", "unknown padding 'FULL'")):
+        proc = subprocess.run([sys.executable, SCRIPT, flag], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode != 0 and words in proc.stderr, (flag, proc.stderr[-1000:])
