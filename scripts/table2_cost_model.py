@@ -2,7 +2,7 @@
 
     python scripts/table2_cost_model.py [--models=t5-tiny,keras-mobilenet,hub-mixtral,...]
         [--top_k=5] [--steps=8] [--repeats=3] [--[no]paired]
-        [--cluster=benchmarks/results/cluster_cpu4.json] [--out=out/table2]
+        [--cluster=benchmarks/results/cluster_cpu4_2026-11-26.json] [--out=out/table2]
     python scripts/table2_cost_model.py --recost=out/table2/table2.json   # no measuring
     python scripts/table2_cost_model.py --workers=2 --cluster=cluster_workers2.json ...
 
@@ -28,8 +28,11 @@ logical CPU devices (``--devices``):
 3. The same plans are re-costed (``tapas.planning.explore.plan_cost``, no rerun) under the
    ablation rows: baseline (constant filter, gradient overlap and collective efficiency
    off), +CF, +CF+GO, +CF+GO+EC, and beyond the paper +CF+GO+EC+WR (a weight read in two
-   placements priced as the runtime reshards it) and +CF+GO+EC+WR+L (also the training
-   loss's collectives), and ranked; ``tapas.planning.ranking`` scores the rank of the
+   placements priced as the runtime reshards it), +CF+GO+EC+WR+L (also the training
+   loss's collectives) and +CF+GO+EC+WR+L+MB (also memory-bound ops priced by their
+   elements at the cluster's profiled elementwise rate: the search's default; the same as
+   the row before with a cluster file that has no such rate), and ranked;
+   ``tapas.planning.ranking`` scores the rank of the
    measured-best plan (measured ties within noise count for the model, predicted ties
    against it).
 
@@ -107,7 +110,7 @@ flags.DEFINE_integer("steps", 10, "Timed steps per round.")
 flags.DEFINE_integer("repeats", 3, "Rounds of --steps timed steps per plan.")
 flags.DEFINE_integer("batch_size", 8, "Global batch (divisible by --devices).")
 flags.DEFINE_float("tie_tol", 0.05, "Relative tolerance under which measured times tie.")
-flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4.json",
+flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4_2026-11-26.json",
                     "A cluster file written by `tapas profile`.")
 flags.DEFINE_string("recost", None, "Re-cost the runs of an earlier table2.json (its plans, "
                     "measured medians and spreads) under every row of this script, without "
@@ -125,20 +128,30 @@ FLAGS = flags.FLAGS
 
 PAPER = {"baseline": {"acc@1": 0.53, "mrr": 0.71}, "+CF+GO+EC": {"acc@1": 0.87, "acc@5": 1.0,
                                                                   "mrr": 0.92}}
+_PAPER_TERMS = dict(memory_bound=False)   # every op's FLOPs at the matmul rate
 ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
-                         collective_efficiency=False),
-        "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False),
-        "+CF+GO": dict(constant_filter=True, gradient_overlap=True, collective_efficiency=False),
+                         collective_efficiency=False, **_PAPER_TERMS),
+        "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False,
+                    **_PAPER_TERMS),
+        "+CF+GO": dict(constant_filter=True, gradient_overlap=True, collective_efficiency=False,
+                       **_PAPER_TERMS),
         "+CF+GO+EC": dict(constant_filter=True, gradient_overlap=True,
-                          collective_efficiency=True),
+                          collective_efficiency=True, **_PAPER_TERMS),
         # beyond the paper: a weight read in two placements (a tied embedding) priced as
         # the runtime moves it (CostOptions.weight_reshards)
         "+CF+GO+EC+WR": dict(constant_filter=True, gradient_overlap=True,
-                             collective_efficiency=True, weight_reshards=True),
+                             collective_efficiency=True, weight_reshards=True, **_PAPER_TERMS),
         # ... and the training loss's collectives on the output's placement (the model's
         # Keras loss: CostOptions.loss, as `tapas search` and `tapas train` price it)
         "+CF+GO+EC+WR+L": dict(constant_filter=True, gradient_overlap=True,
-                               collective_efficiency=True, weight_reshards=True, loss=True)}
+                               collective_efficiency=True, weight_reshards=True, loss=True,
+                               **_PAPER_TERMS),
+        # ... and memory-bound ops priced by their elements at the profiled elementwise rate
+        # (CostOptions.memory_bound; the same as the row above on a cluster file without
+        # that rate): the search's default
+        "+CF+GO+EC+WR+L+MB": dict(constant_filter=True, gradient_overlap=True,
+                                  collective_efficiency=True, weight_reshards=True, loss=True,
+                                  memory_bound=True)}
 
 
 def candidates(graph, cluster, top_k: int, loss=None) -> list[dict]:
@@ -192,7 +205,7 @@ def recost(graph, cluster, plans: list[dict], loss) -> dict[str, list[float]]:
 
 # the row whose communication and compute --decompose sets beside the measured ones: every
 # term the model has
-PARTS_ROW = "+CF+GO+EC+WR+L"
+PARTS_ROW = "+CF+GO+EC+WR+L+MB"
 
 
 def predicted_parts(graph, cluster, plans: list[dict], loss) -> list[dict[str, float]]:
@@ -469,13 +482,13 @@ def rank_table(ranks: dict, regrets: dict, taus: dict) -> dict:
                       "picks_within_10pct": sum(r <= 0.10 for r in regrets[row].values()),
                       "taus": taus[row],
                       "tau": sum(known) / len(known) if known else None}
-    print(f"\n{'row':<16} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6} {'pick<=10%':>10} {'worst':>6}"
+    print(f"\n{'row':<18} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6} {'pick<=10%':>10} {'worst':>6}"
           f" {'tau':>5}   paper Acc@1 Acc@5 MRR")
     for row, t in table.items():
         p = PAPER.get(row, {})
         worst = max(t["pick_regret"].values())
         tau = "-" if t["tau"] is None else f"{t['tau']:.2f}"
-        print(f"{row:<16} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f} "
+        print(f"{row:<18} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f} "
               f"{t['picks_within_10pct']:>5}/{t['models']:<4} {worst * 100:>5.0f}% {tau:>5}   "
               f"{p.get('acc@1', '-'):>11} {p.get('acc@5', '-'):>5} {p.get('mrr', '-'):>4}")
     return table
@@ -643,7 +656,8 @@ def main(argv: list[str]) -> None:
             print(f"[{name} {i + 1}/{len(mine)}] {r['plan']}: measured {t * 1e3:.1f} ms "
                   f"(+-{spread * 1e3:.1f}; alone {r['median_s'] * 1e3:.1f}), predicted "
                   f"{r['predicted_s']['+CF+GO+EC'] * 1e3:.2f} ms (+CF+GO+EC), "
-                  f"{r['predicted_s']['+CF+GO+EC+WR+L'] * 1e3:.2f} ms (+WR+L)"
+                  f"{r['predicted_s']['+CF+GO+EC+WR+L'] * 1e3:.2f} ms (+WR+L), "
+                  f"{r['predicted_s']['+CF+GO+EC+WR+L+MB'] * 1e3:.2f} ms (+MB)"
                   + (f"; communication {r['measured_communication_s'] * 1e3:.1f} ms measured, "
                      f"{r['predicted_parts']['communication_s'] * 1e3:.1f} predicted; compute "
                      f"{r['measured_compute_s'] * 1e3:.1f} ms measured, "

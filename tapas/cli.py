@@ -87,6 +87,9 @@ flags.DEFINE_string("plot", None, "profile: the residual plot PNG (default: besi
                     "NAME_residuals.png; '' for none).")
 flags.DEFINE_boolean("gamma", True, "profile: measure the overlap factor gamma (--nogamma "
                      "keeps the prior).")
+flags.DEFINE_boolean("elementwise", True, "profile: measure the elementwise rate at which "
+                     "the cost model prices memory-bound ops (--noelementwise: every op "
+                     "priced by its FLOPs at the matmul rate, as the paper).")
 
 flags.DEFINE_integer("devices", 4, "train: devices to shard over; profile: devices to "
                      "measure (logical CPU devices, or the GPUs present).")
@@ -491,7 +494,7 @@ def cmd_profile() -> dict[str, Any]:
     from tapas.execution import devices
     chief = devices.is_chief_process()
     result = profiling.profile(FLAGS.devices, sizes=sizes, repeats=FLAGS.repeats,
-                               gamma=FLAGS.gamma,
+                               gamma=FLAGS.gamma, elementwise=FLAGS.elementwise,
                                progress=(lambda line: print(line, flush=True)) if chief else None)
     if not chief:   # every worker measured (the collectives need them all); one writes
         print(f"worker {devices.tf_config()['task'].get('index')}: done; worker 0 writes "
@@ -523,6 +526,7 @@ def _profile_workers(out: str, plot: str) -> dict[str, Any]:
                              f"out or set it to {k}")
     argv = [sys.executable, "-m", "tapas.cli", "profile", f"--devices={k}", "--workers=0",
             f"--repeats={FLAGS.repeats}", f"--gamma={str(FLAGS.gamma).lower()}",
+            f"--elementwise={str(FLAGS.elementwise).lower()}",
             f"--out={os.path.abspath(out)}",
             f"--plot={os.path.abspath(plot) if plot else ''}"]
     if FLAGS.sizes is not None:

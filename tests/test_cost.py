@@ -344,3 +344,26 @@ def test_cluster_presets_by_name():
     assert c.intra == Cluster.loopback_cpu().intra and c.num_devices == 2
     with pytest.raises(ValueError, match="'tpu' is unknown: use one of"):
         Cluster.preset("tpu")
+
+
+def test_compute_time_prices_memory_bound_ops_at_the_elementwise_rate(node: Cluster) -> None:
+    """With a profiled elementwise rate, contractions run at the peak FLOP rate and the
+    memory-bound ops' elements at the elementwise rate; without it (every preset), or with
+    ``memory_bound`` off (the paper's rows), every FLOP at the peak rate."""
+    flops, dense, elements = 3.0e9, 2.0e9, 1.0e9     # 1e9 of the flops were elementwise
+    scale = 1.0 + CostOptions().backward_flops_factor
+    assert close(cost.compute_time(flops, node, dense_flops=dense, elements=elements),
+                 flops * scale / node.device_peak_flops)            # preset: no rate
+    profiled = dataclasses.replace(node, device_elementwise_rate=5e10)
+    assert close(cost.compute_time(flops, profiled, dense_flops=dense, elements=elements),
+                 (dense / node.device_peak_flops + elements / 5e10) * scale)
+    assert close(cost.compute_time(flops, profiled, CostOptions(memory_bound=False),
+                                   dense_flops=dense, elements=elements),
+                 flops * scale / node.device_peak_flops)
+    assert not CostOptions.vanilla().memory_bound
+    # a pattern that does not split its flops (a user's PatternsFn) keeps the FLOP pricing
+    assert close(cost.compute_time(flops, profiled), flops * scale / node.device_peak_flops)
+    assert cost.compute_time(flops, profiled, CostOptions(compute=False), dense_flops=dense,
+                             elements=elements) == 0.0
+    with pytest.raises(TypeError, match=r"memory_bound='yes'"):
+        CostOptions(memory_bound="yes")  # type: ignore[arg-type]

@@ -454,3 +454,25 @@ def test_depthwise_convolution_flops_read_one_channel_window() -> None:
     assert whole.flops == pytest.approx(2 * out * 9 + out)
     split = [p for p in patterns_for(node, graph, 2) if p.name != "replicate"]
     assert split and all(p.flops == pytest.approx(whole.flops / 2) for p in split)
+
+
+def test_patterns_split_their_flops_into_contractions_and_memory_bound_elements() -> None:
+    """``dense_flops`` counts the matmul (2 x 24 x 8 x 16 on one device), ``elements`` what
+    the bias add, the ReLU and the transpose write (3 x 4 x 6 x 16; the Identity and the
+    reshapes touch nothing); a batch or column split halves both, a row split only the
+    matmul (its bias add and ReLU run on the whole, all-reduced output)."""
+    x = keras.Input((6, 8), batch_size=4)
+    h = keras.layers.Dense(16, activation="relu", name="up")(x)
+    y = keras.layers.Permute((2, 1), name="perm")(h)
+    graph = tapas.capture(keras.Model(x, y), [tf.TensorSpec((4, 6, 8), tf.float32)])
+    (node,) = [n for n in graph.nodes if any(op.type == "MatMul" for op in n.ops)]
+    assert {"BiasAdd", "Relu", "Transpose", "Identity"} <= {op.type for op in node.ops}
+    whole = pattern_by_name(node, graph, 2, "replicate")
+    assert whole.dense_flops == 2 * 24 * 8 * 16
+    assert whole.elements == 3 * 4 * 6 * 16
+    assert whole.flops == whole.dense_flops + 3 * 4 * 6 * 16   # BiasAdd, Relu, Identity
+    for name in ("batch", "column"):
+        half = pattern_by_name(node, graph, 2, name)
+        assert (half.dense_flops, half.elements) == (whole.dense_flops / 2, whole.elements / 2)
+    row = pattern_by_name(node, graph, 2, "row")
+    assert (row.dense_flops, row.elements) == (whole.dense_flops / 2, whole.elements)

@@ -125,7 +125,8 @@ def profiled(**changes):
     c = Cluster("profiled-cpu/1x4", 1, 4, link, link, device_memory=2.0 ** 34,
                 device_peak_flops=1.8e10, sources={"intra.bandwidth": "measured",
                                                    "epsilon": "measured"},
-                epsilon={"AR": 1.0, "all_gather": 0.6, "RS": 1.4, "A2A": 4.2}, gamma=0.93)
+                epsilon={"AR": 1.0, "all_gather": 0.6, "RS": 1.4, "A2A": 4.2}, gamma=0.93,
+                device_elementwise_rate=1.5e9)
     return dataclasses.replace(c, **changes)
 
 
@@ -136,6 +137,7 @@ def test_cluster_json_round_trip(tmp_path):
         back = Cluster.load(path)
         assert back == cluster and dict(back.sources) == dict(cluster.sources)
         assert back.epsilon == cluster.epsilon and back.gamma == cluster.gamma
+        assert back.device_elementwise_rate == cluster.device_elementwise_rate
         d = json.loads(open(path).read())
         assert d["format"] == "tapas-cluster" and d["version"] == 1
         assert d["profile"] == {"rows": [1, 2]}
@@ -165,6 +167,10 @@ def test_cost_options_for_cluster():
     (lambda d: d["epsilon"].update(XX=1.0), r"field 'epsilon.XX' collective 'XX' is unknown"),
     (lambda d: d["epsilon"].update(AG=0), r"field 'epsilon.AG' is 0.0, it must be a positive"),
     (lambda d: d["sources"].update(bandwith="typo"), r"field 'sources.bandwith' is not a"),
+    (lambda d: d.update(device_elementwise_rate=0),
+     r"field 'device_elementwise_rate' is 0.0, it must be null or a positive number"),
+    (lambda d: d.update(device_elementwise_rate="fast"),
+     r"field 'device_elementwise_rate' is 'fast'"),
 ])
 def test_malformed_cluster_file_names_the_field(tmp_path, edit, message):
     path = tmp_path / "bad.json"
@@ -174,6 +180,21 @@ def test_malformed_cluster_file_names_the_field(tmp_path, edit, message):
     with pytest.raises(ClusterFileError, match=message) as info:
         Cluster.load(str(path))
     assert str(path) in str(info.value) and "tapas profile --out" in str(info.value)
+
+
+def test_cluster_without_an_elementwise_rate_reads_as_the_paper_model(tmp_path):
+    """Cluster files written before the rate existed (and presets) have none: memory-bound
+    ops stay priced by their FLOPs; the source says so."""
+    path = tmp_path / "old.json"
+    d = profiled().to_json()
+    del d["device_elementwise_rate"]
+    path.write_text(json.dumps(d))
+    old = Cluster.load(str(path))
+    assert old.device_elementwise_rate is None
+    assert "not profiled" in old.source("device_elementwise_rate")
+    assert Cluster.v100_ethernet().device_elementwise_rate is None
+    with pytest.raises(ValueError, match=r"device_elementwise_rate=-1.0: must be a positive"):
+        profiled(device_elementwise_rate=-1.0)
 
 
 def test_unreadable_cluster_files(tmp_path):
@@ -237,7 +258,17 @@ def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
     assert cluster.intra.bandwidth > 0 and cluster.device_peak_flops > 0
     assert set(cluster.epsilon) == {"AR", "AG", "RS", "A2A"} and cluster.epsilon["AR"] == 1.0
     assert cluster.gamma is None or 0 < cluster.gamma <= 1
+    # the memory-bound rate: a block's training step at six sizes, a line through them
+    assert "memory-bound ops:" in stdout, stdout
+    assert cluster.device_elementwise_rate is not None and cluster.device_elementwise_rate > 0
+    assert "memory-bound ops" in cluster.source("device_elementwise_rate")
     profile = json.loads(out.read_text())["profile"]
+    ew = profile["compute"]["elementwise"]
+    assert [p["shape"] for p in ew["points"]] == [[4, 16, 64], [8, 32, 64], [16, 64, 64],
+                                                  [32, 64, 128], [64, 64, 128], [64, 128, 256]]
+    # the cost model's count: 4 elementwise outputs of the block's size and more
+    assert all(p["elements"] > 4 * np.prod(p["shape"]) for p in ew["points"])
+    assert ew["rate"] == cluster.device_elementwise_rate and math.isfinite(ew["r2"])
     assert len(profile["rows"]) == 8 and profile["devices"][0].endswith("CPU:0")
     for fit in profile["fits"].values():
         assert math.isfinite(fit["fit"]["r2"]) and fit["beta_s_per_byte"] > 0
@@ -249,6 +280,7 @@ def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
     saved = json.loads(strategy_path.read_text())
     assert saved["cluster"]["name"] == "profiled-cpu/1x2"
     assert saved["cluster"]["epsilon"] == dict(cluster.epsilon)
+    assert saved["cluster"]["device_elementwise_rate"] == cluster.device_elementwise_rate
 
 
 
@@ -258,7 +290,8 @@ def test_profile_across_worker_processes(tmp_path):
     workers), the plot and the JSON report; both workers are gone afterwards."""
     out, png, report = tmp_path / "c.json", tmp_path / "r.png", tmp_path / "report.json"
     stdout = run_tapas("profile", "--workers=2", "--sizes=16KiB,4MiB", "--repeats=3",
-                       "--nogamma", f"--out={out}", f"--plot={png}", f"--json_out={report}")
+                       "--nogamma", "--noelementwise", f"--out={out}", f"--plot={png}",
+                       f"--json_out={report}")
     assert "launching 2 workers" in stdout and "in 2 worker processes" in stdout
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         assert sum(line.startswith(kind) for line in stdout.splitlines()) == 3, stdout
@@ -269,6 +302,7 @@ def test_profile_across_worker_processes(tmp_path):
     assert "worker processes" in cluster.source("inter.bandwidth")
     assert "same as inter" in cluster.source("intra.bandwidth")
     assert cluster.device_peak_flops > 0 and cluster.epsilon["AR"] == 1.0
+    assert cluster.device_elementwise_rate is None     # --noelementwise: the paper's model
     assert png.read_bytes()[:4] == b"\x89PNG"
     saved = json.loads(report.read_text())
     assert saved["cluster"]["name"] == "profiled-cpu/2x1" and len(saved["worker_seconds"]) == 2
@@ -369,3 +403,42 @@ def test_profile_table_plot_and_missing_matplotlib(tmp_path, monkeypatch):
     assert Cluster.load(path) == p.cluster and Cluster.load(path).gamma == 0.5
     assert json.loads(open(path).read())["profile"]["fits"]["RS"]["epsilon_vs_all_reduce"] \
         == pytest.approx(2.0)
+
+
+def test_search_prices_memory_bound_ops_at_the_profiled_rate(tmp_path):
+    """A dense layer followed by 12 tanh activations (one GraphNode), 2 devices, a link slow
+    enough that under the paper's pricing (every op's FLOPs at the matmul rate) splitting
+    the node saves less compute than its all-reduce costs: the search replicates it. The
+    same cluster file with a measured elementwise rate (a tanh element 200 x a matmul FLOP)
+    makes the activations' work worth splitting, and with ``memory_bound=False`` the
+    search is the paper's again."""
+    import keras
+    import tensorflow as tf
+
+    from tapas import capture, search
+    x = keras.Input((64,), batch_size=8)
+    h = keras.layers.Dense(64, name="up")(x)
+    for i in range(12):
+        h = keras.layers.Activation("tanh", name=f"act{i}")(h)
+    graph = capture(keras.Model(x, h), [tf.TensorSpec((8, 64), tf.float32)])
+    (node,) = [n for n in graph.nodes if any(op.type == "MatMul" for op in n.ops)]
+    assert sum(op.type == "Tanh" for op in node.ops) == 12
+    slow = Link(bandwidth=8e7, latency=0.0, name="profiled")
+    base = profiled(intra=slow, inter=slow, gamma=1.0, device_elementwise_rate=None,
+                    device_peak_flops=1.8e10).with_shape(1, 2)
+    paper_path, mb_path = str(tmp_path / "paper.json"), str(tmp_path / "mb.json")
+    base.save(paper_path)
+    dataclasses.replace(base, device_elementwise_rate=9e7).save(mb_path)
+    mb = Cluster.load(mb_path)
+
+    paper = search(graph, cluster=Cluster.load(paper_path), mode="es")
+    priced = search(graph, cluster=mb, mode="es")
+    off = search(graph, cluster=mb, mode="es",
+                 options=CostOptions.for_cluster(mb, memory_bound=False))
+    assert paper.patterns[node.id] == "replicate", paper.patterns
+    assert priced.patterns[node.id] != "replicate", priced.patterns
+    assert off.patterns == paper.patterns and off.cost["total"] == paper.cost["total"]
+    # the priced plan's compute: the matmul at the peak rate, 12 tanh + the bias add at the
+    # elementwise rate, each halved by the split, times 3 (forward and backward)
+    half = (2 * 8 * 64 * 64 / 1.8e10 + 13 * 8 * 64 / 9e7) / 2 * 3
+    assert priced.cost["compute"] == pytest.approx(half, rel=1e-6)

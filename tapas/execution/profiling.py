@@ -39,7 +39,12 @@ above. Every other timing below is the fastest of its repeats as well.
 
 Compute: an n x n float32 matmul per replica, all replicas at once (the devices of a step
 compute together; logical CPU devices share the cores), FLOP/s per device, the cluster's
-``device_peak_flops``; alone on one device and a 3x3 convolution for the record.
+``device_peak_flops``; alone on one device and a 3x3 convolution for the record. Memory-bound
+ops: the training step of a block of layer norm, GELU, softmax, a residual add and a
+transpose on 65K to 33M elements per replica, all replicas at once, against the elements
+the cost model counts for it; the rate (elements/s per device, in the units
+``compute_time`` charges) is the cluster's ``device_elementwise_rate``, at which the cost
+model prices elementwise ops, reductions and copies (``CostOptions.memory_bound``).
 
 gamma: an all-reduce alone, a chain of matmuls alone (sized to take about as long), and
 both in one function with no dependency between them (as a backward all-reduce runs beside
@@ -63,7 +68,7 @@ import tensorflow as tf
 from tapas.execution.collectives import Audit, ReplicaContextCollectives
 from tapas.execution.devices import make_strategy, process_count
 from tapas.planning.calibrate import (KIB, MIB, FitError, Profile, fit_collectives,
-                                      fit_gamma, parse_sizes, profiled_cluster)
+                                      fit_gamma, fit_linear, parse_sizes, profiled_cluster)
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
 from tapas.sharding.placements import Collective
 
@@ -241,6 +246,78 @@ def _conv_rate(timer: _Timer, repeats: int) -> dict[str, Any]:
             "flop_per_s_per_device": flops / seconds if seconds > 0 else float("nan")}
 
 
+# [batch, sequence, width] of the memory-bound block (65K to 33M elements per device)
+ELEMENTWISE_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (4, 16, 64), (8, 32, 64), (16, 64, 64), (32, 64, 128), (64, 64, 128), (64, 128, 256))
+
+
+def _memory_bound_block(width: int) -> Any:
+    """A Keras block of only memory-bound ops, as transformers and CNNs have between their
+    matmuls: layer norm, GELU, softmax, a residual add and a transpose."""
+    import keras
+    x = keras.Input((None, width))
+    h = keras.layers.LayerNormalization()(x)
+    h = keras.layers.Activation("gelu")(h)
+    h = keras.layers.Softmax()(h)
+    h = keras.layers.Add()([h, x])
+    return keras.Model(x, keras.layers.Permute((2, 1))(h))
+
+
+def _counted_elements(block: Any, shape: Sequence[int]) -> float:
+    """The forward elements the cost model counts for ``block`` on ``shape`` (one device:
+    the replicate pattern's ``elements`` summed over the captured GraphNodes)."""
+    from tapas.capturing import capture
+    from tapas.sharding.patterns import patterns_for
+    graph = capture(block, [tf.TensorSpec(list(shape), tf.float32)], training=False)
+    return float(sum(patterns_for(node, graph, 1)[0].elements for node in graph.nodes))
+
+
+def _elementwise_rate(timer: _Timer, repeats: int,
+                      shapes: Sequence[tuple[int, int, int]] = ELEMENTWISE_SHAPES,
+                      backward_factor: float = 2.0) -> dict[str, Any]:
+    """The rate of memory-bound ops in a training step, in the cost model's own units: per
+    shape, the training step (forward and input/weight gradients) of
+    :func:`_memory_bound_block` on every device at once, less an empty call, against the
+    forward elements the cost model counts for it (:func:`_counted_elements`); a line
+    ``t = launch + E / r`` (``fit_linear``) and the rate the cost model prices a forward
+    element at, ``(1 + backward_factor) * r``: ``compute_time`` charges
+    ``E * (1 + backward_flops_factor) / device_elementwise_rate`` for a step."""
+    strategy = timer.strategy
+    points = []
+    for b, seq, width in shapes:
+        elements = _counted_elements(_memory_bound_block(width), (b, seq, width))
+        with strategy.scope():
+            block = _memory_bound_block(width)
+
+        def replica_step(x, block=block):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(block(x))
+            grads = tape.gradient(loss, [x, *block.trainable_variables])
+            return timer.done(tf.reshape(grads[0], [-1])[:1])
+
+        def replica_empty(x):
+            return timer.done(tf.reshape(x, [-1])[:1])
+
+        te, ts = timer.timed([timer.function(replica_empty), timer.function(replica_step)],
+                             [timer.values([b, seq, width])], repeats)
+        points.append({"shape": [b, seq, width], "elements": elements,
+                       "seconds": min(ts) - min(te), "step_s": min(ts), "empty_s": min(te)})
+    usable = [p for p in points if p["seconds"] > 0]
+    out: dict[str, Any] = {
+        "block": "LayerNormalization, GELU, Softmax, Add, Permute; a training step "
+                 "(forward, input and weight gradients) on every device at once",
+        "backward_flops_factor": backward_factor, "points": points}
+    try:
+        fit = fit_linear([p["elements"] for p in usable], [p["seconds"] for p in usable])
+    except FitError as e:
+        out.update(rate=None, error=str(e))
+        return out
+    out.update(rate=(1.0 + backward_factor) / fit.slope, intercept_s=fit.intercept,
+               r2=fit.r2, r2_log=fit.r2_log, max_relative_residual=fit.max_relative_residual)
+    return out
+
+
 def _overlap_trial(timer: _Timer, nbytes: int, flop_rate: float,
                    repeats: int) -> dict[str, float]:
     """One gamma trial: an all-reduce of ``nbytes``, a matmul chain sized to take about as
@@ -302,7 +379,7 @@ def _device_memory(devices: list[str]) -> tuple[float, str]:
 def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
             primitives: Sequence[Collective | str] | None = None, repeats: int = 7,
             device_type: str = "auto", matmul_n: int = 1024, conv: bool = True,
-            gamma: bool = True, device_memory: float | None = None,
+            gamma: bool = True, elementwise: bool = True, device_memory: float | None = None,
             progress: Progress | None = print) -> Profile:
     """Measure the collectives the runtime launches and the compute rate on ``devices``
     devices, fit the cost model and return the :class:`Profile` (module docstring).
@@ -310,7 +387,8 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     Logical CPU devices are fixed once per process: call this before any other TensorFlow
     work in the process (``tapas profile`` runs in its own). ``progress`` gets one line per
     measurement (None: silent). ``device_memory`` (bytes) overrides the memory read from
-    the machine.
+    the machine. ``elementwise=False`` skips the elementwise rate (the cluster then prices
+    every op by its FLOPs at the matmul rate, as the paper).
     """
     start = time.perf_counter()
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
@@ -382,6 +460,17 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     if not flop_rate > 0:
         raise RuntimeError(f"matmul {matmul_n}^2 took no longer than an empty call "
                            f"({mm['seconds_all_devices']} s): use a larger matmul_n")
+    elementwise_rate = None
+    if elementwise:
+        ew = compute["elementwise"] = _elementwise_rate(timer, repeats)
+        elementwise_rate = ew["rate"]
+        if elementwise_rate is None:
+            notes.append(f"elementwise rate not measured ({ew['error']}): memory-bound ops "
+                         "stay priced by their FLOPs at the matmul rate")
+        else:
+            say(f"memory-bound ops: {elementwise_rate / 1e9:.2f} G elements/s per device "
+                f"with all devices (a training step of a layer-norm/GELU/softmax block, "
+                f"R^2 {ew['r2']:.3f})")
 
     gamma_fit = None
     if gamma:
@@ -413,7 +502,8 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
                  "MultiWorkerMirroredStrategy worker processes")
     date = datetime.date.today().isoformat()
     cluster = profiled_cluster(f"profiled-{kind_name}", fits, device_memory, flop_rate,
-                               gamma_fit, where, date, nodes=nodes)
+                               gamma_fit, where, date, nodes=nodes,
+                               elementwise_rate=elementwise_rate)
     cluster = dataclasses.replace(cluster, sources={
         **cluster.sources, "device_memory": f"{memory_source} ({device_memory / 2**30:.1f} GiB)"})
     return Profile(cluster, fits, rows, compute, gamma_fit, names,

@@ -230,11 +230,13 @@ def fit_gamma(trials: Sequence[Mapping[str, float]], floor: float = 0.05) -> Gam
 
 def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device_memory: float,
                      device_peak_flops: float, gamma: GammaFit | None, where: str,
-                     date: str, nodes: int = 1) -> Cluster:
+                     date: str, nodes: int = 1,
+                     elementwise_rate: float | None = None) -> Cluster:
     """The cluster the fits describe: the link's latency is the all-reduce's alpha' and its
     bandwidth the all-reduce's 1 / beta (the cost model's ``alpha'`` and ``beta``), epsilon
     per primitive its slope over the all-reduce's, gamma measured (or the prior when
-    ``gamma`` is None). ``where``/``date`` go into ``sources``.
+    ``gamma`` is None), the elementwise rate (elements/s per device; None: not measured, the
+    cluster prices every op by its FLOPs). ``where``/``date`` go into ``sources``.
 
     ``nodes`` > 1: the W devices were ``nodes`` worker processes (W / nodes devices each)
     whose collectives crossed process boundaries: the fitted link is the one between
@@ -271,12 +273,17 @@ def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device
                   "compute" if gamma is not None else
                   f"not measured: CostOptions' prior {DEFAULT_GAMMA}"),
     }
+    if elementwise_rate is not None:
+        sources["device_elementwise_rate"] = (
+            f"{measured}: elements/s per device of the memory-bound ops of a training step "
+            "(a layer-norm/GELU/softmax block, all devices at once; fit slope)")
     return Cluster(name=f"{name}/{nodes}x{w // nodes}", num_nodes=nodes,
                    devices_per_node=w // nodes, intra=link, inter=link,
                    device_memory=float(device_memory),
                    device_peak_flops=float(device_peak_flops), sources=sources,
                    epsilon={k.value: f.epsilon for k, f in fits.items()},
-                   gamma=None if gamma is None else gamma.gamma)
+                   gamma=None if gamma is None else gamma.gamma,
+                   device_elementwise_rate=elementwise_rate)
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -368,6 +375,14 @@ class Profile:
             lines.append(f"conv 3x3 {conv['shape']}: {conv['flop_per_s_per_device'] / 1e9:.2f} "
                          "GFLOP/s per device (for the record; the cost model uses the matmul "
                          "rate)")
+        ew = self.compute.get("elementwise")
+        if ew and ew.get("rate"):
+            lines.append(f"memory-bound ops: {ew['rate'] / 1e9:.3f} G elements/s per device "
+                         f"with all {w} working (R^2 {ew['r2']:.4f}): the cost model's rate "
+                         "for elementwise ops, reductions and copies")
+        elif ew:
+            lines.append(f"memory-bound ops: not measured ({ew.get('error')}); priced by "
+                         "their FLOPs at the matmul rate")
         if self.gamma is None:
             lines.append(f"gamma: not measured, the prior {DEFAULT_GAMMA} stays in force")
         else:

@@ -100,7 +100,7 @@ class Group:
 SOURCE_KEYS = ("intra.bandwidth", "intra.latency", "inter.bandwidth", "inter.latency",
                "device_memory", "device_peak_flops")
 # the cost-model coefficients a profiled cluster documents too (optional in ``sources``)
-COEFFICIENT_SOURCE_KEYS = ("epsilon", "gamma")
+COEFFICIENT_SOURCE_KEYS = ("epsilon", "gamma", "device_elementwise_rate")
 
 # the cluster file: ``format`` names it, ``version`` its layout (Cluster.save / Cluster.load)
 CLUSTER_FORMAT = "tapas-cluster"
@@ -123,6 +123,11 @@ class Cluster:
     ``epsilon`` (per primitive, short names, each > 0) and ``gamma`` (in (0, 1]) are the cost
     model's coefficients as measured on this hardware (``tapas profile``); ``None`` leaves
     ``CostOptions``' priors in force (``CostOptions.for_cluster``).
+
+    ``device_elementwise_rate`` is elements/s per device that memory-bound ops (elementwise,
+    reductions, copies) reach, all devices working at once (``tapas profile``); with it the
+    cost model prices those ops by their elements (``CostOptions.memory_bound``), without it
+    (``None``, every preset) by their FLOPs at ``device_peak_flops``, as the paper.
     """
 
     name: str
@@ -136,6 +141,7 @@ class Cluster:
                                                    repr=False)
     epsilon: Mapping[str, float] | None = dataclasses.field(default=None, hash=False)
     gamma: float | None = None
+    device_elementwise_rate: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_nodes, int) and not isinstance(self.num_nodes, bool) \
@@ -175,6 +181,10 @@ class Cluster:
             if self.gamma > 1:
                 raise ValueError(f"gamma={self.gamma}: must be in (0, 1] (1: nothing of a "
                                  "backward collective is hidden); use None for the prior")
+        if self.device_elementwise_rate is not None:
+            check_positive("device_elementwise_rate", self.device_elementwise_rate,
+                           "elements/s per device", "e.g. 1e9, or None to price every op's "
+                           "FLOPs at device_peak_flops")
 
     @property
     def num_devices(self) -> int:
@@ -183,6 +193,9 @@ class Cluster:
     def source(self, key: str) -> str:
         """Where the constant ``key`` (one of ``SOURCE_KEYS`` or ``COEFFICIENT_SOURCE_KEYS``)
         comes from."""
+        if key == "device_elementwise_rate" and self.device_elementwise_rate is None:
+            return ("not profiled: memory-bound ops priced by their FLOPs at "
+                    "device_peak_flops (docs/cost.md)")
         if key in COEFFICIENT_SOURCE_KEYS and getattr(self, key) is None:
             return "not profiled: CostOptions' prior (docs/cost.md)"
         if key not in SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS:
@@ -225,7 +238,8 @@ class Cluster:
                 "device_memory": self.device_memory,
                 "device_peak_flops": self.device_peak_flops,
                 "epsilon": None if self.epsilon is None else dict(self.epsilon),
-                "gamma": self.gamma, "sources": dict(self.sources)}
+                "gamma": self.gamma, "device_elementwise_rate": self.device_elementwise_rate,
+                "sources": dict(self.sources)}
 
     def save(self, path: str, extra: Mapping[str, Any] | None = None) -> None:
         """Write the cluster to ``path`` as JSON (``to_json``); ``extra`` adds keys that
@@ -409,10 +423,13 @@ def _cluster_from_json(d: Any, where: str) -> Cluster:
         gamma = number("gamma", "a number in (0, 1]")
         if gamma > 1:
             raise fail("gamma", f"is {gamma!r}, it must be a number in (0, 1]")
+    rate = d.get("device_elementwise_rate")
+    if rate is not None:
+        rate = number("device_elementwise_rate", "null or a positive number of elements/s")
     return Cluster(name=name, num_nodes=shape["num_nodes"],
                    devices_per_node=shape["devices_per_node"], intra=intra, inter=inter,
                    device_memory=memory, device_peak_flops=flops, sources=sources,
-                   epsilon=epsilon, gamma=gamma)
+                   epsilon=epsilon, gamma=gamma, device_elementwise_rate=rate)
 
 
 def _shape_name(base: str, num_nodes: int, devices_per_node: int) -> str:

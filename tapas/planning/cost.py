@@ -141,6 +141,12 @@ class CostOptions:
     # backward FLOPs per forward FLOP (input and weight gradients: 2, Kaplan et al. 2020's
     # "6N per token" = 2N forward + 4N backward)
     backward_flops_factor: float = 2.0
+    # plan level (beyond the paper, "MB"): price memory-bound ops (elementwise, reductions,
+    # transposes, concats, gathers) by the elements they touch at the cluster's elementwise
+    # rate (``Cluster.device_elementwise_rate``, measured by ``tapas profile``) and only
+    # contractions and convolutions at the FLOP rate; off, or on a cluster without that
+    # rate (every preset): every op's FLOPs at ``device_peak_flops``, as the paper
+    memory_bound: bool = True
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
     optimizer: str = "adam"
@@ -149,7 +155,7 @@ class CostOptions:
         if self.loss is not None and not isinstance(self.loss, LossSpec):
             object.__setattr__(self, "loss", LossSpec.of(self.loss))
         for name in ("latency", "constant_filter", "gradient_overlap", "collective_efficiency",
-                     "compute"):
+                     "compute", "memory_bound"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r}: must be True or False")
         if isinstance(self.backward_flops_factor, bool) or \
@@ -181,8 +187,9 @@ class CostOptions:
 
     @classmethod
     def vanilla(cls) -> CostOptions:
-        """The plain alpha-beta model: latency on, no overlap discounts (the ablation baseline)."""
-        return cls(gradient_overlap=False, collective_efficiency=False)
+        """The plain alpha-beta model: latency on, no overlap discounts, every op's FLOPs at
+        the peak rate (the ablation baseline)."""
+        return cls(gradient_overlap=False, collective_efficiency=False, memory_bound=False)
 
     @classmethod
     def for_cluster(cls, cluster: Cluster, **changes: object) -> CostOptions:
@@ -351,15 +358,24 @@ def comm_cost(comm: object, group_size: int, cluster: Cluster,
                            backward=phase == "bwd", label=label)
 
 
-def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = None) -> float:
+def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = None, *,
+                 dense_flops: float | None = None, elements: float = 0.0) -> float:
     """Seconds of one training step's compute for ``flops`` forward FLOPs per device.
 
     ``flops * (1 + backward_flops_factor) / device_peak_flops``; 0 with ``compute`` off.
+    With ``memory_bound`` on a cluster that has a ``device_elementwise_rate`` and the split
+    given (``dense_flops``: the contractions' and convolutions' part of ``flops``;
+    ``elements``: what the memory-bound ops touch), ``(dense_flops / device_peak_flops +
+    elements / device_elementwise_rate) * (1 + backward_flops_factor)``.
     """
     options = CostOptions() if options is None else options
     if not options.compute:
         return 0.0
-    return float(flops) * (1.0 + options.backward_flops_factor) / cluster.device_peak_flops
+    scale = 1.0 + options.backward_flops_factor
+    rate = cluster.device_elementwise_rate
+    if options.memory_bound and rate and dense_flops is not None:
+        return (float(dense_flops) / cluster.device_peak_flops + float(elements) / rate) * scale
+    return float(flops) * scale / cluster.device_peak_flops
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,14 +110,17 @@ def _cluster_json(c: Cluster) -> dict[str, Any]:
             "inter": [c.inter.bandwidth, c.inter.latency, c.inter.name],
             "device_memory": c.device_memory, "device_peak_flops": c.device_peak_flops,
             "sources": dict(c.sources),
-            "epsilon": None if c.epsilon is None else dict(c.epsilon), "gamma": c.gamma}
+            "epsilon": None if c.epsilon is None else dict(c.epsilon), "gamma": c.gamma,
+            "device_elementwise_rate": c.device_elementwise_rate}
 
 
 def _cluster_from_json(d: Mapping[str, Any]) -> Cluster:
-    # "epsilon" and "gamma" (a profiled cluster's coefficients) are absent from older files
+    # "epsilon", "gamma" and "device_elementwise_rate" (a profiled cluster's coefficients)
+    # are absent from older files
     return Cluster(d["name"], d["num_nodes"], d["devices_per_node"], Link(*d["intra"]),
                    Link(*d["inter"]), d["device_memory"], d["device_peak_flops"],
-                   d.get("sources", {}), d.get("epsilon"), d.get("gamma"))
+                   d.get("sources", {}), d.get("epsilon"), d.get("gamma"),
+                   d.get("device_elementwise_rate"))
 
 
 

@@ -82,12 +82,17 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
     act = math.fsum(pl.local_bytes(t.shape, t.dtype, n) for t, pl in zip(node.outputs, outputs))
     mem = mem + MemoryEstimate(activations=act)
     flops = float(getattr(pattern, "flops", 0.0) or 0.0)
+    dense = getattr(pattern, "dense_flops", None)
+    elements = float(getattr(pattern, "elements", 0.0) or 0.0)
     return PatternInfo(
         name=pattern.name, family=pattern.family, data_parallel=bool(pattern.data_parallel),
         inputs=tuple(parse_placement(p) for p in pattern.inputs),
         outputs=outputs, weights=weights, comm_terms=terms,
         comm_time=math.fsum(t.total for t in terms),
-        compute_time=cost_lib.compute_time(flops, cluster, options), flops=flops, memory=mem,
+        compute_time=cost_lib.compute_time(
+            flops, cluster, options, dense_flops=None if dense is None else float(dense),
+            elements=elements),
+        flops=flops, memory=mem,
         note=getattr(pattern, "note", ""))
 
 

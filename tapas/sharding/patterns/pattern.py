@@ -75,9 +75,11 @@ class ShardingPattern:
     comms: tuple[Comm, ...]
     rewrites: Mapping[str, Rewrite]
     expr: str
-    flops: float
+    flops: float              # forward FLOPs per device, every op at one rate (the paper's)
     family: Family | None     # None only for a probe (see PatternSeed)
     note: str = ""            # why a pattern of this node could not be built (then replicated)
+    dense_flops: float = 0.0  # of ``flops``: contractions and convolutions
+    elements: float = 0.0     # elements its memory-bound ops touch per device (forward)
 
     def __post_init__(self) -> None:
         if self.family is not None:

@@ -86,4 +86,5 @@ def _pattern(trial: Trial, fw: Forward, weights: Mapping[str, Placement],
     outputs = tuple(fw.place.get(t.name, Replica()) for t in node.outputs)
     return ShardingPattern(seed.name, tuple(seed.inputs), outputs, dict(weights), tensors,
                            tuple(fw.fwd_comms) + tuple(bwd), dict(fw.rewrites),
-                           node_expression(trial, fw, weights), float(fw.flops), seed.family)
+                           node_expression(trial, fw, weights), float(fw.flops), seed.family,
+                           dense_flops=float(fw.dense_flops), elements=float(fw.elements))

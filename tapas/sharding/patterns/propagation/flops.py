@@ -5,7 +5,12 @@ In:  the op, its :class:`~tapas.sharding.rules.OpSpec`, the placements of its op
 Out: :func:`op_flops` -- 2 x the local contraction volume for contractions and
      convolutions (a depthwise convolution's output element reads one channel's window),
      the local input size for reductions, the local output size for
-     elementwise ops, 0 for data movement; :func:`volume`, a shape's element count.
+     elementwise ops, 0 for data movement; :func:`op_elements` -- the elements a
+     memory-bound op touches on one device (the local output of an elementwise op or of an
+     op that copies data: a transpose, concat, slice, pad, gather...; the local input of a
+     reduction; 0 for contractions, convolutions and ops that only relabel or pass on a
+     buffer: a reshape, an identity), what ``tapas.planning.cost.compute_time`` prices at the
+     cluster's elementwise rate when it has one; :func:`volume`, a shape's element count.
 
 This module imports no TensorFlow.
 """
@@ -17,8 +22,19 @@ from collections.abc import Mapping, Sequence
 from tapas.ir import OpInfo
 from tapas.sharding import rules
 from tapas.sharding.placements import Placement, Replica
+from tapas.sharding.rules import gather, shape, slicing
 
-__all__ = ["op_flops", "volume"]
+__all__ = ["op_flops", "op_elements", "volume", "COPYING_OPS", "ALIASING_OPS"]
+
+# data-movement ops (``flops="none"``) whose kernels write a new buffer: priced by their
+# output's elements like an elementwise op; the other "none" ops (reshape, squeeze,
+# identity, shape queries, constants, variable reads) only relabel or alias a buffer
+COPYING_OPS = frozenset({*shape.TRANSPOSE, "ConcatV2", "Pack", "Unpack", "Split", "SplitV",
+                         "BroadcastTo", *slicing.PAD, "Tile", "ReverseV2", "Roll",
+                         "MatrixBandPart", "Slice", "StridedSlice", *gather.GATHER, "OneHot"})
+# ops the rules count as elementwise that hand their input on without touching it
+ALIASING_OPS = frozenset({"Identity", "StopGradient", "PreventGradient", "Snapshot",
+                          "EnsureShape"})
 
 
 def volume(shape: Sequence[int]) -> float:
@@ -65,3 +81,19 @@ def _contraction(n: int, spec: rules.OpSpec, names: Sequence[str], label: str | 
     if label is not None and label in sizes:
         sizes[label] //= n
     return 2.0 * volume(list(sizes.values()))
+
+
+def op_elements(n: int, op: OpInfo, spec: rules.OpSpec, names: Sequence[str],
+                in_pl: Sequence[Placement], shapes: Mapping[str, tuple[int, ...] | None],
+                produced: Mapping[str, Placement]) -> float:
+    """Elements a memory-bound op reads or writes on one device (see the module docstring):
+    what its time is proportional to where it runs at memory speed, not at the matmul
+    rate."""
+    if not op.outputs or spec.flops in ("contract", "conv", "depthwise"):
+        return 0.0
+    if (spec.flops == "none" and op.type not in COPYING_OPS) or op.type in ALIASING_OPS:
+        return 0.0
+    if spec.flops == "reduce":
+        return volume(in_pl[0].local_shape(shapes.get(names[0]) or (), n))
+    return sum(volume(produced.get(t.name, Replica()).local_shape(t.shape or (), n))
+               for t in op.outputs)

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from tapas.ir import OpInfo, TensorInfo
 from tapas.sharding import rules
 from tapas.sharding.patterns.pattern import Rewrite
-from tapas.sharding.patterns.propagation.flops import op_flops, volume
+from tapas.sharding.patterns.propagation.flops import op_elements, op_flops, volume
 from tapas.sharding.patterns.propagation.trial import FLOAT_DTYPES, Invalid, Trial
 from tapas.sharding.placements import Collective, Comm, Partial, Placement, Replica, Split
 
@@ -74,6 +74,8 @@ class Forward:
         default_factory=dict)
     needs_grad: set[str] = dataclasses.field(default_factory=set)
     flops: float = 0.0
+    dense_flops: float = 0.0    # of ``flops``: contractions and convolutions
+    elements: float = 0.0       # elements the memory-bound ops touch (flops.op_elements)
 
     def describe(self, t: TensorInfo) -> None:
         self.shapes[t.name], self.dtypes[t.name] = t.shape, t.dtype
@@ -184,7 +186,11 @@ def _forward_op(trial: Trial, fw: Forward, k: int, op: OpInfo, reduce: set[str],
         fw.rewrites[op.name] = Rewrite.GLOBAL_SHAPE
     _record_gradients(fw, k, op, spec, in_pl, split)
     fw.recs.append(OpRecord(op, spec, split.data, split.label, split.replicated))
-    fw.flops += op_flops(trial.n, op, spec, names, in_pl, split.label, fw.shapes, fw.produced)
+    f = op_flops(trial.n, op, spec, names, in_pl, split.label, fw.shapes, fw.produced)
+    fw.flops += f
+    if spec.flops in ("contract", "conv", "depthwise"):
+        fw.dense_flops += f
+    fw.elements += op_elements(trial.n, op, spec, names, in_pl, fw.shapes, fw.produced)
 
 
 def _placeholder(trial: Trial, fw: Forward, k: int, op: OpInfo,
