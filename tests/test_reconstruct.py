@@ -72,7 +72,16 @@ def test_single_device_replay_equals_the_keras_model(build):
         return out, tape.gradient(loss, variables)
 
     (o1, g1), (o2, g2) = replay(), reference()
-    np.testing.assert_array_equal(o1.numpy(), o2.numpy())  # the same ops: bit-identical
+    guarded = [op for op in replay.get_concrete_function().graph.get_operations()
+               if op.type == "EnsureShape"]
+    if not guarded:
+        np.testing.assert_array_equal(o1.numpy(), o2.numpy())  # the same ops: bit-identical
+    else:
+        # moe-tiny's attention: the replay keeps Grappler from fusing its scaled scores and
+        # causal mask into oneDNN's slow fused batch matmul (tapas/execution/replay.py), so
+        # that sum is rounded in another order than in Keras's fused kernel
+        assert model.name.startswith("gshard_moe"), [op.name for op in guarded]
+        np.testing.assert_allclose(o1.numpy(), o2.numpy(), rtol=1e-5, atol=1e-5)
     assert all(a is not None for a in g1)
     for v, a, b in zip(variables, g1, g2):
         a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()

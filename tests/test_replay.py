@@ -160,3 +160,56 @@ def test_other_convolutions_are_replayed_as_they_are() -> None:
         (conv,) = [o for o in graph.get_operations() if o.type == "Conv2D"]
         assert list(conv.get_attr("strides")) == [1, strides, strides, 1]
         assert not [o for o in graph.get_operations() if o.type == "StridedSlice"]
+
+
+def _traced_add(mask_shape: tuple[int, ...], scaled: bool = True) -> tf.Operation:
+    @tf.function
+    def f(q, k, mask):
+        s = tf.matmul(q, k, transpose_b=True)
+        return (s * 0.35 if scaled else s) + mask
+    graph = f.get_concrete_function(tf.TensorSpec((8, 2, 4, 3)), tf.TensorSpec((8, 2, 4, 3)),
+                                    tf.TensorSpec(mask_shape)).graph
+    return next(op for op in graph.get_operations() if op.type == "AddV2")
+
+
+@pytest.mark.parametrize("mask_shape,scaled,guarded", [
+    ((1, 1, 4, 4), True, True),      # attention scores + a causal mask: the slow fusion
+    ((1, 2, 4, 4), True, False),     # a per-head bias: not slowed, left alone
+    ((8, 1, 4, 4), True, False),     # a per-example mask: not slowed
+    ((8, 1, 1, 4), True, False),     # a padding mask: not slowed
+    ((1, 4, 4), True, False),        # a rank-3 mask: not slowed
+    ((1, 1, 4, 4), False, False),    # no scale: no slow fusion
+])
+def test_scaled_batch_matmul_plus_broadcast_mask_reaches_the_add_through_ensure_shape(
+        mask_shape: tuple[int, ...], scaled: bool, guarded: bool) -> None:
+    """Grappler fuses BatchMatMul * scalar + a [1, 1, q, k] mask into oneDNN's
+    _MklFusedBatchMatMulV2, which took 15 ms where the ops apart take 0.5 ms (TF 2.21, CPU;
+    docs/tensorflow-notes.md). The replayed add reads the product through an EnsureShape,
+    which the remapper does not look through; values and gradients are unchanged."""
+    rng = np.random.RandomState(0)
+    q, k = rng.randn(8, 2, 4, 3).astype(np.float32), rng.randn(8, 2, 4, 3).astype(np.float32)
+    mask = rng.randn(*mask_shape).astype(np.float32)
+    op = _traced_add(mask_shape, scaled)
+
+    @tf.function
+    def step(q, k, mask):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k])
+            s = tf.matmul(q, k, transpose_b=True)
+            (y,) = replay.replay_op(op, [s * 0.35 if scaled else s, mask])
+            loss = tf.reduce_sum(y * y)
+        return y, tape.gradient(loss, [q, k])
+
+    y, (dq, dk) = step(tf.constant(q), tf.constant(k), tf.constant(mask))
+    graph = step.get_concrete_function(tf.constant(q), tf.constant(k), tf.constant(mask)).graph
+    (add,) = [o for o in graph.get_operations() if o.type == "AddV2" and o.name == "add"]
+    assert [t.op.type for t in add.inputs][0] == ("EnsureShape" if guarded else "Mul" if scaled
+                                                    else "BatchMatMulV2")
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64))
+    want = (s * 0.35 if scaled else s) + mask
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+    ds = 2 * want * (0.35 if scaled else 1.0)
+    np.testing.assert_allclose(dq.numpy(), np.einsum("bhqk,bhkd->bhqd", ds, k), rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_allclose(dk.numpy(), np.einsum("bhqk,bhqd->bhkd", ds, q), rtol=1e-4,
+                               atol=1e-4)
