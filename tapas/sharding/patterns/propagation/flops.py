@@ -24,8 +24,11 @@ from tapas.sharding import rules
 from tapas.sharding.placements import Placement, Replica
 from tapas.sharding.rules import gather, shape, slicing
 
-__all__ = ["op_flops", "op_elements", "volume", "COPYING_OPS", "ALIASING_OPS"]
+__all__ = ["op_flops", "op_elements", "volume", "DENSE_KINDS", "COPYING_OPS",
+           "ALIASING_OPS"]
 
+# the flops kinds priced at the matmul rate (``dense_flops``); every other op is memory-bound
+DENSE_KINDS = frozenset({"contract", "conv", "depthwise"})
 # data-movement ops (``flops="none"``) whose kernels write a new buffer: priced by their
 # output's elements like an elementwise op; the other "none" ops (reshape, squeeze,
 # identity, shape queries, constants, variable reads) only relabel or alias a buffer
@@ -89,7 +92,7 @@ def op_elements(n: int, op: OpInfo, spec: rules.OpSpec, names: Sequence[str],
     """Elements a memory-bound op reads or writes on one device (see the module docstring):
     what its time is proportional to where it runs at memory speed, not at the matmul
     rate."""
-    if not op.outputs or spec.flops in ("contract", "conv", "depthwise"):
+    if not op.outputs or spec.flops in DENSE_KINDS:
         return 0.0
     if (spec.flops == "none" and op.type not in COPYING_OPS) or op.type in ALIASING_OPS:
         return 0.0

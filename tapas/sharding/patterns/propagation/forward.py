@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from tapas.ir import OpInfo, TensorInfo
 from tapas.sharding import rules
 from tapas.sharding.patterns.pattern import Rewrite
-from tapas.sharding.patterns.propagation.flops import op_elements, op_flops, volume
+from tapas.sharding.patterns.propagation.flops import (DENSE_KINDS, op_elements, op_flops,
+                                                        volume)
 from tapas.sharding.patterns.propagation.trial import FLOAT_DTYPES, Invalid, Trial
 from tapas.sharding.placements import Collective, Comm, Partial, Placement, Replica, Split
 
@@ -188,7 +189,7 @@ def _forward_op(trial: Trial, fw: Forward, k: int, op: OpInfo, reduce: set[str],
     fw.recs.append(OpRecord(op, spec, split.data, split.label, split.replicated))
     f = op_flops(trial.n, op, spec, names, in_pl, split.label, fw.shapes, fw.produced)
     fw.flops += f
-    if spec.flops in ("contract", "conv", "depthwise"):
+    if spec.flops in DENSE_KINDS:
         fw.dense_flops += f
     fw.elements += op_elements(trial.n, op, spec, names, in_pl, fw.shapes, fw.produced)
 
