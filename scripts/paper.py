@@ -77,7 +77,8 @@ QUICK = {
     "figure8": ["--models=moe-tiny", "--nodes=1,2"],
     "xla_figure7": ["--models=t5-tiny"],
     "figure7": [f"--models={TINY}", "--steps=2", "--repeats=1"],
-    "table2": ["--models=t5-tiny,moe-tiny", "--top_k=2", "--steps=2", "--repeats=1"],
+    "table2": ["--models=t5-tiny,moe-tiny", "--top_k=2", "--steps=2", "--repeats=1",
+               "--batch_size=8"],
 }
 
 
@@ -109,8 +110,7 @@ def commands(out: str, cache: str, xla: bool, quick: bool = False) -> dict[str, 
         "figure7": script("figure7_throughput.py") + [
             f"--json_out={out}/figure7_throughput.json",
             f"--png_out={out}/figure7_throughput.png"],
-        "table2": script("table2_cost_model.py") + [
-            "--steps=4", "--repeats=2", f"--out={out}/table2"],
+        "table2": script("table2_cost_model.py") + [f"--out={out}/table2"],
     }
     return {k: v + QUICK[k] for k, v in steps.items()} if quick else steps
 

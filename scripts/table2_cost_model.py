@@ -1,8 +1,8 @@
 """The paper's Table 2: how well the cost model ranks strategies against measured step times.
 
     python scripts/table2_cost_model.py [--models=t5-tiny,keras-mobilenet,hub-mixtral,...]
-        [--top_k=5] [--steps=8] [--repeats=3] [--[no]paired]
-        [--cluster=benchmarks/results/cluster_cpu4_2026-11-26.json] [--out=out/table2]
+        [--top_k=5] [--steps=5] [--repeats=2] [--batch_size=64] [--[no]paired]
+        [--cluster=benchmarks/results/cluster_cpu4_2026-11-26_steps.json] [--out=out/table2]
     python scripts/table2_cost_model.py --recost=out/table2/table2.json   # no measuring
     python scripts/table2_cost_model.py --workers=2 --cluster=cluster_workers2.json ...
 
@@ -106,11 +106,13 @@ flags.DEFINE_boolean("paired", True, "Time each plan's steps paired with the rep
                      "replicated plan's median: load drifting between plans cancels out. "
                      "--nopaired: plain medians, each plan timed alone.")
 flags.DEFINE_integer("top_k", 5, "Top plans of the search to run (plus the reference plans).")
-flags.DEFINE_integer("steps", 10, "Timed steps per round.")
-flags.DEFINE_integer("repeats", 3, "Rounds of --steps timed steps per plan.")
-flags.DEFINE_integer("batch_size", 8, "Global batch (divisible by --devices).")
+flags.DEFINE_integer("steps", 5, "Timed steps per round.")
+flags.DEFINE_integer("repeats", 2, "Rounds of --steps timed steps per plan.")
+flags.DEFINE_integer("batch_size", 64, "Global batch (divisible by --devices). 64: at 8 the "
+                     "plans of these small models lie within the measurement's own noise of "
+                     "each other (docs/paper.md, \"Table 2 at batch 64\").")
 flags.DEFINE_float("tie_tol", 0.05, "Relative tolerance under which measured times tie.")
-flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4_2026-11-26.json",
+flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4_2026-11-26_steps.json",
                     "A cluster file written by `tapas profile`.")
 flags.DEFINE_string("recost", None, "Re-cost the runs of an earlier table2.json (its plans, "
                     "measured medians and spreads) under every row of this script, without "

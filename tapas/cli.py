@@ -87,9 +87,10 @@ flags.DEFINE_string("plot", None, "profile: the residual plot PNG (default: besi
                     "NAME_residuals.png; '' for none).")
 flags.DEFINE_boolean("gamma", True, "profile: measure the overlap factor gamma (--nogamma "
                      "keeps the prior).")
-flags.DEFINE_boolean("elementwise", True, "profile: measure the elementwise rate at which "
-                     "the cost model prices memory-bound ops (--noelementwise: every op "
-                     "priced by its FLOPs at the matmul rate, as the paper).")
+flags.DEFINE_boolean("elementwise", True, "profile: fit the FLOP rate and the elementwise "
+                     "rate (at which the cost model prices memory-bound ops) to training "
+                     "steps of reference blocks (--noelementwise: the FLOP rate of a matmul, "
+                     "every op priced by its FLOPs at it, as the paper).")
 
 flags.DEFINE_integer("devices", 4, "train: devices to shard over; profile: devices to "
                      "measure (logical CPU devices, or the GPUs present).")

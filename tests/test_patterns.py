@@ -454,6 +454,10 @@ def test_depthwise_convolution_flops_read_one_channel_window() -> None:
     assert whole.flops == pytest.approx(2 * out * 9 + out)
     split = [p for p in patterns_for(node, graph, 2) if p.name != "replicate"]
     assert split and all(p.flops == pytest.approx(whole.flops / 2) for p in split)
+    # memory-bound where the cost model has an elementwise rate: its output's elements, no
+    # FLOPs at the matmul rate (the Identity passes the buffer on: nothing)
+    assert (whole.dense_flops, whole.elements) == (0.0, out)
+    assert all(p.elements == pytest.approx(out / 2) for p in split)
 
 
 def test_patterns_split_their_flops_into_contractions_and_memory_bound_elements() -> None:

@@ -10,8 +10,8 @@ import command  # tests/command.py
 import numpy as np
 import pytest
 
-from tapas.planning.calibrate import (FitError, fit_collectives, fit_gamma, fit_linear,
-                                      profiled_cluster)
+from tapas.planning.calibrate import (FitError, fit_collectives, fit_compute, fit_gamma,
+                                      fit_linear, profiled_cluster)
 from tapas.planning.cluster import Cluster, ClusterFileError, Link
 from tapas.planning.cost import DEFAULT_EPSILON, DEFAULT_GAMMA, CostOptions, ring_factor
 from tapas.sharding.placements import Collective
@@ -62,6 +62,34 @@ def test_fit_linear_clamps_a_negative_intercept_and_refuses_bad_data():
         fit_linear([1e3, 1e3], [1e-3, 2e-3])
     with pytest.raises(FitError, match=r"times \[-0.001\]: every measured time must be positive"):
         fit_linear([1e3, 1e4], [-1e-3, 2e-3])
+
+
+def test_fit_compute_separates_the_two_rates():
+    """Steps that mix matmul FLOPs and memory-bound elements in different proportions give
+    both rates at once, in the cost model's units (forward work x 3 for a training step);
+    2 % noise moves them by a few per cent; a negative intercept is refitted through the
+    origin; steps that do not grow with one kind of work give no rate for it."""
+    dense = [1e7, 5e7, 1e8, 4e8, 1e6, 5e6, 2e7, 8e7]
+    elements = [2e5, 1e6, 2e6, 8e6, 1e6, 5e6, 2e7, 8e7]
+    exact = [2e-3 + 3 * f / 6e10 + 3 * e / 1.5e9 for f, e in zip(dense, elements)]
+    fit = fit_compute(dense, elements, exact)
+    assert close(fit.dense_rate, 6e10, 1e-9) and close(fit.elementwise_rate, 1.5e9, 1e-9)
+    assert close(fit.intercept, 2e-3, 1e-9) and close(fit.r2, 1.0, 1e-12)
+    assert not fit.clamped and fit.max_relative_residual < 1e-9
+    noisy = [t * (1 + 0.02 * (-1) ** i) for i, t in enumerate(exact)]
+    fit = fit_compute(dense, elements, noisy)
+    assert abs(fit.dense_rate / 6e10 - 1) < 0.1 and abs(fit.elementwise_rate / 1.5e9 - 1) < 0.1
+    assert fit.to_json()["dense_rate"] == fit.dense_rate
+    below = fit_compute(dense, elements, [3 * f / 6e10 + 3 * e / 1.5e9 - 1e-6
+                                          for f, e in zip(dense, elements)])
+    assert below.clamped and below.intercept == 0.0 and below.dense_rate > 0
+    with pytest.raises(FitError, match="time per matmul/convolution FLOPs"):
+        fit_compute(dense, elements, [1e-3 + 3 * e / 1.5e9 - f * 1e-12
+                                      for f, e in zip(dense, elements)])
+    with pytest.raises(FitError, match="three constants need at least 3"):
+        fit_compute([1.0, 2.0], [1.0, 2.0], [1e-3, 2e-3])
+    with pytest.raises(FitError, match="every measured time must be positive"):
+        fit_compute(dense[:3], elements[:3], [1e-3, -1e-3, 2e-3])
 
 
 def synthetic_rows(w, alpha, beta, eps):
@@ -258,17 +286,21 @@ def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
     assert cluster.intra.bandwidth > 0 and cluster.device_peak_flops > 0
     assert set(cluster.epsilon) == {"AR", "AG", "RS", "A2A"} and cluster.epsilon["AR"] == 1.0
     assert cluster.gamma is None or 0 < cluster.gamma <= 1
-    # the memory-bound rate: a block's training step at six sizes, a line through them
-    assert "memory-bound ops:" in stdout, stdout
+    # the compute rates: training steps of three reference blocks at four sizes, one fit
+    assert "training steps of 12 reference blocks:" in stdout, stdout
     assert cluster.device_elementwise_rate is not None and cluster.device_elementwise_rate > 0
     assert "memory-bound ops" in cluster.source("device_elementwise_rate")
+    assert "reference blocks" in cluster.source("device_peak_flops")
     profile = json.loads(out.read_text())["profile"]
-    ew = profile["compute"]["elementwise"]
-    assert [p["shape"] for p in ew["points"]] == [[4, 16, 64], [8, 32, 64], [16, 64, 64],
-                                                  [32, 64, 128], [64, 64, 128], [64, 128, 256]]
-    # the cost model's count: 4 elementwise outputs of the block's size and more
-    assert all(p["elements"] > 4 * np.prod(p["shape"]) for p in ew["points"])
-    assert ew["rate"] == cluster.device_elementwise_rate and math.isfinite(ew["r2"])
+    steps = profile["compute"]["blocks"]
+    assert steps["blocks"] == ["transformer", "residual", "inverted residual"]
+    assert [p["shape"] for p in steps["points"][:4]] == [[8, 16, 64], [16, 32, 64],
+                                                         [64, 16, 64], [32, 64, 128]]
+    # the cost model's counts: every block has matmuls or convolutions and memory-bound ops
+    assert all(p["dense_flops"] > 0 and p["elements"] > np.prod(p["shape"])
+               for p in steps["points"])
+    assert steps["rate"] == cluster.device_elementwise_rate
+    assert steps["dense_rate"] == cluster.device_peak_flops and math.isfinite(steps["r2"])
     assert len(profile["rows"]) == 8 and profile["devices"][0].endswith("CPU:0")
     for fit in profile["fits"].values():
         assert math.isfinite(fit["fit"]["r2"]) and fit["beta_s_per_byte"] > 0

@@ -88,6 +88,7 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
          "--models=t5-tiny,keras-mobilenet", "--top_k=1", "--steps=2", "--repeats=1",
+         "--batch_size=8",
          f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -147,6 +148,7 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--workers=2",
          f"--cluster={cluster}", "--models=moe-tiny", "--top_k=1", "--steps=2", "--repeats=1",
+         "--batch_size=8",
          f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -6,7 +6,8 @@ In:  a device count W (logical CPU devices, or the GPUs when at least W are pres
      profile --workers=K`` starts them on 127.0.0.1), message sizes, repeats.
 Out: a :class:`Profile`: one row per (primitive, size) measured, the fits of
      ``tapas.planning.calibrate`` (alpha', beta, epsilon per primitive with R^2), the
-     achieved matmul and convolution FLOP/s, the measured gamma, and the profiled
+     compute rates fitted to training steps of reference blocks, the achieved matmul and
+     convolution FLOP/s, the measured gamma, and the profiled
      ``Cluster`` (``Profile.save`` writes the cluster file ``tapas search --cluster=...``
      reads, with the measurements under ``"profile"``; ``Profile.plot`` the residual PNG).
 
@@ -37,14 +38,19 @@ medians too). A point costing milliseconds is timed more often than ``repeats`` 
 number of calls). k is 8 for messages up to 256 KiB, 4 up to 4 MiB and 3
 above. Every other timing below is the fastest of its repeats as well.
 
-Compute: an n x n float32 matmul per replica, all replicas at once (the devices of a step
-compute together; logical CPU devices share the cores), FLOP/s per device, the cluster's
-``device_peak_flops``; alone on one device and a 3x3 convolution for the record. Memory-bound
-ops: the training step of a block of layer norm, GELU, softmax, a residual add and a
-transpose on 65K to 33M elements per replica, all replicas at once, against the elements
-the cost model counts for it; the rate (elements/s per device, in the units
-``compute_time`` charges) is the cluster's ``device_elementwise_rate``, at which the cost
-model prices elementwise ops, reductions and copies (``CostOptions.memory_bound``).
+Compute: the training steps (forward, input and weight gradients) of three reference
+blocks -- a transformer layer (Keras multi-head attention, layer norms, a GELU MLP), a
+ResNet basic block and a MobileNetV2 inverted residual block (1x1 convolutions, a depthwise
+convolution, batch norms) -- at four sizes each, all replicas at once (the devices of a step
+compute together; logical CPU devices share the cores), against what the cost model counts
+for each (the FLOPs of matmuls and convolutions, the elements of memory-bound ops:
+elementwise ops, reductions, copies, depthwise convolutions). One least-squares fit of
+``t = c + F * 3 / flop_rate + E * 3 / elementwise_rate`` over the 12 steps gives the
+cluster's ``device_peak_flops`` and ``device_elementwise_rate`` in the units the cost model
+charges them (``CostOptions.memory_bound``): rates of layers as models have them, not of a
+kernel in isolation. For the record also: an n x n float32 matmul per replica (all at once,
+and alone on one device: ``device_peak_flops`` when the blocks are not measured) and a 3x3
+convolution.
 
 gamma: an all-reduce alone, a chain of matmuls alone (sized to take about as long), and
 both in one function with no dependency between them (as a backward all-reduce runs beside
@@ -67,8 +73,9 @@ import tensorflow as tf
 
 from tapas.execution.collectives import Audit, ReplicaContextCollectives
 from tapas.execution.devices import make_strategy, process_count
-from tapas.planning.calibrate import (KIB, MIB, FitError, Profile, fit_collectives,
-                                      fit_gamma, fit_linear, parse_sizes, profiled_cluster)
+from tapas.planning.calibrate import (KIB, MIB, ComputeFit, FitError, Profile,
+                                      fit_collectives, fit_compute, fit_gamma, parse_sizes,
+                                      profiled_cluster)
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
 from tapas.sharding.placements import Collective
 
@@ -246,76 +253,127 @@ def _conv_rate(timer: _Timer, repeats: int) -> dict[str, Any]:
             "flop_per_s_per_device": flops / seconds if seconds > 0 else float("nan")}
 
 
-# [batch, sequence, width] of the memory-bound block (65K to 33M elements per device)
-ELEMENTWISE_SHAPES: tuple[tuple[int, int, int], ...] = (
-    (4, 16, 64), (8, 32, 64), (16, 64, 64), (32, 64, 128), (64, 64, 128), (64, 128, 256))
-
-
-def _memory_bound_block(width: int) -> Any:
-    """A Keras block of only memory-bound ops, as transformers and CNNs have between their
-    matmuls: layer norm, GELU, softmax, a residual add and a transpose."""
+def _transformer_block(shape: Sequence[int]) -> Any:
+    """A pre-norm transformer encoder layer on [batch, sequence, width]: layer norm, Keras
+    multi-head attention (4 heads), residual, layer norm, a GELU MLP of 4 x width,
+    residual."""
     import keras
-    x = keras.Input((None, width))
+    d = int(shape[-1])
+    x = keras.Input(tuple(shape[1:]))
     h = keras.layers.LayerNormalization()(x)
-    h = keras.layers.Activation("gelu")(h)
-    h = keras.layers.Softmax()(h)
-    h = keras.layers.Add()([h, x])
-    return keras.Model(x, keras.layers.Permute((2, 1))(h))
+    h = keras.layers.MultiHeadAttention(4, d // 4)(h, h)
+    x2 = keras.layers.Add()([x, h])
+    h = keras.layers.LayerNormalization()(x2)
+    h = keras.layers.Dense(4 * d, activation="gelu")(h)
+    h = keras.layers.Dense(d)(h)
+    return keras.Model(x, keras.layers.Add()([x2, h]))
 
 
-def _counted_elements(block: Any, shape: Sequence[int]) -> float:
-    """The forward elements the cost model counts for ``block`` on ``shape`` (one device:
-    the replicate pattern's ``elements`` summed over the captured GraphNodes)."""
+def _residual_block(shape: Sequence[int]) -> Any:
+    """A ResNet basic block on [batch, height, width, channels]: two 3x3 convolutions with
+    batch norm and ReLU, residual."""
+    import keras
+    c = int(shape[-1])
+    x = keras.Input(tuple(shape[1:]))
+    h = keras.layers.Conv2D(c, 3, padding="same", use_bias=False)(x)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.ReLU()(h)
+    h = keras.layers.Conv2D(c, 3, padding="same", use_bias=False)(h)
+    h = keras.layers.BatchNormalization()(h)
+    return keras.Model(x, keras.layers.ReLU()(keras.layers.Add()([x, h])))
+
+
+def _inverted_residual_block(shape: Sequence[int]) -> Any:
+    """A MobileNetV2 inverted residual block: 1x1 expansion (4x), batch norm, ReLU6, 3x3
+    depthwise convolution, batch norm, ReLU6, 1x1 projection, batch norm, residual."""
+    import keras
+    c = int(shape[-1])
+    x = keras.Input(tuple(shape[1:]))
+    h = keras.layers.Conv2D(4 * c, 1, use_bias=False)(x)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.ReLU(6.0)(h)
+    h = keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False)(h)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.ReLU(6.0)(h)
+    h = keras.layers.Conv2D(c, 1, use_bias=False)(h)
+    h = keras.layers.BatchNormalization()(h)
+    return keras.Model(x, keras.layers.Add()([x, h]))
+
+
+#: the blocks whose training steps give the compute rates, each at four per-device input
+#: shapes: layers as real models have them, in mixes from matmul-bound (the residual block)
+#: to memory-bound (the inverted residual block), so that the two rates separate
+REFERENCE_BLOCKS: tuple[tuple[str, Callable[[Sequence[int]], Any],
+                              tuple[tuple[int, ...], ...]], ...] = (
+    ("transformer", _transformer_block,
+     ((8, 16, 64), (16, 32, 64), (64, 16, 64), (32, 64, 128))),
+    ("residual", _residual_block,
+     ((8, 16, 16, 16), (16, 32, 32, 16), (32, 16, 16, 32), (64, 16, 16, 32))),
+    ("inverted residual", _inverted_residual_block,
+     ((8, 16, 16, 8), (16, 32, 32, 8), (32, 16, 16, 16), (64, 16, 16, 16))))
+
+
+def _counted_work(block: Any, shape: Sequence[int]) -> tuple[float, float]:
+    """The forward FLOPs of the matmuls and convolutions and the elements of the
+    memory-bound ops that the cost model counts for ``block`` on ``shape`` on one device:
+    the replicate pattern's ``dense_flops`` and ``elements`` summed over the captured
+    GraphNodes (inference graph, as the search captures a model)."""
     from tapas.capturing import capture
     from tapas.sharding.patterns import patterns_for
     graph = capture(block, [tf.TensorSpec(list(shape), tf.float32)], training=False)
-    return float(sum(patterns_for(node, graph, 1)[0].elements for node in graph.nodes))
+    patterns = [patterns_for(node, graph, 1)[0] for node in graph.nodes]
+    return (float(sum(p.dense_flops for p in patterns)),
+            float(sum(p.elements for p in patterns)))
 
 
-def _elementwise_rate(timer: _Timer, repeats: int,
-                      shapes: Sequence[tuple[int, int, int]] = ELEMENTWISE_SHAPES,
-                      backward_factor: float = 2.0) -> dict[str, Any]:
-    """The rate of memory-bound ops in a training step, in the cost model's own units: per
-    shape, the training step (forward and input/weight gradients) of
-    :func:`_memory_bound_block` on every device at once, less an empty call, against the
-    forward elements the cost model counts for it (:func:`_counted_elements`); a line
-    ``t = launch + E / r`` (``fit_linear``) and the rate the cost model prices a forward
-    element at, ``(1 + backward_factor) * r``: ``compute_time`` charges
-    ``E * (1 + backward_flops_factor) / device_elementwise_rate`` for a step."""
+def _compute_rates(timer: _Timer, repeats: int, backward_factor: float = 2.0,
+                   blocks: Sequence[tuple[str, Callable[[Sequence[int]], Any],
+                                          Sequence[Sequence[int]]]] = REFERENCE_BLOCKS
+                   ) -> tuple[dict[str, Any], ComputeFit | None]:
+    """The device's FLOP rate and elementwise rate in a training step, in the cost model's
+    own units: per block and shape, the training step (forward, input and weight gradients,
+    every gradient used so none is pruned) on every device at once, less an empty call,
+    against the FLOPs and elements the cost model counts for it (:func:`_counted_work`);
+    :func:`tapas.planning.calibrate.fit_compute` fits both rates at once. The record (the
+    points, the fit or why there is none) and the fit (None when it failed)."""
     strategy = timer.strategy
     points = []
-    for b, seq, width in shapes:
-        elements = _counted_elements(_memory_bound_block(width), (b, seq, width))
-        with strategy.scope():
-            block = _memory_bound_block(width)
+    for name, make, shapes in blocks:
+        for shape in shapes:
+            dense, elements = _counted_work(make(shape), shape)
+            with strategy.scope():
+                block = make(shape)
 
-        def replica_step(x, block=block):
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                loss = tf.reduce_sum(block(x))
-            grads = tape.gradient(loss, [x, *block.trainable_variables])
-            return timer.done(tf.reshape(grads[0], [-1])[:1])
+            def replica_step(x, block=block):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    loss = tf.reduce_sum(block(x, training=False))
+                grads = tape.gradient(loss, [x, *block.trainable_variables])
+                # one number of every gradient: the weight gradients stay in the step
+                return timer.done(tf.stack([tf.reshape(g, [-1])[0] for g in grads]))
 
-        def replica_empty(x):
-            return timer.done(tf.reshape(x, [-1])[:1])
+            def replica_empty(x):
+                return timer.done(tf.reshape(x, [-1])[:1])
 
-        te, ts = timer.timed([timer.function(replica_empty), timer.function(replica_step)],
-                             [timer.values([b, seq, width])], repeats)
-        points.append({"shape": [b, seq, width], "elements": elements,
-                       "seconds": min(ts) - min(te), "step_s": min(ts), "empty_s": min(te)})
-    usable = [p for p in points if p["seconds"] > 0]
+            te, ts = timer.timed([timer.function(replica_empty),
+                                  timer.function(replica_step)],
+                                 [timer.values(list(shape))], repeats)
+            points.append({"block": name, "shape": list(shape), "dense_flops": dense,
+                           "elements": elements, "seconds": min(ts) - min(te),
+                           "step_s": min(ts), "empty_s": min(te)})
     out: dict[str, Any] = {
-        "block": "LayerNormalization, GELU, Softmax, Add, Permute; a training step "
-                 "(forward, input and weight gradients) on every device at once",
+        "blocks": [name for name, _, _ in blocks],
+        "step": "forward, input and weight gradients, inference graph; every device at once",
         "backward_flops_factor": backward_factor, "points": points}
     try:
-        fit = fit_linear([p["elements"] for p in usable], [p["seconds"] for p in usable])
+        fit = fit_compute([p["dense_flops"] for p in points], [p["elements"] for p in points],
+                          [p["seconds"] for p in points], backward_factor)
     except FitError as e:
-        out.update(rate=None, error=str(e))
-        return out
-    out.update(rate=(1.0 + backward_factor) / fit.slope, intercept_s=fit.intercept,
-               r2=fit.r2, r2_log=fit.r2_log, max_relative_residual=fit.max_relative_residual)
-    return out
+        out.update(rate=None, dense_rate=None, error=str(e))
+        return out, None
+    out.update(rate=fit.elementwise_rate, dense_rate=fit.dense_rate, fit=fit.to_json(),
+               r2=fit.r2, max_relative_residual=fit.max_relative_residual)
+    return out, fit
 
 
 def _overlap_trial(timer: _Timer, nbytes: int, flop_rate: float,
@@ -387,8 +445,9 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     Logical CPU devices are fixed once per process: call this before any other TensorFlow
     work in the process (``tapas profile`` runs in its own). ``progress`` gets one line per
     measurement (None: silent). ``device_memory`` (bytes) overrides the memory read from
-    the machine. ``elementwise=False`` skips the elementwise rate (the cluster then prices
-    every op by its FLOPs at the matmul rate, as the paper).
+    the machine. ``elementwise=False`` skips the reference blocks' training steps: the FLOP
+    rate is then the matmul's and there is no elementwise rate (the cluster prices every op
+    by its FLOPs at the matmul rate, as the paper).
     """
     start = time.perf_counter()
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
@@ -460,17 +519,18 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     if not flop_rate > 0:
         raise RuntimeError(f"matmul {matmul_n}^2 took no longer than an empty call "
                            f"({mm['seconds_all_devices']} s): use a larger matmul_n")
-    elementwise_rate = None
+    compute_fit = None
     if elementwise:
-        ew = compute["elementwise"] = _elementwise_rate(timer, repeats)
-        elementwise_rate = ew["rate"]
-        if elementwise_rate is None:
-            notes.append(f"elementwise rate not measured ({ew['error']}): memory-bound ops "
-                         "stay priced by their FLOPs at the matmul rate")
+        rates, compute_fit = _compute_rates(timer, repeats)
+        compute["blocks"] = rates
+        if compute_fit is None:
+            notes.append(f"compute rates not fitted ({rates['error']}): the FLOP rate is the "
+                         "matmul's and memory-bound ops stay priced by their FLOPs at it")
         else:
-            say(f"memory-bound ops: {elementwise_rate / 1e9:.2f} G elements/s per device "
-                f"with all devices (a training step of a layer-norm/GELU/softmax block, "
-                f"R^2 {ew['r2']:.3f})")
+            say(f"training steps of {len(rates['points'])} reference blocks: "
+                f"{compute_fit.dense_rate / 1e9:.2f} GFLOP/s (matmuls, convolutions) and "
+                f"{compute_fit.elementwise_rate / 1e9:.2f} G elements/s (memory-bound ops) "
+                f"per device with all devices, R^2 {compute_fit.r2:.3f}")
 
     gamma_fit = None
     if gamma:
@@ -502,8 +562,7 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
                  "MultiWorkerMirroredStrategy worker processes")
     date = datetime.date.today().isoformat()
     cluster = profiled_cluster(f"profiled-{kind_name}", fits, device_memory, flop_rate,
-                               gamma_fit, where, date, nodes=nodes,
-                               elementwise_rate=elementwise_rate)
+                               gamma_fit, where, date, nodes=nodes, compute=compute_fit)
     cluster = dataclasses.replace(cluster, sources={
         **cluster.sources, "device_memory": f"{memory_source} ({device_memory / 2**30:.1f} GiB)"})
     return Profile(cluster, fits, rows, compute, gamma_fit, names,

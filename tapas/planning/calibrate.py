@@ -7,7 +7,8 @@ In:  rows of measurements, one per (primitive, message size): the primitive, the
 Out: a :class:`LinearFit` per primitive (``t = intercept + slope * x`` with
      ``x = ring_factor(k, W) * N``, the cost model's ring bytes), R^2 and residuals, the
      cost model's constants derived from them (:func:`fit_collectives`: alpha' per worker,
-     beta, epsilon relative to all-reduce), gamma from overlap timings (:func:`fit_gamma`)
+     beta, epsilon relative to all-reduce), gamma from overlap timings (:func:`fit_gamma`),
+     the two compute rates from training steps of reference blocks (:func:`fit_compute`)
      and a profiled :class:`tapas.planning.cluster.Cluster` (:func:`profiled_cluster`);
      :class:`Profile`, what ``tapas profile`` (``tapas.execution.profiling``, the TensorFlow
      side) returns: its table, the cluster file and the residual plot (matplotlib, when
@@ -46,7 +47,8 @@ from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
 from tapas.sharding.placements import Collective
 
 __all__ = ["LinearFit", "fit_linear", "CollectiveFit", "fit_collectives", "GammaFit",
-           "fit_gamma", "profiled_cluster", "FitError", "Profile", "parse_sizes"]
+           "fit_gamma", "ComputeFit", "fit_compute", "profiled_cluster", "FitError", "Profile",
+           "parse_sizes"]
 
 KIB, MIB = 1024, 1024 * 1024
 _UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "mib": MIB,
@@ -228,15 +230,89 @@ def fit_gamma(trials: Sequence[Mapping[str, float]], floor: float = 0.05) -> Gam
     return GammaFit(tuple(out), gamma, gamma != raw, floor)
 
 
+@dataclasses.dataclass(frozen=True)
+class ComputeFit:
+    """``t = intercept + F * (1 + k) / dense_rate + E * (1 + k) / elementwise_rate`` fitted to
+    training steps: per point the forward FLOPs ``F`` of the matmuls and convolutions and
+    the elements ``E`` of the memory-bound ops that the cost model counts, and the measured
+    step (k, the backward factor, as ``CostOptions.backward_flops_factor``). The two rates
+    are the cost model's ``device_peak_flops`` and ``device_elementwise_rate``."""
+
+    dense_rate: float          # FLOP/s per device
+    elementwise_rate: float    # elements/s per device
+    intercept: float           # seconds every step pays (dispatch, per-op work)
+    r2: float
+    relative_residuals: tuple[float, ...]
+    clamped: bool = False      # the intercept came out negative and was set to 0
+
+    @property
+    def max_relative_residual(self) -> float:
+        return max((abs(r) for r in self.relative_residuals), default=0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dense_rate": self.dense_rate, "elementwise_rate": self.elementwise_rate,
+                "intercept_s": self.intercept, "r2": self.r2, "clamped": self.clamped,
+                "relative_residuals": list(self.relative_residuals),
+                "max_relative_residual": self.max_relative_residual}
+
+
+def fit_compute(dense: Sequence[float], elements: Sequence[float], seconds: Sequence[float],
+                backward_factor: float = 2.0) -> ComputeFit:
+    """Least squares on relative error (as :func:`fit_linear`) of ``t = c + a F + b E`` over
+    training steps that mix matmuls and memory-bound ops in different proportions; the
+    rates are ``(1 + backward_factor) / a`` and ``/ b``. A negative intercept is refitted
+    through the origin (``clamped``). Raises :class:`FitError` when a rate is not positive
+    (the points do not separate the two kinds of work: measure blocks whose mix differs).
+
+    >>> F, E = [1e8, 4e8, 1e8, 3e8], [1e6, 2e6, 8e6, 3e7]
+    >>> t = [1e-3 + 3 * f / 5e10 + 3 * e / 2e9 for f, e in zip(F, E)]
+    >>> fit = fit_compute(F, E, t)
+    >>> round(fit.dense_rate / 1e9, 3), round(fit.elementwise_rate / 1e9, 3)
+    (50.0, 2.0)
+    """
+    f = np.asarray(dense, dtype=np.float64)
+    e = np.asarray(elements, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    if not f.shape == e.shape == t.shape or f.ndim != 1:
+        raise FitError(f"{len(dense)} FLOP counts, {len(elements)} element counts and "
+                       f"{len(seconds)} times: give one of each per step")
+    if len(t) < 3:
+        raise FitError(f"{len(t)} steps: three constants need at least 3 (better, blocks "
+                       "of different mixes at several sizes)")
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        bad = [float(v) for v in t if not (math.isfinite(v) and v > 0)]
+        raise FitError(f"step times {bad}: every measured time must be positive and finite; "
+                       "measure again with more repeats (the machine may be overloaded)")
+    w = 1.0 / t
+    design = np.stack([np.ones_like(f), f, e], axis=1)
+    coef, *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
+    clamped = False
+    if coef[0] < 0:
+        ab, *_ = np.linalg.lstsq(design[:, 1:] * w[:, None], t * w, rcond=None)
+        coef, clamped = np.concatenate([[0.0], ab]), True
+    _, a, b = (float(v) for v in coef)
+    for name, v in (("matmul/convolution FLOPs", a), ("memory-bound elements", b)):
+        if not (v > 0 and math.isfinite(v)):
+            raise FitError(f"the fitted time per {name} is {v:.3g} s: the steps do not grow "
+                           f"with that work, so no rate follows; measure blocks whose mix of "
+                           f"matmuls and memory-bound ops differs more, or larger sizes")
+    fitted = design @ coef
+    scale = 1.0 + backward_factor
+    return ComputeFit(scale / a, scale / b, float(coef[0]), _r2(t, fitted),
+                      tuple(float(v) for v in (t - fitted) / fitted), clamped)
+
+
 def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device_memory: float,
                      device_peak_flops: float, gamma: GammaFit | None, where: str,
                      date: str, nodes: int = 1,
-                     elementwise_rate: float | None = None) -> Cluster:
+                     compute: ComputeFit | None = None) -> Cluster:
     """The cluster the fits describe: the link's latency is the all-reduce's alpha' and its
     bandwidth the all-reduce's 1 / beta (the cost model's ``alpha'`` and ``beta``), epsilon
     per primitive its slope over the all-reduce's, gamma measured (or the prior when
-    ``gamma`` is None), the elementwise rate (elements/s per device; None: not measured, the
-    cluster prices every op by its FLOPs). ``where``/``date`` go into ``sources``.
+    ``gamma`` is None). ``compute`` (the training-step fit of :func:`fit_compute`) sets the
+    device's FLOP rate and its elementwise rate (elements/s per device); without it the FLOP
+    rate is ``device_peak_flops`` (a matmul's) and there is no elementwise rate: the cluster
+    prices every op by its FLOPs, as the paper. ``where``/``date`` go into ``sources``.
 
     ``nodes`` > 1: the W devices were ``nodes`` worker processes (W / nodes devices each)
     whose collectives crossed process boundaries: the fitted link is the one between
@@ -273,10 +349,17 @@ def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device
                   "compute" if gamma is not None else
                   f"not measured: CostOptions' prior {DEFAULT_GAMMA}"),
     }
-    if elementwise_rate is not None:
+    elementwise_rate = None
+    if compute is not None:
+        device_peak_flops, elementwise_rate = compute.dense_rate, compute.elementwise_rate
+        fit = (f"training steps of reference blocks (transformer, residual and inverted "
+               f"residual convolution blocks), all devices at once, against the FLOPs and "
+               f"elements the cost model counts for them (joint fit, R^2 {compute.r2:.3f})")
+        sources["device_peak_flops"] = (f"{measured}: FLOP/s per device of the matmuls and "
+                                        f"convolutions in {fit}")
         sources["device_elementwise_rate"] = (
-            f"{measured}: elements/s per device of the memory-bound ops of a training step "
-            "(a layer-norm/GELU/softmax block, all devices at once; fit slope)")
+            f"{measured}: elements/s per device of the memory-bound ops (elementwise, "
+            f"reductions, copies, depthwise convolutions) in {fit}")
     return Cluster(name=f"{name}/{nodes}x{w // nodes}", num_nodes=nodes,
                    devices_per_node=w // nodes, intra=link, inter=link,
                    device_memory=float(device_memory),
@@ -373,16 +456,20 @@ class Profile:
         conv = self.compute.get("conv")
         if conv:
             lines.append(f"conv 3x3 {conv['shape']}: {conv['flop_per_s_per_device'] / 1e9:.2f} "
-                         "GFLOP/s per device (for the record; the cost model uses the matmul "
-                         "rate)")
-        ew = self.compute.get("elementwise")
-        if ew and ew.get("rate"):
-            lines.append(f"memory-bound ops: {ew['rate'] / 1e9:.3f} G elements/s per device "
-                         f"with all {w} working (R^2 {ew['r2']:.4f}): the cost model's rate "
-                         "for elementwise ops, reductions and copies")
-        elif ew:
-            lines.append(f"memory-bound ops: not measured ({ew.get('error')}); priced by "
-                         "their FLOPs at the matmul rate")
+                         "GFLOP/s per device (for the record)")
+        steps = self.compute.get("blocks")
+        if steps and steps.get("rate"):
+            lines.append(f"training steps of {', '.join(steps['blocks'])} blocks "
+                         f"({len(steps['points'])} sizes, all {w} working), one fit "
+                         f"(R^2 {steps['r2']:.4f}, max |res| "
+                         f"{steps['max_relative_residual']:.0%}): "
+                         f"{steps['dense_rate'] / 1e9:.2f} GFLOP/s for matmuls and "
+                         f"convolutions, {steps['rate'] / 1e9:.3f} G elements/s for "
+                         "elementwise ops, reductions, copies and depthwise convolutions: "
+                         "the cost model's rates")
+        elif steps:
+            lines.append(f"reference blocks: no fit ({steps.get('error')}); every op priced "
+                         "by its FLOPs at the matmul rate")
         if self.gamma is None:
             lines.append(f"gamma: not measured, the prior {DEFAULT_GAMMA} stays in force")
         else:

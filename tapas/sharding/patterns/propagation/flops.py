@@ -27,8 +27,11 @@ from tapas.sharding.rules import gather, shape, slicing
 __all__ = ["op_flops", "op_elements", "volume", "DENSE_KINDS", "COPYING_OPS",
            "ALIASING_OPS"]
 
-# the flops kinds priced at the matmul rate (``dense_flops``); every other op is memory-bound
-DENSE_KINDS = frozenset({"contract", "conv", "depthwise"})
+# the flops kinds priced at the matmul rate (``dense_flops``); every other op is memory-bound.
+# A depthwise convolution is too: kh x kw multiply-adds per output element, one channel's
+# window, no reuse across channels; measured here its training step runs at the rate of an
+# elementwise op per output element, 20-50 x slower per FLOP than a dense convolution
+DENSE_KINDS = frozenset({"contract", "conv"})
 # data-movement ops (``flops="none"``) whose kernels write a new buffer: priced by their
 # output's elements like an elementwise op; the other "none" ops (reshape, squeeze,
 # identity, shape queries, constants, variable reads) only relabel or alias a buffer
