@@ -98,6 +98,25 @@ def _r2(measured: np.ndarray, fitted: np.ndarray) -> float:
     return 1.0 - ss_res / ss_tot
 
 
+def _relative_fit(columns: Sequence[np.ndarray], t: np.ndarray,
+                  what: str) -> tuple[np.ndarray, bool]:
+    """Least squares of ``t = c + sum_i k_i columns[i]`` on relative error (weights 1 / t);
+    a negative ``c`` is refitted through the origin. The coefficients (``c`` first) and
+    whether ``c`` was clamped to 0. Raises :class:`FitError` on a time that is not
+    positive and finite (``what`` names the times)."""
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        bad = [float(v) for v in t if not (math.isfinite(v) and v > 0)]
+        raise FitError(f"{what} {bad}: every measured time must be positive and finite; "
+                       "measure again with more repeats (the machine may be overloaded)")
+    w = 1.0 / t
+    design = np.stack([np.ones_like(t), *columns], axis=1) * w[:, None]
+    coef, *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    if coef[0] >= 0:
+        return coef, False
+    rest, *_ = np.linalg.lstsq(design[:, 1:], t * w, rcond=None)
+    return np.concatenate([[0.0], rest]), True
+
+
 def fit_linear(xs: Sequence[float], ts: Sequence[float]) -> LinearFit:
     """Least squares of ``t = a + b x`` on relative error (module docstring).
 
@@ -111,18 +130,7 @@ def fit_linear(xs: Sequence[float], ts: Sequence[float]) -> LinearFit:
     if len(np.unique(x)) < 2:
         raise FitError(f"sizes {sorted(set(xs))}: a line needs at least two distinct message "
                        "sizes; measure more sizes")
-    if not np.all(np.isfinite(t)) or np.any(t <= 0):
-        bad = [float(v) for v in t if not (math.isfinite(v) and v > 0)]
-        raise FitError(f"times {bad}: every measured time must be positive and finite; "
-                       "measure again with more repeats (the machine may be overloaded)")
-    w = 1.0 / t
-    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
-    (a, b), *_ = np.linalg.lstsq(design, t * w, rcond=None)
-    clamped = False
-    if a < 0:
-        # through the origin: minimise sum((b x - t)^2 / t^2)
-        b = float(np.sum(x * w * w * t) / np.sum((x * w) ** 2))
-        a, clamped = 0.0, True
+    (a, b), clamped = _relative_fit([x], t, "times")
     if not (b > 0 and math.isfinite(b)):
         raise FitError(f"fitted slope {b:.3g} s/byte: the times do not grow with the message "
                        "size, so no bandwidth follows; measure larger messages (--sizes up to "
@@ -279,24 +287,14 @@ def fit_compute(dense: Sequence[float], elements: Sequence[float], seconds: Sequ
     if len(t) < 3:
         raise FitError(f"{len(t)} steps: three constants need at least 3 (better, blocks "
                        "of different mixes at several sizes)")
-    if not np.all(np.isfinite(t)) or np.any(t <= 0):
-        bad = [float(v) for v in t if not (math.isfinite(v) and v > 0)]
-        raise FitError(f"step times {bad}: every measured time must be positive and finite; "
-                       "measure again with more repeats (the machine may be overloaded)")
-    w = 1.0 / t
-    design = np.stack([np.ones_like(f), f, e], axis=1)
-    coef, *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
-    clamped = False
-    if coef[0] < 0:
-        ab, *_ = np.linalg.lstsq(design[:, 1:] * w[:, None], t * w, rcond=None)
-        coef, clamped = np.concatenate([[0.0], ab]), True
+    coef, clamped = _relative_fit([f, e], t, "step times")
     _, a, b = (float(v) for v in coef)
     for name, v in (("matmul/convolution FLOPs", a), ("memory-bound elements", b)):
         if not (v > 0 and math.isfinite(v)):
             raise FitError(f"the fitted time per {name} is {v:.3g} s: the steps do not grow "
                            f"with that work, so no rate follows; measure blocks whose mix of "
                            f"matmuls and memory-bound ops differs more, or larger sizes")
-    fitted = design @ coef
+    fitted = coef[0] + coef[1] * f + coef[2] * e
     scale = 1.0 + backward_factor
     return ComputeFit(scale / a, scale / b, float(coef[0]), _r2(t, fitted),
                       tuple(float(v) for v in (t - fitted) / fitted), clamped)
