@@ -365,9 +365,12 @@ def _compute_rates(timer: _Timer, repeats: int, backward_factor: float = 2.0,
         "blocks": [name for name, _, _ in blocks],
         "step": "forward, input and weight gradients, inference graph; every device at once",
         "backward_flops_factor": backward_factor, "points": points}
+    # a step no slower than an empty call is noise (a loaded machine): left out of the fit
+    usable = [p for p in points if p["seconds"] > 0]
+    out["left_out"] = [f"{p['block']} {p['shape']}" for p in points if p["seconds"] <= 0]
     try:
-        fit = fit_compute([p["dense_flops"] for p in points], [p["elements"] for p in points],
-                          [p["seconds"] for p in points], backward_factor)
+        fit = fit_compute([p["dense_flops"] for p in usable], [p["elements"] for p in usable],
+                          [p["seconds"] for p in usable], backward_factor)
     except FitError as e:
         out.update(rate=None, dense_rate=None, error=str(e))
         return out, None
