@@ -235,7 +235,8 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     out = tmp_path / "t2d"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--models=resnet-tiny",
-         "--top_k=1", "--steps=2", "--repeats=1", "--decompose", f"--out={out}"],
+         "--top_k=1", "--steps=2", "--repeats=1", "--batch_size=8", "--decompose",
+         f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "decomposition (" in proc.stdout and "communication" in proc.stdout
