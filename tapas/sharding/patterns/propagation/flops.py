@@ -6,10 +6,10 @@ Out: :func:`op_flops` -- 2 x the local contraction volume for contractions and
      convolutions (a depthwise convolution's output element reads one channel's window),
      the local input size for reductions, the local output size for
      elementwise ops, 0 for data movement; :func:`op_elements` -- the elements a
-     memory-bound op touches on one device (the local output of an elementwise op or of an
-     op that copies data: a transpose, concat, slice, pad, gather...; the local input of a
-     reduction; 0 for contractions, convolutions and ops that only relabel or pass on a
-     buffer: a reshape, an identity), what ``tapas.planning.cost.compute_time`` prices at the
+     memory-bound op touches on one device (the local output of an elementwise op, of a
+     depthwise convolution or of an op that copies data: a transpose, concat, slice, pad,
+     gather...; the local input of a reduction; 0 for contractions, dense convolutions and
+     ops that only relabel or pass on a buffer: a reshape, an identity), what ``tapas.planning.cost.compute_time`` prices at the
      cluster's elementwise rate when it has one; :func:`volume`, a shape's element count.
 
 This module imports no TensorFlow.
@@ -27,7 +27,7 @@ from tapas.sharding.rules import gather, shape, slicing
 __all__ = ["op_flops", "op_elements", "volume", "DENSE_KINDS", "COPYING_OPS",
            "ALIASING_OPS"]
 
-# the flops kinds priced at the matmul rate (``dense_flops``); every other op is memory-bound.
+# the flops kinds priced at the FLOP rate (``dense_flops``); every other op is memory-bound.
 # A depthwise convolution is too: kh x kw multiply-adds per output element, one channel's
 # window, no reuse across channels; measured here its training step runs at the rate of an
 # elementwise op per output element, 20-50 x slower per FLOP than a dense convolution
