@@ -125,9 +125,11 @@ class Cluster:
     ``CostOptions``' priors in force (``CostOptions.for_cluster``).
 
     ``device_elementwise_rate`` is elements/s per device that memory-bound ops (elementwise,
-    reductions, copies) reach, all devices working at once (``tapas profile``); with it the
-    cost model prices those ops by their elements (``CostOptions.memory_bound``), without it
-    (``None``, every preset) by their FLOPs at ``device_peak_flops``, as the paper.
+    reductions, copies, depthwise convolutions) reach, all devices working at once (``tapas
+    profile`` fits it with ``device_peak_flops`` to training steps of reference blocks);
+    with it the cost model prices those ops by their elements (``CostOptions.memory_bound``),
+    without it (``None``, every preset) by their FLOPs at ``device_peak_flops``, as the
+    paper.
     """
 
     name: str

@@ -142,10 +142,11 @@ class CostOptions:
     # "6N per token" = 2N forward + 4N backward)
     backward_flops_factor: float = 2.0
     # plan level (beyond the paper, "MB"): price memory-bound ops (elementwise, reductions,
-    # transposes, concats, gathers) by the elements they touch at the cluster's elementwise
-    # rate (``Cluster.device_elementwise_rate``, measured by ``tapas profile``) and only
-    # contractions and convolutions at the FLOP rate; off, or on a cluster without that
-    # rate (every preset): every op's FLOPs at ``device_peak_flops``, as the paper
+    # transposes, concats, gathers, depthwise convolutions) by the elements they touch at
+    # the cluster's elementwise rate (``Cluster.device_elementwise_rate``, measured by
+    # ``tapas profile``) and only contractions and dense convolutions at the FLOP rate;
+    # off, or on a cluster without that rate (every preset): every op's FLOPs at
+    # ``device_peak_flops``, as the paper
     memory_bound: bool = True
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)

@@ -9,8 +9,9 @@ Out: :func:`op_flops` -- 2 x the local contraction volume for contractions and
      memory-bound op touches on one device (the local output of an elementwise op, of a
      depthwise convolution or of an op that copies data: a transpose, concat, slice, pad,
      gather...; the local input of a reduction; 0 for contractions, dense convolutions and
-     ops that only relabel or pass on a buffer: a reshape, an identity), what ``tapas.planning.cost.compute_time`` prices at the
-     cluster's elementwise rate when it has one; :func:`volume`, a shape's element count.
+     ops that only relabel or pass on a buffer: a reshape, an identity), what
+     ``tapas.planning.cost.compute_time`` prices at the cluster's elementwise rate when it
+     has one; :func:`volume`, a shape's element count.
 
 This module imports no TensorFlow.
 """
