@@ -2,7 +2,7 @@
 
     python scripts/table2_cost_model.py [--models=t5-tiny,keras-mobilenet,hub-mixtral,...]
         [--top_k=5] [--steps=5] [--repeats=2] [--batch_size=64] [--[no]paired]
-        [--cluster=benchmarks/results/cluster_cpu4_2026-11-26_steps.json] [--out=out/table2]
+        [--cluster=benchmarks/results/cluster_cpu4_2026-11-26_widths.json] [--out=out/table2]
     python scripts/table2_cost_model.py --recost=out/table2/table2.json   # no measuring
     python scripts/table2_cost_model.py --workers=2 --cluster=cluster_workers2.json ...
 
@@ -112,7 +112,7 @@ flags.DEFINE_integer("batch_size", 64, "Global batch (divisible by --devices). 6
                      "plans of these small models lie within the measurement's own noise of "
                      "each other (docs/paper.md, \"Table 2 at batch 64\").")
 flags.DEFINE_float("tie_tol", 0.05, "Relative tolerance under which measured times tie.")
-flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4_2026-11-26_steps.json",
+flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4_2026-11-26_widths.json",
                     "A cluster file written by `tapas profile`.")
 flags.DEFINE_string("recost", None, "Re-cost the runs of an earlier table2.json (its plans, "
                     "measured medians and spreads) under every row of this script, without "
@@ -150,10 +150,16 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                                **_PAPER_TERMS),
         # ... and memory-bound ops priced by their elements at the profiled elementwise rate
         # (CostOptions.memory_bound; the same as the row above on a cluster file without
-        # that rate): the search's default
+        # that rate)
         "+CF+GO+EC+WR+L+MB": dict(constant_filter=True, gradient_overlap=True,
                                   collective_efficiency=True, weight_reshards=True, loss=True,
-                                  memory_bound=True)}
+                                  memory_bound=True, gemm_width=False),
+        # ... and each matrix multiply at the profiled FLOP rate of its width on one device
+        # (CostOptions.gemm_width; the same as the row above on a cluster file without
+        # device_width_efficiency): the search's default
+        "+CF+GO+EC+WR+L+MB+W": dict(constant_filter=True, gradient_overlap=True,
+                                    collective_efficiency=True, weight_reshards=True,
+                                    loss=True, memory_bound=True, gemm_width=True)}
 
 
 def candidates(graph, cluster, top_k: int, loss=None) -> list[dict]:
@@ -207,7 +213,7 @@ def recost(graph, cluster, plans: list[dict], loss) -> dict[str, list[float]]:
 
 # the row whose communication and compute --decompose sets beside the measured ones: every
 # term the model has
-PARTS_ROW = "+CF+GO+EC+WR+L+MB"
+PARTS_ROW = "+CF+GO+EC+WR+L+MB+W"
 
 
 def predicted_parts(graph, cluster, plans: list[dict], loss) -> list[dict[str, float]]:
@@ -659,7 +665,8 @@ def main(argv: list[str]) -> None:
                   f"(+-{spread * 1e3:.1f}; alone {r['median_s'] * 1e3:.1f}), predicted "
                   f"{r['predicted_s']['+CF+GO+EC'] * 1e3:.2f} ms (+CF+GO+EC), "
                   f"{r['predicted_s']['+CF+GO+EC+WR+L'] * 1e3:.2f} ms (+WR+L), "
-                  f"{r['predicted_s']['+CF+GO+EC+WR+L+MB'] * 1e3:.2f} ms (+MB)"
+                  f"{r['predicted_s']['+CF+GO+EC+WR+L+MB'] * 1e3:.2f} ms (+MB), "
+                  f"{r['predicted_s']['+CF+GO+EC+WR+L+MB+W'] * 1e3:.2f} ms (+MB+W)"
                   + (f"; communication {r['measured_communication_s'] * 1e3:.1f} ms measured, "
                      f"{r['predicted_parts']['communication_s'] * 1e3:.1f} predicted; compute "
                      f"{r['measured_compute_s'] * 1e3:.1f} ms measured, "

@@ -91,6 +91,9 @@ flags.DEFINE_boolean("elementwise", True, "profile: fit the FLOP rate and the el
                      "rate (at which the cost model prices memory-bound ops) to training "
                      "steps of reference blocks (--noelementwise: the FLOP rate of a matmul, "
                      "every op priced by its FLOPs at it, as the paper).")
+flags.DEFINE_boolean("widths", True, "profile: measure the FLOP rate of matrix multiplies "
+                     "by their width (8 to 256), at which the cost model prices thin layers "
+                     "(--nowidths: every width at one rate).")
 
 flags.DEFINE_integer("devices", 4, "train: devices to shard over; profile: devices to "
                      "measure (logical CPU devices, or the GPUs present).")
@@ -496,6 +499,7 @@ def cmd_profile() -> dict[str, Any]:
     chief = devices.is_chief_process()
     result = profiling.profile(FLAGS.devices, sizes=sizes, repeats=FLAGS.repeats,
                                gamma=FLAGS.gamma, elementwise=FLAGS.elementwise,
+                               widths=FLAGS.widths,
                                progress=(lambda line: print(line, flush=True)) if chief else None)
     if not chief:   # every worker measured (the collectives need them all); one writes
         print(f"worker {devices.tf_config()['task'].get('index')}: done; worker 0 writes "
@@ -528,6 +532,7 @@ def _profile_workers(out: str, plot: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "tapas.cli", "profile", f"--devices={k}", "--workers=0",
             f"--repeats={FLAGS.repeats}", f"--gamma={str(FLAGS.gamma).lower()}",
             f"--elementwise={str(FLAGS.elementwise).lower()}",
+            f"--widths={str(FLAGS.widths).lower()}",
             f"--out={os.path.abspath(out)}",
             f"--plot={os.path.abspath(plot) if plot else ''}"]
     if FLAGS.sizes is not None:

@@ -367,3 +367,31 @@ def test_compute_time_prices_memory_bound_ops_at_the_elementwise_rate(node: Clus
                              elements=elements) == 0.0
     with pytest.raises(TypeError, match=r"memory_bound='yes'"):
         CostOptions(memory_bound="yes")  # type: ignore[arg-type]
+
+
+def test_compute_time_prices_thin_matrix_multiplies_at_their_widths_rate(node: Cluster) -> None:
+    """With a profiled FLOP rate by width, each width bucket's FLOPs run at the peak times
+    the efficiency at the bucket's middle; FLOPs in no bucket (and every FLOP with
+    ``gemm_width`` off or no table) at the peak."""
+    peak, rate = node.device_peak_flops, 5e10
+    table = {8: 0.25, 32: 0.75, 128: 1.0}
+    profiled = dataclasses.replace(node, device_elementwise_rate=rate,
+                                   device_width_efficiency=table)
+    scale = 1.0 + CostOptions().backward_flops_factor
+    dense, elements = 3.0e9, 1.0e9
+    by_width = {8: 1.0e9, 256: 1.0e9}                  # and 1e9 in no bucket
+    # bucket 8 is read at 8 * sqrt(2): a quarter of the way from 8 to 32 in log2
+    eff8 = 0.25 + 0.25 * (0.75 - 0.25)
+    assert close(profiled.flop_rate(8), peak * eff8)
+    assert close(cost.compute_time(4e9, profiled, dense_flops=dense, elements=elements,
+                                   dense_by_width=by_width),
+                 ((1e9 / eff8 + 1e9 + 1e9) / peak + elements / rate) * scale)
+    plain = ((dense / peak) + elements / rate) * scale
+    assert close(cost.compute_time(4e9, profiled, CostOptions(gemm_width=False),
+                                   dense_flops=dense, elements=elements,
+                                   dense_by_width=by_width), plain)
+    no_table = dataclasses.replace(profiled, device_width_efficiency=None)
+    assert close(cost.compute_time(4e9, no_table, dense_flops=dense, elements=elements,
+                                   dense_by_width=by_width), plain)
+    with pytest.raises(TypeError, match=r"gemm_width=1"):
+        CostOptions(gemm_width=1)  # type: ignore[arg-type]

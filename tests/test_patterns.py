@@ -480,3 +480,30 @@ def test_patterns_split_their_flops_into_contractions_and_memory_bound_elements(
         assert (half.dense_flops, half.elements) == (whole.dense_flops / 2, whole.elements / 2)
     row = pattern_by_name(node, graph, 2, "row")
     assert (row.dense_flops, row.elements) == (whole.dense_flops / 2, whole.elements)
+
+
+def test_patterns_key_their_matmul_flops_by_the_local_width() -> None:
+    """``dense_by_width`` keeps the matmul's FLOPs under the power of two at or below the
+    width of the matrix multiply on one device (the geometric mean of the two smallest of
+    M, N and K): a [128, 32] x [32, 64] matmul is 45 wide (bucket 32); on 4 devices a
+    column split leaves [128, 32] x [32, 16] (22.6: bucket 16), a row split [128, 8] x
+    [8, 64] (22.6: bucket 16), a batch split [32, 32] x [32, 64] (32: bucket 32). A
+    convolution is the matrix multiply of its window."""
+    x = keras.Input((32,), batch_size=128)
+    graph = tapas.capture(keras.Model(x, keras.layers.Dense(64, name="d")(x)),
+                          [tf.TensorSpec((128, 32), tf.float32)])
+    (node,) = [n for n in graph.nodes if any(op.type == "MatMul" for op in n.ops)]
+    expect = {"replicate": 32, "column": 16, "row": 16, "batch": 32}
+    for name, bucket in expect.items():
+        p = pattern_by_name(node, graph, 4, name)
+        assert dict(p.dense_by_width) == {bucket: p.dense_flops}, name
+    # a 3x3 convolution 8 -> 16 channels on [4, 8, 8, 8]: M = 256, K = 72, N = 16 (33.9:
+    # bucket 32); an in- or out-channel split on 2 devices halves K or N (24: bucket 16)
+    x = keras.Input((8, 8, 8), batch_size=4)
+    graph = tapas.capture(keras.Model(x, keras.layers.Conv2D(16, 3, padding="same")(x)),
+                          [tf.TensorSpec((4, 8, 8, 8), tf.float32)])
+    (node,) = [n for n in graph.nodes if any(op.type == "Conv2D" for op in n.ops)]
+    expect = {"replicate": 32, "batch": 32, "in-channel": 16, "out-channel": 16}
+    for name, bucket in expect.items():
+        p = pattern_by_name(node, graph, 2, name)
+        assert dict(p.dense_by_width) == {bucket: p.dense_flops}, name

@@ -154,7 +154,8 @@ def profiled(**changes):
                 device_peak_flops=1.8e10, sources={"intra.bandwidth": "measured",
                                                    "epsilon": "measured"},
                 epsilon={"AR": 1.0, "all_gather": 0.6, "RS": 1.4, "A2A": 4.2}, gamma=0.93,
-                device_elementwise_rate=1.5e9)
+                device_elementwise_rate=1.5e9,
+                device_width_efficiency={8: 0.3, "16": 0.55, 64: 1.0})
     return dataclasses.replace(c, **changes)
 
 
@@ -166,10 +167,12 @@ def test_cluster_json_round_trip(tmp_path):
         assert back == cluster and dict(back.sources) == dict(cluster.sources)
         assert back.epsilon == cluster.epsilon and back.gamma == cluster.gamma
         assert back.device_elementwise_rate == cluster.device_elementwise_rate
+        assert back.device_width_efficiency == cluster.device_width_efficiency
         d = json.loads(open(path).read())
         assert d["format"] == "tapas-cluster" and d["version"] == 1
         assert d["profile"] == {"rows": [1, 2]}
     assert dict(profiled().epsilon) == {"AR": 1.0, "AG": 0.6, "RS": 1.4, "A2A": 4.2}
+    assert dict(profiled().device_width_efficiency) == {8: 0.3, 16: 0.55, 64: 1.0}
     with pytest.raises(ValueError, match="extra key 'gamma' would overwrite"):
         profiled().save(str(tmp_path / "x.json"), extra={"gamma": 1})
 
@@ -199,6 +202,12 @@ def test_cost_options_for_cluster():
      r"field 'device_elementwise_rate' is 0.0, it must be null or a positive number"),
     (lambda d: d.update(device_elementwise_rate="fast"),
      r"field 'device_elementwise_rate' is 'fast'"),
+    (lambda d: d["device_width_efficiency"].update({"12": 0.5}),
+     r"field 'device_width_efficiency' .*width '12': widths are powers of two"),
+    (lambda d: d["device_width_efficiency"].update({"32": -0.5}),
+     r"field 'device_width_efficiency' device_width_efficiency\[32\]=-0.5"),
+    (lambda d: d.update(device_width_efficiency=[0.5]),
+     r"field 'device_width_efficiency' is \[0.5\], it must be null or an object"),
 ])
 def test_malformed_cluster_file_names_the_field(tmp_path, edit, message):
     path = tmp_path / "bad.json"
@@ -223,6 +232,14 @@ def test_cluster_without_an_elementwise_rate_reads_as_the_paper_model(tmp_path):
     assert Cluster.v100_ethernet().device_elementwise_rate is None
     with pytest.raises(ValueError, match=r"device_elementwise_rate=-1.0: must be a positive"):
         profiled(device_elementwise_rate=-1.0)
+    # ... nor a FLOP rate by width: every matrix multiply at device_peak_flops
+    del d["device_width_efficiency"]
+    path.write_text(json.dumps(d))
+    old = Cluster.load(str(path))
+    assert old.device_width_efficiency is None and old.flop_rate(8) == old.device_peak_flops
+    assert "not profiled" in old.source("device_width_efficiency")
+    with pytest.raises(ValueError, match=r"width 3: widths are powers of two"):
+        profiled(device_width_efficiency={3: 0.5})
 
 
 def test_unreadable_cluster_files(tmp_path):
@@ -301,6 +318,18 @@ def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
                for p in steps["points"])
     assert steps["rate"] == cluster.device_elementwise_rate
     assert steps["dense_rate"] == cluster.device_peak_flops and math.isfinite(steps["r2"])
+    # the FLOP rate by width: matmul stacks of widths 8 to 256, each over the fastest; the
+    # blocks' FLOPs fitted in peak-rate FLOPs (each width bucket's over its efficiency)
+    assert "matmul FLOP rate by width" in stdout, stdout
+    widths = profile["compute"]["widths"]
+    assert [p["width"] for p in widths["points"]] == [8, 16, 32, 64, 128, 256]
+    table = cluster.device_width_efficiency
+    assert table is not None and max(table.values()) == 1.0 and set(table) <= {
+        8, 16, 32, 64, 128, 256} and len(table) >= 2
+    assert "matmul stacks per width" in cluster.source("device_width_efficiency")
+    for p in steps["points"]:
+        assert sum(p["dense_by_width"].values()) == pytest.approx(p["counted_dense_flops"])
+        assert p["dense_flops"] >= p["counted_dense_flops"] * min(table.values()) - 1
     assert len(profile["rows"]) == 8 and profile["devices"][0].endswith("CPU:0")
     for fit in profile["fits"].values():
         assert math.isfinite(fit["fit"]["r2"]) and fit["beta_s_per_byte"] > 0
@@ -313,6 +342,7 @@ def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
     assert saved["cluster"]["name"] == "profiled-cpu/1x2"
     assert saved["cluster"]["epsilon"] == dict(cluster.epsilon)
     assert saved["cluster"]["device_elementwise_rate"] == cluster.device_elementwise_rate
+    assert saved["cluster"]["device_width_efficiency"] == {str(k): v for k, v in table.items()}
 
 
 
@@ -322,8 +352,8 @@ def test_profile_across_worker_processes(tmp_path):
     workers), the plot and the JSON report; both workers are gone afterwards."""
     out, png, report = tmp_path / "c.json", tmp_path / "r.png", tmp_path / "report.json"
     stdout = run_tapas("profile", "--workers=2", "--sizes=16KiB,4MiB", "--repeats=3",
-                       "--nogamma", "--noelementwise", f"--out={out}", f"--plot={png}",
-                       f"--json_out={report}")
+                       "--nogamma", "--noelementwise", "--nowidths", f"--out={out}",
+                       f"--plot={png}", f"--json_out={report}")
     assert "launching 2 workers" in stdout and "in 2 worker processes" in stdout
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         assert sum(line.startswith(kind) for line in stdout.splitlines()) == 3, stdout
@@ -335,6 +365,7 @@ def test_profile_across_worker_processes(tmp_path):
     assert "same as inter" in cluster.source("intra.bandwidth")
     assert cluster.device_peak_flops > 0 and cluster.epsilon["AR"] == 1.0
     assert cluster.device_elementwise_rate is None     # --noelementwise: the paper's model
+    assert cluster.device_width_efficiency is None     # --nowidths: one FLOP rate
     assert png.read_bytes()[:4] == b"\x89PNG"
     saved = json.loads(report.read_text())
     assert saved["cluster"]["name"] == "profiled-cpu/2x1" and len(saved["worker_seconds"]) == 2
@@ -457,7 +488,7 @@ def test_search_prices_memory_bound_ops_at_the_profiled_rate(tmp_path):
     assert sum(op.type == "Tanh" for op in node.ops) == 12
     slow = Link(bandwidth=8e7, latency=0.0, name="profiled")
     base = profiled(intra=slow, inter=slow, gamma=1.0, device_elementwise_rate=None,
-                    device_peak_flops=1.8e10).with_shape(1, 2)
+                    device_peak_flops=1.8e10, device_width_efficiency=None).with_shape(1, 2)
     paper_path, mb_path = str(tmp_path / "paper.json"), str(tmp_path / "mb.json")
     base.save(paper_path)
     dataclasses.replace(base, device_elementwise_rate=9e7).save(mb_path)

@@ -95,7 +95,8 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert "[t5-tiny 1/" in proc.stdout and "[keras-mobilenet 1/" in proc.stdout
     d = json.loads((out / "table2.json").read_text())
     assert set(d["table"]) == {"baseline", "+CF", "+CF+GO", "+CF+GO+EC", "+CF+GO+EC+WR",
-                               "+CF+GO+EC+WR+L", "+CF+GO+EC+WR+L+MB"}
+                               "+CF+GO+EC+WR+L", "+CF+GO+EC+WR+L+MB",
+                               "+CF+GO+EC+WR+L+MB+W"}
     assert d["paired"] is True
     for model in ("t5-tiny", "keras-mobilenet"):
         runs = [r for r in d["runs"] if r["model"] == model]

@@ -66,7 +66,7 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -76,6 +76,7 @@ from tapas.execution.devices import make_strategy, process_count
 from tapas.planning.calibrate import (KIB, MIB, ComputeFit, FitError, Profile,
                                       fit_collectives, fit_compute, fit_gamma, parse_sizes,
                                       profiled_cluster)
+from tapas.planning.cluster import effective_flops
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
 from tapas.sharding.placements import Collective
 
@@ -313,34 +314,107 @@ REFERENCE_BLOCKS: tuple[tuple[str, Callable[[Sequence[int]], Any],
      ((8, 16, 16, 8), (16, 32, 32, 8), (32, 16, 16, 16), (64, 16, 16, 16))))
 
 
-def _counted_work(block: Any, shape: Sequence[int]) -> tuple[float, float]:
-    """The forward FLOPs of the matmuls and convolutions and the elements of the
-    memory-bound ops that the cost model counts for ``block`` on ``shape`` on one device:
-    the replicate pattern's ``dense_flops`` and ``elements`` summed over the captured
-    GraphNodes (inference graph, as the search captures a model)."""
+def _counted_work(block: Any, shape: Sequence[int]
+                  ) -> tuple[float, float, dict[int, float]]:
+    """The forward FLOPs of the matmuls and convolutions, the elements of the memory-bound
+    ops and the FLOPs per matrix-multiply width bucket that the cost model counts for
+    ``block`` on ``shape`` on one device: the replicate pattern's ``dense_flops``,
+    ``elements`` and ``dense_by_width`` summed over the captured GraphNodes (inference
+    graph, as the search captures a model)."""
     from tapas.capturing import capture
     from tapas.sharding.patterns import patterns_for
     graph = capture(block, [tf.TensorSpec(list(shape), tf.float32)], training=False)
     patterns = [patterns_for(node, graph, 1)[0] for node in graph.nodes]
+    by_width: dict[int, float] = {}
+    for p in patterns:
+        for w, f in p.dense_by_width.items():
+            by_width[w] = by_width.get(w, 0.0) + f
     return (float(sum(p.dense_flops for p in patterns)),
-            float(sum(p.elements for p in patterns)))
+            float(sum(p.elements for p in patterns)), dict(sorted(by_width.items())))
+
+
+#: the matrix-multiply widths whose FLOP rate the profile measures (powers of two:
+#: ``Cluster.device_width_efficiency``'s keys)
+WIDTHS: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
+# the depths of the two stacks of matmuls timed per width: their difference is
+# WIDTH_DEPTHS[1] - WIDTH_DEPTHS[0] layers and nothing else (no loss, no dispatch)
+WIDTH_DEPTHS = (2, 6)
+
+
+def _width_rows(width: int) -> int:
+    """Rows of the [rows, width] activations at ``width``: 16384 (a CNN's pixels per device
+    at batch 16, 32 x 32) up to width 64, fewer above so a layer stays under 0.3 GFLOP."""
+    return max(1024, min(16384, 2 ** 27 // width ** 2))
+
+
+def _width_rates(timer: _Timer, repeats: int, widths: Sequence[int] = WIDTHS
+                 ) -> dict[str, Any]:
+    """The FLOP rate of a matrix multiply by its width: per width w, the training step
+    (forward, input and weight gradients) of a stack of [rows, w] x [w, w] matmuls at two
+    depths, all devices at once; the deeper stack's extra time is its extra layers' alone,
+    so rate = 3 x 2 x rows x w^2 x (extra layers) / (extra time). ``efficiency``: each rate
+    over the fastest (``Cluster.device_width_efficiency``), or ``error`` when fewer than two
+    widths gave a rate (noise)."""
+    shallow, deep = WIDTH_DEPTHS
+    points = []
+    for w in widths:
+        rows = _width_rows(w)
+        x = timer.values([rows, w])
+
+        def stack(depth: int) -> Callable[..., Any]:
+            def replica_step(v, depth=depth, w=w):
+                weights = [tf.fill([w, w], 1.0 / w) for _ in range(depth)]
+                with tf.GradientTape() as tape:
+                    tape.watch([v, *weights])
+                    h = v
+                    for m in weights:
+                        h = tf.matmul(h, m)
+                    loss = tf.reduce_sum(h)
+                grads = tape.gradient(loss, [v, *weights])
+                return timer.done(tf.stack([tf.reshape(g, [-1])[0] for g in grads]))
+            return timer.function(replica_step)
+
+        t_short, t_deep = timer.timed([stack(shallow), stack(deep)], [x], repeats)
+        seconds = min(t_deep) - min(t_short)
+        flops = 3.0 * 2.0 * rows * w * w * (deep - shallow)
+        points.append({"width": w, "rows": rows, "depths": [shallow, deep],
+                       "extra_seconds": seconds, "flops": flops,
+                       "flop_per_s_per_device": flops / seconds if seconds > 0 else None})
+    rates = {p["width"]: p["flop_per_s_per_device"] for p in points
+             if p["flop_per_s_per_device"]}
+    out: dict[str, Any] = {
+        "step": "forward, input and weight gradients of [rows, w] x [w, w] matmul stacks, "
+                f"depth {deep} less depth {shallow}; every device at once",
+        "points": points}
+    if len(rates) < 2:
+        out.update(efficiency=None, error=f"{len(rates)} of {len(points)} widths gave a rate "
+                   "(a deeper stack no slower than a shallower one: noise)")
+        return out
+    best = max(rates.values())
+    out.update(efficiency={str(w): r / best for w, r in sorted(rates.items())},
+               peak_flop_per_s_per_device=best)
+    return out
 
 
 def _compute_rates(timer: _Timer, repeats: int, backward_factor: float = 2.0,
                    blocks: Sequence[tuple[str, Callable[[Sequence[int]], Any],
-                                          Sequence[Sequence[int]]]] = REFERENCE_BLOCKS
+                                          Sequence[Sequence[int]]]] = REFERENCE_BLOCKS,
+                   widths: Mapping[int, float] | None = None
                    ) -> tuple[dict[str, Any], ComputeFit | None]:
     """The device's FLOP rate and elementwise rate in a training step, in the cost model's
     own units: per block and shape, the training step (forward, input and weight gradients,
     every gradient used so none is pruned) on every device at once, less an empty call,
-    against the FLOPs and elements the cost model counts for it (:func:`_counted_work`);
+    against the FLOPs and elements the cost model counts for it (:func:`_counted_work`;
+    with ``widths``, the measured width efficiency, each width bucket's FLOPs in peak-rate
+    FLOPs as the cost model prices them: ``tapas.planning.cluster.effective_flops``);
     :func:`tapas.planning.calibrate.fit_compute` fits both rates at once. The record (the
     points, the fit or why there is none) and the fit (None when it failed)."""
     strategy = timer.strategy
     points = []
     for name, make, shapes in blocks:
         for shape in shapes:
-            dense, elements = _counted_work(make(shape), shape)
+            counted, elements, by_width = _counted_work(make(shape), shape)
+            dense = effective_flops(counted, by_width, widths)
             with strategy.scope():
                 block = make(shape)
 
@@ -359,12 +433,17 @@ def _compute_rates(timer: _Timer, repeats: int, backward_factor: float = 2.0,
                                   timer.function(replica_step)],
                                  [timer.values(list(shape))], repeats)
             points.append({"block": name, "shape": list(shape), "dense_flops": dense,
+                           "counted_dense_flops": counted,
+                           "dense_by_width": {str(w): f for w, f in by_width.items()},
                            "elements": elements, "seconds": min(ts) - min(te),
                            "step_s": min(ts), "empty_s": min(te)})
     out: dict[str, Any] = {
         "blocks": [name for name, _, _ in blocks],
         "step": "forward, input and weight gradients, inference graph; every device at once",
-        "backward_flops_factor": backward_factor, "points": points}
+        "backward_flops_factor": backward_factor,
+        "dense_flops": ("in peak-rate FLOPs: each width bucket's counted FLOPs over its "
+                        "measured efficiency" if widths else "as counted"),
+        "points": points}
     # a step no slower than an empty call is noise (a loaded machine): left out of the fit
     usable = [p for p in points if p["seconds"] > 0]
     out["left_out"] = [f"{p['block']} {p['shape']}" for p in points if p["seconds"] <= 0]
@@ -440,7 +519,8 @@ def _device_memory(devices: list[str]) -> tuple[float, str]:
 def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
             primitives: Sequence[Collective | str] | None = None, repeats: int = 7,
             device_type: str = "auto", matmul_n: int = 1024, conv: bool = True,
-            gamma: bool = True, elementwise: bool = True, device_memory: float | None = None,
+            gamma: bool = True, elementwise: bool = True, widths: bool = True,
+            device_memory: float | None = None,
             progress: Progress | None = print) -> Profile:
     """Measure the collectives the runtime launches and the compute rate on ``devices``
     devices, fit the cost model and return the :class:`Profile` (module docstring).
@@ -450,7 +530,9 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     measurement (None: silent). ``device_memory`` (bytes) overrides the memory read from
     the machine. ``elementwise=False`` skips the reference blocks' training steps: the FLOP
     rate is then the matmul's and there is no elementwise rate (the cluster prices every op
-    by its FLOPs at the matmul rate, as the paper).
+    by its FLOPs at the matmul rate, as the paper). ``widths=False`` skips the matmul
+    stacks of several widths: every matrix multiply is then priced at the one FLOP rate
+    (no ``device_width_efficiency``).
     """
     start = time.perf_counter()
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
@@ -522,9 +604,20 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     if not flop_rate > 0:
         raise RuntimeError(f"matmul {matmul_n}^2 took no longer than an empty call "
                            f"({mm['seconds_all_devices']} s): use a larger matmul_n")
+    table = None
+    if widths:
+        compute["widths"] = _width_rates(timer, repeats)
+        eff = compute["widths"]["efficiency"]
+        if eff is None:
+            notes.append(f"FLOP rate by width not measured ({compute['widths']['error']}): "
+                         "every matrix multiply priced at one rate")
+        else:
+            table = {int(k): v for k, v in eff.items()}
+            say("matmul FLOP rate by width, of the fastest: " + ", ".join(
+                f"{w}: {e:.2f}" for w, e in table.items()))
     compute_fit = None
     if elementwise:
-        rates, compute_fit = _compute_rates(timer, repeats)
+        rates, compute_fit = _compute_rates(timer, repeats, widths=table)
         compute["blocks"] = rates
         if compute_fit is None:
             notes.append(f"compute rates not fitted ({rates['error']}): the FLOP rate is the "
@@ -565,7 +658,8 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
                  "MultiWorkerMirroredStrategy worker processes")
     date = datetime.date.today().isoformat()
     cluster = profiled_cluster(f"profiled-{kind_name}", fits, device_memory, flop_rate,
-                               gamma_fit, where, date, nodes=nodes, compute=compute_fit)
+                               gamma_fit, where, date, nodes=nodes, compute=compute_fit,
+                               width_efficiency=table)
     cluster = dataclasses.replace(cluster, sources={
         **cluster.sources, "device_memory": f"{memory_source} ({device_memory / 2**30:.1f} GiB)"})
     return Profile(cluster, fits, rows, compute, gamma_fit, names,

@@ -303,14 +303,18 @@ def fit_compute(dense: Sequence[float], elements: Sequence[float], seconds: Sequ
 def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device_memory: float,
                      device_peak_flops: float, gamma: GammaFit | None, where: str,
                      date: str, nodes: int = 1,
-                     compute: ComputeFit | None = None) -> Cluster:
+                     compute: ComputeFit | None = None,
+                     width_efficiency: Mapping[int, float] | None = None) -> Cluster:
     """The cluster the fits describe: the link's latency is the all-reduce's alpha' and its
     bandwidth the all-reduce's 1 / beta (the cost model's ``alpha'`` and ``beta``), epsilon
     per primitive its slope over the all-reduce's, gamma measured (or the prior when
     ``gamma`` is None). ``compute`` (the training-step fit of :func:`fit_compute`) sets the
     device's FLOP rate and its elementwise rate (elements/s per device); without it the FLOP
     rate is ``device_peak_flops`` (a matmul's) and there is no elementwise rate: the cluster
-    prices every op by its FLOPs, as the paper. ``where``/``date`` go into ``sources``.
+    prices every op by its FLOPs, as the paper. ``width_efficiency`` (measured width ->
+    fraction of the fastest width's FLOP rate) becomes the cluster's
+    ``device_width_efficiency`` (with ``compute``, fitted with it: the FLOP rate is then
+    the widest matrix multiplies'). ``where``/``date`` go into ``sources``.
 
     ``nodes`` > 1: the W devices were ``nodes`` worker processes (W / nodes devices each)
     whose collectives crossed process boundaries: the fitted link is the one between
@@ -358,13 +362,20 @@ def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device
         sources["device_elementwise_rate"] = (
             f"{measured}: elements/s per device of the memory-bound ops (elementwise, "
             f"reductions, copies, depthwise convolutions) in {fit}")
+    if width_efficiency:
+        sources["device_width_efficiency"] = (
+            f"{measured}: FLOP/s of training steps of [rows, w] x [w, w] matmul stacks per "
+            f"width w, all devices at once, over the fastest width's")
+        if compute is not None:
+            sources["device_peak_flops"] += " (each width's FLOPs over its efficiency)"
     return Cluster(name=f"{name}/{nodes}x{w // nodes}", num_nodes=nodes,
                    devices_per_node=w // nodes, intra=link, inter=link,
                    device_memory=float(device_memory),
                    device_peak_flops=float(device_peak_flops), sources=sources,
                    epsilon={k.value: f.epsilon for k, f in fits.items()},
                    gamma=None if gamma is None else gamma.gamma,
-                   device_elementwise_rate=elementwise_rate)
+                   device_elementwise_rate=elementwise_rate,
+                   device_width_efficiency=dict(width_efficiency) if width_efficiency else None)
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -455,6 +466,16 @@ class Profile:
         if conv:
             lines.append(f"conv 3x3 {conv['shape']}: {conv['flop_per_s_per_device'] / 1e9:.2f} "
                          "GFLOP/s per device (for the record)")
+        widths = self.compute.get("widths")
+        if widths and widths.get("efficiency"):
+            lines.append("matmul training steps by width w ([rows, w] x [w, w]), GFLOP/s per "
+                         "device (fraction of the fastest): " + ", ".join(
+                             f"{p['width']}: {p['flop_per_s_per_device'] / 1e9:.1f} "
+                             f"({widths['efficiency'][str(p['width'])]:.2f})"
+                             for p in widths["points"] if p["flop_per_s_per_device"]))
+        elif widths:
+            lines.append(f"matmul rate by width: not measured ({widths.get('error')}); every "
+                         "width priced at one rate")
         steps = self.compute.get("blocks")
         if steps and steps.get("rate"):
             lines.append(f"training steps of {', '.join(steps['blocks'])} blocks "

@@ -100,7 +100,8 @@ class Group:
 SOURCE_KEYS = ("intra.bandwidth", "intra.latency", "inter.bandwidth", "inter.latency",
                "device_memory", "device_peak_flops")
 # the cost-model coefficients a profiled cluster documents too (optional in ``sources``)
-COEFFICIENT_SOURCE_KEYS = ("epsilon", "gamma", "device_elementwise_rate")
+COEFFICIENT_SOURCE_KEYS = ("epsilon", "gamma", "device_elementwise_rate",
+                           "device_width_efficiency")
 
 # the cluster file: ``format`` names it, ``version`` its layout (Cluster.save / Cluster.load)
 CLUSTER_FORMAT = "tapas-cluster"
@@ -130,6 +131,12 @@ class Cluster:
     with it the cost model prices those ops by their elements (``CostOptions.memory_bound``),
     without it (``None``, every preset) by their FLOPs at ``device_peak_flops``, as the
     paper.
+
+    ``device_width_efficiency`` maps the width of a matrix multiply (a power of two; see
+    ``tapas.sharding.patterns.propagation.flops.gemm_width``) to the fraction of
+    ``device_peak_flops`` it reaches (``tapas profile`` measures dense layers of several
+    widths): thin layers, and layers a split on a channel axis makes thin, run far below
+    the peak on a CPU. ``None`` (every preset): every width at the peak.
     """
 
     name: str
@@ -144,6 +151,8 @@ class Cluster:
     epsilon: Mapping[str, float] | None = dataclasses.field(default=None, hash=False)
     gamma: float | None = None
     device_elementwise_rate: float | None = None
+    device_width_efficiency: Mapping[int, float] | None = dataclasses.field(default=None,
+                                                                            hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.num_nodes, int) and not isinstance(self.num_nodes, bool) \
@@ -187,6 +196,24 @@ class Cluster:
             check_positive("device_elementwise_rate", self.device_elementwise_rate,
                            "elements/s per device", "e.g. 1e9, or None to price every op's "
                            "FLOPs at device_peak_flops")
+        if self.device_width_efficiency is not None:
+            object.__setattr__(self, "device_width_efficiency", types.MappingProxyType(
+                _width_efficiency(self.device_width_efficiency)))
+
+    def flop_rate(self, width: int | None = None) -> float:
+        """FLOP/s per device of a matrix multiply ``width`` wide: ``device_peak_flops``
+        times :func:`width_efficiency` (the peak where ``width`` is None or the cluster
+        has no ``device_width_efficiency``).
+
+        >>> c = Cluster.loopback_cpu(4)
+        >>> c = dataclasses.replace(c, device_peak_flops=1e10,
+        ...                         device_width_efficiency={8: 0.25, 32: 0.75, 128: 1.0})
+        >>> [round(c.flop_rate(w) / 1e9, 3) for w in (4, 8, 16, 64, 1024)]
+        [2.5, 3.75, 6.25, 9.375, 10.0]
+        """
+        if width is None or not self.device_width_efficiency:
+            return self.device_peak_flops
+        return self.device_peak_flops * width_efficiency(self.device_width_efficiency, width)
 
     @property
     def num_devices(self) -> int:
@@ -198,6 +225,8 @@ class Cluster:
         if key == "device_elementwise_rate" and self.device_elementwise_rate is None:
             return ("not profiled: memory-bound ops priced by their FLOPs at "
                     "device_peak_flops (docs/cost.md)")
+        if key == "device_width_efficiency" and self.device_width_efficiency is None:
+            return "not profiled: matrix multiplies of every width at device_peak_flops"
         if key in COEFFICIENT_SOURCE_KEYS and getattr(self, key) is None:
             return "not profiled: CostOptions' prior (docs/cost.md)"
         if key not in SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS:
@@ -241,6 +270,8 @@ class Cluster:
                 "device_peak_flops": self.device_peak_flops,
                 "epsilon": None if self.epsilon is None else dict(self.epsilon),
                 "gamma": self.gamma, "device_elementwise_rate": self.device_elementwise_rate,
+                "device_width_efficiency": None if self.device_width_efficiency is None else
+                {str(k): v for k, v in self.device_width_efficiency.items()},
                 "sources": dict(self.sources)}
 
     def save(self, path: str, extra: Mapping[str, Any] | None = None) -> None:
@@ -428,10 +459,74 @@ def _cluster_from_json(d: Any, where: str) -> Cluster:
     rate = d.get("device_elementwise_rate")
     if rate is not None:
         rate = number("device_elementwise_rate", "null or a positive number of elements/s")
+    widths = d.get("device_width_efficiency")
+    if widths is not None:
+        if not isinstance(widths, dict) or not widths:
+            raise fail("device_width_efficiency", f"is {widths!r}, it must be null or an "
+                       "object {width: fraction of device_peak_flops}")
+        try:
+            widths = _width_efficiency(widths)
+        except ValueError as e:
+            raise fail("device_width_efficiency", str(e)) from None
     return Cluster(name=name, num_nodes=shape["num_nodes"],
                    devices_per_node=shape["devices_per_node"], intra=intra, inter=inter,
                    device_memory=memory, device_peak_flops=flops, sources=sources,
-                   epsilon=epsilon, gamma=gamma, device_elementwise_rate=rate)
+                   epsilon=epsilon, gamma=gamma, device_elementwise_rate=rate,
+                   device_width_efficiency=widths)
+
+
+def width_efficiency(table: Mapping[int, float], width: int) -> float:
+    """The fraction of the peak FLOP rate that a matrix multiply in width bucket ``width``
+    (the power of two at or below its width, as ``ShardingPattern.dense_by_width`` keys it)
+    reaches, by ``table`` (measured width -> fraction): read at the bucket's middle
+    (``width * sqrt(2)``), interpolated linearly in log2(width) between the measured widths
+    and held at the nearest one outside them."""
+    at = math.log2(max(width, 1)) + 0.5
+    keys = sorted(table)
+    if at <= math.log2(keys[0]):
+        return table[keys[0]]
+    for k0, k1 in zip(keys, keys[1:]):
+        x0, x1 = math.log2(k0), math.log2(k1)
+        if at <= x1:
+            return table[k0] + (at - x0) / (x1 - x0) * (table[k1] - table[k0])
+    return table[keys[-1]]
+
+
+def effective_flops(dense_flops: float, dense_by_width: Mapping[int, float] | None,
+                    table: Mapping[int, float] | None) -> float:
+    """``dense_flops`` in peak-rate FLOPs: each width bucket's FLOPs (``dense_by_width``)
+    divided by its :func:`width_efficiency` under ``table``, the rest as they are (all of
+    it without a table or buckets). Seconds are this over ``device_peak_flops``.
+
+    >>> effective_flops(300.0, {8: 100.0, 128: 100.0}, {16: 0.5, 128: 1.0})
+    400.0
+    """
+    if not table or not dense_by_width:
+        return float(dense_flops)
+    bucketed = math.fsum(dense_by_width.values())
+    return (math.fsum(f / width_efficiency(table, w) for w, f in dense_by_width.items())
+            + max(float(dense_flops) - bucketed, 0.0))
+
+
+def _width_efficiency(table: Mapping[Any, Any]) -> dict[int, float]:
+    """``{width: fraction}`` checked: each width a power of two >= 1 (an int or its string,
+    as JSON keys are), each fraction a positive finite number."""
+    if not isinstance(table, Mapping) or not table:
+        raise ValueError(f"device_width_efficiency={table!r}: must be a non-empty mapping "
+                         "{width (a power of two): fraction of device_peak_flops}, or None")
+    out: dict[int, float] = {}
+    for key, value in table.items():
+        try:
+            width = int(key)
+        except (TypeError, ValueError):
+            width = 0
+        if width < 1 or width & (width - 1) or isinstance(key, bool):
+            raise ValueError(f"device_width_efficiency has width {key!r}: widths are powers "
+                             "of two >= 1 (1, 2, 4, ...)")
+        check_positive(f"device_width_efficiency[{width}]", value, "(a fraction of "
+                       "device_peak_flops)", "e.g. 0.5")
+        out[width] = float(value)
+    return dict(sorted(out.items()))
 
 
 def _shape_name(base: str, num_nodes: int, devices_per_node: int) -> str:

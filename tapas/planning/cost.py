@@ -65,7 +65,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Union
 
 from tapas.planning.cluster import (CLUSTER_PRESETS, SOURCE_KEYS, Cluster, Group, Link,
-                                    check_count)
+                                    check_count, effective_flops)
 from tapas.sharding.losses import LossSpec
 from tapas.sharding.placements import Collective
 
@@ -148,6 +148,12 @@ class CostOptions:
     # off, or on a cluster without that rate (every preset): every op's FLOPs at
     # ``device_peak_flops``, as the paper
     memory_bound: bool = True
+    # plan level (beyond the paper, "W"; with memory_bound): price each matrix multiply at
+    # the FLOP rate of its width on one device (``Cluster.flop_rate``: thin operands, and
+    # operands a split on a channel or hidden axis thins, run below the peak), on a cluster
+    # that has ``device_width_efficiency`` (measured by ``tapas profile``); off, or on a
+    # cluster without it: every width at ``device_peak_flops``
+    gemm_width: bool = True
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
     optimizer: str = "adam"
@@ -156,7 +162,7 @@ class CostOptions:
         if self.loss is not None and not isinstance(self.loss, LossSpec):
             object.__setattr__(self, "loss", LossSpec.of(self.loss))
         for name in ("latency", "constant_filter", "gradient_overlap", "collective_efficiency",
-                     "compute", "memory_bound"):
+                     "compute", "memory_bound", "gemm_width"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r}: must be True or False")
         if isinstance(self.backward_flops_factor, bool) or \
@@ -360,14 +366,18 @@ def comm_cost(comm: object, group_size: int, cluster: Cluster,
 
 
 def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = None, *,
-                 dense_flops: float | None = None, elements: float = 0.0) -> float:
+                 dense_flops: float | None = None, elements: float = 0.0,
+                 dense_by_width: Mapping[int, float] | None = None) -> float:
     """Seconds of one training step's compute for ``flops`` forward FLOPs per device.
 
     ``flops * (1 + backward_flops_factor) / device_peak_flops``; 0 with ``compute`` off.
     With ``memory_bound`` on a cluster that has a ``device_elementwise_rate`` and the split
     given (``dense_flops``: the contractions' and convolutions' part of ``flops``;
     ``elements``: what the memory-bound ops touch), ``(dense_flops / device_peak_flops +
-    elements / device_elementwise_rate) * (1 + backward_flops_factor)``.
+    elements / device_elementwise_rate) * (1 + backward_flops_factor)``; with
+    ``gemm_width`` too, on a cluster with ``device_width_efficiency``, the part of
+    ``dense_flops`` in ``dense_by_width`` (width bucket -> FLOPs) at
+    ``Cluster.flop_rate(width)`` instead of the peak.
     """
     options = CostOptions() if options is None else options
     if not options.compute:
@@ -375,8 +385,18 @@ def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = N
     scale = 1.0 + options.backward_flops_factor
     rate = cluster.device_elementwise_rate
     if options.memory_bound and rate and dense_flops is not None:
-        return (float(dense_flops) / cluster.device_peak_flops + float(elements) / rate) * scale
+        return (dense_time(cluster, options, float(dense_flops), dense_by_width)
+                + float(elements) / rate) * scale
     return float(flops) * scale / cluster.device_peak_flops
+
+
+def dense_time(cluster: Cluster, options: CostOptions, dense_flops: float,
+               dense_by_width: Mapping[int, float] | None = None) -> float:
+    """Seconds of ``dense_flops`` forward FLOPs of matrix multiplies: those in
+    ``dense_by_width`` at their width's rate (``Cluster.flop_rate``, with ``gemm_width``
+    on), the rest at ``device_peak_flops``."""
+    table = cluster.device_width_efficiency if options.gemm_width else None
+    return effective_flops(dense_flops, dense_by_width, table) / cluster.device_peak_flops
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,16 +111,18 @@ def _cluster_json(c: Cluster) -> dict[str, Any]:
             "device_memory": c.device_memory, "device_peak_flops": c.device_peak_flops,
             "sources": dict(c.sources),
             "epsilon": None if c.epsilon is None else dict(c.epsilon), "gamma": c.gamma,
-            "device_elementwise_rate": c.device_elementwise_rate}
+            "device_elementwise_rate": c.device_elementwise_rate,
+            "device_width_efficiency": None if c.device_width_efficiency is None else
+            {str(k): v for k, v in c.device_width_efficiency.items()}}
 
 
 def _cluster_from_json(d: Mapping[str, Any]) -> Cluster:
-    # "epsilon", "gamma" and "device_elementwise_rate" (a profiled cluster's coefficients)
-    # are absent from older files
+    # "epsilon", "gamma", "device_elementwise_rate" and "device_width_efficiency" (a
+    # profiled cluster's coefficients) are absent from older files
     return Cluster(d["name"], d["num_nodes"], d["devices_per_node"], Link(*d["intra"]),
                    Link(*d["inter"]), d["device_memory"], d["device_peak_flops"],
                    d.get("sources", {}), d.get("epsilon"), d.get("gamma"),
-                   d.get("device_elementwise_rate"))
+                   d.get("device_elementwise_rate"), d.get("device_width_efficiency"))
 
 
 

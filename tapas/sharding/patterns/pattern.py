@@ -80,6 +80,10 @@ class ShardingPattern:
     note: str = ""            # why a pattern of this node could not be built (then replicated)
     dense_flops: float = 0.0  # of ``flops``: contractions and convolutions
     elements: float = 0.0     # elements its memory-bound ops touch per device (forward)
+    # of ``dense_flops``: per width bucket, the power of two at or below the width of the
+    # matrix multiply on one device (propagation.flops.gemm_width); what is not here (a
+    # contraction of three operands) is priced at the peak rate
+    dense_by_width: Mapping[int, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.family is not None:

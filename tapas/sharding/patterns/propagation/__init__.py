@@ -87,4 +87,5 @@ def _pattern(trial: Trial, fw: Forward, weights: Mapping[str, Placement],
     return ShardingPattern(seed.name, tuple(seed.inputs), outputs, dict(weights), tensors,
                            tuple(fw.fwd_comms) + tuple(bwd), dict(fw.rewrites),
                            node_expression(trial, fw, weights), float(fw.flops), seed.family,
-                           dense_flops=float(fw.dense_flops), elements=float(fw.elements))
+                           dense_flops=float(fw.dense_flops), elements=float(fw.elements),
+                           dense_by_width=dict(sorted(fw.dense_by_width.items())))

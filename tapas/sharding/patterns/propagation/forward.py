@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from tapas.ir import OpInfo, TensorInfo
 from tapas.sharding import rules
 from tapas.sharding.patterns.pattern import Rewrite
-from tapas.sharding.patterns.propagation.flops import (DENSE_KINDS, op_elements, op_flops,
-                                                        volume)
+from tapas.sharding.patterns.propagation.flops import (DENSE_KINDS, gemm_width, op_elements,
+                                                        op_flops, volume, width_bucket)
 from tapas.sharding.patterns.propagation.trial import FLOAT_DTYPES, Invalid, Trial
 from tapas.sharding.placements import Collective, Comm, Partial, Placement, Replica, Split
 
@@ -76,6 +76,8 @@ class Forward:
     needs_grad: set[str] = dataclasses.field(default_factory=set)
     flops: float = 0.0
     dense_flops: float = 0.0    # of ``flops``: contractions and convolutions
+    # of ``dense_flops``: per width bucket (flops.width_bucket of flops.gemm_width)
+    dense_by_width: dict[int, float] = dataclasses.field(default_factory=dict)
     elements: float = 0.0       # elements the memory-bound ops touch (flops.op_elements)
 
     def describe(self, t: TensorInfo) -> None:
@@ -191,6 +193,10 @@ def _forward_op(trial: Trial, fw: Forward, k: int, op: OpInfo, reduce: set[str],
     fw.flops += f
     if spec.flops in DENSE_KINDS:
         fw.dense_flops += f
+        w = gemm_width(trial.n, op, spec, names, split.label, fw.shapes, fw.produced)
+        if w is not None and f > 0:
+            b = width_bucket(w)
+            fw.dense_by_width[b] = fw.dense_by_width.get(b, 0.0) + f
     fw.elements += op_elements(trial.n, op, spec, names, in_pl, fw.shapes, fw.produced)
 
 
