@@ -29,9 +29,11 @@ logical CPU devices (``--devices``):
    ablation rows: baseline (constant filter, gradient overlap and collective efficiency
    off), +CF, +CF+GO, +CF+GO+EC, and beyond the paper +CF+GO+EC+WR (a weight read in two
    placements priced as the runtime reshards it), +CF+GO+EC+WR+L (also the training
-   loss's collectives) and +CF+GO+EC+WR+L+MB (also memory-bound ops priced by their
-   elements at the cluster's profiled elementwise rate: the search's default; the same as
-   the row before with a cluster file that has no such rate), and ranked;
+   loss's collectives), +CF+GO+EC+WR+L+MB (also memory-bound ops priced by their
+   elements at the cluster's profiled elementwise rate; the same as the row before with a
+   cluster file that has no such rate) and +CF+GO+EC+WR+L+MB+W (also each matrix multiply
+   at the profiled FLOP rate of its width: the search's default; the same as the row
+   before with a cluster file that has no such rates), and ranked;
    ``tapas.planning.ranking`` scores the rank of the
    measured-best plan (measured ties within noise count for the model, predicted ties
    against it).

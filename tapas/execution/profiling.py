@@ -7,9 +7,10 @@ In:  a device count W (logical CPU devices, or the GPUs when at least W are pres
 Out: a :class:`Profile`: one row per (primitive, size) measured, the fits of
      ``tapas.planning.calibrate`` (alpha', beta, epsilon per primitive with R^2), the
      compute rates fitted to training steps of reference blocks, the achieved matmul and
-     convolution FLOP/s, the measured gamma, and the profiled
-     ``Cluster`` (``Profile.save`` writes the cluster file ``tapas search --cluster=...``
-     reads, with the measurements under ``"profile"``; ``Profile.plot`` the residual PNG).
+     convolution FLOP/s, the FLOP rate of matrix multiplies by width, the measured gamma,
+     and the profiled ``Cluster`` (``Profile.save`` writes the cluster file ``tapas search
+     --cluster=...`` reads, with the measurements under ``"profile"``; ``Profile.plot``
+     the residual PNG).
 
 What is timed is what the runtime launches: each primitive goes through
 ``tapas.execution.collectives.ReplicaContextCollectives`` inside
@@ -48,9 +49,13 @@ elementwise ops, reductions, copies, depthwise convolutions). One least-squares 
 ``t = c + F * 3 / flop_rate + E * 3 / elementwise_rate`` over the 12 steps gives the
 cluster's ``device_peak_flops`` and ``device_elementwise_rate`` in the units the cost model
 charges them (``CostOptions.memory_bound``): rates of layers as models have them, not of a
-kernel in isolation. For the record also: an n x n float32 matmul per replica (all at once,
-and alone on one device: ``device_peak_flops`` when the blocks are not measured) and a 3x3
-convolution.
+kernel in isolation. Before them, the FLOP rate of matrix multiplies by their width
+(``WIDTHS``, 8 to 256): a stack of [rows, w] x [w, w] matmuls timed at two depths, the
+extra layers' time alone; each rate over the fastest is the cluster's
+``device_width_efficiency``, and the blocks' FLOPs enter their fit as the cost model prices
+them (each width bucket's FLOPs over its efficiency). For the record also: an n x n
+float32 matmul per replica (all at once, and alone on one device: ``device_peak_flops``
+when the blocks are not measured) and a 3x3 convolution.
 
 gamma: an all-reduce alone, a chain of matmuls alone (sized to take about as long), and
 both in one function with no dependency between them (as a backward all-reduce runs beside
