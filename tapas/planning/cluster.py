@@ -134,8 +134,8 @@ class Cluster:
 
     ``device_width_efficiency`` maps the width of a matrix multiply (a power of two; see
     ``tapas.sharding.patterns.propagation.flops.gemm_width``) to the fraction of
-    ``device_peak_flops`` it reaches (``tapas profile`` measures dense layers of several
-    widths): thin layers, and layers a split on a channel axis makes thin, run far below
+    ``device_peak_flops`` it reaches (``tapas profile`` times stacks of matmuls of widths 8
+    to 256): thin layers, and layers a split on a channel axis makes thin, run far below
     the peak on a CPU. ``None`` (every preset): every width at the peak.
     """
 
