@@ -3,7 +3,7 @@
     python scripts/tf_conv_crashes.py [--ops=filter,input,dw_filter,dw_input,fwd]
         [--kernels=1,3,5] [--strides=1,2] [--batches=1,3] [--channels=1,2,3,4,8,12,16,24]
         [--sizes=7,8,14,16,32] [--paddings=SAME,VALID] [--calls=40]
-        [--json_out=out/tf_conv_crashes.json]
+        [--hang_seconds=120] [--json_out=out/tf_conv_crashes.json]
 
 TensorFlow 2.21's oneDNN filter gradient of a 1x1 stride-2 convolution over an odd number of
 images with few channels corrupts the heap (``docs/tensorflow-notes.md``); a plan that
@@ -13,8 +13,9 @@ where such crashes are, to check the workaround still covers them after a Tensor
 upgrade: every configuration of the grid (op x filter size x stride x batch x channels x
 image size x padding; 48 output channels, NHWC) runs ``--calls`` times in a child process,
 which writes the configuration it is about to run to a progress file first; when the child
-dies of a signal, the configuration it was running is recorded as a crash and a new child
-goes on after it; a configuration whose op raises TensorFlow's error (oneDNN refusing a
+dies of a signal, or makes no progress for ``--hang_seconds`` (a corrupted heap can also
+leave it deadlocked: it is then killed), the configuration it was running is recorded as a
+crash and a new child goes on after it; a configuration whose op raises TensorFlow's error (oneDNN refusing a
 shape it should take: "could not create a primitive descriptor") is recorded as an error
 and the child goes on. A heap corruption can surface an op or two late, so a crash is
 evidence about its neighbourhood of the grid, not proof about one configuration. Prints the
@@ -48,6 +49,9 @@ flags.DEFINE_list("channels", ["1", "2", "3", "4", "8", "12", "16", "24"], "Inpu
 flags.DEFINE_list("sizes", ["7", "8", "14", "16", "32"], "Image sizes (square).")
 flags.DEFINE_list("paddings", ["SAME", "VALID"], "Paddings.")
 flags.DEFINE_integer("calls", 40, "Calls of each configuration.")
+flags.DEFINE_integer("hang_seconds", 120, "A child that stays on one configuration this long "
+                     "is deadlocked (a corrupted heap can hang instead of crash): killed, and "
+                     "that configuration recorded as a crash ('HANG').")
 flags.DEFINE_string("json_out", "out/tf_conv_crashes.json", "Where to write the results.")
 flags.DEFINE_string("child", None, "Internal: run the grid (a JSON file) from the progress "
                     "file.")
@@ -141,6 +145,32 @@ def child(job: str) -> None:
     _write(progress, f"{len(configs)} done\n")
 
 
+def _progress(path: str) -> list[str]:
+    with open(path) as f:
+        return f.read().split()
+
+
+def run_watched(cmd: list[str], progress: str, env: dict[str, str], log: str,
+                hang_seconds: float) -> tuple[int, str, bool]:
+    """Run ``cmd`` (a child) until it exits, or kill it when the ``progress`` file stays
+    the same for ``hang_seconds``: (exit code, its stderr, whether it hung)."""
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                                env=env)
+        seen, since, hung = None, time.monotonic(), False
+        while proc.poll() is None:
+            time.sleep(0.2)
+            now = _progress(progress)
+            if now != seen:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since > hang_seconds:
+                proc.kill()
+                proc.wait()
+                hung = True
+    with open(log) as f:
+        return proc.returncode, f.read(), hung
+
+
 def _write(path: str, text: str) -> None:
     """``text`` into ``path`` at once (a process dying mid-write leaves the old text)."""
     with open(path + ".new", "w") as f:
@@ -168,21 +198,22 @@ def main(argv: list[str]) -> None:
               "processes (a line per crash)", flush=True)
         last = None
         while True:
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", job],
-                                  capture_output=True, text=True, env=env)
-            with open(progress) as f:
-                words = f.read().split()
+            code, stderr, hung = run_watched(
+                [sys.executable, os.path.abspath(__file__), "--child", job], progress, env,
+                os.path.join(tmp, "stderr"), FLAGS.hang_seconds)
+            words = _progress(progress)
             if words[1:] == ["done"]:
                 break
             i = int(words[0])
-            if proc.returncode >= 0 or i == last:   # an error of the script, or of its start
-                raise SystemExit(f"the child failed (exit {proc.returncode}) "
-                                 + (f"at configuration {configs[i]}" if i != last else
-                                    "before running any configuration")
-                                 + f":\n{proc.stderr[-2000:]}")
+            if (code >= 0 and not hung) or i == last:   # an error of the script or its start
+                raise SystemExit(f"the child failed (exit {code}"
+                                 + (f", no progress for {FLAGS.hang_seconds} s" if hung else "")
+                                 + ") " + (f"at configuration {configs[i]}" if i != last else
+                                           "before running any configuration")
+                                 + f":\n{stderr[-2000:]}")
             last = i
             crashes.append({"config": _named(configs[i]),
-                            "signal": signal.Signals(-proc.returncode).name})
+                            "signal": "HANG" if hung else signal.Signals(-code).name})
             print(f"crash {len(crashes)}: {configs[i]} ({crashes[-1]['signal']})", flush=True)
         with open(errors) as f:
             failed = [{"config": _named(configs[r["index"]]), "error": r["error"]}
