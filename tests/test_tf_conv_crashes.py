@@ -47,22 +47,29 @@ def test_a_child_that_makes_no_progress_is_killed_as_a_hang(tmp_path):
     the stride-2 configuration sat on a futex for 10 minutes): the parent kills a child
     whose progress file stays the same for ``--hang_seconds`` and records a hang; a child
     that writes progress and exits is left alone."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("tf_conv_crashes", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     progress, log = tmp_path / "progress", str(tmp_path / "stderr")
     progress.write_text("0\n")
-    start = time.monotonic()
-    code, _, hung = script.run_watched([sys.executable, "-c", "import time; time.sleep(60)"],
-                                       str(progress), dict(os.environ), log, 1.0)
-    assert hung and code < 0 and time.monotonic() - start < 30
     writes = (f"import os, time\nfor i in range(1, 4):\n    time.sleep(0.6)\n"
               f"    open({str(progress)!r} + '.n', 'w').write(f'{{i}}\\n')\n"
               f"    os.replace({str(progress)!r} + '.n', {str(progress)!r})\n")
-    code, _, hung = script.run_watched([sys.executable, "-c", writes], str(progress),
-                                       dict(os.environ), log, 1.0)
-    assert (code, hung) == (0, False) and progress.read_text() == "3\n"
+    # the script defines absl flags: load it in a fresh interpreter, not in this one
+    driver = (
+        "import importlib.util, json, os, sys, time\n"
+        f"spec = importlib.util.spec_from_file_location('probe', {SCRIPT!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "out = []\n"
+        f"for code in ('import time; time.sleep(60)', {writes!r}):\n"
+        "    t = time.monotonic()\n"
+        f"    c, _, hung = m.run_watched([sys.executable, '-c', code], {str(progress)!r},\n"
+        f"                               dict(os.environ), {log!r}, 1.0)\n"
+        "    out.append([c, hung, time.monotonic() - t])\n"
+        "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (code, hung, seconds), (code2, hung2, _) = json.loads(proc.stdout.splitlines()[-1])
+    assert hung and code < 0 and seconds < 30          # killed after 1 s without progress
+    assert (code2, hung2) == (0, False) and progress.read_text() == "3\n"
 
 
 def _measured_cpu() -> bool:
