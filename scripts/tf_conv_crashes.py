@@ -15,9 +15,9 @@ image size x padding; 48 output channels, NHWC) runs ``--calls`` times in a chil
 which writes the configuration it is about to run to a progress file first; when the child
 dies of a signal, or makes no progress for ``--hang_seconds`` (a corrupted heap can also
 leave it deadlocked: it is then killed), the configuration it was running is recorded as a
-crash and a new child goes on after it; a configuration whose op raises TensorFlow's error (oneDNN refusing a
-shape it should take: "could not create a primitive descriptor") is recorded as an error
-and the child goes on. A heap corruption can surface an op or two late, so a crash is
+crash and a new child goes on after it; a configuration whose op raises TensorFlow's error
+(oneDNN refusing a shape it should take: "could not create a primitive descriptor") is
+recorded as an error and the child goes on. A heap corruption can surface an op or two late, so a crash is
 evidence about its neighbourhood of the grid, not proof about one configuration. Prints the
 crashes and errors as a table and writes them with the grid to ``--json_out``.
 
