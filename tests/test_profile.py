@@ -329,7 +329,8 @@ def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
     assert "matmul stacks per width" in cluster.source("device_width_efficiency")
     for p in steps["points"]:
         assert sum(p["dense_by_width"].values()) == pytest.approx(p["counted_dense_flops"])
-        assert p["dense_flops"] >= p["counted_dense_flops"] * min(table.values()) - 1
+        # no width runs above the fastest: priced FLOPs are at least the counted ones
+        assert p["dense_flops"] >= p["counted_dense_flops"] * (1 - 1e-9)
     assert len(profile["rows"]) == 8 and profile["devices"][0].endswith("CPU:0")
     for fit in profile["fits"].values():
         assert math.isfinite(fit["fit"]["r2"]) and fit["beta_s_per_byte"] > 0
