@@ -143,6 +143,11 @@ class _Timer:
             return x
         return tf.distribute.get_replica_context().all_reduce("sum", x)
 
+    def step_result(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        """A training step's result: one number of every gradient, so TensorFlow prunes
+        none of them from what is timed (:meth:`done` of it)."""
+        return self.done(tf.stack([tf.reshape(g, [-1])[0] for g in grads]))
+
     def values(self, shape: Sequence[int]) -> Any:
         """Per-replica float32 tensors of ``shape``, replica r filled with r + 1."""
         def make(ctx):
@@ -376,7 +381,7 @@ def _width_rates(timer: _Timer, repeats: int, widths: Sequence[int] = WIDTHS
                         h = tf.matmul(h, m)
                     loss = tf.reduce_sum(h)
                 grads = tape.gradient(loss, [v, *weights])
-                return timer.done(tf.stack([tf.reshape(g, [-1])[0] for g in grads]))
+                return timer.step_result(grads)
             return timer.function(replica_step)
 
         t_short, t_deep = timer.timed([stack(shallow), stack(deep)], [x], repeats)
@@ -428,8 +433,7 @@ def _compute_rates(timer: _Timer, repeats: int, backward_factor: float = 2.0,
                     tape.watch(x)
                     loss = tf.reduce_sum(block(x, training=False))
                 grads = tape.gradient(loss, [x, *block.trainable_variables])
-                # one number of every gradient: the weight gradients stay in the step
-                return timer.done(tf.stack([tf.reshape(g, [-1])[0] for g in grads]))
+                return timer.step_result(grads)   # the weight gradients stay in the step
 
             def replica_empty(x):
                 return timer.done(tf.reshape(x, [-1])[:1])
