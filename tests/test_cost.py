@@ -395,3 +395,25 @@ def test_compute_time_prices_thin_matrix_multiplies_at_their_widths_rate(node: C
                                    dense_by_width=by_width), plain)
     with pytest.raises(TypeError, match=r"gemm_width=1"):
         CostOptions(gemm_width=1)  # type: ignore[arg-type]
+
+
+def test_compute_scale_multiplies_every_compute_pricing(node: Cluster) -> None:
+    """``compute_scale`` (a model's measured factor, ``calibrate_compute``) multiplies the
+    compute time under each pricing (FLOPs at the peak, memory-bound, by width) and nothing
+    else; it must be a positive, finite number."""
+    profiled = dataclasses.replace(node, device_elementwise_rate=5e10,
+                                   device_width_efficiency={8: 0.25, 128: 1.0})
+    args = dict(dense_flops=2e9, elements=1e9, dense_by_width={8: 1e9})
+    for cluster in (node, profiled):
+        for base in (CostOptions(), CostOptions(memory_bound=False),
+                     CostOptions(gemm_width=False)):
+            scaled = dataclasses.replace(base, compute_scale=2.5)
+            assert close(cost.compute_time(3e9, cluster, scaled, **args),
+                         2.5 * cost.compute_time(3e9, cluster, base, **args))
+    assert cost.compute_time(3e9, node, CostOptions(compute=False, compute_scale=3.0)) == 0.0
+    # communication is not scaled
+    assert cost.collective_cost("AR", 1 << 20, 4, node, CostOptions(compute_scale=3.0)) == \
+        cost.collective_cost("AR", 1 << 20, 4, node, CostOptions())
+    for bad in (0.0, -1.0, float("inf"), float("nan"), True, "2"):
+        with pytest.raises(ValueError, match=r"compute_scale=.*must be a finite number > 0"):
+            CostOptions(compute_scale=bad)  # type: ignore[arg-type]

@@ -154,6 +154,12 @@ class CostOptions:
     # that has ``device_width_efficiency`` (measured by ``tapas profile``); off, or on a
     # cluster without it: every width at ``device_peak_flops``
     gemm_width: bool = True
+    # plan level (beyond the paper, "MC"): every plan's compute time times this factor,
+    # measured for one model by ``tapas.execution.profiling.calibrate_compute`` (that model's
+    # own training step at two batch sizes against what this model prices for them: the
+    # compute its ops cost beyond the profiled rates, which a cluster file cannot know);
+    # 1.0: the rates as profiled
+    compute_scale: float = 1.0
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
     optimizer: str = "adam"
@@ -170,6 +176,12 @@ class CostOptions:
                 not math.isfinite(self.backward_flops_factor) or self.backward_flops_factor < 0:
             raise ValueError(f"backward_flops_factor={self.backward_flops_factor!r}: must be a "
                              "finite number >= 0 (2.0: backward costs twice the forward pass)")
+        if isinstance(self.compute_scale, bool) or \
+                not isinstance(self.compute_scale, (int, float)) or \
+                not math.isfinite(self.compute_scale) or self.compute_scale <= 0:
+            raise ValueError(f"compute_scale={self.compute_scale!r}: must be a finite number "
+                             "> 0 (1.0: compute at the cluster's profiled rates; "
+                             "tapas.execution.profiling.calibrate_compute measures it)")
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise ValueError(f"optimizer={self.optimizer!r} is unknown: use one of "
                              f"{sorted(OPTIMIZER_SLOTS)}")
@@ -377,12 +389,13 @@ def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = N
     elements / device_elementwise_rate) * (1 + backward_flops_factor)``; with
     ``gemm_width`` too, on a cluster with ``device_width_efficiency``, the part of
     ``dense_flops`` in ``dense_by_width`` (width bucket -> FLOPs) at
-    ``Cluster.flop_rate(width)`` instead of the peak.
+    ``Cluster.flop_rate(width)`` instead of the peak. Every case times
+    ``options.compute_scale``.
     """
     options = CostOptions() if options is None else options
     if not options.compute:
         return 0.0
-    scale = 1.0 + options.backward_flops_factor
+    scale = (1.0 + options.backward_flops_factor) * options.compute_scale
     rate = cluster.device_elementwise_rate
     if options.memory_bound and rate and dense_flops is not None:
         return (dense_time(cluster, options, float(dense_flops), dense_by_width)
