@@ -75,6 +75,11 @@ flags.DEFINE_boolean("price_loss", True, "search: price the collectives of the t
                      "loss on the output's placement (the zoo model's loss; a saved model's "
                      "compiled loss, else mean squared error, as tapas train uses); "
                      "--noprice_loss: leave them out (the paper's cost model).")
+flags.DEFINE_string("compute_scale", None, "search, train: multiply every plan's compute by "
+                    "this factor (CostOptions.compute_scale), or 'measure': first time the model's "
+                    "replicated training step at the batch and at batch / N on N devices here "
+                    "(the cluster file's N, profiled on this machine) against what the cost "
+                    "model prices for them, and use that factor.")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
                    "(e.g. for --mode=es on a large model).")
@@ -340,11 +345,18 @@ def cmd_search() -> dict[str, Any]:
     except (TypeError, ValueError) as e:
         raise app.UsageError(f"--cluster={FLAGS.cluster} --nodes={FLAGS.nodes} "
                              f"--devices_per_node={FLAGS.devices_per_node}: {e}") from None
+    if str(FLAGS.compute_scale).strip().lower() == "measure" and \
+            FLAGS.cluster not in CLUSTER_PRESETS:
+        # the cluster's devices, before the capture runs any TensorFlow op (logical CPU
+        # devices are set once per process)
+        from tapas.execution.devices import setup_devices
+        setup_devices(cluster.num_devices)
     graph, trace, ir_s, loaded = _capture_flags_model()
     capture_s = trace.seconds + ir_s
     loss = loaded.loss if FLAGS.price_loss else None
     if FLAGS.meshes or FLAGS.mesh:
         return _search_meshes(graph, trace, cluster, loss, loaded)
+    options, calibration = _search_options(cluster, loaded)
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes in {capture_s:.3f} s; "
           f"searching ({FLAGS.mode}) on {cluster.name} ({cluster.num_devices} devices)"
           + (f"; pricing the loss ({_loss_text(loss)})" if loss is not None else ""))
@@ -358,7 +370,7 @@ def cmd_search() -> dict[str, Any]:
             graph, cluster=cluster, mode=FLAGS.mode, top_k=FLAGS.top_k, memory_budget=budget,
             explore_options=explore.ExploreOptions(top_k=FLAGS.top_k,
                                                    time_limit=FLAGS.time_limit),
-            progress=progress, loss=loss)
+            progress=progress, loss=loss, options=options)
     except explore.SearchTimeout as e:
         raise app.UsageError(f"--mode={FLAGS.mode} did not finish within --time_limit="
                              f"{FLAGS.time_limit} s ({e}); use --mode=gp or a larger "
@@ -371,6 +383,8 @@ def cmd_search() -> dict[str, Any]:
     from tapas.sharding.losses import LossSpec
     report = {"model": graph.name, "capture_seconds": round(capture_s, 4),
               "loss_priced": LossSpec.of(loss).to_json() if loss is not None else None,
+              "compute_scale": 1.0 if options is None else options.compute_scale,
+              "compute_calibration": None if calibration is None else calibration.to_json(),
               "strategy": strategy.to_json()}
     if FLAGS.draw:
         from tapas.planning.draw import draw_strategy
@@ -383,6 +397,32 @@ def cmd_search() -> dict[str, Any]:
         strategy.save(FLAGS.out)
         print(f"\nstrategy written to {FLAGS.out}")
     return report
+
+
+def _search_options(cluster: Any, loaded: LoadedModel) -> tuple[Any, Any]:
+    """``(CostOptions or None, ComputeCalibration or None)`` from ``--compute_scale``: None
+    for the search's defaults, a given factor, or one measured here ('measure')."""
+    from tapas.execution.compute_scale import calibrate_compute, resolve_compute_scale
+    from tapas.planning.cost import CostOptions
+    if FLAGS.compute_scale is None:
+        return None, None
+
+    def measure() -> Any:
+        from tapas.execution.devices import make_strategy
+        n = cluster.num_devices
+        print(f"measuring the model's compute scale on {n} devices (--compute_scale=measure)")
+        cal = calibrate_compute(loaded.model, loaded.specs, cluster=cluster,
+                                distribute_strategy=make_strategy(n), loss=loaded.loss,
+                                training=bool(FLAGS.training),
+                                progress=lambda msg: print(f"  {msg}", flush=True))
+        print(f"  {cal.describe()}")
+        return cal
+
+    try:
+        scale, calibration = resolve_compute_scale(FLAGS.compute_scale, FLAGS.cluster, measure)
+    except ValueError as e:
+        raise app.UsageError(f"--compute_scale={FLAGS.compute_scale}: {e}") from None
+    return CostOptions.for_cluster(cluster, compute_scale=scale), calibration
 
 
 def _loss_text(loss: Any) -> str:
@@ -462,7 +502,8 @@ def cmd_train() -> dict[str, Any]:
                               epochs=FLAGS.epochs, checkpoint_dir=FLAGS.checkpoint_dir,
                               checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume,
                               tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh,
-                              graph_optimization=FLAGS.graph_optimization)
+                              graph_optimization=FLAGS.graph_optimization,
+                              compute_scale=FLAGS.compute_scale)
     from absl import logging
     logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
     try:

@@ -22,4 +22,7 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
   loopback worker processes.
 * :mod:`tapas.execution.profiling`: ``tapas profile``: the runtime's collectives and compute
   timed on the devices, fitted (``tapas.planning.calibrate``) into a cluster file.
+* :mod:`tapas.execution.compute_scale`: one model's compute factor
+  (``CostOptions.compute_scale``): its replicated step timed at two batch sizes against the
+  cost model's price.
 """

@@ -281,17 +281,30 @@ def _synthetic(model: Any, signature: InputSignature, rng: np.random.Generator) 
 
 
 def synthetic_batch(model: Any, signature: InputSignature, loss: Any,
-                    seed: int = 0) -> tuple[Any, np.ndarray]:
+                    seed: int = 0, output_shape: Sequence[int] | None = None
+                    ) -> tuple[Any, np.ndarray]:
     """A random batch in the model's input structure (:func:`synthetic_inputs`) and targets
     the loss accepts: class ids for a sparse crossentropy, one-hot rows for a crossentropy,
-    0/1 for a binary one, standard normal otherwise (shaped like the model's one output)."""
+    0/1 for a binary one, standard normal otherwise (shaped like the model's one output).
+    ``output_shape``: that output's shape for this batch (a captured graph's,
+    ``ParallelModel.graph.outputs[0].shape``), needed when the Keras model's symbolic
+    output leaves a dimension open (a backbone's sequence length)."""
     rng = np.random.default_rng(seed)
     xs = _synthetic(model, signature, rng)
     outputs = list(model.outputs)
     if len(outputs) != 1:
         raise ValueError(f"model '{model.name}' has {len(outputs)} outputs: training needs "
                          "one (wrap the model with a head that returns one tensor)")
-    shape = [signature.specs[0].shape[0], *[int(d) for d in outputs[0].shape[1:]]]
+    if output_shape is not None:
+        shape = [signature.specs[0].shape[0], *[int(d) for d in list(output_shape)[1:]]]
+    else:
+        dims = list(outputs[0].shape[1:])
+        if any(d is None for d in dims):
+            raise ValueError(f"model '{model.name}' has output shape {tuple(outputs[0].shape)}"
+                             ": a dimension beyond the batch is open, so the targets' shape "
+                             "is unknown; pass output_shape (the captured graph's: "
+                             "ParallelModel.graph.outputs[0].shape)")
+        shape = [signature.specs[0].shape[0], *[int(d) for d in dims]]
     kind = type(loss).__name__
     if kind == "SparseCategoricalCrossentropy":
         y = rng.integers(0, shape[-1], shape[:-1])

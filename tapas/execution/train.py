@@ -70,6 +70,9 @@ class TrainOptions:
     mesh: str | None = None
     # Grappler's options for the step functions (tapas.execution.replay.graph_optimization)
     graph_optimization: str = "lean"
+    # search: a factor on every plan's compute, or "measure" (the model's own, timed on the
+    # run's devices first: tapas.execution.compute_scale); None: the cluster's rates
+    compute_scale: str | None = None
 
     @property
     def is_job(self) -> bool:
@@ -111,13 +114,18 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     timings["devices"] = time.perf_counter() - start
     chief = _is_chief(distribute)
     say = print if chief else (lambda *a, **k: None)
-    pm, name, xs, y = _parallelize(opts, distribute, timings, say)
+    pm, name, xs, y, calibration = _parallelize(opts, distribute, timings, say)
     n = distribute.num_replicas_in_sync
     workers = n // len(distribute.extended.worker_devices)
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
                               "optimizer": opts.optimizer, "batch": int(len(y)),
                               "mode": "training" if pm.training else "inference",
                               "graph_optimization": pm.runtime.graph_optimization}
+    if opts.compute_scale is not None:
+        report["compute_scale"] = (calibration.compute_scale if calibration is not None
+                                   else float(opts.compute_scale))
+        report["compute_calibration"] = (None if calibration is None
+                                         else calibration.to_json())
     if opts.is_job:
         check = None
         _run_job(opts, pm, xs, y, report, say)
@@ -166,9 +174,10 @@ def _check_model_name(name: str | None) -> None:
 
 
 def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
-                 say: Any) -> tuple[Any, str, Any, Any]:
+                 say: Any) -> tuple[Any, str, Any, Any, Any]:
     """The zoo model built and parallelized under ``distribute`` with the strategy of
-    ``opts``; returns the ParallelModel, the model name and its synthetic batch (xs, y)."""
+    ``opts``; returns the ParallelModel, the model name, its synthetic batch (xs, y) and
+    the ``--compute_scale=measure`` calibration (None without it)."""
     from tapas import models
     from tapas.execution import parallel, reconstruct
     from tapas.planning.cost import Cluster
@@ -205,6 +214,12 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     strategy: Any = opts.strategy
     search_options = ({} if opts.memory_budget_gib is None
                       else {"memory_budget": opts.memory_budget_gib * 2**30})
+    calibration = None
+    if opts.compute_scale is not None:
+        scale, calibration = _compute_scale(opts, model, specs, loss, cluster, distribute,
+                                            rows, strategy, say)
+        from tapas.planning.cost import CostOptions
+        search_options["options"] = CostOptions.for_cluster(cluster, compute_scale=scale)
     if strategy and strategy.startswith("random:"):
         from tapas import capturing
         from tapas.execution.inputs import InputSignature
@@ -247,7 +262,36 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
     say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != 'replicate')} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
-    return pm, name, xs, y
+    return pm, name, xs, y, calibration
+
+
+def _compute_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluster: Any,
+                   distribute: Any, rows: int, strategy: Any, say: Any) -> tuple[float, Any]:
+    """``--compute_scale``: the factor and, for 'measure', its calibration (the model's
+    replicated step timed at the batch and at batch / N on the run's devices)."""
+    from tapas.execution.compute_scale import calibrate_compute, resolve_compute_scale
+    if strategy:
+        raise TrainError(f"--compute_scale={opts.compute_scale} prices the search, and "
+                         f"--strategy={strategy} skips it: leave one of them out")
+    if rows > 1:
+        raise TrainError(f"--compute_scale with --mesh={opts.mesh} is not supported: the "
+                         "factor is measured on the 1-D program; search without it, or "
+                         "run `tapas search --mesh` with --compute_scale and pass its "
+                         "--out as --strategy")
+
+    def measure() -> Any:
+        say(f"measuring the model's compute scale on {distribute.num_replicas_in_sync} "
+            "devices (--compute_scale=measure)")
+        cal = calibrate_compute(model, specs, cluster=cluster, distribute_strategy=distribute,
+                                loss=loss, training=opts.training is not False,
+                                progress=lambda msg: say(f"  {msg}"))
+        say(f"  {cal.describe()}")
+        return cal
+
+    try:
+        return resolve_compute_scale(opts.compute_scale, opts.cluster, measure)
+    except ValueError as e:
+        raise TrainError(f"--compute_scale={opts.compute_scale}: {e}") from None
 
 
 def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
@@ -647,7 +691,8 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
         argv.append(f"--batch_size={opts.batch_size}")
     if opts.memory_budget_gib is not None:
         argv.append(f"--memory_budget_gib={opts.memory_budget_gib}")
-    for flag in ("data", "epochs", "checkpoint_dir", "checkpoint_every", "tensorboard"):
+    for flag in ("data", "epochs", "checkpoint_dir", "checkpoint_every", "tensorboard",
+                 "compute_scale"):
         if getattr(opts, flag) is not None:
             argv.append(f"--{flag}={getattr(opts, flag)}")
     if opts.resume:

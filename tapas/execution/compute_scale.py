@@ -1,0 +1,205 @@
+"""One model's compute, measured against what the cost model prices for it (``"MC"``).
+
+In:  a Keras model and its input spec (the global batch B, as ``tapas.parallelize`` takes
+     it), the cluster whose rates the search prices compute with (a ``tapas profile``
+     file), N devices (logical CPU devices, GPUs, or worker processes: any
+     ``tf.distribute`` strategy), the training loss.
+Out: a :class:`ComputeCalibration`: the replicated program's training step (every device
+     computing the whole model, no collectives) timed at the global batch B and at B / N
+     on all N devices at once, the compute the cost model prices for the same two
+     programs, and ``scale`` = (t(B) - t(B/N)) / (c(B) - c(B/N)): what the compute a batch
+     split saves costs on these devices per second the model prices it at. The search
+     multiplies every plan's compute by it (``CostOptions.compute_scale``:
+     ``tapas.search(..., options=CostOptions.for_cluster(cluster, compute_scale=s))``,
+     ``tapas search --compute_scale=measure``).
+
+Why: ``tapas profile`` fits the cluster's rates on reference blocks (a transformer layer, a
+ResNet block, an inverted residual block). A whole model's layers run slower per counted
+FLOP and element than those blocks do, by a factor that depends on the model (Table 2 on 4
+logical CPU devices: about 1.5 for ResNet50, 1.6-2.6 for the small transformers, 2.7-3.8
+for the small CNNs and MoEs, each within about 0.3 between runs; ``docs/cost.md``), and a
+cost model that under-prices compute over-prices every collective that saves some. The
+difference of two batch sizes cancels what every plan pays whatever it computes (the step's
+dispatch, each op's launch: the same number of ops at both sizes) and keeps the part that
+scales with the work, which is what sharding saves.
+
+The two steps are timed in pairs (one of each, in turn, ``steps`` x ``repeats`` times after
+a warm-up step each), so load that drifts over the measurement moves both alike; the scale is
+the median of the pairs' differences over the difference of the predictions. When that
+difference is within the noise of the pairs (a model whose compute is too small to time at
+this batch), ``scale`` is None and the search keeps the profiled rates (``CostOptions`` 1.0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ComputeCalibration", "calibrate_compute", "predicted_replicated_compute",
+           "scale_from_pairs", "resolve_compute_scale"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeCalibration:
+    """The measurement behind one model's ``CostOptions.compute_scale``."""
+
+    num_devices: int
+    batches: tuple[int, int]               # the global batch B and B / N
+    measured_s: tuple[float, float]        # median step time of the replicated program at each
+    predicted_s: tuple[float, float]       # the cost model's compute of the same programs
+    difference_s: float                    # median over the pairs of t(B) - t(B/N)
+    difference_se_s: float                 # its standard error (0.93 x IQR / sqrt(pairs))
+    pairs: int
+    scale: float | None                    # None: the difference is within the noise
+    reason: str = ""                       # why scale is None
+
+    @property
+    def compute_scale(self) -> float:
+        """The factor for ``CostOptions.compute_scale``: ``scale``, or 1.0 (the profiled
+        rates) when it could not be measured."""
+        return 1.0 if self.scale is None else self.scale
+
+    def describe(self) -> str:
+        b, s = self.batches
+        head = (f"replicated step on {self.num_devices} devices: batch {b} "
+                f"{self.measured_s[0] * 1e3:.1f} ms, batch {s} {self.measured_s[1] * 1e3:.1f} "
+                f"ms (difference {self.difference_s * 1e3:.1f} +- "
+                f"{self.difference_se_s * 1e3:.1f} ms over {self.pairs} pairs); the cost model's "
+                f"compute {self.predicted_s[0] * 1e3:.1f} and {self.predicted_s[1] * 1e3:.1f} ms")
+        if self.scale is None:
+            return f"{head}: {self.reason}; compute kept at the profiled rates (scale 1.0)"
+        return f"{head}: compute scale {self.scale:.2f}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "compute_scale": self.compute_scale}
+
+
+def predicted_replicated_compute(graph: Any, num_devices: int, cluster: Any,
+                                 options: Any = None) -> float:
+    """Seconds of compute the cost model prices for ``graph`` replicated on every one of
+    ``num_devices`` devices (every GraphNode's ``replicate`` pattern), at ``options``'s
+    pricing with ``compute_scale`` 1."""
+    from tapas.planning.cost import CostOptions
+    from tapas.planning.table import pattern_table
+    options = CostOptions.for_cluster(cluster) if options is None else options
+    options = dataclasses.replace(options, compute_scale=1.0)
+    table = pattern_table(graph, num_devices, cluster, options)
+    return math.fsum(table.infos[n.id][table.index(n.id, "replicate")].compute_time
+                     for n in graph.nodes)
+
+
+def calibrate_compute(model: Any, input_spec: Any = None, *, cluster: Any,
+                      devices: int | None = None, distribute_strategy: Any = None,
+                      loss: Any = None, training: bool = True, options: Any = None,
+                      steps: int = 5, repeats: int = 2,
+                      progress: Callable[[str], None] | None = None) -> ComputeCalibration:
+    """Measure ``model``'s ``CostOptions.compute_scale`` on these devices (module
+    docstring). ``input_spec``: the global batch's specs (as ``tapas.parallelize``; default
+    the model's own input shapes), its batch divisible by N. ``devices`` /
+    ``distribute_strategy``: as ``tapas.parallelize``. ``loss``: the training loss (default
+    the compiled model's, or mean squared error). ``training``: the graph the plans will
+    run (``tapas.parallelize``'s ``training``). ``options``: the pricing the search will use
+    (default ``CostOptions.for_cluster(cluster)``)."""
+    from tapas.execution import inputs, parallel
+    from tapas.execution.devices import make_strategy
+    from tapas.execution.plan import Plan
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or \
+            isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"steps={steps!r}, repeats={repeats!r}: each must be an int >= 1 "
+                         "(timed pairs = steps x repeats; 10 is enough on an idle machine)")
+    say = progress or (lambda _msg: None)
+    strategy = distribute_strategy or make_strategy(devices)
+    n = int(strategy.num_replicas_in_sync)
+    if n < 2:
+        raise ValueError("calibrate_compute needs at least 2 devices: it compares the "
+                         "replicated step at the global batch and at batch / N")
+    signature = inputs.InputSignature.of(model, input_spec)
+    for name, spec in zip(signature.names, signature.specs):
+        shape = spec.shape.as_list()
+        if not shape or shape[0] % n:
+            raise ValueError(f"input '{name}' has shape {shape}: its batch (axis 0) does not "
+                             f"split into {n} (the model is timed at the global batch and at "
+                             f"batch / {n}); use a batch that is a multiple of {n}")
+    small = signature.per_row(n)
+    batches = (int(signature.specs[0].shape[0]), int(small.specs[0].shape[0]))
+    loss = parallel.training_loss(model) if loss is None else parallel.loss_object(loss)
+    programs, predicted = [], []
+    for sig, batch in ((signature, batches[0]), (small, batches[1])):
+        say(f"building the replicated program at batch {batch} on {n} devices")
+        pm = parallel.parallelize(model, sig.spec_structure(), Plan(n, {}),
+                                  distribute_strategy=strategy, loss=loss, training=training)
+        predicted.append(predicted_replicated_compute(pm.graph, n, cluster, options))
+        xs, y = inputs.synthetic_batch(model, pm.inputs, loss,
+                                       output_shape=pm.graph.outputs[0].shape)
+        pm.train_step(xs, y)                      # tracing and the graph's first run
+        programs.append((pm, xs, y))
+    say(f"timing {steps * repeats} pairs of steps")
+    times: list[list[float]] = [[], []]
+    for _ in range(repeats):
+        for _ in range(steps):
+            for i, (pm, xs, y) in enumerate(programs):
+                start = time.perf_counter()
+                pm.train_step(xs, y)
+                times[i].append(time.perf_counter() - start)
+    return scale_from_pairs(n, batches, times[0], times[1], (predicted[0], predicted[1]))
+
+
+def scale_from_pairs(num_devices: int, batches: tuple[int, int], big: list[float],
+                     small: list[float], predicted: tuple[float, float]) -> ComputeCalibration:
+    """The calibration from paired step times (``big[i]`` at the global batch, ``small[i]``
+    at batch / N, timed one after the other) and the cost model's compute of the two
+    programs: the median pair difference over the predicted difference, or no scale when
+    the prediction does not differ or the difference is not 2 standard errors above 0."""
+    if len(big) != len(small) or not big:
+        raise ValueError(f"{len(big)} and {len(small)} step times: the steps are timed in "
+                         "pairs, one of each, at least one pair")
+    diffs = [a - b for a, b in zip(big, small)]
+    diff = statistics.median(diffs)
+    pairs = len(diffs)
+    se = 0.0
+    if pairs >= 2:
+        q = statistics.quantiles(diffs, n=4)
+        se = 0.93 * (q[2] - q[0]) / math.sqrt(pairs)
+    saved = predicted[0] - predicted[1]
+    scale, reason = None, ""
+    if saved <= 0:
+        reason = ("the cost model prices the two batch sizes alike (no compute that a batch "
+                  "split saves)")
+    elif diff <= 0 or diff <= 2 * se:
+        reason = ("the measured difference is within the noise (under 2 standard errors: "
+                  "time more pairs, or a larger batch)")
+    else:
+        scale = diff / saved
+    return ComputeCalibration(num_devices, batches,
+                              (statistics.median(big), statistics.median(small)),
+                              predicted, diff, se, pairs, scale, reason)
+
+
+def resolve_compute_scale(value: Any, cluster_name: str,
+                          measure: Callable[[], ComputeCalibration]
+                          ) -> tuple[float, ComputeCalibration | None]:
+    """``--compute_scale`` of ``tapas search`` and ``tapas train``: ``(factor,
+    calibration)``. A number (or its text) is the factor; ``"measure"`` calls ``measure()``
+    (:func:`calibrate_compute` on the run's devices), which only makes sense against a
+    cluster file profiled on this machine, so a preset ``cluster_name`` is refused.
+    ValueError names the value and the fix."""
+    from tapas.planning.cost import CLUSTER_PRESETS, CostOptions
+    if str(value).strip().lower() != "measure":
+        try:
+            scale = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{value!r} is not a number: give a factor (e.g. 2.5) or "
+                             "'measure'") from None
+        CostOptions(compute_scale=scale)   # the same checks as the option's
+        return scale, None
+    if cluster_name in CLUSTER_PRESETS:
+        raise ValueError(f"'measure' times the model on this machine's devices against the "
+                         f"cluster's rates, and the cluster {cluster_name!r} is a preset, not "
+                         "this machine: profile it (tapas profile --devices=N "
+                         "--out=cluster.json) and pass --cluster=cluster.json")
+    calibration = measure()
+    return calibration.compute_scale, calibration

@@ -1,0 +1,179 @@
+"""tapas.execution.compute_scale: one model's compute measured against the cost model's price
+(``CostOptions.compute_scale``), the decision from paired timings (synthetic numbers), the
+measurement itself on 2 logical CPU devices (in a subprocess: devices are set once per
+process) and ``tapas search --compute_scale``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import command  # tests/command.py
+import pytest
+
+from tapas.execution.compute_scale import ComputeCalibration, scale_from_pairs
+from tapas.planning.cluster import Cluster
+from tapas.planning.cost import CostOptions
+from tapas.planning.search import search
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_scale_is_the_median_pair_difference_over_the_predicted_difference() -> None:
+    big = [0.100, 0.104, 0.098, 0.101, 0.103]
+    small = [0.040, 0.041, 0.039, 0.040, 0.042]
+    cal = scale_from_pairs(4, (64, 16), big, small, (0.020, 0.005))
+    assert cal.difference_s == pytest.approx(0.061)
+    assert cal.scale == pytest.approx(0.061 / 0.015)
+    assert cal.compute_scale == cal.scale and cal.reason == ""
+    assert cal.measured_s == (pytest.approx(0.101), pytest.approx(0.040))
+    assert cal.pairs == 5 and cal.difference_se_s > 0
+    assert "compute scale 4.07" in cal.describe()
+    assert json.loads(json.dumps(cal.to_json()))["compute_scale"] == pytest.approx(cal.scale)
+
+
+def test_no_scale_when_the_difference_is_noise_or_not_priced() -> None:
+    """A difference under 2 standard errors, or a prediction that does not change with the
+    batch, gives no scale: the search keeps the profiled rates (1.0) and says why."""
+    noisy = scale_from_pairs(2, (8, 4), [0.010, 0.030, 0.011, 0.029], [0.020, 0.012, 0.021,
+                                                                        0.013],
+                             (0.002, 0.001))
+    assert noisy.scale is None and noisy.compute_scale == 1.0
+    assert "within the noise" in noisy.reason and "scale 1.0" in noisy.describe()
+    flat = scale_from_pairs(2, (8, 4), [0.02, 0.02], [0.01, 0.01], (0.001, 0.001))
+    assert flat.scale is None and "prices the two batch sizes alike" in flat.reason
+    with pytest.raises(ValueError, match="timed in pairs"):
+        scale_from_pairs(2, (8, 4), [0.02], [0.01, 0.01], (0.002, 0.001))
+
+
+def test_a_larger_compute_scale_never_picks_a_plan_that_computes_more() -> None:
+    """The search minimises communication + scale x compute: as the scale grows, the chosen
+    plan's compute can only fall (and its communication rise)."""
+    from tapas import capturing, models
+    entry = models.get("t5-tiny")
+    graph = capturing.capture(entry.build(fast_init=True), entry.input_spec(16),
+                              training=False)
+    cluster = Cluster.loopback_cpu(4)
+    picks = []
+    for scale in (0.01, 1.0, 100.0):
+        s = search(graph, cluster=cluster,
+                   options=CostOptions.for_cluster(cluster, compute_scale=scale))
+        # the pick's compute at the profiled rates (the cost's is scaled) and communication
+        picks.append((s.cost["compute"] / scale, s.cost["communication"]))
+    rel = 1 + 1e-9    # the same plan's compute, summed in another order
+    assert picks[0][0] * rel >= picks[1][0] and picks[1][0] * rel >= picks[2][0]
+    assert picks[0][1] <= picks[1][1] * rel and picks[1][1] <= picks[2][1] * rel
+    assert picks[0][0] > 1.1 * picks[2][0]     # the factor moves the pick on this model
+
+
+_MEASURE = r"""
+import json, sys
+from tapas.execution import devices
+strategy = devices.make_strategy(2)
+import keras
+import tensorflow as tf
+from tapas.execution.compute_scale import calibrate_compute, predicted_replicated_compute
+from tapas.planning.cluster import Cluster
+keras.utils.set_random_seed(0)
+x = keras.Input((64,), name="features")
+h = keras.layers.Dense(256, activation="relu")(x)
+h = keras.layers.Dense(256, activation="relu")(h)
+model = keras.Model(x, keras.layers.Dense(8)(h))
+cluster = Cluster.loopback_cpu(2)
+out = {}
+cal = calibrate_compute(model, tf.TensorSpec([64, 64], tf.float32), cluster=cluster,
+                        distribute_strategy=strategy, loss=keras.losses.MeanSquaredError(),
+                        steps=3, repeats=2, progress=lambda m: print(m, flush=True))
+out["cal"] = cal.to_json()
+from tapas import capturing
+g = capturing.capture(model, tf.TensorSpec([32, 64], tf.float32), training=False)
+out["small"] = predicted_replicated_compute(g, 2, cluster)
+for spec, kw in ((tf.TensorSpec([63, 64], tf.float32), {}),
+                 (tf.TensorSpec([64, 64], tf.float32), {"steps": 0})):
+    try:
+        calibrate_compute(model, spec, cluster=cluster, distribute_strategy=strategy, **kw)
+    except ValueError as e:
+        out.setdefault("errors", []).append(str(e))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_calibrate_compute_times_the_replicated_step_at_two_batches() -> None:
+    proc = subprocess.run([sys.executable, "-c", _MEASURE], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "building the replicated program at batch 32 on 2 devices" in proc.stdout
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    cal = out["cal"]
+    assert cal["num_devices"] == 2 and cal["batches"] == [64, 32] and cal["pairs"] == 6
+    assert all(t > 0 for t in cal["measured_s"])
+    # the preset prices FLOPs linearly in the batch: half the batch, half the compute
+    assert cal["predicted_s"][0] == pytest.approx(2 * cal["predicted_s"][1])
+    assert cal["predicted_s"][1] == pytest.approx(out["small"])
+    if cal["scale"] is None:
+        assert cal["compute_scale"] == 1.0 and cal["reason"]
+    else:
+        assert cal["compute_scale"] == pytest.approx(
+            cal["difference_s"] / (cal["predicted_s"][0] - cal["predicted_s"][1]))
+    bad_batch, bad_steps = out["errors"]
+    assert "'features'" in bad_batch and "does not split into 2" in bad_batch
+    assert "steps=0" in bad_steps and "must be an int >= 1" in bad_steps
+
+
+def test_search_command_takes_a_compute_scale(tmp_path) -> None:
+    """``tapas search --compute_scale``: a factor, or 'measure' (times the model on this
+    machine's devices: only against a cluster file profiled here, not a preset)."""
+    report = tmp_path / "r.json"
+    cluster = os.path.join(ROOT, "benchmarks", "results", "cluster_cpu4_2026-11-26_epyc.json")
+    ok = command.run_tapas("search", "--model=t5-tiny", "--batch_size=8", f"--cluster={cluster}",
+                           "--compute_scale=measure", f"--json_out={report}", timeout=400)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    assert "measuring the model's compute scale on 4 devices" in ok.stdout
+    r = json.loads(report.read_text())
+    cal = r["compute_calibration"]
+    assert cal["num_devices"] == 4 and r["compute_scale"] == cal["compute_scale"] > 0
+    given = command.run_tapas("search", "--model=t5-tiny", f"--cluster={cluster}",
+                              "--compute_scale=2.5", f"--json_out={report}")
+    assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
+    assert json.loads(report.read_text())["compute_scale"] == 2.5
+    for value, words in (("0", "compute_scale=0.0: must be a finite number > 0"),
+                         ("fast", "--compute_scale=fast")):
+        bad = command.run_tapas("search", "--model=t5-tiny", f"--cluster={cluster}",
+                                f"--compute_scale={value}")
+        assert bad.returncode != 0 and words in bad.stdout + bad.stderr
+    preset = command.run_tapas("search", "--model=t5-tiny", "--cluster=v100",
+                               "--compute_scale=measure")
+    assert preset.returncode != 0
+    assert "is a preset, not this machine" in preset.stdout + preset.stderr
+
+
+def test_compute_calibration_is_a_frozen_record() -> None:
+    cal = ComputeCalibration(2, (8, 4), (0.02, 0.01), (0.002, 0.001), 0.01, 0.001, 4, 10.0)
+    with pytest.raises(AttributeError):
+        cal.scale = 1.0  # type: ignore[misc]
+
+
+def test_train_command_measures_the_factor_before_its_search(tmp_path) -> None:
+    """``tapas train --compute_scale=measure``: the factor measured on the run's devices,
+    the search priced with it, both in the report; with ``--strategy`` (no search) it is
+    refused, as is a factor that is not a number."""
+    report = tmp_path / "train.json"
+    cluster = os.path.join(ROOT, "benchmarks", "results", "cluster_cpu4_2026-11-26_epyc.json")
+    ok = command.run_tapas("train", "--model=t5-tiny", "--devices=4", "--steps=1",
+                           "--batch_size=8", f"--cluster={cluster}", "--compute_scale=measure",
+                           f"--json_out={report}", timeout=400)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    assert "measuring the model's compute scale on 4 devices" in ok.stdout
+    r = json.loads(report.read_text())
+    assert r["compute_calibration"]["batches"][0] == 4 * r["compute_calibration"]["batches"][1]
+    assert r["compute_scale"] == r["compute_calibration"]["compute_scale"] > 0
+    refused = command.run_tapas("train", "--model=t5-tiny", "--devices=2", "--steps=1",
+                                "--strategy=random:0", "--compute_scale=2")
+    assert refused.returncode != 0
+    assert "--strategy=random:0 skips it" in refused.stdout + refused.stderr
+    nan = command.run_tapas("train", "--model=t5-tiny", "--devices=2", "--steps=1",
+                            "--compute_scale=many")
+    assert nan.returncode != 0 and "'many' is not a number" in nan.stdout + nan.stderr
