@@ -2,7 +2,7 @@
 
     python scripts/table2_cost_model.py [--models=t5-tiny,keras-mobilenet,hub-mixtral,...]
         [--top_k=5] [--steps=5] [--repeats=2] [--batch_size=64] [--[no]paired]
-        [--cluster=benchmarks/results/cluster_cpu4_2026-11-26_widths.json] [--out=out/table2]
+        [--cluster=benchmarks/results/cluster_cpu4_2026-11-26_epyc.json] [--out=out/table2]
     python scripts/table2_cost_model.py --recost=out/table2/table2.json   # no measuring
     python scripts/table2_cost_model.py --workers=2 --cluster=cluster_workers2.json ...
 
@@ -33,10 +33,20 @@ logical CPU devices (``--devices``):
    elements at the cluster's profiled elementwise rate; the same as the row before with a
    cluster file that has no such rate) and +CF+GO+EC+WR+L+MB+W (also each matrix multiply
    at the profiled FLOP rate of its width: the search's default; the same as the row
-   before with a cluster file that has no such rates), and ranked;
+   before with a cluster file that has no such rates) and +CF+GO+EC+WR+L+MB+W+MC (also
+   every plan's compute times the model's own factor, measured first: see below), and
+   ranked;
    ``tapas.planning.ranking`` scores the rank of the
    measured-best plan (measured ties within noise count for the model, predicted ties
    against it).
+
+``--calibrate`` (the default): before its plans, each model's compute factor is measured
+(``tapas.execution.compute_scale.calibrate_compute``: the replicated program's step at the
+global batch and at batch / N, ``--steps`` x ``--repeats`` pairs, against the compute the
+cost model prices for them; no plan is run) for the row +MC, and the search with that
+factor adds its own top ``--top_k`` (``C#1``...); ``calibrations`` in the JSON, kept by
+``--recost`` (which re-derives each factor for its ``--cluster``; a file without them is
+re-costed without the row).
 
 Prints the table beside the paper's, writes ``table2.json`` and one scatter PNG per row of
 predicted against measured step time (the cost model's seconds are for the profiled
@@ -113,8 +123,11 @@ flags.DEFINE_integer("repeats", 2, "Rounds of --steps timed steps per plan.")
 flags.DEFINE_integer("batch_size", 64, "Global batch (divisible by --devices). 64: at 8 the "
                      "plans of these small models lie within the measurement's own noise of "
                      "each other (docs/paper.md, \"Table 2 at batch 64\").")
+flags.DEFINE_boolean("calibrate", True, "Measure each model's compute factor first "
+                     "(tapas.execution.compute_scale: the replicated step at the batch and at "
+                     "batch / N, --steps x --repeats pairs) for the row +CF+GO+EC+WR+L+MB+W+MC.")
 flags.DEFINE_float("tie_tol", 0.05, "Relative tolerance under which measured times tie.")
-flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4_2026-11-26_widths.json",
+flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4_2026-11-26_epyc.json",
                     "A cluster file written by `tapas profile`.")
 flags.DEFINE_string("recost", None, "Re-cost the runs of an earlier table2.json (its plans, "
                     "measured medians and spreads) under every row of this script, without "
@@ -133,6 +146,7 @@ FLAGS = flags.FLAGS
 PAPER = {"baseline": {"acc@1": 0.53, "mrr": 0.71}, "+CF+GO+EC": {"acc@1": 0.87, "acc@5": 1.0,
                                                                   "mrr": 0.92}}
 _PAPER_TERMS = dict(memory_bound=False)   # every op's FLOPs at the matmul rate
+MC_ROW = "+CF+GO+EC+WR+L+MB+W+MC"
 ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                          collective_efficiency=False, **_PAPER_TERMS),
         "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False,
@@ -161,36 +175,57 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
         # device_width_efficiency): the search's default
         "+CF+GO+EC+WR+L+MB+W": dict(constant_filter=True, gradient_overlap=True,
                                     collective_efficiency=True, weight_reshards=True,
-                                    loss=True, memory_bound=True, gemm_width=True)}
+                                    loss=True, memory_bound=True, gemm_width=True),
+        # ... and every plan's compute times the model's own measured factor
+        # (CostOptions.compute_scale, tapas.execution.compute_scale: the replicated step at
+        # the global batch and at batch / N against what the row above prices for them);
+        # "measured" stands for that model's factor
+        MC_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
+                     weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
+                     compute_scale="measured")}
 
 
-def candidates(graph, cluster, top_k: int, loss=None) -> list[dict]:
+def candidates(graph, cluster, top_k: int, loss=None,
+               compute_scale: float | None = None) -> list[dict]:
     """The distinct plans to run: the search's top ``top_k`` and its reference plans, each
     ``{"names": [...], "patterns": (pattern name per GraphNode)}``; with ``loss``, also the
-    top ``top_k`` of the search that prices it (named ``L#1``...)."""
+    top ``top_k`` of the search that prices it (named ``L#1``...); with ``compute_scale``
+    (the model's measured factor), also the top ``top_k`` of the search that prices the loss
+    and scales compute by it (``C#1``...), so each row's first choice is measured."""
+    from tapas.planning.cost import CostOptions
     from tapas.planning.search import search
     out: dict[tuple[str, ...], list[str]] = {}
-    for priced in ((None, loss) if loss is not None else (None,)):
-        s = search(graph, cluster=cluster, top_k=top_k, loss=priced)
-        alts = list(s.alternatives)[:top_k] + ([] if priced else list(s.references))
+    searches = [("", None, None)]
+    if loss is not None:
+        searches.append(("L", loss, None))
+    if compute_scale is not None:
+        searches.append(("C", loss, CostOptions.for_cluster(cluster,
+                                                             compute_scale=compute_scale)))
+    for prefix, priced, options in searches:
+        s = search(graph, cluster=cluster, top_k=top_k, loss=priced, options=options)
+        alts = list(s.alternatives)[:top_k] + ([] if prefix else list(s.references))
         for alt in alts:
             if alt.error:
                 continue
             pats = tuple(alt.changes.get(v, p) for v, p in enumerate(s.patterns))
-            out.setdefault(pats, []).append(("L" if priced else "") + alt.name
+            out.setdefault(pats, []).append(prefix + alt.name
                                             if alt.name.startswith("#") else alt.name)
     return [{"names": names, "patterns": pats} for pats, names in out.items()]
 
 
-def plan_costs(graph, cluster, plans: list[dict], loss, row: str) -> list:
+def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
+               compute_scale: float = 1.0) -> list:
     """The ``PlanCost`` (communication, compute, memory) of every plan under one ablation
-    row; ``loss`` (the model's Keras loss) is priced when the row says ``loss=True``."""
+    row; ``loss`` (the model's Keras loss) is priced when the row says ``loss=True``, and
+    ``compute_scale`` (the model's measured factor) where it says ``"measured"``."""
     from tapas.planning import explore as ex
     from tapas.planning.cost import CostOptions
     from tapas.planning.table import EdgeCoster, pattern_table
     n = cluster.num_devices
     changes = dict(ROWS[row])
     changes["loss"] = loss if changes.get("loss") else None
+    if changes.get("compute_scale") == "measured":
+        changes["compute_scale"] = compute_scale
     opts = CostOptions.for_cluster(cluster, **changes)
     table = pattern_table(graph, n, cluster, opts)
     edges = EdgeCoster(n, cluster, opts)
@@ -207,21 +242,33 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str) -> list:
     return costs
 
 
-def recost(graph, cluster, plans: list[dict], loss) -> dict[str, list[float]]:
+def recost(graph, cluster, plans: list[dict], loss,
+           compute_scale: float = 1.0) -> dict[str, list[float]]:
     """Each ablation row's predicted step time (seconds) of every plan (``plan_costs``)."""
-    return {row: [c.total for c in plan_costs(graph, cluster, plans, loss, row)]
+    return {row: [c.total for c in plan_costs(graph, cluster, plans, loss, row, compute_scale)]
             for row in ROWS}
 
 
-# the row whose communication and compute --decompose sets beside the measured ones: every
-# term the model has
-PARTS_ROW = "+CF+GO+EC+WR+L+MB+W"
+W_ROW = "+CF+GO+EC+WR+L+MB+W"
 
 
-def predicted_parts(graph, cluster, plans: list[dict], loss) -> list[dict[str, float]]:
-    """Each plan's predicted communication and compute (seconds), row ``PARTS_ROW``."""
+def parts_row() -> str:
+    """The row whose communication and compute ``--decompose`` sets beside the measured
+    ones: the calibrated row when the run has it, else ``W_ROW``."""
+    return MC_ROW if MC_ROW in ROWS else W_ROW
+
+
+def drop_calibrated_row(why: str) -> None:
+    """Leave ``MC_ROW`` out of this run's table (no measured factors: ``why``)."""
+    if ROWS.pop(MC_ROW, None) is not None:
+        print(f"note: no row {MC_ROW}: {why}", flush=True)
+
+
+def predicted_parts(graph, cluster, plans: list[dict], loss,
+                    compute_scale: float = 1.0) -> list[dict[str, float]]:
+    """Each plan's predicted communication and compute (seconds), row :func:`parts_row`."""
     return [{"communication_s": c.communication, "compute_s": c.compute}
-            for c in plan_costs(graph, cluster, plans, loss, PARTS_ROW)]
+            for c in plan_costs(graph, cluster, plans, loss, parts_row(), compute_scale)]
 
 
 def decomposition(runs: list[dict], tie_tol: float) -> dict | None:
@@ -250,14 +297,14 @@ def decomposition(runs: list[dict], tie_tol: float) -> dict | None:
             continue
         my = sum(m for _, m in pts) / len(pts)
         slopes[model] = sum((x - mx) * (m - my) for x, m in pts) / var
-    out = {"row": PARTS_ROW, "plans": len(done),
+    out = {"row": parts_row(), "plans": len(done),
            "communication_ratio_median": statistics.median(ratios) if ratios else None,
            "communication_ratios": ratios, "compute_slopes": slopes,
            "compute_slope_median": statistics.median(slopes.values()) if slopes else None}
     out["oracles"] = half_oracles(done, tie_tol)
     comm = out["communication_ratio_median"]
     slope = out["compute_slope_median"]
-    print(f"\ndecomposition ({len(done)} plans, cost model {PARTS_ROW}): measured / predicted "
+    print(f"\ndecomposition ({len(done)} plans, cost model {parts_row()}): measured / predicted "
           f"communication, median over plans with collectives: "
           f"{'-' if comm is None else f'{comm:.2f}'}; measured compute against predicted, "
           f"slope over each model's plans, median over models: "
@@ -365,7 +412,7 @@ def plot_decomposition(runs: list[dict], path: str) -> None:
                        marker="os^D"[i // len(colors) % 4])
         lo, hi = min(values + [0.0]), max(values + [1e-3])
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
-        ax.set_xlabel(f"predicted {part[:-2]} (ms, {PARTS_ROW})")
+        ax.set_xlabel(f"predicted {part[:-2]} (ms, {parts_row()})")
         ax.set_ylabel(f"measured {part[:-2]} (ms)")
         ax.set_title(f"{part[:-2]} per step: model against measured")
     axes[0].legend(fontsize=7)
@@ -492,13 +539,13 @@ def rank_table(ranks: dict, regrets: dict, taus: dict) -> dict:
                       "picks_within_10pct": sum(r <= 0.10 for r in regrets[row].values()),
                       "taus": taus[row],
                       "tau": sum(known) / len(known) if known else None}
-    print(f"\n{'row':<18} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6} {'pick<=10%':>10} {'worst':>6}"
+    print(f"\n{'row':<24} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6} {'pick<=10%':>10} {'worst':>6}"
           f" {'tau':>5}   paper Acc@1 Acc@5 MRR")
     for row, t in table.items():
         p = PAPER.get(row, {})
         worst = max(t["pick_regret"].values())
         tau = "-" if t["tau"] is None else f"{t['tau']:.2f}"
-        print(f"{row:<18} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f} "
+        print(f"{row:<24} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f} "
               f"{t['picks_within_10pct']:>5}/{t['models']:<4} {worst * 100:>5.0f}% {tau:>5}   "
               f"{p.get('acc@1', '-'):>11} {p.get('acc@5', '-'):>5} {p.get('mrr', '-'):>4}")
     return table
@@ -530,6 +577,10 @@ def recost_file(path: str) -> None:
                                                                            FLAGS.cluster)
     cluster = Cluster.load(cluster_file)
     batch = int(old.get("batch_size", FLAGS.batch_size))
+    calibrations = old.get("calibrations") or {}
+    if not calibrations:
+        drop_calibrated_row(f"{path} has no measured compute factors (a run before "
+                            "--calibrate, or with --nocalibrate)")
     ranks: dict = {row: {} for row in ROWS}
     regrets: dict = {row: {} for row in ROWS}
     taus: dict = {row: {} for row in ROWS}
@@ -555,8 +606,9 @@ def recost_file(path: str) -> None:
                                  "search returns today and the file has no patterns: "
                                  "measure again")
             plans = [by_label[r["plan"]] for r in mine]
-        predicted = recost(graph, cluster, plans, entry.keras_loss())
-        parts = (predicted_parts(graph, cluster, plans, entry.keras_loss())
+        scale = rescaled(calibrations.get(name), graph, cluster)
+        predicted = recost(graph, cluster, plans, entry.keras_loss(), scale)
+        parts = (predicted_parts(graph, cluster, plans, entry.keras_loss(), scale)
                  if any("measured_compute_s" in r for r in mine) else None)
         for i, r in enumerate(mine):
             runs.append({**r, "predicted_s": {row: predicted[row][i] for row in ROWS},
@@ -584,6 +636,24 @@ def recost_file(path: str) -> None:
     with open(dest, "w") as f:
         json.dump(out, f, indent=1)
     print(f"\nre-costed (not measured again); written to {dest}")
+
+
+def rescaled(calibration: dict | None, graph, cluster) -> float:
+    """A model's compute factor from its stored calibration, re-derived for ``cluster``
+    (the measured difference over the difference this cluster's rates price: re-costing
+    with another profile changes the prediction, not the measurement; the batch / N
+    program's price is taken in the stored proportion to the full batch's, which is exact
+    for the run's own cluster); 1.0 without one."""
+    if not calibration or calibration.get("scale") is None:
+        return 1.0
+    from tapas.planning.cost import CostOptions
+    from tapas.execution.compute_scale import predicted_replicated_compute
+    n = cluster.num_devices
+    options = CostOptions.for_cluster(cluster, **{k: v for k, v in ROWS[W_ROW].items()
+                                                  if k != "loss"})
+    big = predicted_replicated_compute(graph, n, cluster, options)
+    small = calibration["predicted_s"][1] * big / calibration["predicted_s"][0]
+    return calibration["difference_s"] / (big - small) if big > small else 1.0
 
 
 def main(argv: list[str]) -> None:
@@ -617,6 +687,10 @@ def main(argv: list[str]) -> None:
         raise ValueError(f"--cluster={FLAGS.cluster} has {cluster.num_devices} devices but "
                          f"the run has {n}: profile with `{how}`")
     strategy = devices.make_strategy(n)
+    from tapas.execution.compute_scale import calibrate_compute
+    calibrations: dict[str, dict] = {}
+    if not FLAGS.calibrate:
+        drop_calibrated_row("--nocalibrate")
     runs, ranks, regrets = [], {row: {} for row in ROWS}, {row: {} for row in ROWS}
     taus: dict = {row: {} for row in ROWS}
     load_before = os.getloadavg()
@@ -625,9 +699,26 @@ def main(argv: list[str]) -> None:
         model = entry.build(seed=0)
         graph = capturing.capture(model, _specs(entry, FLAGS.batch_size), training=False)
         loss = entry.keras_loss()
-        plans = candidates(graph, cluster, FLAGS.top_k, loss)
-        predicted = recost(graph, cluster, plans, loss)
-        parts = predicted_parts(graph, cluster, plans, loss) if FLAGS.decompose else None
+        scale = None
+        if FLAGS.calibrate:
+            try:
+                cal = calibrate_compute(model, _specs(entry, FLAGS.batch_size),
+                                        cluster=cluster, distribute_strategy=strategy,
+                                        loss=loss, training=False, steps=FLAGS.steps,
+                                        repeats=FLAGS.repeats)
+            except Exception as e:  # noqa: BLE001  (reported; the model's row keeps 1.0)
+                calibrations[name] = {"error": f"{type(e).__name__}: {str(e)[:400]}",
+                                      "scale": None, "compute_scale": 1.0}
+                print(f"[{name}] calibration FAILED (compute scale 1.0): "
+                      f"{calibrations[name]['error']}", flush=True)
+            else:
+                calibrations[name] = cal.to_json()
+                scale = cal.compute_scale
+                print(f"[{name}] {cal.describe()}", flush=True)
+        plans = candidates(graph, cluster, FLAGS.top_k, loss, scale)
+        predicted = recost(graph, cluster, plans, loss, scale or 1.0)
+        parts = (predicted_parts(graph, cluster, plans, loss, scale or 1.0)
+                 if FLAGS.decompose else None)
         anchor = (report.plan_program(model, entry, graph, ["replicate"] * len(graph.nodes),
                                       strategy, FLAGS.batch_size) if FLAGS.paired else None)
         mine = []
@@ -668,7 +759,9 @@ def main(argv: list[str]) -> None:
                   f"{r['predicted_s']['+CF+GO+EC'] * 1e3:.2f} ms (+CF+GO+EC), "
                   f"{r['predicted_s']['+CF+GO+EC+WR+L'] * 1e3:.2f} ms (+WR+L), "
                   f"{r['predicted_s']['+CF+GO+EC+WR+L+MB'] * 1e3:.2f} ms (+MB), "
-                  f"{r['predicted_s']['+CF+GO+EC+WR+L+MB+W'] * 1e3:.2f} ms (+MB+W)"
+                  f"{r['predicted_s'][W_ROW] * 1e3:.2f} ms (+MB+W)"
+                  + (f", {r['predicted_s'][MC_ROW] * 1e3:.2f} ms (+MC)" if MC_ROW in ROWS
+                     else "")
                   + (f"; communication {r['measured_communication_s'] * 1e3:.1f} ms measured, "
                      f"{r['predicted_parts']['communication_s'] * 1e3:.1f} predicted; compute "
                      f"{r['measured_compute_s'] * 1e3:.1f} ms measured, "
@@ -680,6 +773,12 @@ def main(argv: list[str]) -> None:
               {row: [r["predicted_s"][row] for r in mine] for row in ROWS}, FLAGS.tie_tol)
         del anchor
         gc.collect()
+        if chief:   # what is measured so far, should a later model end the run
+            os.makedirs(FLAGS.out, exist_ok=True)
+            with open(os.path.join(FLAGS.out, "table2.partial.json"), "w") as f:
+                json.dump({"command": " ".join(sys.argv), "cluster": FLAGS.cluster,
+                           "batch_size": FLAGS.batch_size, "calibrations": calibrations,
+                           "runs": runs}, f, indent=1)
     if not chief:   # worker 0 measured the same steps and writes the results
         return
     os.makedirs(FLAGS.out, exist_ok=True)
@@ -700,7 +799,7 @@ def main(argv: list[str]) -> None:
            "batch_size": FLAGS.batch_size, "paired": FLAGS.paired,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "decomposition": parts_summary,
-           "ceiling": bound, "runs": runs}
+           "ceiling": bound, "calibrations": calibrations, "runs": runs}
     path = os.path.join(FLAGS.out, "table2.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)

@@ -96,8 +96,22 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     d = json.loads((out / "table2.json").read_text())
     assert set(d["table"]) == {"baseline", "+CF", "+CF+GO", "+CF+GO+EC", "+CF+GO+EC+WR",
                                "+CF+GO+EC+WR+L", "+CF+GO+EC+WR+L+MB",
-                               "+CF+GO+EC+WR+L+MB+W"}
+                               "+CF+GO+EC+WR+L+MB+W", "+CF+GO+EC+WR+L+MB+W+MC"}
     assert d["paired"] is True
+    # each model's compute factor was measured first (the replicated step at 8 and 2)
+    assert set(d["calibrations"]) == {"t5-tiny", "keras-mobilenet"}
+    for model, cal in d["calibrations"].items():
+        assert cal["batches"] == [8, 2] and cal["pairs"] == 2 and min(cal["measured_s"]) > 0
+        assert f"[{model}] replicated step on 4 devices: batch 8" in proc.stdout
+        for r in (r for r in d["runs"] if r["model"] == model):
+            # the calibrated row is the row before it with the compute scaled: it moves the
+            # prediction the way the factor says
+            w, mc = r["predicted_s"]["+CF+GO+EC+WR+L+MB+W"], r["predicted_s"][
+                "+CF+GO+EC+WR+L+MB+W+MC"]
+            if cal["compute_scale"] == 1.0:
+                assert mc == pytest.approx(w)
+            else:
+                assert (mc > w) == (cal["compute_scale"] > 1.0)
     for model in ("t5-tiny", "keras-mobilenet"):
         runs = [r for r in d["runs"] if r["model"] == model]
         assert not [r for r in runs if "error" in r], runs
@@ -136,8 +150,20 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     r2 = json.loads((out / "table2_recost.json").read_text())
     assert r2["recosted_from"].endswith("table2.json") and "not measured again" in again.stdout
-    assert r2["table"] == d["table"]
+    assert r2["table"] == d["table"] and r2["calibrations"] == d["calibrations"]
     assert [r["paired_s"] for r in r2["runs"]] == [r["paired_s"] for r in d["runs"]]
+    # an older file without the factors is re-costed without the calibrated row
+    del d["calibrations"]
+    (out / "old.json").write_text(json.dumps(d))
+    older = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
+         f"--recost={out / 'old.json'}", f"--out={out / 'old'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert older.returncode == 0, older.stdout[-3000:] + older.stderr[-3000:]
+    assert "no row +CF+GO+EC+WR+L+MB+W+MC" in older.stdout
+    r3 = json.loads((out / "old" / "table2_recost.json").read_text())
+    assert "+CF+GO+EC+WR+L+MB+W+MC" not in r3["table"]
+    assert r3["table"]["+CF+GO+EC+WR+L+MB+W"] == d["table"]["+CF+GO+EC+WR+L+MB+W"]
 
 
 def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
@@ -156,6 +182,8 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     assert "launching 2 workers" in proc.stdout and "[moe-tiny 1/" in proc.stdout
     d = json.loads((out / "table2.json").read_text())
     assert d["devices"] == 2 and d["workers"] == 2
+    # the compute factor measured on the workers too (batch 8 and 4)
+    assert d["calibrations"]["moe-tiny"]["batches"] == [8, 4]
     runs = d["runs"]
     assert not [r for r in runs if "error" in r], runs
     assert {"expert", "data-parallel"} <= {n for r in runs for n in r["plan"].split("/")}
@@ -278,3 +306,31 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     assert "ceiling:" in again.stdout
     assert r2["ceiling"]["models"] == 1 and r2["ceiling"]["acc@1"] == 1.0
     assert r2["ceiling"]["mrr"] == 1.0 and r2["ceiling"]["ranks"] == {"resnet-tiny": 1}
+
+
+def test_table2_from_log_scores_the_printed_lines(tmp_path: pathlib.Path) -> None:
+    """scripts/table2_from_log.py reads a run's printed plan lines back (paired time, its
+    standard error, the printed rows' predictions) and its compute factors, and scores them
+    as the table does."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import table2_from_log as t2log
+    lines = [
+        "[m 1/2] #1/L#1: measured 50.0 ms (+-1.0; alone 51.0), predicted 10.00 ms (+CF+GO+EC), "
+        "11.00 ms (+WR+L), 20.00 ms (+MB), 21.00 ms (+MB+W), 40.00 ms (+MC)\n",
+        "[m 2/2] replicate: measured 80.0 ms (+-2.0; alone 79.0), predicted 9.00 ms "
+        "(+CF+GO+EC), 9.00 ms (+WR+L), 25.00 ms (+MB), 26.00 ms (+MB+W), 80.00 ms (+MC)\n",
+        "[m] replicated step on 4 devices: batch 64 80.0 ms, batch 16 30.0 ms (difference "
+        "50.0 +- 1.0 ms over 10 pairs); the cost model's compute 26.0 and 6.5 ms: compute "
+        "scale 2.56\n",
+        "unrelated line\n"]
+    runs, scales = t2log.parse_log(lines)
+    assert scales == {"m": 2.56}
+    assert [r["plan"] for r in runs] == ["#1/L#1", "replicate"]
+    assert runs[0]["paired_s"] == pytest.approx(0.05)
+    assert runs[0]["paired_se_s"] == pytest.approx(0.001)
+    assert runs[1]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+MC"] == pytest.approx(0.08)
+    table = t2log.score(runs, 0.05)
+    # the paper's row ranks replication first (9 < 10 ms), the measured-best second
+    assert table["+CF+GO+EC"]["ranks"] == {"m": 2}
+    assert table["+CF+GO+EC"]["pick_regret"]["m"] == pytest.approx(0.6)
+    assert table["+CF+GO+EC+WR+L+MB+W+MC"]["acc@1"] == 1.0
