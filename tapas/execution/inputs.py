@@ -121,18 +121,21 @@ class InputSignature:
         index = keras.tree.pack_sequence_as(template, list(range(len(specs))))
         return cls(tuple(specs), index)
 
-    def per_row(self, rows: int) -> InputSignature:
+    def per_row(self, rows: int, purpose: str | None = None) -> InputSignature:
         """The signature of one row of a mesh with ``rows`` rows: axis 0 (the batch) of
-        every input divided by ``rows`` (``tapas.planning.mesh``)."""
+        every input divided by ``rows`` (``tapas.planning.mesh``). ``purpose``: why the
+        batch is divided, for the error of one that does not divide (default: mesh rows)."""
         if rows == 1:
             return self
         specs = []
         for name, spec in zip(self.names, self.specs):
             shape = spec.shape.as_list()
             if not shape or shape[0] % rows:
-                raise ValueError(f"input '{name}' has shape {shape}: its batch (axis 0) does "
-                                 f"not split into {rows} mesh rows; use a batch that is a "
-                                 f"multiple of {rows} or fewer rows")
+                raise ValueError(
+                    f"input '{name}' has shape {shape}: its batch (axis 0) does not split "
+                    + (f"into {rows} ({purpose}); use a batch that is a multiple of {rows}"
+                       if purpose else f"into {rows} mesh rows; use a batch that is a "
+                       f"multiple of {rows} or fewer rows"))
             specs.append(tf.TensorSpec([shape[0] // rows] + shape[1:], spec.dtype, name=name))
         return dataclasses.replace(self, specs=tuple(specs))
 
