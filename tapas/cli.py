@@ -345,6 +345,10 @@ def cmd_search() -> dict[str, Any]:
     except (TypeError, ValueError) as e:
         raise app.UsageError(f"--cluster={FLAGS.cluster} --nodes={FLAGS.nodes} "
                              f"--devices_per_node={FLAGS.devices_per_node}: {e}") from None
+    if FLAGS.compute_scale is not None and (FLAGS.meshes or FLAGS.mesh):
+        raise app.UsageError(f"--compute_scale={FLAGS.compute_scale} with --meshes/--mesh is "
+                             "not supported (the factor is measured on the 1-D program): "
+                             "leave one of them out")
     if str(FLAGS.compute_scale).strip().lower() == "measure" and \
             FLAGS.cluster not in CLUSTER_PRESETS:
         # the cluster's devices, before the capture runs any TensorFlow op (logical CPU

@@ -144,6 +144,9 @@ def test_search_command_takes_a_compute_scale(tmp_path) -> None:
         bad = command.run_tapas("search", "--model=t5-tiny", f"--cluster={cluster}",
                                 f"--compute_scale={value}")
         assert bad.returncode != 0 and words in bad.stdout + bad.stderr
+    mesh = command.run_tapas("search", "--model=t5-tiny", "--mesh=2x2", "--compute_scale=2")
+    assert mesh.returncode != 0 and "with --meshes/--mesh is not supported" in (
+        mesh.stdout + mesh.stderr)
     preset = command.run_tapas("search", "--model=t5-tiny", "--cluster=v100",
                                "--compute_scale=measure")
     assert preset.returncode != 0
