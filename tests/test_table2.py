@@ -311,26 +311,35 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
 def test_table2_from_log_scores_the_printed_lines(tmp_path: pathlib.Path) -> None:
     """scripts/table2_from_log.py reads a run's printed plan lines back (paired time, its
     standard error, the printed rows' predictions) and its compute factors, and scores them
-    as the table does."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import table2_from_log as t2log
-    lines = [
+    as the table does (run as a command: its absl flags are its own process's)."""
+    log = tmp_path / "run.log"
+    log.write_text(
         "[m 1/2] #1/L#1: measured 50.0 ms (+-1.0; alone 51.0), predicted 10.00 ms (+CF+GO+EC), "
-        "11.00 ms (+WR+L), 20.00 ms (+MB), 21.00 ms (+MB+W), 40.00 ms (+MC)\n",
+        "11.00 ms (+WR+L), 20.00 ms (+MB), 21.00 ms (+MB+W), 40.00 ms (+MC)\n"
         "[m 2/2] replicate: measured 80.0 ms (+-2.0; alone 79.0), predicted 9.00 ms "
-        "(+CF+GO+EC), 9.00 ms (+WR+L), 25.00 ms (+MB), 26.00 ms (+MB+W), 80.00 ms (+MC)\n",
+        "(+CF+GO+EC), 9.00 ms (+WR+L), 25.00 ms (+MB), 26.00 ms (+MB+W), 80.00 ms (+MC)\n"
         "[m] replicated step on 4 devices: batch 64 80.0 ms, batch 16 30.0 ms (difference "
         "50.0 +- 1.0 ms over 10 pairs); the cost model's compute 26.0 and 6.5 ms: compute "
-        "scale 2.56\n",
-        "unrelated line\n"]
-    runs, scales = t2log.parse_log(lines)
-    assert scales == {"m": 2.56}
+        "scale 2.56\n"
+        "unrelated line\n")
+    out = tmp_path / "scored.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_from_log.py"),
+                           str(log), f"--out={out}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 plans of 1 models" in proc.stdout
+    d = json.loads(out.read_text())
+    assert d["compute_scales"] == {"m": 2.56}
+    runs = d["runs"]
     assert [r["plan"] for r in runs] == ["#1/L#1", "replicate"]
     assert runs[0]["paired_s"] == pytest.approx(0.05)
     assert runs[0]["paired_se_s"] == pytest.approx(0.001)
     assert runs[1]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+MC"] == pytest.approx(0.08)
-    table = t2log.score(runs, 0.05)
     # the paper's row ranks replication first (9 < 10 ms), the measured-best second
-    assert table["+CF+GO+EC"]["ranks"] == {"m": 2}
-    assert table["+CF+GO+EC"]["pick_regret"]["m"] == pytest.approx(0.6)
-    assert table["+CF+GO+EC+WR+L+MB+W+MC"]["acc@1"] == 1.0
+    assert d["table"]["+CF+GO+EC"]["ranks"] == {"m": 2}
+    assert d["table"]["+CF+GO+EC"]["pick_regret"]["m"] == pytest.approx(0.6)
+    assert d["table"]["+CF+GO+EC+WR+L+MB+W+MC"]["acc@1"] == 1.0
+    empty = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_from_log.py"),
+                            str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert empty.returncode != 0 and "no '[model i/n] plan: measured" in (
+        empty.stdout + empty.stderr)
