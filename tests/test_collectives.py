@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tapas.execution.collectives import Audit, SimulatedCollectives, local_slice
+from tapas.execution.collectives import Audit, SimulatedCollectives, _on_axis, local_slice
 
 N = 4
 
@@ -113,6 +113,21 @@ def test_scatter_slices_and_gathers_the_gradient():
     assert audit.counts() == {("AG", "bwd"): 1}
 
 
+@pytest.mark.parametrize("axis", [1, 2, 3])
+@pytest.mark.parametrize("static", [True, False])
+def test_gather_along_a_later_axis_concatenates_the_devices_pieces_in_order(axis, static):
+    # a stand-in for the all-gather along dimension 0 over 3 devices, where device i holds
+    # x + 100 i: whatever the gather is given is made of x's elements, so the pieces of the
+    # other devices are the same arrangement of theirs
+    def gather0(v):
+        return tf.concat([v + 100.0 * i for i in range(3)], 0)
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    spec = tf.TensorSpec(x.shape if static else (None, 3, None, 5), tf.float32)
+    fn = tf.function(lambda v: _on_axis(gather0, v, axis, 3), input_signature=[spec])
+    np.testing.assert_array_equal(fn(x), np.concatenate([x + 100.0 * i for i in range(3)],
+                                                        axis=axis))
+
+
 def test_local_slice_rejects_indivisible_sizes():
     with pytest.raises(ValueError, match="multiple of the device count"):
         local_slice(tf.zeros([5, 2]), 0, 2, 0)
@@ -136,6 +151,11 @@ _MIRRORED = textwrap.dedent("""
         "ar": lambda c, x: c.all_reduce(x, "t", (4, 6), "float32"),
         "f": lambda c, x: c.all_reduce_grad(x, "t", (4, 6), "float32"),
         "ag": lambda c, x: c.all_gather(x, 1, "t", (4, 12), "float32"),
+        # along the last and a middle axis of a rank-4 tensor (NHWC channels, rows)
+        "ag_last": lambda c, x: [tf.reshape(y, (4, 12)) for y in c.all_gather(
+            [tf.reshape(v, (2, 2, 3, 2)) for v in x], 3, "t", (2, 2, 3, 4), "float32")],
+        "ag_middle": lambda c, x: [tf.reshape(y, (4, 12)) for y in c.all_gather(
+            [tf.reshape(v, (2, 2, 3, 2)) for v in x], 1, "t", (2, 4, 3, 2), "float32")],
         "rs": lambda c, x: c.reduce_scatter(x, 0, "t", (4, 6), "float32"),
         "a2a": lambda c, x: c.all_to_all(x, 0, 1, "t", (8, 6), "float32"),
         "sc": lambda c, x: c.scatter(x, 1, "t", (4, 6), "float32"),
