@@ -808,7 +808,7 @@ class Runtime:
             value, new_slots = self.optimizer.update(
                 weights[p], g, dict(slots[p]), step, grad_square,
                 learning_rate=self.learning_rate, scalars=scalars[dtype])
-            new[p] = {"value": value, "grad": g, **new_slots}
+            new[p] = {"value": value, **new_slots}
         loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
         return loss, new, writes
 
