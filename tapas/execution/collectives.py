@@ -501,8 +501,8 @@ def _on_axis(gather0: Callable[[tf.Tensor], tf.Tensor], x: tf.Tensor, axis: int,
     axis is moved next to ``axis`` and the two are merged: one transpose, of the gathered
     tensor, that moves whole runs of the dimensions after ``axis``. Moving ``axis`` itself to
     the front and back instead takes two transposes that move every element on its own:
-    2-4 x slower for a channel (last) axis on CPU, which made channel-split plans of the
-    CNNs cost more than their prediction (issue 13)."""
+    2-4 x slower for a channel (last) axis on CPU, work that the cost model does not price
+    (it prices the gather's bytes)."""
     if axis == 0:
         return gather0(x)
     moved = tf.transpose(gather0(x[None]),
