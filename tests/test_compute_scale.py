@@ -180,3 +180,9 @@ def test_train_command_measures_the_factor_before_its_search(tmp_path) -> None:
     nan = command.run_tapas("train", "--model=t5-tiny", "--devices=2", "--steps=1",
                             "--compute_scale=many")
     assert nan.returncode != 0 and "'many' is not a number" in nan.stdout + nan.stderr
+    # across worker processes the value is checked before any worker is launched
+    early = command.run_tapas("train", "--model=t5-tiny", "--workers=2", "--steps=1",
+                              "--compute_scale=measure")
+    assert early.returncode != 0
+    assert "is a preset, not this machine" in early.stdout + early.stderr
+    assert "launching 2 workers" not in early.stdout

@@ -172,14 +172,10 @@ def scale_from_pairs(num_devices: int, batches: tuple[int, int], big: list[float
                               predicted, diff, se, pairs, scale, reason)
 
 
-def resolve_compute_scale(value: Any, cluster_name: str,
-                          measure: Callable[[], ComputeCalibration]
-                          ) -> tuple[float, ComputeCalibration | None]:
-    """``--compute_scale`` of ``tapas search`` and ``tapas train``: ``(factor,
-    calibration)``. A number (or its text) is the factor; ``"measure"`` calls ``measure()``
-    (:func:`calibrate_compute` on the run's devices), which only makes sense against a
-    cluster file profiled on this machine, so a preset ``cluster_name`` is refused.
-    ValueError names the value and the fix."""
+def check_compute_scale(value: Any, cluster_name: str) -> float | None:
+    """``--compute_scale`` checked without measuring anything: the factor, or None for
+    ``"measure"`` (which only makes sense against a cluster file profiled on this machine,
+    so a preset ``cluster_name`` is refused). ValueError names the value and the fix."""
     from tapas.planning.cost import CLUSTER_PRESETS, CostOptions
     if str(value).strip().lower() != "measure":
         try:
@@ -188,11 +184,23 @@ def resolve_compute_scale(value: Any, cluster_name: str,
             raise ValueError(f"{value!r} is not a number: give a factor (e.g. 2.5) or "
                              "'measure'") from None
         CostOptions(compute_scale=scale)   # the same checks as the option's
-        return scale, None
+        return scale
     if cluster_name in CLUSTER_PRESETS:
         raise ValueError(f"'measure' times the model on this machine's devices against the "
                          f"cluster's rates, and the cluster {cluster_name!r} is a preset, not "
                          "this machine: profile it (tapas profile --devices=N "
                          "--out=cluster.json) and pass --cluster=cluster.json")
+    return None
+
+
+def resolve_compute_scale(value: Any, cluster_name: str,
+                          measure: Callable[[], ComputeCalibration]
+                          ) -> tuple[float, ComputeCalibration | None]:
+    """``--compute_scale`` of ``tapas search`` and ``tapas train``: ``(factor,
+    calibration)``. A number (or its text) is the factor; ``"measure"`` calls ``measure()``
+    (:func:`calibrate_compute` on the run's devices); see :func:`check_compute_scale`."""
+    scale = check_compute_scale(value, cluster_name)
+    if scale is not None:
+        return scale, None
     calibration = measure()
     return calibration.compute_scale, calibration

@@ -104,6 +104,12 @@ def train(opts: TrainOptions) -> dict[str, Any]:
                          "process use --devices=N")
     if opts.workers and not os.environ.get("TF_CONFIG"):
         _check_model_name(opts.model)   # here, not once per worker after the launch
+        if opts.compute_scale is not None:
+            from tapas.execution.compute_scale import check_compute_scale
+            try:
+                check_compute_scale(opts.compute_scale, opts.cluster)
+            except ValueError as e:
+                raise TrainError(f"--compute_scale={opts.compute_scale}: {e}") from None
         return _launch_workers(opts)
     from tapas.execution import devices
     timings: dict[str, float] = {}
