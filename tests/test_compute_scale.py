@@ -186,3 +186,7 @@ def test_train_command_measures_the_factor_before_its_search(tmp_path) -> None:
     assert early.returncode != 0
     assert "is a preset, not this machine" in early.stdout + early.stderr
     assert "launching 2 workers" not in early.stdout
+    both = command.run_tapas("train", "--model=t5-tiny", "--workers=2", "--steps=1",
+                             "--strategy=random:0", "--compute_scale=2")
+    assert both.returncode != 0 and "--strategy=random:0 skips it" in both.stdout + both.stderr
+    assert "launching 2 workers" not in both.stdout

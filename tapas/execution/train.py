@@ -105,11 +105,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     if opts.workers and not os.environ.get("TF_CONFIG"):
         _check_model_name(opts.model)   # here, not once per worker after the launch
         if opts.compute_scale is not None:
-            from tapas.execution.compute_scale import check_compute_scale
-            try:
-                check_compute_scale(opts.compute_scale, opts.cluster)
-            except ValueError as e:
-                raise TrainError(f"--compute_scale={opts.compute_scale}: {e}") from None
+            _check_compute_scale(opts)
         return _launch_workers(opts)
     from tapas.execution import devices
     timings: dict[str, float] = {}
@@ -223,7 +219,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     calibration = None
     if opts.compute_scale is not None:
         scale, calibration = _compute_scale(opts, model, specs, loss, cluster, distribute,
-                                            rows, strategy, say)
+                                            rows, say)
         from tapas.planning.cost import CostOptions
         search_options["options"] = CostOptions.for_cluster(cluster, compute_scale=scale)
     if strategy and strategy.startswith("random:"):
@@ -271,14 +267,25 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     return pm, name, xs, y, calibration
 
 
+def _check_compute_scale(opts: TrainOptions) -> None:
+    """``--compute_scale`` against the other options, without measuring anything (also
+    before ``--workers`` are launched, so a wrong value fails once, at once)."""
+    from tapas.execution.compute_scale import check_compute_scale
+    if opts.strategy:
+        raise TrainError(f"--compute_scale={opts.compute_scale} prices the search, and "
+                         f"--strategy={opts.strategy} skips it: leave one of them out")
+    try:
+        check_compute_scale(opts.compute_scale, opts.cluster)
+    except ValueError as e:
+        raise TrainError(f"--compute_scale={opts.compute_scale}: {e}") from None
+
+
 def _compute_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluster: Any,
-                   distribute: Any, rows: int, strategy: Any, say: Any) -> tuple[float, Any]:
+                   distribute: Any, rows: int, say: Any) -> tuple[float, Any]:
     """``--compute_scale``: the factor and, for 'measure', its calibration (the model's
     replicated step timed at the batch and at batch / N on the run's devices)."""
     from tapas.execution.compute_scale import calibrate_compute, resolve_compute_scale
-    if strategy:
-        raise TrainError(f"--compute_scale={opts.compute_scale} prices the search, and "
-                         f"--strategy={strategy} skips it: leave one of them out")
+    _check_compute_scale(opts)
     if rows > 1:
         raise TrainError(f"--compute_scale with --mesh={opts.mesh} is not supported: the "
                          "factor is measured on the 1-D program; search without it, or "
