@@ -182,6 +182,27 @@ def check_mlp(strategy: Any) -> dict[str, Any]:
     return out
 
 
+def replica_calls(graph: Any) -> list[dict[str, Any]]:
+    """The calls of a function in a traced step graph: the op, whether the callee is kept
+    out of line (``_noinline``) and the Grappler options it is instantiated with."""
+    from tensorflow.core.protobuf import config_pb2
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    calls = []
+    for op in graph.get_operations():
+        if op.type not in ("PartitionedCall", "StatefulPartitionedCall"):
+            continue
+        config = config_pb2.ConfigProto()
+        config.ParseFromString(op.get_attr("config_proto"))
+        rewrite = config.graph_options.rewrite_options
+        fdef = library[op.get_attr("f").name]
+        calls.append({"device": op.device, "noinline": bool(fdef.attr["_noinline"].b),
+                      "nodes": len(fdef.node_def),
+                      "constant_folding": int(rewrite.constant_folding),
+                      "function_optimization": int(rewrite.function_optimization),
+                      "iterations": int(rewrite.meta_optimizer_iterations)})
+    return calls
+
+
 def check_checkpoint(strategy: Any) -> dict[str, Any]:
     """Save after one Adam step; restore into the same layout, into another layout, and
     (when JOB['restore_from'] names a directory from another device count) from there."""
@@ -358,7 +379,8 @@ def check_zoo(strategy: Any) -> dict[str, Any]:
                                            ("outputs", "loss", "gradients", "weights")},
                     "audit": audit.to_json(), "sharded_nodes": sum(
                         1 for p in names.values() if getattr(p, "name", "") != "replicate"),
-                    "trace_seconds": pm.runtime.trace_seconds}
+                    "trace_seconds": pm.runtime.trace_seconds,
+                    "replica_calls": replica_calls(pm.runtime.graphs["train_step"])}
             except Exception as e:  # reported per strategy
                 out[key] = {
                     "error": f"{type(e).__name__}: {e}",

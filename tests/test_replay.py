@@ -31,16 +31,22 @@ def test_lean_on_cpus_runs_the_passes_once_without_layout_memory_and_mlir() -> N
         assert rewrite.layout_optimizer == RC.OFF
         assert rewrite.memory_optimization == RC.NO_MEM_OPT
         assert rewrite.disable_tfg_optimizer
-        assert not rewrite.disable_meta_optimizer   # constant folding, remapper, ... run
+        assert (rewrite.constant_folding, rewrite.arithmetic_optimization,
+                rewrite.function_optimization) == (RC.OFF, RC.OFF, RC.OFF)
+        assert not rewrite.disable_meta_optimizer   # pruning, CSE, remapper, ... run
+        assert rewrite.remapping == RC.DEFAULT
+        assert rewrite.common_subgraph_elimination == RC.DEFAULT
     assert context.context().function_call_options.config_proto_serialized == before
 
 
-def test_lean_with_accelerators_keeps_layout_and_memory_optimizers() -> None:
+def test_lean_with_accelerators_keeps_layout_memory_folding_and_arithmetic() -> None:
     with replay.graph_optimization("lean", accelerators=True):
         rewrite = _current().graph_options.rewrite_options
         assert rewrite.meta_optimizer_iterations == RC.ONE
         assert rewrite.layout_optimizer == RC.DEFAULT
         assert rewrite.memory_optimization == RC.DEFAULT_MEM_OPT
+        assert (rewrite.constant_folding, rewrite.arithmetic_optimization,
+                rewrite.function_optimization) == (RC.DEFAULT, RC.DEFAULT, RC.DEFAULT)
 
 
 def test_options_the_user_set_are_kept_and_restored_after_an_error() -> None:
@@ -49,6 +55,7 @@ def test_options_the_user_set_are_kept_and_restored_after_an_error() -> None:
     config = _current()
     config.graph_options.rewrite_options.layout_optimizer = RC.ON
     config.graph_options.rewrite_options.meta_optimizer_iterations = RC.TWO
+    config.graph_options.rewrite_options.constant_folding = RC.ON
     options = copy.copy(saved)
     options.config_proto_serialized = config
     ctx.function_call_options = options
@@ -59,6 +66,8 @@ def test_options_the_user_set_are_kept_and_restored_after_an_error() -> None:
                 rewrite = _current().graph_options.rewrite_options
                 assert rewrite.layout_optimizer == RC.ON
                 assert rewrite.meta_optimizer_iterations == RC.TWO
+                assert rewrite.constant_folding == RC.ON
+                assert rewrite.arithmetic_optimization == RC.OFF   # not set by the user
                 raise RuntimeError("inside")
         assert ctx.function_call_options.config_proto_serialized == user
     finally:

@@ -74,6 +74,28 @@ def test_hand_mlp_equals_keras_on_4_devices(four: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("which", ["two", "four"])
+def test_each_device_calls_its_own_copy_of_the_replica_body(
+        which: str, request: pytest.FixtureRequest) -> None:
+    """The traced step calls the replica body out of line once per device (each device
+    instantiates and optimises its own copy), with the program's Grappler options."""
+    from tensorflow.core.protobuf import rewriter_config_pb2
+    rc = rewriter_config_pb2.RewriterConfig
+    n = {"two": 2, "four": 4}[which]
+    zoo = {k: v for k, v in request.getfixturevalue(which)["zoo"].items() if k != "check"}
+    assert zoo
+    for key, run in zoo.items():
+        body = [c for c in run["replica_calls"] if c["noinline"]]
+        assert len(body) == n and len({c["device"] for c in body}) == n, (key, body)
+        lean = (rc.OFF, rc.OFF, rc.ONE)
+        want = (rc.DEFAULT, rc.DEFAULT, rc.DEFAULT_NUM_ITERS) if key.endswith("/default") \
+            else lean
+        for c in body:
+            assert c["nodes"] > 20, (key, c)
+            assert (c["constant_folding"], c["function_optimization"], c["iterations"]) == \
+                want, (key, c)
+
+
+@pytest.mark.parametrize("which", ["two", "four"])
 def test_checkpoint_round_trips(which: str, request: pytest.FixtureRequest) -> None:
     ck = request.getfixturevalue(which)["checkpoint"]
     assert "error" not in ck, ck.get("traceback")

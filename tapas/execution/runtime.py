@@ -665,8 +665,9 @@ class Runtime:
         time as a function of (replica id, ordering token, tensors) with
         :class:`KeyedCollectives`, and each replica calls it on its device, so the Python
         replay, its gradients and TensorFlow's bookkeeping of the traced ops are done once,
-        not once per replica (the first step's time, issue 11). Otherwise (see
-        :meth:`_launchers`) the body is traced in each replica with the
+        not once per replica (the first step's time, issue 11). The calls are not inlined:
+        each device instantiates and optimises its own copy when the step first runs.
+        Otherwise (see :meth:`_launchers`) the body is traced in each replica with the
         ``ReplicaContext``'s collectives."""
         launchers = self._launchers()
         if launchers is None:
@@ -710,7 +711,12 @@ class Runtime:
                                   audit=self.dp_audits.setdefault(self._tracing, Audit()))
             return body(_Replica(coll, coll, ids[0], True, dp), *a)
 
-        fn = tf.function(traced, autograph=False).get_concrete_function(
+        # out of line: each replica's call instantiates its own copy of the body on its
+        # device, under the runtime's Grappler options (set again below: strategy.run calls
+        # the replicas in threads of its own); Grappler then optimises N copies of the body
+        # one at a time instead of one graph holding all N (the first step, issue 11)
+        fn = tf.function(traced, autograph=False,
+                         experimental_attributes={"_noinline": True}).get_concrete_function(
             tf.TensorSpec([4], tf.int32), tf.TensorSpec([], tf.resource) if use_token else None,
             *tf.nest.map_structure(_spec, first))
 
@@ -723,7 +729,8 @@ class Runtime:
             else:
                 i, j = divmod(rid, self.num_devices)
                 ids = [j, i, mesh["rows"][i], mesh["cols"][j]]
-            result = fn(tf.constant(ids, tf.int32), token, *_read(a))
+            with replay.graph_optimization(self.graph_optimization, self._accelerators):
+                result = fn(tf.constant(ids, tf.int32), token, *_read(a))
             return finish(result, *a) if finish else result
         return self.strategy.run(self._on_device(replica), args=args)
 
