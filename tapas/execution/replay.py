@@ -378,4 +378,3 @@ def _lean_config(base: bytes, accelerators: bool) -> config_pb2.ConfigProto:
             if getattr(rewrite, name) == rc.DEFAULT:
                 setattr(rewrite, name, rc.OFF)
     return config
-

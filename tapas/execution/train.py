@@ -102,10 +102,10 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         raise TrainError(f"--devices_per_worker={opts.devices_per_worker}: it sets the "
                          "devices of each process of --workers=K (at least 1); for one "
                          "process use --devices=N")
+    if opts.compute_scale is not None:
+        _check_compute_scale(opts)   # before workers are launched or a model is built
     if opts.workers and not os.environ.get("TF_CONFIG"):
         _check_model_name(opts.model)   # here, not once per worker after the launch
-        if opts.compute_scale is not None:
-            _check_compute_scale(opts)
         return _launch_workers(opts)
     from tapas.execution import devices
     timings: dict[str, float] = {}
@@ -268,8 +268,9 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
 
 
 def _check_compute_scale(opts: TrainOptions) -> None:
-    """``--compute_scale`` against the other options, without measuring anything (also
-    before ``--workers`` are launched, so a wrong value fails once, at once)."""
+    """``--compute_scale`` against the other options, without measuring anything: checked
+    with the other options, before ``--workers`` are launched, so a wrong value fails once,
+    at once."""
     from tapas.execution.compute_scale import check_compute_scale
     if opts.strategy:
         raise TrainError(f"--compute_scale={opts.compute_scale} prices the search, and "
@@ -285,7 +286,6 @@ def _compute_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluste
     """``--compute_scale``: the factor and, for 'measure', its calibration (the model's
     replicated step timed at the batch and at batch / N on the run's devices)."""
     from tapas.execution.compute_scale import calibrate_compute, resolve_compute_scale
-    _check_compute_scale(opts)
     if rows > 1:
         raise TrainError(f"--compute_scale with --mesh={opts.mesh} is not supported: the "
                          "factor is measured on the 1-D program; search without it, or "
