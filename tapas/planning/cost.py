@@ -61,11 +61,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Union
 
 from tapas.planning.cluster import (CLUSTER_PRESETS, SOURCE_KEYS, Cluster, Group, Link,
                                     check_count, effective_flops)
+from tapas.planning.kernel_times import KernelTimes, priced
 from tapas.sharding.losses import LossSpec
 from tapas.sharding.placements import Collective
 
@@ -160,6 +161,12 @@ class CostOptions:
     # compute its ops cost beyond the profiled rates, which a cluster file cannot know);
     # 1.0: the rates as profiled
     compute_scale: float = 1.0
+    # plan level (beyond the paper, "K"; with memory_bound): the measured training-step time
+    # of each kernel a pattern's contractions and convolutions run on one device
+    # (``tapas.execution.kernels.measure_kernels`` for one model: its ops at their local
+    # shapes under every pattern), in place of their FLOPs (or elements) at the rates; a
+    # kernel not measured keeps the rates. None: the rates for every op
+    kernel_times: KernelTimes | None = dataclasses.field(default=None, compare=False)
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
     optimizer: str = "adam"
@@ -182,6 +189,10 @@ class CostOptions:
             raise ValueError(f"compute_scale={self.compute_scale!r}: must be a finite number "
                              "> 0 (1.0: compute at the cluster's profiled rates; "
                              "tapas.execution.profiling.calibrate_compute measures it)")
+        if self.kernel_times is not None and not isinstance(self.kernel_times, KernelTimes):
+            raise TypeError(f"kernel_times={self.kernel_times!r}: must be a "
+                            "tapas.planning.kernel_times.KernelTimes (measured by "
+                            "tapas.execution.kernels.measure_kernels) or None")
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise ValueError(f"optimizer={self.optimizer!r} is unknown: use one of "
                              f"{sorted(OPTIMIZER_SLOTS)}")
@@ -379,7 +390,8 @@ def comm_cost(comm: object, group_size: int, cluster: Cluster,
 
 def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = None, *,
                  dense_flops: float | None = None, elements: float = 0.0,
-                 dense_by_width: Mapping[int, float] | None = None) -> float:
+                 dense_by_width: Mapping[int, float] | None = None,
+                 kernels: Sequence[object] = ()) -> float:
     """Seconds of one training step's compute for ``flops`` forward FLOPs per device.
 
     ``flops * (1 + backward_flops_factor) / device_peak_flops``; 0 with ``compute`` off.
@@ -389,7 +401,10 @@ def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = N
     elements / device_elementwise_rate) * (1 + backward_flops_factor)``; with
     ``gemm_width`` too, on a cluster with ``device_width_efficiency``, the part of
     ``dense_flops`` in ``dense_by_width`` (width bucket -> FLOPs) at
-    ``Cluster.flop_rate(width)`` instead of the peak. Every case times
+    ``Cluster.flop_rate(width)`` instead of the peak. With ``options.kernel_times`` too,
+    each of ``kernels`` (the pattern's ``KernelUse`` s) that has a measured time costs
+    that time per run (a whole training step of it: no backward factor) and leaves the
+    rate-priced counts (``tapas.planning.kernel_times.priced``). Every case times
     ``options.compute_scale``.
     """
     options = CostOptions() if options is None else options
@@ -398,8 +413,11 @@ def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = N
     scale = (1.0 + options.backward_flops_factor) * options.compute_scale
     rate = cluster.device_elementwise_rate
     if options.memory_bound and rate and dense_flops is not None:
-        return (dense_time(cluster, options, float(dense_flops), dense_by_width)
-                + float(elements) / rate) * scale
+        measured, dense, by_width, elements = priced(kernels, options.kernel_times,
+                                                     float(dense_flops), dense_by_width,
+                                                     float(elements))
+        return ((dense_time(cluster, options, dense, by_width) + elements / rate) * scale
+                + measured * options.compute_scale)
     return float(flops) * scale / cluster.device_peak_flops
 
 

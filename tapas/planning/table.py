@@ -91,7 +91,8 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
         comm_time=math.fsum(t.total for t in terms),
         compute_time=cost_lib.compute_time(
             flops, cluster, options, dense_flops=None if dense is None else float(dense),
-            elements=elements, dense_by_width=getattr(pattern, "dense_by_width", None)),
+            elements=elements, dense_by_width=getattr(pattern, "dense_by_width", None),
+            kernels=getattr(pattern, "kernels", ())),
         flops=flops, memory=mem,
         note=getattr(pattern, "note", ""))
 

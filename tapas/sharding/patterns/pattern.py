@@ -16,6 +16,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from tapas.sharding.patterns.kernels import KernelUse
 from tapas.sharding.placements import Comm, Placement, Replica, Split
 
 __all__ = ["Family", "Rewrite", "ShardingPattern", "PatternSeed"]
@@ -84,6 +85,10 @@ class ShardingPattern:
     # matrix multiply on one device (propagation.flops.gemm_width); what is not here (a
     # contraction of three operands) is priced at the peak rate
     dense_by_width: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    # the kernels of its contractions and convolutions on one device, each with how often
+    # it runs (propagation.kernels): what ``CostOptions.kernel_times`` prices by their
+    # measured time
+    kernels: tuple[KernelUse, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family is not None:

@@ -27,6 +27,7 @@ from tapas.sharding import rules
 from tapas.sharding.patterns.pattern import Rewrite
 from tapas.sharding.patterns.propagation.flops import (DENSE_KINDS, gemm_width, op_elements,
                                                         op_flops, volume, width_bucket)
+from tapas.sharding.patterns.kernels import KERNEL_KINDS, KernelUse, kernel_key
 from tapas.sharding.patterns.propagation.trial import FLOAT_DTYPES, Invalid, Trial
 from tapas.sharding.placements import Collective, Comm, Partial, Placement, Replica, Split
 
@@ -79,6 +80,8 @@ class Forward:
     # of ``dense_flops``: per width bucket (flops.width_bucket of flops.gemm_width)
     dense_by_width: dict[int, float] = dataclasses.field(default_factory=dict)
     elements: float = 0.0       # elements the memory-bound ops touch (flops.op_elements)
+    # the kernels of contractions and (depthwise) convolutions, by key (kernels.kernel_key)
+    kernels: dict[str, KernelUse] = dataclasses.field(default_factory=dict)
 
     def describe(self, t: TensorInfo) -> None:
         self.shapes[t.name], self.dtypes[t.name] = t.shape, t.dtype
@@ -191,13 +194,40 @@ def _forward_op(trial: Trial, fw: Forward, k: int, op: OpInfo, reduce: set[str],
     fw.recs.append(OpRecord(op, spec, split.data, split.label, split.replicated))
     f = op_flops(trial.n, op, spec, names, in_pl, split.label, fw.shapes, fw.produced)
     fw.flops += f
+    b = None
     if spec.flops in DENSE_KINDS:
         fw.dense_flops += f
         w = gemm_width(trial.n, op, spec, names, split.label, fw.shapes, fw.produced)
         if w is not None and f > 0:
             b = width_bucket(w)
             fw.dense_by_width[b] = fw.dense_by_width.get(b, 0.0) + f
-    fw.elements += op_elements(trial.n, op, spec, names, in_pl, fw.shapes, fw.produced)
+    e = op_elements(trial.n, op, spec, names, in_pl, fw.shapes, fw.produced)
+    fw.elements += e
+    if spec.flops in KERNEL_KINDS:
+        _record_kernel(trial, fw, op, spec, names, in_pl, split.label,
+                       f if spec.flops in DENSE_KINDS else 0.0, b, e)
+
+
+def _record_kernel(trial: Trial, fw: Forward, op: OpInfo, spec: rules.OpSpec,
+                   names: Sequence[str], in_pl: Sequence[Placement], label: str | None,
+                   dense: float, bucket: int | None, elements: float) -> None:
+    """Count one run of the kernel ``op`` runs on its local operands (kernels.kernel_key):
+    every operand axis with the op's split label divided by N (a replicated operand is
+    sliced locally to match the split one, as the runtime does), the rest whole."""
+    shapes: list[tuple[int, ...] | None] = []
+    for x, p, labs in zip(names, in_pl, spec.inputs):
+        shape = fw.shapes.get(x)
+        if shape is None or labs is None or len(labs) != len(shape):
+            shapes.append(None if shape is None else p.local_shape(shape, trial.n))
+        else:
+            shapes.append(tuple(d // trial.n if lab == label else d
+                                for lab, d in zip(labs, shape)))
+    key = kernel_key(op, shapes)
+    if key is None:
+        return
+    use = fw.kernels.get(key)
+    fw.kernels[key] = (KernelUse(key, 1, dense, bucket, elements) if use is None
+                       else use.times(use.count + 1))
 
 
 def _placeholder(trial: Trial, fw: Forward, k: int, op: OpInfo,
