@@ -6,6 +6,7 @@
     tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json
                   [--plot=residuals.png] [--nogamma]
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
+                  [--cluster=file.json [--compute_scale=measure] [--kernel_times=measure]]
                   [--meshes | --mesh=ROWSxCOLS] [--draw=strategy.png]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K [--devices_per_worker=D]] [--optimizer=sgd|adam] [--learning_rate=LR]
@@ -80,6 +81,11 @@ flags.DEFINE_string("compute_scale", None, "search, train: multiply every plan's
                     "replicated training step at the batch and at batch / N on N devices here "
                     "(the cluster file's N, profiled on this machine) against what the cost "
                     "model prices for them, and use that factor.")
+flags.DEFINE_string("kernel_times", None, "search: price every contraction and convolution "
+                    "by the measured training-step time of its kernel at its local shapes "
+                    "(CostOptions.kernel_times): 'measure' times them first on the cluster "
+                    "file's N devices here (and writes them beside --out, NAME_kernels.json, "
+                    "or to out/kernel_times.json), or the path of such a file.")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
                    "(e.g. for --mode=es on a large model).")
@@ -349,8 +355,19 @@ def cmd_search() -> dict[str, Any]:
         raise app.UsageError(f"--compute_scale={FLAGS.compute_scale} with --meshes/--mesh is "
                              "not supported (the factor is measured on the 1-D program): "
                              "leave one of them out")
-    if str(FLAGS.compute_scale).strip().lower() == "measure" and \
-            FLAGS.cluster not in CLUSTER_PRESETS:
+    if FLAGS.kernel_times is not None:
+        if FLAGS.meshes or FLAGS.mesh:
+            raise app.UsageError(f"--kernel_times={FLAGS.kernel_times} with --meshes/--mesh "
+                                 "is not supported (kernels are keyed by the 1-D patterns' "
+                                 "local shapes): leave one of them out")
+        from tapas.execution.kernels import check_kernel_times
+        try:
+            check_kernel_times(FLAGS.kernel_times, FLAGS.cluster, cluster.num_devices)
+        except ValueError as e:
+            raise app.UsageError(f"--kernel_times={FLAGS.kernel_times}: {e}") from None
+    measures = [str(FLAGS.compute_scale).strip().lower() == "measure",
+                str(FLAGS.kernel_times).strip().lower() == "measure"]
+    if any(measures) and FLAGS.cluster not in CLUSTER_PRESETS:
         # the cluster's devices, before the capture runs any TensorFlow op (logical CPU
         # devices are set once per process)
         from tapas.execution.devices import setup_devices
@@ -360,7 +377,7 @@ def cmd_search() -> dict[str, Any]:
     loss = loaded.loss if FLAGS.price_loss else None
     if FLAGS.meshes or FLAGS.mesh:
         return _search_meshes(graph, trace, cluster, loss, loaded)
-    options, calibration = _search_options(cluster, loaded)
+    options, calibration = _search_options(cluster, loaded, graph)
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes in {capture_s:.3f} s; "
           f"searching ({FLAGS.mode}) on {cluster.name} ({cluster.num_devices} devices)"
           + (f"; pricing the loss ({_loss_text(loss)})" if loss is not None else ""))
@@ -389,6 +406,8 @@ def cmd_search() -> dict[str, Any]:
               "loss_priced": LossSpec.of(loss).to_json() if loss is not None else None,
               "compute_scale": 1.0 if options is None else options.compute_scale,
               "compute_calibration": None if calibration is None else calibration.to_json(),
+              "kernel_times": None if options is None or options.kernel_times is None else
+              options.kernel_times.to_json(),
               "strategy": strategy.to_json()}
     if FLAGS.draw:
         from tapas.planning.draw import draw_strategy
@@ -403,13 +422,26 @@ def cmd_search() -> dict[str, Any]:
     return report
 
 
-def _search_options(cluster: Any, loaded: LoadedModel) -> tuple[Any, Any]:
-    """``(CostOptions or None, ComputeCalibration or None)`` from ``--compute_scale``: None
-    for the search's defaults, a given factor, or one measured here ('measure')."""
+def _search_options(cluster: Any, loaded: LoadedModel, graph: Any) -> tuple[Any, Any]:
+    """``(CostOptions or None, ComputeCalibration or None)`` from ``--compute_scale`` (a
+    given factor, or one measured here: 'measure') and ``--kernel_times`` (a file, or the
+    kernels of ``graph``'s patterns timed here: 'measure'); None for the search's
+    defaults."""
     from tapas.execution.compute_scale import calibrate_compute, resolve_compute_scale
     from tapas.planning.cost import CostOptions
-    if FLAGS.compute_scale is None:
+    if FLAGS.compute_scale is None and FLAGS.kernel_times is None:
         return None, None
+    changes: dict[str, Any] = {}
+    if FLAGS.kernel_times is not None:
+        from tapas.execution.devices import make_strategy
+        from tapas.execution.kernels import resolve_kernel_times
+        save_to = (os.path.splitext(FLAGS.out)[0] + "_kernels.json" if FLAGS.out
+                   else os.path.join("out", "kernel_times.json"))
+        changes["kernel_times"] = resolve_kernel_times(
+            FLAGS.kernel_times, graph, cluster, FLAGS.cluster, make_strategy, save_to,
+            progress=lambda msg: print(f"  {msg}", flush=True))
+    if FLAGS.compute_scale is None:
+        return CostOptions.for_cluster(cluster, **changes), None
 
     def measure() -> Any:
         from tapas.execution.devices import make_strategy
@@ -426,7 +458,7 @@ def _search_options(cluster: Any, loaded: LoadedModel) -> tuple[Any, Any]:
         scale, calibration = resolve_compute_scale(FLAGS.compute_scale, FLAGS.cluster, measure)
     except ValueError as e:
         raise app.UsageError(f"--compute_scale={FLAGS.compute_scale}: {e}") from None
-    return CostOptions.for_cluster(cluster, compute_scale=scale), calibration
+    return CostOptions.for_cluster(cluster, compute_scale=scale, **changes), calibration
 
 
 def _loss_text(loss: Any) -> str:
