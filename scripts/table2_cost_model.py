@@ -4,6 +4,7 @@
         [--top_k=5] [--steps=5] [--repeats=2] [--batch_size=64] [--[no]paired]
         [--cluster=benchmarks/results/cluster_cpu4_2026-11-26_epyc.json] [--out=out/table2]
     python scripts/table2_cost_model.py --recost=out/table2/table2.json   # no measuring
+    python scripts/table2_cost_model.py --kernels_only --models=...       # kernel times only
     python scripts/table2_cost_model.py --workers=2 --cluster=cluster_workers2.json ...
 
 For each model (default: 15 architectures, 5 transformers, 6 CNNs, 4 MoE, among them
@@ -33,9 +34,10 @@ logical CPU devices (``--devices``):
    elements at the cluster's profiled elementwise rate; the same as the row before with a
    cluster file that has no such rate) and +CF+GO+EC+WR+L+MB+W (also each matrix multiply
    at the profiled FLOP rate of its width: the search's default; the same as the row
-   before with a cluster file that has no such rates) and +CF+GO+EC+WR+L+MB+W+MC (also
-   every plan's compute times the model's own factor, measured first: see below), and
-   ranked;
+   before with a cluster file that has no such rates), +CF+GO+EC+WR+L+MB+W+MC (also
+   every plan's compute times the model's own factor, measured first: see below) and
+   +CF+GO+EC+WR+L+MB+W+K (the search's default row with each contraction and convolution
+   priced by its kernel's measured time: see below), and ranked;
    ``tapas.planning.ranking`` scores the rank of the
    measured-best plan (measured ties within noise count for the model, predicted ties
    against it).
@@ -47,6 +49,13 @@ cost model prices for them; no plan is run) for the row +MC, and the search with
 factor adds its own top ``--top_k`` (``C#1``...); ``calibrations`` in the JSON, kept by
 ``--recost`` (which re-derives each factor for its ``--cluster``; a file without them is
 re-costed without the row).
+
+``--kernels`` (the default): before its plans, every kernel the model's patterns run (each
+contraction and convolution at its local shapes: ``tapas.planning.kernel_times``) is timed
+on the devices (``tapas.execution.kernels``) for the row +K, and the search pricing them
+adds its own top ``--top_k`` (``K#1``...); ``kernel_times`` in the JSON. ``--kernels_only``
+times them and writes ``table2_kernels.json`` without running a plan; ``--recost
+--kernel_times=table2_kernels.json`` prices an earlier run's plans with them.
 
 Prints the table beside the paper's, writes ``table2.json`` and one scatter PNG per row of
 predicted against measured step time (the cost model's seconds are for the profiled
@@ -126,6 +135,15 @@ flags.DEFINE_integer("batch_size", 64, "Global batch (divisible by --devices). 6
 flags.DEFINE_boolean("calibrate", True, "Measure each model's compute factor first "
                      "(tapas.execution.compute_scale: the replicated step at the batch and at "
                      "batch / N, --steps x --repeats pairs) for the row +CF+GO+EC+WR+L+MB+W+MC.")
+flags.DEFINE_boolean("kernels", True, "Time each model's kernels first (every contraction and "
+                     "convolution at its local shapes under each pattern: "
+                     "tapas.execution.kernels) for the row +CF+GO+EC+WR+L+MB+W+K.")
+flags.DEFINE_boolean("kernels_only", False, "Time each model's kernels and write "
+                     "table2_kernels.json, nothing else (no plan is run): for --recost "
+                     "--kernel_times of an earlier run's plans.")
+flags.DEFINE_string("kernel_times", None, "With --recost: a table2_kernels.json (or a "
+                    "table2.json) whose kernel times price the row +K (default: "
+                    "the re-costed file's own).")
 flags.DEFINE_float("tie_tol", 0.05, "Relative tolerance under which measured times tie.")
 flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4_2026-11-26_epyc.json",
                     "A cluster file written by `tapas profile`.")
@@ -147,6 +165,7 @@ PAPER = {"baseline": {"acc@1": 0.53, "mrr": 0.71}, "+CF+GO+EC": {"acc@1": 0.87, 
                                                                   "mrr": 0.92}}
 _PAPER_TERMS = dict(memory_bound=False)   # every op's FLOPs at the matmul rate
 MC_ROW = "+CF+GO+EC+WR+L+MB+W+MC"
+K_ROW = "+CF+GO+EC+WR+L+MB+W+K"
 ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                          collective_efficiency=False, **_PAPER_TERMS),
         "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False,
@@ -182,16 +201,24 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
         # "measured" stands for that model's factor
         MC_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
                      weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
-                     compute_scale="measured")}
+                     compute_scale="measured"),
+        # the search's default row with each contraction's and convolution's kernel priced
+        # by its measured training-step time at its local shapes (CostOptions.kernel_times,
+        # tapas.execution.kernels); "measured" stands for that model's kernel times
+        K_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
+                    weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
+                    kernel_times="measured")}
 
 
 def candidates(graph, cluster, top_k: int, loss=None,
-               compute_scale: float | None = None) -> list[dict]:
+               compute_scale: float | None = None, kernel_times=None) -> list[dict]:
     """The distinct plans to run: the search's top ``top_k`` and its reference plans, each
     ``{"names": [...], "patterns": (pattern name per GraphNode)}``; with ``loss``, also the
     top ``top_k`` of the search that prices it (named ``L#1``...); with ``compute_scale``
     (the model's measured factor), also the top ``top_k`` of the search that prices the loss
-    and scales compute by it (``C#1``...), so each row's first choice is measured."""
+    and scales compute by it (``C#1``...), with ``kernel_times`` (the model's measured
+    kernels) the top ``top_k`` of the search that prices them (``K#1``...), so each row's
+    first choice is measured."""
     from tapas.planning.cost import CostOptions
     from tapas.planning.search import search
     out: dict[tuple[str, ...], list[str]] = {}
@@ -201,6 +228,9 @@ def candidates(graph, cluster, top_k: int, loss=None,
     if compute_scale is not None:
         searches.append(("C", loss, CostOptions.for_cluster(cluster,
                                                              compute_scale=compute_scale)))
+    if kernel_times is not None:
+        searches.append(("K", loss, CostOptions.for_cluster(cluster,
+                                                             kernel_times=kernel_times)))
     for prefix, priced, options in searches:
         s = search(graph, cluster=cluster, top_k=top_k, loss=priced, options=options)
         alts = list(s.alternatives)[:top_k] + ([] if prefix else list(s.references))
@@ -214,10 +244,11 @@ def candidates(graph, cluster, top_k: int, loss=None,
 
 
 def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
-               compute_scale: float = 1.0) -> list:
+               compute_scale: float = 1.0, kernel_times=None) -> list:
     """The ``PlanCost`` (communication, compute, memory) of every plan under one ablation
     row; ``loss`` (the model's Keras loss) is priced when the row says ``loss=True``, and
-    ``compute_scale`` (the model's measured factor) where it says ``"measured"``."""
+    ``compute_scale`` (the model's measured factor) and ``kernel_times`` (its measured
+    kernels) where it says ``"measured"``."""
     from tapas.planning import explore as ex
     from tapas.planning.cost import CostOptions
     from tapas.planning.table import EdgeCoster, pattern_table
@@ -226,6 +257,8 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
     changes["loss"] = loss if changes.get("loss") else None
     if changes.get("compute_scale") == "measured":
         changes["compute_scale"] = compute_scale
+    if changes.get("kernel_times") == "measured":
+        changes["kernel_times"] = kernel_times
     opts = CostOptions.for_cluster(cluster, **changes)
     table = pattern_table(graph, n, cluster, opts)
     edges = EdgeCoster(n, cluster, opts)
@@ -243,9 +276,10 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
 
 
 def recost(graph, cluster, plans: list[dict], loss,
-           compute_scale: float = 1.0) -> dict[str, list[float]]:
+           compute_scale: float = 1.0, kernel_times=None) -> dict[str, list[float]]:
     """Each ablation row's predicted step time (seconds) of every plan (``plan_costs``)."""
-    return {row: [c.total for c in plan_costs(graph, cluster, plans, loss, row, compute_scale)]
+    return {row: [c.total for c in plan_costs(graph, cluster, plans, loss, row, compute_scale,
+                                              kernel_times)]
             for row in ROWS}
 
 
@@ -262,6 +296,22 @@ def drop_calibrated_row(why: str) -> None:
     """Leave ``MC_ROW`` out of this run's table (no measured factors: ``why``)."""
     if ROWS.pop(MC_ROW, None) is not None:
         print(f"note: no row {MC_ROW}: {why}", flush=True)
+
+
+def drop_kernel_row(why: str) -> None:
+    """Leave ``K_ROW`` out of this run's table (no measured kernels: ``why``)."""
+    if ROWS.pop(K_ROW, None) is not None:
+        print(f"note: no row {K_ROW}: {why}", flush=True)
+
+
+def model_kernels(graph, strategy, name: str):
+    """The measured kernel times of one model's patterns (``tapas.execution.kernels``)."""
+    from tapas.execution.kernels import measure_kernels
+    from tapas.planning.kernel_times import graph_kernels
+    keys = graph_kernels(graph, strategy.num_replicas_in_sync)
+    times = measure_kernels(keys, strategy, progress=lambda line: print(f"[{name}] {line}",
+                                                                        flush=True))
+    return times
 
 
 def predicted_parts(graph, cluster, plans: list[dict], loss,
@@ -578,6 +628,15 @@ def recost_file(path: str) -> None:
     cluster = Cluster.load(cluster_file)
     batch = int(old.get("batch_size", FLAGS.batch_size))
     calibrations = old.get("calibrations") or {}
+    from tapas.planning.kernel_times import KernelTimes
+    kernel_source = old
+    if FLAGS.kernel_times:
+        with open(FLAGS.kernel_times) as f:
+            kernel_source = json.load(f)
+    kernels = {m: KernelTimes.from_json(d)
+               for m, d in (kernel_source.get("kernel_times") or {}).items()}
+    if not kernels:
+        drop_kernel_row(f"{FLAGS.kernel_times or path} has no measured kernel times")
     if not calibrations:
         drop_calibrated_row(f"{path} has no measured compute factors (a run before "
                             "--calibrate, or with --nocalibrate)")
@@ -607,7 +666,10 @@ def recost_file(path: str) -> None:
                                  "measure again")
             plans = [by_label[r["plan"]] for r in mine]
         scale = rescaled(calibrations.get(name), graph, cluster)
-        predicted = recost(graph, cluster, plans, entry.keras_loss(), scale)
+        if K_ROW in ROWS and name not in kernels:
+            raise ValueError(f"{FLAGS.kernel_times or path} has no kernel times of {name}: "
+                             "measure them (--kernels_only --models=...)")
+        predicted = recost(graph, cluster, plans, entry.keras_loss(), scale, kernels.get(name))
         parts = (predicted_parts(graph, cluster, plans, entry.keras_loss(), scale)
                  if any("measured_compute_s" in r for r in mine) else None)
         for i, r in enumerate(mine):
@@ -628,6 +690,7 @@ def recost_file(path: str) -> None:
         plot_decomposition(timed, os.path.join(FLAGS.out, "table2_decomposition.png"))
     bound = ceiling(timed, FLAGS.ceiling, tie_tol) if FLAGS.ceiling else old.get("ceiling")
     out = {**old, "recosted_from": path, "cluster": cluster_file, "rows": ROWS, "table": table,
+           "kernel_times": {m: k.to_json() for m, k in kernels.items()},
            "scatter_scale": scales, "decomposition": parts_summary, "ceiling": bound,
            "runs": runs,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -662,6 +725,12 @@ def main(argv: list[str]) -> None:
     if FLAGS.ceiling and not os.path.isfile(FLAGS.ceiling):
         raise app.UsageError(f"--ceiling={FLAGS.ceiling}: no such file; give the table2.json "
                              "of another run of the same models")
+    if FLAGS.kernel_times and not FLAGS.recost:
+        raise app.UsageError(f"--kernel_times={FLAGS.kernel_times} prices the plans of "
+                             "--recost=table2.json; a measuring run times its own kernels")
+    if FLAGS.kernel_times and not os.path.isfile(FLAGS.kernel_times):
+        raise app.UsageError(f"--kernel_times={FLAGS.kernel_times}: no such file; write one "
+                             "with --kernels_only --models=...")
     if FLAGS.recost:
         recost_file(FLAGS.recost)
         return
@@ -691,6 +760,24 @@ def main(argv: list[str]) -> None:
     calibrations: dict[str, dict] = {}
     if not FLAGS.calibrate:
         drop_calibrated_row("--nocalibrate")
+    kernel_times: dict[str, dict] = {}
+    if FLAGS.kernels_only:
+        for name in FLAGS.models:
+            entry = model_entry(name, FLAGS.batch_size)
+            graph = capturing.capture(entry.build(fast_init=True),
+                                      _specs(entry, FLAGS.batch_size), training=False)
+            kernel_times[name] = model_kernels(graph, strategy, name).to_json()
+        if chief:
+            os.makedirs(FLAGS.out, exist_ok=True)
+            dest = os.path.join(FLAGS.out, "table2_kernels.json")
+            with open(dest, "w") as f:
+                json.dump({"command": " ".join(sys.argv), "batch_size": FLAGS.batch_size,
+                           "devices": n, "workers": workers, "kernel_times": kernel_times},
+                          f, indent=1)
+            print(f"written to {dest}")
+        return
+    if not FLAGS.kernels:
+        drop_kernel_row("--nokernels")
     runs, ranks, regrets = [], {row: {} for row in ROWS}, {row: {} for row in ROWS}
     taus: dict = {row: {} for row in ROWS}
     load_before = os.getloadavg()
@@ -715,8 +802,12 @@ def main(argv: list[str]) -> None:
                 calibrations[name] = cal.to_json()
                 scale = cal.compute_scale
                 print(f"[{name}] {cal.describe()}", flush=True)
-        plans = candidates(graph, cluster, FLAGS.top_k, loss, scale)
-        predicted = recost(graph, cluster, plans, loss, scale or 1.0)
+        kernels = None
+        if FLAGS.kernels:
+            kernels = model_kernels(graph, strategy, name)
+            kernel_times[name] = kernels.to_json()
+        plans = candidates(graph, cluster, FLAGS.top_k, loss, scale, kernels)
+        predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels)
         parts = (predicted_parts(graph, cluster, plans, loss, scale or 1.0)
                  if FLAGS.decompose else None)
         anchor = (report.plan_program(model, entry, graph, ["replicate"] * len(graph.nodes),
@@ -762,6 +853,8 @@ def main(argv: list[str]) -> None:
                   f"{r['predicted_s'][W_ROW] * 1e3:.2f} ms (+MB+W)"
                   + (f", {r['predicted_s'][MC_ROW] * 1e3:.2f} ms (+MC)" if MC_ROW in ROWS
                      else "")
+                  + (f", {r['predicted_s'][K_ROW] * 1e3:.2f} ms (+K)" if K_ROW in ROWS
+                     else "")
                   + (f"; communication {r['measured_communication_s'] * 1e3:.1f} ms measured, "
                      f"{r['predicted_parts']['communication_s'] * 1e3:.1f} predicted; compute "
                      f"{r['measured_compute_s'] * 1e3:.1f} ms measured, "
@@ -778,7 +871,7 @@ def main(argv: list[str]) -> None:
             with open(os.path.join(FLAGS.out, "table2.partial.json"), "w") as f:
                 json.dump({"command": " ".join(sys.argv), "cluster": FLAGS.cluster,
                            "batch_size": FLAGS.batch_size, "calibrations": calibrations,
-                           "runs": runs}, f, indent=1)
+                           "kernel_times": kernel_times, "runs": runs}, f, indent=1)
     if not chief:   # worker 0 measured the same steps and writes the results
         return
     os.makedirs(FLAGS.out, exist_ok=True)
@@ -799,7 +892,8 @@ def main(argv: list[str]) -> None:
            "batch_size": FLAGS.batch_size, "paired": FLAGS.paired,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "decomposition": parts_summary,
-           "ceiling": bound, "calibrations": calibrations, "runs": runs}
+           "ceiling": bound, "calibrations": calibrations, "kernel_times": kernel_times,
+           "runs": runs}
     path = os.path.join(FLAGS.out, "table2.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)

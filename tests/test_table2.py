@@ -96,8 +96,21 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     d = json.loads((out / "table2.json").read_text())
     assert set(d["table"]) == {"baseline", "+CF", "+CF+GO", "+CF+GO+EC", "+CF+GO+EC+WR",
                                "+CF+GO+EC+WR+L", "+CF+GO+EC+WR+L+MB",
-                               "+CF+GO+EC+WR+L+MB+W", "+CF+GO+EC+WR+L+MB+W+MC"}
+                               "+CF+GO+EC+WR+L+MB+W", "+CF+GO+EC+WR+L+MB+W+MC",
+                               "+CF+GO+EC+WR+L+MB+W+K"}
     assert d["paired"] is True
+    # each model's kernels were timed first: every contraction and convolution of its
+    # patterns at their local shapes, and the search pricing them adds its top plans (K#1)
+    assert set(d["kernel_times"]) == {"t5-tiny", "keras-mobilenet"}
+    for model, k in d["kernel_times"].items():
+        assert k["num_devices"] == 4 and len(k["seconds"]) >= 4 and not k["failed"]
+        assert {json.loads(key)["op"] for key in k["seconds"]} >= (
+            {"Conv2D", "DepthwiseConv2dNative"} if model == "keras-mobilenet" else
+            {"MatMul"})
+        assert f"[{model}] kernels: {len(k['seconds'])} of {len(k['seconds'])} timed" \
+            in proc.stdout
+        assert any(name.startswith("K#") for r in d["runs"] if r["model"] == model
+                   for name in r["plan"].split("/"))
     # each model's compute factor was measured first (the replicated step at 8 and 2)
     assert set(d["calibrations"]) == {"t5-tiny", "keras-mobilenet"}
     for model, cal in d["calibrations"].items():
@@ -151,9 +164,10 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     r2 = json.loads((out / "table2_recost.json").read_text())
     assert r2["recosted_from"].endswith("table2.json") and "not measured again" in again.stdout
     assert r2["table"] == d["table"] and r2["calibrations"] == d["calibrations"]
+    assert r2["kernel_times"] == d["kernel_times"]
     assert [r["paired_s"] for r in r2["runs"]] == [r["paired_s"] for r in d["runs"]]
-    # an older file without the factors is re-costed without the calibrated row
-    del d["calibrations"]
+    # an older file without the factors or the kernels is re-costed without their rows
+    del d["calibrations"], d["kernel_times"]
     (out / "old.json").write_text(json.dumps(d))
     older = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
@@ -161,8 +175,10 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert older.returncode == 0, older.stdout[-3000:] + older.stderr[-3000:]
     assert "no row +CF+GO+EC+WR+L+MB+W+MC" in older.stdout
+    assert "no row +CF+GO+EC+WR+L+MB+W+K:" in older.stdout
     r3 = json.loads((out / "old" / "table2_recost.json").read_text())
-    assert "+CF+GO+EC+WR+L+MB+W+MC" not in r3["table"]
+    assert set(r3["table"]) == set(d["table"]) - {"+CF+GO+EC+WR+L+MB+W+MC",
+                                                  "+CF+GO+EC+WR+L+MB+W+K"}
     assert r3["table"]["+CF+GO+EC+WR+L+MB+W"] == d["table"]["+CF+GO+EC+WR+L+MB+W"]
 
 
@@ -204,6 +220,9 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     (["--workers=3", "--batch_size=8"], "--batch_size=8 is not divisible by --workers=3"),
     (["--workers=2", "--decompose"], "run it on --devices, without --workers"),
     (["--ceiling=no/such/table2.json"], "--ceiling=no/such/table2.json: no such file"),
+    (["--kernel_times=k.json"], "--kernel_times=k.json prices the plans of --recost"),
+    (["--recost=x.json", "--kernel_times=no/such/k.json"],
+     "--kernel_times=no/such/k.json: no such file"),
 ])
 def test_table2_flags_are_checked_before_any_work(flags, words) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
