@@ -81,7 +81,8 @@ flags.DEFINE_string("compute_scale", None, "search, train: multiply every plan's
                     "replicated training step at the batch and at batch / N on N devices here "
                     "(the cluster file's N, profiled on this machine) against what the cost "
                     "model prices for them, and use that factor.")
-flags.DEFINE_string("kernel_times", None, "search: price every contraction and convolution "
+flags.DEFINE_string("kernel_times", None, "search, train: price every contraction and "
+                    "convolution "
                     "by the measured training-step time of its kernel at its local shapes "
                     "(CostOptions.kernel_times): 'measure' times them first on the cluster "
                     "file's N devices here (and writes them beside --out, NAME_kernels.json, "
@@ -539,7 +540,8 @@ def cmd_train() -> dict[str, Any]:
                               checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume,
                               tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh,
                               graph_optimization=FLAGS.graph_optimization,
-                              compute_scale=FLAGS.compute_scale)
+                              compute_scale=FLAGS.compute_scale,
+                              kernel_times=FLAGS.kernel_times)
     from absl import logging
     logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
     try:

@@ -200,8 +200,9 @@ def test_measure_kernels_on_two_logical_devices() -> None:
 def test_search_command_takes_kernel_times(tmp_path) -> None:
     """``tapas search --kernel_times=measure`` times the model's kernels on the cluster
     file's devices, prices the search with them and writes them beside --out; the file is
-    taken back by a later search; a preset cluster, a missing file, a file of another
-    device count and --mesh are refused before anything is measured."""
+    taken back by a later search and by ``tapas train``; a preset cluster, a missing file,
+    a file of another device count, --mesh, and --strategy in train are refused before
+    anything is measured."""
     import command  # tests/command.py
     cluster = os.path.join(ROOT, "benchmarks", "results", "cluster_cpu4_2026-11-26_epyc.json")
     out, report = tmp_path / "s.json", tmp_path / "r.json"
@@ -222,10 +223,22 @@ def test_search_command_takes_kernel_times(tmp_path) -> None:
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "timing the" not in again.stdout
     assert json.loads(report.read_text())["kernel_times"]["seconds"] == dict(times.seconds)
+    # tapas train searches with them too (a file here: nothing measured again)
+    trained = command.run_tapas("train", "--model=t5-tiny", "--devices=4", "--steps=1",
+                                "--batch_size=8", f"--cluster={cluster}",
+                                f"--kernel_times={saved}", f"--json_out={report}",
+                                timeout=400)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    assert json.loads(report.read_text())["kernel_times"]["seconds"] == dict(times.seconds)
+    refused = command.run_tapas("train", "--model=t5-tiny", "--devices=2", "--steps=1",
+                                "--strategy=random:0", f"--kernel_times={saved}")
+    assert refused.returncode != 0
+    assert "--strategy=random:0 skips it" in refused.stdout + refused.stderr
     two = tmp_path / "two.json"
     KernelTimes(dict(times.seconds), 2).save(str(two))
     for flags, words in (
             (["--cluster=v100", "--kernel_times=measure"], "is a preset, not this machine"),
+            (["--cluster=v100", f"--kernel_times={saved}"], "is a preset, not this machine"),
             ([f"--cluster={cluster}", "--kernel_times=no/such.json"], "no such file"),
             ([f"--cluster={cluster}", f"--kernel_times={two}"],
              "timed on 2 devices, the cluster has 4"),

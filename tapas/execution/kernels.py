@@ -147,17 +147,18 @@ def _measure(keys: list[str], strategy: tf.distribute.Strategy, repeats: int, co
 
 
 def check_kernel_times(value: str, cluster_name: str, num_devices: int) -> str | None:
-    """``--kernel_times`` checked before anything is measured: None for ``"measure"`` (which
-    times kernels on this machine's devices, so a preset ``cluster_name`` is refused), else
+    """``--kernel_times`` checked before anything is measured: None for ``"measure"``, else
     the path of a file written by an earlier ``measure`` (it must exist and be for
-    ``num_devices`` devices). ValueError names the value and the fix."""
+    ``num_devices`` devices). Kernel times are this machine's, priced beside the cluster's
+    rates, so a preset ``cluster_name`` (another machine's datasheet) is refused.
+    ValueError names the value and the fix."""
     from tapas.planning.cost import CLUSTER_PRESETS
+    if cluster_name in CLUSTER_PRESETS:
+        raise ValueError(f"kernel times are measured on this machine's devices and priced "
+                         f"beside the cluster's rates, and the cluster {cluster_name!r} is a "
+                         "preset, not this machine: profile it (tapas profile --devices=N "
+                         "--out=cluster.json) and pass --cluster=cluster.json")
     if str(value).strip().lower() == "measure":
-        if cluster_name in CLUSTER_PRESETS:
-            raise ValueError(f"'measure' times the model's kernels on this machine's devices, "
-                             f"and the cluster {cluster_name!r} is a preset, not this "
-                             "machine: profile it (tapas profile --devices=N "
-                             "--out=cluster.json) and pass --cluster=cluster.json")
         return None
     path = str(value)
     if not os.path.isfile(path):

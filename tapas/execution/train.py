@@ -73,6 +73,10 @@ class TrainOptions:
     # search: a factor on every plan's compute, or "measure" (the model's own, timed on the
     # run's devices first: tapas.execution.compute_scale); None: the cluster's rates
     compute_scale: str | None = None
+    # search: every contraction and convolution priced by its kernel's measured time, "measure"
+    # (the model's kernels timed on the run's devices first: tapas.execution.kernels) or a
+    # file an earlier measure wrote; None: the cluster's rates
+    kernel_times: str | None = None
 
     @property
     def is_job(self) -> bool:
@@ -104,6 +108,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
                          "process use --devices=N")
     if opts.compute_scale is not None:
         _check_compute_scale(opts)   # before workers are launched or a model is built
+    if opts.kernel_times is not None:
+        _check_kernel_times(opts)
     if opts.workers and not os.environ.get("TF_CONFIG"):
         _check_model_name(opts.model)   # here, not once per worker after the launch
         return _launch_workers(opts)
@@ -116,7 +122,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     timings["devices"] = time.perf_counter() - start
     chief = _is_chief(distribute)
     say = print if chief else (lambda *a, **k: None)
-    pm, name, xs, y, calibration = _parallelize(opts, distribute, timings, say)
+    pm, name, xs, y, calibration, kernels = _parallelize(opts, distribute, timings, say)
     n = distribute.num_replicas_in_sync
     workers = n // len(distribute.extended.worker_devices)
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
@@ -128,6 +134,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
                                    else float(opts.compute_scale))
         report["compute_calibration"] = (None if calibration is None
                                          else calibration.to_json())
+    if opts.kernel_times is not None:
+        report["kernel_times"] = None if kernels is None else kernels.to_json()
     if opts.is_job:
         check = None
         _run_job(opts, pm, xs, y, report, say)
@@ -176,10 +184,11 @@ def _check_model_name(name: str | None) -> None:
 
 
 def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
-                 say: Any) -> tuple[Any, str, Any, Any, Any]:
+                 say: Any) -> tuple[Any, str, Any, Any, Any, Any]:
     """The zoo model built and parallelized under ``distribute`` with the strategy of
-    ``opts``; returns the ParallelModel, the model name, its synthetic batch (xs, y) and
-    the ``--compute_scale=measure`` calibration (None without it)."""
+    ``opts``; returns the ParallelModel, the model name, its synthetic batch (xs, y), the
+    ``--compute_scale=measure`` calibration and the ``--kernel_times`` (None without
+    them)."""
     from tapas import models
     from tapas.execution import parallel, reconstruct
     from tapas.planning.cost import Cluster
@@ -217,11 +226,16 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     search_options = ({} if opts.memory_budget_gib is None
                       else {"memory_budget": opts.memory_budget_gib * 2**30})
     calibration = None
+    changes: dict[str, Any] = {}
     if opts.compute_scale is not None:
-        scale, calibration = _compute_scale(opts, model, specs, loss, cluster, distribute,
-                                            rows, say)
+        changes["compute_scale"], calibration = _compute_scale(opts, model, specs, loss,
+                                                               cluster, distribute, rows, say)
+    if opts.kernel_times is not None:
+        changes["kernel_times"] = _kernel_times(opts, model, specs, cluster, distribute,
+                                                rows, say)
+    if changes:
         from tapas.planning.cost import CostOptions
-        search_options["options"] = CostOptions.for_cluster(cluster, compute_scale=scale)
+        search_options["options"] = CostOptions.for_cluster(cluster, **changes)
     if strategy and strategy.startswith("random:"):
         from tapas import capturing
         from tapas.execution.inputs import InputSignature
@@ -264,7 +278,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
     say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != 'replicate')} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
-    return pm, name, xs, y, calibration
+    return pm, name, xs, y, calibration, changes.get("kernel_times")
 
 
 def _check_compute_scale(opts: TrainOptions) -> None:
@@ -305,6 +319,45 @@ def _compute_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluste
         return resolve_compute_scale(opts.compute_scale, opts.cluster, measure)
     except ValueError as e:
         raise TrainError(f"--compute_scale={opts.compute_scale}: {e}") from None
+
+
+def _check_kernel_times(opts: TrainOptions) -> None:
+    """``--kernel_times`` against the other options, without measuring anything (before
+    ``--workers`` are launched): it prices the search, on the 1-D program."""
+    from tapas.execution.kernels import check_kernel_times
+    if opts.strategy:
+        raise TrainError(f"--kernel_times={opts.kernel_times} prices the search, and "
+                         f"--strategy={opts.strategy} skips it: leave one of them out")
+    if opts.mesh:
+        raise TrainError(f"--kernel_times with --mesh={opts.mesh} is not supported: kernels "
+                         "are keyed by the 1-D patterns' local shapes; search without it")
+    n = opts.workers * opts.devices_per_worker if opts.workers else opts.devices
+    try:
+        check_kernel_times(opts.kernel_times, opts.cluster, n)
+    except ValueError as e:
+        raise TrainError(f"--kernel_times={opts.kernel_times}: {e}") from None
+
+
+def _kernel_times(opts: TrainOptions, model: Any, specs: Any, cluster: Any, distribute: Any,
+                  rows: int, say: Any) -> Any:
+    """``--kernel_times``: the file's times, or the kernels of the model's patterns timed on
+    the run's devices ('measure'; written to out/kernel_times.json by the chief)."""
+    from tapas import capturing
+    from tapas.execution.kernels import resolve_kernel_times
+    n = distribute.num_replicas_in_sync
+    if cluster.num_devices != n or rows > 1:
+        raise TrainError(f"--kernel_times: the cluster has {cluster.num_devices} devices, the "
+                         f"run {n}; give a cluster file profiled on {n} devices")
+    graph = (capturing.capture(model, specs, training=opts.training is not False)
+             if str(opts.kernel_times).strip().lower() == "measure" else None)
+    try:
+        return resolve_kernel_times(opts.kernel_times, graph, cluster, opts.cluster,
+                                    lambda _: distribute,
+                                    os.path.join("out", "kernel_times.json")
+                                    if _is_chief(distribute) else None,
+                                    progress=lambda msg: say(f"  {msg}"))
+    except ValueError as e:
+        raise TrainError(f"--kernel_times={opts.kernel_times}: {e}") from None
 
 
 def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
@@ -705,7 +758,7 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
     if opts.memory_budget_gib is not None:
         argv.append(f"--memory_budget_gib={opts.memory_budget_gib}")
     for flag in ("data", "epochs", "checkpoint_dir", "checkpoint_every", "tensorboard",
-                 "compute_scale"):
+                 "compute_scale", "kernel_times"):
         if getattr(opts, flag) is not None:
             argv.append(f"--{flag}={getattr(opts, flag)}")
     if opts.resume:
