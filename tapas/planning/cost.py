@@ -166,7 +166,7 @@ class CostOptions:
     # (``tapas.execution.kernels.measure_kernels`` for one model: its ops at their local
     # shapes under every pattern), in place of their FLOPs (or elements) at the rates; a
     # kernel not measured keeps the rates. None: the rates for every op
-    kernel_times: KernelTimes | None = dataclasses.field(default=None, compare=False)
+    kernel_times: KernelTimes | None = None
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
     optimizer: str = "adam"
