@@ -309,9 +309,8 @@ def model_kernels(graph, strategy, name: str):
     from tapas.execution.kernels import measure_kernels
     from tapas.planning.kernel_times import graph_kernels
     keys = graph_kernels(graph, strategy.num_replicas_in_sync)
-    times = measure_kernels(keys, strategy, progress=lambda line: print(f"[{name}] {line}",
-                                                                        flush=True))
-    return times
+    return measure_kernels(keys, strategy, progress=lambda line: print(f"[{name}] {line}",
+                                                                       flush=True))
 
 
 def predicted_parts(graph, cluster, plans: list[dict], loss,
