@@ -146,9 +146,9 @@ def _measure(keys: list[str], strategy: tf.distribute.Strategy, repeats: int, co
                               f"copies={copies})")
 
 
-def check_kernel_times(value: str, cluster_name: str, num_devices: int) -> str | None:
+def check_kernel_times(value: str, cluster_name: str, num_devices: int) -> KernelTimes | None:
     """``--kernel_times`` checked before anything is measured: None for ``"measure"``, else
-    the path of a file written by an earlier ``measure`` (it must exist and be for
+    the times in the file an earlier ``measure`` wrote (it must exist and be for
     ``num_devices`` devices). Kernel times are this machine's, priced beside the cluster's
     rates, so a preset ``cluster_name`` (another machine's datasheet) is refused.
     ValueError names the value and the fix."""
@@ -172,7 +172,7 @@ def check_kernel_times(value: str, cluster_name: str, num_devices: int) -> str |
     if times.num_devices != num_devices:
         raise ValueError(f"its kernels were timed on {times.num_devices} devices, the "
                          f"cluster has {num_devices}: measure again (--kernel_times=measure)")
-    return path
+    return times
 
 
 def resolve_kernel_times(value: str, graph: Any, cluster: Any, cluster_name: str,
@@ -186,9 +186,9 @@ def resolve_kernel_times(value: str, graph: Any, cluster: Any, cluster_name: str
     ignored; kernels it runs that the file lacks keep the cost model's rates."""
     from tapas.planning.kernel_times import graph_kernels
     n = cluster.num_devices
-    path = check_kernel_times(value, cluster_name, n)
-    if path is not None:
-        return KernelTimes.load(path)
+    given = check_kernel_times(value, cluster_name, n)
+    if given is not None:
+        return given
     keys = graph_kernels(graph, n)
     say = progress or (lambda line: None)
     say(f"timing the {len(keys)} kernels of the model's patterns on {n} devices "

@@ -231,8 +231,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         changes["compute_scale"], calibration = _compute_scale(opts, model, specs, loss,
                                                                cluster, distribute, rows, say)
     if opts.kernel_times is not None:
-        changes["kernel_times"] = _kernel_times(opts, model, specs, cluster, distribute,
-                                                rows, say)
+        changes["kernel_times"] = _kernel_times(opts, model, specs, cluster, distribute, say)
     if changes:
         from tapas.planning.cost import CostOptions
         search_options["options"] = CostOptions.for_cluster(cluster, **changes)
@@ -339,13 +338,13 @@ def _check_kernel_times(opts: TrainOptions) -> None:
 
 
 def _kernel_times(opts: TrainOptions, model: Any, specs: Any, cluster: Any, distribute: Any,
-                  rows: int, say: Any) -> Any:
+                  say: Any) -> Any:
     """``--kernel_times``: the file's times, or the kernels of the model's patterns timed on
     the run's devices ('measure'; written to out/kernel_times.json by the chief)."""
     from tapas import capturing
     from tapas.execution.kernels import resolve_kernel_times
     n = distribute.num_replicas_in_sync
-    if cluster.num_devices != n or rows > 1:
+    if cluster.num_devices != n:   # (--mesh was refused before: one row)
         raise TrainError(f"--kernel_times: the cluster has {cluster.num_devices} devices, the "
                          f"run {n}; give a cluster file profiled on {n} devices")
     graph = (capturing.capture(model, specs, training=opts.training is not False)
