@@ -10,20 +10,22 @@ Out: :func:`machine` (python, platform, CPU count), :func:`write_json` (the file
      :func:`plan_program` (a plan built and warmed) and :func:`timed_plan` (median and
      spread of the plan's training step, optionally paired with an anchor plan's, and
      optionally of the same plan built :func:`without_communication`: how much of the
-     step its collectives take).
+     step its collectives take; the instrument is
+     ``tapas.execution.communication_scale.without_communication``, which the cost model's
+     communication calibration times with too).
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
 import platform
 import statistics
 import time
-from collections.abc import Iterator
 from typing import Any
+
+from tapas.execution.communication_scale import without_communication
 
 __all__ = ["machine", "write_json", "timed_search", "plan_program", "timed_plan",
            "without_communication"]
@@ -97,38 +99,6 @@ def plan_program(model: Any, entry: Any, graph: Any, patterns: Any, strategy: An
                               training=False)
     pm.train_step(xs, y)
     return pm, xs, y
-
-
-@contextlib.contextmanager
-def without_communication() -> Iterator[None]:
-    """A timing instrument, not a program: while active, a program traced for the first
-    time (``plan_program`` traces it) runs every collective as a local op of the same
-    output shape (an all-reduce as ``x + 0``, an all-gather as ``x`` concatenated N times),
-    so its step costs the plan's compute, data movement and dispatch without any
-    communication. The step's *numbers are wrong*: time it, never read it. Plan step minus
-    this step is what the plan's collectives cost inside the step (the model prices that
-    as the plan's communication, Table 2's decomposition). Logical devices or GPUs of one
-    process: under several worker processes the workers' steps would no longer meet."""
-    import tensorflow as tf
-
-    from tapas.execution import collectives as c
-
-    def local_sum(self: Any, xs: list) -> list:
-        return [x + tf.zeros([], x.dtype) if x.dtype != tf.bool else tf.identity(x)
-                for x in xs]
-
-    def local_gather(self: Any, xs: list, axis: int) -> list:
-        return [tf.concat([x] * self.num_devices, axis=axis) for x in xs]
-
-    saved = {cls: (cls._sum, cls._gather) for cls in (c.KeyedCollectives,
-                                                      c.ReplicaContextCollectives)}
-    for cls in saved:
-        cls._sum, cls._gather = local_sum, local_gather
-    try:
-        yield
-    finally:
-        for cls, (s_, g_) in saved.items():
-            cls._sum, cls._gather = s_, g_
 
 
 def _step_seconds(program: tuple[Any, Any, Any]) -> float:

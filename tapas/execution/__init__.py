@@ -25,4 +25,9 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
 * :mod:`tapas.execution.compute_scale`: one model's compute factor
   (``CostOptions.compute_scale``): its replicated step timed at two batch sizes against the
   cost model's price.
+* :mod:`tapas.execution.kernels`: each kernel of a model's patterns timed at its local
+  shapes (``CostOptions.kernel_times``).
+* :mod:`tapas.execution.communication_scale`: one model's communication factor
+  (``CostOptions.communication_scale``): its data-parallel step timed with and without its
+  collectives against the cost model's price of them.
 """

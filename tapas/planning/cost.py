@@ -167,6 +167,13 @@ class CostOptions:
     # shapes under every pattern), in place of their FLOPs (or elements) at the rates; a
     # kernel not measured keeps the rates. None: the rates for every op
     kernel_times: KernelTimes | None = None
+    # plan level (beyond the paper, "CS"): every collective's cost (latency and
+    # transmission) times this factor, measured for one model by
+    # ``tapas.execution.communication_scale.calibrate_communication`` (that model's
+    # data-parallel step with and without its collectives against what this model prices
+    # for them: the profile's alpha and beta are measured on chains of collectives that wait
+    # on each other, a step's collectives are not); 1.0: the constants as profiled
+    communication_scale: float = 1.0
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
     optimizer: str = "adam"
@@ -189,6 +196,13 @@ class CostOptions:
             raise ValueError(f"compute_scale={self.compute_scale!r}: must be a finite number "
                              "> 0 (1.0: compute at the cluster's profiled rates; "
                              "tapas.execution.profiling.calibrate_compute measures it)")
+        if isinstance(self.communication_scale, bool) or \
+                not isinstance(self.communication_scale, (int, float)) or \
+                not math.isfinite(self.communication_scale) or self.communication_scale <= 0:
+            raise ValueError(f"communication_scale={self.communication_scale!r}: must be a "
+                             "finite number > 0 (1.0: collectives at the cluster's profiled "
+                             "alpha and beta; tapas.execution.communication_scale."
+                             "calibrate_communication measures it)")
         if self.kernel_times is not None and not isinstance(self.kernel_times, KernelTimes):
             raise TypeError(f"kernel_times={self.kernel_times!r}: must be a "
                             "tapas.planning.kernel_times.KernelTimes (measured by "
@@ -350,9 +364,10 @@ def collective_cost(kind: KindLike, nbytes: int, group_size: int, cluster: Clust
     group = cluster.group(group_size, nodes)
     if group.size == 1:
         return CostTerm(kind, nbytes, 1, group.nodes, bool(backward), 0.0, 0.0, label)
-    latency = group.link.latency * group.size if options.latency else 0.0
+    scale = options.communication_scale
+    latency = group.link.latency * group.size * scale if options.latency else 0.0
     transmission = (group.link.beta * ring_factor(kind, group.size) * nbytes
-                    * options.gamma_for(backward) * options.epsilon_for(kind))
+                    * options.gamma_for(backward) * options.epsilon_for(kind) * scale)
     return CostTerm(kind, nbytes, group.size, group.nodes, bool(backward), latency, transmission,
                     label)
 

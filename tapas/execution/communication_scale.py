@@ -1,0 +1,293 @@
+"""One model's collectives, measured inside its own training step (``"CS"``).
+
+In:  a Keras model and its input spec (the global batch, as ``tapas.parallelize`` takes
+     it), the cluster whose alpha and beta the search prices collectives with (a ``tapas
+     profile`` file), N devices of one process (logical CPU devices or GPUs: any
+     single-process ``tf.distribute`` strategy), the training loss, the pricing the search
+     will use (``CostOptions``).
+Out: a :class:`CommunicationCalibration`: the model's data-parallel plan (the search's
+     ``data-parallel`` reference: every GraphNode split on the batch, weights replicated,
+     each weight gradient all-reduced) built twice, as it runs and with every collective
+     replaced by a local op of the same shape (:func:`without_communication`), the two
+     training steps timed in pairs; the median of the pairs' differences is what the plan's
+     collectives cost inside its step, and ``scale`` = that / what the cost model prices
+     for the same collectives. The search multiplies every collective's cost by it
+     (``CostOptions.communication_scale``: ``tapas.search(..., options=
+     CostOptions.for_cluster(cluster, communication_scale=s))``, ``tapas search
+     --communication_scale=measure``).
+
+Why: ``tapas profile`` measures each collective in a chain of collectives that wait on
+each other, on otherwise idle devices (alpha' and beta of the cluster file). Inside a
+training step the collectives are not a chain: a data-parallel step's gradient all-reduces
+start as their gradients are ready and run beside the rest of the backward pass. On Table
+2's 15 models on 4 logical CPU devices of this project's 2-core machine, their data-parallel
+plans' collectives cost 0.4 to 0.9 of the price inside the step (ResNet50, whose 100 MB of
+gradients are bandwidth-bound: 1.6; ``docs/paper.md``), by a factor that depends on the
+model; a cost model that over-prices every collective ranks the plans that communicate
+more (data parallelism, splits that save compute at the price of collectives) too low.
+
+The two steps are timed in pairs (one of each, in turn, ``steps`` x ``repeats`` times after
+a warm-up step each), so load that drifts over the measurement moves both alike. When the
+difference is within the noise of the pairs (under 2 standard errors) or the plan has no
+collective, ``scale`` is None and the search keeps the profiled constants (1.0). Worker
+processes cannot run the local copy (their steps would no longer meet): the measurement
+needs the devices of one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+__all__ = ["CommunicationCalibration", "calibrate_communication", "without_communication",
+           "scale_from_pairs", "check_communication_scale", "resolve_communication_scale"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CommunicationCalibration:
+    """The measurement behind one model's ``CostOptions.communication_scale``."""
+
+    num_devices: int
+    plan: str                              # the plan measured (the data-parallel reference)
+    collectives: int                       # how many the cost model prices for it
+    measured_s: tuple[float, float]        # median step time: as it runs, without collectives
+    predicted_s: float                     # the cost model's communication of the plan
+    difference_s: float                    # median over the pairs of the two steps' difference
+    difference_se_s: float                 # its standard error (0.93 x IQR / sqrt(pairs))
+    pairs: int
+    scale: float | None                    # None: not measurable (``reason``)
+    reason: str = ""
+    patterns: tuple[str, ...] = ()         # the plan's pattern name per GraphNode
+
+    @property
+    def communication_scale(self) -> float:
+        """The factor for ``CostOptions.communication_scale``: ``scale``, or 1.0 (the
+        profiled constants) when it could not be measured."""
+        return 1.0 if self.scale is None else self.scale
+
+    def describe(self) -> str:
+        head = (f"{self.plan} plan on {self.num_devices} devices: step "
+                f"{self.measured_s[0] * 1e3:.1f} ms, without its collectives "
+                f"{self.measured_s[1] * 1e3:.1f} ms (difference {self.difference_s * 1e3:.1f} "
+                f"+- {self.difference_se_s * 1e3:.1f} ms over {self.pairs} pairs); the cost "
+                f"model's {self.collectives} collectives {self.predicted_s * 1e3:.1f} ms")
+        if self.scale is None:
+            return f"{head}: {self.reason}; collectives kept at the profiled constants (1.0)"
+        return f"{head}: communication scale {self.scale:.2f}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "communication_scale": self.communication_scale}
+
+
+@contextlib.contextmanager
+def without_communication() -> Iterator[None]:
+    """A timing instrument, not a program: while active, a program traced for the first
+    time runs every collective as a local op of the same output shape (an all-reduce as
+    ``x + 0``, an all-gather as ``x`` concatenated N times), so its step costs the plan's
+    compute, data movement and dispatch without any communication. The step's *numbers are
+    wrong*: time it, never read it. The plan's step less this one's is what its collectives
+    cost inside the step. Logical devices or GPUs of one process: under several worker
+    processes the workers' steps would no longer meet."""
+    import tensorflow as tf
+
+    from tapas.execution import collectives as c
+
+    def local_sum(self: Any, xs: list) -> list:
+        return [x + tf.zeros([], x.dtype) if x.dtype != tf.bool else tf.identity(x)
+                for x in xs]
+
+    def local_gather(self: Any, xs: list, axis: int) -> list:
+        return [tf.concat([x] * self.num_devices, axis=axis) for x in xs]
+
+    saved = {cls: (cls._sum, cls._gather) for cls in (c.KeyedCollectives,
+                                                      c.ReplicaContextCollectives)}
+    for cls in saved:
+        cls._sum, cls._gather = local_sum, local_gather
+    try:
+        yield
+    finally:
+        for cls, (s_, g_) in saved.items():
+            cls._sum, cls._gather = s_, g_
+
+
+def data_parallel_patterns(graph: Any, cluster: Any, options: Any = None,
+                           loss: Any = None) -> tuple[str, ...]:
+    """The pattern name of every GraphNode under the search's ``data-parallel`` reference
+    plan on ``graph`` (``tapas.planning.references``)."""
+    from tapas.planning.search import search
+    s = search(graph, cluster=cluster, top_k=1, loss=loss, options=options)
+    for alt in s.references:
+        if alt.name == "data-parallel" and not alt.error:
+            return tuple(alt.changes.get(v, p) for v, p in enumerate(s.patterns))
+    raise ValueError(f"the graph {graph.name!r} has no data-parallel plan (no GraphNode "
+                     "splits on the batch): its collectives cannot be calibrated this way; "
+                     "keep communication_scale at 1.0")
+
+
+def predicted_communication(graph: Any, patterns: Sequence[str], cluster: Any,
+                            options: Any = None) -> tuple[float, int]:
+    """(seconds, count) of the collectives the cost model prices for the plan ``patterns``
+    (one pattern name per GraphNode) on ``graph``, at ``options`` with
+    ``communication_scale`` 1."""
+    from tapas.planning import explore
+    from tapas.planning.cost import CostOptions
+    from tapas.planning.table import EdgeCoster, pattern_table
+    options = CostOptions.for_cluster(cluster) if options is None else options
+    options = dataclasses.replace(options, communication_scale=1.0)
+    n = cluster.num_devices
+    table = pattern_table(graph, n, cluster, options)
+    idx = [table.index(v, name) for v, name in enumerate(patterns)]
+    cost, _ = explore.plan_cost(graph, table, idx, EdgeCoster(n, cluster, options))
+    return cost.communication, len(cost.comms)
+
+
+def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
+                            devices: int | None = None, distribute_strategy: Any = None,
+                            loss: Any = None, training: bool = True, options: Any = None,
+                            graph: Any = None, steps: int = 5, repeats: int = 2,
+                            progress: Callable[[str], None] | None = None
+                            ) -> CommunicationCalibration:
+    """Measure ``model``'s ``CostOptions.communication_scale`` on these devices (module
+    docstring). ``input_spec``: the global batch's specs (as ``tapas.parallelize``; default
+    the model's own input shapes), its batch divisible by N. ``devices`` /
+    ``distribute_strategy``: as ``tapas.parallelize`` (one process). ``loss``: the
+    training loss (default the compiled model's, or mean squared error). ``training``: the
+    graph the plans will run. ``options``: the pricing the search will use (default
+    ``CostOptions.for_cluster(cluster)``). ``graph``: the model's graph captured in that
+    mode, when the caller has it (else captured here)."""
+    from tapas import capturing
+    from tapas.execution import inputs, parallel
+    from tapas.execution.devices import make_strategy, process_count
+    from tapas.execution.plan import Plan
+    from tapas.planning.strategy import graph_digest
+    from tapas.sharding.patterns import pattern_by_name
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or \
+            isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"steps={steps!r}, repeats={repeats!r}: each must be an int >= 1 "
+                         "(timed pairs = steps x repeats; 10 is enough on an idle machine)")
+    say = progress or (lambda _msg: None)
+    strategy = distribute_strategy or make_strategy(devices)
+    if process_count() > 1:
+        raise ValueError("calibrate_communication runs the plan without its collectives, "
+                         "which worker processes cannot (their steps would no longer meet): "
+                         "measure on the devices of one process")
+    n = int(strategy.num_replicas_in_sync)
+    if n != cluster.num_devices:
+        raise ValueError(f"the strategy has {n} devices and the cluster "
+                         f"{cluster.num_devices}: profile this many devices (tapas profile "
+                         f"--devices={n}) or give a strategy of {cluster.num_devices}")
+    if n < 2:
+        raise ValueError("calibrate_communication needs at least 2 devices: one device runs "
+                         "no collective")
+    signature = inputs.InputSignature.of(model, input_spec)
+    signature.per_row(n, "the data-parallel plan splits the batch over the devices")
+    loss = parallel.training_loss(model) if loss is None else parallel.loss_object(loss)
+    if graph is None:
+        graph = capturing.capture(model, signature.spec_structure(), training=training)
+    patterns = data_parallel_patterns(graph, cluster, options, loss)
+    predicted, count = predicted_communication(graph, patterns, cluster, options)
+    chosen = {node.id: pattern_by_name(node, graph, n, patterns[node.id])
+              for node in graph.nodes}
+    plan = Plan(n, chosen, graph_digest=graph_digest(graph))
+    programs = []
+    for local in (False, True):
+        say(f"building the data-parallel plan on {n} devices"
+            + (" without its collectives" if local else ""))
+        with (without_communication() if local else contextlib.nullcontext()):
+            pm = parallel.parallelize(model, signature.spec_structure(), plan,
+                                      distribute_strategy=strategy, loss=loss,
+                                      training=training)
+            xs, y = inputs.synthetic_batch(model, pm.inputs, loss,
+                                           output_shape=pm.graph.outputs[0].shape)
+            pm.train_step(xs, y)                  # tracing and the graph's first run
+        programs.append((pm, xs, y))
+    say(f"timing {steps * repeats} pairs of steps")
+    times: list[list[float]] = [[], []]
+    for _ in range(repeats):
+        for _ in range(steps):
+            for i, (pm, xs, y) in enumerate(programs):
+                start = time.perf_counter()
+                pm.train_step(xs, y)
+                times[i].append(time.perf_counter() - start)
+    return scale_from_pairs(n, times[0], times[1], predicted, count, patterns=patterns)
+
+
+def scale_from_pairs(num_devices: int, full: list[float], local: list[float],
+                     predicted: float, collectives: int, plan: str = "data-parallel",
+                     patterns: Sequence[str] = ()) -> CommunicationCalibration:
+    """The calibration from paired step times (``full[i]`` as the plan runs, ``local[i]``
+    without its collectives, timed one after the other) and the cost model's price of the
+    plan's collectives: the median pair difference over the price, or no scale when the
+    plan has no priced collective or the difference is not 2 standard errors above 0.
+
+    >>> c = scale_from_pairs(4, [0.030, 0.031, 0.032, 0.030], [0.020, 0.020, 0.021, 0.020],
+    ...                      0.020, 40)
+    >>> round(c.scale, 2), c.pairs
+    (0.52, 4)
+    >>> scale_from_pairs(4, [0.030, 0.020], [0.020, 0.030], 0.020, 40).scale is None
+    True
+    """
+    if len(full) != len(local) or not full:
+        raise ValueError(f"{len(full)} and {len(local)} step times: the steps are timed in "
+                         "pairs, one of each, at least one pair")
+    diffs = [a - b for a, b in zip(full, local)]
+    diff = statistics.median(diffs)
+    pairs = len(diffs)
+    se = 0.0
+    if pairs >= 2:
+        q = statistics.quantiles(diffs, n=4)
+        se = 0.93 * (q[2] - q[0]) / math.sqrt(pairs)
+    scale, reason = None, ""
+    if predicted <= 0 or collectives == 0:
+        reason = "the cost model prices no collective for the plan"
+    elif diff <= 0 or diff <= 2 * se:
+        reason = ("the measured difference is within the noise (under 2 standard errors: "
+                  "time more pairs)")
+    else:
+        scale = diff / predicted
+    return CommunicationCalibration(num_devices, plan, collectives,
+                                    (statistics.median(full), statistics.median(local)),
+                                    predicted, diff, se, pairs, scale, reason,
+                                    tuple(patterns))
+
+
+def check_communication_scale(value: Any, cluster_name: str) -> float | None:
+    """``--communication_scale`` checked without measuring anything: the factor, or None
+    for ``"measure"`` (which only makes sense against a cluster file profiled on this
+    machine, so a preset ``cluster_name`` is refused). ValueError names the value and the
+    fix."""
+    from tapas.planning.cost import CLUSTER_PRESETS, CostOptions
+    if str(value).strip().lower() != "measure":
+        try:
+            scale = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{value!r} is not a number: give a factor (e.g. 0.6) or "
+                             "'measure'") from None
+        CostOptions(communication_scale=scale)   # the same checks as the option's
+        return scale
+    if cluster_name in CLUSTER_PRESETS:
+        raise ValueError(f"'measure' times the model's collectives on this machine's devices "
+                         f"against the cluster's alpha and beta, and the cluster "
+                         f"{cluster_name!r} is a preset, not this machine: profile it (tapas "
+                         "profile --devices=N --out=cluster.json) and pass "
+                         "--cluster=cluster.json")
+    return None
+
+
+def resolve_communication_scale(value: Any, cluster_name: str,
+                                measure: Callable[[], CommunicationCalibration]
+                                ) -> tuple[float, CommunicationCalibration | None]:
+    """``--communication_scale`` of ``tapas search`` and ``tapas train``: ``(factor,
+    calibration)``. A number (or its text) is the factor; ``"measure"`` calls ``measure()``
+    (:func:`calibrate_communication` on the run's devices); see
+    :func:`check_communication_scale`."""
+    scale = check_communication_scale(value, cluster_name)
+    if scale is not None:
+        return scale, None
+    calibration = measure()
+    return calibration.communication_scale, calibration

@@ -1,0 +1,221 @@
+"""A model's collectives measured inside its own training step (``CostOptions.
+communication_scale``, the row ``+CS``): the option's pricing (every collective's latency
+and transmission times the factor), the factor from paired step times
+(tapas.execution.communication_scale.scale_from_pairs), the measurement itself on a zoo
+model's data-parallel plan on 2 logical CPU devices (in a subprocess: devices are set once
+per process), and ``tapas search --communication_scale``."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tapas
+from tapas import models
+from tapas.execution import communication_scale as cs
+from tapas.planning import cost, explore
+from tapas.planning.cluster import Cluster
+from tapas.planning.cost import CostOptions
+from tapas.planning.table import EdgeCoster, pattern_table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EPYC = os.path.join(ROOT, "benchmarks", "results", "cluster_cpu4_2026-11-26_epyc.json")
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, math.nan, math.inf, True, "0.5"])
+def test_the_factor_must_be_a_positive_number(bad) -> None:
+    with pytest.raises((ValueError, TypeError), match="communication_scale"):
+        CostOptions(communication_scale=bad)
+
+
+def test_the_factor_scales_every_collectives_latency_and_transmission() -> None:
+    c = Cluster.loopback_cpu(4)
+    one = cost.collective_cost("AR", 1 << 20, 4, c, CostOptions.for_cluster(c))
+    half = cost.collective_cost("AR", 1 << 20, 4, c,
+                                CostOptions.for_cluster(c, communication_scale=0.5))
+    assert one.latency > 0 and one.transmission > 0
+    assert half.latency == pytest.approx(0.5 * one.latency)
+    assert half.transmission == pytest.approx(0.5 * one.transmission)
+    # a group of one device runs no collective, whatever the factor
+    assert cost.collective_time("AR", 1 << 20, 1, c,
+                                CostOptions(communication_scale=3.0)) == 0.0
+
+
+def test_a_plans_communication_scales_and_its_compute_does_not() -> None:
+    """Whole plans: every pattern's collectives, every resharded edge and the loss's
+    collectives move by the factor; compute is untouched; the data-parallel reference's
+    patterns split the batch."""
+    entry = models.get("t5-tiny")
+    graph = tapas.capture(entry.build(fast_init=True), entry.input_spec(8))
+    c = Cluster.load(EPYC)
+    pats = cs.data_parallel_patterns(graph, c, loss=entry.keras_loss())
+    assert len(pats) == len(graph.nodes) and "batch" in pats
+    totals = []
+    for s in (1.0, 0.25):
+        opts = CostOptions.for_cluster(c, loss=entry.keras_loss(), communication_scale=s)
+        table = pattern_table(graph, 4, c, opts)
+        idx = [table.index(v, p) for v, p in enumerate(pats)]
+        totals.append(explore.plan_cost(graph, table, idx, EdgeCoster(4, c, opts))[0])
+    assert totals[0].communication > 0
+    assert totals[1].communication == pytest.approx(0.25 * totals[0].communication)
+    assert totals[1].compute == pytest.approx(totals[0].compute)
+    predicted, count = cs.predicted_communication(
+        graph, pats, c, CostOptions.for_cluster(c, loss=entry.keras_loss(),
+                                                communication_scale=0.25))
+    # the calibration prices the plan at the profiled constants, whatever the options' factor
+    assert predicted == pytest.approx(totals[0].communication)
+    assert count == len(totals[0].comms)
+
+
+def test_the_factor_from_paired_steps() -> None:
+    full = [0.050, 0.052, 0.049, 0.051, 0.050, 0.053]
+    local = [0.030, 0.031, 0.030, 0.030, 0.031, 0.031]
+    c = cs.scale_from_pairs(4, full, local, 0.040, 30, patterns=("batch",))
+    assert c.pairs == 6 and c.collectives == 30 and c.patterns == ("batch",)
+    assert c.difference_s == pytest.approx(0.0205)
+    assert c.scale == pytest.approx(0.0205 / 0.040) == c.communication_scale
+    assert "communication scale 0.51" in c.describe()
+    assert json.loads(json.dumps(c.to_json()))["communication_scale"] == pytest.approx(c.scale)
+    # a difference within the noise, or a plan without collectives: the constants as profiled
+    noisy = cs.scale_from_pairs(4, [0.05, 0.03, 0.06, 0.02], [0.04, 0.04, 0.04, 0.04], 0.01, 5)
+    assert noisy.scale is None and noisy.communication_scale == 1.0
+    assert "within the noise" in noisy.reason and "kept at the profiled" in noisy.describe()
+    none = cs.scale_from_pairs(4, full, local, 0.0, 0)
+    assert none.scale is None and "prices no collective" in none.reason
+    with pytest.raises(ValueError, match="timed in pairs"):
+        cs.scale_from_pairs(4, full, local[:-1], 0.04, 30)
+    assert doctest.testmod(cs).failed == 0
+
+
+def test_the_flag_value_is_a_factor_or_measure() -> None:
+    assert cs.check_communication_scale("0.6", EPYC) == 0.6
+    assert cs.check_communication_scale("measure", EPYC) is None
+    with pytest.raises(ValueError, match="is not a number"):
+        cs.check_communication_scale("fast", EPYC)
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
+        cs.check_communication_scale("-1", EPYC)
+    with pytest.raises(ValueError, match="is a preset, not this machine"):
+        cs.check_communication_scale("measure", "v100")
+    calls = []
+    scale, cal = cs.resolve_communication_scale(
+        "measure", EPYC, lambda: calls.append(1) or cs.scale_from_pairs(
+            4, [0.05, 0.05], [0.03, 0.03], 0.04, 10))
+    assert calls == [1] and scale == pytest.approx(0.5) and cal.scale == pytest.approx(0.5)
+
+
+_MEASURE = r"""
+import json
+from tapas.execution import devices
+devices.setup_devices(2, "cpu")
+import tapas
+from tapas import models
+from tapas.planning.cluster import Cluster
+from tapas.execution.communication_scale import calibrate_communication
+entry = models.get("resnet-tiny")
+model = entry.build(seed=0)
+cal = calibrate_communication(model, entry.input_spec(16), cluster=Cluster.loopback_cpu(2),
+                              devices=2, loss=entry.keras_loss(), training=False, steps=3,
+                              repeats=2, progress=print)
+print(cal.describe())
+try:
+    calibrate_communication(model, entry.input_spec(16), cluster=Cluster.loopback_cpu(4),
+                            devices=2, loss=entry.keras_loss(), training=False)
+except ValueError as e:
+    print("REFUSED", e)
+print("RESULT " + json.dumps(cal.to_json()))
+"""
+
+
+def test_calibrate_communication_on_two_logical_devices() -> None:
+    """The data-parallel plan of a zoo model built twice (as it runs, and without its
+    collectives), timed in pairs: the factor is the step's difference over the price of the
+    plan's collectives, and the plan is the search's data-parallel reference."""
+    proc = subprocess.run([sys.executable, "-c", _MEASURE], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    d = json.loads(line[len("RESULT "):])
+    assert d["num_devices"] == 2 and d["plan"] == "data-parallel" and d["pairs"] == 6
+    assert d["collectives"] > 10 and d["predicted_s"] > 0
+    assert "batch" in d["patterns"] and min(d["measured_s"]) > 0
+    if d["scale"] is None:
+        assert d["reason"] and d["communication_scale"] == 1.0
+    else:
+        assert d["scale"] == pytest.approx(d["difference_s"] / d["predicted_s"])
+        assert d["difference_s"] > 2 * d["difference_se_s"]
+    assert "building the data-parallel plan on 2 devices without its collectives" in proc.stdout
+    assert "REFUSED the strategy has 2 devices and the cluster 4" in proc.stdout
+
+
+def test_search_command_takes_a_communication_scale(tmp_path) -> None:
+    """``tapas search --communication_scale=F`` prices collectives at F times the profiled
+    constants (the report says it); 'measure' times the model's data-parallel plan on the
+    cluster file's devices first; a preset cluster, a bad value and --mesh are refused
+    before anything is measured."""
+    import command  # tests/command.py
+    report = tmp_path / "r.json"
+    base = ["search", "--model=t5-tiny", "--batch_size=8", f"--cluster={EPYC}",
+            f"--json_out={report}"]
+    plain = command.run_tapas(*base)
+    assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
+    before = json.loads(report.read_text())
+    assert before["communication_scale"] == 1.0 and before["communication_calibration"] is None
+    cheap = command.run_tapas(*base, "--communication_scale=0.01")
+    assert cheap.returncode == 0, cheap.stdout[-3000:] + cheap.stderr[-3000:]
+    after = json.loads(report.read_text())
+    assert after["communication_scale"] == 0.01
+    # collectives at a hundredth of their price: the best plan costs no more than before
+    assert after["strategy"]["cost"]["total"] <= before["strategy"]["cost"]["total"]
+    measured = command.run_tapas(*base, "--communication_scale=measure", timeout=400)
+    assert measured.returncode == 0, measured.stdout[-3000:] + measured.stderr[-3000:]
+    assert "measuring the model's communication scale on 4 devices" in measured.stdout
+    r = json.loads(report.read_text())
+    cal = r["communication_calibration"]
+    assert cal["plan"] == "data-parallel" and cal["pairs"] == 10 and cal["num_devices"] == 4
+    assert r["communication_scale"] == cal["communication_scale"]
+    for flags, words in (
+            (["--cluster=v100", "--communication_scale=measure"],
+             "is a preset, not this machine"),
+            ([f"--cluster={EPYC}", "--communication_scale=fast"], "is not a number"),
+            ([f"--cluster={EPYC}", "--communication_scale=0"], "must be a finite number"),
+            (["--mesh=2x2", "--communication_scale=measure"],
+             "with --meshes/--mesh is not supported")):
+        bad = command.run_tapas("search", "--model=t5-tiny", *flags)
+        assert bad.returncode != 0 and words in bad.stdout + bad.stderr, (flags, bad.stdout)
+        assert "measuring the model's" not in bad.stdout
+
+
+
+def test_train_command_takes_a_communication_scale(tmp_path) -> None:
+    """``tapas train --communication_scale=measure`` measures the factor on the run's
+    devices before its search and reports it; --strategy (no search), --mesh, and 'measure'
+    across worker processes (which cannot run the plan without its collectives) are refused
+    before any work."""
+    import command  # tests/command.py
+    report = tmp_path / "r.json"
+    ok = command.run_tapas("train", "--model=t5-tiny", "--devices=4", "--steps=1",
+                           "--batch_size=8", f"--cluster={EPYC}",
+                           "--communication_scale=measure", f"--json_out={report}",
+                           timeout=400)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    assert "measuring the model's communication scale on 4 devices" in ok.stdout
+    r = json.loads(report.read_text())
+    assert r["communication_calibration"]["plan"] == "data-parallel"
+    assert r["communication_scale"] == r["communication_calibration"]["communication_scale"]
+    for flags, words in (
+            (["--devices=2", "--strategy=random:0", "--communication_scale=0.5"],
+             "--strategy=random:0 skips it"),
+            (["--devices=4", "--mesh=2x2", "--communication_scale=0.5"],
+             "with --mesh=2x2 is not supported"),
+            (["--workers=2", f"--cluster={EPYC}", "--communication_scale=measure"],
+             "which worker processes cannot"),
+            (["--devices=4", "--communication_scale=measure"], "is a preset, not this machine")):
+        bad = command.run_tapas("train", "--model=t5-tiny", "--steps=1", *flags)
+        assert bad.returncode != 0 and words in bad.stdout + bad.stderr, (flags, bad.stdout)
+        assert "measuring the model's" not in bad.stdout and "launching" not in bad.stdout
