@@ -6,8 +6,9 @@
     tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json
                   [--plot=residuals.png] [--nogamma]
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
-                  [--cluster=file.json [--compute_scale=measure] [--kernel_times=measure]]
-                  [--meshes | --mesh=ROWSxCOLS] [--draw=strategy.png]
+                  [--cluster=file.json [--compute_scale=measure] [--kernel_times=measure]
+                  [--communication_scale=measure]] [--meshes | --mesh=ROWSxCOLS]
+                  [--draw=strategy.png]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K [--devices_per_worker=D]] [--optimizer=sgd|adam] [--learning_rate=LR]
                   [--data=file.npz|file.tfrecord] [--epochs=E] [--checkpoint_dir=DIR]
@@ -20,6 +21,7 @@ same numbers as JSON.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -87,6 +89,12 @@ flags.DEFINE_string("kernel_times", None, "search, train: price every contractio
                     "(CostOptions.kernel_times): 'measure' times them first on the cluster "
                     "file's N devices here (and writes them beside --out, NAME_kernels.json, "
                     "or to out/kernel_times.json), or the path of such a file.")
+flags.DEFINE_string("communication_scale", None, "search, train: multiply every collective's "
+                    "cost "
+                    "by this factor (CostOptions.communication_scale), or 'measure': first time "
+                    "the model's data-parallel plan on N devices here (the cluster file's N, "
+                    "profiled on this machine) with and without its collectives against what "
+                    "the cost model prices for them, and use that factor.")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
                    "(e.g. for --mode=es on a large model).")
@@ -366,8 +374,20 @@ def cmd_search() -> dict[str, Any]:
             check_kernel_times(FLAGS.kernel_times, FLAGS.cluster, cluster.num_devices)
         except ValueError as e:
             raise app.UsageError(f"--kernel_times={FLAGS.kernel_times}: {e}") from None
+    if FLAGS.communication_scale is not None:
+        if FLAGS.meshes or FLAGS.mesh:
+            raise app.UsageError(f"--communication_scale={FLAGS.communication_scale} with "
+                                 "--meshes/--mesh is not supported (the factor is measured on "
+                                 "the 1-D program): leave one of them out")
+        from tapas.execution.communication_scale import check_communication_scale
+        try:
+            check_communication_scale(FLAGS.communication_scale, FLAGS.cluster)
+        except ValueError as e:
+            raise app.UsageError(f"--communication_scale={FLAGS.communication_scale}: "
+                                 f"{e}") from None
     measures = [str(FLAGS.compute_scale).strip().lower() == "measure",
-                str(FLAGS.kernel_times).strip().lower() == "measure"]
+                str(FLAGS.kernel_times).strip().lower() == "measure",
+                str(FLAGS.communication_scale).strip().lower() == "measure"]
     if any(measures) and FLAGS.cluster not in CLUSTER_PRESETS:
         # the cluster's devices, before the capture runs any TensorFlow op (logical CPU
         # devices are set once per process)
@@ -379,6 +399,7 @@ def cmd_search() -> dict[str, Any]:
     if FLAGS.meshes or FLAGS.mesh:
         return _search_meshes(graph, trace, cluster, loss, loaded)
     options, calibration = _search_options(cluster, loaded, graph)
+    options, comm_calibration = _communication_options(cluster, loaded, graph, options, loss)
     print(f"captured '{graph.name}': {len(graph.nodes):,} GraphNodes in {capture_s:.3f} s; "
           f"searching ({FLAGS.mode}) on {cluster.name} ({cluster.num_devices} devices)"
           + (f"; pricing the loss ({_loss_text(loss)})" if loss is not None else ""))
@@ -407,6 +428,9 @@ def cmd_search() -> dict[str, Any]:
               "loss_priced": LossSpec.of(loss).to_json() if loss is not None else None,
               "compute_scale": 1.0 if options is None else options.compute_scale,
               "compute_calibration": None if calibration is None else calibration.to_json(),
+              "communication_scale": 1.0 if options is None else options.communication_scale,
+              "communication_calibration": None if comm_calibration is None else
+              comm_calibration.to_json(),
               "kernel_times": None if options is None or options.kernel_times is None else
               options.kernel_times.to_json(),
               "strategy": strategy.to_json()}
@@ -460,6 +484,41 @@ def _search_options(cluster: Any, loaded: LoadedModel, graph: Any) -> tuple[Any,
     except ValueError as e:
         raise app.UsageError(f"--compute_scale={FLAGS.compute_scale}: {e}") from None
     return CostOptions.for_cluster(cluster, compute_scale=scale, **changes), calibration
+
+
+def _communication_options(cluster: Any, loaded: LoadedModel, graph: Any, options: Any,
+                           loss: Any) -> tuple[Any, Any]:
+    """``(CostOptions or None, CommunicationCalibration or None)``: ``options`` with
+    ``--communication_scale`` (a given factor, or one measured here on ``graph``'s
+    data-parallel plan: 'measure') when it is given."""
+    if FLAGS.communication_scale is None:
+        return options, None
+    from tapas.execution.communication_scale import (calibrate_communication,
+                                                     resolve_communication_scale)
+    from tapas.planning.cost import CostOptions
+    base = CostOptions.for_cluster(cluster) if options is None else options
+
+    def measure() -> Any:
+        from tapas.execution.devices import make_strategy
+        n = cluster.num_devices
+        print(f"measuring the model's communication scale on {n} devices "
+              "(--communication_scale=measure)")
+        cal = calibrate_communication(loaded.model, loaded.specs, cluster=cluster,
+                                      distribute_strategy=make_strategy(n), loss=loaded.loss,
+                                      training=bool(FLAGS.training),
+                                      options=dataclasses.replace(base, loss=loss),
+                                      graph=graph,
+                                      progress=lambda msg: print(f"  {msg}", flush=True))
+        print(f"  {cal.describe()}")
+        return cal
+
+    try:
+        scale, calibration = resolve_communication_scale(FLAGS.communication_scale,
+                                                         FLAGS.cluster, measure)
+    except ValueError as e:
+        raise app.UsageError(f"--communication_scale={FLAGS.communication_scale}: "
+                             f"{e}") from None
+    return dataclasses.replace(base, communication_scale=scale), calibration
 
 
 def _loss_text(loss: Any) -> str:
@@ -541,7 +600,8 @@ def cmd_train() -> dict[str, Any]:
                               tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh,
                               graph_optimization=FLAGS.graph_optimization,
                               compute_scale=FLAGS.compute_scale,
-                              kernel_times=FLAGS.kernel_times)
+                              kernel_times=FLAGS.kernel_times,
+                              communication_scale=FLAGS.communication_scale)
     from absl import logging
     logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
     try:

@@ -77,6 +77,10 @@ class TrainOptions:
     # (the model's kernels timed on the run's devices first: tapas.execution.kernels) or a
     # file an earlier measure wrote; None: the cluster's rates
     kernel_times: str | None = None
+    # search: a factor on every collective's cost, or "measure" (the model's own, its
+    # data-parallel plan timed with and without its collectives on the run's devices first:
+    # tapas.execution.communication_scale; one process only); None: the profiled constants
+    communication_scale: str | None = None
 
     @property
     def is_job(self) -> bool:
@@ -110,6 +114,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         _check_compute_scale(opts)   # before workers are launched or a model is built
     if opts.kernel_times is not None:
         _check_kernel_times(opts)
+    if opts.communication_scale is not None:
+        _check_communication_scale(opts)
     if opts.workers and not os.environ.get("TF_CONFIG"):
         _check_model_name(opts.model)   # here, not once per worker after the launch
         return _launch_workers(opts)
@@ -122,7 +128,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     timings["devices"] = time.perf_counter() - start
     chief = _is_chief(distribute)
     say = print if chief else (lambda *a, **k: None)
-    pm, name, xs, y, calibration, kernels = _parallelize(opts, distribute, timings, say)
+    pm, name, xs, y, calibration, kernels, comm = _parallelize(opts, distribute, timings, say)
     n = distribute.num_replicas_in_sync
     workers = n // len(distribute.extended.worker_devices)
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
@@ -136,6 +142,10 @@ def train(opts: TrainOptions) -> dict[str, Any]:
                                          else calibration.to_json())
     if opts.kernel_times is not None:
         report["kernel_times"] = None if kernels is None else kernels.to_json()
+    if opts.communication_scale is not None:
+        report["communication_scale"] = (comm.communication_scale if comm is not None
+                                         else float(opts.communication_scale))
+        report["communication_calibration"] = None if comm is None else comm.to_json()
     if opts.is_job:
         check = None
         _run_job(opts, pm, xs, y, report, say)
@@ -184,11 +194,11 @@ def _check_model_name(name: str | None) -> None:
 
 
 def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
-                 say: Any) -> tuple[Any, str, Any, Any, Any, Any]:
+                 say: Any) -> tuple[Any, str, Any, Any, Any, Any, Any]:
     """The zoo model built and parallelized under ``distribute`` with the strategy of
     ``opts``; returns the ParallelModel, the model name, its synthetic batch (xs, y), the
-    ``--compute_scale=measure`` calibration and the ``--kernel_times`` (None without
-    them)."""
+    ``--compute_scale=measure`` calibration, the ``--kernel_times`` and the
+    ``--communication_scale=measure`` calibration (None without them)."""
     from tapas import models
     from tapas.execution import parallel, reconstruct
     from tapas.planning.cost import Cluster
@@ -232,6 +242,10 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
                                                                cluster, distribute, rows, say)
     if opts.kernel_times is not None:
         changes["kernel_times"] = _kernel_times(opts, model, specs, cluster, distribute, say)
+    comm = None
+    if opts.communication_scale is not None:
+        changes["communication_scale"], comm = _communication_scale(
+            opts, model, specs, loss, cluster, distribute, changes, say)
     if changes:
         from tapas.planning.cost import CostOptions
         search_options["options"] = CostOptions.for_cluster(cluster, **changes)
@@ -277,7 +291,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
     say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != 'replicate')} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
-    return pm, name, xs, y, calibration, changes.get("kernel_times")
+    return pm, name, xs, y, calibration, changes.get("kernel_times"), comm
 
 
 def _check_compute_scale(opts: TrainOptions) -> None:
@@ -357,6 +371,62 @@ def _kernel_times(opts: TrainOptions, model: Any, specs: Any, cluster: Any, dist
                                     progress=lambda msg: say(f"  {msg}"))
     except ValueError as e:
         raise TrainError(f"--kernel_times={opts.kernel_times}: {e}") from None
+
+
+def _check_communication_scale(opts: TrainOptions) -> None:
+    """``--communication_scale`` against the other options, without measuring anything
+    (before ``--workers`` are launched): it prices the search of the 1-D program, and
+    'measure' runs the plan without its collectives, which worker processes cannot."""
+    from tapas.execution.communication_scale import check_communication_scale
+    if opts.strategy:
+        raise TrainError(f"--communication_scale={opts.communication_scale} prices the "
+                         f"search, and --strategy={opts.strategy} skips it: leave one of them "
+                         "out")
+    if opts.mesh:
+        raise TrainError(f"--communication_scale with --mesh={opts.mesh} is not supported: "
+                         "the factor is measured on the 1-D program; search without it")
+    try:
+        measure = check_communication_scale(opts.communication_scale, opts.cluster) is None
+    except ValueError as e:
+        raise TrainError(f"--communication_scale={opts.communication_scale}: {e}") from None
+    if measure and (opts.workers or os.environ.get("TF_CONFIG")):
+        raise TrainError("--communication_scale=measure runs the model's data-parallel plan "
+                         "without its collectives, which worker processes cannot (their "
+                         "steps would no longer meet): measure it with `tapas search "
+                         "--communication_scale=measure` on one process's devices and pass "
+                         "the factor it prints")
+
+
+def _communication_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluster: Any,
+                         distribute: Any, changes: dict[str, Any], say: Any
+                         ) -> tuple[float, Any]:
+    """``--communication_scale``: the factor and, for 'measure', its calibration (the
+    model's data-parallel plan timed with and without its collectives on the run's
+    devices, priced with the search's other options ``changes``)."""
+    from tapas.execution.communication_scale import (calibrate_communication,
+                                                     resolve_communication_scale)
+    from tapas.planning.cost import CostOptions
+    n = distribute.num_replicas_in_sync
+
+    def measure() -> Any:
+        if cluster.num_devices != n:
+            raise ValueError(f"the cluster has {cluster.num_devices} devices, the run {n}: "
+                             f"give a cluster file profiled on {n} devices")
+        say(f"measuring the model's communication scale on {n} devices "
+            "(--communication_scale=measure)")
+        cal = calibrate_communication(model, specs, cluster=cluster,
+                                      distribute_strategy=distribute, loss=loss,
+                                      training=opts.training is not False,
+                                      options=CostOptions.for_cluster(cluster, loss=loss,
+                                                                      **changes),
+                                      progress=lambda msg: say(f"  {msg}"))
+        say(f"  {cal.describe()}")
+        return cal
+
+    try:
+        return resolve_communication_scale(opts.communication_scale, opts.cluster, measure)
+    except ValueError as e:
+        raise TrainError(f"--communication_scale={opts.communication_scale}: {e}") from None
 
 
 def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
@@ -757,7 +827,7 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
     if opts.memory_budget_gib is not None:
         argv.append(f"--memory_budget_gib={opts.memory_budget_gib}")
     for flag in ("data", "epochs", "checkpoint_dir", "checkpoint_every", "tensorboard",
-                 "compute_scale", "kernel_times"):
+                 "compute_scale", "kernel_times", "communication_scale"):
         if getattr(opts, flag) is not None:
             argv.append(f"--{flag}={getattr(opts, flag)}")
     if opts.resume:
