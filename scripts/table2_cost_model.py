@@ -5,6 +5,7 @@
         [--cluster=benchmarks/results/cluster_cpu4_2026-11-26_epyc.json] [--out=out/table2]
     python scripts/table2_cost_model.py --recost=out/table2/table2.json   # no measuring
     python scripts/table2_cost_model.py --kernels_only --models=...       # kernel times only
+    python scripts/table2_cost_model.py --communication_only --models=... # +CS factors only
     python scripts/table2_cost_model.py --workers=2 --cluster=cluster_workers2.json ...
 
 For each model (default: 15 architectures, 5 transformers, 6 CNNs, 4 MoE, among them
@@ -37,7 +38,8 @@ logical CPU devices (``--devices``):
    before with a cluster file that has no such rates), +CF+GO+EC+WR+L+MB+W+MC (also
    every plan's compute times the model's own factor, measured first: see below) and
    +CF+GO+EC+WR+L+MB+W+K (the search's default row with each contraction and convolution
-   priced by its kernel's measured time: see below), and ranked;
+   priced by its kernel's measured time: see below) and +CF+GO+EC+WR+L+MB+W+K+CS (also
+   every collective's cost times the model's own measured factor: see below), and ranked;
    ``tapas.planning.ranking`` scores the rank of the
    measured-best plan (measured ties within noise count for the model, predicted ties
    against it).
@@ -49,6 +51,17 @@ cost model prices for them; no plan is run) for the row +MC, and the search with
 factor adds its own top ``--top_k`` (``C#1``...); ``calibrations`` in the JSON, kept by
 ``--recost`` (which re-derives each factor for its ``--cluster``; a file without them is
 re-costed without the row).
+
+``--calibrate_communication`` (the default, with ``--kernels``): before its plans, each
+model's communication factor is measured (``tapas.execution.communication_scale``: its
+data-parallel plan's step as it runs and with every collective replaced by a local op,
+``--steps`` x ``--repeats`` pairs, against what the cost model prices for its collectives)
+for the row +CS, and the search pricing the kernels with that factor adds its own top
+``--top_k`` (``S#1``...); ``communication_calibrations`` in the JSON (with the timed plan's
+patterns: ``--recost`` re-derives each factor for its ``--cluster``). ``--communication_only``
+measures them and writes ``table2_communication.json``; ``--recost
+--communication=table2_communication.json`` prices an earlier run's plans with them. One
+process only (not with ``--workers``: the row is left out there).
 
 ``--kernels`` (the default): before its plans, every kernel the model's patterns run (each
 contraction and convolution at its local shapes: ``tapas.planning.kernel_times``) is timed
@@ -138,12 +151,24 @@ flags.DEFINE_boolean("calibrate", True, "Measure each model's compute factor fir
 flags.DEFINE_boolean("kernels", True, "Time each model's kernels first (every contraction and "
                      "convolution at its local shapes under each pattern: "
                      "tapas.execution.kernels) for the row +CF+GO+EC+WR+L+MB+W+K.")
+flags.DEFINE_boolean("calibrate_communication", True, "Measure each model's communication "
+                     "factor first (tapas.execution.communication_scale: its data-parallel "
+                     "plan's step with and without its collectives, --steps x --repeats "
+                     "pairs) for the row +CF+GO+EC+WR+L+MB+W+K+CS (with --kernels). Not with "
+                     "--workers.")
 flags.DEFINE_boolean("kernels_only", False, "Time each model's kernels and write "
                      "table2_kernels.json, nothing else (no plan is run): for --recost "
                      "--kernel_times of an earlier run's plans.")
 flags.DEFINE_string("kernel_times", None, "With --recost: a table2_kernels.json (or a "
                     "table2.json) whose kernel times price the row +K (default: "
                     "the re-costed file's own).")
+flags.DEFINE_boolean("communication_only", False, "Measure each model's communication factor "
+                     "(the row +CS's calibration) and write table2_communication.json, "
+                     "nothing else (no kernel timed, no plan run): for --recost "
+                     "--communication of an earlier run's plans.")
+flags.DEFINE_string("communication", None, "With --recost: a table2_communication.json (or a "
+                    "table2.json) whose communication calibrations price the row +CS "
+                    "(default: the re-costed file's own).")
 flags.DEFINE_float("tie_tol", 0.05, "Relative tolerance under which measured times tie.")
 flags.DEFINE_string("cluster", "benchmarks/results/cluster_cpu4_2026-11-26_epyc.json",
                     "A cluster file written by `tapas profile`.")
@@ -166,6 +191,7 @@ PAPER = {"baseline": {"acc@1": 0.53, "mrr": 0.71}, "+CF+GO+EC": {"acc@1": 0.87, 
 _PAPER_TERMS = dict(memory_bound=False)   # every op's FLOPs at the matmul rate
 MC_ROW = "+CF+GO+EC+WR+L+MB+W+MC"
 K_ROW = "+CF+GO+EC+WR+L+MB+W+K"
+CS_ROW = K_ROW + "+CS"
 ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                          collective_efficiency=False, **_PAPER_TERMS),
         "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False,
@@ -207,18 +233,28 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
         # tapas.execution.kernels); "measured" stands for that model's kernel times
         K_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
                     weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
-                    kernel_times="measured")}
+                    kernel_times="measured"),
+        # ... and every collective's cost times the model's own measured factor
+        # (CostOptions.communication_scale, tapas.execution.communication_scale: its
+        # data-parallel plan's step with and without its collectives against what this row
+        # prices for them); "measured" stands for that model's factor
+        CS_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
+                     weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
+                     kernel_times="measured", communication_scale="measured")}
 
 
 def candidates(graph, cluster, top_k: int, loss=None,
-               compute_scale: float | None = None, kernel_times=None) -> list[dict]:
+               compute_scale: float | None = None, kernel_times=None,
+               communication_scale: float | None = None) -> list[dict]:
     """The distinct plans to run: the search's top ``top_k`` and its reference plans, each
     ``{"names": [...], "patterns": (pattern name per GraphNode)}``; with ``loss``, also the
     top ``top_k`` of the search that prices it (named ``L#1``...); with ``compute_scale``
     (the model's measured factor), also the top ``top_k`` of the search that prices the loss
     and scales compute by it (``C#1``...), with ``kernel_times`` (the model's measured
-    kernels) the top ``top_k`` of the search that prices them (``K#1``...), so each row's
-    first choice is measured."""
+    kernels) the top ``top_k`` of the search that prices them (``K#1``...), with both
+    ``kernel_times`` and ``communication_scale`` (the model's measured factor) the top
+    ``top_k`` of the search that prices the kernels and scales collectives by it
+    (``S#1``...), so each row's first choice is measured."""
     from tapas.planning.cost import CostOptions
     from tapas.planning.search import search
     out: dict[tuple[str, ...], list[str]] = {}
@@ -231,6 +267,9 @@ def candidates(graph, cluster, top_k: int, loss=None,
     if kernel_times is not None:
         searches.append(("K", loss, CostOptions.for_cluster(cluster,
                                                              kernel_times=kernel_times)))
+    if kernel_times is not None and communication_scale is not None:
+        searches.append(("S", loss, CostOptions.for_cluster(
+            cluster, kernel_times=kernel_times, communication_scale=communication_scale)))
     for prefix, priced, options in searches:
         s = search(graph, cluster=cluster, top_k=top_k, loss=priced, options=options)
         alts = list(s.alternatives)[:top_k] + ([] if prefix else list(s.references))
@@ -244,11 +283,13 @@ def candidates(graph, cluster, top_k: int, loss=None,
 
 
 def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
-               compute_scale: float = 1.0, kernel_times=None) -> list:
+               compute_scale: float = 1.0, kernel_times=None,
+               communication_scale: float = 1.0) -> list:
     """The ``PlanCost`` (communication, compute, memory) of every plan under one ablation
     row; ``loss`` (the model's Keras loss) is priced when the row says ``loss=True``, and
-    ``compute_scale`` (the model's measured factor) and ``kernel_times`` (its measured
-    kernels) where it says ``"measured"``."""
+    ``compute_scale`` (the model's measured factor), ``kernel_times`` (its measured
+    kernels) and ``communication_scale`` (its measured factor) where it says
+    ``"measured"``."""
     from tapas.planning import explore as ex
     from tapas.planning.cost import CostOptions
     from tapas.planning.table import EdgeCoster, pattern_table
@@ -259,6 +300,8 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
         changes["compute_scale"] = compute_scale
     if changes.get("kernel_times") == "measured":
         changes["kernel_times"] = kernel_times
+    if changes.get("communication_scale") == "measured":
+        changes["communication_scale"] = communication_scale
     opts = CostOptions.for_cluster(cluster, **changes)
     table = pattern_table(graph, n, cluster, opts)
     edges = EdgeCoster(n, cluster, opts)
@@ -275,11 +318,11 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
     return costs
 
 
-def recost(graph, cluster, plans: list[dict], loss,
-           compute_scale: float = 1.0, kernel_times=None) -> dict[str, list[float]]:
+def recost(graph, cluster, plans: list[dict], loss, compute_scale: float = 1.0,
+           kernel_times=None, communication_scale: float = 1.0) -> dict[str, list[float]]:
     """Each ablation row's predicted step time (seconds) of every plan (``plan_costs``)."""
     return {row: [c.total for c in plan_costs(graph, cluster, plans, loss, row, compute_scale,
-                                              kernel_times)]
+                                              kernel_times, communication_scale)]
             for row in ROWS}
 
 
@@ -299,9 +342,54 @@ def drop_calibrated_row(why: str) -> None:
 
 
 def drop_kernel_row(why: str) -> None:
-    """Leave ``K_ROW`` out of this run's table (no measured kernels: ``why``)."""
+    """Leave ``K_ROW`` (and ``CS_ROW``, which prices the kernels too) out of this run's
+    table (no measured kernels: ``why``)."""
     if ROWS.pop(K_ROW, None) is not None:
         print(f"note: no row {K_ROW}: {why}", flush=True)
+    drop_communication_row(why)
+
+
+def drop_communication_row(why: str) -> None:
+    """Leave ``CS_ROW`` out of this run's table (no measured communication factors:
+    ``why``)."""
+    if ROWS.pop(CS_ROW, None) is not None:
+        print(f"note: no row {CS_ROW}: {why}", flush=True)
+
+
+def model_communication(model, entry, graph, cluster, strategy, loss, kernels,
+                        name: str) -> dict:
+    """One model's communication calibration (``tapas.execution.communication_scale``) as
+    JSON, with the patterns of the plan it timed (for ``--recost`` with another cluster);
+    an error is reported and leaves the model's factor at 1.0."""
+    from tapas.execution.communication_scale import calibrate_communication
+    from tapas.planning.cost import CostOptions
+    options = CostOptions.for_cluster(cluster, loss=loss, kernel_times=kernels)
+    try:
+        cal = calibrate_communication(model, _specs(entry, FLAGS.batch_size), cluster=cluster,
+                                      distribute_strategy=strategy, loss=loss, training=False,
+                                      options=options, graph=graph, steps=FLAGS.steps,
+                                      repeats=FLAGS.repeats)
+    except Exception as e:  # noqa: BLE001  (reported; the model's row keeps 1.0)
+        out = {"error": f"{type(e).__name__}: {str(e)[:400]}", "scale": None,
+               "communication_scale": 1.0}
+        print(f"[{name}] communication calibration FAILED (scale 1.0): {out['error']}",
+              flush=True)
+        return out
+    print(f"[{name}] {cal.describe()}", flush=True)
+    return cal.to_json()
+
+
+def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels) -> float:
+    """A model's communication factor from its stored calibration, re-derived for
+    ``cluster`` (the measured difference over what this cluster's constants price for the
+    same plan's collectives); 1.0 without one."""
+    if not calibration or calibration.get("scale") is None:
+        return 1.0
+    from tapas.execution.communication_scale import predicted_communication
+    from tapas.planning.cost import CostOptions
+    options = CostOptions.for_cluster(cluster, loss=loss, kernel_times=kernels)
+    predicted, _ = predicted_communication(graph, calibration["patterns"], cluster, options)
+    return calibration["difference_s"] / predicted if predicted > 0 else 1.0
 
 
 def model_kernels(graph, strategy, name: str):
@@ -636,6 +724,14 @@ def recost_file(path: str) -> None:
                for m, d in (kernel_source.get("kernel_times") or {}).items()}
     if not kernels:
         drop_kernel_row(f"{FLAGS.kernel_times or path} has no measured kernel times")
+    comm_source = old
+    if FLAGS.communication:
+        with open(FLAGS.communication) as f:
+            comm_source = json.load(f)
+    comm_calibrations = comm_source.get("communication_calibrations") or {}
+    if not comm_calibrations:
+        drop_communication_row(f"{FLAGS.communication or path} has no measured communication "
+                               "factors")
     if not calibrations:
         drop_calibrated_row(f"{path} has no measured compute factors (a run before "
                             "--calibrate, or with --nocalibrate)")
@@ -668,7 +764,13 @@ def recost_file(path: str) -> None:
         if K_ROW in ROWS and name not in kernels:
             raise ValueError(f"{FLAGS.kernel_times or path} has no kernel times of {name}: "
                              "measure them (--kernels_only --models=...)")
-        predicted = recost(graph, cluster, plans, entry.keras_loss(), scale, kernels.get(name))
+        if CS_ROW in ROWS and name not in comm_calibrations:
+            raise ValueError(f"{FLAGS.communication or path} has no communication calibration "
+                             f"of {name}: measure it (--communication_only --models=...)")
+        comm = (comm_rescaled(comm_calibrations.get(name), graph, cluster, entry.keras_loss(),
+                              kernels.get(name)) if CS_ROW in ROWS else 1.0)
+        predicted = recost(graph, cluster, plans, entry.keras_loss(), scale, kernels.get(name),
+                           comm)
         parts = (predicted_parts(graph, cluster, plans, entry.keras_loss(), scale)
                  if any("measured_compute_s" in r for r in mine) else None)
         for i, r in enumerate(mine):
@@ -690,6 +792,7 @@ def recost_file(path: str) -> None:
     bound = ceiling(timed, FLAGS.ceiling, tie_tol) if FLAGS.ceiling else old.get("ceiling")
     out = {**old, "recosted_from": path, "cluster": cluster_file, "rows": ROWS, "table": table,
            "kernel_times": {m: k.to_json() for m, k in kernels.items()},
+           "communication_calibrations": comm_calibrations,
            "scatter_scale": scales, "decomposition": parts_summary, "ceiling": bound,
            "runs": runs,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -730,11 +833,21 @@ def main(argv: list[str]) -> None:
     if FLAGS.kernel_times and not os.path.isfile(FLAGS.kernel_times):
         raise app.UsageError(f"--kernel_times={FLAGS.kernel_times}: no such file; write one "
                              "with --kernels_only --models=...")
+    if FLAGS.communication and not FLAGS.recost:
+        raise app.UsageError(f"--communication={FLAGS.communication} prices the plans of "
+                             "--recost=table2.json; a measuring run calibrates its own")
+    if FLAGS.communication and not os.path.isfile(FLAGS.communication):
+        raise app.UsageError(f"--communication={FLAGS.communication}: no such file; write one "
+                             "with --communication_only --models=...")
     if FLAGS.recost:
         recost_file(FLAGS.recost)
         return
     from tapas.execution import devices
     if FLAGS.workers:
+        if FLAGS.communication_only:
+            raise app.UsageError("--communication_only times plans without their "
+                                 "collectives, which worker processes cannot run: run it on "
+                                 "--devices, without --workers")
         if FLAGS.decompose:
             raise app.UsageError("--decompose times each plan without its collectives, "
                                  "which worker processes cannot run (their steps would no "
@@ -775,8 +888,29 @@ def main(argv: list[str]) -> None:
                           f, indent=1)
             print(f"written to {dest}")
         return
+    comm_calibrations: dict[str, dict] = {}
+    if FLAGS.communication_only:
+        for name in FLAGS.models:
+            entry = model_entry(name, FLAGS.batch_size)
+            model = entry.build(seed=0)
+            graph = capturing.capture(model, _specs(entry, FLAGS.batch_size), training=False)
+            comm_calibrations[name] = model_communication(model, entry, graph, cluster,
+                                                          strategy, entry.keras_loss(), None,
+                                                          name)
+        os.makedirs(FLAGS.out, exist_ok=True)
+        dest = os.path.join(FLAGS.out, "table2_communication.json")
+        with open(dest, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "batch_size": FLAGS.batch_size,
+                       "devices": n, "cluster": FLAGS.cluster,
+                       "communication_calibrations": comm_calibrations}, f, indent=1)
+        print(f"written to {dest}")
+        return
     if not FLAGS.kernels:
         drop_kernel_row("--nokernels")
+    if not FLAGS.calibrate_communication:
+        drop_communication_row("--nocalibrate_communication")
+    elif workers > 1:
+        drop_communication_row("worker processes cannot run a plan without its collectives")
     runs, ranks, regrets = [], {row: {} for row in ROWS}, {row: {} for row in ROWS}
     taus: dict = {row: {} for row in ROWS}
     load_before = os.getloadavg()
@@ -805,8 +939,13 @@ def main(argv: list[str]) -> None:
         if FLAGS.kernels:
             kernels = model_kernels(graph, strategy, name)
             kernel_times[name] = kernels.to_json()
-        plans = candidates(graph, cluster, FLAGS.top_k, loss, scale, kernels)
-        predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels)
+        comm = None
+        if CS_ROW in ROWS:
+            comm_calibrations[name] = model_communication(model, entry, graph, cluster,
+                                                          strategy, loss, kernels, name)
+            comm = comm_calibrations[name]["communication_scale"]
+        plans = candidates(graph, cluster, FLAGS.top_k, loss, scale, kernels, comm)
+        predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels, comm or 1.0)
         parts = (predicted_parts(graph, cluster, plans, loss, scale or 1.0)
                  if FLAGS.decompose else None)
         anchor = (report.plan_program(model, entry, graph, ["replicate"] * len(graph.nodes),
@@ -854,6 +993,8 @@ def main(argv: list[str]) -> None:
                      else "")
                   + (f", {r['predicted_s'][K_ROW] * 1e3:.2f} ms (+K)" if K_ROW in ROWS
                      else "")
+                  + (f", {r['predicted_s'][CS_ROW] * 1e3:.2f} ms (+CS)" if CS_ROW in ROWS
+                     else "")
                   + (f"; communication {r['measured_communication_s'] * 1e3:.1f} ms measured, "
                      f"{r['predicted_parts']['communication_s'] * 1e3:.1f} predicted; compute "
                      f"{r['measured_compute_s'] * 1e3:.1f} ms measured, "
@@ -870,7 +1011,9 @@ def main(argv: list[str]) -> None:
             with open(os.path.join(FLAGS.out, "table2.partial.json"), "w") as f:
                 json.dump({"command": " ".join(sys.argv), "cluster": FLAGS.cluster,
                            "batch_size": FLAGS.batch_size, "calibrations": calibrations,
-                           "kernel_times": kernel_times, "runs": runs}, f, indent=1)
+                           "kernel_times": kernel_times,
+                           "communication_calibrations": comm_calibrations, "runs": runs},
+                          f, indent=1)
     if not chief:   # worker 0 measured the same steps and writes the results
         return
     os.makedirs(FLAGS.out, exist_ok=True)
@@ -892,6 +1035,7 @@ def main(argv: list[str]) -> None:
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "decomposition": parts_summary,
            "ceiling": bound, "calibrations": calibrations, "kernel_times": kernel_times,
+           "communication_calibrations": comm_calibrations,
            "runs": runs}
     path = os.path.join(FLAGS.out, "table2.json")
     with open(path, "w") as f:

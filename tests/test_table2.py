@@ -97,7 +97,7 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert set(d["table"]) == {"baseline", "+CF", "+CF+GO", "+CF+GO+EC", "+CF+GO+EC+WR",
                                "+CF+GO+EC+WR+L", "+CF+GO+EC+WR+L+MB",
                                "+CF+GO+EC+WR+L+MB+W", "+CF+GO+EC+WR+L+MB+W+MC",
-                               "+CF+GO+EC+WR+L+MB+W+K"}
+                               "+CF+GO+EC+WR+L+MB+W+K", "+CF+GO+EC+WR+L+MB+W+K+CS"}
     assert d["paired"] is True
     # each model's kernels were timed first: every contraction and convolution of its
     # patterns at their local shapes, and the search pricing them adds its top plans (K#1)
@@ -125,6 +125,23 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                 assert mc == pytest.approx(w)
             else:
                 assert (mc > w) == (cal["compute_scale"] > 1.0)
+    # ... and its communication factor (its data-parallel plan with and without its
+    # collectives), which scales every collective of the row +CS
+    assert set(d["communication_calibrations"]) == {"t5-tiny", "keras-mobilenet"}
+    for model, cal in d["communication_calibrations"].items():
+        assert cal["plan"] == "data-parallel" and cal["pairs"] == 2 and cal["collectives"] > 0
+        assert "batch" in cal["patterns"] and min(cal["measured_s"]) > 0
+        assert f"[{model}] data-parallel plan on 4 devices: step" in proc.stdout
+        pairs = [(r["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K"],
+                  r["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS"])
+                 for r in d["runs"] if r["model"] == model]
+        s = cal["communication_scale"]
+        if s == 1.0:
+            assert all(c == pytest.approx(k) for k, c in pairs)
+        else:   # plans with collectives move the way the factor says, the others stay
+            assert all(c <= k * (1 + 1e-9) if s < 1 else c >= k * (1 - 1e-9)
+                       for k, c in pairs)
+            assert any(c != pytest.approx(k) for k, c in pairs)
     for model in ("t5-tiny", "keras-mobilenet"):
         runs = [r for r in d["runs"] if r["model"] == model]
         assert not [r for r in runs if "error" in r], runs
@@ -165,9 +182,10 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert r2["recosted_from"].endswith("table2.json") and "not measured again" in again.stdout
     assert r2["table"] == d["table"] and r2["calibrations"] == d["calibrations"]
     assert r2["kernel_times"] == d["kernel_times"]
+    assert r2["communication_calibrations"] == d["communication_calibrations"]
     assert [r["paired_s"] for r in r2["runs"]] == [r["paired_s"] for r in d["runs"]]
     # an older file without the factors or the kernels is re-costed without their rows
-    del d["calibrations"], d["kernel_times"]
+    del d["calibrations"], d["kernel_times"], d["communication_calibrations"]
     (out / "old.json").write_text(json.dumps(d))
     older = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
@@ -176,9 +194,11 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert older.returncode == 0, older.stdout[-3000:] + older.stderr[-3000:]
     assert "no row +CF+GO+EC+WR+L+MB+W+MC" in older.stdout
     assert "no row +CF+GO+EC+WR+L+MB+W+K:" in older.stdout
+    assert "no row +CF+GO+EC+WR+L+MB+W+K+CS:" in older.stdout
     r3 = json.loads((out / "old" / "table2_recost.json").read_text())
     assert set(r3["table"]) == set(d["table"]) - {"+CF+GO+EC+WR+L+MB+W+MC",
-                                                  "+CF+GO+EC+WR+L+MB+W+K"}
+                                                  "+CF+GO+EC+WR+L+MB+W+K",
+                                                  "+CF+GO+EC+WR+L+MB+W+K+CS"}
     assert r3["table"]["+CF+GO+EC+WR+L+MB+W"] == d["table"]["+CF+GO+EC+WR+L+MB+W"]
 
 
@@ -223,6 +243,10 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     (["--kernel_times=k.json"], "--kernel_times=k.json prices the plans of --recost"),
     (["--recost=x.json", "--kernel_times=no/such/k.json"],
      "--kernel_times=no/such/k.json: no such file"),
+    (["--communication=c.json"], "--communication=c.json prices the plans of --recost"),
+    (["--recost=x.json", "--communication=no/such/c.json"],
+     "--communication=no/such/c.json: no such file"),
+    (["--workers=2", "--communication_only"], "run it on --devices, without --workers"),
 ])
 def test_table2_flags_are_checked_before_any_work(flags, words) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
