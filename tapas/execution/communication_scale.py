@@ -21,10 +21,10 @@ each other, on otherwise idle devices (alpha' and beta of the cluster file). Ins
 training step the collectives are not a chain: a data-parallel step's gradient all-reduces
 start as their gradients are ready and run beside the rest of the backward pass. On Table
 2's 15 models on 4 logical CPU devices of this project's 2-core machine, their data-parallel
-plans' collectives cost 0.4 to 0.9 of the price inside the step (ResNet50, whose 100 MB of
-gradients are bandwidth-bound: 1.6; ``docs/paper.md``), by a factor that depends on the
-model; a cost model that over-prices every collective ranks the plans that communicate
-more (data parallelism, splits that save compute at the price of collectives) too low.
+plans' collectives cost 0.36 to 0.83 of the price inside the step on 14 of them
+(EfficientNetB0: 1.43; ``docs/paper.md``), by a factor that depends on the model; a cost
+model that over-prices every collective ranks the plans that communicate more (data
+parallelism, splits that save compute at the price of collectives) too low.
 
 The two steps are timed in pairs (one of each, in turn, ``steps`` x ``repeats`` times after
 a warm-up step each), so load that drifts over the measurement moves both alike. When the
