@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import statistics
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from tapas.execution.compute_scale import (check_measured_factor, paired_difference,
+                                           resolve_measured_factor, time_pairs)
 
 __all__ = ["CommunicationCalibration", "calibrate_communication", "without_communication",
            "scale_from_pairs", "check_communication_scale", "resolve_communication_scale"]
@@ -207,13 +208,7 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
             pm.train_step(xs, y)                  # tracing and the graph's first run
         programs.append((pm, xs, y))
     say(f"timing {steps * repeats} pairs of steps")
-    times: list[list[float]] = [[], []]
-    for _ in range(repeats):
-        for _ in range(steps):
-            for i, (pm, xs, y) in enumerate(programs):
-                start = time.perf_counter()
-                pm.train_step(xs, y)
-                times[i].append(time.perf_counter() - start)
+    times = time_pairs(programs, steps, repeats)
     return scale_from_pairs(n, times[0], times[1], predicted, count, patterns=patterns)
 
 
@@ -232,16 +227,7 @@ def scale_from_pairs(num_devices: int, full: list[float], local: list[float],
     >>> scale_from_pairs(4, [0.030, 0.020], [0.020, 0.030], 0.020, 40).scale is None
     True
     """
-    if len(full) != len(local) or not full:
-        raise ValueError(f"{len(full)} and {len(local)} step times: the steps are timed in "
-                         "pairs, one of each, at least one pair")
-    diffs = [a - b for a, b in zip(full, local)]
-    diff = statistics.median(diffs)
-    pairs = len(diffs)
-    se = 0.0
-    if pairs >= 2:
-        q = statistics.quantiles(diffs, n=4)
-        se = 0.93 * (q[2] - q[0]) / math.sqrt(pairs)
+    diff, se, pairs = paired_difference(full, local)
     scale, reason = None, ""
     if predicted <= 0 or collectives == 0:
         reason = "the cost model prices no collective for the plan"
@@ -258,25 +244,10 @@ def scale_from_pairs(num_devices: int, full: list[float], local: list[float],
 
 def check_communication_scale(value: Any, cluster_name: str) -> float | None:
     """``--communication_scale`` checked without measuring anything: the factor, or None
-    for ``"measure"`` (which only makes sense against a cluster file profiled on this
-    machine, so a preset ``cluster_name`` is refused). ValueError names the value and the
-    fix."""
-    from tapas.planning.cost import CLUSTER_PRESETS, CostOptions
-    if str(value).strip().lower() != "measure":
-        try:
-            scale = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{value!r} is not a number: give a factor (e.g. 0.6) or "
-                             "'measure'") from None
-        CostOptions(communication_scale=scale)   # the same checks as the option's
-        return scale
-    if cluster_name in CLUSTER_PRESETS:
-        raise ValueError(f"'measure' times the model's collectives on this machine's devices "
-                         f"against the cluster's alpha and beta, and the cluster "
-                         f"{cluster_name!r} is a preset, not this machine: profile it (tapas "
-                         "profile --devices=N --out=cluster.json) and pass "
-                         "--cluster=cluster.json")
-    return None
+    for ``"measure"`` (a preset ``cluster_name`` refused:
+    ``tapas.execution.compute_scale.check_measured_factor``)."""
+    return check_measured_factor(value, cluster_name, "communication_scale", "0.6",
+                                 "alpha and beta")
 
 
 def resolve_communication_scale(value: Any, cluster_name: str,
@@ -286,8 +257,5 @@ def resolve_communication_scale(value: Any, cluster_name: str,
     calibration)``. A number (or its text) is the factor; ``"measure"`` calls ``measure()``
     (:func:`calibrate_communication` on the run's devices); see
     :func:`check_communication_scale`."""
-    scale = check_communication_scale(value, cluster_name)
-    if scale is not None:
-        return scale, None
-    calibration = measure()
-    return calibration.communication_scale, calibration
+    return resolve_measured_factor(value, cluster_name, measure, "communication_scale", "0.6",
+                                   "alpha and beta")

@@ -39,7 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ComputeCalibration", "calibrate_compute", "predicted_replicated_compute",
-           "scale_from_pairs", "resolve_compute_scale"]
+           "scale_from_pairs", "check_compute_scale", "resolve_compute_scale",
+           "check_measured_factor", "resolve_measured_factor"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,14 +132,38 @@ def calibrate_compute(model: Any, input_spec: Any = None, *, cluster: Any,
         pm.train_step(xs, y)                      # tracing and the graph's first run
         programs.append((pm, xs, y))
     say(f"timing {steps * repeats} pairs of steps")
-    times: list[list[float]] = [[], []]
+    times = time_pairs(programs, steps, repeats)
+    return scale_from_pairs(n, batches, times[0], times[1], (predicted[0], predicted[1]))
+
+
+def time_pairs(programs: list[tuple[Any, Any, Any]], steps: int,
+               repeats: int) -> list[list[float]]:
+    """The step times of each ``(ParallelModel, xs, y)`` of ``programs``, one step of each
+    in turn, ``steps`` x ``repeats`` times (each program warmed up before): load that
+    drifts over the measurement moves them alike."""
+    times: list[list[float]] = [[] for _ in programs]
     for _ in range(repeats):
         for _ in range(steps):
             for i, (pm, xs, y) in enumerate(programs):
                 start = time.perf_counter()
                 pm.train_step(xs, y)
                 times[i].append(time.perf_counter() - start)
-    return scale_from_pairs(n, batches, times[0], times[1], (predicted[0], predicted[1]))
+    return times
+
+
+def paired_difference(a: list[float], b: list[float]) -> tuple[float, float, int]:
+    """``(median, standard error, pairs)`` of the differences ``a[i] - b[i]`` of paired
+    step times; the standard error of the median is 0.93 x IQR / sqrt(pairs) (0 for one
+    pair). ValueError when the lists are empty or not of one length."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"{len(a)} and {len(b)} step times: the steps are timed in "
+                         "pairs, one of each, at least one pair")
+    diffs = [x - y for x, y in zip(a, b)]
+    se = 0.0
+    if len(diffs) >= 2:
+        q = statistics.quantiles(diffs, n=4)
+        se = 0.93 * (q[2] - q[0]) / math.sqrt(len(diffs))
+    return statistics.median(diffs), se, len(diffs)
 
 
 def scale_from_pairs(num_devices: int, batches: tuple[int, int], big: list[float],
@@ -147,16 +172,7 @@ def scale_from_pairs(num_devices: int, batches: tuple[int, int], big: list[float
     at batch / N, timed one after the other) and the cost model's compute of the two
     programs: the median pair difference over the predicted difference, or no scale when
     the prediction does not differ or the difference is not 2 standard errors above 0."""
-    if len(big) != len(small) or not big:
-        raise ValueError(f"{len(big)} and {len(small)} step times: the steps are timed in "
-                         "pairs, one of each, at least one pair")
-    diffs = [a - b for a, b in zip(big, small)]
-    diff = statistics.median(diffs)
-    pairs = len(diffs)
-    se = 0.0
-    if pairs >= 2:
-        q = statistics.quantiles(diffs, n=4)
-        se = 0.93 * (q[2] - q[0]) / math.sqrt(pairs)
+    diff, se, pairs = paired_difference(big, small)
     saved = predicted[0] - predicted[1]
     scale, reason = None, ""
     if saved <= 0:
@@ -172,25 +188,47 @@ def scale_from_pairs(num_devices: int, batches: tuple[int, int], big: list[float
                               predicted, diff, se, pairs, scale, reason)
 
 
-def check_compute_scale(value: Any, cluster_name: str) -> float | None:
-    """``--compute_scale`` checked without measuring anything: the factor, or None for
-    ``"measure"`` (which only makes sense against a cluster file profiled on this machine,
-    so a preset ``cluster_name`` is refused). ValueError names the value and the fix."""
+def check_measured_factor(value: Any, cluster_name: str, option: str, example: str,
+                          against: str) -> float | None:
+    """A ``--OPTION`` value of a factor the search can measure (``--compute_scale``,
+    ``--communication_scale``) checked without measuring anything: the factor (checked as
+    ``CostOptions(OPTION=factor)`` checks it), or None for ``"measure"``, which times the
+    model on this machine's devices against the cluster's ``against`` and so only makes
+    sense with a cluster file profiled here (a preset ``cluster_name`` is refused).
+    ValueError names the value and the fix."""
     from tapas.planning.cost import CLUSTER_PRESETS, CostOptions
     if str(value).strip().lower() != "measure":
         try:
             scale = float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{value!r} is not a number: give a factor (e.g. 2.5) or "
+            raise ValueError(f"{value!r} is not a number: give a factor (e.g. {example}) or "
                              "'measure'") from None
-        CostOptions(compute_scale=scale)   # the same checks as the option's
+        CostOptions(**{option: scale})   # the same checks as the option's
         return scale
     if cluster_name in CLUSTER_PRESETS:
         raise ValueError(f"'measure' times the model on this machine's devices against the "
-                         f"cluster's rates, and the cluster {cluster_name!r} is a preset, not "
-                         "this machine: profile it (tapas profile --devices=N "
+                         f"cluster's {against}, and the cluster {cluster_name!r} is a preset, "
+                         "not this machine: profile it (tapas profile --devices=N "
                          "--out=cluster.json) and pass --cluster=cluster.json")
     return None
+
+
+def resolve_measured_factor(value: Any, cluster_name: str, measure: Callable[[], Any],
+                            option: str, example: str, against: str) -> tuple[float, Any]:
+    """``(factor, calibration)`` of such a flag (:func:`check_measured_factor`): a number
+    (or its text) is the factor, without a calibration; ``"measure"`` calls ``measure()``,
+    whose result carries the factor as its attribute ``OPTION``."""
+    scale = check_measured_factor(value, cluster_name, option, example, against)
+    if scale is not None:
+        return scale, None
+    calibration = measure()
+    return getattr(calibration, option), calibration
+
+
+def check_compute_scale(value: Any, cluster_name: str) -> float | None:
+    """``--compute_scale`` checked without measuring anything: the factor, or None for
+    ``"measure"`` (:func:`check_measured_factor`)."""
+    return check_measured_factor(value, cluster_name, "compute_scale", "2.5", "rates")
 
 
 def resolve_compute_scale(value: Any, cluster_name: str,
@@ -199,8 +237,5 @@ def resolve_compute_scale(value: Any, cluster_name: str,
     """``--compute_scale`` of ``tapas search`` and ``tapas train``: ``(factor,
     calibration)``. A number (or its text) is the factor; ``"measure"`` calls ``measure()``
     (:func:`calibrate_compute` on the run's devices); see :func:`check_compute_scale`."""
-    scale = check_compute_scale(value, cluster_name)
-    if scale is not None:
-        return scale, None
-    calibration = measure()
-    return calibration.compute_scale, calibration
+    return resolve_measured_factor(value, cluster_name, measure, "compute_scale", "2.5",
+                                   "rates")
