@@ -90,11 +90,11 @@ flags.DEFINE_string("kernel_times", None, "search, train: price every contractio
                     "file's N devices here (and writes them beside --out, NAME_kernels.json, "
                     "or to out/kernel_times.json), or the path of such a file.")
 flags.DEFINE_string("communication_scale", None, "search, train: multiply every collective's "
-                    "cost "
-                    "by this factor (CostOptions.communication_scale), or 'measure': first time "
-                    "the model's data-parallel plan on N devices here (the cluster file's N, "
-                    "profiled on this machine) with and without its collectives against what "
-                    "the cost model prices for them, and use that factor.")
+                    "cost by this factor (CostOptions.communication_scale), or 'measure': "
+                    "first time the model's data-parallel plan on N devices here (the cluster "
+                    "file's N, profiled on this machine; one process) with and without its "
+                    "collectives against what the cost model prices for them, and use that "
+                    "factor.")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
                    "(e.g. for --mode=es on a large model).")
