@@ -159,8 +159,9 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
     ``distribute_strategy``: as ``tapas.parallelize`` (one process). ``loss``: the
     training loss (default the compiled model's, or mean squared error). ``training``: the
     graph the plans will run. ``options``: the pricing the search will use (default
-    ``CostOptions.for_cluster(cluster)``). ``graph``: the model's graph captured in that
-    mode, when the caller has it (else captured here)."""
+    ``CostOptions.for_cluster(cluster, loss=loss)``: the loss's collectives run in the
+    step). ``graph``: the model's graph captured in that mode, when the caller has it (else
+    captured here)."""
     from tapas import capturing
     from tapas.execution import inputs, parallel
     from tapas.execution.devices import make_strategy, process_count
@@ -190,6 +191,9 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
     loss = parallel.training_loss(model) if loss is None else parallel.loss_object(loss)
     if graph is None:
         graph = capturing.capture(model, signature.spec_structure(), training=training)
+    if options is None:   # the loss's collectives run in the step: priced too
+        from tapas.planning.cost import CostOptions
+        options = CostOptions.for_cluster(cluster, loss=loss)
     patterns = data_parallel_patterns(graph, cluster, options, loss)
     predicted, count = predicted_communication(graph, patterns, cluster, options)
     chosen = {node.id: pattern_by_name(node, graph, n, patterns[node.id])
