@@ -252,9 +252,9 @@ def candidates(graph, cluster, top_k: int, loss=None,
     (the model's measured factor), also the top ``top_k`` of the search that prices the loss
     and scales compute by it (``C#1``...), with ``kernel_times`` (the model's measured
     kernels) the top ``top_k`` of the search that prices them (``K#1``...), with both
-    ``kernel_times`` and ``communication_scale`` (the model's measured factor) the top
-    ``top_k`` of the search that prices the kernels and scales collectives by it
-    (``S#1``...), so each row's first choice is measured."""
+    ``kernel_times`` and ``communication_scale`` (the model's measured factor, when not
+    1.0) the top ``top_k`` of the search that prices the kernels and scales collectives by
+    it (``S#1``...), so each row's first choice is measured."""
     from tapas.planning.cost import CostOptions
     from tapas.planning.search import search
     out: dict[tuple[str, ...], list[str]] = {}
@@ -267,7 +267,8 @@ def candidates(graph, cluster, top_k: int, loss=None,
     if kernel_times is not None:
         searches.append(("K", loss, CostOptions.for_cluster(cluster,
                                                              kernel_times=kernel_times)))
-    if kernel_times is not None and communication_scale is not None:
+    if kernel_times is not None and communication_scale not in (None, 1.0):
+        # (at 1.0 it is the search above: no second search)
         searches.append(("S", loss, CostOptions.for_cluster(
             cluster, kernel_times=kernel_times, communication_scale=communication_scale)))
     for prefix, priced, options in searches:
@@ -827,18 +828,17 @@ def main(argv: list[str]) -> None:
     if FLAGS.ceiling and not os.path.isfile(FLAGS.ceiling):
         raise app.UsageError(f"--ceiling={FLAGS.ceiling}: no such file; give the table2.json "
                              "of another run of the same models")
-    if FLAGS.kernel_times and not FLAGS.recost:
-        raise app.UsageError(f"--kernel_times={FLAGS.kernel_times} prices the plans of "
-                             "--recost=table2.json; a measuring run times its own kernels")
-    if FLAGS.kernel_times and not os.path.isfile(FLAGS.kernel_times):
-        raise app.UsageError(f"--kernel_times={FLAGS.kernel_times}: no such file; write one "
-                             "with --kernels_only --models=...")
-    if FLAGS.communication and not FLAGS.recost:
-        raise app.UsageError(f"--communication={FLAGS.communication} prices the plans of "
-                             "--recost=table2.json; a measuring run calibrates its own")
-    if FLAGS.communication and not os.path.isfile(FLAGS.communication):
-        raise app.UsageError(f"--communication={FLAGS.communication}: no such file; write one "
-                             "with --communication_only --models=...")
+    # the measurements --recost can take from another file: (flag, what a measuring run
+    # does instead, the flag that writes such a file)
+    for name, own, writer in (("kernel_times", "times its own kernels", "--kernels_only"),
+                              ("communication", "calibrates its own", "--communication_only")):
+        value = FLAGS[name].value
+        if value and not FLAGS.recost:
+            raise app.UsageError(f"--{name}={value} prices the plans of "
+                                 f"--recost=table2.json; a measuring run {own}")
+        if value and not os.path.isfile(value):
+            raise app.UsageError(f"--{name}={value}: no such file; write one with {writer} "
+                                 "--models=...")
     if FLAGS.recost:
         recost_file(FLAGS.recost)
         return
