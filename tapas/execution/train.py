@@ -334,16 +334,23 @@ def _compute_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluste
         raise TrainError(f"--compute_scale={opts.compute_scale}: {e}") from None
 
 
+def _check_one_dimensional_search(opts: TrainOptions, flag: str, why_not_mesh: str) -> None:
+    """``--FLAG`` prices the search of the 1-D program: refused with ``--strategy`` (no
+    search) and ``--mesh`` (``why_not_mesh``)."""
+    if opts.strategy:
+        raise TrainError(f"--{flag}={getattr(opts, flag)} prices the search, and "
+                         f"--strategy={opts.strategy} skips it: leave one of them out")
+    if opts.mesh:
+        raise TrainError(f"--{flag} with --mesh={opts.mesh} is not supported: "
+                         f"{why_not_mesh}; search without it")
+
+
 def _check_kernel_times(opts: TrainOptions) -> None:
     """``--kernel_times`` against the other options, without measuring anything (before
     ``--workers`` are launched): it prices the search, on the 1-D program."""
     from tapas.execution.kernels import check_kernel_times
-    if opts.strategy:
-        raise TrainError(f"--kernel_times={opts.kernel_times} prices the search, and "
-                         f"--strategy={opts.strategy} skips it: leave one of them out")
-    if opts.mesh:
-        raise TrainError(f"--kernel_times with --mesh={opts.mesh} is not supported: kernels "
-                         "are keyed by the 1-D patterns' local shapes; search without it")
+    _check_one_dimensional_search(opts, "kernel_times",
+                                  "kernels are keyed by the 1-D patterns' local shapes")
     n = opts.workers * opts.devices_per_worker if opts.workers else opts.devices
     try:
         check_kernel_times(opts.kernel_times, opts.cluster, n)
@@ -378,13 +385,8 @@ def _check_communication_scale(opts: TrainOptions) -> None:
     (before ``--workers`` are launched): it prices the search of the 1-D program, and
     'measure' runs the plan without its collectives, which worker processes cannot."""
     from tapas.execution.communication_scale import check_communication_scale
-    if opts.strategy:
-        raise TrainError(f"--communication_scale={opts.communication_scale} prices the "
-                         f"search, and --strategy={opts.strategy} skips it: leave one of them "
-                         "out")
-    if opts.mesh:
-        raise TrainError(f"--communication_scale with --mesh={opts.mesh} is not supported: "
-                         "the factor is measured on the 1-D program; search without it")
+    _check_one_dimensional_search(opts, "communication_scale",
+                                  "the factor is measured on the 1-D program")
     try:
         measure = check_communication_scale(opts.communication_scale, opts.cluster) is None
     except ValueError as e:
