@@ -12,15 +12,20 @@ Out: :func:`machine` (python, platform, CPU count), :func:`write_json` (the file
      optionally of the same plan built :func:`without_communication`: how much of the
      step its collectives take; the instrument is
      ``tapas.execution.communication_scale.without_communication``, which the cost model's
-     communication calibration times with too).
+     communication calibration times with too); :func:`timed_round_robin` (several built
+     plans timed in turn, round after round, each step against the same round's steps of
+     the others: what the Table 2 script ranks plans by) and its arithmetic
+     :func:`round_robin_summary`.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import platform
+import random
 import statistics
 import time
 from typing import Any
@@ -28,7 +33,7 @@ from typing import Any
 from tapas.execution.communication_scale import without_communication
 
 __all__ = ["machine", "write_json", "timed_search", "plan_program", "timed_plan",
-           "without_communication"]
+           "timed_round_robin", "round_robin_summary", "without_communication"]
 
 
 def machine() -> dict[str, Any]:
@@ -149,6 +154,116 @@ def timed_plan(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
         if anchor is not None:
             out["local_ratio"] = statistics.median(t / a for t, a in zip(local_times,
                                                                            anchored))
+    return out
+
+
+def timed_round_robin(programs: list[Any], rounds: int, drop_after: int = 5,
+                      drop_ratio: float = 1.5, local_programs: list[Any] | None = None,
+                      seed: int = 0, step: Any = None) -> list[dict[str, Any]]:
+    """Time several built plans (:func:`plan_program`) in turn: ``rounds`` rounds, each
+    stepping every plan still timed once, in an order shuffled per round (``seed``: the
+    same order in every process, as worker processes need). A plan's step is compared with
+    the other plans' steps of the same round (:func:`round_robin_summary`), so the
+    machine's speed drifting over the minutes of a model's run moves every plan alike.
+
+    After ``drop_after`` rounds, a plan whose median step is over ``drop_ratio`` times the
+    fastest plan's stops being timed (its steps so far are kept): the rounds go to the
+    plans whose order is in question. ``drop_ratio=0``: none is dropped (worker processes
+    must, as each would decide on its own timings and their collectives would no longer
+    meet). ``local_programs[i]`` (or None): a copy of plan i built
+    :func:`without_communication`, stepped right after it (``local_*`` in the result).
+    ``step``: the timer (default: one ``train_step``'s wall time); a step that raises
+    leaves its plan out of the later rounds, with ``error`` in its result.
+
+    Returns one dict per plan: :func:`round_robin_summary`'s, plus ``error`` where a step
+    failed.
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds={rounds!r}: must be an int >= 1")
+    if drop_ratio and drop_ratio < 1:
+        raise ValueError(f"drop_ratio={drop_ratio!r}: must be 0 (keep every plan) or >= 1 "
+                         "(a plan that many times slower than the fastest stops)")
+    step = step or _step_seconds
+    n = len(programs)
+    local_programs = local_programs or [None] * n
+    if len(local_programs) != n:
+        raise ValueError(f"local_programs has {len(local_programs)} entries for {n} "
+                         "programs: give one (or None) per program")
+    times: list[list[float | None]] = [[None] * rounds for _ in range(n)]
+    local: list[list[float | None]] = [[None] * rounds for _ in range(n)]
+    errors: dict[int, str] = {}
+    active = list(range(n))
+    order_rng = random.Random(seed)
+    for r in range(rounds):
+        order = list(active)
+        order_rng.shuffle(order)
+        for i in order:
+            try:
+                times[i][r] = step(programs[i])
+                if local_programs[i] is not None:
+                    local[i][r] = step(local_programs[i])
+            except Exception as e:  # noqa: BLE001  (reported with the plan; the rest go on)
+                errors[i] = f"{type(e).__name__}: {str(e)[:400]}"
+                times[i][r] = local[i][r] = None
+                active.remove(i)
+        if drop_ratio and r + 1 == drop_after and len(active) > 1:
+            medians = {i: statistics.median(t for t in times[i] if t is not None)
+                       for i in active}
+            fastest = min(medians.values())
+            active = [i for i in active if medians[i] <= drop_ratio * fastest]
+        if not active:
+            break
+    ok = [i for i in range(n) if i not in errors and any(t is not None for t in times[i])]
+    summary = round_robin_summary([times[i] for i in ok], [local[i] for i in ok])
+    out: list[dict[str, Any]] = [{} for _ in range(n)]
+    for i, s in zip(ok, summary):
+        out[i] = s
+    for i, e in errors.items():
+        out[i] = {"error": e}
+    return out
+
+
+def round_robin_summary(times: list[list[float | None]],
+                        local_times: list[list[float | None]] | None = None
+                        ) -> list[dict[str, Any]]:
+    """Each plan's step time from :func:`timed_round_robin`'s rounds.
+
+    ``times[i][r]``: plan i's step in round r, None where it was not timed (dropped). The
+    plans timed in every round are the round's yardstick: ``g[r]``, the geometric mean of
+    their steps in round r. Plan i's steps relative to their rounds, ``times[i][r] / g[r]``,
+    give ``ratio`` (their median), ``ratio_iqr`` and ``paired_s = ratio * median(g)`` (the
+    time the plan is ranked by), ``paired_iqr_s`` and ``paired_se_s`` (the standard error
+    of that median: 1.25 sigma / sqrt(n), sigma ~ IQR / 1.35, in seconds), besides the
+    plain ``median_s``, ``iqr_s`` and every step ``times_s`` and ``rounds`` (how many).
+    ``local_times`` (same layout, or None rows): the same for each plan's copy without its
+    collectives (``local_median_s``, ``local_times_s``, ``local_ratio``)."""
+    if not times:
+        return []
+    rounds = len(times[0])
+    if any(len(ts) != rounds for ts in times):
+        raise ValueError("every plan needs one entry (a time or None) per round")
+    full = [ts for ts in times if all(t is not None for t in ts)]
+    if not full:
+        raise ValueError("no plan was timed in every round: nothing to compare the rounds by")
+    g = [math.exp(statistics.fmean(math.log(ts[r]) for ts in full)) for r in range(rounds)]
+    base = statistics.median(g)
+    out = []
+    for i, ts in enumerate(times):
+        mine = [(t, g[r]) for r, t in enumerate(ts) if t is not None]
+        raw = [t for t, _ in mine]
+        rel = [t / gr for t, gr in mine]
+        ratio, ratio_iqr = statistics.median(rel), _iqr(rel)
+        run = {"median_s": statistics.median(raw), "iqr_s": _iqr(raw), "times_s": raw,
+               "rounds": len(raw), "ratio": ratio, "ratio_iqr": ratio_iqr,
+               "round_s": base, "paired_s": ratio * base, "paired_iqr_s": ratio_iqr * base,
+               "paired_se_s": 0.93 * ratio_iqr / math.sqrt(len(rel)) * base}
+        lts = local_times[i] if local_times else None
+        if lts is not None and any(t is not None for t in lts):
+            pairs = [(t, g[r]) for r, t in enumerate(lts) if t is not None]
+            run.update(local_median_s=statistics.median(t for t, _ in pairs),
+                       local_times_s=[t for t, _ in pairs],
+                       local_ratio=statistics.median(t / gr for t, gr in pairs))
+        out.append(run)
     return out
 
 

@@ -78,7 +78,7 @@ QUICK = {
     "xla_figure7": ["--models=t5-tiny"],
     "figure7": [f"--models={TINY}", "--steps=2", "--repeats=1"],
     "table2": ["--models=t5-tiny,moe-tiny", "--top_k=2", "--steps=2", "--repeats=1",
-               "--batch_size=8"],
+               "--batch_size=8", "--rounds=3"],
 }
 
 

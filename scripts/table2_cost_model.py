@@ -1,7 +1,7 @@
 """The paper's Table 2: how well the cost model ranks strategies against measured step times.
 
     python scripts/table2_cost_model.py [--models=t5-tiny,keras-mobilenet,hub-mixtral,...]
-        [--top_k=5] [--steps=5] [--repeats=2] [--batch_size=64] [--[no]paired]
+        [--top_k=5] [--rounds=30] [--batch_size=64] [--[no]interleave] [--[no]paired]
         [--cluster=benchmarks/results/cluster_cpu4_2026-11-26_epyc.json] [--out=out/table2]
     python scripts/table2_cost_model.py --recost=out/table2/table2.json   # no measuring
     python scripts/table2_cost_model.py --kernels_only --models=...       # kernel times only
@@ -18,15 +18,24 @@ logical CPU devices (``--devices``):
    the same search pricing the model's loss its top ``--top_k`` (``L#1``...); plans with
    identical patterns are merged.
 2. Each distinct plan is reconstructed (``tapas.parallelize`` with a hand-made
-   ``tapas.execution.plan.Plan``, inference graph as ``benchmarks/bench_train.py``) and its
-   ``train_step`` timed ONCE: ``--repeats`` rounds of ``--steps`` steps after a warm-up
-   step. With ``--paired`` (the default) every timed step is paired with a step of the
+   ``tapas.execution.plan.Plan``, inference graph as ``benchmarks/bench_train.py``) and
+   stepped once (tracing). With ``--interleave`` (the default) all of a model's plans are
+   built first and their ``train_step`` timed round-robin (``report.timed_round_robin``):
+   ``--rounds`` rounds, each stepping every plan once in a shuffled order; a plan is
+   ranked by the median of its steps relative to the same round's steps of the plans
+   timed in every round (their geometric mean), times that yardstick's median: the
+   machine's speed drifting over the model's minutes moves every plan alike. After
+   ``--drop_after`` rounds a plan over ``--drop_ratio`` times the fastest stops being timed
+   (its steps so far kept), so the rounds go to the plans whose order is in question.
+   ``--twin`` (the default): the model's first plan is built a second time and timed in
+   the same rounds, not ranked: how far two builds of one plan measure apart (``twins`` in
+   the JSON). ``--nointerleave``: each plan built and timed in turn, ``--repeats`` rounds
+   of ``--steps`` steps; with ``--paired`` every timed step is paired with a step of the
    replicated plan, kept built beside it, and the plan is ranked by the median ratio of
-   the pairs times the replicated plan's median over the model's run: the machine's load
-   drifting during the minutes between two plans cancels out (plain medians of the same
-   plan moved by 60 % between runs here). Two plans tie when they differ by less than 5 %
-   (``--tie_tol``) or the standard error of either's median; ``--nopaired``: plain medians,
-   ties within the interquartile range of the steps (the first run's method).
+   the pairs times the replicated plan's median (the method of the runs before
+   2026-11-27, evening); ``--nopaired``: plain medians, ties within the interquartile
+   range of the steps (the first run's method). Two plans tie when they differ by less
+   than 5 % (``--tie_tol``) or the standard error of either's median.
 3. The same plans are re-costed (``tapas.planning.explore.plan_cost``, no rerun) under the
    ablation rows: baseline (constant filter, gradient overlap and collective efficiency
    off), +CF, +CF+GO, +CF+GO+EC, and beyond the paper +CF+GO+EC+WR (a weight read in two
@@ -139,9 +148,24 @@ flags.DEFINE_boolean("paired", True, "Time each plan's steps paired with the rep
                      "plan's (one step of each in turn) and rank by the ratio times the "
                      "replicated plan's median: load drifting between plans cancels out. "
                      "--nopaired: plain medians, each plan timed alone.")
+flags.DEFINE_boolean("interleave", True, "Build all of a model's plans first, then time "
+                     "them round-robin (--rounds rounds, every plan once per round in a "
+                     "shuffled order) and rank each by its steps relative to the same "
+                     "rounds' steps of the others: the machine's speed drifting moves every "
+                     "plan alike. --nointerleave: one plan after another (--paired).")
+flags.DEFINE_boolean("twin", True, "With --interleave: each model's first plan is built a "
+                     "second time and timed in the same rounds (not ranked): how far two "
+                     "builds of one plan measure apart (`twin` in the JSON).")
+flags.DEFINE_integer("rounds", 30, "With --interleave: rounds (timed steps per plan).")
+flags.DEFINE_integer("drop_after", 5, "With --interleave: after this many rounds, plans over "
+                     "--drop_ratio times the fastest stop being timed.")
+flags.DEFINE_float("drop_ratio", 1.5, "With --interleave: see --drop_after (0: time every plan "
+                   "every round; always so with --workers).")
 flags.DEFINE_integer("top_k", 5, "Top plans of the search to run (plus the reference plans).")
-flags.DEFINE_integer("steps", 5, "Timed steps per round.")
-flags.DEFINE_integer("repeats", 2, "Rounds of --steps timed steps per plan.")
+flags.DEFINE_integer("steps", 5, "Timed steps per round of the calibrations (and of each "
+                     "plan with --nointerleave).")
+flags.DEFINE_integer("repeats", 2, "Rounds of --steps timed steps of the calibrations (and "
+                     "of each plan with --nointerleave).")
 flags.DEFINE_integer("batch_size", 64, "Global batch (divisible by --devices). 64: at 8 the "
                      "plans of these small models lie within the measurement's own noise of "
                      "each other (docs/paper.md, \"Table 2 at batch 64\").")
@@ -567,6 +591,65 @@ def measure(model, entry, graph, plan: dict, strategy, anchor) -> dict:
                              decompose=FLAGS.decompose)
 
 
+def failed(run: dict, error: Exception, where: str) -> None:
+    """Record a plan that failed to build or run (reported, left out of the ranking)."""
+    run["error"] = f"{type(error).__name__}: {str(error)[:400]}"
+    print(f"{where} {run['plan']}: FAILED {run['error']}", flush=True)
+
+
+def interleaved(model, entry, graph, todo: list[tuple[dict, dict]], strategy, workers: int,
+                name: str) -> list[dict]:
+    """``--interleave``: every plan of ``todo`` ((plan, run) pairs) built first, then timed
+    round-robin (``benchmarks/report.timed_round_robin``: ``--rounds`` rounds, each plan
+    once per round in a shuffled order, ranked against the same rounds' steps of the
+    others; after ``--drop_after`` rounds a plan over ``--drop_ratio`` times the fastest
+    stops, except across worker processes). Fills each run; returns those timed."""
+    built = []
+    for i, (plan, run) in enumerate(todo):
+        try:
+            program = report.plan_program(model, entry, graph, plan["patterns"], strategy,
+                                          FLAGS.batch_size)
+            local = None
+            if FLAGS.decompose:
+                with report.without_communication():
+                    local = report.plan_program(model, entry, graph, plan["patterns"],
+                                                strategy, FLAGS.batch_size)
+        except Exception as e:  # noqa: BLE001  (reported with the plan; the run goes on)
+            failed(run, e, f"[{name} {i + 1}/{len(todo)}]")
+            continue
+        built.append((run, program, local))
+    if not built:
+        return []
+    twin = None
+    if FLAGS.twin:   # the first plan built a second time: how far two builds of one plan
+        twin = report.plan_program(model, entry, graph, built[0][0]["patterns"], strategy,
+                                   FLAGS.batch_size)
+    print(f"[{name}] {len(built)} plans built; timing {FLAGS.rounds} rounds", flush=True)
+    programs = [p for _, p, _ in built] + ([twin] if twin is not None else [])
+    locals_ = [lp for _, _, lp in built] + [None] * (twin is not None)
+    results = report.timed_round_robin(
+        programs, FLAGS.rounds, drop_after=FLAGS.drop_after,
+        drop_ratio=FLAGS.drop_ratio if workers == 1 else 0.0,
+        local_programs=locals_ if FLAGS.decompose else None)
+    if twin is not None:
+        first, again = results[0], results.pop()
+        if "error" not in first and "error" not in again:
+            built[0][0]["twin"] = {k: again[k] for k in ("paired_s", "paired_se_s", "rounds")}
+            gap = again["paired_s"] / first["paired_s"] - 1
+            print(f"[{name}] {built[0][0]['plan']} built twice: {first['paired_s'] * 1e3:.1f} "
+                  f"and {again['paired_s'] * 1e3:.1f} ms ({gap:+.1%})", flush=True)
+    mine = []
+    for (run, _, _), result in zip(built, results):
+        if "error" in result:
+            failed(run, RuntimeError(result["error"]), f"[{name}]")
+            continue
+        run.update(result)
+        mine.append(run)
+    del built
+    gc.collect()
+    return mine
+
+
 class CorpusModel:
     """A model of ``tapas.models.corpus`` (another library's) with the zoo entry's
     interface that the timed step reads: built once at ``batch``, its loss (sparse
@@ -839,6 +922,11 @@ def main(argv: list[str]) -> None:
         if value and not os.path.isfile(value):
             raise app.UsageError(f"--{name}={value}: no such file; write one with {writer} "
                                  "--models=...")
+    if FLAGS.rounds < 1:
+        raise app.UsageError(f"--rounds={FLAGS.rounds}: time each plan in at least 1 round")
+    if FLAGS.drop_ratio and FLAGS.drop_ratio < 1:
+        raise app.UsageError(f"--drop_ratio={FLAGS.drop_ratio}: give 0 (time every plan "
+                             "every round) or a ratio >= 1 to the fastest plan")
     if FLAGS.recost:
         recost_file(FLAGS.recost)
         return
@@ -948,9 +1036,8 @@ def main(argv: list[str]) -> None:
         predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels, comm or 1.0)
         parts = (predicted_parts(graph, cluster, plans, loss, scale or 1.0)
                  if FLAGS.decompose else None)
-        anchor = (report.plan_program(model, entry, graph, ["replicate"] * len(graph.nodes),
-                                      strategy, FLAGS.batch_size) if FLAGS.paired else None)
-        mine = []
+        anchor = None
+        todo = []
         for i, plan in enumerate(plans):
             run = {"model": name, "plan": "/".join(plan["names"]),
                    "patterns": list(plan["patterns"]),
@@ -958,16 +1045,22 @@ def main(argv: list[str]) -> None:
                    "predicted_s": {row: predicted[row][i] for row in ROWS}}
             if parts is not None:
                 run["predicted_parts"] = parts[i]
-            try:
-                run.update(measure(model, entry, graph, plan, strategy, anchor))
-            except Exception as e:  # noqa: BLE001  (reported with the plan, the run goes on)
-                run["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-                print(f"[{name} {i + 1}/{len(plans)}] {run['plan']}: FAILED {run['error']}",
-                      flush=True)
-                runs.append(run)
-                continue
-            mine.append(run)
             runs.append(run)
+            todo.append((plan, run))
+        if FLAGS.interleave:
+            mine = interleaved(model, entry, graph, todo, strategy, workers, name)
+        else:
+            anchor = (report.plan_program(model, entry, graph,
+                                          ["replicate"] * len(graph.nodes), strategy,
+                                          FLAGS.batch_size) if FLAGS.paired else None)
+            mine = []
+            for i, (plan, run) in enumerate(todo):
+                try:
+                    run.update(measure(model, entry, graph, plan, strategy, anchor))
+                except Exception as e:  # noqa: BLE001  (reported with the plan; goes on)
+                    failed(run, e, f"[{name} {i + 1}/{len(plans)}]")
+                    continue
+                mine.append(run)
         if anchor is not None and mine:   # one scale for the model: the anchor's median
             base = statistics.median(t for r in mine for t in r["anchor_times_s"])
             for r in mine:
@@ -978,7 +1071,9 @@ def main(argv: list[str]) -> None:
                          paired_se_s=se * base)
         for r in mine:
             if "local_median_s" in r:   # --decompose: the step without its collectives
-                local = r["local_ratio"] * base if "local_ratio" in r else r["local_median_s"]
+                scale = r.get("round_s", base if anchor is not None else None)
+                local = (r["local_ratio"] * scale if "local_ratio" in r and scale
+                         else r["local_median_s"])
                 r.update(measured_compute_s=local,
                          measured_communication_s=measured(r)[0] - local)
         for i, r in enumerate(mine):
@@ -1025,6 +1120,12 @@ def main(argv: list[str]) -> None:
     if parts_summary is not None:
         plot_decomposition(timed, os.path.join(FLAGS.out, "table2_decomposition.png"))
     bound = ceiling(timed, FLAGS.ceiling, FLAGS.tie_tol) if FLAGS.ceiling else None
+    twins = {r["model"]: r["twin"]["paired_s"] / r["paired_s"] - 1 for r in timed
+             if "twin" in r}
+    if twins:
+        gaps = sorted(abs(g) for g in twins.values())
+        print(f"one plan built twice, per model: median gap {statistics.median(gaps):.1%}, "
+              f"largest {gaps[-1]:.1%} ({len(gaps)} models)")
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -1032,9 +1133,11 @@ def main(argv: list[str]) -> None:
            "cluster": FLAGS.cluster, "devices": n,
            "workers": workers, "top_k": FLAGS.top_k, "steps": FLAGS.steps,
            "batch_size": FLAGS.batch_size, "paired": FLAGS.paired,
+           "interleave": FLAGS.interleave, "rounds": FLAGS.rounds,
+           "drop_after": FLAGS.drop_after, "drop_ratio": FLAGS.drop_ratio,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "decomposition": parts_summary,
-           "ceiling": bound, "calibrations": calibrations, "kernel_times": kernel_times,
+           "ceiling": bound, "twins": twins, "calibrations": calibrations, "kernel_times": kernel_times,
            "communication_calibrations": comm_calibrations,
            "runs": runs}
     path = os.path.join(FLAGS.out, "table2.json")
@@ -1058,6 +1161,8 @@ def launch_workers() -> None:
             f"--steps={FLAGS.steps}", f"--repeats={FLAGS.repeats}",
             f"--batch_size={FLAGS.batch_size}", f"--tie_tol={FLAGS.tie_tol}",
             f"--paired={str(FLAGS.paired).lower()}",
+            f"--interleave={str(FLAGS.interleave).lower()}", f"--rounds={FLAGS.rounds}",
+            f"--drop_after={FLAGS.drop_after}",
             f"--cluster={os.path.abspath(FLAGS.cluster)}", f"--out={os.path.abspath(FLAGS.out)}"]
     print(f"launching {k} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)", flush=True)
     try:

@@ -82,13 +82,15 @@ def test_ranking_module_imports_no_tensorflow() -> None:
 
 
 def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
-    """A zoo preset and a keras.applications model (tapas.models.corpus), each plan's steps
-    paired with the replicated plan's; then --recost reproduces the table."""
+    """A zoo preset and a keras.applications model (tapas.models.corpus), each model's
+    plans built first and timed round-robin (a plan far slower than the fastest dropped
+    after --drop_after rounds; the first plan built twice); then --recost reproduces the
+    table."""
     out = tmp_path / "t2"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
          "--models=t5-tiny,keras-mobilenet", "--top_k=1", "--steps=2", "--repeats=1",
-         "--batch_size=8",
+         "--batch_size=8", "--rounds=3", "--drop_after=2",
          f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -98,7 +100,10 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                                "+CF+GO+EC+WR+L", "+CF+GO+EC+WR+L+MB",
                                "+CF+GO+EC+WR+L+MB+W", "+CF+GO+EC+WR+L+MB+W+MC",
                                "+CF+GO+EC+WR+L+MB+W+K", "+CF+GO+EC+WR+L+MB+W+K+CS"}
-    assert d["paired"] is True
+    assert d["interleave"] is True and d["rounds"] == 3
+    # the first plan of each model built twice and timed in the same rounds
+    assert set(d["twins"]) == {"t5-tiny", "keras-mobilenet"}
+    assert "one plan built twice, per model: median gap" in proc.stdout
     # each model's kernels were timed first: every contraction and convolution of its
     # patterns at their local shapes, and the search pricing them adds its top plans (K#1)
     assert set(d["kernel_times"]) == {"t5-tiny", "keras-mobilenet"}
@@ -148,8 +153,14 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
         assert len(runs) >= 2      # the top plan and data parallel / replicate, merged
         assert len({r["plan"] for r in runs}) == len(runs)
         assert len({tuple(r["patterns"]) for r in runs}) == len(runs)
+        assert f"[{model}] {len(runs)} plans built; timing 3 rounds" in proc.stdout
+        assert max(r["rounds"] for r in runs) == 3
+        assert runs[0]["twin"]["paired_s"] > 0
         for r in runs:
-            assert len(r["times_s"]) == len(r["anchor_times_s"]) == 2
+            # every round, or the first two for a plan over 1.5x the fastest then
+            assert len(r["times_s"]) == r["rounds"] in (2, 3)
+            assert r["rounds"] == 3 or r["median_s"] > 1.5 * min(x["median_s"] for x in runs)
+            assert r["round_s"] == pytest.approx(r["paired_s"] / r["ratio"])
             assert r["median_s"] > 0 and r["iqr_s"] >= 0
             assert r["ratio"] > 0 and r["paired_s"] > 0 and r["paired_se_s"] >= 0
             assert set(r["predicted_s"]) == set(d["table"])
@@ -202,6 +213,31 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert r3["table"]["+CF+GO+EC+WR+L+MB+W"] == d["table"]["+CF+GO+EC+WR+L+MB+W"]
 
 
+def test_table2_script_one_plan_after_another(tmp_path: pathlib.Path) -> None:
+    """--nointerleave: each plan built and timed in turn, every step paired with a step of
+    the replicated plan kept built beside it (the earlier runs' method)."""
+    out = tmp_path / "t2p"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--models=t5-tiny",
+         "--top_k=1", "--steps=2", "--repeats=1", "--batch_size=8", "--nointerleave",
+         "--nokernels", "--nocalibrate", f"--out={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "plans built; timing" not in proc.stdout
+    d = json.loads((out / "table2.json").read_text())
+    assert d["interleave"] is False and d["paired"] is True and d["twins"] == {}
+    runs = d["runs"]
+    assert len(runs) >= 2 and not [r for r in runs if "error" in r], runs
+    for r in runs:
+        assert len(r["times_s"]) == len(r["anchor_times_s"]) == 2 and "rounds" not in r
+        assert r["paired_s"] > 0 and r["paired_se_s"] >= 0
+    medians = [r["paired_s"] for r in runs]
+    spreads = [r["paired_se_s"] for r in runs]
+    row = d["table"]["+CF+GO+EC"]
+    assert row["ranks"]["t5-tiny"] == ranking.best_rank(
+        medians, [r["predicted_s"]["+CF+GO+EC"] for r in runs], spreads, d["tie_tol"])
+
+
 def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     """--workers=2: the second cluster, two MultiWorkerMirroredStrategy processes on
     127.0.0.1 costed with a `tapas profile --workers=2` file; worker 0 writes the table; a
@@ -211,7 +247,7 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--workers=2",
          f"--cluster={cluster}", "--models=moe-tiny", "--top_k=1", "--steps=2", "--repeats=1",
-         "--batch_size=8",
+         "--batch_size=8", "--rounds=2", "--drop_after=1",
          f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -223,7 +259,8 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     runs = d["runs"]
     assert not [r for r in runs if "error" in r], runs
     assert {"expert", "data-parallel"} <= {n for r in runs for n in r["plan"].split("/")}
-    assert all(len(r["times_s"]) == 2 and r["paired_s"] > 0 for r in runs)
+    # timed round-robin; no plan dropped (each worker would decide on its own timings)
+    assert all(r["rounds"] == len(r["times_s"]) == 2 and r["paired_s"] > 0 for r in runs)
     assert set(d["table"]["+CF+GO+EC"]["ranks"]) == {"moe-tiny"}
     wrong = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--workers=2",
@@ -247,6 +284,8 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     (["--recost=x.json", "--communication=no/such/c.json"],
      "--communication=no/such/c.json: no such file"),
     (["--workers=2", "--communication_only"], "run it on --devices, without --workers"),
+    (["--rounds=0"], "--rounds=0: time each plan in at least 1 round"),
+    (["--drop_ratio=0.5"], "--drop_ratio=0.5: give 0"),
 ])
 def test_table2_flags_are_checked_before_any_work(flags, words) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
@@ -310,7 +349,7 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--models=resnet-tiny",
          "--top_k=1", "--steps=2", "--repeats=1", "--batch_size=8", "--decompose",
-         "--nokernels", f"--out={out}"],
+         "--nokernels", "--rounds=2", "--drop_ratio=0", f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "decomposition (" in proc.stdout and "communication" in proc.stdout
@@ -388,3 +427,81 @@ def test_table2_from_log_scores_the_printed_lines(tmp_path: pathlib.Path) -> Non
                             str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert empty.returncode != 0 and "no '[model i/n] plan: measured" in (
         empty.stdout + empty.stderr)
+
+
+def _report():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return report
+
+
+def test_round_robin_summary_cancels_the_machine_drifting_between_rounds() -> None:
+    """Plan b always takes 1.1x plan a's step, but the machine slows 3x halfway: the plain
+    medians mix the two speeds, the ratio to each round's steps is exact and has no
+    spread; a plan left out of later rounds is compared with the rounds it ran in."""
+    report = _report()
+    speed = [1.0, 1.0, 1.0, 3.0, 3.0, 3.0]
+    a = [0.1 * s for s in speed]
+    b = [0.11 * s for s in speed]
+    c = [0.5 * s for s in speed[:2]] + [None] * 4    # dropped after two rounds
+    ra, rb, rc = report.round_robin_summary([a, b, c])
+    assert rb["paired_s"] / ra["paired_s"] == pytest.approx(1.1)
+    assert rc["paired_s"] / ra["paired_s"] == pytest.approx(5.0)
+    assert ra["paired_se_s"] == pytest.approx(0) and rb["ratio_iqr"] == pytest.approx(0)
+    assert (ra["rounds"], rc["rounds"]) == (6, 2) and rc["times_s"] == [0.5, 0.5]
+    assert ra["round_s"] == pytest.approx(ra["paired_s"] / ra["ratio"])
+    # the copies without collectives are put on the same rounds' scale
+    (ra,) = report.round_robin_summary([a], [[t / 2 for t in a]])
+    assert ra["local_ratio"] == pytest.approx(0.5) and len(ra["local_times_s"]) == 6
+    with pytest.raises(ValueError, match="no plan was timed in every round"):
+        report.round_robin_summary([c])
+
+
+class _FakeProgram:
+    def __init__(self, name: str, seconds: float, fail_at: int | None = None) -> None:
+        self.name, self.seconds, self.fail_at, self.steps = name, seconds, fail_at, 0
+
+
+def test_timed_round_robin_drops_slow_plans_and_reports_failures() -> None:
+    """Every plan once per round in a shuffled order (the same for the same seed); after
+    drop_after rounds a plan over drop_ratio times the fastest stops (drop_ratio=0: none
+    does, as across worker processes); a plan whose step raises is reported, the others go
+    on; bad arguments name the value."""
+    report = _report()
+    calls: list[str] = []
+
+    def step(p: _FakeProgram) -> float:
+        calls.append(p.name)
+        p.steps += 1
+        if p.fail_at is not None and p.steps >= p.fail_at:
+            raise RuntimeError(f"{p.name} ran out of memory")
+        return p.seconds
+
+    def programs() -> list[_FakeProgram]:
+        return [_FakeProgram("fast", 0.10), _FakeProgram("close", 0.12),
+                _FakeProgram("slow", 0.40), _FakeProgram("broken", 0.10, fail_at=3)]
+
+    out = report.timed_round_robin(programs(), 6, drop_after=2, drop_ratio=1.5, step=step)
+    fast, close, slow, broken = out
+    assert (fast["rounds"], close["rounds"], slow["rounds"]) == (6, 6, 2)
+    assert close["paired_s"] / fast["paired_s"] == pytest.approx(1.2)
+    assert slow["paired_s"] / fast["paired_s"] == pytest.approx(4.0)
+    assert broken == {"error": "RuntimeError: broken ran out of memory"}
+    first_order = list(calls)
+    assert len(set(tuple(first_order[i:i + 4]) for i in (0, 4))) == 2   # shuffled per round
+    calls.clear()
+    report.timed_round_robin(programs(), 6, drop_after=2, drop_ratio=1.5, step=step)
+    assert calls == first_order                                          # same seed
+    kept = report.timed_round_robin(programs()[:3], 4, drop_after=1, drop_ratio=0, step=step)
+    assert [r["rounds"] for r in kept] == [4, 4, 4]
+    local = report.timed_round_robin(programs()[:2], 3, step=step,
+                                     local_programs=[_FakeProgram("l", 0.05), None])
+    assert local[0]["local_ratio"] > 0 and "local_ratio" not in local[1]
+    for kwargs, words in ((dict(rounds=0), "rounds=0: must be an int >= 1"),
+                          (dict(rounds=2, drop_ratio=0.5), "drop_ratio=0.5: must be 0"),
+                          (dict(rounds=2, local_programs=[None]), "local_programs has 1")):
+        with pytest.raises(ValueError, match=words):
+            report.timed_round_robin(programs()[:2], step=step, **kwargs)
