@@ -634,7 +634,8 @@ def interleaved(model, entry, graph, todo: list[tuple[dict, dict]], strategy, wo
     if twin is not None:
         first, again = results[0], results.pop()
         if "error" not in first and "error" not in again:
-            built[0][0]["twin"] = {k: again[k] for k in ("paired_s", "paired_se_s", "rounds")}
+            built[0][0]["twin"] = {k: again[k] for k in ("paired_s", "paired_se_s", "rounds",
+                                                         "times_s")}
             gap = again["paired_s"] / first["paired_s"] - 1
             print(f"[{name}] {built[0][0]['plan']} built twice: {first['paired_s'] * 1e3:.1f} "
                   f"and {again['paired_s'] * 1e3:.1f} ms ({gap:+.1%})", flush=True)

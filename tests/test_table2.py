@@ -6,6 +6,7 @@ The script defines absl flags that tapas.cli also defines, so it runs in a subpr
 
 import json
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -156,10 +157,13 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
         assert f"[{model}] {len(runs)} plans built; timing 3 rounds" in proc.stdout
         assert max(r["rounds"] for r in runs) == 3
         assert runs[0]["twin"]["paired_s"] > 0
+        # every round, or the first two for a plan over 1.5x the fastest then (the first
+        # plan's second build among them)
+        fastest = min(statistics.median(ts[:2]) for ts in
+                      [x["times_s"] for x in runs] + [runs[0]["twin"]["times_s"]])
         for r in runs:
-            # every round, or the first two for a plan over 1.5x the fastest then
             assert len(r["times_s"]) == r["rounds"] in (2, 3)
-            assert r["rounds"] == 3 or r["median_s"] > 1.5 * min(x["median_s"] for x in runs)
+            assert r["rounds"] == 3 or r["median_s"] > 1.5 * fastest
             assert r["round_s"] == pytest.approx(r["paired_s"] / r["ratio"])
             assert r["median_s"] > 0 and r["iqr_s"] >= 0
             assert r["ratio"] > 0 and r["paired_s"] > 0 and r["paired_se_s"] >= 0
