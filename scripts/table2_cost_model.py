@@ -622,8 +622,12 @@ def interleaved(model, entry, graph, todo: list[tuple[dict, dict]], strategy, wo
         return []
     twin = None
     if FLAGS.twin:   # the first plan built a second time: how far two builds of one plan
-        twin = report.plan_program(model, entry, graph, built[0][0]["patterns"], strategy,
-                                   FLAGS.batch_size)
+        try:
+            twin = report.plan_program(model, entry, graph, built[0][0]["patterns"],
+                                       strategy, FLAGS.batch_size)
+        except Exception as e:  # noqa: BLE001  (an instrument: the run goes on without it)
+            print(f"[{name}] {built[0][0]['plan']} built a second time: FAILED "
+                  f"{type(e).__name__}: {str(e)[:400]}", flush=True)
     print(f"[{name}] {len(built)} plans built; timing {FLAGS.rounds} rounds", flush=True)
     programs = [p for _, p, _ in built] + ([twin] if twin is not None else [])
     locals_ = [lp for _, _, lp in built] + [None] * (twin is not None)
@@ -1072,8 +1076,8 @@ def main(argv: list[str]) -> None:
                          paired_se_s=se * base)
         for r in mine:
             if "local_median_s" in r:   # --decompose: the step without its collectives
-                scale = r.get("round_s", base if anchor is not None else None)
-                local = (r["local_ratio"] * scale if "local_ratio" in r and scale
+                yardstick = r.get("round_s", base if anchor is not None else None)
+                local = (r["local_ratio"] * yardstick if "local_ratio" in r and yardstick
                          else r["local_median_s"])
                 r.update(measured_compute_s=local,
                          measured_communication_s=measured(r)[0] - local)
@@ -1138,7 +1142,8 @@ def main(argv: list[str]) -> None:
            "drop_after": FLAGS.drop_after, "drop_ratio": FLAGS.drop_ratio,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "decomposition": parts_summary,
-           "ceiling": bound, "twins": twins, "calibrations": calibrations, "kernel_times": kernel_times,
+           "ceiling": bound, "twins": twins, "calibrations": calibrations,
+           "kernel_times": kernel_times,
            "communication_calibrations": comm_calibrations,
            "runs": runs}
     path = os.path.join(FLAGS.out, "table2.json")
@@ -1163,7 +1168,7 @@ def launch_workers() -> None:
             f"--batch_size={FLAGS.batch_size}", f"--tie_tol={FLAGS.tie_tol}",
             f"--paired={str(FLAGS.paired).lower()}",
             f"--interleave={str(FLAGS.interleave).lower()}", f"--rounds={FLAGS.rounds}",
-            f"--drop_after={FLAGS.drop_after}",
+            f"--drop_after={FLAGS.drop_after}", f"--twin={str(FLAGS.twin).lower()}",
             f"--cluster={os.path.abspath(FLAGS.cluster)}", f"--out={os.path.abspath(FLAGS.out)}"]
     print(f"launching {k} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)", flush=True)
     try:
