@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from tapas.execution.communication_scale import without_communication
+from tapas.execution.compute_scale import median_standard_error
 
 __all__ = ["machine", "write_json", "timed_search", "plan_program", "timed_plan",
            "timed_round_robin", "round_robin_summary", "without_communication"]
@@ -233,7 +234,7 @@ def round_robin_summary(times: list[list[float | None]],
     their steps in round r. Plan i's steps relative to their rounds, ``times[i][r] / g[r]``,
     give ``ratio`` (their median), ``ratio_iqr`` and ``paired_s = ratio * median(g)`` (the
     time the plan is ranked by), ``paired_iqr_s`` and ``paired_se_s`` (the standard error
-    of that median: 1.25 sigma / sqrt(n), sigma ~ IQR / 1.35, in seconds), besides the
+    of that median, ``tapas.execution.compute_scale.median_standard_error``, in seconds), besides the
     plain ``median_s``, ``iqr_s`` and every step ``times_s`` and ``rounds`` (how many).
     ``local_times`` (same layout, or None rows): the same for each plan's copy without its
     collectives (``local_median_s``, ``local_times_s``, ``local_ratio``)."""
@@ -256,7 +257,7 @@ def round_robin_summary(times: list[list[float | None]],
         run = {"median_s": statistics.median(raw), "iqr_s": _iqr(raw), "times_s": raw,
                "rounds": len(raw), "ratio": ratio, "ratio_iqr": ratio_iqr,
                "round_s": base, "paired_s": ratio * base, "paired_iqr_s": ratio_iqr * base,
-               "paired_se_s": 0.93 * ratio_iqr / math.sqrt(len(rel)) * base}
+               "paired_se_s": median_standard_error(ratio_iqr, len(rel)) * base}
         lts = local_times[i] if local_times else None
         if lts is not None and any(t is not None for t in lts):
             pairs = [(t, g[r]) for r, t in enumerate(lts) if t is not None]

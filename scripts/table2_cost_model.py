@@ -113,7 +113,6 @@ from __future__ import annotations
 import datetime
 import gc
 import json
-import math
 import os
 import platform
 import statistics
@@ -961,7 +960,7 @@ def main(argv: list[str]) -> None:
         raise ValueError(f"--cluster={FLAGS.cluster} has {cluster.num_devices} devices but "
                          f"the run has {n}: profile with `{how}`")
     strategy = devices.make_strategy(n)
-    from tapas.execution.compute_scale import calibrate_compute
+    from tapas.execution.compute_scale import calibrate_compute, median_standard_error
     calibrations: dict[str, dict] = {}
     if not FLAGS.calibrate:
         drop_calibrated_row("--nocalibrate")
@@ -1070,8 +1069,8 @@ def main(argv: list[str]) -> None:
             base = statistics.median(t for r in mine for t in r["anchor_times_s"])
             for r in mine:
                 # the spread that decides a measured tie: the standard error of the median
-                # ratio (~1.25 sigma / sqrt(n), sigma ~ IQR / 1.35), not the steps' spread
-                se = 0.93 * r["ratio_iqr"] / math.sqrt(len(r["times_s"]))
+                # ratio, not the steps' spread
+                se = median_standard_error(r["ratio_iqr"], len(r["times_s"]))
                 r.update(paired_s=r["ratio"] * base, paired_iqr_s=r["ratio_iqr"] * base,
                          paired_se_s=se * base)
         for r in mine:

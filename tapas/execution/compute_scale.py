@@ -40,7 +40,8 @@ from typing import Any
 
 __all__ = ["ComputeCalibration", "calibrate_compute", "predicted_replicated_compute",
            "scale_from_pairs", "check_compute_scale", "resolve_compute_scale",
-           "check_measured_factor", "resolve_measured_factor"]
+           "check_measured_factor", "resolve_measured_factor", "time_pairs",
+           "paired_difference", "median_standard_error"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +152,17 @@ def time_pairs(programs: list[tuple[Any, Any, Any]], steps: int,
     return times
 
 
+def median_standard_error(iqr: float, n: int) -> float:
+    """The standard error of the median of ``n`` samples whose interquartile range is
+    ``iqr``: 1.25 sigma / sqrt(n) with sigma ~ IQR / 1.35, i.e. 0.93 x IQR / sqrt(n) (0 for
+    fewer than two samples).
+
+    >>> round(median_standard_error(0.1, 4), 4)
+    0.0465
+    """
+    return 0.93 * iqr / math.sqrt(n) if n >= 2 else 0.0
+
+
 def paired_difference(a: list[float], b: list[float]) -> tuple[float, float, int]:
     """``(median, standard error, pairs)`` of the differences ``a[i] - b[i]`` of paired
     step times; the standard error of the median is 0.93 x IQR / sqrt(pairs) (0 for one
@@ -162,7 +174,7 @@ def paired_difference(a: list[float], b: list[float]) -> tuple[float, float, int
     se = 0.0
     if len(diffs) >= 2:
         q = statistics.quantiles(diffs, n=4)
-        se = 0.93 * (q[2] - q[0]) / math.sqrt(len(diffs))
+        se = median_standard_error(q[2] - q[0], len(diffs))
     return statistics.median(diffs), se, len(diffs)
 
 
