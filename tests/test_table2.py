@@ -353,7 +353,7 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--models=resnet-tiny",
          "--top_k=1", "--steps=2", "--repeats=1", "--batch_size=8", "--decompose",
-         "--nokernels", "--rounds=2", "--drop_ratio=0", f"--out={out}"],
+         "--nokernels", "--rounds=4", "--drop_ratio=0", f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "decomposition (" in proc.stdout and "communication" in proc.stdout
@@ -361,7 +361,7 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     runs = {r["plan"]: r for r in d["runs"]}
     assert not [r for r in runs.values() if "error" in r], runs
     for r in runs.values():
-        assert len(r["local_times_s"]) == 2 and r["local_ratio"] > 0
+        assert len(r["local_times_s"]) == 4 and r["local_ratio"] > 0
         assert r["measured_compute_s"] == pytest.approx(r["local_ratio"] * r["paired_s"]
                                                         / r["ratio"])
         assert r["measured_communication_s"] == pytest.approx(r["paired_s"]
@@ -371,7 +371,8 @@ def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib
     assert replicated["predicted_parts"]["communication_s"] == 0
     assert runs["data-parallel"]["predicted_parts"]["communication_s"] > 0
     summary = d["decomposition"]
-    assert summary["plans"] == len(runs) and summary["communication_ratio_median"] > 0
+    assert summary["plans"] == len(runs)
+    assert summary["communication_ratio_median"] > 0, summary["communication_ratios"]
     assert set(summary["compute_slopes"]) == {"resnet-tiny"}
     # one half of the model replaced by its measurement: scored like the table's rows
     assert "measured compute + model communication: Acc@1" in proc.stdout
