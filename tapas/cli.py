@@ -94,7 +94,9 @@ flags.DEFINE_string("communication_scale", None, "search, train: multiply every 
                     "first time the model's data-parallel plan on N devices here (the cluster "
                     "file's N, profiled on this machine; one process) with and without its "
                     "collectives against what the cost model prices for them, and use that "
-                    "factor.")
+                    "factor; and a second plan whose collectives are mostly activations' "
+                    "the same way, for a factor of collectives that do not reduce a weight's "
+                    "gradient (CostOptions.activation_communication_scale).")
 flags.DEFINE_integer("top_k", 5, "search: ranked whole-plan alternatives to keep.")
 flags.DEFINE_float("time_limit", None, "search: seconds before the search gives up "
                    "(e.g. for --mode=es on a large model).")
@@ -429,6 +431,8 @@ def cmd_search() -> dict[str, Any]:
               "compute_scale": 1.0 if options is None else options.compute_scale,
               "compute_calibration": None if calibration is None else calibration.to_json(),
               "communication_scale": 1.0 if options is None else options.communication_scale,
+              "activation_communication_scale": None if options is None else
+              options.activation_communication_scale,
               "communication_calibration": None if comm_calibration is None else
               comm_calibration.to_json(),
               "kernel_times": None if options is None or options.kernel_times is None else
@@ -518,6 +522,8 @@ def _communication_options(cluster: Any, loaded: LoadedModel, graph: Any, option
     except ValueError as e:
         raise app.UsageError(f"--communication_scale={FLAGS.communication_scale}: "
                              f"{e}") from None
+    if calibration is not None:      # measured: its factors (activations' too, if measured)
+        return calibration.cost_options(base), calibration
     return dataclasses.replace(base, communication_scale=scale), calibration
 
 

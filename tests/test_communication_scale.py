@@ -73,6 +73,101 @@ def test_a_plans_communication_scales_and_its_compute_does_not() -> None:
     assert count == len(totals[0].comms)
 
 
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, True, "0.5"])
+def test_the_activation_factor_must_be_a_positive_number_or_none(bad) -> None:
+    with pytest.raises((ValueError, TypeError), match="activation_communication_scale"):
+        CostOptions(activation_communication_scale=bad)
+    opts = CostOptions(communication_scale=0.5)
+    assert opts.communication_scale_for(True) == opts.communication_scale_for(False) == 0.5
+    opts = CostOptions(communication_scale=0.5, activation_communication_scale=0.8)
+    assert opts.communication_scale_for(True) == 0.5
+    assert opts.communication_scale_for(False) == 0.8
+
+
+def test_weight_gradients_and_activations_get_their_own_factor() -> None:
+    """The data-parallel plan's collectives on its weights' gradients take
+    ``communication_scale``; the loss's and resharded edges' take the activation factor;
+    a Megatron plan's activation all-reduces too; compute is untouched."""
+    entry = models.get("t5-tiny")
+    graph = tapas.capture(entry.build(fast_init=True), entry.input_spec(8))
+    c = Cluster.load(EPYC)
+    loss = entry.keras_loss()
+    dp = cs.data_parallel_patterns(graph, c, loss=loss)
+    (g, a), count = cs.predicted_parts(graph, dp, c, CostOptions.for_cluster(c, loss=loss))
+    assert g > 0 and a >= 0 and g > a and count > 0
+    assert cs.predicted_communication(graph, dp, c, CostOptions.for_cluster(c, loss=loss)) \
+        == (pytest.approx(g + a), count)
+    name, megatron, (g2, a2) = cs.activation_plan(graph, c, CostOptions.for_cluster(
+        c, loss=loss), loss)
+    assert a2 > 0 and a2 >= g2 and megatron != dp and name
+    for pats, (pg, pa) in ((dp, (g, a)), (megatron, (g2, a2))):
+        base = CostOptions.for_cluster(c, loss=loss)
+        split = CostOptions.for_cluster(c, loss=loss, communication_scale=0.5,
+                                        activation_communication_scale=0.25)
+        costs = []
+        for opts in (base, split):
+            table = pattern_table(graph, 4, c, opts)
+            idx = [table.index(v, p) for v, p in enumerate(pats)]
+            costs.append(explore.plan_cost(graph, table, idx, EdgeCoster(4, c, opts))[0])
+        assert costs[0].comms.by_role()["gradient"] == pytest.approx(pg)
+        assert costs[1].comms.by_role()["gradient"] == pytest.approx(0.5 * pg)
+        assert costs[1].comms.by_role()["activation"] == pytest.approx(0.25 * pa)
+        assert costs[1].compute == pytest.approx(costs[0].compute)
+    # a weight's backward collective is a gradient's; the same on an activation is not
+    term = cost.comm_cost(_Comm("AR", 1 << 20, "bwd", "w:0"), 4, c,
+                          CostOptions(communication_scale=0.5,
+                                      activation_communication_scale=2.0), weights={"w:0"})
+    other = cost.comm_cost(_Comm("AR", 1 << 20, "bwd", "x:0"), 4, c,
+                           CostOptions(communication_scale=0.5,
+                                       activation_communication_scale=2.0), weights={"w:0"})
+    assert term.gradient and not other.gradient
+    assert other.total == pytest.approx(4 * term.total)
+
+
+class _Comm:
+    def __init__(self, kind: str, nbytes: int, phase: str, tensor: str) -> None:
+        self.kind, self.bytes, self.phase, self.tensor = kind, nbytes, phase, tensor
+
+
+def test_two_plans_give_a_factor_each() -> None:
+    """The data-parallel plan (mostly gradients) and a second plan (mostly activations),
+    each difference = gradient factor x gradient price + activation factor x activation
+    price: both factors recovered; a second difference within the noise, mixes too alike
+    to tell apart, or an unmeasured first factor leave one factor for every collective."""
+    assert cs.solve_factors((0.010, 0.0), 0.004, (0.0, 0.010), 0.007) == \
+        (pytest.approx(0.4), pytest.approx(0.7))
+    assert cs.solve_factors((0.010, 0.010), 0.010, (0.010, 0.011), 0.010) is None  # alike
+    assert cs.solve_factors((0.010, 0.001), 0.001, (0.001, 0.010), 0.010) is None  # g < 0
+    first = cs.scale_from_pairs(4, [0.030] * 6, [0.025] * 6, 0.010, 20, parts=(0.010, 0.0))
+    assert first.predicted_parts_s == (0.010, 0.0) and first.activation is None
+    assert first.activation_communication_scale is None
+    both = cs.with_activation(first, "megatron", ("column",), (0.0, 0.010),
+                              [0.040] * 6, [0.032] * 6)
+    assert both.communication_scale == pytest.approx(0.5)
+    assert both.activation_communication_scale == pytest.approx(0.8)
+    assert both.activation.plan == "megatron" and both.activation.patterns == ("column",)
+    assert "activation communication scale 0.80" in both.describe()
+    opts = both.cost_options(CostOptions())
+    assert opts.communication_scale == pytest.approx(0.5)
+    assert opts.activation_communication_scale == pytest.approx(0.8)
+    d = json.loads(json.dumps(both.to_json()))
+    assert d["activation_communication_scale"] == pytest.approx(0.8)
+    assert d["activation"]["predicted_parts_s"] == [0.0, 0.010]
+    noisy = cs.with_activation(first, "megatron", (), (0.0, 0.010),
+                               [0.05, 0.03, 0.06, 0.02], [0.04] * 4)
+    assert noisy.activation_communication_scale is None
+    assert noisy.communication_scale == pytest.approx(0.5)
+    assert "within the noise" in noisy.activation.reason
+    assert "one factor for every collective" in noisy.describe()
+    alike = cs.with_activation(first, "#2", (), (0.010, 0.0005), [0.040] * 4, [0.032] * 4)
+    assert alike.activation_communication_scale is None and "too alike" in \
+        alike.activation.reason
+    unmeasured = cs.scale_from_pairs(4, [0.03, 0.02], [0.02, 0.03], 0.01, 5)
+    later = cs.with_activation(unmeasured, "#2", (), (0.0, 0.01), [0.04] * 4, [0.03] * 4)
+    assert later.activation_communication_scale is None and later.communication_scale == 1.0
+    assert "was not measured" in later.activation.reason
+
+
 def test_the_factor_from_paired_steps() -> None:
     full = [0.050, 0.052, 0.049, 0.051, 0.050, 0.053]
     local = [0.030, 0.031, 0.030, 0.030, 0.031, 0.031]
@@ -144,11 +239,23 @@ def test_calibrate_communication_on_two_logical_devices() -> None:
     assert d["num_devices"] == 2 and d["plan"] == "data-parallel" and d["pairs"] == 6
     assert d["collectives"] > 10 and d["predicted_s"] > 0
     assert "batch" in d["patterns"] and min(d["measured_s"]) > 0
+    assert sum(d["predicted_parts_s"]) == pytest.approx(d["predicted_s"])
+    second = d["activation"]
     if d["scale"] is None:
         assert d["reason"] and d["communication_scale"] == 1.0
-    else:
+    elif second is None or second["scale"] is None:
         assert d["scale"] == pytest.approx(d["difference_s"] / d["predicted_s"])
         assert d["difference_s"] > 2 * d["difference_se_s"]
+    else:   # both factors price both plans' collectives at what was measured
+        for parts, diff in ((d["predicted_parts_s"], d["difference_s"]),
+                            (second["predicted_parts_s"], second["difference_s"])):
+            assert d["scale"] * parts[0] + second["scale"] * parts[1] == pytest.approx(diff)
+    if second is not None:   # the second plan: mostly activation collectives, timed alike
+        assert second["predicted_parts_s"][1] >= second["predicted_parts_s"][0]
+        assert second["patterns"] != d["patterns"] and min(second["measured_s"]) > 0
+        assert f"building the {second['plan']} plan on 2 devices without its collectives" \
+            in proc.stdout
+        assert "timing 6 rounds of 4 steps" in proc.stdout
     assert "building the data-parallel plan on 2 devices without its collectives" in proc.stdout
     assert "REFUSED the strategy has 2 devices and the cluster 4" in proc.stdout
 
@@ -179,6 +286,7 @@ def test_search_command_takes_a_communication_scale(tmp_path) -> None:
     cal = r["communication_calibration"]
     assert cal["plan"] == "data-parallel" and cal["pairs"] == 10 and cal["num_devices"] == 4
     assert r["communication_scale"] == cal["communication_scale"]
+    assert r["activation_communication_scale"] == cal["activation_communication_scale"]
     for flags, words in (
             (["--cluster=v100", "--communication_scale=measure"],
              "is a preset, not this machine"),

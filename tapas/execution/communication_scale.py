@@ -15,6 +15,15 @@ Out: a :class:`CommunicationCalibration`: the model's data-parallel plan (the se
      (``CostOptions.communication_scale``: ``tapas.search(..., options=
      CostOptions.for_cluster(cluster, communication_scale=s))``, ``tapas search
      --communication_scale=measure``).
+     With ``activation`` (the default) a second plan is built and timed the same way, in the
+     same rounds: of the search's top plans and its reference plans, the one with the most
+     priced communication among those whose collectives are mostly not weight gradients'
+     (activations, their gradients, the loss's statistics, experts' all-to-alls:
+     :func:`activation_plan`). Each plan's difference is its gradient collectives times one
+     factor plus its other collectives times another; the two plans give both
+     (:func:`solve_factors`): ``scale`` for weight gradients
+     (``CostOptions.communication_scale``), ``activation.scale`` for the rest
+     (``CostOptions.activation_communication_scale``; ``cost_options`` sets both).
 
 Why: ``tapas profile`` measures each collective in a chain of collectives that wait on
 each other, on otherwise idle devices (alpha' and beta of the cluster file). Inside a
@@ -29,7 +38,11 @@ parallelism, splits that save compute at the price of collectives) too low.
 The two steps are timed in pairs (one of each, in turn, ``steps`` x ``repeats`` times after
 a warm-up step each), so load that drifts over the measurement moves both alike. When the
 difference is within the noise of the pairs (under 2 standard errors) or the plan has no
-collective, ``scale`` is None and the search keeps the profiled constants (1.0). Worker
+collective, ``scale`` is None and the search keeps the profiled constants (1.0); when the
+second plan's difference is within the noise, or the two plans give no positive pair of
+factors, ``activation.scale`` is None and ``scale`` prices every collective. Why two: on
+t5-tiny-tapas the data-parallel plan's collectives cost 0.48 of their price inside the step,
+Megatron's (activation all-reduces the next op waits on) 0.76 (docs/paper.md). Worker
 processes cannot run the local copy (their steps would no longer meet): the measurement
 needs the devices of one process.
 """
@@ -38,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -45,8 +59,10 @@ from typing import Any
 from tapas.execution.compute_scale import (check_measured_factor, paired_difference,
                                            resolve_measured_factor, time_pairs)
 
-__all__ = ["CommunicationCalibration", "calibrate_communication", "without_communication",
-           "scale_from_pairs", "check_communication_scale", "resolve_communication_scale"]
+__all__ = ["CommunicationCalibration", "ActivationCalibration", "calibrate_communication",
+           "without_communication", "scale_from_pairs", "with_activation", "solve_factors",
+           "activation_plan", "predicted_parts", "check_communication_scale",
+           "resolve_communication_scale"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +80,28 @@ class CommunicationCalibration:
     scale: float | None                    # None: not measurable (``reason``)
     reason: str = ""
     patterns: tuple[str, ...] = ()         # the plan's pattern name per GraphNode
+    # of ``predicted_s``: the weight gradients' collectives and the others (activations)
+    predicted_parts_s: tuple[float, float] = (0.0, 0.0)
+    # the second plan (``CostOptions.activation_communication_scale``); None: not measured
+    activation: ActivationCalibration | None = None
 
     @property
     def communication_scale(self) -> float:
         """The factor for ``CostOptions.communication_scale``: ``scale``, or 1.0 (the
         profiled constants) when it could not be measured."""
         return 1.0 if self.scale is None else self.scale
+
+    @property
+    def activation_communication_scale(self) -> float | None:
+        """The factor for ``CostOptions.activation_communication_scale``: the second
+        plan's, or None (``communication_scale`` for every collective)."""
+        return None if self.activation is None else self.activation.scale
+
+    def cost_options(self, options: Any) -> Any:
+        """``options`` (a ``CostOptions``) with this calibration's factors."""
+        return dataclasses.replace(
+            options, communication_scale=self.communication_scale,
+            activation_communication_scale=self.activation_communication_scale)
 
     def describe(self) -> str:
         head = (f"{self.plan} plan on {self.num_devices} devices: step "
@@ -79,10 +111,43 @@ class CommunicationCalibration:
                 f"model's {self.collectives} collectives {self.predicted_s * 1e3:.1f} ms")
         if self.scale is None:
             return f"{head}: {self.reason}; collectives kept at the profiled constants (1.0)"
-        return f"{head}: communication scale {self.scale:.2f}"
+        text = f"{head}: communication scale {self.scale:.2f}"
+        if self.activation is not None:
+            text += f"\n{self.activation.describe()}"
+        return text
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "communication_scale": self.communication_scale}
+        return {**dataclasses.asdict(self), "communication_scale": self.communication_scale,
+                "activation_communication_scale": self.activation_communication_scale}
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationCalibration:
+    """The second plan of a :class:`CommunicationCalibration`: one whose priced
+    communication is mostly collectives that do not reduce a weight's gradient, timed with
+    and without its collectives in the same rounds as the data-parallel plan. With ``d``
+    each plan's measured difference and ``(g, a)`` its priced gradient and activation
+    collectives, the two factors solve ``d = scale_g * g + scale_a * a`` for both plans."""
+
+    plan: str                              # which plan: "best", "#2", "megatron", ...
+    patterns: tuple[str, ...]
+    measured_s: tuple[float, float]        # median step: as it runs, without collectives
+    predicted_parts_s: tuple[float, float]  # priced: gradient collectives, activation ones
+    difference_s: float
+    difference_se_s: float
+    scale: float | None                    # None: not measurable (``reason``)
+    reason: str = ""
+
+    def describe(self) -> str:
+        head = (f"  second plan ({self.plan}, mostly activation collectives): step "
+                f"{self.measured_s[0] * 1e3:.1f} ms, without its collectives "
+                f"{self.measured_s[1] * 1e3:.1f} ms (difference {self.difference_s * 1e3:.1f}"
+                f" +- {self.difference_se_s * 1e3:.1f} ms); priced: gradient collectives "
+                f"{self.predicted_parts_s[0] * 1e3:.1f} ms, others "
+                f"{self.predicted_parts_s[1] * 1e3:.1f} ms")
+        if self.scale is None:
+            return f"{head}: {self.reason}; one factor for every collective"
+        return f"{head}: activation communication scale {self.scale:.2f}"
 
 
 @contextlib.contextmanager
@@ -135,24 +200,86 @@ def predicted_communication(graph: Any, patterns: Sequence[str], cluster: Any,
     """(seconds, count) of the collectives the cost model prices for the plan ``patterns``
     (one pattern name per GraphNode) on ``graph``, at ``options`` with
     ``communication_scale`` 1."""
+    (gradient, activation), count = predicted_parts(graph, patterns, cluster, options)
+    return gradient + activation, count
+
+
+def predicted_parts(graph: Any, patterns: Sequence[str], cluster: Any,
+                    options: Any = None) -> tuple[tuple[float, float], int]:
+    """``((gradient seconds, activation seconds), count)``: :func:`predicted_communication`
+    split into the collectives that reduce weights' gradients and the others."""
     from tapas.planning import explore
     from tapas.planning.cost import CostOptions
     from tapas.planning.table import EdgeCoster, pattern_table
     options = CostOptions.for_cluster(cluster) if options is None else options
-    options = dataclasses.replace(options, communication_scale=1.0)
+    options = dataclasses.replace(options, communication_scale=1.0,
+                                  activation_communication_scale=None)
     n = cluster.num_devices
     table = pattern_table(graph, n, cluster, options)
     idx = [table.index(v, name) for v, name in enumerate(patterns)]
     cost, _ = explore.plan_cost(graph, table, idx, EdgeCoster(n, cluster, options))
-    return cost.communication, len(cost.comms)
+    parts = cost.comms.by_role()
+    return (parts["gradient"], parts["activation"]), len(cost.comms)
+
+
+def activation_plan(graph: Any, cluster: Any, options: Any = None, loss: Any = None,
+                    top_k: int = 5) -> tuple[str, tuple[str, ...], tuple[float, float]] | None:
+    """The plan the activation factor is measured on: of the search's ``top_k`` plans
+    and its reference plans (not data-parallel or replicated), those whose priced
+    communication is at least half collectives that do not reduce a weight's gradient, the
+    one with the most such communication (the largest difference to measure). ``(name,
+    pattern per GraphNode, (gradient s, activation s))``, or None when no plan has that
+    much activation communication."""
+    from tapas.planning.search import search
+    s = search(graph, cluster=cluster, top_k=top_k, loss=loss, options=options)
+    plans = [("best", tuple(s.patterns))]
+    plans += [(f"#{i + 2}", tuple(a.changes.get(v, p) for v, p in enumerate(s.patterns)))
+              for i, a in enumerate(s.alternatives[:top_k - 1])]
+    plans += [(a.name, tuple(a.changes.get(v, p) for v, p in enumerate(s.patterns)))
+              for a in s.references
+              if not a.error and a.name not in ("data-parallel", "replicate")]
+    chosen, seen = None, set()
+    for name, patterns in plans:
+        if patterns in seen:
+            continue
+        seen.add(patterns)
+        (g, a), _ = predicted_parts(graph, patterns, cluster, options)
+        if a > 0 and a >= g and (chosen is None or a > chosen[2][1]):
+            chosen = (name, patterns, (g, a))
+    return chosen
+
+
+def solve_factors(first: tuple[float, float], first_diff: float,
+                  second: tuple[float, float], second_diff: float
+                  ) -> tuple[float, float] | None:
+    """``(gradient factor, activation factor)`` that price both plans' collectives as
+    measured: ``diff = g_factor * gradient + a_factor * activation`` for each plan's
+    ``(gradient, activation)`` priced seconds; None when the two plans do not tell the
+    factors apart (their mixes too alike) or a factor comes out <= 0.
+
+    >>> g, a = solve_factors((0.010, 0.001), 0.0058, (0.001, 0.010), 0.0085)
+    >>> round(g, 3), round(a, 3)
+    (0.5, 0.8)
+    """
+    (g1, a1), (g2, a2) = first, second
+    det = g1 * a2 - a1 * g2
+    # the sine of the angle between the two mixes: under 0.3 the plans are too alike (and
+    # the first must lean to gradients, the second to activations: det > 0)
+    if det <= 0.3 * math.hypot(g1, a1) * math.hypot(g2, a2):
+        return None
+    g = (first_diff * a2 - a1 * second_diff) / det
+    a = (g1 * second_diff - g2 * first_diff) / det
+    if g <= 0 or a <= 0:
+        return None
+    return g, a
 
 
 def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
                             devices: int | None = None, distribute_strategy: Any = None,
                             loss: Any = None, training: bool = True, options: Any = None,
                             graph: Any = None, steps: int = 5, repeats: int = 2,
-                            progress: Callable[[str], None] | None = None
-                            ) -> CommunicationCalibration:
+                            progress: Callable[[str], None] | None = None,
+                            activation: bool = True) -> CommunicationCalibration:
     """Measure ``model``'s ``CostOptions.communication_scale`` on these devices (module
     docstring). ``input_spec``: the global batch's specs (as ``tapas.parallelize``; default
     the model's own input shapes), its batch divisible by N. ``devices`` /
@@ -161,7 +288,9 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
     graph the plans will run. ``options``: the pricing the search will use (default
     ``CostOptions.for_cluster(cluster, loss=loss)``: the loss's collectives run in the
     step). ``graph``: the model's graph captured in that mode, when the caller has it (else
-    captured here)."""
+    captured here). ``activation``: also measure the activation factor on a second plan
+    (:func:`activation_plan`; its two programs are timed in the same rounds, so the
+    measurement takes about twice as long); off: one factor for every collective."""
     from tapas import capturing
     from tapas.execution import inputs, parallel
     from tapas.execution.devices import make_strategy, process_count
@@ -195,34 +324,81 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
         from tapas.planning.cost import CostOptions
         options = CostOptions.for_cluster(cluster, loss=loss)
     patterns = data_parallel_patterns(graph, cluster, options, loss)
-    predicted, count = predicted_communication(graph, patterns, cluster, options)
-    chosen = {node.id: pattern_by_name(node, graph, n, patterns[node.id])
-              for node in graph.nodes}
-    plan = Plan(n, chosen, graph_digest=graph_digest(graph))
+    parts, count = predicted_parts(graph, patterns, cluster, options)
+    second = activation_plan(graph, cluster, options, loss) if activation else None
+    plans = [("data-parallel", patterns)] + ([second[:2]] if second is not None else [])
     programs = []
-    for local in (False, True):
-        say(f"building the data-parallel plan on {n} devices"
-            + (" without its collectives" if local else ""))
-        with (without_communication() if local else contextlib.nullcontext()):
-            pm = parallel.parallelize(model, signature.spec_structure(), plan,
-                                      distribute_strategy=strategy, loss=loss,
-                                      training=training)
-            xs, y = inputs.synthetic_batch(model, pm.inputs, loss,
-                                           output_shape=pm.graph.outputs[0].shape)
-            pm.train_step(xs, y)                  # tracing and the graph's first run
-        programs.append((pm, xs, y))
-    say(f"timing {steps * repeats} pairs of steps")
+    for name, names in plans:
+        chosen = {node.id: pattern_by_name(node, graph, n, names[node.id])
+                  for node in graph.nodes}
+        plan = Plan(n, chosen, graph_digest=graph_digest(graph))
+        for local in (False, True):
+            say(f"building the {name} plan on {n} devices"
+                + (" without its collectives" if local else ""))
+            with (without_communication() if local else contextlib.nullcontext()):
+                pm = parallel.parallelize(model, signature.spec_structure(), plan,
+                                          distribute_strategy=strategy, loss=loss,
+                                          training=training)
+                xs, y = inputs.synthetic_batch(model, pm.inputs, loss,
+                                               output_shape=pm.graph.outputs[0].shape)
+                pm.train_step(xs, y)                  # tracing and the graph's first run
+            programs.append((pm, xs, y))
+    say(f"timing {steps * repeats} rounds of {len(programs)} steps")
     times = time_pairs(programs, steps, repeats)
-    return scale_from_pairs(n, times[0], times[1], predicted, count, patterns=patterns)
+    cal = scale_from_pairs(n, times[0], times[1], sum(parts), count, patterns=patterns,
+                           parts=parts)
+    if second is None:
+        if activation:
+            say("no plan of the search has mostly activation collectives: one factor for "
+                "every collective")
+        return cal
+    return with_activation(cal, second[0], second[1], second[2], times[2], times[3])
+
+
+def with_activation(cal: CommunicationCalibration, plan: str, patterns: Sequence[str],
+                    parts: tuple[float, float], full: list[float], local: list[float]
+                    ) -> CommunicationCalibration:
+    """``cal`` with its second plan's paired step times (``full`` / ``local``, timed in the
+    same rounds) and priced ``(gradient, activation)`` seconds: both factors solved
+    (:func:`solve_factors`), or the second plan recorded without a factor (``reason``) when
+    either difference is within the noise or the two plans do not tell the factors apart.
+
+    >>> c = scale_from_pairs(4, [0.0300] * 4, [0.0242] * 4, 0.011, 40, parts=(0.010, 0.001))
+    >>> c = with_activation(c, "megatron", (), (0.001, 0.010), [0.0300] * 4, [0.0215] * 4)
+    >>> round(c.communication_scale, 3), round(c.activation_communication_scale, 3)
+    (0.5, 0.8)
+    """
+    diff, se, _ = paired_difference(full, local)
+    scale, reason = None, ""
+    if cal.scale is None:
+        reason = "the data-parallel plan's factor was not measured"
+    elif diff <= 0 or diff <= 2 * se:
+        reason = ("the measured difference is within the noise (under 2 standard errors: "
+                  "time more pairs)")
+    else:
+        both = solve_factors(cal.predicted_parts_s, cal.difference_s, parts, diff)
+        if both is None:
+            reason = ("the two plans' differences give no positive pair of factors (their "
+                      "mixes of collectives too alike, or the noise)")
+        else:
+            cal = dataclasses.replace(cal, scale=both[0])
+            scale = both[1]
+    second = ActivationCalibration(plan, tuple(patterns),
+                                   (statistics.median(full), statistics.median(local)),
+                                   tuple(parts), diff, se, scale, reason)
+    return dataclasses.replace(cal, activation=second)
 
 
 def scale_from_pairs(num_devices: int, full: list[float], local: list[float],
                      predicted: float, collectives: int, plan: str = "data-parallel",
-                     patterns: Sequence[str] = ()) -> CommunicationCalibration:
+                     patterns: Sequence[str] = (),
+                     parts: tuple[float, float] | None = None) -> CommunicationCalibration:
     """The calibration from paired step times (``full[i]`` as the plan runs, ``local[i]``
     without its collectives, timed one after the other) and the cost model's price of the
     plan's collectives: the median pair difference over the price, or no scale when the
     plan has no priced collective or the difference is not 2 standard errors above 0.
+    ``parts``: ``predicted`` split into gradient and activation collectives (default: all
+    gradient).
 
     >>> c = scale_from_pairs(4, [0.030, 0.031, 0.032, 0.030], [0.020, 0.020, 0.021, 0.020],
     ...                      0.020, 40)
@@ -243,7 +419,8 @@ def scale_from_pairs(num_devices: int, full: list[float], local: list[float],
     return CommunicationCalibration(num_devices, plan, collectives,
                                     (statistics.median(full), statistics.median(local)),
                                     predicted, diff, se, pairs, scale, reason,
-                                    tuple(patterns))
+                                    tuple(patterns),
+                                    (predicted, 0.0) if parts is None else tuple(parts))
 
 
 def check_communication_scale(value: Any, cluster_name: str) -> float | None:

@@ -146,6 +146,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         report["communication_scale"] = (comm.communication_scale if comm is not None
                                          else float(opts.communication_scale))
         report["communication_calibration"] = None if comm is None else comm.to_json()
+        report["activation_communication_scale"] = (None if comm is None
+                                                    else comm.activation_communication_scale)
     if opts.is_job:
         check = None
         _run_job(opts, pm, xs, y, report, say)
@@ -246,6 +248,8 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     if opts.communication_scale is not None:
         changes["communication_scale"], comm = _communication_scale(
             opts, model, specs, loss, cluster, distribute, changes, say)
+        if comm is not None and comm.activation_communication_scale is not None:
+            changes["activation_communication_scale"] = comm.activation_communication_scale
     if changes:
         from tapas.planning.cost import CostOptions
         search_options["options"] = CostOptions.for_cluster(cluster, **changes)

@@ -61,7 +61,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Union
 
 from tapas.planning.cluster import (CLUSTER_PRESETS, SOURCE_KEYS, Cluster, Group, Link,
@@ -174,6 +174,14 @@ class CostOptions:
     # for them: the profile's alpha and beta are measured on chains of collectives that wait
     # on each other, a step's collectives are not); 1.0: the constants as profiled
     communication_scale: float = 1.0
+    # plan level (beyond the paper, "CA"): the factor for the collectives that do not reduce
+    # a weight's gradient (activations, their gradients, the loss's statistics, experts'
+    # all-to-alls) in place of ``communication_scale``, measured by the same calibration on
+    # a second plan, one whose priced communication is mostly such collectives: a weight
+    # gradient's all-reduce runs beside the rest of the backward pass, an activation's
+    # collective is waited on by the next op. None: ``communication_scale`` for every
+    # collective
+    activation_communication_scale: float | None = None
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
     optimizer: str = "adam"
@@ -203,6 +211,16 @@ class CostOptions:
                              "finite number > 0 (1.0: collectives at the cluster's profiled "
                              "alpha and beta; tapas.execution.communication_scale."
                              "calibrate_communication measures it)")
+        if self.activation_communication_scale is not None and (
+                isinstance(self.activation_communication_scale, bool) or
+                not isinstance(self.activation_communication_scale, (int, float)) or
+                not math.isfinite(self.activation_communication_scale) or
+                self.activation_communication_scale <= 0):
+            raise ValueError(f"activation_communication_scale="
+                             f"{self.activation_communication_scale!r}: must be a finite "
+                             "number > 0, or None (communication_scale for every collective; "
+                             "tapas.execution.communication_scale.calibrate_communication "
+                             "measures it)")
         if self.kernel_times is not None and not isinstance(self.kernel_times, KernelTimes):
             raise TypeError(f"kernel_times={self.kernel_times!r}: must be a "
                             "tapas.planning.kernel_times.KernelTimes (measured by "
@@ -218,6 +236,14 @@ class CostOptions:
                           "use collective_efficiency=False for no discount")
             eps[kind.value] = float(value)
         object.__setattr__(self, "epsilon", types.MappingProxyType(eps))
+
+    def communication_scale_for(self, gradient: bool) -> float:
+        """The factor on a collective's cost: ``communication_scale`` for one that reduces
+        a weight's gradient (``gradient``), ``activation_communication_scale`` (when set)
+        for any other."""
+        if gradient or self.activation_communication_scale is None:
+            return self.communication_scale
+        return self.activation_communication_scale
 
     def gamma_for(self, backward: bool) -> float:
         """The factor on transmission for a collective in the given direction."""
@@ -276,6 +302,7 @@ class CostTerm:
     latency: float
     transmission: float
     label: str = ""
+    gradient: bool = False      # reduces a weight's gradient (else: an activation's)
 
     @property
     def total(self) -> float:
@@ -326,6 +353,12 @@ class CostBreakdown:
         return {"forward": math.fsum(t.total for t in self.terms if not t.backward),
                 "backward": math.fsum(t.total for t in self.terms if t.backward)}
 
+    def by_role(self) -> dict[str, float]:
+        """Total seconds of the collectives that reduce weights' gradients (``"gradient"``)
+        and of the others (``"activation"``)."""
+        return {"gradient": math.fsum(t.total for t in self.terms if t.gradient),
+                "activation": math.fsum(t.total for t in self.terms if not t.gradient)}
+
     def __add__(self, other: Union[CostBreakdown, CostTerm, Iterable[CostTerm]]) -> CostBreakdown:
         if isinstance(other, CostTerm):
             return CostBreakdown(self.terms + (other,))
@@ -349,11 +382,14 @@ class CostBreakdown:
 
 def collective_cost(kind: KindLike, nbytes: int, group_size: int, cluster: Cluster,
                     options: CostOptions | None = None, backward: bool = False,
-                    nodes: int | None = None, label: str = "") -> CostTerm:
+                    nodes: int | None = None, label: str = "",
+                    gradient: bool = False) -> CostTerm:
     """The cost of one collective of ``nbytes`` bytes over ``group_size`` workers of ``cluster``.
 
     ``nodes`` places the group on that many nodes (default: fill a node first); ``backward``
-    marks a backward-pass collective (gamma applies). See the module docstring for N's meaning.
+    marks a backward-pass collective (gamma applies); ``gradient`` one that reduces a
+    weight's gradient (``CostOptions.communication_scale_for``). See the module docstring
+    for N's meaning.
     """
     kind = Collective.parse(kind)
     options = CostOptions() if options is None else options
@@ -363,13 +399,14 @@ def collective_cost(kind: KindLike, nbytes: int, group_size: int, cluster: Clust
         raise ValueError(f"nbytes={nbytes}: a message cannot have negative size")
     group = cluster.group(group_size, nodes)
     if group.size == 1:
-        return CostTerm(kind, nbytes, 1, group.nodes, bool(backward), 0.0, 0.0, label)
-    scale = options.communication_scale
+        return CostTerm(kind, nbytes, 1, group.nodes, bool(backward), 0.0, 0.0, label,
+                        bool(gradient))
+    scale = options.communication_scale_for(bool(gradient))
     latency = group.link.latency * group.size * scale if options.latency else 0.0
     transmission = (group.link.beta * ring_factor(kind, group.size) * nbytes
                     * options.gamma_for(backward) * options.epsilon_for(kind) * scale)
     return CostTerm(kind, nbytes, group.size, group.nodes, bool(backward), latency, transmission,
-                    label)
+                    label, bool(gradient))
 
 
 def collective_time(kind: KindLike, nbytes: int, group_size: int, cluster: Cluster,
@@ -384,13 +421,16 @@ def collective_time(kind: KindLike, nbytes: int, group_size: int, cluster: Clust
 # =========================================================================================
 
 def comm_cost(comm: object, group_size: int, cluster: Cluster,
-              options: CostOptions | None = None, label: str = "") -> CostTerm:
+              options: CostOptions | None = None, label: str = "",
+              weights: Collection[str] = ()) -> CostTerm:
     """The cost of one ``tapas.sharding.placements.Comm`` (anything with ``kind``, ``bytes``
     and ``phase``).
 
     ``comm.bytes`` is the global tensor's size, which is N for AR, AG and RS (module doc);
     an all-to-all's N is each worker's buffer, the global size over the group. ``phase``
-    ``"bwd"`` makes it a backward collective (gamma applies).
+    ``"bwd"`` makes it a backward collective (gamma applies). ``weights``: the tensor names
+    of the GraphNode's weights (``WeightInfo.placeholder + ':0'``): a backward collective
+    on one of them reduces that weight's gradient (``collective_cost``'s ``gradient``).
     """
     kind = Collective.parse(getattr(comm, "kind"))
     nbytes = int(getattr(comm, "bytes"))
@@ -400,7 +440,8 @@ def comm_cost(comm: object, group_size: int, cluster: Cluster,
     if kind is Collective.ALL_TO_ALL:
         nbytes = -(-nbytes // group_size)
     return collective_cost(kind, nbytes, group_size, cluster, options,
-                           backward=phase == "bwd", label=label)
+                           backward=phase == "bwd", label=label,
+                           gradient=phase == "bwd" and getattr(comm, "tensor", None) in weights)
 
 
 def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = None, *,

@@ -417,7 +417,8 @@ def weight_reshard_terms(graph: Graph, table: PatternTable, patterns: Sequence[i
             seen.add((path, str(want)))
             w = shapes[path]
             terms.extend(edges.terms(TensorInfo(path, tuple(w.shape), w.dtype), have, want,
-                                     label=f"reshard weight {path} {have}->{want}"))
+                                     label=f"reshard weight {path} {have}->{want}",
+                                     weight=True))
     return terms
 
 

@@ -69,8 +69,10 @@ class PatternInfo:
 
 def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
                options: CostOptions) -> PatternInfo:
+    weights = {f"{w.placeholder}:0" for w in node.weights}
     terms = tuple(cost_lib.comm_cost(c, n, cluster, options,
-                                     label=f"{node.name} [{pattern.name}] {c.tensor}")
+                                     label=f"{node.name} [{pattern.name}] {c.tensor}",
+                                     weights=weights)
                   for c in pattern.comms)
     outputs = tuple(parse_placement(p) for p in pattern.outputs)
     weights = tuple((w.path, parse_placement(pattern.weights.get(w.path, Replica())))
@@ -264,9 +266,12 @@ class EdgeCoster:
         return tuple(self.reshard_fn(src, dst, tensor))
 
     def terms(self, tensor: TensorInfo, src: Placement, dst: Placement,
-              label: str = "") -> tuple[CostTerm, ...]:
-        """The cost terms of those Comms."""
-        return tuple(cost_lib.comm_cost(c, self.n, self.cluster, self.options, label=label)
+              label: str = "", weight: bool = False) -> tuple[CostTerm, ...]:
+        """The cost terms of those Comms (``weight``: ``tensor`` is a weight, its
+        backward collectives reduce its gradient)."""
+        names = (tensor.name,) if weight else ()
+        return tuple(cost_lib.comm_cost(c, self.n, self.cluster, self.options, label=label,
+                                        weights=names)
                      for c in self.comms(tensor, src, dst))
 
     def cost(self, tensor: TensorInfo, src: Placement, dst: Placement) -> float | None:
