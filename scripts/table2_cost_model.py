@@ -66,8 +66,12 @@ model's communication factor is measured (``tapas.execution.communication_scale`
 data-parallel plan's step as it runs and with every collective replaced by a local op,
 ``--steps`` x ``--repeats`` pairs, against what the cost model prices for its collectives)
 for the row +CS, and the search pricing the kernels with that factor adds its own top
-``--top_k`` (``S#1``...); ``communication_calibrations`` in the JSON (with the timed plan's
-patterns: ``--recost`` re-derives each factor for its ``--cluster``). ``--communication_only``
+``--top_k`` (``S#1``...). The same calibration times a second plan, one of mostly activation
+collectives, in the same rounds, and solves a factor for weight gradients' collectives and
+one for the others (``CostOptions.activation_communication_scale``) for the row +CA, whose
+search adds its own top ``--top_k`` (``A#1``...; where the second plan gave no factor, +CA is
++CS). ``communication_calibrations`` in the JSON (with the timed plans' patterns:
+``--recost`` re-derives each factor for its ``--cluster``). ``--communication_only``
 measures them and writes ``table2_communication.json``; ``--recost
 --communication=table2_communication.json`` prices an earlier run's plans with them. One
 process only (not with ``--workers``: the row is left out there).
@@ -215,6 +219,11 @@ _PAPER_TERMS = dict(memory_bound=False)   # every op's FLOPs at the matmul rate
 MC_ROW = "+CF+GO+EC+WR+L+MB+W+MC"
 K_ROW = "+CF+GO+EC+WR+L+MB+W+K"
 CS_ROW = K_ROW + "+CS"
+CA_ROW = CS_ROW + "+CA"
+# a model's measured communication factors: (one factor for every collective, the weight
+# gradients' and the activations' factors of two plans, or None when not measured)
+Communication = tuple[float, float, float | None]
+NO_COMMUNICATION: Communication = (1.0, 1.0, None)
 ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                          collective_efficiency=False, **_PAPER_TERMS),
         "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False,
@@ -263,21 +272,31 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
         # prices for them); "measured" stands for that model's factor
         CS_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
                      weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
-                     kernel_times="measured", communication_scale="measured")}
+                     kernel_times="measured", communication_scale="measured"),
+        # ... with two factors instead of one: the weight gradients' collectives and the
+        # others' (CostOptions.activation_communication_scale), solved from the
+        # data-parallel plan and a second plan of mostly activation collectives timed in
+        # the same calibration; the row above where the second plan gave no factor
+        CA_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
+                     weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
+                     kernel_times="measured", communication_scale="measured",
+                     activation_communication_scale="measured")}
 
 
 def candidates(graph, cluster, top_k: int, loss=None,
                compute_scale: float | None = None, kernel_times=None,
-               communication_scale: float | None = None) -> list[dict]:
+               communication: Communication | None = None) -> list[dict]:
     """The distinct plans to run: the search's top ``top_k`` and its reference plans, each
     ``{"names": [...], "patterns": (pattern name per GraphNode)}``; with ``loss``, also the
     top ``top_k`` of the search that prices it (named ``L#1``...); with ``compute_scale``
     (the model's measured factor), also the top ``top_k`` of the search that prices the loss
     and scales compute by it (``C#1``...), with ``kernel_times`` (the model's measured
     kernels) the top ``top_k`` of the search that prices them (``K#1``...), with both
-    ``kernel_times`` and ``communication_scale`` (the model's measured factor, when not
-    1.0) the top ``top_k`` of the search that prices the kernels and scales collectives by
-    it (``S#1``...), so each row's first choice is measured."""
+    ``kernel_times`` and ``communication`` (the model's measured factors,
+    ``Communication``) the top ``top_k`` of the search that prices the kernels and scales
+    collectives by the one factor (``S#1``..., when it is not 1.0) and of the one that
+    scales them by the two factors (``A#1``..., when the activations' was measured), so
+    each row's first choice is measured."""
     from tapas.planning.cost import CostOptions
     from tapas.planning.search import search
     out: dict[tuple[str, ...], list[str]] = {}
@@ -290,10 +309,14 @@ def candidates(graph, cluster, top_k: int, loss=None,
     if kernel_times is not None:
         searches.append(("K", loss, CostOptions.for_cluster(cluster,
                                                              kernel_times=kernel_times)))
-    if kernel_times is not None and communication_scale not in (None, 1.0):
+    if kernel_times is not None and communication is not None and communication[0] != 1.0:
         # (at 1.0 it is the search above: no second search)
         searches.append(("S", loss, CostOptions.for_cluster(
-            cluster, kernel_times=kernel_times, communication_scale=communication_scale)))
+            cluster, kernel_times=kernel_times, communication_scale=communication[0])))
+    if kernel_times is not None and communication is not None and communication[2] is not None:
+        searches.append(("A", loss, CostOptions.for_cluster(
+            cluster, kernel_times=kernel_times, communication_scale=communication[1],
+            activation_communication_scale=communication[2])))
     for prefix, priced, options in searches:
         s = search(graph, cluster=cluster, top_k=top_k, loss=priced, options=options)
         alts = list(s.alternatives)[:top_k] + ([] if prefix else list(s.references))
@@ -308,11 +331,11 @@ def candidates(graph, cluster, top_k: int, loss=None,
 
 def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
                compute_scale: float = 1.0, kernel_times=None,
-               communication_scale: float = 1.0) -> list:
+               communication: Communication = NO_COMMUNICATION) -> list:
     """The ``PlanCost`` (communication, compute, memory) of every plan under one ablation
     row; ``loss`` (the model's Keras loss) is priced when the row says ``loss=True``, and
     ``compute_scale`` (the model's measured factor), ``kernel_times`` (its measured
-    kernels) and ``communication_scale`` (its measured factor) where it says
+    kernels) and ``communication`` (its measured factors, ``Communication``) where it says
     ``"measured"``."""
     from tapas.planning import explore as ex
     from tapas.planning.cost import CostOptions
@@ -325,7 +348,11 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
     if changes.get("kernel_times") == "measured":
         changes["kernel_times"] = kernel_times
     if changes.get("communication_scale") == "measured":
-        changes["communication_scale"] = communication_scale
+        changes["communication_scale"] = communication[0]
+        if changes.pop("activation_communication_scale", None) == "measured" and \
+                communication[2] is not None:
+            changes["communication_scale"] = communication[1]
+            changes["activation_communication_scale"] = communication[2]
     opts = CostOptions.for_cluster(cluster, **changes)
     table = pattern_table(graph, n, cluster, opts)
     edges = EdgeCoster(n, cluster, opts)
@@ -343,10 +370,11 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
 
 
 def recost(graph, cluster, plans: list[dict], loss, compute_scale: float = 1.0,
-           kernel_times=None, communication_scale: float = 1.0) -> dict[str, list[float]]:
+           kernel_times=None, communication: Communication = NO_COMMUNICATION
+           ) -> dict[str, list[float]]:
     """Each ablation row's predicted step time (seconds) of every plan (``plan_costs``)."""
     return {row: [c.total for c in plan_costs(graph, cluster, plans, loss, row, compute_scale,
-                                              kernel_times, communication_scale)]
+                                              kernel_times, communication)]
             for row in ROWS}
 
 
@@ -366,7 +394,7 @@ def drop_calibrated_row(why: str) -> None:
 
 
 def drop_kernel_row(why: str) -> None:
-    """Leave ``K_ROW`` (and ``CS_ROW``, which prices the kernels too) out of this run's
+    """Leave ``K_ROW`` (and ``CS_ROW``, ``CA_ROW``, which price the kernels too) out of this run's
     table (no measured kernels: ``why``)."""
     if ROWS.pop(K_ROW, None) is not None:
         print(f"note: no row {K_ROW}: {why}", flush=True)
@@ -374,10 +402,11 @@ def drop_kernel_row(why: str) -> None:
 
 
 def drop_communication_row(why: str) -> None:
-    """Leave ``CS_ROW`` out of this run's table (no measured communication factors:
-    ``why``)."""
-    if ROWS.pop(CS_ROW, None) is not None:
-        print(f"note: no row {CS_ROW}: {why}", flush=True)
+    """Leave ``CS_ROW`` and ``CA_ROW`` out of this run's table (no measured communication
+    factors: ``why``)."""
+    for row in (CS_ROW, CA_ROW):
+        if ROWS.pop(row, None) is not None:
+            print(f"note: no row {row}: {why}", flush=True)
 
 
 def model_communication(model, entry, graph, cluster, strategy, loss, kernels,
@@ -403,17 +432,36 @@ def model_communication(model, entry, graph, cluster, strategy, loss, kernels,
     return cal.to_json()
 
 
-def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels) -> float:
-    """A model's communication factor from its stored calibration, re-derived for
-    ``cluster`` (the measured difference over what this cluster's constants price for the
-    same plan's collectives); 1.0 without one."""
+def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels) -> Communication:
+    """A model's communication factors (``Communication``) from its stored calibration,
+    re-derived for ``cluster`` (the measured differences over what this cluster's constants
+    price for the same plans' collectives); ``NO_COMMUNICATION`` without one."""
     if not calibration or calibration.get("scale") is None:
-        return 1.0
-    from tapas.execution.communication_scale import predicted_communication
+        return NO_COMMUNICATION
+    from tapas.execution.communication_scale import predicted_parts, solve_factors
     from tapas.planning.cost import CostOptions
     options = CostOptions.for_cluster(cluster, loss=loss, kernel_times=kernels)
-    predicted, _ = predicted_communication(graph, calibration["patterns"], cluster, options)
-    return calibration["difference_s"] / predicted if predicted > 0 else 1.0
+    first, _ = predicted_parts(graph, calibration["patterns"], cluster, options)
+    one = calibration["difference_s"] / sum(first) if sum(first) > 0 else 1.0
+    second = calibration.get("activation") or {}
+    if second.get("scale") is not None:
+        parts, _ = predicted_parts(graph, second["patterns"], cluster, options)
+        both = solve_factors(first, calibration["difference_s"], parts,
+                             second["difference_s"])
+        if both is not None:
+            return one, both[0], both[1]
+    return one, one, None
+
+
+def comm_factors(calibration: dict | None) -> Communication:
+    """A model's communication factors (``Communication``) as its calibration measured
+    them: one factor is the data-parallel plan's difference over its price."""
+    if not calibration or calibration.get("scale") is None:
+        return NO_COMMUNICATION
+    one = calibration["difference_s"] / calibration["predicted_s"]
+    if calibration.get("activation_communication_scale") is None:
+        return one, one, None
+    return one, calibration["communication_scale"], calibration["activation_communication_scale"]
 
 
 def model_kernels(graph, strategy, name: str):
@@ -856,7 +904,7 @@ def recost_file(path: str) -> None:
             raise ValueError(f"{FLAGS.communication or path} has no communication calibration "
                              f"of {name}: measure it (--communication_only --models=...)")
         comm = (comm_rescaled(comm_calibrations.get(name), graph, cluster, entry.keras_loss(),
-                              kernels.get(name)) if CS_ROW in ROWS else 1.0)
+                              kernels.get(name)) if CS_ROW in ROWS else NO_COMMUNICATION)
         predicted = recost(graph, cluster, plans, entry.keras_loss(), scale, kernels.get(name),
                            comm)
         parts = (predicted_parts(graph, cluster, plans, entry.keras_loss(), scale)
@@ -1035,9 +1083,10 @@ def main(argv: list[str]) -> None:
         if CS_ROW in ROWS:
             comm_calibrations[name] = model_communication(model, entry, graph, cluster,
                                                           strategy, loss, kernels, name)
-            comm = comm_calibrations[name]["communication_scale"]
+            comm = comm_factors(comm_calibrations[name])
         plans = candidates(graph, cluster, FLAGS.top_k, loss, scale, kernels, comm)
-        predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels, comm or 1.0)
+        predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels,
+                           comm or NO_COMMUNICATION)
         parts = (predicted_parts(graph, cluster, plans, loss, scale or 1.0)
                  if FLAGS.decompose else None)
         anchor = None
@@ -1093,6 +1142,8 @@ def main(argv: list[str]) -> None:
                   + (f", {r['predicted_s'][K_ROW] * 1e3:.2f} ms (+K)" if K_ROW in ROWS
                      else "")
                   + (f", {r['predicted_s'][CS_ROW] * 1e3:.2f} ms (+CS)" if CS_ROW in ROWS
+                     else "")
+                  + (f", {r['predicted_s'][CA_ROW] * 1e3:.2f} ms (+CA)" if CA_ROW in ROWS
                      else "")
                   + (f"; communication {r['measured_communication_s'] * 1e3:.1f} ms measured, "
                      f"{r['predicted_parts']['communication_s'] * 1e3:.1f} predicted; compute "
