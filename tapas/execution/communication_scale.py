@@ -112,6 +112,8 @@ class CommunicationCalibration:
         if self.scale is None:
             return f"{head}: {self.reason}; collectives kept at the profiled constants (1.0)"
         text = f"{head}: communication scale {self.scale:.2f}"
+        if self.activation_communication_scale is not None:
+            text += " (weight gradients' collectives; solved with the second plan)"
         if self.activation is not None:
             text += f"\n{self.activation.describe()}"
         return text
