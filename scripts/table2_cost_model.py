@@ -785,7 +785,7 @@ def plot(rows: list[dict], row: str, path: str) -> float:
     ax.set_yscale("log")
     ax.set_xlabel(f"predicted step time x {s:.3g} (ms)")
     ax.set_ylabel("measured step time (ms)")
-    ax.set_title(f"Table 2 runs, cost model {row}")
+    ax.set_title(f"Table 2 runs, cost model\n{row}", fontsize="medium")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
