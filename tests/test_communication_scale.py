@@ -166,6 +166,8 @@ def test_two_plans_give_a_factor_each() -> None:
     later = cs.with_activation(unmeasured, "#2", (), (0.0, 0.01), [0.04] * 4, [0.03] * 4)
     assert later.activation_communication_scale is None and later.communication_scale == 1.0
     assert "was not measured" in later.activation.reason
+    # the second plan is described even when the first gave no factor
+    assert "kept at the profiled" in later.describe() and "second plan (#2" in later.describe()
 
 
 def test_the_factor_from_paired_steps() -> None:

@@ -110,8 +110,9 @@ class CommunicationCalibration:
                 f"+- {self.difference_se_s * 1e3:.1f} ms over {self.pairs} pairs); the cost "
                 f"model's {self.collectives} collectives {self.predicted_s * 1e3:.1f} ms")
         if self.scale is None:
-            return f"{head}: {self.reason}; collectives kept at the profiled constants (1.0)"
-        text = f"{head}: communication scale {self.scale:.2f}"
+            text = f"{head}: {self.reason}; collectives kept at the profiled constants (1.0)"
+        else:
+            text = f"{head}: communication scale {self.scale:.2f}"
         if self.activation_communication_scale is not None:
             text += " (weight gradients' collectives; solved with the second plan)"
         if self.activation is not None:
