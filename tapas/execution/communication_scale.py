@@ -185,11 +185,12 @@ def without_communication() -> Iterator[None]:
 
 
 def data_parallel_patterns(graph: Any, cluster: Any, options: Any = None,
-                           loss: Any = None) -> tuple[str, ...]:
+                           loss: Any = None, strategy: Any = None) -> tuple[str, ...]:
     """The pattern name of every GraphNode under the search's ``data-parallel`` reference
-    plan on ``graph`` (``tapas.planning.references``)."""
+    plan on ``graph`` (``tapas.planning.references``); ``strategy``: that search's result,
+    when the caller has it (else searched here)."""
     from tapas.planning.search import search
-    s = search(graph, cluster=cluster, top_k=1, loss=loss, options=options)
+    s = strategy or search(graph, cluster=cluster, top_k=1, loss=loss, options=options)
     for alt in s.references:
         if alt.name == "data-parallel" and not alt.error:
             return tuple(alt.changes.get(v, p) for v, p in enumerate(s.patterns))
@@ -226,15 +227,17 @@ def predicted_parts(graph: Any, patterns: Sequence[str], cluster: Any,
 
 
 def activation_plan(graph: Any, cluster: Any, options: Any = None, loss: Any = None,
-                    top_k: int = 5) -> tuple[str, tuple[str, ...], tuple[float, float]] | None:
+                    top_k: int = 5, strategy: Any = None
+                    ) -> tuple[str, tuple[str, ...], tuple[float, float]] | None:
     """The plan the activation factor is measured on: of the search's ``top_k`` plans
     and its reference plans (not data-parallel or replicated), those whose priced
     communication is at least half collectives that do not reduce a weight's gradient, the
     one with the most such communication (the largest difference to measure). ``(name,
     pattern per GraphNode, (gradient s, activation s))``, or None when no plan has that
-    much activation communication."""
+    much activation communication. ``strategy``: that search's result (``top_k`` plans),
+    when the caller has it."""
     from tapas.planning.search import search
-    s = search(graph, cluster=cluster, top_k=top_k, loss=loss, options=options)
+    s = strategy or search(graph, cluster=cluster, top_k=top_k, loss=loss, options=options)
     plans = [("best", tuple(s.patterns))]
     plans += [(f"#{i + 2}", tuple(a.changes.get(v, p) for v, p in enumerate(s.patterns)))
               for i, a in enumerate(s.alternatives[:top_k - 1])]
@@ -326,9 +329,13 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
     if options is None:   # the loss's collectives run in the step: priced too
         from tapas.planning.cost import CostOptions
         options = CostOptions.for_cluster(cluster, loss=loss)
-    patterns = data_parallel_patterns(graph, cluster, options, loss)
+    from tapas.planning.search import search
+    found = search(graph, cluster=cluster, top_k=5 if activation else 1, loss=loss,
+                   options=options)            # one search for both plans
+    patterns = data_parallel_patterns(graph, cluster, options, loss, strategy=found)
     parts, count = predicted_parts(graph, patterns, cluster, options)
-    second = activation_plan(graph, cluster, options, loss) if activation else None
+    second = (activation_plan(graph, cluster, options, loss, strategy=found) if activation
+              else None)
     plans = [("data-parallel", patterns)] + ([second[:2]] if second is not None else [])
     programs = []
     for name, names in plans:
