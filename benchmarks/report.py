@@ -160,7 +160,8 @@ def timed_plan(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
 
 def timed_round_robin(programs: list[Any], rounds: int, drop_after: int = 5,
                       drop_ratio: float = 1.5, local_programs: list[Any] | None = None,
-                      seed: int = 0, step: Any = None) -> list[dict[str, Any]]:
+                      seed: int = 0, step: Any = None, refine_after: int = 0,
+                      refine_ratio: float = 0.0) -> list[dict[str, Any]]:
     """Time several built plans (:func:`plan_program`) in turn: ``rounds`` rounds, each
     stepping every plan still timed once, in an order shuffled per round (``seed``: the
     same order in every process, as worker processes need). A plan's step is compared with
@@ -169,9 +170,15 @@ def timed_round_robin(programs: list[Any], rounds: int, drop_after: int = 5,
 
     After ``drop_after`` rounds, a plan whose median step is over ``drop_ratio`` times the
     fastest plan's stops being timed (its steps so far are kept): the rounds go to the
-    plans whose order is in question. ``drop_ratio=0``: none is dropped (worker processes
-    must, as each would decide on its own timings and their collectives would no longer
-    meet). ``local_programs[i]`` (or None): a copy of plan i built
+    plans whose order is in question. ``refine_after`` (0: never) and ``refine_ratio``: a
+    second, finer cut of the same kind after that many rounds, so the plans within
+    ``refine_ratio`` of the fastest (the ones whose order the noise still decides) get the
+    remaining rounds to themselves. Both cuts compare each plan's median step relative to
+    its rounds (the geometric mean of the steps of the plans still timed, as
+    :func:`round_robin_summary` ranks them), so a drift of the machine's speed during the
+    rounds does not decide them. ``drop_ratio=0`` and ``refine_ratio=0``: none is dropped
+    (worker processes must, as each would decide on its own timings and their collectives
+    would no longer meet). ``local_programs[i]`` (or None): a copy of plan i built
     :func:`without_communication`, stepped right after it (``local_*`` in the result).
     ``step``: the timer (default: one ``train_step``'s wall time); a step that raises
     leaves its plan out of the later rounds, with ``error`` in its result.
@@ -181,9 +188,13 @@ def timed_round_robin(programs: list[Any], rounds: int, drop_after: int = 5,
     """
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds={rounds!r}: must be an int >= 1")
-    if drop_ratio and drop_ratio < 1:
-        raise ValueError(f"drop_ratio={drop_ratio!r}: must be 0 (keep every plan) or >= 1 "
-                         "(a plan that many times slower than the fastest stops)")
+    for name, ratio in (("drop_ratio", drop_ratio), ("refine_ratio", refine_ratio)):
+        if ratio and ratio < 1:
+            raise ValueError(f"{name}={ratio!r}: must be 0 (keep every plan) or >= 1 (a "
+                             "plan that many times slower than the fastest stops)")
+    if isinstance(refine_after, bool) or not isinstance(refine_after, int) or refine_after < 0:
+        raise ValueError(f"refine_after={refine_after!r}: must be an int >= 0 (0: no second "
+                         "cut)")
     step = step or _step_seconds
     n = len(programs)
     local_programs = local_programs or [None] * n
@@ -207,11 +218,11 @@ def timed_round_robin(programs: list[Any], rounds: int, drop_after: int = 5,
                 errors[i] = f"{type(e).__name__}: {str(e)[:400]}"
                 times[i][r] = local[i][r] = None
                 active.remove(i)
-        if drop_ratio and r + 1 == drop_after and len(active) > 1:
-            medians = {i: statistics.median(t for t in times[i] if t is not None)
-                       for i in active}
-            fastest = min(medians.values())
-            active = [i for i in active if medians[i] <= drop_ratio * fastest]
+        for after, ratio in ((drop_after, drop_ratio), (refine_after, refine_ratio)):
+            if ratio and after and r + 1 == after and len(active) > 1:
+                medians = _relative_medians(times, active, r + 1)
+                fastest = min(medians.values())
+                active = [i for i in active if medians[i] <= ratio * fastest]
         if not active:
             break
     ok = [i for i in range(n) if i not in errors and any(t is not None for t in times[i])]
@@ -222,6 +233,15 @@ def timed_round_robin(programs: list[Any], rounds: int, drop_after: int = 5,
     for i, e in errors.items():
         out[i] = {"error": e}
     return out
+
+
+def _relative_medians(times: list[list[float | None]], active: list[int],
+                      upto: int) -> dict[int, float]:
+    """Each active plan's median step over rounds ``0..upto-1`` relative to its round (the
+    geometric mean of the active plans' steps that round; active plans were timed in every
+    round so far)."""
+    g = [math.exp(statistics.fmean(math.log(times[i][r]) for i in active)) for r in range(upto)]
+    return {i: statistics.median(times[i][r] / g[r] for r in range(upto)) for i in active}
 
 
 def round_robin_summary(times: list[list[float | None]],

@@ -26,7 +26,10 @@ logical CPU devices (``--devices``):
    timed in every round (their geometric mean), times that yardstick's median: the
    machine's speed drifting over the model's minutes moves every plan alike. After
    ``--drop_after`` rounds a plan over ``--drop_ratio`` times the fastest stops being timed
-   (its steps so far kept), so the rounds go to the plans whose order is in question.
+   (its steps so far kept), so the rounds go to the plans whose order is in question;
+   after ``--refine_after`` rounds a second cut keeps only the plans within
+   ``--refine_ratio`` of the fastest (10 %), which get the remaining rounds to themselves:
+   the plans the ranking's first places are decided among are timed the most.
    ``--twin`` (the default): the model's first plan is built a second time and timed in
    the same rounds, not ranked: how far two builds of one plan measure apart (``twins`` in
    the JSON). ``--nointerleave``: each plan built and timed in turn, ``--repeats`` rounds
@@ -159,11 +162,16 @@ flags.DEFINE_boolean("interleave", True, "Build all of a model's plans first, th
 flags.DEFINE_boolean("twin", True, "With --interleave: each model's first plan is built a "
                      "second time and timed in the same rounds (not ranked): how far two "
                      "builds of one plan measure apart (`twin` in the JSON).")
-flags.DEFINE_integer("rounds", 30, "With --interleave: rounds (timed steps per plan).")
+flags.DEFINE_integer("rounds", 50, "With --interleave: rounds (timed steps per plan).")
 flags.DEFINE_integer("drop_after", 5, "With --interleave: after this many rounds, plans over "
                      "--drop_ratio times the fastest stop being timed.")
 flags.DEFINE_float("drop_ratio", 1.5, "With --interleave: see --drop_after (0: time every plan "
                    "every round; always so with --workers).")
+flags.DEFINE_integer("refine_after", 30, "With --interleave: after this many rounds, plans over "
+                     "--refine_ratio times the fastest stop too, so the close plans get the "
+                     "remaining rounds (0: no second cut).")
+flags.DEFINE_float("refine_ratio", 1.1, "With --interleave: see --refine_after (0: none "
+                   "stops; always so with --workers).")
 flags.DEFINE_integer("top_k", 5, "Top plans of the search to run (plus the reference plans).")
 flags.DEFINE_integer("steps", 5, "Timed steps per round of the calibrations (and of each "
                      "plan with --nointerleave).")
@@ -650,7 +658,8 @@ def interleaved(model, entry, graph, todo: list[tuple[dict, dict]], strategy, wo
     round-robin (``benchmarks/report.timed_round_robin``: ``--rounds`` rounds, each plan
     once per round in a shuffled order, ranked against the same rounds' steps of the
     others; after ``--drop_after`` rounds a plan over ``--drop_ratio`` times the fastest
-    stops, except across worker processes). Fills each run; returns those timed."""
+    stops, after ``--refine_after`` one over ``--refine_ratio``, except across worker
+    processes). Fills each run; returns those timed."""
     built = []
     for i, (plan, run) in enumerate(todo):
         try:
@@ -681,6 +690,8 @@ def interleaved(model, entry, graph, todo: list[tuple[dict, dict]], strategy, wo
     results = report.timed_round_robin(
         programs, FLAGS.rounds, drop_after=FLAGS.drop_after,
         drop_ratio=FLAGS.drop_ratio if workers == 1 else 0.0,
+        refine_after=FLAGS.refine_after,
+        refine_ratio=FLAGS.refine_ratio if workers == 1 else 0.0,
         local_programs=locals_ if FLAGS.decompose else None)
     if twin is not None:
         first, again = results[0], results.pop()
@@ -976,6 +987,12 @@ def main(argv: list[str]) -> None:
                                  "--models=...")
     if FLAGS.rounds < 1:
         raise app.UsageError(f"--rounds={FLAGS.rounds}: time each plan in at least 1 round")
+    if FLAGS.refine_ratio and FLAGS.refine_ratio < 1:
+        raise app.UsageError(f"--refine_ratio={FLAGS.refine_ratio}: give 0 (no second cut) "
+                             "or a ratio >= 1 to the fastest plan")
+    if FLAGS.refine_after < 0:
+        raise app.UsageError(f"--refine_after={FLAGS.refine_after}: give 0 (no second cut) "
+                             "or a number of rounds")
     if FLAGS.drop_ratio and FLAGS.drop_ratio < 1:
         raise app.UsageError(f"--drop_ratio={FLAGS.drop_ratio}: give 0 (time every plan "
                              "every round) or a ratio >= 1 to the fastest plan")
@@ -1190,6 +1207,7 @@ def main(argv: list[str]) -> None:
            "batch_size": FLAGS.batch_size, "paired": FLAGS.paired,
            "interleave": FLAGS.interleave, "rounds": FLAGS.rounds,
            "drop_after": FLAGS.drop_after, "drop_ratio": FLAGS.drop_ratio,
+           "refine_after": FLAGS.refine_after, "refine_ratio": FLAGS.refine_ratio,
            "repeats": FLAGS.repeats, "tie_tol": FLAGS.tie_tol, "rows": ROWS, "paper": PAPER,
            "table": table, "scatter_scale": scales, "decomposition": parts_summary,
            "ceiling": bound, "twins": twins, "calibrations": calibrations,
@@ -1218,7 +1236,8 @@ def launch_workers() -> None:
             f"--batch_size={FLAGS.batch_size}", f"--tie_tol={FLAGS.tie_tol}",
             f"--paired={str(FLAGS.paired).lower()}",
             f"--interleave={str(FLAGS.interleave).lower()}", f"--rounds={FLAGS.rounds}",
-            f"--drop_after={FLAGS.drop_after}", f"--twin={str(FLAGS.twin).lower()}",
+            f"--drop_after={FLAGS.drop_after}", f"--refine_after={FLAGS.refine_after}",
+            f"--twin={str(FLAGS.twin).lower()}",
             f"--cluster={os.path.abspath(FLAGS.cluster)}", f"--out={os.path.abspath(FLAGS.out)}"]
     print(f"launching {k} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)", flush=True)
     try:

@@ -305,6 +305,8 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     (["--workers=2", "--communication_only"], "run it on --devices, without --workers"),
     (["--rounds=0"], "--rounds=0: time each plan in at least 1 round"),
     (["--drop_ratio=0.5"], "--drop_ratio=0.5: give 0"),
+    (["--refine_ratio=0.5"], "--refine_ratio=0.5: give 0"),
+    (["--refine_after=-2"], "--refine_after=-2: give 0"),
 ])
 def test_table2_flags_are_checked_before_any_work(flags, words) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
@@ -494,9 +496,9 @@ class _FakeProgram:
 
 def test_timed_round_robin_drops_slow_plans_and_reports_failures() -> None:
     """Every plan once per round in a shuffled order (the same for the same seed); after
-    drop_after rounds a plan over drop_ratio times the fastest stops (drop_ratio=0: none
-    does, as across worker processes); a plan whose step raises is reported, the others go
-    on; bad arguments name the value."""
+    drop_after rounds a plan over drop_ratio times the fastest stops, after refine_after
+    those over refine_ratio (0: none does, as across worker processes); a plan whose step
+    raises is reported, the others go on; bad arguments name the value."""
     report = _report()
     calls: list[str] = []
 
@@ -524,11 +526,23 @@ def test_timed_round_robin_drops_slow_plans_and_reports_failures() -> None:
     assert calls == first_order                                          # same seed
     kept = report.timed_round_robin(programs()[:3], 4, drop_after=1, drop_ratio=0, step=step)
     assert [r["rounds"] for r in kept] == [4, 4, 4]
+    # the second cut: after refine_after rounds only the plans within refine_ratio of the
+    # fastest go on (the close ones), the 30 % slower one stops with its 4 steps kept
+    close_call = [_FakeProgram("fast", 0.10), _FakeProgram("close", 0.105),
+                  _FakeProgram("mid", 0.13), _FakeProgram("slow", 0.40)]
+    refined = report.timed_round_robin(close_call, 8, drop_after=2, drop_ratio=1.5, step=step,
+                                       refine_after=4, refine_ratio=1.1)
+    assert [r["rounds"] for r in refined] == [8, 8, 4, 2]
+    assert refined[2]["paired_s"] / refined[0]["paired_s"] == pytest.approx(1.3)
+    assert [r["rounds"] for r in report.timed_round_robin(
+        programs()[:3], 5, drop_ratio=0, refine_after=2, refine_ratio=0, step=step)] == [5] * 3
     local = report.timed_round_robin(programs()[:2], 3, step=step,
                                      local_programs=[_FakeProgram("l", 0.05), None])
     assert local[0]["local_ratio"] > 0 and "local_ratio" not in local[1]
     for kwargs, words in ((dict(rounds=0), "rounds=0: must be an int >= 1"),
                           (dict(rounds=2, drop_ratio=0.5), "drop_ratio=0.5: must be 0"),
+                          (dict(rounds=2, refine_ratio=0.9), "refine_ratio=0.9: must be 0"),
+                          (dict(rounds=2, refine_after=-1), "refine_after=-1: must be an int"),
                           (dict(rounds=2, local_programs=[None]), "local_programs has 1")):
         with pytest.raises(ValueError, match=words):
             report.timed_round_robin(programs()[:2], step=step, **kwargs)
