@@ -15,6 +15,7 @@ import pytest
 from test_explore import B, F, FP32, H, fake_patterns, fake_reshard, mlp
 
 from tapas.planning import explore, search
+from tapas.planning.table import pattern_table
 from tapas.planning.cost import Cluster, CostOptions, collective_cost
 from tapas.ir import Graph
 from tapas.planning.search import MemoryBudgetError, Strategy
@@ -128,7 +129,6 @@ def test_a_budget_under_the_memory_bound_is_refused_after_one_penalty_round(monk
     s = fake_search(g, options=CostOptions(compute=False), memory_budget=base.memory.total * 0.6)
     assert s.memory.total <= base.memory.total * 0.6
     assert 1 <= s.counts["penalty_rounds"] == len([p for p in penalties if p > 0])
-    from tapas.planning.table import pattern_table
     table = pattern_table(g, N, Cluster.v100_ethernet(1, N), CostOptions(compute=False),
                           fake_patterns)
     bound = explore.memory_lower_bound(g, table)
@@ -222,7 +222,9 @@ def test_two_layer_mlp_valid_set_has_megatron_and_rejects_row_then_row(mlp_graph
 
 def test_megatron_mlp_cost_from_the_real_patterns(mlp_graph):
     """column then row: one forward AR of the [8, 16] output and one backward AR of the
-    [8, 16] input gradient, nothing else (compute off)."""
+    [8, 16] input gradient, nothing else (compute off); the input is the model's, whose
+    gradient a training step never computes, so with gradient_flow (the default) only the
+    forward AR is priced."""
     g = mlp_graph
     up, down = _dense_ids(g)
     cluster = Cluster.v100_ethernet(1, N)
@@ -233,13 +235,20 @@ def test_megatron_mlp_cost_from_the_real_patterns(mlp_graph):
     megatron = [table.index(v, "replicate") for v in range(len(g.nodes))]
     megatron[up], megatron[down] = table.index(up, "column"), table.index(down, "row")
     pc, resharded = explore.plan_cost(g, table, megatron,
-                                      explore.EdgeCoster(N, cluster, opts))
+                                      explore.EdgeCoster(N, cluster, opts,
+                                                         gradients=table.gradients))
     act = 8 * 16 * FP32
     lat, beta, w = cluster.intra.latency * N, cluster.intra.beta, N
-    by_hand = (lat + beta * 2 * (w - 1) / w * act * opts.epsilon["AR"]
-               + lat + beta * 2 * (w - 1) / w * act * opts.gamma * opts.epsilon["AR"])
-    assert resharded == [] and len(pc.comms) == 2
-    assert math.isclose(pc.total, by_hand, rel_tol=1e-12)
+    forward = lat + beta * 2 * (w - 1) / w * act * opts.epsilon["AR"]
+    backward = lat + beta * 2 * (w - 1) / w * act * opts.gamma * opts.epsilon["AR"]
+    assert resharded == [] and len(pc.comms) == 1 and not pc.comms.terms[0].backward
+    assert math.isclose(pc.total, forward, rel_tol=1e-12)
+    every = dataclasses.replace(opts, gradient_flow=False)
+    table_all = pattern_table(g, N, cluster, every)
+    assert table_all.gradients is None
+    pc_all, _ = explore.plan_cost(g, table_all, megatron, explore.EdgeCoster(N, cluster, every))
+    assert len(pc_all.comms) == 2
+    assert math.isclose(pc_all.total, forward + backward, rel_tol=1e-12)
     # the chosen strategy binds to the graph and returns the full ShardingPatterns
     for v in range(len(g.nodes)):
         assert s.pattern(v).name == s.patterns[v]
@@ -393,7 +402,7 @@ def test_a_weight_read_in_two_placements_is_priced_when_asked() -> None:
     for flag in (False, True):
         opts = CostOptions.for_cluster(cluster, weight_reshards=flag)
         table = pattern_table(graph, 2, cluster, opts)
-        edges = EdgeCoster(2, cluster, opts)
+        edges = EdgeCoster(2, cluster, opts, gradients=table.gradients)
         idx = [[i.name for i in table.infos[v]].index("replicate") for v in range(len(graph.nodes))]
         head = [n.id for n in graph.nodes if n.kind.value == "dense"
                 and any("shared_embedding" in w.path for w in n.weights)][-1]
@@ -436,3 +445,41 @@ def test_plan_with_weights_places_them_as_given_and_says_what_it_cannot(t5_tiny)
     everything = {path: Replica() for path in placed}
     assert search.plan_with_weights(t5_tiny, everything, cluster=cluster).cost.total == \
         pytest.approx({a.name: a for a in best.references}["replicate"].cost)
+
+
+def test_gradient_flow_prices_the_backward_collectives_the_runtime_runs():
+    """BERT's data-parallel plan slices its replicated padding mask (a constant: the
+    inputs' and the masks' gradients are never computed) for batch-split readers. With
+    gradient_flow (the default) none of those slices' backward all-gathers is priced and
+    the priced backward collectives are the ones the collective audit predicts the training
+    step runs; without it they are priced as the reshard table names them."""
+    from tapas import models
+    from tapas.execution import audit
+    from tapas.execution.plan import Plan
+    from tapas.sharding.patterns import pattern_by_name
+    import tapas
+    entry = models.get("bert-tiny")
+    graph = tapas.capture(entry.build(fast_init=True), list(entry.input_spec(8)))
+    cluster = Cluster.v100_ethernet(1, N)
+    on = CostOptions.for_cluster(cluster)
+    s = search.search(graph, cluster=cluster, options=on, top_k=1)
+    dp = next(a for a in s.references if a.name == "data-parallel")
+    names = [dp.changes.get(v, p) for v, p in enumerate(s.patterns)]
+    costs, gradients = {}, {}
+    for opts in (on, dataclasses.replace(on, gradient_flow=False)):
+        table = pattern_table(graph, N, cluster, opts)
+        idx = [table.index(v, name) for v, name in enumerate(names)]
+        costs[opts.gradient_flow] = explore.plan_cost(graph, table, idx,
+                                                      explore.EdgeCoster(N, cluster, opts))[0]
+        gradients[opts.gradient_flow] = table.gradients
+    assert gradients[False] is None and "token_ids:0" not in gradients[True]
+    priced = [t for t in costs[True].comms if t.backward]
+    phantom = [t for t in costs[False].comms if t.backward and "reshard" in t.label
+               and t.label.split()[1] not in gradients[True]]
+    assert phantom and all(t.kind.value == "AG" and not t.gradient for t in phantom)
+    assert len(costs[False].comms) - len(costs[True].comms) == len(phantom)
+    assert costs[True].communication < costs[False].communication
+    plan = Plan(N, {node.id: pattern_by_name(node, graph, N, names[node.id])
+                    for node in graph.nodes})
+    runs = [c for c in audit.predicted_comm_list(plan, graph) if c.phase == "bwd"]
+    assert len(priced) == len(runs)

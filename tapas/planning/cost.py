@@ -182,6 +182,13 @@ class CostOptions:
     # collective is waited on by the next op. None: ``communication_scale`` for every
     # collective
     activation_communication_scale: float | None = None
+    # price a backward collective only on a tensor whose gradient the training step
+    # computes (``tapas.execution.gradients.gradient_flow``: on a path from a trainable
+    # weight to the loss, through ops with a gradient), as the runtime runs them: the
+    # gradient of a slice of a padding mask, of an integer input or of a router's indices
+    # is never computed, so its all-gather never runs. Off: every backward collective the
+    # patterns and reshards name (the search's numbers before 2026-11-28)
+    gradient_flow: bool = True
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
     optimizer: str = "adam"
@@ -190,7 +197,7 @@ class CostOptions:
         if self.loss is not None and not isinstance(self.loss, LossSpec):
             object.__setattr__(self, "loss", LossSpec.of(self.loss))
         for name in ("latency", "constant_filter", "gradient_overlap", "collective_efficiency",
-                     "compute", "memory_bound", "gemm_width"):
+                     "compute", "memory_bound", "gemm_width", "gradient_flow"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r}: must be True or False")
         if isinstance(self.backward_flops_factor, bool) or \

@@ -283,7 +283,8 @@ def explore(graph: Graph, num_devices: int, cluster: Cluster, *, mode: str = "gp
         table = pattern_table(graph, num_devices, cluster, cost_options, patterns_fn)
         timings["patterns"] = table.generate_seconds
         timings["costing"] = table.seconds - table.generate_seconds
-    edges = EdgeCoster(num_devices, cluster, cost_options, reshard_fn, options.allow_reshard)
+    edges = EdgeCoster(num_devices, cluster, cost_options, reshard_fn, options.allow_reshard,
+                       table.gradients)
     if not graph.nodes:
         raise ValueError(f"graph '{graph.name}' has no GraphNodes: nothing to search")
     problem = _Problem(graph, table, edges, options, allowed, deadline, progress, timings)
@@ -369,6 +370,7 @@ def plan_cost(graph: Graph, table: PatternTable, patterns: Sequence[int], edges:
     compute, memory) and the edges that reshard as ``(src, dst, input index, from, to)``.
     Raises ValueError if an edge cannot be resharded.
     """
+    edges = edges.for_table(table)
     prod = producers(graph)
     terms: list[CostTerm] = []
     compute = 0.0

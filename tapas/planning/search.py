@@ -135,7 +135,8 @@ def _search_graph(graph: Graph, cluster: Cluster, mode: str, budget: float,
     timings["patterns"] = table.generate_seconds
     timings["costing"] = table.seconds - table.generate_seconds
     runner = _Runner(graph, cluster, mode, folded, options, table,
-                     EdgeCoster(n, cluster, options, reshard_fn, xopts.allow_reshard), progress)
+                     EdgeCoster(n, cluster, options, reshard_fn, xopts.allow_reshard,
+                                table.gradients), progress)
     result = runner.explore(None, xopts)
     timings["enumeration"] = result.timings.get("enumeration", 0.0)
     if "stitching" in result.timings:
@@ -334,7 +335,7 @@ def plan_with_weights(graph: Graph, weights: Mapping[str, Any], *,
         return all(fixed.get(path, pl) == pl for path, pl in info.weights)
 
     runner = _Runner(graph, cluster, mode, folded, options, table,
-                     EdgeCoster(n, cluster, options), None)
+                     EdgeCoster(n, cluster, options, gradients=table.gradients), None)
     result = runner.explore(allowed, ex.ExploreOptions(top_k=1))
     plan, pc, _ = runner.evaluate(result.best)
     names = tuple(table.infos[v][p].name for v, p in enumerate(plan.patterns))

@@ -13,6 +13,13 @@ Out: :class:`PatternTable` -- per GraphNode, one :class:`PatternInfo` per patter
 ``patterns_for`` is called once per GraphNode signature: identical GraphNodes have
 identical patterns, only their weight paths differ.
 
+With ``CostOptions.gradient_flow`` (the default) a backward collective is priced only on a
+tensor whose gradient the training step computes (``tapas.execution.gradients``, pure: the
+same analysis the collective audit uses), both a pattern's own and an edge's resharding:
+the table's ``gradients`` names those tensors, and the :class:`EdgeCoster` built with them
+leaves the backward half of a reshard out elsewhere (slicing a replicated padding mask or
+integer input for a batch-split reader costs nothing, in either direction).
+
 This module imports no TensorFlow.
 """
 
@@ -24,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tapas.execution.gradients import gradient_flow
 from tapas.ir import Graph, GraphNode, Kind, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
@@ -34,7 +42,7 @@ from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Placement, Replica, parse_placement, reshard
 
 __all__ = ["PatternInfo", "PatternTable", "pattern_table", "constant_nodes", "EdgeCoster",
-           "PatternsFn", "ReshardFn"]
+           "PatternsFn", "ReshardFn", "gradient_tensors"]
 
 # PatternsFn(node, graph, num_devices) -> the node's ShardingPatterns (or objects with the
 # same fields: name, inputs, outputs, weights, comms, flops, family, data_parallel)
@@ -111,6 +119,9 @@ class PatternTable:
     options: CostOptions = dataclasses.field(default_factory=CostOptions)
     generate_seconds: float = 0.0   # of ``seconds``: inside patterns_for (the rest: costing)
     constant: frozenset[int] = frozenset()   # GraphNodes filtered to replicate (constants)
+    # the tensors (and trainable weight paths) whose gradient the training step computes
+    # (CostOptions.gradient_flow), None: every backward collective is priced
+    gradients: frozenset[str] | None = None
 
     def index(self, node_id: int, name: str) -> int:
         """The index of GraphNode ``node_id``'s pattern called ``name``."""
@@ -133,6 +144,8 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
     infos: list[tuple[PatternInfo, ...]] = []
     generate = 0.0
     constant = constant_nodes(graph) if options.constant_filter else frozenset()
+    gradients = gradient_tensors(graph) if options.gradient_flow else None
+    comm_tensors: dict[str, list[list[tuple[bool, str | None]]]] = {}   # per signature
     for node in graph.nodes:
         key = node.signature or f"#{node.id}"
         if key in first_of:
@@ -154,11 +167,68 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         first_of[key] = node.id
         infos.append(tuple(_summarize(node, p, num_devices, cluster, options) for p in pats))
         weight_placements[key] = [[pl for _, pl in info.weights] for info in infos[-1]]
+        comm_tensors[key] = [[(getattr(c, "phase", "fwd") == "bwd", getattr(c, "tensor", None))
+                              for c in p.comms] for p in pats]
+    if gradients is not None:
+        infos = [_gradients_only(graph, node, infos[v], first_of, comm_tensors, gradients)
+                 for v, node in enumerate(graph.nodes)]
     infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
     if options.loss is not None:
         infos = _with_loss(graph, infos, num_devices, cluster, options)
     return PatternTable(tuple(infos), num_devices, len(first_of), time.perf_counter() - start,
-                        options, generate, frozenset(constant))
+                        options, generate, frozenset(constant), gradients)
+
+
+def gradient_tensors(graph: Graph) -> frozenset[str] | None:
+    """The tensors (and trainable weight paths) whose gradient a training step over
+    ``graph`` computes (``tapas.execution.gradients.gradient_flow``), or None when the graph
+    does not show where its weights are read (a GraphNode IR written by hand, whose ops
+    leave out the weights' reads): then nothing is known to go without a gradient."""
+    read = {name for node in graph.nodes for op in node.ops for name in op.inputs}
+    if any(f"{w.placeholder}:0" not in read for w in graph.weights if w.trainable):
+        return None
+    return gradient_flow(graph).needed
+
+
+def _tensor_names(node: GraphNode) -> list[str]:
+    """The names a pattern's collectives can be on, in an order two GraphNodes of one
+    signature share: the inputs, every op's outputs, the weights' tensors."""
+    return ([t.name for t in node.inputs] + [t.name for op in node.ops for t in op.outputs]
+            + [f"{w.placeholder}:0" for w in node.weights])
+
+
+def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
+                    first_of: dict[str, int], comm_tensors: dict[str, list],
+                    gradients: frozenset[str]) -> tuple[PatternInfo, ...]:
+    """``row`` (``node``'s patterns) without the backward collectives on tensors whose
+    gradient is never computed (not in ``gradients``). A row shared with the first GraphNode
+    of the signature names that node's tensors: they are mapped to ``node``'s by position."""
+    key = node.signature or f"#{node.id}"
+    tensors = comm_tensors[key]
+    if not any(bwd for comms in tensors for bwd, _ in comms):
+        return row
+    first = graph.nodes[first_of[key]]
+    rename: dict[str, str] = {}
+    if first.id != node.id:
+        mine, theirs = _tensor_names(node), _tensor_names(first)
+        if len(mine) != len(theirs):
+            return row      # not the same structure after all: price every collective
+        rename = dict(zip(theirs, mine))
+    out = []
+    for info, comms in zip(row, tensors):
+        # (the terms are the pattern's comms in order; the loss's are added later)
+        drop = {k for k, (bwd, name) in enumerate(comms)
+                if bwd and name is not None and rename.get(name, name) not in gradients}
+        if not drop or len(comms) != len(info.comm_terms):
+            out.append(info)
+            continue
+        terms = tuple(t for k, t in enumerate(info.comm_terms) if k not in drop)
+        kept = object.__new__(PatternInfo)
+        kept.__dict__.update(info.__dict__)
+        kept.__dict__["comm_terms"] = terms
+        kept.__dict__["comm_time"] = math.fsum(t.total for t in terms)
+        out.append(kept)
+    return tuple(out)
 
 
 def _with_loss(graph: Graph, infos: list[tuple[PatternInfo, ...]], n: int, cluster: Cluster,
@@ -252,18 +322,37 @@ class EdgeCoster:
     turns one placement into the other, or where resharding is not allowed."""
 
     def __init__(self, num_devices: int, cluster: Cluster, options: CostOptions,
-                 reshard_fn: ReshardFn | None = None, allow_reshard: bool = True) -> None:
+                 reshard_fn: ReshardFn | None = None, allow_reshard: bool = True,
+                 gradients: frozenset[str] | None = None) -> None:
         self.n, self.cluster, self.options = num_devices, cluster, options
         self.allow = allow_reshard
+        # the tensors whose gradient is computed (PatternTable.gradients): the backward half
+        # of a reshard of any other tensor never runs; None: every one is priced
+        self.gradients = gradients
         self.reshard_fn: ReshardFn = reshard_fn or _default_reshard
         self._cache: dict[tuple[Any, ...], float | None] = {}
         self._by_id: dict[tuple[int, int, int], tuple[Any, Any, Any, float | None]] = {}
 
     def comms(self, tensor: TensorInfo, src: Placement, dst: Placement) -> tuple[Any, ...]:
-        """The Comms turning ``src`` into ``dst`` (ValueError if none can)."""
+        """The Comms turning ``src`` into ``dst`` (ValueError if none can), without the
+        backward ones where ``tensor`` gets no gradient (``gradients``)."""
         if src == dst:
             return ()
-        return tuple(self.reshard_fn(src, dst, tensor))
+        comms = tuple(self.reshard_fn(src, dst, tensor))
+        if self._gradient_free(tensor):
+            comms = tuple(c for c in comms if getattr(c, "phase", "fwd") != "bwd")
+        return comms
+
+    def for_table(self, table: PatternTable) -> EdgeCoster:
+        """This coster, or one like it that knows ``table.gradients`` (a table priced with
+        ``CostOptions.gradient_flow`` prices a plan's reshards with them too)."""
+        if self.gradients == table.gradients or table.gradients is None:
+            return self
+        return EdgeCoster(self.n, self.cluster, self.options, self.reshard_fn, self.allow,
+                          table.gradients)
+
+    def _gradient_free(self, tensor: TensorInfo) -> bool:
+        return self.gradients is not None and tensor.name not in self.gradients
 
     def terms(self, tensor: TensorInfo, src: Placement, dst: Placement,
               label: str = "", weight: bool = False) -> tuple[CostTerm, ...]:
@@ -285,7 +374,7 @@ class EdgeCoster:
             return 0.0
         if not self.allow:
             return None
-        key = (tensor.shape, tensor.dtype, src, dst)
+        key = (tensor.shape, tensor.dtype, src, dst, self._gradient_free(tensor))
         if key not in self._cache:
             try:
                 terms = self.terms(tensor, src, dst)
