@@ -53,8 +53,9 @@ logical CPU devices (``--devices``):
    priced by its kernel's measured time: see below) and +CF+GO+EC+WR+L+MB+W+K+CS (also
    every collective's cost times the model's own measured factor: see below), and ranked;
    ``tapas.planning.ranking`` scores the rank of the
-   measured-best plan (measured ties within noise count for the model, predicted ties
-   against it).
+   measured-best plan (measured ties within noise count for the model, predicted ties with
+   a plan outside the measured-best set against it; with every predicted tie against it,
+   the rule before 2026-11-28, beside: ``strict_ties`` in the JSON).
 
 ``--calibrate`` (the default): before its plans, each model's compute factor is measured
 (``tapas.execution.compute_scale.calibrate_compute``: the replicated program's step at the
@@ -809,11 +810,14 @@ def _slug(row: str) -> str:
     return row.strip("+").replace("+", "_")
 
 
-def rank_table(ranks: dict, regrets: dict, taus: dict) -> dict:
+def rank_table(ranks: dict, regrets: dict, taus: dict, strict: dict | None = None) -> dict:
     """Acc@1, Acc@5, MRR per ablation row, printed beside the paper's, how often the row's
     pick runs within 10 % of the measured best (``regrets[row][model]``: its
     ``ranking.pick_regret``) and the mean Kendall tau of the whole predicted order against
-    the measured one (``taus[row][model]``: ``ranking.kendall_tau``; beyond the paper)."""
+    the measured one (``taus[row][model]``: ``ranking.kendall_tau``; beyond the paper).
+    ``strict[row][model]``: the ranks with every predicted tie against the model (the rule
+    of the runs before 2026-11-28, ``ranking.best_rank(strict_ties=True)``), their Acc@1,
+    Acc@5 and MRR kept beside and printed where they differ."""
     from tapas.planning import ranking
     table = {}
     for row in ROWS:
@@ -823,6 +827,10 @@ def rank_table(ranks: dict, regrets: dict, taus: dict) -> dict:
                       "picks_within_10pct": sum(r <= 0.10 for r in regrets[row].values()),
                       "taus": taus[row],
                       "tau": sum(known) / len(known) if known else None}
+        if strict and strict.get(row):
+            m = ranking.table_metrics(strict[row], 5)
+            table[row]["strict_ties"] = {"acc@1": m["acc@1"], "acc@5": m["acc@5"],
+                                         "mrr": m["mrr"], "ranks": strict[row]}
     print(f"\n{'row':<24} {'Acc@1':>6} {'Acc@5':>6} {'MRR':>6} {'pick<=10%':>10} {'worst':>6}"
           f" {'tau':>5}   paper Acc@1 Acc@5 MRR")
     for row, t in table.items():
@@ -832,17 +840,30 @@ def rank_table(ranks: dict, regrets: dict, taus: dict) -> dict:
         print(f"{row:<24} {t['acc@1']:>6.2f} {t['acc@5']:>6.2f} {t['mrr']:>6.2f} "
               f"{t['picks_within_10pct']:>5}/{t['models']:<4} {worst * 100:>5.0f}% {tau:>5}   "
               f"{p.get('acc@1', '-'):>11} {p.get('acc@5', '-'):>5} {p.get('mrr', '-'):>4}")
+    moved = [(row, t) for row, t in table.items() if "strict_ties" in t
+             and t["strict_ties"]["ranks"] != t["ranks"]]
+    if moved:
+        print("with every predicted tie against the model, measured-best or not (the rule "
+              "before 2026-11-28):")
+        for row, t in moved:
+            s = t["strict_ties"]
+            print(f"{row:<24} {s['acc@1']:>6.2f} {s['acc@5']:>6.2f} {s['mrr']:>6.2f}")
     return table
 
 
 def score(ranks: dict, regrets: dict, taus: dict, name: str, mine: list[dict],
-          predicted: dict[str, list[float]], tie_tol: float) -> None:
-    """Fill ``ranks[row][name]``, ``regrets[row][name]`` and ``taus[row][name]`` for the
+          predicted: dict[str, list[float]], tie_tol: float,
+          strict: dict | None = None) -> None:
+    """Fill ``ranks[row][name]``, ``regrets[row][name]`` and ``taus[row][name]`` (and
+    ``strict[row][name]``, the rank with every predicted tie against the model) for the
     runs ``mine`` of one model under each row's predictions."""
     from tapas.planning import ranking
     medians, spreads = (list(x) for x in zip(*(measured(r) for r in mine)))
     for row in ROWS:
         ranks[row][name] = ranking.best_rank(medians, predicted[row], spreads, tie_tol)
+        if strict is not None:
+            strict.setdefault(row, {})[name] = ranking.best_rank(
+                medians, predicted[row], spreads, tie_tol, strict_ties=True)
         regrets[row][name] = ranking.pick_regret(medians, predicted[row])
         taus[row][name] = ranking.kendall_tau(medians, predicted[row])
 
@@ -885,6 +906,7 @@ def recost_file(path: str) -> None:
     ranks: dict = {row: {} for row in ROWS}
     regrets: dict = {row: {} for row in ROWS}
     taus: dict = {row: {} for row in ROWS}
+    strict: dict = {row: {} for row in ROWS}
     runs = []
     names = list(dict.fromkeys(r["model"] for r in old["runs"]))
     for name in names:
@@ -924,10 +946,10 @@ def recost_file(path: str) -> None:
             runs.append({**r, "predicted_s": {row: predicted[row][i] for row in ROWS},
                          **({"predicted_parts": parts[i]} if parts else {})})
         score(ranks, regrets, taus, name, mine, predicted,
-              float(old.get("tie_tol", FLAGS.tie_tol)))
+              float(old.get("tie_tol", FLAGS.tie_tol)), strict)
         print(f"{name}: rank of the measured-best plan "
               + ", ".join(f"{row} {ranks[row][name]}" for row in ROWS), flush=True)
-    table = rank_table(ranks, regrets, taus)
+    table = rank_table(ranks, regrets, taus, strict)
     os.makedirs(FLAGS.out, exist_ok=True)
     timed = [r for r in runs if "error" not in r]
     scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
@@ -1070,6 +1092,7 @@ def main(argv: list[str]) -> None:
         drop_communication_row("worker processes cannot run a plan without its collectives")
     runs, ranks, regrets = [], {row: {} for row in ROWS}, {row: {} for row in ROWS}
     taus: dict = {row: {} for row in ROWS}
+    strict: dict = {row: {} for row in ROWS}
     load_before = os.getloadavg()
     for name in FLAGS.models:
         entry = model_entry(name, FLAGS.batch_size)
@@ -1170,7 +1193,8 @@ def main(argv: list[str]) -> None:
         if not mine:
             continue
         score(ranks, regrets, taus, name, mine,
-              {row: [r["predicted_s"][row] for r in mine] for row in ROWS}, FLAGS.tie_tol)
+              {row: [r["predicted_s"][row] for r in mine] for row in ROWS}, FLAGS.tie_tol,
+              strict)
         del anchor
         gc.collect()
         if chief:   # what is measured so far, should a later model end the run
@@ -1187,7 +1211,7 @@ def main(argv: list[str]) -> None:
     timed = [r for r in runs if "error" not in r]
     scales = {row: plot(timed, row, os.path.join(FLAGS.out, f"table2_scatter_{_slug(row)}.png"))
               for row in ROWS}
-    table = rank_table(ranks, regrets, taus)
+    table = rank_table(ranks, regrets, taus, strict)
     parts_summary = decomposition(timed, FLAGS.tie_tol)
     if parts_summary is not None:
         plot_decomposition(timed, os.path.join(FLAGS.out, "table2_decomposition.png"))

@@ -17,7 +17,8 @@ from tapas.planning import ranking
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_measured_ties_count_for_the_model_and_predicted_ties_against_it() -> None:
+def test_measured_ties_count_for_the_model_and_predicted_ties_with_slower_plans_against_it(
+) -> None:
     # plan 1 is fastest; plan 2 is within 5 % of it: both are measured-best
     medians = [10.0, 5.0, 5.2, 8.0]
     assert ranking.measured_best(medians, rel_tol=0.05) == [1, 2]
@@ -29,10 +30,18 @@ def test_measured_ties_count_for_the_model_and_predicted_ties_against_it() -> No
     assert ranking.best_rank(medians, [4.0, 2.0, 1.0, 3.0]) == 1
     # ...but not without the tolerance: plan 1 is predicted second
     assert ranking.best_rank(medians, [4.0, 2.0, 1.0, 3.0], rel_tol=0.0) == 2
-    # predicted ties go against the model: plan 1 shares the lowest cost with plan 0
+    # predicted ties with a slower plan go against the model: plan 1 shares the lowest
+    # cost with plan 0, which measures 3x slower
     assert ranking.predicted_rank([1.0, 1.0, 2.0], 0) == 2
     assert ranking.best_rank([3.0, 1.0, 2.0], [1.0, 1.0, 2.0], rel_tol=0.0) == 2
     assert ranking.predicted_rank([1.0, 2.0, 3.0], 2) == 3
+    # a tie among measured-best plans does not: plans 1 and 2 measure within 5 % and are
+    # priced the same, whichever the model picks runs as fast (under strict_ties, the
+    # rule before, it did: rank 2); a third plan in the tie, measured slower, still counts
+    assert ranking.best_rank([3.0, 1.0, 1.02], [2.0, 1.0, 1.0]) == 1
+    assert ranking.best_rank([3.0, 1.0, 1.02], [2.0, 1.0, 1.0], strict_ties=True) == 2
+    assert ranking.best_rank([3.0, 1.0, 1.02], [1.0, 1.0, 1.0]) == 2
+    assert ranking.best_rank([3.0, 1.0, 1.02], [1.0, 1.0, 1.0], strict_ties=True) == 3
 
 
 def test_pick_regret_is_how_much_slower_the_predicted_best_runs() -> None:
