@@ -28,6 +28,7 @@ import platform
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from tapas.execution.communication_scale import without_communication
@@ -161,7 +162,8 @@ def timed_plan(model: Any, entry: Any, graph: Any, patterns: Any, strategy: Any,
 def timed_round_robin(programs: list[Any], rounds: int, drop_after: int = 5,
                       drop_ratio: float = 1.5, local_programs: list[Any] | None = None,
                       seed: int = 0, step: Any = None, refine_after: int = 0,
-                      refine_ratio: float = 0.0) -> list[dict[str, Any]]:
+                      refine_ratio: float = 0.0, keep: Sequence[int] = ()
+                      ) -> list[dict[str, Any]]:
     """Time several built plans (:func:`plan_program`) in turn: ``rounds`` rounds, each
     stepping every plan still timed once, in an order shuffled per round (``seed``: the
     same order in every process, as worker processes need). A plan's step is compared with
@@ -176,7 +178,9 @@ def timed_round_robin(programs: list[Any], rounds: int, drop_after: int = 5,
     remaining rounds to themselves. Both cuts compare each plan's median step relative to
     its rounds (the geometric mean of the steps of the plans still timed, as
     :func:`round_robin_summary` ranks them), so a drift of the machine's speed during the
-    rounds does not decide them. ``drop_ratio=0`` and ``refine_ratio=0``: none is dropped
+    rounds does not decide them; the plans in ``keep`` (indices) are never cut (a plan and
+    its second build, timed to see how far two builds measure apart, need the same
+    rounds). ``drop_ratio=0`` and ``refine_ratio=0``: none is dropped
     (worker processes must, as each would decide on its own timings and their collectives
     would no longer meet). ``local_programs[i]`` (or None): a copy of plan i built
     :func:`without_communication`, stepped right after it (``local_*`` in the result).
@@ -222,7 +226,7 @@ def timed_round_robin(programs: list[Any], rounds: int, drop_after: int = 5,
             if ratio and after and r + 1 == after and len(active) > 1:
                 medians = _relative_medians(times, active, r + 1)
                 fastest = min(medians.values())
-                active = [i for i in active if medians[i] <= ratio * fastest]
+                active = [i for i in active if medians[i] <= ratio * fastest or i in keep]
         if not active:
             break
     ok = [i for i in range(n) if i not in errors and any(t is not None for t in times[i])]

@@ -32,7 +32,8 @@ logical CPU devices (``--devices``):
    the plans the ranking's first places are decided among are timed the most.
    ``--twin`` (the default): the model's first plan is built a second time and timed in
    the same rounds, not ranked: how far two builds of one plan measure apart (``twins`` in
-   the JSON). ``--nointerleave``: each plan built and timed in turn, ``--repeats`` rounds
+   the JSON); neither build is cut (runs before 2026-11-28 could cut one after 5 rounds,
+   whose gap then compared 5 steps with 30). ``--nointerleave``: each plan built and timed in turn, ``--repeats`` rounds
    of ``--steps`` steps; with ``--paired`` every timed step is paired with a step of the
    replicated plan, kept built beside it, and the plan is ranked by the median ratio of
    the pairs times the replicated plan's median (the method of the runs before
@@ -693,7 +694,8 @@ def interleaved(model, entry, graph, todo: list[tuple[dict, dict]], strategy, wo
         drop_ratio=FLAGS.drop_ratio if workers == 1 else 0.0,
         refine_after=FLAGS.refine_after,
         refine_ratio=FLAGS.refine_ratio if workers == 1 else 0.0,
-        local_programs=locals_ if FLAGS.decompose else None)
+        local_programs=locals_ if FLAGS.decompose else None,
+        keep=(0, len(programs) - 1) if twin is not None else ())
     if twin is not None:
         first, again = results[0], results.pop()
         if "error" not in first and "error" not in again:

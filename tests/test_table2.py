@@ -545,6 +545,10 @@ def test_timed_round_robin_drops_slow_plans_and_reports_failures() -> None:
     assert refined[2]["paired_s"] / refined[0]["paired_s"] == pytest.approx(1.3)
     assert [r["rounds"] for r in report.timed_round_robin(
         programs()[:3], 5, drop_ratio=0, refine_after=2, refine_ratio=0, step=step)] == [5] * 3
+    # a plan in keep is never cut (a plan built twice: both builds get every round)
+    kept_slow = report.timed_round_robin(programs()[:3], 6, drop_after=2, drop_ratio=1.5,
+                                         step=step, keep=(2,))
+    assert [r["rounds"] for r in kept_slow] == [6, 6, 6]
     local = report.timed_round_robin(programs()[:2], 3, step=step,
                                      local_programs=[_FakeProgram("l", 0.05), None])
     assert local[0]["local_ratio"] > 0 and "local_ratio" not in local[1]
