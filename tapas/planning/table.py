@@ -170,8 +170,9 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         comm_tensors[key] = [[(getattr(c, "phase", "fwd") == "bwd", getattr(c, "tensor", None))
                               for c in p.comms] for p in pats]
     if gradients is not None:
-        infos = [_gradients_only(graph, node, infos[v], first_of, comm_tensors, gradients)
-                 for v, node in enumerate(graph.nodes)]
+        names: dict[str, list[str]] = {}   # the first GraphNode's tensor names, per signature
+        infos = [_gradients_only(graph, node, infos[v], first_of, comm_tensors, gradients,
+                                 names) for v, node in enumerate(graph.nodes)]
     infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
     if options.loss is not None:
         infos = _with_loss(graph, infos, num_devices, cluster, options)
@@ -199,7 +200,8 @@ def _tensor_names(node: GraphNode) -> list[str]:
 
 def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
                     first_of: dict[str, int], comm_tensors: dict[str, list],
-                    gradients: frozenset[str]) -> tuple[PatternInfo, ...]:
+                    gradients: frozenset[str], names: dict[str, list[str]]
+                    ) -> tuple[PatternInfo, ...]:
     """``row`` (``node``'s patterns) without the backward collectives on tensors whose
     gradient is never computed (not in ``gradients``). A row shared with the first GraphNode
     of the signature names that node's tensors: they are mapped to ``node``'s by position."""
@@ -210,7 +212,9 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
     first = graph.nodes[first_of[key]]
     rename: dict[str, str] = {}
     if first.id != node.id:
-        mine, theirs = _tensor_names(node), _tensor_names(first)
+        if key not in names:
+            names[key] = _tensor_names(first)
+        mine, theirs = _tensor_names(node), names[key]
         if len(mine) != len(theirs):
             return row      # not the same structure after all: price every collective
         rename = dict(zip(theirs, mine))
