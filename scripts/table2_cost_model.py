@@ -33,7 +33,8 @@ logical CPU devices (``--devices``):
    ``--twin`` (the default): the model's first plan is built a second time and timed in
    the same rounds, not ranked: how far two builds of one plan measure apart (``twins`` in
    the JSON); neither build is cut (runs before 2026-11-28 could cut one after 5 rounds,
-   whose gap then compared 5 steps with 30). ``--nointerleave``: each plan built and timed in turn, ``--repeats`` rounds
+   whose gap then compared 5 steps with 30). ``--nointerleave``: each plan built and timed
+   in turn, ``--repeats`` rounds
    of ``--steps`` steps; with ``--paired`` every timed step is paired with a step of the
    replicated plan, kept built beside it, and the plan is ranked by the median ratio of
    the pairs times the replicated plan's median (the method of the runs before

@@ -427,12 +427,21 @@ def test_search_costs_with_the_clusters_profiled_coefficients(tmp_path):
                       options=CostOptions.for_cluster(cluster))
     priors = search(graph, cluster=cluster, mode="es", options=CostOptions())
     assert default.cost == explicit.cost and default.cluster.epsilon == cluster.epsilon
-    # the ffn-only reference (column then row split): an all-reduce forward (T with the
-    # priors) and one backward (0.5 T): 1.5 T; profiled, 3 T each (epsilon 3, gamma 1): 6 T
+    # the ffn-only reference (column then row split): an all-reduce forward, T with the
+    # priors, 3 T profiled (epsilon 3); the backward one, on the gradient of the model's
+    # input x, never runs (CostOptions.gradient_flow): 3 x; priced as the patterns name it
+    # (gradient_flow=False), 0.5 T with the priors and 3 T profiled (gamma 1): 4 x
     ffn = {r.name: r for r in default.references}["ffn-only"]
     prior_ffn = {r.name: r for r in priors.references}["ffn-only"]
     assert prior_ffn.communication > 0
-    assert math.isclose(ffn.communication, 4 * prior_ffn.communication, rel_tol=1e-9)
+    assert math.isclose(ffn.communication, 3 * prior_ffn.communication, rel_tol=1e-9)
+    def ffn_only(options):
+        s = search(graph, cluster=cluster, mode="es", options=options)
+        return {r.name: r for r in s.references}["ffn-only"].communication
+
+    every = ffn_only(CostOptions.for_cluster(cluster, gradient_flow=False))
+    prior_every = ffn_only(CostOptions(gradient_flow=False))
+    assert math.isclose(every, 4 * prior_every, rel_tol=1e-9)
 
 
 def synthetic_profile():
@@ -475,7 +484,9 @@ def test_search_prices_memory_bound_ops_at_the_profiled_rate(tmp_path):
     the node saves less compute than its all-reduce costs: the search replicates it. The
     same cluster file with a measured elementwise rate (a tanh element 200 x a matmul FLOP)
     makes the activations' work worth splitting, and with ``memory_bound=False`` the
-    search is the paper's again."""
+    search is the paper's again. (The layer reads the model's input, whose gradient is never
+    computed: a column split's backward all-reduce of it is priced here,
+    ``gradient_flow=False``, so that splitting has a collective to pay for.)"""
     import keras
     import tensorflow as tf
 
@@ -495,10 +506,13 @@ def test_search_prices_memory_bound_ops_at_the_profiled_rate(tmp_path):
     dataclasses.replace(base, device_elementwise_rate=9e7).save(mb_path)
     mb = Cluster.load(mb_path)
 
-    paper = search(graph, cluster=Cluster.load(paper_path), mode="es")
-    priced = search(graph, cluster=mb, mode="es")
+    paper_cluster = Cluster.load(paper_path)
+    paper = search(graph, cluster=paper_cluster, mode="es",
+                   options=CostOptions.for_cluster(paper_cluster, gradient_flow=False))
+    priced = search(graph, cluster=mb, mode="es",
+                    options=CostOptions.for_cluster(mb, gradient_flow=False))
     off = search(graph, cluster=mb, mode="es",
-                 options=CostOptions.for_cluster(mb, memory_bound=False))
+                 options=CostOptions.for_cluster(mb, memory_bound=False, gradient_flow=False))
     assert paper.patterns[node.id] == "replicate", paper.patterns
     assert priced.patterns[node.id] != "replicate", priced.patterns
     assert off.patterns == paper.patterns and off.cost["total"] == paper.cost["total"]
