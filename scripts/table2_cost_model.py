@@ -366,7 +366,7 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
             changes["activation_communication_scale"] = communication[2]
     opts = CostOptions.for_cluster(cluster, **changes)
     table = pattern_table(graph, n, cluster, opts)
-    edges = EdgeCoster(n, cluster, opts, gradients=table.gradients)
+    edges = EdgeCoster(n, cluster, opts)
     costs = []
     for plan in plans:
         idx = []

@@ -61,8 +61,7 @@ def test_a_plans_communication_scales_and_its_compute_does_not() -> None:
         opts = CostOptions.for_cluster(c, loss=entry.keras_loss(), communication_scale=s)
         table = pattern_table(graph, 4, c, opts)
         idx = [table.index(v, p) for v, p in enumerate(pats)]
-        totals.append(explore.plan_cost(graph, table, idx,
-                                        EdgeCoster(4, c, opts, gradients=table.gradients))[0])
+        totals.append(explore.plan_cost(graph, table, idx, EdgeCoster(4, c, opts))[0])
     assert totals[0].communication > 0
     assert totals[1].communication == pytest.approx(0.25 * totals[0].communication)
     assert totals[1].compute == pytest.approx(totals[0].compute)
@@ -109,8 +108,7 @@ def test_weight_gradients_and_activations_get_their_own_factor() -> None:
         for opts in (base, split):
             table = pattern_table(graph, 4, c, opts)
             idx = [table.index(v, p) for v, p in enumerate(pats)]
-            costs.append(explore.plan_cost(
-                graph, table, idx, EdgeCoster(4, c, opts, gradients=table.gradients))[0])
+            costs.append(explore.plan_cost(graph, table, idx, EdgeCoster(4, c, opts))[0])
         assert costs[0].comms.by_role()["gradient"] == pytest.approx(pg)
         assert costs[1].comms.by_role()["gradient"] == pytest.approx(0.5 * pg)
         assert costs[1].comms.by_role()["activation"] == pytest.approx(0.25 * pa)

@@ -235,8 +235,7 @@ def test_megatron_mlp_cost_from_the_real_patterns(mlp_graph):
     megatron = [table.index(v, "replicate") for v in range(len(g.nodes))]
     megatron[up], megatron[down] = table.index(up, "column"), table.index(down, "row")
     pc, resharded = explore.plan_cost(g, table, megatron,
-                                      explore.EdgeCoster(N, cluster, opts,
-                                                         gradients=table.gradients))
+                                      explore.EdgeCoster(N, cluster, opts))
     act = 8 * 16 * FP32
     lat, beta, w = cluster.intra.latency * N, cluster.intra.beta, N
     forward = lat + beta * 2 * (w - 1) / w * act * opts.epsilon["AR"]
@@ -402,7 +401,7 @@ def test_a_weight_read_in_two_placements_is_priced_when_asked() -> None:
     for flag in (False, True):
         opts = CostOptions.for_cluster(cluster, weight_reshards=flag)
         table = pattern_table(graph, 2, cluster, opts)
-        edges = EdgeCoster(2, cluster, opts, gradients=table.gradients)
+        edges = EdgeCoster(2, cluster, opts)
         idx = [[i.name for i in table.infos[v]].index("replicate") for v in range(len(graph.nodes))]
         head = [n.id for n in graph.nodes if n.kind.value == "dense"
                 and any("shared_embedding" in w.path for w in n.weights)][-1]

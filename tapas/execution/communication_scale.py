@@ -221,8 +221,7 @@ def predicted_parts(graph: Any, patterns: Sequence[str], cluster: Any,
     n = cluster.num_devices
     table = pattern_table(graph, n, cluster, options)
     idx = [table.index(v, name) for v, name in enumerate(patterns)]
-    cost, _ = explore.plan_cost(graph, table, idx,
-                                EdgeCoster(n, cluster, options, gradients=table.gradients))
+    cost, _ = explore.plan_cost(graph, table, idx, EdgeCoster(n, cluster, options))
     parts = cost.comms.by_role()
     return (parts["gradient"], parts["activation"]), len(cost.comms)
 

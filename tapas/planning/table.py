@@ -350,7 +350,8 @@ class EdgeCoster:
     def for_table(self, table: PatternTable) -> EdgeCoster:
         """This coster, or one like it that knows ``table.gradients`` (a table priced with
         ``CostOptions.gradient_flow`` prices a plan's reshards with them too)."""
-        if self.gradients == table.gradients or table.gradients is None:
+        if table.gradients is None or self.gradients is table.gradients or \
+                self.gradients == table.gradients:
             return self
         return EdgeCoster(self.n, self.cluster, self.options, self.reshard_fn, self.allow,
                           table.gradients)
