@@ -417,3 +417,12 @@ def test_compute_scale_multiplies_every_compute_pricing(node: Cluster) -> None:
     for bad in (0.0, -1.0, float("inf"), float("nan"), True, "2"):
         with pytest.raises(ValueError, match=r"compute_scale=.*must be a finite number > 0"):
             CostOptions(compute_scale=bad)  # type: ignore[arg-type]
+
+
+def test_gradient_flow_is_a_switch() -> None:
+    """On by default (price only the backward collectives the step runs); a non-bool names
+    the field and the values it takes."""
+    assert CostOptions().gradient_flow is True
+    assert CostOptions(gradient_flow=False).gradient_flow is False
+    with pytest.raises(TypeError, match=r"gradient_flow='no': must be True or False"):
+        CostOptions(gradient_flow="no")  # type: ignore[arg-type]
