@@ -264,6 +264,10 @@ def test_table2_script_one_plan_after_another(tmp_path: pathlib.Path) -> None:
     row = d["table"]["+CF+GO+EC"]
     assert row["ranks"]["t5-tiny"] == ranking.best_rank(
         medians, [r["predicted_s"]["+CF+GO+EC"] for r in runs], spreads, d["tie_tol"])
+    # the strict rule's rank is kept beside, and never better
+    assert row["strict_ties"]["ranks"]["t5-tiny"] == ranking.best_rank(
+        medians, [r["predicted_s"]["+CF+GO+EC"] for r in runs], spreads, d["tie_tol"],
+        strict_ties=True) >= row["ranks"]["t5-tiny"]
 
 
 def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
