@@ -76,7 +76,10 @@ for the row +CS, and the search pricing the kernels with that factor adds its ow
 collectives, in the same rounds, and solves a factor for weight gradients' collectives and
 one for the others (``CostOptions.activation_communication_scale``) for the row +CA, whose
 search adds its own top ``--top_k`` (``A#1``...; where the second plan gave no factor, +CA is
-+CS). ``communication_calibrations`` in the JSON (with the timed plans' patterns:
++CS). The data-parallel plan's step without its collectives is all compute: over the compute
+the row +K prices for that plan it gives the model's compute factor over the measured
+kernels, which the row +CA+U adds to +CA (``collective_free_factor``; its search adds
+``U#1``...). ``communication_calibrations`` in the JSON (with the timed plans' patterns:
 ``--recost`` re-derives each factor for its ``--cluster``). ``--communication_only``
 measures them and writes ``table2_communication.json``; ``--recost
 --communication=table2_communication.json`` prices an earlier run's plans with them. One
@@ -231,10 +234,12 @@ MC_ROW = "+CF+GO+EC+WR+L+MB+W+MC"
 K_ROW = "+CF+GO+EC+WR+L+MB+W+K"
 CS_ROW = K_ROW + "+CS"
 CA_ROW = CS_ROW + "+CA"
+CU_ROW = CA_ROW + "+U"
 # a model's measured communication factors: (one factor for every collective, the weight
-# gradients' and the activations' factors of two plans, or None when not measured)
-Communication = tuple[float, float, float | None]
-NO_COMMUNICATION: Communication = (1.0, 1.0, None)
+# gradients' and the activations' factors of two plans, or None when not measured) and the
+# compute factor of the same calibration's collective-free step (``collective_free_factor``)
+Communication = tuple[float, float, float | None, float]
+NO_COMMUNICATION: Communication = (1.0, 1.0, None, 1.0)
 ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                          collective_efficiency=False, **_PAPER_TERMS),
         "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False,
@@ -291,7 +296,16 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
         CA_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
                      weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
                      kernel_times="measured", communication_scale="measured",
-                     activation_communication_scale="measured")}
+                     activation_communication_scale="measured"),
+        # ... and every plan's compute times the model's compute factor over the measured
+        # kernels: the same calibration's data-parallel step without its collectives (a step
+        # that is all compute) over the compute the row +K prices for that plan
+        # (CostOptions.compute_scale; ``collective_free_factor``)
+        CU_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
+                     weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
+                     kernel_times="measured", communication_scale="measured",
+                     activation_communication_scale="measured",
+                     compute_scale="collective-free")}
 
 
 def candidates(graph, cluster, top_k: int, loss=None,
@@ -305,9 +319,10 @@ def candidates(graph, cluster, top_k: int, loss=None,
     kernels) the top ``top_k`` of the search that prices them (``K#1``...), with both
     ``kernel_times`` and ``communication`` (the model's measured factors,
     ``Communication``) the top ``top_k`` of the search that prices the kernels and scales
-    collectives by the one factor (``S#1``..., when it is not 1.0) and of the one that
-    scales them by the two factors (``A#1``..., when the activations' was measured), so
-    each row's first choice is measured."""
+    collectives by the one factor (``S#1``..., when it is not 1.0), of the one that
+    scales them by the two factors (``A#1``..., when the activations' was measured) and of
+    the one that also scales compute by the collective-free step's factor (``U#1``..., when
+    it is not 1.0), so each row's first choice is measured."""
     from tapas.planning.cost import CostOptions
     from tapas.planning.search import search
     out: dict[tuple[str, ...], list[str]] = {}
@@ -328,6 +343,13 @@ def candidates(graph, cluster, top_k: int, loss=None,
         searches.append(("A", loss, CostOptions.for_cluster(
             cluster, kernel_times=kernel_times, communication_scale=communication[1],
             activation_communication_scale=communication[2])))
+    if kernel_times is not None and communication is not None and communication[3] != 1.0:
+        two = communication[2] is not None
+        searches.append(("U", loss, CostOptions.for_cluster(
+            cluster, kernel_times=kernel_times,
+            communication_scale=communication[1] if two else communication[0],
+            activation_communication_scale=communication[2],
+            compute_scale=communication[3])))
     for prefix, priced, options in searches:
         s = search(graph, cluster=cluster, top_k=top_k, loss=priced, options=options)
         alts = list(s.alternatives)[:top_k] + ([] if prefix else list(s.references))
@@ -356,6 +378,8 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
     changes["loss"] = loss if changes.get("loss") else None
     if changes.get("compute_scale") == "measured":
         changes["compute_scale"] = compute_scale
+    elif changes.get("compute_scale") == "collective-free":
+        changes["compute_scale"] = communication[3]
     if changes.get("kernel_times") == "measured":
         changes["kernel_times"] = kernel_times
     if changes.get("communication_scale") == "measured":
@@ -405,17 +429,17 @@ def drop_calibrated_row(why: str) -> None:
 
 
 def drop_kernel_row(why: str) -> None:
-    """Leave ``K_ROW`` (and ``CS_ROW``, ``CA_ROW``, which price the kernels too) out of this run's
-    table (no measured kernels: ``why``)."""
+    """Leave ``K_ROW`` (and ``CS_ROW``, ``CA_ROW``, ``CU_ROW``, which price the kernels too) out
+    of this run's table (no measured kernels: ``why``)."""
     if ROWS.pop(K_ROW, None) is not None:
         print(f"note: no row {K_ROW}: {why}", flush=True)
     drop_communication_row(why)
 
 
 def drop_communication_row(why: str) -> None:
-    """Leave ``CS_ROW`` and ``CA_ROW`` out of this run's table (no measured communication
-    factors: ``why``)."""
-    for row in (CS_ROW, CA_ROW):
+    """Leave ``CS_ROW``, ``CA_ROW`` and ``CU_ROW`` out of this run's table (no measured
+    communication factors: ``why``)."""
+    for row in (CS_ROW, CA_ROW, CU_ROW):
         if ROWS.pop(row, None) is not None:
             print(f"note: no row {row}: {why}", flush=True)
 
@@ -443,12 +467,27 @@ def model_communication(model, entry, graph, cluster, strategy, loss, kernels,
     return cal.to_json()
 
 
+def collective_free_factor(calibration: dict | None, graph, cluster, loss, kernels) -> float:
+    """A model's compute factor over the measured kernels (the row ``CU_ROW``): its
+    communication calibration's data-parallel step without its collectives (all compute)
+    over the compute ``K_ROW`` prices for that plan; 1.0 without a calibration or kernels.
+    On this project's Xeon VM the cost model priced that step's compute at 0.41-0.79 of what
+    it measured, by a factor that depends on the model (docs/paper.md)."""
+    if not calibration or kernels is None or not calibration.get("measured_s") or \
+            not calibration.get("patterns"):
+        return 1.0
+    cost = plan_costs(graph, cluster, [{"patterns": tuple(calibration["patterns"])}], loss,
+                      K_ROW, kernel_times=kernels)[0]
+    return calibration["measured_s"][1] / cost.compute if cost.compute > 0 else 1.0
+
+
 def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels) -> Communication:
     """A model's communication factors (``Communication``) from its stored calibration,
     re-derived for ``cluster`` (the measured differences over what this cluster's constants
     price for the same plans' collectives); ``NO_COMMUNICATION`` without one."""
+    u = collective_free_factor(calibration, graph, cluster, loss, kernels)
     if not calibration or calibration.get("scale") is None:
-        return NO_COMMUNICATION
+        return 1.0, 1.0, None, u
     from tapas.execution.communication_scale import predicted_parts, solve_factors
     from tapas.planning.cost import CostOptions
     options = CostOptions.for_cluster(cluster, loss=loss, kernel_times=kernels)
@@ -460,19 +499,21 @@ def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels) -> Co
         both = solve_factors(first, calibration["difference_s"], parts,
                              second["difference_s"])
         if both is not None:
-            return one, both[0], both[1]
-    return one, one, None
+            return one, both[0], both[1], u
+    return one, one, None, u
 
 
-def comm_factors(calibration: dict | None) -> Communication:
+def comm_factors(calibration: dict | None, compute_factor: float = 1.0) -> Communication:
     """A model's communication factors (``Communication``) as its calibration measured
-    them: one factor is the data-parallel plan's difference over its price."""
+    them: one factor is the data-parallel plan's difference over its price;
+    ``compute_factor``: ``collective_free_factor`` of the same calibration."""
     if not calibration or calibration.get("scale") is None:
-        return NO_COMMUNICATION
+        return 1.0, 1.0, None, compute_factor
     one = calibration["difference_s"] / calibration["predicted_s"]
     if calibration.get("activation_communication_scale") is None:
-        return one, one, None
-    return one, calibration["communication_scale"], calibration["activation_communication_scale"]
+        return one, one, None, compute_factor
+    return (one, calibration["communication_scale"],
+            calibration["activation_communication_scale"], compute_factor)
 
 
 def model_kernels(graph, strategy, name: str):
@@ -1126,7 +1167,9 @@ def main(argv: list[str]) -> None:
         if CS_ROW in ROWS:
             comm_calibrations[name] = model_communication(model, entry, graph, cluster,
                                                           strategy, loss, kernels, name)
-            comm = comm_factors(comm_calibrations[name])
+            u = collective_free_factor(comm_calibrations[name], graph, cluster, loss, kernels)
+            comm_calibrations[name]["collective_free_factor"] = u
+            comm = comm_factors(comm_calibrations[name], u)
         plans = candidates(graph, cluster, FLAGS.top_k, loss, scale, kernels, comm)
         predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels,
                            comm or NO_COMMUNICATION)
@@ -1187,6 +1230,8 @@ def main(argv: list[str]) -> None:
                   + (f", {r['predicted_s'][CS_ROW] * 1e3:.2f} ms (+CS)" if CS_ROW in ROWS
                      else "")
                   + (f", {r['predicted_s'][CA_ROW] * 1e3:.2f} ms (+CA)" if CA_ROW in ROWS
+                     else "")
+                  + (f", {r['predicted_s'][CU_ROW] * 1e3:.2f} ms (+U)" if CU_ROW in ROWS
                      else "")
                   + (f"; communication {r['measured_communication_s'] * 1e3:.1f} ms measured, "
                      f"{r['predicted_parts']['communication_s'] * 1e3:.1f} predicted; compute "

@@ -5,6 +5,7 @@ The script defines absl flags that tapas.cli also defines, so it runs in a subpr
 """
 
 import json
+import math
 import pathlib
 import statistics
 import subprocess
@@ -110,7 +111,8 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                                "+CF+GO+EC+WR+L", "+CF+GO+EC+WR+L+MB",
                                "+CF+GO+EC+WR+L+MB+W", "+CF+GO+EC+WR+L+MB+W+MC",
                                "+CF+GO+EC+WR+L+MB+W+K", "+CF+GO+EC+WR+L+MB+W+K+CS",
-                               "+CF+GO+EC+WR+L+MB+W+K+CS+CA"}
+                               "+CF+GO+EC+WR+L+MB+W+K+CS+CA",
+                               "+CF+GO+EC+WR+L+MB+W+K+CS+CA+U"}
     assert d["interleave"] is True and d["rounds"] == 3
     # the first plan of each model built twice and timed in the same rounds
     assert set(d["twins"]) == {"t5-tiny", "keras-mobilenet"}
@@ -170,6 +172,21 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
         else:
             assert any(ca != pytest.approx(cs) for cs, ca in one_two)
             assert any(name.startswith("A#") for r in runs for name in r["plan"].split("/"))
+        # the data-parallel step without its collectives (all compute) over what +K prices
+        # for its compute scales every plan's compute in +CA+U, whose search adds U#...
+        f = cal["collective_free_factor"]
+        assert f > 0 and f != 1.0
+        ca_u = [(r["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA"],
+                 r["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA+U"]) for r in runs]
+        assert all((u > ca) == (f > 1) and u != pytest.approx(ca) for ca, u in ca_u)
+        # on the calibrated plan itself: compute = its collective-free step / f, so +U adds
+        # (f - 1) times that
+        dp = [r for r in runs if tuple(r["patterns"]) == tuple(cal["patterns"])]
+        assert len(dp) == 1
+        assert (dp[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA+U"]
+                - dp[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA"]) == pytest.approx(
+                    (f - 1) * cal["measured_s"][1] / f)
+        assert any(name.startswith("U#") for r in runs for name in r["plan"].split("/"))
     for model in ("t5-tiny", "keras-mobilenet"):
         runs = [r for r in d["runs"] if r["model"] == model]
         assert not [r for r in runs if "error" in r], runs
@@ -180,12 +197,14 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
         assert max(r["rounds"] for r in runs) == 3
         assert runs[0]["twin"]["paired_s"] > 0
         # every round, or the first two for a plan over 1.5x the fastest then (the first
-        # plan's second build among them)
-        fastest = min(statistics.median(ts[:2]) for ts in
-                      [x["times_s"] for x in runs] + [runs[0]["twin"]["times_s"]])
-        for r in runs:
+        # plan's second build among them), each step relative to its round (the geometric
+        # mean of that round's steps), as the timer compares them
+        first = [x["times_s"][:2] for x in runs] + [runs[0]["twin"]["times_s"][:2]]
+        g = [math.exp(statistics.fmean(math.log(ts[k]) for ts in first)) for k in range(2)]
+        relative = [statistics.median(ts[k] / g[k] for k in range(2)) for ts in first]
+        for r, rel in zip(runs, relative):
             assert len(r["times_s"]) == r["rounds"] in (2, 3)
-            assert r["rounds"] == 3 or r["median_s"] > 1.5 * fastest
+            assert r["rounds"] == 3 or rel > 1.5 * min(relative)
             assert r["round_s"] == pytest.approx(r["paired_s"] / r["ratio"])
             assert r["median_s"] > 0 and r["iqr_s"] >= 0
             assert r["ratio"] > 0 and r["paired_s"] > 0 and r["paired_se_s"] >= 0
@@ -233,11 +252,13 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert "no row +CF+GO+EC+WR+L+MB+W+K:" in older.stdout
     assert "no row +CF+GO+EC+WR+L+MB+W+K+CS:" in older.stdout
     assert "no row +CF+GO+EC+WR+L+MB+W+K+CS+CA:" in older.stdout
+    assert "no row +CF+GO+EC+WR+L+MB+W+K+CS+CA+U:" in older.stdout
     r3 = json.loads((out / "old" / "table2_recost.json").read_text())
     assert set(r3["table"]) == set(d["table"]) - {"+CF+GO+EC+WR+L+MB+W+MC",
                                                   "+CF+GO+EC+WR+L+MB+W+K",
                                                   "+CF+GO+EC+WR+L+MB+W+K+CS",
-                                                  "+CF+GO+EC+WR+L+MB+W+K+CS+CA"}
+                                                  "+CF+GO+EC+WR+L+MB+W+K+CS+CA",
+                                                  "+CF+GO+EC+WR+L+MB+W+K+CS+CA+U"}
     assert r3["table"]["+CF+GO+EC+WR+L+MB+W"] == d["table"]["+CF+GO+EC+WR+L+MB+W"]
 
 
