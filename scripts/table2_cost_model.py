@@ -472,7 +472,8 @@ def collective_free_factor(calibration: dict | None, graph, cluster, loss, kerne
     communication calibration's data-parallel step without its collectives (all compute)
     over the compute ``K_ROW`` prices for that plan; 1.0 without a calibration or kernels.
     On this project's Xeon VM the cost model priced that step's compute at 0.41-0.79 of what
-    it measured, by a factor that depends on the model (docs/paper.md)."""
+    it measured, by a factor that depends on the model; the row it gives is an experiment
+    (measured on four models it ranked worse than +CA: docs/paper.md)."""
     if not calibration or kernels is None or not calibration.get("measured_s") or \
             not calibration.get("patterns"):
         return 1.0
