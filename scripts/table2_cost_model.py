@@ -308,6 +308,16 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                      compute_scale="collective-free")}
 
 
+def two_factors(communication: Communication) -> dict:
+    """``CostOptions`` changes of the rows that price collectives by two factors: the weight
+    gradients' and the activations' where both were measured, else the one factor."""
+    if communication[2] is None:
+        return {"communication_scale": communication[0],
+                "activation_communication_scale": None}
+    return {"communication_scale": communication[1],
+            "activation_communication_scale": communication[2]}
+
+
 def candidates(graph, cluster, top_k: int, loss=None,
                compute_scale: float | None = None, kernel_times=None,
                communication: Communication | None = None) -> list[dict]:
@@ -341,15 +351,11 @@ def candidates(graph, cluster, top_k: int, loss=None,
             cluster, kernel_times=kernel_times, communication_scale=communication[0])))
     if kernel_times is not None and communication is not None and communication[2] is not None:
         searches.append(("A", loss, CostOptions.for_cluster(
-            cluster, kernel_times=kernel_times, communication_scale=communication[1],
-            activation_communication_scale=communication[2])))
+            cluster, kernel_times=kernel_times, **two_factors(communication))))
     if kernel_times is not None and communication is not None and communication[3] != 1.0:
-        two = communication[2] is not None
         searches.append(("U", loss, CostOptions.for_cluster(
-            cluster, kernel_times=kernel_times,
-            communication_scale=communication[1] if two else communication[0],
-            activation_communication_scale=communication[2],
-            compute_scale=communication[3])))
+            cluster, kernel_times=kernel_times, compute_scale=communication[3],
+            **two_factors(communication))))
     for prefix, priced, options in searches:
         s = search(graph, cluster=cluster, top_k=top_k, loss=priced, options=options)
         alts = list(s.alternatives)[:top_k] + ([] if prefix else list(s.references))
@@ -384,10 +390,8 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
         changes["kernel_times"] = kernel_times
     if changes.get("communication_scale") == "measured":
         changes["communication_scale"] = communication[0]
-        if changes.pop("activation_communication_scale", None) == "measured" and \
-                communication[2] is not None:
-            changes["communication_scale"] = communication[1]
-            changes["activation_communication_scale"] = communication[2]
+        if changes.pop("activation_communication_scale", None) == "measured":
+            changes.update(two_factors(communication))
     opts = CostOptions.for_cluster(cluster, **changes)
     table = pattern_table(graph, n, cluster, opts)
     edges = EdgeCoster(n, cluster, opts)
