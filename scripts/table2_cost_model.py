@@ -235,11 +235,13 @@ K_ROW = "+CF+GO+EC+WR+L+MB+W+K"
 CS_ROW = K_ROW + "+CS"
 CA_ROW = CS_ROW + "+CA"
 CU_ROW = CA_ROW + "+U"
+CE_ROW = CA_ROW + "+E"
 # a model's measured communication factors: (one factor for every collective, the weight
-# gradients' and the activations' factors of two plans, or None when not measured) and the
+# gradients' and the activations' factors of two plans, or None when not measured), the
 # compute factor of the same calibration's collective-free step (``collective_free_factor``)
-Communication = tuple[float, float, float | None, float]
-NO_COMMUNICATION: Communication = (1.0, 1.0, None, 1.0)
+# and the memory-bound ops' factor of that step (``elementwise_factor``)
+Communication = tuple[float, float, float | None, float, float]
+NO_COMMUNICATION: Communication = (1.0, 1.0, None, 1.0, 1.0)
 ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                          collective_efficiency=False, **_PAPER_TERMS),
         "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False,
@@ -305,7 +307,16 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                      weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
                      kernel_times="measured", communication_scale="measured",
                      activation_communication_scale="measured",
-                     compute_scale="collective-free")}
+                     compute_scale="collective-free"),
+        # ... or, instead of all compute, only the memory-bound ops' time times the model's
+        # factor: what the same collective-free step measures beyond the +K price of its
+        # contractions and convolutions, over the price of its memory-bound ops
+        # (CostOptions.elementwise_scale, ``elementwise_factor``)
+        CE_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
+                     weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
+                     kernel_times="measured", communication_scale="measured",
+                     activation_communication_scale="measured",
+                     elementwise_scale="collective-free")}
 
 
 def two_factors(communication: Communication) -> dict:
@@ -332,7 +343,8 @@ def candidates(graph, cluster, top_k: int, loss=None,
     collectives by the one factor (``S#1``..., when it is not 1.0), of the one that
     scales them by the two factors (``A#1``..., when the activations' was measured) and of
     the one that also scales compute by the collective-free step's factor (``U#1``..., when
-    it is not 1.0), so each row's first choice is measured."""
+    it is not 1.0) and of the one that scales the memory-bound ops by that step's factor
+    (``E#1``..., when it is not 1.0), so each row's first choice is measured."""
     from tapas.planning.cost import CostOptions
     from tapas.planning.search import search
     out: dict[tuple[str, ...], list[str]] = {}
@@ -355,6 +367,10 @@ def candidates(graph, cluster, top_k: int, loss=None,
     if kernel_times is not None and communication is not None and communication[3] != 1.0:
         searches.append(("U", loss, CostOptions.for_cluster(
             cluster, kernel_times=kernel_times, compute_scale=communication[3],
+            **two_factors(communication))))
+    if kernel_times is not None and communication is not None and communication[4] != 1.0:
+        searches.append(("E", loss, CostOptions.for_cluster(
+            cluster, kernel_times=kernel_times, elementwise_scale=communication[4],
             **two_factors(communication))))
     for prefix, priced, options in searches:
         s = search(graph, cluster=cluster, top_k=top_k, loss=priced, options=options)
@@ -386,6 +402,8 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
         changes["compute_scale"] = compute_scale
     elif changes.get("compute_scale") == "collective-free":
         changes["compute_scale"] = communication[3]
+    if changes.get("elementwise_scale") == "collective-free":
+        changes["elementwise_scale"] = communication[4]
     if changes.get("kernel_times") == "measured":
         changes["kernel_times"] = kernel_times
     if changes.get("communication_scale") == "measured":
@@ -433,17 +451,17 @@ def drop_calibrated_row(why: str) -> None:
 
 
 def drop_kernel_row(why: str) -> None:
-    """Leave ``K_ROW`` (and ``CS_ROW``, ``CA_ROW``, ``CU_ROW``, which price the kernels too) out
-    of this run's table (no measured kernels: ``why``)."""
+    """Leave ``K_ROW`` (and ``CS_ROW``, ``CA_ROW``, ``CU_ROW``, ``CE_ROW``, which price the
+    kernels too) out of this run's table (no measured kernels: ``why``)."""
     if ROWS.pop(K_ROW, None) is not None:
         print(f"note: no row {K_ROW}: {why}", flush=True)
     drop_communication_row(why)
 
 
 def drop_communication_row(why: str) -> None:
-    """Leave ``CS_ROW``, ``CA_ROW`` and ``CU_ROW`` out of this run's table (no measured
-    communication factors: ``why``)."""
-    for row in (CS_ROW, CA_ROW, CU_ROW):
+    """Leave ``CS_ROW``, ``CA_ROW``, ``CU_ROW`` and ``CE_ROW`` out of this run's table (no
+    measured communication factors: ``why``)."""
+    for row in (CS_ROW, CA_ROW, CU_ROW, CE_ROW):
         if ROWS.pop(row, None) is not None:
             print(f"note: no row {row}: {why}", flush=True)
 
@@ -486,13 +504,34 @@ def collective_free_factor(calibration: dict | None, graph, cluster, loss, kerne
     return calibration["measured_s"][1] / cost.compute if cost.compute > 0 else 1.0
 
 
+def elementwise_factor(calibration: dict | None, graph, cluster, loss, kernels) -> float:
+    """A model's factor for its memory-bound ops (the row ``CE_ROW``): what its communication
+    calibration's data-parallel step without its collectives (all compute) measures beyond
+    the price ``K_ROW`` gives its contractions and convolutions (measured kernels, or the
+    FLOP rates), over the price it gives its memory-bound ops (their elements at the
+    profiled rate); 1.0 without a calibration or kernels, or when that price is 0 or the
+    rest alone prices over the measured step (no time left for those ops to explain)."""
+    if not calibration or kernels is None or not calibration.get("measured_s") or \
+            not calibration.get("patterns"):
+        return 1.0
+    plan = [{"patterns": tuple(calibration["patterns"])}]
+    one, two = (plan_costs(graph, cluster, plan, loss, CE_ROW, kernel_times=kernels,
+                           communication=(1.0, 1.0, None, 1.0, e))[0].compute
+                for e in (1.0, 2.0))
+    elements = two - one      # the memory-bound ops' price at the profiled rate
+    rest = one - elements
+    left = calibration["measured_s"][1] - rest
+    return left / elements if elements > 0 and left > 0 else 1.0
+
+
 def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels) -> Communication:
     """A model's communication factors (``Communication``) from its stored calibration,
     re-derived for ``cluster`` (the measured differences over what this cluster's constants
     price for the same plans' collectives); ``NO_COMMUNICATION`` without one."""
     u = collective_free_factor(calibration, graph, cluster, loss, kernels)
+    e = elementwise_factor(calibration, graph, cluster, loss, kernels)
     if not calibration or calibration.get("scale") is None:
-        return 1.0, 1.0, None, u
+        return 1.0, 1.0, None, u, e
     from tapas.execution.communication_scale import predicted_parts, solve_factors
     from tapas.planning.cost import CostOptions
     options = CostOptions.for_cluster(cluster, loss=loss, kernel_times=kernels)
@@ -504,21 +543,23 @@ def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels) -> Co
         both = solve_factors(first, calibration["difference_s"], parts,
                              second["difference_s"])
         if both is not None:
-            return one, both[0], both[1], u
-    return one, one, None, u
+            return one, both[0], both[1], u, e
+    return one, one, None, u, e
 
 
-def comm_factors(calibration: dict | None, compute_factor: float = 1.0) -> Communication:
+def comm_factors(calibration: dict | None, compute_factor: float = 1.0,
+                 elementwise: float = 1.0) -> Communication:
     """A model's communication factors (``Communication``) as its calibration measured
     them: one factor is the data-parallel plan's difference over its price;
-    ``compute_factor``: ``collective_free_factor`` of the same calibration."""
+    ``compute_factor``: ``collective_free_factor`` of the same calibration,
+    ``elementwise``: its ``elementwise_factor``."""
     if not calibration or calibration.get("scale") is None:
-        return 1.0, 1.0, None, compute_factor
+        return 1.0, 1.0, None, compute_factor, elementwise
     one = calibration["difference_s"] / calibration["predicted_s"]
     if calibration.get("activation_communication_scale") is None:
-        return one, one, None, compute_factor
+        return one, one, None, compute_factor, elementwise
     return (one, calibration["communication_scale"],
-            calibration["activation_communication_scale"], compute_factor)
+            calibration["activation_communication_scale"], compute_factor, elementwise)
 
 
 def model_kernels(graph, strategy, name: str):
@@ -1173,8 +1214,9 @@ def main(argv: list[str]) -> None:
             comm_calibrations[name] = model_communication(model, entry, graph, cluster,
                                                           strategy, loss, kernels, name)
             u = collective_free_factor(comm_calibrations[name], graph, cluster, loss, kernels)
-            comm_calibrations[name]["collective_free_factor"] = u
-            comm = comm_factors(comm_calibrations[name], u)
+            e = elementwise_factor(comm_calibrations[name], graph, cluster, loss, kernels)
+            comm_calibrations[name].update(collective_free_factor=u, elementwise_factor=e)
+            comm = comm_factors(comm_calibrations[name], u, e)
         plans = candidates(graph, cluster, FLAGS.top_k, loss, scale, kernels, comm)
         predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels,
                            comm or NO_COMMUNICATION)
@@ -1237,6 +1279,8 @@ def main(argv: list[str]) -> None:
                   + (f", {r['predicted_s'][CA_ROW] * 1e3:.2f} ms (+CA)" if CA_ROW in ROWS
                      else "")
                   + (f", {r['predicted_s'][CU_ROW] * 1e3:.2f} ms (+U)" if CU_ROW in ROWS
+                     else "")
+                  + (f", {r['predicted_s'][CE_ROW] * 1e3:.2f} ms (+E)" if CE_ROW in ROWS
                      else "")
                   + (f"; communication {r['measured_communication_s'] * 1e3:.1f} ms measured, "
                      f"{r['predicted_parts']['communication_s'] * 1e3:.1f} predicted; compute "

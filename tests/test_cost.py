@@ -419,6 +419,29 @@ def test_compute_scale_multiplies_every_compute_pricing(node: Cluster) -> None:
             CostOptions(compute_scale=bad)  # type: ignore[arg-type]
 
 
+def test_elementwise_scale_multiplies_only_the_memory_bound_part(node: Cluster) -> None:
+    """``elementwise_scale`` (a model's measured factor for its memory-bound ops) multiplies
+    the elements' time at the profiled rate and nothing else: not the contractions, not a
+    measured kernel, not an op priced by FLOPs (memory_bound off, or no rate); it must be a
+    positive, finite number."""
+    rate, peak = 5e10, node.device_peak_flops
+    profiled = dataclasses.replace(node, device_elementwise_rate=rate)
+    args = dict(dense_flops=2e9, elements=1e9)
+    base = cost.compute_time(3e9, profiled, CostOptions(gemm_width=False), **args)
+    scaled = cost.compute_time(3e9, profiled, CostOptions(gemm_width=False,
+                                                          elementwise_scale=4.0), **args)
+    assert close(scaled - base, 3.0 * 1e9 / rate * 3.0)   # 3 more elements' times, x (1 + 2)
+    assert close(base, (2e9 / peak + 1e9 / rate) * 3.0)
+    for options in (CostOptions(memory_bound=False), CostOptions()):
+        cluster = node if options.memory_bound else profiled
+        assert cost.compute_time(3e9, cluster, dataclasses.replace(options,
+                                                                   elementwise_scale=4.0),
+                                 **args) == cost.compute_time(3e9, cluster, options, **args)
+    for bad in (0.0, -1.0, float("inf"), float("nan"), True, "2"):
+        with pytest.raises(ValueError, match=r"elementwise_scale=.*must be a finite number"):
+            CostOptions(elementwise_scale=bad)  # type: ignore[arg-type]
+
+
 def test_gradient_flow_is_a_switch() -> None:
     """On by default (price only the backward collectives the step runs); a non-bool names
     the field and the values it takes."""

@@ -161,6 +161,13 @@ class CostOptions:
     # compute its ops cost beyond the profiled rates, which a cluster file cannot know);
     # 1.0: the rates as profiled
     compute_scale: float = 1.0
+    # plan level (beyond the paper, "E"; with memory_bound): the memory-bound ops' time (their
+    # elements at ``Cluster.device_elementwise_rate``) times this factor, measured for one
+    # model as what its collective-free data-parallel step takes beyond its priced
+    # contractions and convolutions (``scripts/table2_cost_model.py``,
+    # ``elementwise_factor``): the profile's rate is a long streaming kernel's, a model's
+    # ops are many short ones; 1.0: the rate as profiled
+    elementwise_scale: float = 1.0
     # plan level (beyond the paper, "K"; with memory_bound): the measured training-step time
     # of each kernel a pattern's contractions and convolutions run on one device
     # (``tapas.execution.kernels.measure_kernels`` for one model: its ops at their local
@@ -211,6 +218,12 @@ class CostOptions:
             raise ValueError(f"compute_scale={self.compute_scale!r}: must be a finite number "
                              "> 0 (1.0: compute at the cluster's profiled rates; "
                              "tapas.execution.profiling.calibrate_compute measures it)")
+        if isinstance(self.elementwise_scale, bool) or \
+                not isinstance(self.elementwise_scale, (int, float)) or \
+                not math.isfinite(self.elementwise_scale) or self.elementwise_scale <= 0:
+            raise ValueError(f"elementwise_scale={self.elementwise_scale!r}: must be a finite "
+                             "number > 0 (1.0: memory-bound ops at the cluster's profiled "
+                             "elementwise rate)")
         if isinstance(self.communication_scale, bool) or \
                 not isinstance(self.communication_scale, (int, float)) or \
                 not math.isfinite(self.communication_scale) or self.communication_scale <= 0:
@@ -467,8 +480,8 @@ def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = N
     ``Cluster.flop_rate(width)`` instead of the peak. With ``options.kernel_times`` too,
     each of ``kernels`` (the pattern's ``KernelUse`` s) that has a measured time costs
     that time per run (a whole training step of it: no backward factor) and leaves the
-    rate-priced counts (``tapas.planning.kernel_times.priced``). Every case times
-    ``options.compute_scale``.
+    rate-priced counts (``tapas.planning.kernel_times.priced``). The memory-bound ops' part
+    times ``options.elementwise_scale``; every case times ``options.compute_scale``.
     """
     options = CostOptions() if options is None else options
     if not options.compute:
@@ -479,7 +492,8 @@ def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = N
         measured, dense, by_width, elements = priced(kernels, options.kernel_times,
                                                      float(dense_flops), dense_by_width,
                                                      float(elements))
-        return ((dense_time(cluster, options, dense, by_width) + elements / rate) * scale
+        return ((dense_time(cluster, options, dense, by_width)
+                 + elements * options.elementwise_scale / rate) * scale
                 + measured * options.compute_scale)
     return float(flops) * scale / cluster.device_peak_flops
 
