@@ -79,7 +79,11 @@ search adds its own top ``--top_k`` (``A#1``...; where the second plan gave no f
 +CS). The data-parallel plan's step without its collectives is all compute: over the compute
 the row +K prices for that plan it gives the model's compute factor over the measured
 kernels, which the row +CA+U adds to +CA (``collective_free_factor``; its search adds
-``U#1``...). ``communication_calibrations`` in the JSON (with the timed plans' patterns:
+``U#1``...). With ``--calibrate`` too, the compute calibration's difference of two batch
+sizes beyond the +K price of the contractions' and convolutions' difference, over the price
+of the memory-bound ops' difference, gives the factor the row +CA+E multiplies only those
+ops' time by (``elementwise_factor``, ``CostOptions.elementwise_scale``, in
+``calibrations``; its search adds ``E#1``...). ``communication_calibrations`` in the JSON (with the timed plans' patterns:
 ``--recost`` re-derives each factor for its ``--cluster``). ``--communication_only``
 measures them and writes ``table2_communication.json``; ``--recost
 --communication=table2_communication.json`` prices an earlier run's plans with them. One
@@ -239,7 +243,7 @@ CE_ROW = CA_ROW + "+E"
 # a model's measured communication factors: (one factor for every collective, the weight
 # gradients' and the activations' factors of two plans, or None when not measured), the
 # compute factor of the same calibration's collective-free step (``collective_free_factor``)
-# and the memory-bound ops' factor of that step (``elementwise_factor``)
+# and the memory-bound ops' factor of the compute calibration (``elementwise_factor``)
 Communication = tuple[float, float, float | None, float, float]
 NO_COMMUNICATION: Communication = (1.0, 1.0, None, 1.0, 1.0)
 ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
@@ -309,14 +313,15 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                      activation_communication_scale="measured",
                      compute_scale="collective-free"),
         # ... or, instead of all compute, only the memory-bound ops' time times the model's
-        # factor: what the same collective-free step measures beyond the +K price of its
-        # contractions and convolutions, over the price of its memory-bound ops
-        # (CostOptions.elementwise_scale, ``elementwise_factor``)
+        # factor: from its compute calibration (the replicated step at B and B / N), the
+        # measured difference beyond the +K price of its contractions' and convolutions'
+        # difference, over the price of its memory-bound ops' difference
+        # (CostOptions.elementwise_scale, ``elementwise_factor``; needs --calibrate)
         CE_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
                      weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
                      kernel_times="measured", communication_scale="measured",
                      activation_communication_scale="measured",
-                     elementwise_scale="collective-free")}
+                     elementwise_scale="measured")}
 
 
 def two_factors(communication: Communication) -> dict:
@@ -343,8 +348,8 @@ def candidates(graph, cluster, top_k: int, loss=None,
     collectives by the one factor (``S#1``..., when it is not 1.0), of the one that
     scales them by the two factors (``A#1``..., when the activations' was measured) and of
     the one that also scales compute by the collective-free step's factor (``U#1``..., when
-    it is not 1.0) and of the one that scales the memory-bound ops by that step's factor
-    (``E#1``..., when it is not 1.0), so each row's first choice is measured."""
+    it is not 1.0) and of the one that scales the memory-bound ops by the model's factor for
+    them (``E#1``..., when it is not 1.0), so each row's first choice is measured."""
     from tapas.planning.cost import CostOptions
     from tapas.planning.search import search
     out: dict[tuple[str, ...], list[str]] = {}
@@ -402,7 +407,7 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
         changes["compute_scale"] = compute_scale
     elif changes.get("compute_scale") == "collective-free":
         changes["compute_scale"] = communication[3]
-    if changes.get("elementwise_scale") == "collective-free":
+    if changes.get("elementwise_scale") == "measured":
         changes["elementwise_scale"] = communication[4]
     if changes.get("kernel_times") == "measured":
         changes["kernel_times"] = kernel_times
@@ -445,9 +450,11 @@ def parts_row() -> str:
 
 
 def drop_calibrated_row(why: str) -> None:
-    """Leave ``MC_ROW`` out of this run's table (no measured factors: ``why``)."""
-    if ROWS.pop(MC_ROW, None) is not None:
-        print(f"note: no row {MC_ROW}: {why}", flush=True)
+    """Leave ``MC_ROW`` and ``CE_ROW`` (whose factor is of the same calibration) out of this
+    run's table (no measured compute factors: ``why``)."""
+    for row in (MC_ROW, CE_ROW):
+        if ROWS.pop(row, None) is not None:
+            print(f"note: no row {row}: {why}", flush=True)
 
 
 def drop_kernel_row(why: str) -> None:
@@ -504,32 +511,50 @@ def collective_free_factor(calibration: dict | None, graph, cluster, loss, kerne
     return calibration["measured_s"][1] / cost.compute if cost.compute > 0 else 1.0
 
 
-def elementwise_factor(calibration: dict | None, graph, cluster, loss, kernels) -> float:
-    """A model's factor for its memory-bound ops (the row ``CE_ROW``): what its communication
-    calibration's data-parallel step without its collectives (all compute) measures beyond
-    the price ``K_ROW`` gives its contractions and convolutions (measured kernels, or the
-    FLOP rates), over the price it gives its memory-bound ops (their elements at the
-    profiled rate); 1.0 without a calibration or kernels, or when that price is 0 or the
-    rest alone prices over the measured step (no time left for those ops to explain)."""
-    if not calibration or kernels is None or not calibration.get("measured_s") or \
-            not calibration.get("patterns"):
+def elementwise_factor(calibration: dict | None, entry, graph, cluster, loss,
+                       kernels) -> float:
+    """A model's factor for its memory-bound ops (the row ``CE_ROW``), from its compute
+    calibration (``--calibrate``: the replicated step at the global batch B and at B / N,
+    ``tapas.execution.compute_scale``): the measured difference of the two steps less the
+    difference ``K_ROW`` prices for their contractions and convolutions (measured kernels,
+    or the FLOP rates), over the difference it prices for their memory-bound ops (elements
+    at the profiled rate). A difference cancels what both steps pay whatever their size
+    (each op's launch, the step's dispatch), which no plan can save, and keeps what a split
+    of those ops saves per element. 1.0 without a calibration (or one whose difference was
+    within its noise) or kernels, or when the priced difference leaves nothing to explain."""
+    if not calibration or calibration.get("scale") is None or kernels is None:
         return 1.0
-    plan = [{"patterns": tuple(calibration["patterns"])}]
-    one, two = (plan_costs(graph, cluster, plan, loss, CE_ROW, kernel_times=kernels,
-                           communication=(1.0, 1.0, None, 1.0, e))[0].compute
-                for e in (1.0, 2.0))
-    elements = two - one      # the memory-bound ops' price at the profiled rate
-    rest = one - elements
-    left = calibration["measured_s"][1] - rest
+    big, small = calibration["batches"]
+    small_graph = graph_at(entry, small)
+
+    def parts(g) -> tuple[float, float]:
+        """(the rest, the memory-bound ops) of the replicated program's compute on g."""
+        plan = [{"patterns": ("replicate",) * len(g.nodes)}]
+        one, two = (plan_costs(g, cluster, plan, loss, CE_ROW, kernel_times=kernels,
+                               communication=(1.0, 1.0, None, 1.0, e))[0].compute
+                    for e in (1.0, 2.0))
+        return 2 * one - two, two - one
+
+    (rest_big, el_big), (rest_small, el_small) = parts(graph), parts(small_graph)
+    elements = el_big - el_small
+    left = calibration["difference_s"] - (rest_big - rest_small)
     return left / elements if elements > 0 and left > 0 else 1.0
 
 
-def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels) -> Communication:
+def graph_at(entry, batch: int):
+    """The model's graph captured at global batch ``batch`` (a fresh build, no weights)."""
+    from tapas import capturing
+    return capturing.capture(entry.build(fast_init=True), _specs(entry, batch),
+                             training=False)
+
+
+def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels,
+                  e: float = 1.0) -> Communication:
     """A model's communication factors (``Communication``) from its stored calibration,
     re-derived for ``cluster`` (the measured differences over what this cluster's constants
-    price for the same plans' collectives); ``NO_COMMUNICATION`` without one."""
+    price for the same plans' collectives); ``NO_COMMUNICATION`` without one. ``e``: the
+    model's ``elementwise_factor``, re-derived by the caller."""
     u = collective_free_factor(calibration, graph, cluster, loss, kernels)
-    e = elementwise_factor(calibration, graph, cluster, loss, kernels)
     if not calibration or calibration.get("scale") is None:
         return 1.0, 1.0, None, u, e
     from tapas.execution.communication_scale import predicted_parts, solve_factors
@@ -552,7 +577,7 @@ def comm_factors(calibration: dict | None, compute_factor: float = 1.0,
     """A model's communication factors (``Communication``) as its calibration measured
     them: one factor is the data-parallel plan's difference over its price;
     ``compute_factor``: ``collective_free_factor`` of the same calibration,
-    ``elementwise``: its ``elementwise_factor``."""
+    ``elementwise``: the model's ``elementwise_factor`` (of its compute calibration)."""
     if not calibration or calibration.get("scale") is None:
         return 1.0, 1.0, None, compute_factor, elementwise
     one = calibration["difference_s"] / calibration["predicted_s"]
@@ -1026,8 +1051,11 @@ def recost_file(path: str) -> None:
         if CS_ROW in ROWS and name not in comm_calibrations:
             raise ValueError(f"{FLAGS.communication or path} has no communication calibration "
                              f"of {name}: measure it (--communication_only --models=...)")
+        e = (elementwise_factor(calibrations.get(name), entry, graph, cluster,
+                                entry.keras_loss(), kernels.get(name))
+             if CE_ROW in ROWS else 1.0)
         comm = (comm_rescaled(comm_calibrations.get(name), graph, cluster, entry.keras_loss(),
-                              kernels.get(name)) if CS_ROW in ROWS else NO_COMMUNICATION)
+                              kernels.get(name), e) if CS_ROW in ROWS else NO_COMMUNICATION)
         predicted = recost(graph, cluster, plans, entry.keras_loss(), scale, kernels.get(name),
                            comm)
         parts = (predicted_parts(graph, cluster, plans, entry.keras_loss(), scale)
@@ -1214,8 +1242,12 @@ def main(argv: list[str]) -> None:
             comm_calibrations[name] = model_communication(model, entry, graph, cluster,
                                                           strategy, loss, kernels, name)
             u = collective_free_factor(comm_calibrations[name], graph, cluster, loss, kernels)
-            e = elementwise_factor(comm_calibrations[name], graph, cluster, loss, kernels)
-            comm_calibrations[name].update(collective_free_factor=u, elementwise_factor=e)
+            comm_calibrations[name]["collective_free_factor"] = u
+            e = 1.0
+            if CE_ROW in ROWS:
+                e = elementwise_factor(calibrations.get(name), entry, graph, cluster, loss,
+                                       kernels)
+                calibrations[name]["elementwise_factor"] = e
             comm = comm_factors(comm_calibrations[name], u, e)
         plans = candidates(graph, cluster, FLAGS.top_k, loss, scale, kernels, comm)
         predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels,

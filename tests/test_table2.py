@@ -112,7 +112,8 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                                "+CF+GO+EC+WR+L+MB+W", "+CF+GO+EC+WR+L+MB+W+MC",
                                "+CF+GO+EC+WR+L+MB+W+K", "+CF+GO+EC+WR+L+MB+W+K+CS",
                                "+CF+GO+EC+WR+L+MB+W+K+CS+CA",
-                               "+CF+GO+EC+WR+L+MB+W+K+CS+CA+U"}
+                               "+CF+GO+EC+WR+L+MB+W+K+CS+CA+U",
+                               "+CF+GO+EC+WR+L+MB+W+K+CS+CA+E"}
     assert d["interleave"] is True and d["rounds"] == 3
     # the first plan of each model built twice and timed in the same rounds
     assert set(d["twins"]) == {"t5-tiny", "keras-mobilenet"}
@@ -189,6 +190,20 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                 - dp[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA"]) == pytest.approx(
                     (f - 1) * cal["measured_s"][1] / f)
         assert any(name.startswith("U#") for r in runs for name in r["plan"].split("/"))
+        # ... or only its memory-bound ops' part, by what that step leaves over the +K price
+        # of the contractions and convolutions (+CA+E, whose search adds E#...): on the
+        # calibrated plan both land its compute on the measured step, so they agree there
+        e = cal["elementwise_factor"]
+        assert e > 0
+        ca_e = [(r["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA"],
+                 r["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA+E"]) for r in runs]
+        if e == 1.0:   # no time left over the rest's price: the row is +CA
+            assert all(pe == pytest.approx(ca) for ca, pe in ca_e)
+        else:
+            assert all((pe > ca) == (e > 1) and pe != pytest.approx(ca) for ca, pe in ca_e)
+            assert dp[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA+E"] == pytest.approx(
+                dp[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA+U"])
+            assert any(name.startswith("E#") for r in runs for name in r["plan"].split("/"))
     for model in ("t5-tiny", "keras-mobilenet"):
         runs = [r for r in d["runs"] if r["model"] == model]
         assert not [r for r in runs if "error" in r], runs
@@ -255,12 +270,14 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert "no row +CF+GO+EC+WR+L+MB+W+K+CS:" in older.stdout
     assert "no row +CF+GO+EC+WR+L+MB+W+K+CS+CA:" in older.stdout
     assert "no row +CF+GO+EC+WR+L+MB+W+K+CS+CA+U:" in older.stdout
+    assert "no row +CF+GO+EC+WR+L+MB+W+K+CS+CA+E:" in older.stdout
     r3 = json.loads((out / "old" / "table2_recost.json").read_text())
     assert set(r3["table"]) == set(d["table"]) - {"+CF+GO+EC+WR+L+MB+W+MC",
                                                   "+CF+GO+EC+WR+L+MB+W+K",
                                                   "+CF+GO+EC+WR+L+MB+W+K+CS",
                                                   "+CF+GO+EC+WR+L+MB+W+K+CS+CA",
-                                                  "+CF+GO+EC+WR+L+MB+W+K+CS+CA+U"}
+                                                  "+CF+GO+EC+WR+L+MB+W+K+CS+CA+U",
+                                                  "+CF+GO+EC+WR+L+MB+W+K+CS+CA+E"}
     assert r3["table"]["+CF+GO+EC+WR+L+MB+W"] == d["table"]["+CF+GO+EC+WR+L+MB+W"]
 
 

@@ -163,10 +163,11 @@ class CostOptions:
     compute_scale: float = 1.0
     # plan level (beyond the paper, "E"; with memory_bound): the memory-bound ops' time (their
     # elements at ``Cluster.device_elementwise_rate``) times this factor, measured for one
-    # model as what its collective-free data-parallel step takes beyond its priced
-    # contractions and convolutions (``scripts/table2_cost_model.py``,
-    # ``elementwise_factor``): the profile's rate is a long streaming kernel's, a model's
-    # ops are many short ones; 1.0: the rate as profiled
+    # model from its replicated step at two batch sizes (``calibrate_compute``): what the
+    # difference takes beyond the priced difference of its contractions and convolutions,
+    # per second of its memory-bound ops' priced difference (``scripts/table2_cost_model.py``,
+    # ``elementwise_factor``): the profile's rate is one long streaming kernel's, a model's
+    # memory-bound ops are many short ones; 1.0: the rate as profiled
     elementwise_scale: float = 1.0
     # plan level (beyond the paper, "K"; with memory_bound): the measured training-step time
     # of each kernel a pattern's contractions and convolutions run on one device
