@@ -82,8 +82,8 @@ kernels, which the row +CA+U adds to +CA (``collective_free_factor``; its search
 ``U#1``...). With ``--calibrate`` too, the compute calibration's difference of two batch
 sizes beyond the +K price of the contractions' and convolutions' difference, over the price
 of the memory-bound ops' difference, gives the factor the row +CA+E multiplies only those
-ops' time by (``elementwise_factor``, ``CostOptions.elementwise_scale``, in
-``calibrations``; its search adds ``E#1``...). ``communication_calibrations`` in the JSON (with the timed plans' patterns:
+ops' time by (``elementwise_factor``, ``CostOptions.elementwise_scale``; ``elementwise``
+of each model's ``calibrations``; its search adds ``E#1``...). ``communication_calibrations`` in the JSON (with the timed plans' patterns:
 ``--recost`` re-derives each factor for its ``--cluster``). ``--communication_only``
 measures them and writes ``table2_communication.json``; ``--recost
 --communication=table2_communication.json`` prices an earlier run's plans with them. One
@@ -512,7 +512,7 @@ def collective_free_factor(calibration: dict | None, graph, cluster, loss, kerne
 
 
 def elementwise_factor(calibration: dict | None, entry, graph, cluster, loss,
-                       kernels) -> float:
+                       kernels) -> dict:
     """A model's factor for its memory-bound ops (the row ``CE_ROW``), from its compute
     calibration (``--calibrate``: the replicated step at the global batch B and at B / N,
     ``tapas.execution.compute_scale``): the measured difference of the two steps less the
@@ -520,12 +520,14 @@ def elementwise_factor(calibration: dict | None, entry, graph, cluster, loss,
     or the FLOP rates), over the difference it prices for their memory-bound ops (elements
     at the profiled rate). A difference cancels what both steps pay whatever their size
     (each op's launch, the step's dispatch), which no plan can save, and keeps what a split
-    of those ops saves per element. 1.0 without a calibration (or one whose difference was
-    within its noise) or kernels, or when the priced difference leaves nothing to explain."""
+    of those ops saves per element. ``{"factor": ..., "rest_s": [B, B / N], "elements_s":
+    [B, B / N]}`` (the two parts of the replicated program's +K compute at each batch);
+    factor 1.0 without a calibration (or one whose difference was within its noise) or
+    kernels (no parts), or when the priced difference leaves nothing to explain."""
     if not calibration or calibration.get("scale") is None or kernels is None:
-        return 1.0
+        return {"factor": 1.0, "rest_s": None, "elements_s": None}
     big, small = calibration["batches"]
-    small_graph = graph_at(entry, small)
+    small_graph = graph_at(entry, big, big // small)
 
     def parts(g) -> tuple[float, float]:
         """(the rest, the memory-bound ops) of the replicated program's compute on g."""
@@ -538,14 +540,20 @@ def elementwise_factor(calibration: dict | None, entry, graph, cluster, loss,
     (rest_big, el_big), (rest_small, el_small) = parts(graph), parts(small_graph)
     elements = el_big - el_small
     left = calibration["difference_s"] - (rest_big - rest_small)
-    return left / elements if elements > 0 and left > 0 else 1.0
+    return {"factor": left / elements if elements > 0 and left > 0 else 1.0,
+            "rest_s": [rest_big, rest_small], "elements_s": [el_big, el_small]}
 
 
-def graph_at(entry, batch: int):
-    """The model's graph captured at global batch ``batch`` (a fresh build, no weights)."""
+def graph_at(entry, batch: int, rows: int):
+    """The model's graph captured at global batch ``batch`` / ``rows`` (its inputs' batch
+    axis divided as ``calibrate_compute`` divides it; a corpus model is built for one batch,
+    so its specs at ``batch`` are the ones divided)."""
     from tapas import capturing
-    return capturing.capture(entry.build(fast_init=True), _specs(entry, batch),
-                             training=False)
+    from tapas.execution.inputs import InputSignature
+    model = entry.build(fast_init=True)
+    small = InputSignature.of(model, _specs(entry, batch)).per_row(rows, "the calibration's "
+                                                                    "second batch")
+    return capturing.capture(model, small.spec_structure(), training=False)
 
 
 def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels,
@@ -1052,7 +1060,7 @@ def recost_file(path: str) -> None:
             raise ValueError(f"{FLAGS.communication or path} has no communication calibration "
                              f"of {name}: measure it (--communication_only --models=...)")
         e = (elementwise_factor(calibrations.get(name), entry, graph, cluster,
-                                entry.keras_loss(), kernels.get(name))
+                                entry.keras_loss(), kernels.get(name))["factor"]
              if CE_ROW in ROWS else 1.0)
         comm = (comm_rescaled(comm_calibrations.get(name), graph, cluster, entry.keras_loss(),
                               kernels.get(name), e) if CS_ROW in ROWS else NO_COMMUNICATION)
@@ -1245,9 +1253,10 @@ def main(argv: list[str]) -> None:
             comm_calibrations[name]["collective_free_factor"] = u
             e = 1.0
             if CE_ROW in ROWS:
-                e = elementwise_factor(calibrations.get(name), entry, graph, cluster, loss,
-                                       kernels)
-                calibrations[name]["elementwise_factor"] = e
+                parts = elementwise_factor(calibrations.get(name), entry, graph, cluster,
+                                           loss, kernels)
+                calibrations[name]["elementwise"] = parts
+                e = parts["factor"]
             comm = comm_factors(comm_calibrations[name], u, e)
         plans = candidates(graph, cluster, FLAGS.top_k, loss, scale, kernels, comm)
         predicted = recost(graph, cluster, plans, loss, scale or 1.0, kernels,

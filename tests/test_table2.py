@@ -190,20 +190,29 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                 - dp[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA"]) == pytest.approx(
                     (f - 1) * cal["measured_s"][1] / f)
         assert any(name.startswith("U#") for r in runs for name in r["plan"].split("/"))
-        # ... or only its memory-bound ops' part, by what that step leaves over the +K price
-        # of the contractions and convolutions (+CA+E, whose search adds E#...): on the
-        # calibrated plan both land its compute on the measured step, so they agree there
-        e = cal["elementwise_factor"]
+        # ... or only its memory-bound ops' part, by the compute calibration's difference
+        # of two batch sizes beyond the +K price of the rest's difference, over the price of
+        # those ops' difference (+CA+E, whose search adds E#...)
+        parts = d["calibrations"][model]["elementwise"]
+        e = parts["factor"]
         assert e > 0
         ca_e = [(r["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA"],
                  r["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA+E"]) for r in runs]
-        if e == 1.0:   # no time left over the rest's price: the row is +CA
+        if parts["elements_s"] is None or e == 1.0:   # nothing measured: the row is +CA
             assert all(pe == pytest.approx(ca) for ca, pe in ca_e)
-        else:
-            assert all((pe > ca) == (e > 1) and pe != pytest.approx(ca) for ca, pe in ca_e)
-            assert dp[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA+E"] == pytest.approx(
-                dp[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA+U"])
-            assert any(name.startswith("E#") for r in runs for name in r["plan"].split("/"))
+            continue
+        (rest_b, rest_s), (el_b, el_s) = parts["rest_s"], parts["elements_s"]
+        assert el_b > el_s > 0 and rest_b >= rest_s >= 0
+        assert e == pytest.approx((d["calibrations"][model]["difference_s"]
+                                   - (rest_b - rest_s)) / (el_b - el_s))
+        assert all((pe > ca) == (e > 1) and pe != pytest.approx(ca) for ca, pe in ca_e)
+        # the replicated plan: +E adds (e - 1) times its memory-bound ops' price
+        rep = [r for r in runs if "replicate" in r["plan"].split("/")]
+        assert len(rep) == 1
+        assert (rep[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA+E"]
+                - rep[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA"]) == pytest.approx(
+                    (e - 1) * el_b)
+        assert any(name.startswith("E#") for r in runs for name in r["plan"].split("/"))
     for model in ("t5-tiny", "keras-mobilenet"):
         runs = [r for r in d["runs"] if r["model"] == model]
         assert not [r for r in runs if "error" in r], runs
