@@ -83,11 +83,12 @@ kernels, which the row +CA+U adds to +CA (``collective_free_factor``; its search
 sizes beyond the +K price of the contractions' and convolutions' difference, over the price
 of the memory-bound ops' difference, gives the factor the row +CA+E multiplies only those
 ops' time by (``elementwise_factor``, ``CostOptions.elementwise_scale``; ``elementwise``
-of each model's ``calibrations``; its search adds ``E#1``...). ``communication_calibrations`` in the JSON (with the timed plans' patterns:
-``--recost`` re-derives each factor for its ``--cluster``). ``--communication_only``
-measures them and writes ``table2_communication.json``; ``--recost
---communication=table2_communication.json`` prices an earlier run's plans with them. One
-process only (not with ``--workers``: the row is left out there).
+of each model's ``calibrations``; its search adds ``E#1``...). ``communication_calibrations``
+in the JSON (with the timed plans' patterns: ``--recost`` re-derives each factor for its
+``--cluster``). ``--communication_only`` measures them and writes
+``table2_communication.json``; ``--recost --communication=table2_communication.json`` prices
+an earlier run's plans with them. One process only (not with ``--workers``: the row is left
+out there).
 
 ``--kernels`` (the default): before its plans, every kernel the model's patterns run (each
 contraction and convolution at its local shapes: ``tapas.planning.kernel_times``) is timed
@@ -511,37 +512,37 @@ def collective_free_factor(calibration: dict | None, graph, cluster, loss, kerne
     return calibration["measured_s"][1] / cost.compute if cost.compute > 0 else 1.0
 
 
-def elementwise_factor(calibration: dict | None, entry, graph, cluster, loss,
-                       kernels) -> dict:
+def elementwise_factor(calibration: dict | None, entry, graph, cluster, kernels) -> dict:
     """A model's factor for its memory-bound ops (the row ``CE_ROW``), from its compute
     calibration (``--calibrate``: the replicated step at the global batch B and at B / N,
-    ``tapas.execution.compute_scale``): the measured difference of the two steps less the
-    difference ``K_ROW`` prices for their contractions and convolutions (measured kernels,
-    or the FLOP rates), over the difference it prices for their memory-bound ops (elements
-    at the profiled rate). A difference cancels what both steps pay whatever their size
-    (each op's launch, the step's dispatch), which no plan can save, and keeps what a split
-    of those ops saves per element. ``{"factor": ..., "rest_s": [B, B / N], "elements_s":
-    [B, B / N]}`` (the two parts of the replicated program's +K compute at each batch);
-    factor 1.0 without a calibration (or one whose difference was within its noise) or
-    kernels (no parts), or when the priced difference leaves nothing to explain."""
-    if not calibration or calibration.get("scale") is None or kernels is None:
+    ``tapas.execution.compute_scale``) re-priced as ``K_ROW`` prices (measured kernels):
+    ``ComputeCalibration.elementwise_scale``, the measured difference of the two steps less
+    the priced difference of their contractions and convolutions, over the priced
+    difference of their memory-bound ops. A difference cancels what both steps pay whatever
+    their size (each op's launch, the step's dispatch), which no plan can save.
+    ``{"factor": ..., "rest_s": [B, B / N], "elements_s": [B, B / N]}`` (the two parts of
+    the replicated program's +K compute at each batch); factor 1.0 without a calibration
+    (or one whose difference was within its noise), kernels or an elementwise rate (no
+    parts), or when the priced difference leaves nothing to explain."""
+    if not calibration or calibration.get("scale") is None or kernels is None or \
+            not cluster.device_elementwise_rate:
         return {"factor": 1.0, "rest_s": None, "elements_s": None}
+    from tapas.execution.compute_scale import (ComputeCalibration, memory_bound_compute,
+                                               predicted_replicated_compute)
+    from tapas.planning.cost import CostOptions
     big, small = calibration["batches"]
-    small_graph = graph_at(entry, big, big // small)
-
-    def parts(g) -> tuple[float, float]:
-        """(the rest, the memory-bound ops) of the replicated program's compute on g."""
-        plan = [{"patterns": ("replicate",) * len(g.nodes)}]
-        one, two = (plan_costs(g, cluster, plan, loss, CE_ROW, kernel_times=kernels,
-                               communication=(1.0, 1.0, None, 1.0, e))[0].compute
-                    for e in (1.0, 2.0))
-        return 2 * one - two, two - one
-
-    (rest_big, el_big), (rest_small, el_small) = parts(graph), parts(small_graph)
-    elements = el_big - el_small
-    left = calibration["difference_s"] - (rest_big - rest_small)
-    return {"factor": left / elements if elements > 0 and left > 0 else 1.0,
-            "rest_s": [rest_big, rest_small], "elements_s": [el_big, el_small]}
+    n = cluster.num_devices
+    options = CostOptions.for_cluster(cluster, kernel_times=kernels, **{
+        k: v for k, v in ROWS[K_ROW].items() if k not in ("loss", "kernel_times")})
+    graphs = (graph, graph_at(entry, big, big // small))
+    whole = [predicted_replicated_compute(g, n, cluster, options) for g in graphs]
+    elements = [memory_bound_compute(g, n, cluster, options) for g in graphs]
+    cal = ComputeCalibration(n, (big, small), tuple(calibration["measured_s"]),
+                             (whole[0], whole[1]), calibration["difference_s"],
+                             calibration["difference_se_s"], calibration["pairs"],
+                             calibration["scale"], "", (elements[0], elements[1]))
+    return {"factor": cal.elementwise_scale,
+            "rest_s": [w - e for w, e in zip(whole, elements)], "elements_s": elements}
 
 
 def graph_at(entry, batch: int, rows: int):
@@ -1060,7 +1061,7 @@ def recost_file(path: str) -> None:
             raise ValueError(f"{FLAGS.communication or path} has no communication calibration "
                              f"of {name}: measure it (--communication_only --models=...)")
         e = (elementwise_factor(calibrations.get(name), entry, graph, cluster,
-                                entry.keras_loss(), kernels.get(name))["factor"]
+                                kernels.get(name))["factor"]
              if CE_ROW in ROWS else 1.0)
         comm = (comm_rescaled(comm_calibrations.get(name), graph, cluster, entry.keras_loss(),
                               kernels.get(name), e) if CS_ROW in ROWS else NO_COMMUNICATION)
@@ -1254,7 +1255,7 @@ def main(argv: list[str]) -> None:
             e = 1.0
             if CE_ROW in ROWS:
                 parts = elementwise_factor(calibrations.get(name), entry, graph, cluster,
-                                           loss, kernels)
+                                           kernels)
                 calibrations[name]["elementwise"] = parts
                 e = parts["factor"]
             comm = comm_factors(comm_calibrations[name], u, e)

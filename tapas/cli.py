@@ -7,7 +7,8 @@
                   [--plot=residuals.png] [--nogamma]
     tapas search  --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json]
                   [--cluster=file.json [--compute_scale=measure] [--kernel_times=measure]
-                  [--communication_scale=measure]] [--meshes | --mesh=ROWSxCOLS]
+                  [--communication_scale=measure] [--elementwise_scale=measure]]
+                  [--meshes | --mesh=ROWSxCOLS]
                   [--draw=strategy.png]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
                   [--workers=K [--devices_per_worker=D]] [--optimizer=sgd|adam] [--learning_rate=LR]
@@ -82,7 +83,15 @@ flags.DEFINE_string("compute_scale", None, "search, train: multiply every plan's
                     "this factor (CostOptions.compute_scale), or 'measure': first time the model's "
                     "replicated training step at the batch and at batch / N on N devices here "
                     "(the cluster file's N, profiled on this machine) against what the cost "
-                    "model prices for them, and use that factor.")
+                    "model prices for them (with --kernel_times, its measured kernels), and "
+                    "use that factor.")
+flags.DEFINE_string("elementwise_scale", None, "search: multiply the memory-bound ops' time "
+                    "(their elements at the cluster's elementwise rate) by this factor "
+                    "(CostOptions.elementwise_scale), or 'measure': time the model's "
+                    "replicated step at the batch and at batch / N as --compute_scale does "
+                    "(one calibration serves both) and take what the difference leaves "
+                    "beyond the priced contractions and convolutions (with --kernel_times, "
+                    "their measured kernels) per second of the memory-bound ops' price.")
 flags.DEFINE_string("kernel_times", None, "search, train: price every contraction and "
                     "convolution "
                     "by the measured training-step time of its kernel at its local shapes "
@@ -362,10 +371,22 @@ def cmd_search() -> dict[str, Any]:
     except (TypeError, ValueError) as e:
         raise app.UsageError(f"--cluster={FLAGS.cluster} --nodes={FLAGS.nodes} "
                              f"--devices_per_node={FLAGS.devices_per_node}: {e}") from None
-    if FLAGS.compute_scale is not None and (FLAGS.meshes or FLAGS.mesh):
-        raise app.UsageError(f"--compute_scale={FLAGS.compute_scale} with --meshes/--mesh is "
-                             "not supported (the factor is measured on the 1-D program): "
-                             "leave one of them out")
+    from tapas.execution.communication_scale import check_communication_scale
+    from tapas.execution.compute_scale import check_compute_scale, check_elementwise_scale
+    for name, check in (("compute_scale", check_compute_scale),
+                        ("elementwise_scale", check_elementwise_scale),
+                        ("communication_scale", check_communication_scale)):
+        value = FLAGS[name].value   # a factor measured on the 1-D program, or given
+        if value is None:
+            continue
+        if FLAGS.meshes or FLAGS.mesh:
+            raise app.UsageError(f"--{name}={value} with --meshes/--mesh is not supported "
+                                 "(the factor is measured on the 1-D program): leave one of "
+                                 "them out")
+        try:
+            check(value, FLAGS.cluster)
+        except ValueError as e:
+            raise app.UsageError(f"--{name}={value}: {e}") from None
     if FLAGS.kernel_times is not None:
         if FLAGS.meshes or FLAGS.mesh:
             raise app.UsageError(f"--kernel_times={FLAGS.kernel_times} with --meshes/--mesh "
@@ -376,18 +397,8 @@ def cmd_search() -> dict[str, Any]:
             check_kernel_times(FLAGS.kernel_times, FLAGS.cluster, cluster.num_devices)
         except ValueError as e:
             raise app.UsageError(f"--kernel_times={FLAGS.kernel_times}: {e}") from None
-    if FLAGS.communication_scale is not None:
-        if FLAGS.meshes or FLAGS.mesh:
-            raise app.UsageError(f"--communication_scale={FLAGS.communication_scale} with "
-                                 "--meshes/--mesh is not supported (the factor is measured on "
-                                 "the 1-D program): leave one of them out")
-        from tapas.execution.communication_scale import check_communication_scale
-        try:
-            check_communication_scale(FLAGS.communication_scale, FLAGS.cluster)
-        except ValueError as e:
-            raise app.UsageError(f"--communication_scale={FLAGS.communication_scale}: "
-                                 f"{e}") from None
     measures = [str(FLAGS.compute_scale).strip().lower() == "measure",
+                str(FLAGS.elementwise_scale).strip().lower() == "measure",
                 str(FLAGS.kernel_times).strip().lower() == "measure",
                 str(FLAGS.communication_scale).strip().lower() == "measure"]
     if any(measures) and FLAGS.cluster not in CLUSTER_PRESETS:
@@ -429,6 +440,7 @@ def cmd_search() -> dict[str, Any]:
     report = {"model": graph.name, "capture_seconds": round(capture_s, 4),
               "loss_priced": LossSpec.of(loss).to_json() if loss is not None else None,
               "compute_scale": 1.0 if options is None else options.compute_scale,
+              "elementwise_scale": 1.0 if options is None else options.elementwise_scale,
               "compute_calibration": None if calibration is None else calibration.to_json(),
               "communication_scale": 1.0 if options is None else options.communication_scale,
               "activation_communication_scale": None if options is None else
@@ -452,13 +464,15 @@ def cmd_search() -> dict[str, Any]:
 
 
 def _search_options(cluster: Any, loaded: LoadedModel, graph: Any) -> tuple[Any, Any]:
-    """``(CostOptions or None, ComputeCalibration or None)`` from ``--compute_scale`` (a
-    given factor, or one measured here: 'measure') and ``--kernel_times`` (a file, or the
-    kernels of ``graph``'s patterns timed here: 'measure'); None for the search's
-    defaults."""
-    from tapas.execution.compute_scale import calibrate_compute, resolve_compute_scale
+    """``(CostOptions or None, ComputeCalibration or None)`` from ``--compute_scale`` and
+    ``--elementwise_scale`` (given factors, or measured here by one calibration:
+    'measure') and ``--kernel_times`` (a file, or the kernels of ``graph``'s patterns timed
+    here: 'measure'); None for the search's defaults."""
+    from tapas.execution.compute_scale import (calibrate_compute, resolve_compute_scale,
+                                               resolve_elementwise_scale)
     from tapas.planning.cost import CostOptions
-    if FLAGS.compute_scale is None and FLAGS.kernel_times is None:
+    if FLAGS.compute_scale is None and FLAGS.kernel_times is None and \
+            FLAGS.elementwise_scale is None:
         return None, None
     changes: dict[str, Any] = {}
     if FLAGS.kernel_times is not None:
@@ -469,25 +483,39 @@ def _search_options(cluster: Any, loaded: LoadedModel, graph: Any) -> tuple[Any,
         changes["kernel_times"] = resolve_kernel_times(
             FLAGS.kernel_times, graph, cluster, FLAGS.cluster, make_strategy, save_to,
             progress=lambda msg: print(f"  {msg}", flush=True))
-    if FLAGS.compute_scale is None:
-        return CostOptions.for_cluster(cluster, **changes), None
+    # the prices the factors are measured against: the search's, kernels included
+    priced = CostOptions.for_cluster(cluster, **changes)
+    measured: list[Any] = []     # one calibration for both factors
 
     def measure() -> Any:
+        if measured:
+            return measured[0]
         from tapas.execution.devices import make_strategy
         n = cluster.num_devices
-        print(f"measuring the model's compute scale on {n} devices (--compute_scale=measure)")
+        which = " and ".join(f"--{name}=measure" for name in ("compute_scale",
+                                                               "elementwise_scale")
+                             if str(FLAGS[name].value).strip().lower() == "measure")
+        print(f"measuring the model's compute scale on {n} devices ({which})")
         cal = calibrate_compute(loaded.model, loaded.specs, cluster=cluster,
                                 distribute_strategy=make_strategy(n), loss=loaded.loss,
-                                training=bool(FLAGS.training),
+                                training=bool(FLAGS.training), options=priced,
                                 progress=lambda msg: print(f"  {msg}", flush=True))
         print(f"  {cal.describe()}")
+        measured.append(cal)
         return cal
 
-    try:
-        scale, calibration = resolve_compute_scale(FLAGS.compute_scale, FLAGS.cluster, measure)
-    except ValueError as e:
-        raise app.UsageError(f"--compute_scale={FLAGS.compute_scale}: {e}") from None
-    return CostOptions.for_cluster(cluster, compute_scale=scale, **changes), calibration
+    calibration = None
+    for name, resolve in (("compute_scale", resolve_compute_scale),
+                          ("elementwise_scale", resolve_elementwise_scale)):
+        value = FLAGS[name].value
+        if value is None:
+            continue
+        try:
+            changes[name], cal = resolve(value, FLAGS.cluster, measure)
+        except ValueError as e:
+            raise app.UsageError(f"--{name}={value}: {e}") from None
+        calibration = calibration or cal
+    return CostOptions.for_cluster(cluster, **changes), calibration
 
 
 def _communication_options(cluster: Any, loaded: LoadedModel, graph: Any, options: Any,
@@ -593,6 +621,10 @@ def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any, loss: Any,
 
 def cmd_train() -> dict[str, Any]:
     from tapas.execution import train
+    if FLAGS.elementwise_scale is not None:
+        raise app.UsageError(f"--elementwise_scale={FLAGS.elementwise_scale} prices `tapas "
+                             "search` only: search with it (--out=s.json) and train that "
+                             "plan with --strategy=s.json")
     opts = train.TrainOptions(model=FLAGS.model, devices=FLAGS.devices, steps=FLAGS.steps,
                               strategy=FLAGS.strategy, verify=FLAGS.verify,
                               workers=FLAGS.workers, optimizer=FLAGS.optimizer,

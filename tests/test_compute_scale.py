@@ -34,6 +34,58 @@ def test_scale_is_the_median_pair_difference_over_the_predicted_difference() -> 
     assert json.loads(json.dumps(cal.to_json()))["compute_scale"] == pytest.approx(cal.scale)
 
 
+def test_elementwise_scale_is_what_the_difference_leaves_over_the_rest_per_memory_bound_second(
+) -> None:
+    """With the memory-bound ops' part of each price known, the measured difference less
+    the rest's priced difference, over the memory-bound ops' priced difference; 1.0 where
+    it cannot be told (no part priced, no scale, nothing left to explain)."""
+    big = [0.100, 0.104, 0.098, 0.101, 0.103]
+    small = [0.040, 0.041, 0.039, 0.040, 0.042]
+    cal = scale_from_pairs(4, (64, 16), big, small, (0.020, 0.005), (0.008, 0.002))
+    # rest: 0.012 - 0.003 = 0.009 of the 0.061 measured; memory-bound ops: 0.006 priced
+    assert cal.elementwise_scale == pytest.approx((0.061 - 0.009) / 0.006)
+    assert cal.compute_scale == pytest.approx(0.061 / 0.015)     # unchanged by the parts
+    assert "memory-bound ops' scale 8.67" in cal.describe()
+    assert json.loads(json.dumps(cal.to_json()))["elementwise_scale"] == pytest.approx(
+        cal.elementwise_scale)
+    assert scale_from_pairs(4, (64, 16), big, small, (0.020, 0.005)).elementwise_scale == 1.0
+    # the contractions alone price more than the measured difference: nothing left
+    assert scale_from_pairs(4, (64, 16), big, small, (0.090, 0.010),
+                            (0.002, 0.001)).elementwise_scale == 1.0
+    noisy = scale_from_pairs(2, (8, 4), [0.010, 0.030, 0.011, 0.029],
+                             [0.020, 0.012, 0.021, 0.013], (0.002, 0.001), (0.001, 0.0005))
+    assert noisy.scale is None and noisy.elementwise_scale == 1.0
+
+
+def test_memory_bound_compute_is_the_elementwise_part_of_the_replicated_price() -> None:
+    """``memory_bound_compute``: the part of ``predicted_replicated_compute`` that
+    ``elementwise_scale`` multiplies (None without a rate or with memory_bound off); the
+    replicated price itself ignores the options' factors."""
+    import dataclasses
+
+    from tapas import capturing, models
+    from tapas.execution.compute_scale import (memory_bound_compute,
+                                               predicted_replicated_compute)
+    entry = models.get("t5-tiny")
+    graph = capturing.capture(entry.build(fast_init=True), entry.input_spec(8),
+                              training=False)
+    cluster = dataclasses.replace(Cluster.loopback_cpu(4), device_elementwise_rate=1e9)
+    options = CostOptions.for_cluster(cluster)
+    part = memory_bound_compute(graph, 4, cluster, options)
+    whole = predicted_replicated_compute(graph, 4, cluster, options)
+    assert 0 < part < whole
+    tripled = dataclasses.replace(options, elementwise_scale=3.0, compute_scale=5.0)
+    assert predicted_replicated_compute(graph, 4, cluster, tripled) == pytest.approx(whole)
+    from tapas.planning.table import pattern_table
+    table = pattern_table(graph, 4, cluster, tripled)
+    priced = sum(table.infos[n.id][table.index(n.id, "replicate")].compute_time
+                 for n in graph.nodes)
+    assert priced == pytest.approx(5.0 * (whole + 2 * part))
+    assert memory_bound_compute(graph, 4, Cluster.loopback_cpu(4)) is None
+    assert memory_bound_compute(graph, 4, cluster,
+                                CostOptions.for_cluster(cluster, memory_bound=False)) is None
+
+
 def test_no_scale_when_the_difference_is_noise_or_not_priced() -> None:
     """A difference under 2 standard errors, or a prediction that does not change with the
     batch, gives no scale: the search keeps the profiled rates (1.0) and says why."""
@@ -151,6 +203,47 @@ def test_search_command_takes_a_compute_scale(tmp_path) -> None:
                                "--compute_scale=measure")
     assert preset.returncode != 0
     assert "is a preset, not this machine" in preset.stdout + preset.stderr
+
+
+def test_search_command_takes_an_elementwise_scale(tmp_path) -> None:
+    """``tapas search --elementwise_scale``: a factor, or 'measure' (one calibration serves
+    it and --compute_scale=measure, priced against the measured kernels when
+    --kernel_times is given); refused with a mesh, a preset cluster, a bad value and by
+    ``tapas train``."""
+    report = tmp_path / "r.json"
+    cluster = os.path.join(ROOT, "benchmarks", "results", "cluster_cpu4_2026-11-26_epyc.json")
+    ok = command.run_tapas("search", "--model=t5-tiny", "--batch_size=8", f"--cluster={cluster}",
+                           "--elementwise_scale=measure", "--compute_scale=measure",
+                           "--kernel_times=measure", f"--out={tmp_path / 's.json'}",
+                           f"--json_out={report}", timeout=500)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    assert ok.stdout.count("measuring the model's compute scale on 4 devices") == 1
+    assert "(--compute_scale=measure and --elementwise_scale=measure)" in ok.stdout
+    r = json.loads(report.read_text())
+    cal = r["compute_calibration"]
+    assert cal["memory_bound_s"][0] > cal["memory_bound_s"][1] > 0
+    assert r["elementwise_scale"] == cal["elementwise_scale"] > 0
+    assert r["compute_scale"] == cal["compute_scale"]
+    assert r["kernel_times"] is not None
+    given = command.run_tapas("search", "--model=t5-tiny", f"--cluster={cluster}",
+                              "--elementwise_scale=3", f"--json_out={report}")
+    assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
+    assert "measuring" not in given.stdout
+    assert json.loads(report.read_text())["elementwise_scale"] == 3.0
+    for args, words in (([f"--cluster={cluster}", "--elementwise_scale=0"],
+                         "elementwise_scale=0.0: must be a finite number > 0"),
+                        ([f"--cluster={cluster}", "--elementwise_scale=fast"],
+                         "--elementwise_scale=fast"),
+                        (["--mesh=2x2", "--elementwise_scale=2"],
+                         "with --meshes/--mesh is not supported"),
+                        (["--cluster=v100", "--elementwise_scale=measure"],
+                         "is a preset, not this machine")):
+        bad = command.run_tapas("search", "--model=t5-tiny", *args)
+        assert bad.returncode != 0 and words in bad.stdout + bad.stderr, args
+    train = command.run_tapas("train", "--model=t5-tiny", "--devices=2", "--steps=1",
+                              "--elementwise_scale=2")
+    assert train.returncode != 0
+    assert "prices `tapas search` only" in train.stdout + train.stderr
 
 
 def test_compute_calibration_is_a_frozen_record() -> None:

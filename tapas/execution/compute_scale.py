@@ -27,6 +27,16 @@ a warm-up step each), so load that drifts over the measurement moves both alike;
 the median of the pairs' differences over the difference of the predictions. When that
 difference is within the noise of the pairs (a model whose compute is too small to time at
 this batch), ``scale`` is None and the search keeps the profiled rates (``CostOptions`` 1.0).
+
+The same difference gives a narrower factor, ``ComputeCalibration.elementwise_scale``
+(``"E"``): with the pricing's memory-bound part known at both sizes (``memory_bound_s``:
+elementwise ops, reductions, transposes, gathers at the cluster's elementwise rate), the
+measured difference less the priced difference of everything else (the contractions and
+convolutions: measured kernels with ``CostOptions.kernel_times``, else the FLOP rates), over
+the memory-bound ops' priced difference. The search multiplies only those ops' time by it
+(``CostOptions.elementwise_scale``, ``tapas search --elementwise_scale=measure``): a model's
+short elementwise kernels run far below the streaming rate the profile measured, its
+contractions, timed one by one, do not (Table 2, ``docs/paper.md``).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ComputeCalibration", "calibrate_compute", "predicted_replicated_compute",
+           "memory_bound_compute", "check_elementwise_scale", "resolve_elementwise_scale",
            "scale_from_pairs", "check_compute_scale", "resolve_compute_scale",
            "check_measured_factor", "resolve_measured_factor", "time_pairs",
            "paired_difference", "median_standard_error"]
@@ -57,6 +68,25 @@ class ComputeCalibration:
     pairs: int
     scale: float | None                    # None: the difference is within the noise
     reason: str = ""                       # why scale is None
+    # the memory-bound ops' part of predicted_s (their elements at the cluster's elementwise
+    # rate; memory_bound_compute), None where the pricing has no such part
+    memory_bound_s: tuple[float, float] | None = None
+
+    @property
+    def elementwise_scale(self) -> float:
+        """The factor for ``CostOptions.elementwise_scale``: the measured difference less
+        the priced difference of everything but the memory-bound ops (contractions and
+        convolutions: measured kernels or the FLOP rates), over the priced difference of
+        the memory-bound ops: what their batch split saves per second the model prices it
+        at. 1.0 (the profiled rate) when ``scale`` is None, the pricing has no memory-bound
+        part, or the rest's priced difference leaves nothing to explain."""
+        if self.scale is None or self.memory_bound_s is None:
+            return 1.0
+        elements = self.memory_bound_s[0] - self.memory_bound_s[1]
+        rest = ((self.predicted_s[0] - self.memory_bound_s[0])
+                - (self.predicted_s[1] - self.memory_bound_s[1]))
+        left = self.difference_s - rest
+        return left / elements if elements > 0 and left > 0 else 1.0
 
     @property
     def compute_scale(self) -> float:
@@ -73,24 +103,51 @@ class ComputeCalibration:
                 f"compute {self.predicted_s[0] * 1e3:.1f} and {self.predicted_s[1] * 1e3:.1f} ms")
         if self.scale is None:
             return f"{head}: {self.reason}; compute kept at the profiled rates (scale 1.0)"
-        return f"{head}: compute scale {self.scale:.2f}"
+        if self.memory_bound_s is None:
+            return f"{head}: compute scale {self.scale:.2f}"
+        return (f"{head} (memory-bound ops {self.memory_bound_s[0] * 1e3:.1f} and "
+                f"{self.memory_bound_s[1] * 1e3:.1f} ms of them): compute scale "
+                f"{self.scale:.2f}, memory-bound ops' scale {self.elementwise_scale:.2f}")
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "compute_scale": self.compute_scale}
+        return {**dataclasses.asdict(self), "compute_scale": self.compute_scale,
+                "elementwise_scale": self.elementwise_scale}
 
 
 def predicted_replicated_compute(graph: Any, num_devices: int, cluster: Any,
                                  options: Any = None) -> float:
     """Seconds of compute the cost model prices for ``graph`` replicated on every one of
     ``num_devices`` devices (every GraphNode's ``replicate`` pattern), at ``options``'s
-    pricing with ``compute_scale`` 1."""
+    pricing with ``compute_scale`` and ``elementwise_scale`` 1."""
     from tapas.planning.cost import CostOptions
-    from tapas.planning.table import pattern_table
     options = CostOptions.for_cluster(cluster) if options is None else options
-    options = dataclasses.replace(options, compute_scale=1.0)
+    return _replicated(graph, num_devices, cluster, options, 1.0)
+
+
+def _replicated(graph: Any, num_devices: int, cluster: Any, options: Any,
+                elementwise_scale: float) -> float:
+    """The replicated program's priced compute with ``compute_scale`` 1 and the memory-bound
+    ops' time times ``elementwise_scale``."""
+    from tapas.planning.table import pattern_table
+    options = dataclasses.replace(options, compute_scale=1.0,
+                                  elementwise_scale=elementwise_scale)
     table = pattern_table(graph, num_devices, cluster, options)
     return math.fsum(table.infos[n.id][table.index(n.id, "replicate")].compute_time
                      for n in graph.nodes)
+
+
+def memory_bound_compute(graph: Any, num_devices: int, cluster: Any,
+                         options: Any = None) -> float | None:
+    """The part of :func:`predicted_replicated_compute` that prices the memory-bound ops
+    (their elements at ``Cluster.device_elementwise_rate``: ``CostOptions.memory_bound``);
+    None where the pricing has no such part (memory_bound off, or a cluster without the
+    rate)."""
+    from tapas.planning.cost import CostOptions
+    options = CostOptions.for_cluster(cluster) if options is None else options
+    if not options.memory_bound or not cluster.device_elementwise_rate:
+        return None
+    one = _replicated(graph, num_devices, cluster, options, 1.0)
+    return _replicated(graph, num_devices, cluster, options, 2.0) - one   # doubles that part
 
 
 def calibrate_compute(model: Any, input_spec: Any = None, *, cluster: Any,
@@ -122,19 +179,22 @@ def calibrate_compute(model: Any, input_spec: Any = None, *, cluster: Any,
     small = signature.per_row(n, f"the model is timed at the global batch and at batch / {n}")
     batches = (int(signature.specs[0].shape[0]), int(small.specs[0].shape[0]))
     loss = parallel.training_loss(model) if loss is None else parallel.loss_object(loss)
-    programs, predicted = [], []
+    programs, predicted, memory_bound = [], [], []
     for sig, batch in ((signature, batches[0]), (small, batches[1])):
         say(f"building the replicated program at batch {batch} on {n} devices")
         pm = parallel.parallelize(model, sig.spec_structure(), Plan(n, {}),
                                   distribute_strategy=strategy, loss=loss, training=training)
         predicted.append(predicted_replicated_compute(pm.graph, n, cluster, options))
+        memory_bound.append(memory_bound_compute(pm.graph, n, cluster, options))
         xs, y = inputs.synthetic_batch(model, pm.inputs, loss,
                                        output_shape=pm.graph.outputs[0].shape)
         pm.train_step(xs, y)                      # tracing and the graph's first run
         programs.append((pm, xs, y))
     say(f"timing {steps * repeats} pairs of steps")
     times = time_pairs(programs, steps, repeats)
-    return scale_from_pairs(n, batches, times[0], times[1], (predicted[0], predicted[1]))
+    return scale_from_pairs(n, batches, times[0], times[1], (predicted[0], predicted[1]),
+                            None if None in memory_bound else
+                            (memory_bound[0], memory_bound[1]))
 
 
 def time_pairs(programs: list[tuple[Any, Any, Any]], steps: int,
@@ -179,11 +239,14 @@ def paired_difference(a: list[float], b: list[float]) -> tuple[float, float, int
 
 
 def scale_from_pairs(num_devices: int, batches: tuple[int, int], big: list[float],
-                     small: list[float], predicted: tuple[float, float]) -> ComputeCalibration:
+                     small: list[float], predicted: tuple[float, float],
+                     memory_bound: tuple[float, float] | None = None) -> ComputeCalibration:
     """The calibration from paired step times (``big[i]`` at the global batch, ``small[i]``
     at batch / N, timed one after the other) and the cost model's compute of the two
-    programs: the median pair difference over the predicted difference, or no scale when
-    the prediction does not differ or the difference is not 2 standard errors above 0."""
+    programs (``memory_bound``: the memory-bound ops' part of it, for
+    ``ComputeCalibration.elementwise_scale``): the median pair difference over the
+    predicted difference, or no scale when the prediction does not differ or the
+    difference is not 2 standard errors above 0."""
     diff, se, pairs = paired_difference(big, small)
     saved = predicted[0] - predicted[1]
     scale, reason = None, ""
@@ -197,7 +260,7 @@ def scale_from_pairs(num_devices: int, batches: tuple[int, int], big: list[float
         scale = diff / saved
     return ComputeCalibration(num_devices, batches,
                               (statistics.median(big), statistics.median(small)),
-                              predicted, diff, se, pairs, scale, reason)
+                              predicted, diff, se, pairs, scale, reason, memory_bound)
 
 
 def check_measured_factor(value: Any, cluster_name: str, option: str, example: str,
@@ -241,6 +304,22 @@ def check_compute_scale(value: Any, cluster_name: str) -> float | None:
     """``--compute_scale`` checked without measuring anything: the factor, or None for
     ``"measure"`` (:func:`check_measured_factor`)."""
     return check_measured_factor(value, cluster_name, "compute_scale", "2.5", "rates")
+
+
+def check_elementwise_scale(value: Any, cluster_name: str) -> float | None:
+    """``--elementwise_scale`` checked without measuring anything: the factor, or None for
+    ``"measure"`` (:func:`check_measured_factor`)."""
+    return check_measured_factor(value, cluster_name, "elementwise_scale", "3.0",
+                                 "elementwise rate")
+
+
+def resolve_elementwise_scale(value: Any, cluster_name: str,
+                              measure: Callable[[], ComputeCalibration]
+                              ) -> tuple[float, ComputeCalibration | None]:
+    """``--elementwise_scale`` of ``tapas search``: ``(factor, calibration)``, as
+    :func:`resolve_compute_scale` (the same calibration's ``elementwise_scale``)."""
+    return resolve_measured_factor(value, cluster_name, measure, "elementwise_scale", "3.0",
+                                   "elementwise rate")
 
 
 def resolve_compute_scale(value: Any, cluster_name: str,

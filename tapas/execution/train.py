@@ -239,11 +239,12 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
                       else {"memory_budget": opts.memory_budget_gib * 2**30})
     calibration = None
     changes: dict[str, Any] = {}
-    if opts.compute_scale is not None:
-        changes["compute_scale"], calibration = _compute_scale(opts, model, specs, loss,
-                                                               cluster, distribute, rows, say)
     if opts.kernel_times is not None:
         changes["kernel_times"] = _kernel_times(opts, model, specs, cluster, distribute, say)
+    if opts.compute_scale is not None:   # measured against the kernels' prices, if any
+        changes["compute_scale"], calibration = _compute_scale(opts, model, specs, loss,
+                                                               cluster, distribute, rows, say,
+                                                               dict(changes))
     comm = None
     if opts.communication_scale is not None:
         changes["communication_scale"], comm = _communication_scale(
@@ -313,10 +314,13 @@ def _check_compute_scale(opts: TrainOptions) -> None:
 
 
 def _compute_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluster: Any,
-                   distribute: Any, rows: int, say: Any) -> tuple[float, Any]:
+                   distribute: Any, rows: int, say: Any,
+                   changes: dict[str, Any] | None = None) -> tuple[float, Any]:
     """``--compute_scale``: the factor and, for 'measure', its calibration (the model's
-    replicated step timed at the batch and at batch / N on the run's devices)."""
+    replicated step timed at the batch and at batch / N on the run's devices, against the
+    compute the search prices with ``changes``: the measured kernels, if any)."""
     from tapas.execution.compute_scale import calibrate_compute, resolve_compute_scale
+    from tapas.planning.cost import CostOptions
     if rows > 1:
         raise TrainError(f"--compute_scale with --mesh={opts.mesh} is not supported: the "
                          "factor is measured on the 1-D program; search without it, or "
@@ -328,6 +332,7 @@ def _compute_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluste
             "devices (--compute_scale=measure)")
         cal = calibrate_compute(model, specs, cluster=cluster, distribute_strategy=distribute,
                                 loss=loss, training=opts.training is not False,
+                                options=CostOptions.for_cluster(cluster, **(changes or {})),
                                 progress=lambda msg: say(f"  {msg}"))
         say(f"  {cal.describe()}")
         return cal

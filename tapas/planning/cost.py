@@ -213,25 +213,16 @@ class CostOptions:
                 not math.isfinite(self.backward_flops_factor) or self.backward_flops_factor < 0:
             raise ValueError(f"backward_flops_factor={self.backward_flops_factor!r}: must be a "
                              "finite number >= 0 (2.0: backward costs twice the forward pass)")
-        if isinstance(self.compute_scale, bool) or \
-                not isinstance(self.compute_scale, (int, float)) or \
-                not math.isfinite(self.compute_scale) or self.compute_scale <= 0:
-            raise ValueError(f"compute_scale={self.compute_scale!r}: must be a finite number "
-                             "> 0 (1.0: compute at the cluster's profiled rates; "
-                             "tapas.execution.profiling.calibrate_compute measures it)")
-        if isinstance(self.elementwise_scale, bool) or \
-                not isinstance(self.elementwise_scale, (int, float)) or \
-                not math.isfinite(self.elementwise_scale) or self.elementwise_scale <= 0:
-            raise ValueError(f"elementwise_scale={self.elementwise_scale!r}: must be a finite "
-                             "number > 0 (1.0: memory-bound ops at the cluster's profiled "
-                             "elementwise rate)")
-        if isinstance(self.communication_scale, bool) or \
-                not isinstance(self.communication_scale, (int, float)) or \
-                not math.isfinite(self.communication_scale) or self.communication_scale <= 0:
-            raise ValueError(f"communication_scale={self.communication_scale!r}: must be a "
-                             "finite number > 0 (1.0: collectives at the cluster's profiled "
-                             "alpha and beta; tapas.execution.communication_scale."
-                             "calibrate_communication measures it)")
+        _check_scale("compute_scale", self.compute_scale,
+                     "1.0: compute at the cluster's profiled rates; "
+                     "tapas.execution.compute_scale.calibrate_compute measures it")
+        _check_scale("elementwise_scale", self.elementwise_scale,
+                     "1.0: memory-bound ops at the cluster's profiled elementwise rate; "
+                     "ComputeCalibration.elementwise_scale measures it")
+        _check_scale("communication_scale", self.communication_scale,
+                     "1.0: collectives at the cluster's profiled alpha and beta; "
+                     "tapas.execution.communication_scale.calibrate_communication "
+                     "measures it")
         if self.activation_communication_scale is not None and (
                 isinstance(self.activation_communication_scale, bool) or
                 not isinstance(self.activation_communication_scale, (int, float)) or
@@ -294,6 +285,13 @@ class CostOptions:
             measured["gamma"] = cluster.gamma
         measured.update(changes)
         return cls(**measured)
+
+
+def _check_scale(name: str, value: object, meaning: str) -> None:
+    """A measured factor of ``CostOptions``: a finite number > 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r}: must be a finite number > 0 ({meaning})")
 
 
 def _check_fraction(name: str, value: object, fix: str) -> None:
