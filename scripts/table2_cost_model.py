@@ -136,6 +136,7 @@ import platform
 import statistics
 import sys
 from collections.abc import Callable
+from typing import NamedTuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -241,12 +242,23 @@ CS_ROW = K_ROW + "+CS"
 CA_ROW = CS_ROW + "+CA"
 CU_ROW = CA_ROW + "+U"
 CE_ROW = CA_ROW + "+E"
-# a model's measured communication factors: (one factor for every collective, the weight
-# gradients' and the activations' factors of two plans, or None when not measured), the
-# compute factor of the same calibration's collective-free step (``collective_free_factor``)
-# and the memory-bound ops' factor of the compute calibration (``elementwise_factor``)
-Communication = tuple[float, float, float | None, float, float]
-NO_COMMUNICATION: Communication = (1.0, 1.0, None, 1.0, 1.0)
+
+
+class Communication(NamedTuple):
+    """A model's measured factors: one for every collective (``one``), the weight
+    gradients' and the activations' of two plans (``activations`` None when not measured),
+    the compute factor of the same calibration's collective-free step
+    (``collective_free_factor``) and the memory-bound ops' factor of the compute
+    calibration (``elementwise_factor``)."""
+
+    one: float = 1.0
+    gradients: float = 1.0
+    activations: float | None = None
+    compute: float = 1.0
+    elementwise: float = 1.0
+
+
+NO_COMMUNICATION = Communication()
 ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                          collective_efficiency=False, **_PAPER_TERMS),
         "+CF": dict(constant_filter=True, gradient_overlap=False, collective_efficiency=False,
@@ -328,11 +340,11 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
 def two_factors(communication: Communication) -> dict:
     """``CostOptions`` changes of the rows that price collectives by two factors: the weight
     gradients' and the activations' where both were measured, else the one factor."""
-    if communication[2] is None:
-        return {"communication_scale": communication[0],
+    if communication.activations is None:
+        return {"communication_scale": communication.one,
                 "activation_communication_scale": None}
-    return {"communication_scale": communication[1],
-            "activation_communication_scale": communication[2]}
+    return {"communication_scale": communication.gradients,
+            "activation_communication_scale": communication.activations}
 
 
 def candidates(graph, cluster, top_k: int, loss=None,
@@ -363,20 +375,22 @@ def candidates(graph, cluster, top_k: int, loss=None,
     if kernel_times is not None:
         searches.append(("K", loss, CostOptions.for_cluster(cluster,
                                                              kernel_times=kernel_times)))
-    if kernel_times is not None and communication is not None and communication[0] != 1.0:
+    if kernel_times is not None and communication is not None and communication.one != 1.0:
         # (at 1.0 it is the search above: no second search)
         searches.append(("S", loss, CostOptions.for_cluster(
-            cluster, kernel_times=kernel_times, communication_scale=communication[0])))
-    if kernel_times is not None and communication is not None and communication[2] is not None:
+            cluster, kernel_times=kernel_times, communication_scale=communication.one)))
+    if kernel_times is not None and communication is not None and \
+            communication.activations is not None:
         searches.append(("A", loss, CostOptions.for_cluster(
             cluster, kernel_times=kernel_times, **two_factors(communication))))
-    if kernel_times is not None and communication is not None and communication[3] != 1.0:
+    if kernel_times is not None and communication is not None and communication.compute != 1.0:
         searches.append(("U", loss, CostOptions.for_cluster(
-            cluster, kernel_times=kernel_times, compute_scale=communication[3],
+            cluster, kernel_times=kernel_times, compute_scale=communication.compute,
             **two_factors(communication))))
-    if kernel_times is not None and communication is not None and communication[4] != 1.0:
+    if kernel_times is not None and communication is not None and \
+            communication.elementwise != 1.0:
         searches.append(("E", loss, CostOptions.for_cluster(
-            cluster, kernel_times=kernel_times, elementwise_scale=communication[4],
+            cluster, kernel_times=kernel_times, elementwise_scale=communication.elementwise,
             **two_factors(communication))))
     for prefix, priced, options in searches:
         s = search(graph, cluster=cluster, top_k=top_k, loss=priced, options=options)
@@ -407,13 +421,13 @@ def plan_costs(graph, cluster, plans: list[dict], loss, row: str,
     if changes.get("compute_scale") == "measured":
         changes["compute_scale"] = compute_scale
     elif changes.get("compute_scale") == "collective-free":
-        changes["compute_scale"] = communication[3]
+        changes["compute_scale"] = communication.compute
     if changes.get("elementwise_scale") == "measured":
-        changes["elementwise_scale"] = communication[4]
+        changes["elementwise_scale"] = communication.elementwise
     if changes.get("kernel_times") == "measured":
         changes["kernel_times"] = kernel_times
     if changes.get("communication_scale") == "measured":
-        changes["communication_scale"] = communication[0]
+        changes["communication_scale"] = communication.one
         if changes.pop("activation_communication_scale", None) == "measured":
             changes.update(two_factors(communication))
     opts = CostOptions.for_cluster(cluster, **changes)
@@ -527,22 +541,21 @@ def elementwise_factor(calibration: dict | None, entry, graph, cluster, kernels)
     if not calibration or calibration.get("scale") is None or kernels is None or \
             not cluster.device_elementwise_rate:
         return {"factor": 1.0, "rest_s": None, "elements_s": None}
-    from tapas.execution.compute_scale import (ComputeCalibration, memory_bound_compute,
-                                               predicted_replicated_compute)
+    from tapas.execution.compute_scale import ComputeCalibration, replicated_compute_parts
     from tapas.planning.cost import CostOptions
     big, small = calibration["batches"]
     n = cluster.num_devices
     options = CostOptions.for_cluster(cluster, kernel_times=kernels, **{
         k: v for k, v in ROWS[K_ROW].items() if k not in ("loss", "kernel_times")})
     graphs = (graph, graph_at(entry, big, big // small))
-    whole = [predicted_replicated_compute(g, n, cluster, options) for g in graphs]
-    elements = [memory_bound_compute(g, n, cluster, options) for g in graphs]
+    whole, elements = zip(*(replicated_compute_parts(g, n, cluster, options)
+                            for g in graphs))
     cal = ComputeCalibration(n, (big, small), tuple(calibration["measured_s"]),
                              (whole[0], whole[1]), calibration["difference_s"],
                              calibration["difference_se_s"], calibration["pairs"],
                              calibration["scale"], "", (elements[0], elements[1]))
     return {"factor": cal.elementwise_scale,
-            "rest_s": [w - e for w, e in zip(whole, elements)], "elements_s": elements}
+            "rest_s": [w - e for w, e in zip(whole, elements)], "elements_s": list(elements)}
 
 
 def graph_at(entry, batch: int, rows: int):
@@ -565,7 +578,7 @@ def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels,
     model's ``elementwise_factor``, re-derived by the caller."""
     u = collective_free_factor(calibration, graph, cluster, loss, kernels)
     if not calibration or calibration.get("scale") is None:
-        return 1.0, 1.0, None, u, e
+        return Communication(compute=u, elementwise=e)
     from tapas.execution.communication_scale import predicted_parts, solve_factors
     from tapas.planning.cost import CostOptions
     options = CostOptions.for_cluster(cluster, loss=loss, kernel_times=kernels)
@@ -577,8 +590,8 @@ def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels,
         both = solve_factors(first, calibration["difference_s"], parts,
                              second["difference_s"])
         if both is not None:
-            return one, both[0], both[1], u, e
-    return one, one, None, u, e
+            return Communication(one, both[0], both[1], u, e)
+    return Communication(one, one, None, u, e)
 
 
 def comm_factors(calibration: dict | None, compute_factor: float = 1.0,
@@ -588,12 +601,13 @@ def comm_factors(calibration: dict | None, compute_factor: float = 1.0,
     ``compute_factor``: ``collective_free_factor`` of the same calibration,
     ``elementwise``: the model's ``elementwise_factor`` (of its compute calibration)."""
     if not calibration or calibration.get("scale") is None:
-        return 1.0, 1.0, None, compute_factor, elementwise
+        return Communication(compute=compute_factor, elementwise=elementwise)
     one = calibration["difference_s"] / calibration["predicted_s"]
     if calibration.get("activation_communication_scale") is None:
-        return one, one, None, compute_factor, elementwise
-    return (one, calibration["communication_scale"],
-            calibration["activation_communication_scale"], compute_factor, elementwise)
+        return Communication(one, one, None, compute_factor, elementwise)
+    return Communication(one, calibration["communication_scale"],
+                         calibration["activation_communication_scale"], compute_factor,
+                         elementwise)
 
 
 def model_kernels(graph, strategy, name: str):

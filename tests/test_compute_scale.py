@@ -65,7 +65,8 @@ def test_memory_bound_compute_is_the_elementwise_part_of_the_replicated_price() 
 
     from tapas import capturing, models
     from tapas.execution.compute_scale import (memory_bound_compute,
-                                               predicted_replicated_compute)
+                                               predicted_replicated_compute,
+                                               replicated_compute_parts)
     entry = models.get("t5-tiny")
     graph = capturing.capture(entry.build(fast_init=True), entry.input_spec(8),
                               training=False)
@@ -81,6 +82,8 @@ def test_memory_bound_compute_is_the_elementwise_part_of_the_replicated_price() 
     priced = sum(table.infos[n.id][table.index(n.id, "replicate")].compute_time
                  for n in graph.nodes)
     assert priced == pytest.approx(5.0 * (whole + 2 * part))
+    assert replicated_compute_parts(graph, 4, cluster, options) == (
+        pytest.approx(whole), pytest.approx(part))
     assert memory_bound_compute(graph, 4, Cluster.loopback_cpu(4)) is None
     assert memory_bound_compute(graph, 4, cluster,
                                 CostOptions.for_cluster(cluster, memory_bound=False)) is None

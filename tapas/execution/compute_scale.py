@@ -49,7 +49,8 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ComputeCalibration", "calibrate_compute", "predicted_replicated_compute",
-           "memory_bound_compute", "check_elementwise_scale", "resolve_elementwise_scale",
+           "memory_bound_compute", "replicated_compute_parts",
+           "check_elementwise_scale", "resolve_elementwise_scale",
            "scale_from_pairs", "check_compute_scale", "resolve_compute_scale",
            "check_measured_factor", "resolve_measured_factor", "time_pairs",
            "paired_difference", "median_standard_error"]
@@ -136,18 +137,26 @@ def _replicated(graph: Any, num_devices: int, cluster: Any, options: Any,
                      for n in graph.nodes)
 
 
+def replicated_compute_parts(graph: Any, num_devices: int, cluster: Any,
+                             options: Any = None) -> tuple[float, float | None]:
+    """``(predicted_replicated_compute, memory_bound_compute)`` of ``graph``, pricing its
+    pattern table twice, not three times."""
+    from tapas.planning.cost import CostOptions
+    options = CostOptions.for_cluster(cluster) if options is None else options
+    whole = _replicated(graph, num_devices, cluster, options, 1.0)
+    if not options.memory_bound or not cluster.device_elementwise_rate:
+        return whole, None
+    # elementwise_scale 2 doubles exactly the memory-bound part
+    return whole, _replicated(graph, num_devices, cluster, options, 2.0) - whole
+
+
 def memory_bound_compute(graph: Any, num_devices: int, cluster: Any,
                          options: Any = None) -> float | None:
     """The part of :func:`predicted_replicated_compute` that prices the memory-bound ops
     (their elements at ``Cluster.device_elementwise_rate``: ``CostOptions.memory_bound``);
     None where the pricing has no such part (memory_bound off, or a cluster without the
     rate)."""
-    from tapas.planning.cost import CostOptions
-    options = CostOptions.for_cluster(cluster) if options is None else options
-    if not options.memory_bound or not cluster.device_elementwise_rate:
-        return None
-    one = _replicated(graph, num_devices, cluster, options, 1.0)
-    return _replicated(graph, num_devices, cluster, options, 2.0) - one   # doubles that part
+    return replicated_compute_parts(graph, num_devices, cluster, options)[1]
 
 
 def calibrate_compute(model: Any, input_spec: Any = None, *, cluster: Any,
@@ -184,8 +193,9 @@ def calibrate_compute(model: Any, input_spec: Any = None, *, cluster: Any,
         say(f"building the replicated program at batch {batch} on {n} devices")
         pm = parallel.parallelize(model, sig.spec_structure(), Plan(n, {}),
                                   distribute_strategy=strategy, loss=loss, training=training)
-        predicted.append(predicted_replicated_compute(pm.graph, n, cluster, options))
-        memory_bound.append(memory_bound_compute(pm.graph, n, cluster, options))
+        whole, part = replicated_compute_parts(pm.graph, n, cluster, options)
+        predicted.append(whole)
+        memory_bound.append(part)
         xs, y = inputs.synthetic_batch(model, pm.inputs, loss,
                                        output_shape=pm.graph.outputs[0].shape)
         pm.train_step(xs, y)                      # tracing and the graph's first run
