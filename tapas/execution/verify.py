@@ -24,7 +24,6 @@ from tapas import ir
 from tapas.capturing.tracing import states_by_path, weights_by_path
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
 from tapas.execution.gradients import NO_GRADIENT
-from tapas.execution.optimizers import Adam
 from tapas.sharding.placements import Placement, Split
 
 __all__ = ["Difference", "Comparison", "compare_with_single_device", "compare_nested", "compare",
@@ -610,7 +609,7 @@ def _weights_after(pm: Any, ref_g: Mapping[str, np.ndarray], noise: float) -> di
     by_path = weights_by_path(pm.model)
     refs = {p: by_path[p].numpy() for p in weights}
     scale = max((float(np.abs(v).max()) for v in refs.values() if v.size), default=0.0)
-    adam = isinstance(pm.runtime.optimizer, Adam)
+    adam = pm.runtime.optimizer.name != "sgd"   # adaptive: divides by a moment
     return _worst({p: _adam_compare(v, refs[p], ref_g.get(p), noise, scale) if adam
                    else compare(v, refs[p], scale=scale) for p, v in weights.items()})
 
