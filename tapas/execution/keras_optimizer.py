@@ -13,8 +13,9 @@ Out: :class:`ShardedOptimizer`: the slot names and initial slot values of a shar
      of a split weight's shards across devices (``sum_squares``), so it is the norm of the
      whole variable.
 Raises: ValueError naming the optimizer or setting the runtime cannot reproduce exactly
-     (non-elementwise updates such as Adafactor, LAMB or Muon; a LossScaleOptimizer; a
-     norm constraint on a split weight) before anything runs.
+     (non-elementwise updates such as Adafactor, LAMB or Muon; a norm constraint on a
+     split weight) before anything runs. A LossScaleOptimizer (``mixed_float16``) runs its
+     inner optimizer with Keras's dynamic loss scaling.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ _NOT_ELEMENTWISE = {
                  "whole weight",
     "Lamb": "its trust ratio divides the norm of the whole weight by the norm of its update",
     "Muon": "it orthogonalizes the whole weight's update (Newton-Schulz iterations)",
-    "LossScaleOptimizer": "dynamic loss scaling is not supported by the runtime yet; train "
-                          "with a float32 policy or mixed_bfloat16, which needs no scaling",
     "MultiOptimizer": "it dispatches weights to several optimizers",
 }
 #: constraints that act on each element alone, exact on any shard
@@ -96,6 +95,12 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None = None) -> Any
                          "Keras 3 optimizer: pass a keras.optimizers.Optimizer, its name or "
                          "its config dict (a Keras 2 / tf_keras optimizer: build the same "
                          "one from keras.optimizers)")
+    if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        if learning_rate is None:
+            return opt
+        return keras.optimizers.LossScaleOptimizer(
+            resolve_optimizer(opt.inner_optimizer, learning_rate), opt.initial_scale,
+            opt.dynamic_growth_steps)
     if learning_rate is not None:
         config = opt.get_config() | {"learning_rate": float(learning_rate)}
         opt = type(opt).from_config(config)
@@ -104,6 +109,8 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None = None) -> Any
 
 def check_supported(opt: Any) -> None:
     """Refuse, by name and with the reason, an optimizer whose update is not elementwise."""
+    if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        opt = opt.inner_optimizer
     name = type(opt).__name__
     for cls in type(opt).__mro__:
         if cls.__name__ in _NOT_ELEMENTWISE:
@@ -148,6 +155,13 @@ class ShardedOptimizer:
                  learning_rate: float | None = None) -> None:
         user = resolve_optimizer(optimizer, learning_rate)
         check_supported(user)
+        # dynamic loss scaling (mixed_float16): (initial scale, growth steps), or None
+        self.loss_scale: tuple[float, int] | None = None
+        self._wrapper = None
+        if isinstance(user, keras.optimizers.LossScaleOptimizer):
+            self.loss_scale = (float(user.initial_scale), int(user.dynamic_growth_steps))
+            self._wrapper = keras.optimizers.serialize(user)
+            user = user.inner_optimizer
         self.keras_class = type(user)
         self.name = type(user).__name__.lower()
         self.config = user.get_config()
@@ -237,8 +251,14 @@ class ShardedOptimizer:
         return {k: _initial(v) for k, v in self.slots[path].items()}
 
     def initial_state(self) -> dict[str, np.ndarray]:
-        """The optimizer's own replicated variables (not slots, step or learning rate)."""
-        return {k: _initial(v) for k, v in self.state.items()}
+        """The optimizer's own replicated variables (not slots, step or learning rate);
+        with loss scaling also ``loss_scale`` (float32) and ``scale_steps`` (int64), as
+        Keras's LossScaleOptimizer's ``dynamic_scale`` and ``step_counter``."""
+        state = {k: _initial(v) for k, v in self.state.items()}
+        if self.loss_scale is not None:
+            state["loss_scale"] = np.float32(self.loss_scale[0])
+            state["scale_steps"] = np.int64(0)
+        return state
 
     @property
     def use_ema(self) -> bool:
@@ -251,7 +271,10 @@ class ShardedOptimizer:
                 "keras": json.loads(json.dumps(config, default=str))}
 
     def keras(self) -> Any:
-        """A fresh Keras optimizer of the same class and config (Keras's own, unchanged)."""
+        """A fresh Keras optimizer of the same class and config (Keras's own, unchanged),
+        wrapped in its LossScaleOptimizer when it had one."""
+        if self._wrapper is not None:
+            return keras.optimizers.deserialize(self._wrapper)
         return self.keras_class.from_config(self.config)
 
     def current_learning_rate(self, iterations: int, variable: float) -> float:
@@ -267,6 +290,7 @@ class ShardedOptimizer:
               slots: Mapping[str, Mapping[str, tf.Tensor]], state: Mapping[str, tf.Tensor],
               iterations: tf.Tensor, learning_rate: tf.Tensor,
               sum_squares: Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]],
+              all_finite: Callable[[tf.Tensor], tf.Tensor] | None = None,
               ) -> tuple[dict[str, tf.Tensor], dict[str, dict[str, tf.Tensor]],
                          dict[str, tf.Tensor]]:
         """One optimizer step on one replica's shards, as Keras's ``apply`` does it.
@@ -276,8 +300,15 @@ class ShardedOptimizer:
         :meth:`initial_slots` / :meth:`initial_state`; ``iterations``: steps taken (int64);
         ``learning_rate``: the rate variable's value (unused under a schedule);
         ``sum_squares({path: local sum of squares})``: the sums over the whole weights
-        (a split weight's shards all-reduced). Returns the new weight values, slot values
-        and state, each only where it changed."""
+        (a split weight's shards all-reduced); ``all_finite(local flag)``: whether every
+        replica's gradients are finite (loss scaling only: the gradients are of the loss
+        times ``state["loss_scale"]``; a non-finite one skips the step on every replica
+        and halves the scale, as Keras's LossScaleOptimizer). Returns the new weight
+        values, slot values and state, each only where it changed; the state's
+        ``step_taken`` (int64, 1 or 0) says whether the step counter advances."""
+        if self.loss_scale is not None:
+            return self._apply_scaled(values, grads, slots, state, iterations,
+                                      learning_rate, sum_squares, all_finite)
         opt = self.opt
         paths = list(self.templates)
         mapping = [(self.templates[p], values[p]) for p in paths]
@@ -305,6 +336,43 @@ class ShardedOptimizer:
         new_slots = {p: s for p, s in new_slots.items()
                      if any(s[k] is not slots[p][k] for k in s)}
         new_state = {k: scope.get_current_value(v) for k, v in self.state.items()}
+        new_state["step_taken"] = tf.constant(1, tf.int64)
+        return new_values, new_slots, new_state
+
+    def _apply_scaled(self, values: Mapping[str, tf.Tensor], grads: Mapping[str, Any],
+                      slots: Mapping[str, Mapping[str, tf.Tensor]],
+                      state: Mapping[str, tf.Tensor], iterations: tf.Tensor,
+                      learning_rate: tf.Tensor, sum_squares: Callable,
+                      all_finite: Callable | None) -> tuple[dict, dict, dict]:
+        """Keras's LossScaleOptimizer around :meth:`apply`: the gradients unscaled, the
+        step taken only when every replica's are finite, the scale doubled after
+        ``dynamic_growth_steps`` finite steps in a row and halved after a non-finite one."""
+        if all_finite is None:
+            raise ValueError("loss scaling needs all_finite: the runtime's check that every "
+                             "replica's gradients are finite")
+        live = [g for g in grads.values() if g is not None]
+        local = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g in live])
+        finite = all_finite(local)
+        scale = tf.convert_to_tensor(state["loss_scale"], tf.float32)
+        steps = tf.convert_to_tensor(state["scale_steps"], tf.int64)
+        unscaled = {p: None if g is None else _divided(g, scale) for p, g in grads.items()}
+        inner = {k: v for k, v in state.items() if k in self.state}
+        self.loss_scale, saved = None, self.loss_scale
+        try:
+            new_values, new_slots, new_state = self.apply(
+                values, unscaled, slots, inner, iterations, learning_rate, sum_squares)
+        finally:
+            self.loss_scale = saved
+        new_values = {p: tf.where(finite, v, values[p]) for p, v in new_values.items()}
+        new_slots = {p: {k: tf.where(finite, v, slots[p][k]) for k, v in s.items()}
+                     for p, s in new_slots.items()}
+        new_state = {k: tf.where(finite, v, inner[k]) for k, v in new_state.items()
+                     if k in inner}
+        grow = tf.equal(steps, saved[1] - 1)
+        new_state["loss_scale"] = tf.where(finite, tf.where(grow, scale * 2.0, scale),
+                                           scale * 0.5)
+        new_state["scale_steps"] = tf.where(finite & ~grow, steps + 1, tf.zeros_like(steps))
+        new_state["step_taken"] = tf.cast(finite, tf.int64)
         return new_values, new_slots, new_state
 
     def _update(self, live: list[str], g: list[Any], sum_squares: Callable) -> None:
@@ -382,6 +450,13 @@ class ShardedOptimizer:
 
 def _values(x: Any) -> tf.Tensor:
     return x.values if isinstance(x, tf.IndexedSlices) else x
+
+
+def _divided(x: Any, scale: tf.Tensor) -> Any:
+    if isinstance(x, tf.IndexedSlices):
+        return tf.IndexedSlices(x.values / tf.cast(scale, x.values.dtype), x.indices,
+                                x.dense_shape)
+    return x / tf.cast(scale, x.dtype)
 
 
 def _scaled(x: Any, scale: Any) -> Any:

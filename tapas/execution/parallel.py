@@ -118,6 +118,7 @@ class ParallelModel:
         self.timings = dict(timings)
         self.training = training
         self._inference: ParallelModel | None = None   # for_inference(), built on demand
+        self.compiled_loss = False   # whether it trains the loss the model is compiled with
 
     @property
     def num_devices(self) -> int:
@@ -445,6 +446,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
             "norm normalises with its row's statistics (as Keras's unsynchronised batch norm "
             "under tf.distribute); the program is then not the single-device model's, and "
             "verify reports the difference. For exact equivalence run training=False.", mesh)
+    compiled_loss = loss is None and getattr(model, "loss", None) is not None
     loss = loss_object(getattr(model, "loss", None) if loss is None else loss)
     variables = capturing.weights_by_path(model)
     values = {p: w.numpy() for p, w in variables.items() if p in program.weight_layouts}
@@ -453,5 +455,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                          optimizer=optimizer, loss=loss, keras_variables=variables,
                          mesh_rows=rows, graph_optimization=graph_optimization)
     timings["shard"] = time.perf_counter() - start
-    return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
-                         global_signature)
+    pm = ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
+                       global_signature)
+    pm.compiled_loss = compiled_loss   # trains the model's compiled loss (verify's reference)
+    return pm

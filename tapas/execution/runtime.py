@@ -127,6 +127,19 @@ class _Replica:
     dp: Any = None    # collectives over the replica's mesh column (rows > 1), else None
 
 
+def _as_loss_dtype(out: tf.Tensor, loss: Any) -> tf.Tensor:
+    """The output in the loss's dtype, as ``keras.losses.Loss.__call__`` converts it (a
+    float16 output of a mixed-precision model is scored in float32)."""
+    dtype = getattr(loss, "dtype", None)
+    if dtype is None or not out.dtype.is_floating or out.dtype == tf.as_dtype(dtype):
+        return out
+    logits = getattr(out, "_keras_logits", None)
+    cast = tf.cast(out, dtype)
+    if logits is not None:
+        cast._keras_logits = tf.cast(logits, dtype)
+    return cast
+
+
 def _read(args: Any) -> Any:
     """``args`` with every variable read (a replica program body takes tensors only). A
     plain resource read: ``Variable.read_value`` adds an identity and several Python layers
@@ -559,7 +572,7 @@ class Runtime:
                     logits = self._gather_for_loss(r, logits, p.axis)
                     out = _ACTIVATIONS[activation](logits)
                     out._keras_logits = logits
-            per_example = self.loss.call(y, out)
+            per_example = self.loss.call(y, _as_loss_dtype(out, self.loss))
         total = tf.cast(tf.size(per_example), per_example.dtype)
         if plan.partial:
             total = total * self.num_devices
@@ -741,7 +754,10 @@ class Runtime:
             tape.watch(trainable)
             outs, writes = self._forward(r, xs, weights, states)
             share, partial = self._local_loss(r, outs[0], y)
-        grads = tape.gradient(share, trainable)
+            scaled = share
+            if self.optimizer.loss_scale is not None:   # Keras's optimizer.scale_loss
+                scaled = tf.cast(share, tf.float32) * self.opt_state["loss_scale"]
+        grads = tape.gradient(scaled, trainable)
         if r.dp is not None:   # data parallel over the mesh column: the rows' gradients add up
             # (not those of weights cut over the rows: each row holds other experts, whose
             # gradients the all-to-all's backward already brought from every row)
@@ -813,6 +829,15 @@ class Runtime:
             out.update({p: total[i] for i, p in enumerate(rows)})
         return out
 
+    def _all_finite(self, r: _Replica, ok: tf.Tensor) -> tf.Tensor:
+        """Whether ``ok`` holds on every replica (a count of the failing ones all-reduced
+        over the row, and over the column on a 2-D mesh)."""
+        bad = 1.0 - tf.cast(ok, tf.float32)
+        bad = r.values.sum_value(bad) if self.num_devices > 1 else bad
+        if r.dp is not None:
+            bad = r.dp.sum_value(bad)
+        return tf.equal(bad, 0.0)
+
     def _replica_compute(self, r: _Replica, xs: tuple, y: Any, weights: dict, slots: dict,
                          states: dict) -> tuple:
         share, partial, grads, writes, _ = self._grads(r, xs, y, weights, states)
@@ -821,7 +846,7 @@ class Runtime:
             dict(zip(self.trainable_paths, grads)), slots,
             {k: v.read_value() for k, v in self.opt_state.items()},
             self.iterations.read_value(), self.learning_rate.read_value(),
-            lambda sums: self._sum_squares(r, sums))
+            lambda sums: self._sum_squares(r, sums), lambda ok: self._all_finite(r, ok))
         new: dict[str, dict[str, tf.Tensor]] = {p: {"value": v} for p, v in new_values.items()}
         for p, upd in new_slots.items():
             new.setdefault(p, {}).update(upd)
@@ -854,10 +879,11 @@ class Runtime:
                                  args=(new, writes, self._dist_vars, self._dist_slots,
                                        self.states.dist, checks))
         with tf.control_dependencies(local(done)):
-            if self.opt_state:   # the same on every replica
-                for k, v in local(state)[0].items():
-                    self.opt_state[k].assign(v)
-            self.iterations.assign_add(1)
+            taken = dict(local(state)[0])   # the same on every replica
+            step_taken = taken.pop("step_taken")
+            for k, v in taken.items():
+                self.opt_state[k].assign(v)
+            self.iterations.assign_add(step_taken)
             return tf.identity(local_losses[0])
 
     def _prepare(self, xs: Any, y: Any, worker_share: bool = False,
