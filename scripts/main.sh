@@ -7,7 +7,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 cd "$ROOT"
-defaults=(--devices=4 --steps=3 --verify --optimizer=adam)
+defaults=(--devices=4 --steps=3 --verify)
 case " $* " in
   *" --model="*) ;;
   # t5-tiny is so small that the search replicates it; batch 8 and a 2 MiB per-device

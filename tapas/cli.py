@@ -11,7 +11,7 @@
                   [--meshes | --mesh=ROWSxCOLS]
                   [--draw=strategy.png]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
-                  [--workers=K [--devices_per_worker=D]] [--optimizer=sgd|adam] [--learning_rate=LR]
+                  [--workers=K [--devices_per_worker=D]] [--optimizer=NAME|config.json] [--learning_rate=LR]
                   [--data=file.npz|file.tfrecord] [--epochs=E] [--checkpoint_dir=DIR]
                   [--checkpoint_every=K] [--resume] [--tensorboard=LOGDIR] [--mesh=ROWSxCOLS]
 
@@ -140,7 +140,9 @@ flags.DEFINE_integer("devices_per_worker", 1, "train --workers: local devices of
                      "(logical CPU devices on a host without GPUs; with GPUs, the number "
                      "each worker sees), e.g. --workers=2 --devices_per_worker=2 "
                      "--mesh=2x2 puts one mesh row in each process.", lower_bound=1)
-flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "train: optimizer (Keras numerics).")
+flags.DEFINE_string("optimizer", None, "train: a Keras optimizer name (sgd, adam, adamw, "
+                    "rmsprop, lion, ...) or a JSON file of its config "
+                    "(keras.optimizers.serialize); default: the model's compiled optimizer.")
 flags.DEFINE_enum("graph_optimization", "lean", ["lean", "default"], "train: Grappler's "
                   "options for the step functions: lean (one round of passes; on CPUs without "
                   "the layout and memory optimizers: a faster first step) or TensorFlow's "

@@ -227,3 +227,20 @@ def test_fit_with_compiled_optimizer_equals_keras_fit_on_4_devices():
     for case in cases:
         _check_fit(res[case])
     assert any(res[c]["split"] for c in cases)
+
+
+def test_keras2_optimizers_and_losses_become_their_keras3_twins():
+    import tf_keras
+    from tapas.execution import keras2
+    from tapas.execution.parallel import loss_object
+    opt = resolve_optimizer(tf_keras.optimizers.Adam(3e-3, clipnorm=0.5, amsgrad=True))
+    assert type(opt) is O.Adam and opt.clipnorm == 0.5 and opt.amsgrad
+    assert np.isclose(float(opt.learning_rate), 3e-3)
+    sched = tf_keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    opt = resolve_optimizer(tf_keras.optimizers.SGD(sched, momentum=0.9))
+    assert opt._learning_rate.decay_steps == 10 and np.isclose(float(opt.learning_rate), 0.1)
+    loss = loss_object(tf_keras.losses.MeanSquaredError())
+    assert type(loss) is keras.losses.MeanSquaredError and loss.reduction == "sum_over_batch_size"
+    assert keras2.loss(keras.losses.MeanAbsoluteError()).__class__ is keras.losses.MeanAbsoluteError
+    with pytest.raises(ValueError, match="decay=0.5.*keras.optimizers.Adam"):
+        resolve_optimizer(tf_keras.optimizers.legacy.Adam(1e-3, decay=0.5))

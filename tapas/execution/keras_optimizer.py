@@ -32,6 +32,8 @@ from keras.src.backend.common import global_state
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 
+from tapas.execution import keras2
+
 __all__ = ["ShardedOptimizer", "WeightInfo", "check_supported", "resolve_optimizer"]
 
 #: updates that read more than one element of a weight or gradient: not reproducible
@@ -79,6 +81,7 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None = None) -> Any
     optimizer's (on a copy: the user's instance is never changed)."""
     if optimizer is None:
         optimizer = "sgd"
+    optimizer = keras2.optimizer(optimizer)   # a Keras 2 (tf_keras) one: its Keras 3 twin
     if isinstance(optimizer, str) or isinstance(optimizer, Mapping):
         try:
             opt = keras.optimizers.get(dict(optimizer) if isinstance(optimizer, Mapping)

@@ -256,6 +256,9 @@ def loss_object(loss: Any) -> Any:
     is, a name or function Keras knows ("mse", ``keras.losses.mean_squared_error``) as the
     Loss class of the same name (``MeanSquaredError``); ``None`` stays ``None``."""
     import keras
+
+    from tapas.execution import keras2
+    loss = keras2.loss(loss)   # a Keras 2 (tf_keras) loss object: its Keras 3 twin
     if loss is None or isinstance(loss, keras.losses.Loss):
         return loss
     fn = keras.losses.get(loss) if isinstance(loss, str) else loss

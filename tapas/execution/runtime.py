@@ -774,15 +774,18 @@ class Runtime:
         global slices are the rows' slices summed; otherwise (per-example lookups: token
         embeddings) they are the rows' slices side by side. Which one holds is checked on
         the values (the rows' indices gathered and compared). An optimizer without slots
-        takes the dense sum."""
+        takes the dense sum. The slices' exchanges are recorded in ``dp_audits`` as what
+        they are (an all-reduce of the values, all-gathers of values and indices)."""
         if not isinstance(g, tf.IndexedSlices):
             return self._dp_sum(r, path, g)
         if not self.optimizer.slot_names:
             return self._dp_sum(r, path, tf.convert_to_tensor(g))
         indices = tf.cast(g.indices, tf.int32)
+        self._dp_record(Collective.ALL_GATHER, path + ":indices", indices)
         everyone = r.dp.gather_value(indices[None], 0)                 # [rows, slices]
         shared = tf.reduce_all(tf.equal(everyone, everyone[:1]))
         summed = self._dp_sum(r, path, g.values)
+        self._dp_record(Collective.ALL_GATHER, path, g.values)
         side_by_side = r.dp.gather_value(g.values, 0)
         values, idx = tf.cond(shared, lambda: (summed, indices),
                               lambda: (side_by_side, tf.reshape(everyone, [-1])))
@@ -790,10 +793,12 @@ class Runtime:
 
     def _dp_sum(self, r: _Replica, path: str, g: tf.Tensor) -> tf.Tensor:
         """All-reduce of a gradient over the mesh column, recorded in ``dp_audits``."""
-        audit = self.dp_audits.setdefault(self._tracing, Audit())
-        audit.add(CommRecord(Collective.ALL_REDUCE, path, tuple(g.shape.as_list()),
-                             g.dtype.name, "bwd"))
+        self._dp_record(Collective.ALL_REDUCE, path, g)
         return r.dp.sum_value(g)
+
+    def _dp_record(self, kind: Collective, path: str, t: tf.Tensor) -> None:
+        audit = self.dp_audits.setdefault(self._tracing, Audit())
+        audit.add(CommRecord(kind, path, tuple(t.shape.as_list()), t.dtype.name, "bwd"))
 
     def _dp_loss(self, r: _Replica, loss: tf.Tensor) -> tf.Tensor:
         """The global loss from a row's (the rows' losses add up; 1-D: the loss itself)."""

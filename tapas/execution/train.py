@@ -466,6 +466,8 @@ def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
     from tapas.planning import mesh as mesh_lib
     mesh = mesh_lib.Mesh.parse(mesh_text)
     ran, priced = column_audit(pm, mesh)
+    sparse_ran, sparse_priced = column_audit(pm, mesh, sparse=True)
+    sparse = {k[1].split(":")[0] for k in sparse_ran}
     same = ran == priced
     n_ar = sum(1 for k in ran if k[0] == "AR")
     n_a2a = len(ran) - n_ar
@@ -474,16 +476,24 @@ def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
         + f", {sum(ran.values()):,} bytes per step over each column (the cost model prices "
         f"{len(priced)} collectives of {sum(priced.values()):,} bytes: "
         f"{'the same' if same else 'DIFFERENT'})")
+    if sparse:
+        say(f"  and {len(sparse)} sparse gradients exchanged as their slices: "
+            f"{sum(sparse_ran.values()):,} bytes (priced as dense gradients: "
+            f"{sum(sparse_priced.values()):,} bytes)")
     return {"mesh": str(mesh), "dp_all_reduces": n_ar, "ep_all_to_alls": n_a2a,
+            "sparse_gradients": len(sparse), "sparse_bytes": sum(sparse_ran.values()),
+            "sparse_priced_bytes": sum(sparse_priced.values()),
             "dp_bytes": sum(v for k, v in ran.items() if k[0] == "AR"),
             "column_bytes": sum(ran.values()), "priced_collectives": len(priced),
             "priced_bytes": sum(priced.values()), "matches": same}
 
 
-def column_audit(pm: Any, mesh: Any) -> tuple[dict, dict]:
+def column_audit(pm: Any, mesh: Any, sparse: bool = False) -> tuple[dict, dict]:
     """({(kind, tensor, phase): bytes} the mesh columns ran in ``pm``'s training step, the
     same that ``tapas.planning.mesh.column_collectives`` prices). Bytes are the tensor over
-    the column (an all-to-all's priced buffer is 1/rows of it)."""
+    the column (an all-to-all's priced buffer is 1/rows of it). Sparse gradients (embedding
+    lookups, exchanged as their slices, priced as the dense gradient) are left out, or with
+    ``sparse=True`` are all that is returned."""
     from tapas.planning import mesh as mesh_lib
     from tapas.planning.cost import Cluster
     rt = pm.runtime
@@ -500,7 +510,12 @@ def column_audit(pm: Any, mesh: Any) -> tuple[dict, dict]:
             priced[("AR", name, "bwd")] = t.nbytes
         else:
             priced[("A2A", name, "bwd" if t.backward else "fwd")] = t.nbytes * mesh.rows
-    return ran, priced
+    slices = {k[1].split(":")[0] for k in ran if k[0] == "AG"}
+
+    def keep(key: tuple) -> bool:
+        return (key[1].split(":")[0] in slices) == sparse
+    return ({k: v for k, v in ran.items() if keep(k)},
+            {k: v for k, v in priced.items() if keep(k)})
 
 
 def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any, Any]:
