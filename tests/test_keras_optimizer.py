@@ -244,3 +244,18 @@ def test_keras2_optimizers_and_losses_become_their_keras3_twins():
     assert keras2.loss(keras.losses.MeanAbsoluteError()).__class__ is keras.losses.MeanAbsoluteError
     with pytest.raises(ValueError, match="decay=0.5.*keras.optimizers.Adam"):
         resolve_optimizer(tf_keras.optimizers.legacy.Adam(1e-3, decay=0.5))
+
+
+def test_keras_twin_keeps_weight_decay_exclusions():
+    """``keras()`` (verify's reference) decays exactly the weights the shards decay."""
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    user = O.AdamW(1e-2, weight_decay=0.5)
+    user.exclude_from_weight_decay(var_names=["bias"])
+    sharded = ShardedOptimizer(user, [WeightInfo("d/kernel", (3, 2), "float32", False,
+                                                 layer.kernel),
+                                      WeightInfo("d/bias", (2,), "float32", False, layer.bias)])
+    assert sharded.decays == {"d/kernel": True, "d/bias": False}
+    twin = sharded.keras()
+    assert twin is not user and not twin._use_weight_decay(layer.bias)
+    assert twin._use_weight_decay(layer.kernel)

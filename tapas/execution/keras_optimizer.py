@@ -45,6 +45,8 @@ _NOT_ELEMENTWISE = {
     "Muon": "it orthogonalizes the whole weight's update (Newton-Schulz iterations)",
     "MultiOptimizer": "it dispatches weights to several optimizers",
 }
+#: what ``exclude_from_weight_decay`` sets on a Keras optimizer
+_EXCLUSIONS = ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern")
 #: constraints that act on each element alone, exact on any shard
 _ELEMENTWISE_CONSTRAINTS = ("NonNeg",)
 
@@ -171,6 +173,8 @@ class ShardedOptimizer:
         self.weights = {w.path: w for w in weights}
         self._check_variables(user)
         self.decays = {w.path: self._decays(user, w) for w in weights}
+        # exclude_from_weight_decay's settings, which get_config does not carry
+        self._exclusions = {a: getattr(user, a) for a in _EXCLUSIONS if hasattr(user, a)}
         self.opt = _clone(user)
         self._build(list(weights))
         self.has_schedule = not isinstance(self.opt._learning_rate, keras.Variable)
@@ -277,8 +281,13 @@ class ShardedOptimizer:
         """A fresh Keras optimizer of the same class and config (Keras's own, unchanged),
         wrapped in its LossScaleOptimizer when it had one."""
         if self._wrapper is not None:
-            return keras.optimizers.deserialize(self._wrapper)
-        return self.keras_class.from_config(self.config)
+            opt = keras.optimizers.deserialize(self._wrapper)
+            inner = opt.inner_optimizer
+        else:
+            opt = inner = self.keras_class.from_config(self.config)
+        for attr, value in self._exclusions.items():
+            setattr(inner, attr, value)
+        return opt
 
     def current_learning_rate(self, iterations: int, variable: float) -> float:
         """The rate the next step uses: the schedule's at ``iterations``, else ``variable``."""
