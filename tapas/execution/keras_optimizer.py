@@ -277,6 +277,21 @@ class ShardedOptimizer:
         return {"name": self.name, "slots": list(self.slot_names),
                 "keras": json.loads(json.dumps(config, default=str))}
 
+    def summary(self) -> str:
+        """One line: the class and the settings that differ from Keras's defaults."""
+        rate = (type(self.opt._learning_rate).__name__ if self.has_schedule
+                else f"{self.learning_rate:g}")
+        parts = [f"learning_rate={rate}"]
+        for key in ("weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema",
+                    "gradient_accumulation_steps", "loss_scale_factor"):
+            value = self.config.get(key)
+            if value not in (None, False, 0):
+                parts.append(f"{key}={value:g}" if isinstance(value, float) else
+                             f"{key}={value}")
+        if self.loss_scale is not None:
+            parts.append(f"dynamic loss scale from {self.loss_scale[0]:g}")
+        return f"{self.keras_class.__name__}({', '.join(parts)})"
+
     def keras(self) -> Any:
         """A fresh Keras optimizer of the same class and config (Keras's own, unchanged),
         wrapped in its LossScaleOptimizer when it had one."""

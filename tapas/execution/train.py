@@ -308,6 +308,8 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     except (ValueError, reconstruct.ReconstructError) as e:
         raise TrainError(str(e)) from None
     timings.update(pm.timings)
+    say(f"optimizer: {pm.runtime.optimizer.summary()}"
+        + (" (the model's compiled optimizer)" if opts.optimizer is None else ""))
     say("mode: " + ("training (dropout on, batch-norm moving statistics updated)" if pm.training
                     else "inference (dropout off, moving statistics fixed)"))
     if not isinstance(pm.strategy, reconstruct.Plan):
