@@ -1,0 +1,52 @@
+"""``tapas train --optimizer``: a Keras optimizer name or a JSON config file, the zoo model's
+compiled optimizer by default, verified against Keras's own training step; a bad value is
+refused with its cause before any work."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+
+from command import run_tapas   # tests/command.py
+
+
+def _train(*flags: str):
+    return run_tapas("train", "--model=resnet-tiny", "--devices=2", "--steps=2",
+                     "--strategy=random:1", "--verify", *flags, timeout=400)
+
+
+def test_default_is_the_compiled_optimizer_and_verifies():
+    proc = _train()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "optimizer: SGD(learning_rate=0.01" in proc.stdout
+    assert "(the model's compiled optimizer)" in proc.stdout
+    assert "verify: PASSED" in proc.stdout
+
+
+def test_optimizer_by_name_and_by_config_file(tmp_path):
+    proc = _train("--optimizer=adamw")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "optimizer: AdamW(learning_rate=0.001, weight_decay=0.004)" in proc.stdout
+    assert "verify: PASSED" in proc.stdout
+    config = tmp_path / "opt.json"
+    config.write_text(json.dumps(keras.optimizers.serialize(
+        keras.optimizers.RMSprop(0.002, momentum=0.5, clipnorm=0.3))))
+    proc = _train(f"--optimizer={config}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "optimizer: RMSprop(learning_rate=0.002, clipnorm=0.3)" in proc.stdout
+    assert "verify: PASSED" in proc.stdout
+
+
+def test_bad_optimizers_are_refused_with_their_cause(tmp_path):
+    proc = _train("--optimizer=nosuch")
+    assert proc.returncode != 0
+    assert "optimizer 'nosuch' is not a Keras optimizer" in proc.stdout + proc.stderr
+    broken = tmp_path / "bad.json"
+    broken.write_text('{"class_name": "Adam", "config": ')
+    proc = _train(f"--optimizer={broken}")
+    assert proc.returncode != 0
+    assert f"--optimizer={broken}: not valid JSON" in proc.stdout + proc.stderr
+    proc = _train("--optimizer=adafactor")
+    assert proc.returncode != 0
+    assert "Adafactor cannot run on weight shards" in proc.stdout + proc.stderr
