@@ -123,7 +123,7 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
     # a StopGradient is left off the tape: its output then counts as a constant, so the
     # collectives applied to it downstream (a slice of batch norm's stopped mean for a
     # split reader) record no backward half that would carry a gradient the StopGradient
-    # drops anyway (the audit's prediction leaves those out: tapas.execution.gradients)
+    # drops anyway (the audit's prediction leaves those out: tapas.sharding.gradients)
     if op.type != "StopGradient" and _execute.must_record_gradient():
         flat: list[Any] = []
         for key in attrs:

@@ -191,7 +191,7 @@ class CostOptions:
     # collective
     activation_communication_scale: float | None = None
     # price a backward collective only on a tensor whose gradient the training step
-    # computes (``tapas.execution.gradients.gradient_flow``: on a path from a trainable
+    # computes (``tapas.sharding.gradients.gradient_flow``: on a path from a trainable
     # weight to the loss, through ops with a gradient), as the runtime runs them: the
     # gradient of a slice of a padding mask, of an integer input or of a router's indices
     # is never computed, so its all-gather never runs. Off: every backward collective the
@@ -587,11 +587,3 @@ class PlanCost:
                 f"backward {d['backward'] * 1e3:.3f}; {kinds or 'none'}), compute "
                 f"{self.compute * 1e3:.3f} ms; memory {self.memory}")
 
-
-def __getattr__(name: str) -> object:
-    """``profile`` (``tapas.cost.profile``) is ``tapas.execution.profiling.profile``, imported
-    on first use: it measures with TensorFlow, which this module does not import."""
-    if name == "profile":
-        from tapas.execution.profiling import profile
-        return profile
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
