@@ -26,7 +26,7 @@ def test_doc_examples_run(path):
 
 SOURCES = [*DOCS, *sorted((ROOT / "tapas").rglob("*.py")), *sorted((ROOT / "models").glob("*.py"))]
 PAGE = re.compile(r"docs/([\w-]+\.md)")
-SECTION = re.compile(r'docs/([\w-]+\.md)`?,\s*"([^"]+)"')
+SECTION = re.compile(r'docs/([\w-]+\.md)`{0,2},\s*"([^"]+)"')
 
 
 def _headings(page: pathlib.Path) -> list[str]:

@@ -559,7 +559,7 @@ class KeyedCollectives(_OneReplica):
         g = self.group
         if not hasattr(self, "_group_tensors"):
             # one constant each for the whole trace, not two per collective (the graph's
-            # size is the first step's time: issue 11)
+            # size is the first step's time)
             self._group_tensors = (tf.constant(g.group_size, tf.int32),
                                    tf.constant(g.group_key, tf.int32)
                                    if isinstance(g.group_key, int) else g.group_key)

@@ -104,11 +104,12 @@ def ring_factor(kind: KindLike, group_size: int) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class CostOptions:
-    """Which terms of the cost model are on; switch one off for the paper's ablation (Table 2)."""
+    """Which terms of the cost model are on; switch one off for the paper's ablation
+    (``docs/cost.md``, "Options and the ablation")."""
 
     # the alpha' * W latency term (eq. 2); off: only transmission time counts
     latency: bool = True
-    # filter constant tensors (the paper's "CF", Table 2): GraphNodes computed only from
+    # filter constant tensors (the paper's "CF"): GraphNodes computed only from
     # graph inputs and constants (masks, position ids, rotary tables) run replicated and
     # their placements are not searched (tapas.planning.table.constant_nodes); off: searched
     constant_filter: bool = True
@@ -195,7 +196,7 @@ class CostOptions:
     # weight to the loss, through ops with a gradient), as the runtime runs them: the
     # gradient of a slice of a padding mask, of an integer input or of a router's indices
     # is never computed, so its all-gather never runs. Off: every backward collective the
-    # patterns and reshards name (the search's numbers before 2026-11-28)
+    # patterns and reshards name
     gradient_flow: bool = True
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
