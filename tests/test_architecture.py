@@ -57,7 +57,7 @@ SIZE_EXCEPTIONS: dict[str, int] = {
     "tapas/execution/fit.py": 1030,
     "tapas/execution/fit.py::fit": 171,
     "tapas/execution/parallel.py::parallelize": 116,
-    "tapas/execution/profiling.py": 675,
+    "tapas/execution/profiling.py": 632,
     "tapas/execution/profiling.py::profile": 148,
     "tapas/execution/reconstruct.py": 919,
     "tapas/execution/reconstruct.py::_Run": 494,
