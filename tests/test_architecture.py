@@ -70,7 +70,6 @@ SIZE_EXCEPTIONS: dict[str, int] = {
     "tapas/execution/train.py::train": 83,
     "tapas/execution/verify.py": 673,
     "tapas/execution/verify.py::compare_nested": 114,
-    "tapas/planning/cluster.py::_cluster_from_json": 90,
 }
 
 
