@@ -281,18 +281,7 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
                          "(timed pairs = steps x repeats; 10 is enough on an idle machine)")
     say = progress or (lambda _msg: None)
     strategy = distribute_strategy or make_strategy(devices)
-    if process_count() > 1:
-        raise ValueError("calibrate_communication runs the plan without its collectives, "
-                         "which worker processes cannot (their steps would no longer meet): "
-                         "measure on the devices of one process")
-    n = int(strategy.num_replicas_in_sync)
-    if n != cluster.num_devices:
-        raise ValueError(f"the strategy has {n} devices and the cluster "
-                         f"{cluster.num_devices}: profile this many devices (tapas profile "
-                         f"--devices={n}) or give a strategy of {cluster.num_devices}")
-    if n < 2:
-        raise ValueError("calibrate_communication needs at least 2 devices: one device runs "
-                         "no collective")
+    n = _replicas(strategy, cluster, process_count())
     signature = inputs.InputSignature.of(model, input_spec)
     signature.per_row(n, "the data-parallel plan splits the batch over the devices")
     loss = parallel.training_loss(model) if loss is None else parallel.loss_object(loss)
@@ -335,6 +324,23 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
                 "every collective")
         return cal
     return with_activation(cal, second[0], second[1], second[2], times[2], times[3])
+
+
+def _replicas(strategy: Any, cluster: Any, processes: int) -> int:
+    """The strategy's device count N, checked: one process, the cluster's N, at least 2."""
+    if processes > 1:
+        raise ValueError("calibrate_communication runs the plan without its collectives, "
+                         "which worker processes cannot (their steps would no longer meet): "
+                         "measure on the devices of one process")
+    n = int(strategy.num_replicas_in_sync)
+    if n != cluster.num_devices:
+        raise ValueError(f"the strategy has {n} devices and the cluster "
+                         f"{cluster.num_devices}: profile this many devices (tapas profile "
+                         f"--devices={n}) or give a strategy of {cluster.num_devices}")
+    if n < 2:
+        raise ValueError("calibrate_communication needs at least 2 devices: one device runs "
+                         "no collective")
+    return n
 
 
 def with_activation(cal: CommunicationCalibration, plan: str, patterns: Sequence[str],
