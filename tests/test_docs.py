@@ -3,7 +3,9 @@ name exist.
 
 A page's examples run in order in one namespace, as a reader would type them. A reference
 ``docs/NAME.md`` (in README.md, docs/*.md or a tapas/ docstring) names an existing page, and
-``docs/NAME.md, "Section"`` a heading of that page (the quoted text inside the heading).
+``docs/NAME.md, "Section"`` a heading of that page (the quoted text inside the heading). A
+result file a page names, ``benchmarks/results/NAME`` (``{a,b}`` alternatives and ``*``
+allowed), exists.
 """
 
 import pathlib
@@ -46,3 +48,23 @@ def test_named_pages_and_sections_exist(path):
         if not any(section in h for h in _headings(ROOT / "docs" / m.group(1))):
             stale.append(f"docs/{m.group(1)}, {m.group(2)!r}")
     assert not stale, f"{path.name} names sections that do not exist: {stale}"
+
+
+RESULT = re.compile(r"benchmarks/results/([\w.{},*-]+\.(?:json|png|log|\{json,log\}))")
+
+
+def _alternatives(name: str) -> list[str]:
+    """``a{,_b}.png`` -> ``a.png``, ``a_b.png`` (shell brace expansion)."""
+    m = re.search(r"\{([^{}]*)\}", name)
+    if m is None:
+        return [name]
+    return [full for alt in m.group(1).split(",")
+            for full in _alternatives(name[:m.start()] + alt + name[m.end():])]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_named_result_files_exist(path):
+    results = ROOT / "benchmarks" / "results"
+    missing = sorted({name for m in RESULT.finditer(path.read_text())
+                      for name in _alternatives(m.group(1)) if not list(results.glob(name))})
+    assert not missing, f"{path.name} names result files that do not exist: {missing}"
