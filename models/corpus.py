@@ -169,7 +169,7 @@ def keras_hub_available() -> bool:
     return True
 
 
-# keras-hub backbones added to the matrices (2026-11-25) whose kinds of layers the CI slice
+# keras-hub backbones of the scripts' matrices whose kinds of layers the CI slice
 # already has in other backbones (BERT-, GPT- and Llama-style blocks, a shared-expert MoE
 # beside Qwen3-MoE, DINOv2 beside ViT): scripts only. DeBERTa-v3 (its relative embeddings
 # projected by the attention's own query and key layers) and ViT (image patches) are in
@@ -177,7 +177,7 @@ def keras_hub_available() -> bool:
 _NEW_2026_11_26 = ("bart", "whisper", "xlnet", "esm2", "gemma3", "llama3", "qwen2", "smollm3",
                    "gpt-oss", "qwen3.5", "rwkv7", "deit", "dinov3", "swin", "vitdet", "mit",
                    "resnet", "resnet-v2", "cspnet", "hgnetv2", "densenet", "vgg", "xception")
-# the second batch of 2026-11-26 (_hub_backbones_2026_11_26): scripts only too
+# the backbones of _hub_backbones_2026_11_26: scripts only too
 _HUB_SCRIPT_ONLY = frozenset({"albert", "electra", "falcon", "gpt-neox", "opt", "bloom", "phi3",
                               "qwen3", "fnet", "roformer-v2", "xlm-roberta", "qwen-moe",
                               "dinov2", *_NEW_2026_11_26})
@@ -240,7 +240,7 @@ def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
         "vit": lambda: m.ViTBackbone(image_shape=(IMAGE, IMAGE, 3), patch_size=8, num_layers=2,
                                      num_heads=4, hidden_dim=64, mlp_dim=128),
         "dinov2": _dinov2,
-        # added 2026-11-26: encoder-decoders, more decoders, vision transformers and CNNs
+        # encoder-decoders, more decoders, vision transformers and CNNs
         "bart": lambda: _one_output(m.BartBackbone(num_heads=4, max_sequence_length=SEQ, **text),
                                     "decoder_sequence_output"),
         "whisper": lambda: _one_output(m.WhisperBackbone(
@@ -306,7 +306,7 @@ def _hub_backbones() -> dict[str, Callable[[], keras.Model]]:
 
 
 def _hub_backbones_2026_11_26() -> dict[str, Callable[[], keras.Model]]:
-    """keras-hub backbones added on 2026-11-26 (second batch): more decoders and
+    """keras-hub backbones of the scripts' matrices (a second set): more decoders and
     encoder-decoders, keras-hub's mobile CNNs, dense-prediction heads on a small encoder
     (DeepLabV3, BASNet, RetinaNet, SegFormer, Depth Anything, D-FINE, SAM), image-text
     models (CLIP, MetaCLIP 2, SigLIP, BLIP-2, PARSeq, PaliGemma), video (VideoPrism) and a

@@ -404,7 +404,7 @@ def _register_builtin_presets() -> None:
                 )
             )
 
-    # The same architectures built from tapas.layers (issue 6): every attention,
+    # The same architectures built from tapas.layers: every attention,
     # feed-forward, norm, MoE and embedding is one GraphNode by construction.
     for base in ("t5-tiny", "t5-large", "moe-tiny", "moe-1.3b"):
         entry = _REGISTRY[base]
@@ -425,7 +425,7 @@ _LLAMA_SOURCE = "Llama 3.2 1B (Meta 2024): 16 layers, hidden 2048, 32 query / 8 
 
 
 def _register_text_presets() -> None:
-    """Transformer stacks with the traits models from other libraries have (issue 10):
+    """Transformer stacks with the traits models from other libraries have:
     padding masks as inputs, post-norm BERT encoders, pre-norm decoders with rotary
     embeddings and grouped-query attention, separate and fused q/k/v projections."""
     base = _REGISTRY["t5-tiny"]

@@ -32,11 +32,10 @@ from typing import Any
 import keras
 from keras import ops
 
+from tapas.capturing.grouping.raw import MARKER
+
 __all__ = ["DenseLayer", "Embedding", "MultiHeadAttention", "FeedForward", "LayerNorm",
            "Conv2D", "MoE", "MARKER", "PIN_NAMES", "TapasLayer"]
-
-# The name-scope component that marks a tapas layer's ops: "tapas.<kind>".
-MARKER = "tapas."
 
 # The pattern names each kind may be pinned to (an SRC expression is accepted as well).
 PIN_NAMES: dict[str, tuple[str, ...]] = {
@@ -85,6 +84,12 @@ class TapasLayer(keras.layers.Layer):
     def __init__(self, shard: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.shard = _check_pin(type(self).__name__, self.kind, shard)
+
+    @property
+    def tapas_pin(self) -> str | None:
+        """The ``shard=`` pin capture records on this layer's GraphNode (None: searched);
+        capture reads it by this name (``tapas.capturing.tracing.PIN_ATTRIBUTE``)."""
+        return self.shard
 
     def _marked(self) -> Any:
         """The name scope every op of a call runs in (what capture recognizes)."""

@@ -338,14 +338,14 @@ def branches(width: int = 3) -> Graph:
 
 
 def test_a_narrow_order_carries_fewer_tensors_and_finds_the_same_plans(cluster, monkeypatch):
-    from tapas.planning import frontier
+    from tapas.planning import steps
     g = branches(3)
     ids = [n.id for n in g.nodes]
-    narrow = frontier.narrow_order(g, ids)
+    narrow = steps.narrow_order(g, ids)
     pos = {v: i for i, v in enumerate(narrow)}
     assert all(pos[e.src] < pos[e.dst] for e in g.edges)            # topological
-    assert frontier.live_width(g, narrow) < frontier.live_width(g, ids)
-    assert frontier.good_order(g, ids) == narrow
+    assert steps.live_width(g, narrow) < steps.live_width(g, ids)
+    assert steps.good_order(g, ids) == narrow
     chosen = run(g, cluster, opts=ExploreOptions(top_k=5))
     monkeypatch.setattr(explore, "good_order", lambda graph, nodes: sorted(nodes))
     plain = run(g, cluster, opts=ExploreOptions(top_k=5))

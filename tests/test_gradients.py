@@ -1,9 +1,9 @@
-"""Tests for tapas.execution.gradients: which tensors the gradient reaches."""
+"""Tests for tapas.sharding.gradients: which tensors the gradient reaches."""
 
 import tensorflow as tf
 
 from tapas import capturing
-from tapas.execution.gradients import gradient_flow
+from tapas.sharding.gradients import gradient_flow
 
 
 def test_the_gradient_flows_through_a_tensor_list():

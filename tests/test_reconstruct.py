@@ -331,7 +331,7 @@ def test_a_node_that_reads_a_tensor_without_a_gradient_runs_no_backward_comm_of_
     pass nothing back), though ``h`` has a gradient: keras-hub D-FINE reads its encoder
     memory in one GraphNode only to select by it, and the prediction counted that
     GraphNode's backward all-reduce."""
-    from tapas.execution.gradients import gradient_flow
+    from tapas.sharding.gradients import gradient_flow
     from tapas.sharding.placements import Comm, Partial, Replica
     x = keras.Input((8, 16))
     h = keras.layers.Dense(16, name="h")(x)

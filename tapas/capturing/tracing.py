@@ -168,9 +168,14 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
                  state_paths={ph: path_of_state[id(v)] for ph, v in states.items()})
 
 
+# The attribute a layer carries its ``shard=`` pin in (``tapas.layers.TapasLayer``); capture
+# reads it by name, so this stage never imports the layers built on top of it.
+PIN_ATTRIBUTE = "tapas_pin"
+
+
 def _pins(layer: Any) -> dict[str, str]:
-    """``{weight path: pin}`` for every pinned ``tapas.layers`` layer inside ``layer``."""
-    from tapas.layers import TapasLayer
+    """``{weight path: pin}`` for every layer inside ``layer`` pinned by a string in its
+    ``PIN_ATTRIBUTE`` (the ``tapas.layers`` layers built with ``shard=``)."""
     found = [layer]
     flatten = getattr(layer, "_flatten_layers", None)
     if flatten is not None:
@@ -178,9 +183,10 @@ def _pins(layer: Any) -> dict[str, str]:
     path_of = {id(v): p for p, v in weights_by_path(layer).items()}
     pins: dict[str, str] = {}
     for sub in found:
-        if isinstance(sub, TapasLayer) and sub.shard is not None:
+        pin = getattr(sub, PIN_ATTRIBUTE, None)
+        if isinstance(pin, str):
             for w in sub.weights:
-                pins[path_of.get(id(w), w.path)] = sub.shard
+                pins[path_of.get(id(w), w.path)] = pin
     return pins
 
 

@@ -11,7 +11,6 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
 * :mod:`tapas.execution.stateful`: training-mode graphs: seed states, dropout masks, variable
   writes (batch norm's moving statistics).
 * :mod:`tapas.execution.collectives`: the collectives (simulated or ``ReplicaContext``).
-* :mod:`tapas.execution.gradients`: which tensors get a gradient in a training step.
 * :mod:`tapas.execution.audit`: the collectives a plan predicts against those recorded.
 * :mod:`tapas.execution.verify`: the sharded program against the single-device model.
 * :mod:`tapas.execution.runtime`: shards and the training step under a tf.distribute strategy.

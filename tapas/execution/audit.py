@@ -13,7 +13,7 @@ GraphNodes (a Strategy's ``edge_comms``, else where a consumer expects another p
 than its producer gives), once per (tensor, wanted placement), plus the resharding of a
 weight read in another placement than it is stored (a tied embedding and LM head).
 TensorFlow never runs the backward of a value whose gradient nothing needs, and neither
-does the program: such backward comms are left out (``tapas.execution.gradients``).
+does the program: such backward comms are left out (``tapas.sharding.gradients``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from tapas import ir
 from tapas.execution.collectives import Audit, CommRecord
 from tapas.execution.plan import Plan
-from tapas.execution.gradients import NO_GRADIENT, GradientFlow, differentiable, gradient_flow
+from tapas.sharding.gradients import NO_GRADIENT, GradientFlow, differentiable, gradient_flow
 from tapas.sharding import placements
 from tapas.sharding.placements import Collective, parse_placement
 
@@ -114,7 +114,7 @@ def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
     """The ``tapas.sharding.placements.Comm`` s a training step of ``strategy`` (a Strategy
     or a Plan) runs on ``graph`` (see the module docstring); with ``input_gradients``, the
     gradients with respect to the float graph inputs are computed too (or to the inputs
-    it names: ``tapas.execution.gradients.gradient_flow``)."""
+    it names: ``tapas.sharding.gradients.gradient_flow``)."""
     plan = strategy if isinstance(strategy, Plan) else None
     if plan is None:
         plan = Plan(strategy.num_devices,

@@ -23,20 +23,11 @@ operation                forward                backward (gradient)
 ``scatter(a)``           local slice (R->S(a))  AllGather
 =======================  =====================  ==========================
 
-TensorFlow's own gradients of ``ReplicaContext.all_reduce`` assume the global loss is the
-*sum* of the replica losses (TF-FACTS); every operation here therefore has a
-``tf.custom_gradient`` so the semantics above hold under both implementations.
-
-Reduce-scatter: TF 2.21 has no CPU kernel for ``CollectiveReduceScatterV2`` and
-``ReplicaContext`` has no reduce-scatter. :class:`SimulatedCollectives` implements it as
-an all-to-all of the ``[N, ...]``-stacked pieces plus a local sum; under a
-``ReplicaContext`` it is an all-reduce followed by a local slice (twice the traffic of a
-ring reduce-scatter, but a kernel exists on every device type, NCCL on GPUs). All-to-all
-under a ``ReplicaContext`` is an all-gather along a new leading axis followed by a local
-slice (N times the traffic of a true all-to-all): ``ReplicaContext`` offers no all-to-all
-and the raw ``CollectiveAllToAllV2`` op needs collective keys and ordering tokens that
-belong to the strategy's internals. The :class:`Audit` records the *logical* collective
-(kind and global tensor bytes), which is what the cost model predicts.
+TensorFlow's gradients of ``ReplicaContext.all_reduce`` assume the global loss is the *sum*
+of the replica losses, so every operation here has a ``tf.custom_gradient``. Under a
+``ReplicaContext`` a reduce-scatter is an all-reduce and a local slice, an all-to-all an
+all-gather and a local slice (``docs/internals.md``, "How it runs"); the :class:`Audit`
+records the *logical* collective (kind and global bytes), what the cost model predicts.
 """
 
 from __future__ import annotations
@@ -559,7 +550,7 @@ class KeyedCollectives(_OneReplica):
         g = self.group
         if not hasattr(self, "_group_tensors"):
             # one constant each for the whole trace, not two per collective (the graph's
-            # size is the first step's time: issue 11)
+            # size is the first step's time)
             self._group_tensors = (tf.constant(g.group_size, tf.int32),
                                    tf.constant(g.group_key, tf.int32)
                                    if isinstance(g.group_key, int) else g.group_key)

@@ -1,51 +1,23 @@
-"""One model's collectives, measured inside its own training step (``"CS"``).
+"""One model's collectives, measured inside its own training step (``"CS"``, ``"CA"``).
 
-In:  a Keras model and its input spec (the global batch, as ``tapas.parallelize`` takes
-     it), the cluster whose alpha and beta the search prices collectives with (a ``tapas
-     profile`` file), N devices of one process (logical CPU devices or GPUs: any
-     single-process ``tf.distribute`` strategy), the training loss, the pricing the search
-     will use (``CostOptions``).
-Out: a :class:`CommunicationCalibration`: the model's data-parallel plan (the search's
-     ``data-parallel`` reference: every GraphNode split on the batch, weights replicated,
-     each weight gradient all-reduced) built twice, as it runs and with every collective
-     replaced by a local op of the same shape (:func:`without_communication`), the two
-     training steps timed in pairs; the median of the pairs' differences is what the plan's
-     collectives cost inside its step, and ``scale`` = that / what the cost model prices
-     for the same collectives. The search multiplies every collective's cost by it
-     (``CostOptions.communication_scale``: ``tapas.search(..., options=
-     CostOptions.for_cluster(cluster, communication_scale=s))``, ``tapas search
-     --communication_scale=measure``).
-     With ``activation`` (the default) a second plan is built and timed the same way, in the
-     same rounds: of the search's top plans and its reference plans, the one with the most
-     priced communication among those whose collectives are mostly not weight gradients'
-     (activations, their gradients, the loss's statistics, experts' all-to-alls:
-     :func:`activation_plan`). Each plan's difference is its gradient collectives times one
-     factor plus its other collectives times another; the two plans give both
-     (:func:`solve_factors`): ``scale`` for weight gradients
-     (``CostOptions.communication_scale``), ``activation.scale`` for the rest
-     (``CostOptions.activation_communication_scale``; ``cost_options`` sets both).
-
-Why: ``tapas profile`` measures each collective in a chain of collectives that wait on
-each other, on otherwise idle devices (alpha' and beta of the cluster file). Inside a
-training step the collectives are not a chain: a data-parallel step's gradient all-reduces
-start as their gradients are ready and run beside the rest of the backward pass. On Table
-2's 15 models on 4 logical CPU devices of this project's 2-core machine, their data-parallel
-plans' collectives cost 0.36 to 0.83 of the price inside the step on 14 of them
-(EfficientNetB0: 1.43; ``docs/paper.md``), by a factor that depends on the model; a cost
-model that over-prices every collective ranks the plans that communicate more (data
-parallelism, splits that save compute at the price of collectives) too low.
-
-The two steps are timed in pairs (one of each, in turn, ``steps`` x ``repeats`` times after
-a warm-up step each), so load that drifts over the measurement moves both alike. When the
-difference is within the noise of the pairs (under 2 standard errors) or the plan has no
-collective, ``scale`` is None and the search keeps the profiled constants (1.0); when the
-second plan's difference is within the noise, or the two plans give no positive pair of
-factors, ``activation.scale`` is None and ``scale`` prices every collective. Why two: on
-t5-tiny-tapas the data-parallel plan's collectives cost 0.48 of their price inside the step,
-Megatron's (activation all-reduces the next op waits on) 0.76 (docs/paper.md). Worker
-processes cannot run the local copy (their steps would no longer meet): the measurement
-needs the devices of one process.
+In:  a Keras model and its input spec (the global batch), the profiled cluster the search
+     prices collectives with, N devices of one process (any single-process
+     ``tf.distribute`` strategy), the training loss and the search's ``CostOptions``.
+Out: a :class:`CommunicationCalibration`. The model's data-parallel plan is built twice, as
+     it runs and with every collective replaced by a local op of the same shape
+     (:func:`without_communication`), and the two steps are timed in pairs; ``scale`` is the
+     median difference over what the cost model prices for those collectives
+     (``CostOptions.communication_scale``). With ``activation`` a second plan, mostly
+     activation collectives (:func:`activation_plan`), is timed the same way and
+     :func:`solve_factors` splits the two into a weight-gradient factor and an activation
+     factor (``CostOptions.activation_communication_scale``).
+     A factor within the noise of its pairs (under 2 standard errors), or a plan without
+     collectives, gives None: the search keeps the profiled constants.
+Raises: ValueError for bad ``steps``/``repeats``, a strategy across worker processes (the
+     local copy cannot run there), fewer than 2 devices, or a cluster of another device
+     count. Why and what it measured: ``docs/cost.md``, "A model's own communication factor".
 """
+
 
 from __future__ import annotations
 
@@ -309,18 +281,7 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
                          "(timed pairs = steps x repeats; 10 is enough on an idle machine)")
     say = progress or (lambda _msg: None)
     strategy = distribute_strategy or make_strategy(devices)
-    if process_count() > 1:
-        raise ValueError("calibrate_communication runs the plan without its collectives, "
-                         "which worker processes cannot (their steps would no longer meet): "
-                         "measure on the devices of one process")
-    n = int(strategy.num_replicas_in_sync)
-    if n != cluster.num_devices:
-        raise ValueError(f"the strategy has {n} devices and the cluster "
-                         f"{cluster.num_devices}: profile this many devices (tapas profile "
-                         f"--devices={n}) or give a strategy of {cluster.num_devices}")
-    if n < 2:
-        raise ValueError("calibrate_communication needs at least 2 devices: one device runs "
-                         "no collective")
+    n = _replicas(strategy, cluster, process_count())
     signature = inputs.InputSignature.of(model, input_spec)
     signature.per_row(n, "the data-parallel plan splits the batch over the devices")
     loss = parallel.training_loss(model) if loss is None else parallel.loss_object(loss)
@@ -363,6 +324,23 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
                 "every collective")
         return cal
     return with_activation(cal, second[0], second[1], second[2], times[2], times[3])
+
+
+def _replicas(strategy: Any, cluster: Any, processes: int) -> int:
+    """The strategy's device count N, checked: one process, the cluster's N, at least 2."""
+    if processes > 1:
+        raise ValueError("calibrate_communication runs the plan without its collectives, "
+                         "which worker processes cannot (their steps would no longer meet): "
+                         "measure on the devices of one process")
+    n = int(strategy.num_replicas_in_sync)
+    if n != cluster.num_devices:
+        raise ValueError(f"the strategy has {n} devices and the cluster "
+                         f"{cluster.num_devices}: profile this many devices (tapas profile "
+                         f"--devices={n}) or give a strategy of {cluster.num_devices}")
+    if n < 2:
+        raise ValueError("calibrate_communication needs at least 2 devices: one device runs "
+                         "no collective")
+    return n
 
 
 def with_activation(cal: CommunicationCalibration, plan: str, patterns: Sequence[str],

@@ -1,43 +1,20 @@
-"""One model's compute, measured against what the cost model prices for it (``"MC"``).
+"""One model's compute, measured against what the cost model prices for it (``"MC"``, ``"E"``).
 
-In:  a Keras model and its input spec (the global batch B, as ``tapas.parallelize`` takes
-     it), the cluster whose rates the search prices compute with (a ``tapas profile``
-     file), N devices (logical CPU devices, GPUs, or worker processes: any
-     ``tf.distribute`` strategy), the training loss.
-Out: a :class:`ComputeCalibration`: the replicated program's training step (every device
-     computing the whole model, no collectives) timed at the global batch B and at B / N
-     on all N devices at once, the compute the cost model prices for the same two
-     programs, and ``scale`` = (t(B) - t(B/N)) / (c(B) - c(B/N)): what the compute a batch
-     split saves costs on these devices per second the model prices it at. The search
-     multiplies every plan's compute by it (``CostOptions.compute_scale``:
-     ``tapas.search(..., options=CostOptions.for_cluster(cluster, compute_scale=s))``,
-     ``tapas search --compute_scale=measure``).
-
-Why: ``tapas profile`` fits the cluster's rates on reference blocks (a transformer layer, a
-ResNet block, an inverted residual block). A whole model's layers run slower per counted
-FLOP and element than those blocks do, by a factor that depends on the model (Table 2's
-15 models on 4 logical CPU devices: 0.9-7.4; ``docs/cost.md``), and a cost model that
-under-prices compute over-prices every collective that saves some. The
-difference of two batch sizes cancels what every plan pays whatever it computes (the step's
-dispatch, each op's launch: the same number of ops at both sizes) and keeps the part that
-scales with the work, which is what sharding saves.
-
-The two steps are timed in pairs (one of each, in turn, ``steps`` x ``repeats`` times after
-a warm-up step each), so load that drifts over the measurement moves both alike; the scale is
-the median of the pairs' differences over the difference of the predictions. When that
-difference is within the noise of the pairs (a model whose compute is too small to time at
-this batch), ``scale`` is None and the search keeps the profiled rates (``CostOptions`` 1.0).
-
-The same difference gives a narrower factor, ``ComputeCalibration.elementwise_scale``
-(``"E"``): with the pricing's memory-bound part known at both sizes (``memory_bound_s``:
-elementwise ops, reductions, transposes, gathers at the cluster's elementwise rate), the
-measured difference less the priced difference of everything else (the contractions and
-convolutions: measured kernels with ``CostOptions.kernel_times``, else the FLOP rates), over
-the memory-bound ops' priced difference. The search multiplies only those ops' time by it
-(``CostOptions.elementwise_scale``, ``tapas search --elementwise_scale=measure``): a model's
-short elementwise kernels run far below the streaming rate the profile measured, its
-contractions, timed one by one, do not (Table 2, ``docs/paper.md``).
+In:  a Keras model and its input spec (the global batch B), the profiled cluster the search
+     prices compute with, N devices (any ``tf.distribute`` strategy), the training loss.
+Out: a :class:`ComputeCalibration`: the replicated training step timed in pairs at B and at
+     B / N on all N devices at once, beside the compute the cost model prices for both;
+     ``scale`` = (t(B) - t(B/N)) / (c(B) - c(B/N)) (``CostOptions.compute_scale``; the
+     difference cancels each op's launch cost, which no split saves), and
+     ``elementwise_scale``: the same measured difference less the priced difference of the
+     contractions and convolutions, over the memory-bound ops' priced difference
+     (``CostOptions.elementwise_scale``). A difference within the noise of the pairs gives
+     None: the search keeps the profiled rates.
+Raises: ValueError for bad ``steps``/``repeats``, fewer than 2 devices, or a factor that is
+neither a number nor ``"measure"`` (:func:`parse_scale`). Why and what it measured:
+``docs/cost.md``, "A model's own compute factor" and "The memory-bound ops' factor".
 """
+
 
 from __future__ import annotations
 

@@ -12,55 +12,12 @@ Out: a :class:`Profile`: one row per (primitive, size) measured, the fits of
      --cluster=...`` reads, with the measurements under ``"profile"``; ``Profile.plot``
      the residual PNG).
 
-What is timed is what the runtime launches: each primitive goes through
-``tapas.execution.collectives.ReplicaContextCollectives`` inside
-``MirroredStrategy.run`` in a ``tf.function``, as a reconstructed program's collectives do:
-
-- all-reduce (AR): every replica holds N bytes;
-- all-gather (AG): every replica holds N / W, N gathered;
-- reduce-scatter (RS): every replica holds N, keeps N / W; the runtime runs it as an
-  all-reduce and a local slice (no CPU kernel for a reduce-scatter in TF 2.21);
-- all-to-all (A2A): every replica's buffer is N; the runtime runs it as an all-gather of
-  every buffer and a local slice (``ReplicaContext`` has no all-to-all).
-
-N is the cost model's message size (``tapas.planning.cost``), so the fitted epsilon of RS
-and A2A carries the extra traffic of those implementations.
-
-One call of a ``tf.function`` costs a fixed dispatch time (milliseconds under
-MirroredStrategy) that a training step pays once, whatever its plan; it is not a
-collective's cost. Each point is therefore timed as a chain: one function runs k
-collectives one after the other (each waits on the previous one's output by a control
-dependency, no data is copied between them), another runs one, the two called in turn
-``repeats`` times, and the time of one collective is (min t_k - min t_1) / (k - 1). The
-minimum, not the median: on a shared machine other processes only ever add time, so the
-fastest call is the least disturbed one (the row keeps every call and the estimate from
-medians too). A point costing milliseconds is timed more often than ``repeats`` (up to
-4 x, until its calls took 0.4 s; not across worker processes, which must all make the same
-number of calls). k is 8 for messages up to 256 KiB, 4 up to 4 MiB and 3
-above. Every other timing below is the fastest of its repeats as well.
-
-Compute: the training steps (forward, input and weight gradients) of three reference
-blocks -- a transformer layer (Keras multi-head attention, layer norms, a GELU MLP), a
-ResNet basic block and a MobileNetV2 inverted residual block (1x1 convolutions, a depthwise
-convolution, batch norms) -- at four sizes each, all replicas at once (the devices of a step
-compute together; logical CPU devices share the cores), against what the cost model counts
-for each (the FLOPs of matmuls and convolutions, the elements of memory-bound ops:
-elementwise ops, reductions, copies, depthwise convolutions). One least-squares fit of
-``t = c + F * 3 / flop_rate + E * 3 / elementwise_rate`` over the 12 steps gives the
-cluster's ``device_peak_flops`` and ``device_elementwise_rate`` in the units the cost model
-charges them (``CostOptions.memory_bound``): rates of layers as models have them, not of a
-kernel in isolation. Before them, the FLOP rate of matrix multiplies by their width
-(``WIDTHS``, 8 to 256): a stack of [rows, w] x [w, w] matmuls timed at two depths, the
-extra layers' time alone; each rate over the fastest is the cluster's
-``device_width_efficiency``, and the blocks' FLOPs enter their fit as the cost model prices
-them (each width bucket's FLOPs over its efficiency). For the record also: an n x n
-float32 matmul per replica (all at once, and alone on one device: ``device_peak_flops``
-when the blocks are not measured) and a 3x3 convolution.
-
-gamma: an all-reduce alone, a chain of matmuls alone (sized to take about as long), and
-both in one function with no dependency between them (as a backward all-reduce runs beside
-the weight-gradient matmul); gamma = (both - compute) / all-reduce, each less an empty
-call (``tapas.planning.calibrate.fit_gamma``).
+Each collective is timed as the runtime launches it (``ReplicaContextCollectives`` inside
+``MirroredStrategy.run`` in a ``tf.function``), as a chain: (min t_k - min t_1) / (k - 1)
+over k chained collectives and one, so the call's dispatch cancels; a point costing
+milliseconds is timed up to 4 x more often, until its calls took 0.4 s (not across worker
+processes, which must all make the same calls). What is measured and how it is fitted:
+``docs/cost.md``, "Calibrating".
 """
 
 from __future__ import annotations

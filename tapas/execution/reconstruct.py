@@ -53,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.execution import replay, stateful
-from tapas.execution.gradients import NO_GRADIENT
+from tapas.sharding.gradients import NO_GRADIENT
 # the plan types stay importable from here (reconstruct.Plan, .NodeSharding, ...)
 from tapas.execution.plan import NodeSharding, Plan, ReconstructError, WeightLayout
 from tapas import ir

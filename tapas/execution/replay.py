@@ -36,7 +36,7 @@ Symbols used, and why:
 * ``tensorflow.python.eager.context.context().function_call_options`` (private, per
   thread): the ``ConfigProto`` a ``tf.function`` is instantiated with on its first call
   (Grappler's options), set for the runtime's step functions by
-  :func:`graph_optimization` (the first step's time, issue 11).
+  :func:`graph_optimization` (the first step's time).
 
 Nothing else in TAPAS imports private TensorFlow modules.
 """
@@ -123,7 +123,7 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
     # a StopGradient is left off the tape: its output then counts as a constant, so the
     # collectives applied to it downstream (a slice of batch norm's stopped mean for a
     # split reader) record no backward half that would carry a gradient the StopGradient
-    # drops anyway (the audit's prediction leaves those out: tapas.execution.gradients)
+    # drops anyway (the audit's prediction leaves those out: tapas.sharding.gradients)
     if op.type != "StopGradient" and _execute.must_record_gradient():
         flat: list[Any] = []
         for key in attrs:
@@ -142,8 +142,8 @@ def _slow_fused_batch_matmul(inputs: Sequence[tf.Tensor]) -> int | None:
     """The operand of an add that Grappler's remapper would fuse into a slow oneDNN kernel:
     ``Mul(BatchMatMul(a, b), scalar)`` of rank 4 or more when the other operand has the
     same rank and size 1 on every batch axis (all but the last two), as attention adds a
-    [1, 1, q, k] causal mask to its scaled scores. On TF 2.21's CPU kernels that fused op
-    took 15 ms where the three ops apart take 0.5 ms (scores [64, 4, 16, 16]); the same add
+    [1, 1, q, k] causal mask to its scaled scores: on TF 2.21's CPU kernels that fused op is
+    many times slower than the three ops apart (``docs/tensorflow-notes.md``). The same add
     of a [1, h, q, k], [b, 1, q, k], [b, 1, 1, k] or [1, q, k] operand, or without the
     scale, is not slowed and is left alone. The index of the product's operand, or None."""
     if len(inputs) != 2:
@@ -330,14 +330,14 @@ def graph_optimization(mode: str, accelerators: bool) -> Iterator[None]:
     instantiated with Grappler options for ``mode`` (:data:`GRAPH_OPTIMIZATIONS`).
 
     The runtime's step function calls one copy of the replica body per device and each
-    device optimises its copy, so Grappler's work grows with the device count (on t5-small
-    over 4 logical CPU devices, about 3.7 s of the first call with all passes).
+    device optimises its copy, so Grappler's work grows with the device count
+    (``docs/internals.md``, "Graph optimization").
     ``"lean"`` runs the passes once, without the MLIR ("tfg") passes (attribute
     consolidation, a topological sort, control-flow sinking: no change to these graphs)
     and, when ``accelerators`` is False, without the layout optimizer (it rewrites GPU
     convolutions' data format), the memory optimizer (swapping and recomputation for
     accelerator memory) and the passes in ``_CPU_LEAN_OFF`` (constant folding, arithmetic
-    and function optimizers): about 1.0 s on that step, and no measured step time changed.
+    and function optimizers), none of which changed a measured step time.
     The options are per thread: a function called in another thread (``strategy.run``'s
     replica threads) needs them set there too. Options the user set in TensorFlow's config
     (``tf.config.optimizer.set_experimental_options``) are kept. A function is optimised

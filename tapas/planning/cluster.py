@@ -383,91 +383,116 @@ def _link_json(link: Link) -> dict[str, Any]:
     return {"name": link.name, "bandwidth": link.bandwidth, "latency": link.latency}
 
 
+class _Fields:
+    """The fields of a cluster file, each read and checked; errors name the file and field."""
+
+    def __init__(self, d: Mapping[str, Any], where: str) -> None:
+        self.d, self.where = d, where
+
+    def fail(self, field: str, problem: str) -> ClusterFileError:
+        return ClusterFileError(f"{self.where}: field {field!r} {problem}; re-create the file "
+                                "with `tapas profile --out=...` or Cluster.save, or fix that "
+                                "field")
+
+    def get(self, field: str, kind: tuple[type, ...], what: str,
+            obj: Mapping[str, Any] | None = None, prefix: str = "") -> Any:
+        obj = self.d if obj is None else obj
+        name = prefix + field
+        if field not in obj:
+            raise self.fail(name, f"is missing (it must be {what})")
+        value = obj[field]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise self.fail(name, f"is {value!r}, it must be {what}")
+        return value
+
+    def number(self, field: str, what: str, obj: Mapping[str, Any] | None = None,
+               prefix: str = "", zero_ok: bool = False) -> float:
+        value = float(self.get(field, (int, float), what, obj, prefix))
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            raise self.fail(prefix + field, f"is {value!r}, it must be {what}")
+        return value
+
+    def link(self, field: str) -> Link:
+        obj = self.get(field, (dict,), "an object {name, bandwidth, latency}")
+        return Link(bandwidth=self.number("bandwidth", "a positive number of bytes/s", obj,
+                                          field + "."),
+                    latency=self.number("latency", "a number of seconds >= 0", obj,
+                                        field + ".", zero_ok=True),
+                    name=str(obj.get("name", field)))
+
+    def sources(self) -> dict[str, str]:
+        sources = self.d.get("sources", {})
+        if not isinstance(sources, dict) or not all(isinstance(v, str)
+                                                    for v in sources.values()):
+            raise self.fail("sources", "must be an object of strings (constant -> where it "
+                            "comes from)")
+        allowed = SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS
+        for key in sources:
+            if key not in allowed:
+                raise self.fail(f"sources.{key}",
+                                f"is not a cluster constant (use {list(allowed)})")
+        return sources
+
+    def epsilon(self) -> dict[str, Any] | None:
+        epsilon = self.d.get("epsilon")
+        if epsilon is not None:
+            if not isinstance(epsilon, dict):
+                raise self.fail("epsilon", f"is {epsilon!r}, it must be null or an object "
+                                "{primitive: factor}")
+            for key in epsilon:
+                try:
+                    Collective.parse(key)
+                except ValueError as e:
+                    raise self.fail(f"epsilon.{key}", str(e)) from None
+                self.number(key, "a positive factor", epsilon, "epsilon.")
+        return epsilon
+
+    def optional_rates(self) -> tuple[float | None, float | None, Any]:
+        """gamma, the elementwise rate and the width efficiency table (each may be null)."""
+        gamma = self.d.get("gamma")
+        if gamma is not None:
+            gamma = self.number("gamma", "a number in (0, 1]")
+            if gamma > 1:
+                raise self.fail("gamma", f"is {gamma!r}, it must be a number in (0, 1]")
+        rate = self.d.get("device_elementwise_rate")
+        if rate is not None:
+            rate = self.number("device_elementwise_rate",
+                               "null or a positive number of elements/s")
+        widths = self.d.get("device_width_efficiency")
+        if widths is not None:
+            if not isinstance(widths, dict) or not widths:
+                raise self.fail("device_width_efficiency", f"is {widths!r}, it must be null "
+                                "or an object {width: fraction of device_peak_flops}")
+            try:
+                widths = _width_efficiency(widths)
+            except ValueError as e:
+                raise self.fail("device_width_efficiency", str(e)) from None
+        return gamma, rate, widths
+
+
 def _cluster_from_json(d: Any, where: str) -> Cluster:
     """``Cluster.from_json``: every field checked, errors naming ``where`` and the field."""
-    def fail(field: str, problem: str) -> ClusterFileError:
-        return ClusterFileError(f"{where}: field {field!r} {problem}; re-create the file with "
-                                "`tapas profile --out=...` or Cluster.save, or fix that field")
-
     if not isinstance(d, dict):
         raise ClusterFileError(f"{where}: must be a JSON object, got {type(d).__name__}; "
                                "write it with `tapas profile --out=...` or Cluster.save")
+    f = _Fields(d, where)
     if d.get("format") != CLUSTER_FORMAT:
-        raise fail("format", f"is {d.get('format')!r}, expected {CLUSTER_FORMAT!r} (not a "
-                   "cluster file: a strategy or report JSON?)")
+        raise f.fail("format", f"is {d.get('format')!r}, expected {CLUSTER_FORMAT!r} (not a "
+                     "cluster file: a strategy or report JSON?)")
     version = d.get("version")
     if version != CLUSTER_VERSION:
-        raise fail("version", f"is {version!r}; this TAPAS reads version {CLUSTER_VERSION}")
-
-    def get(field: str, kind: tuple[type, ...], what: str, obj: Mapping[str, Any] = d,
-            prefix: str = "") -> Any:
-        name = prefix + field
-        if field not in obj:
-            raise fail(name, f"is missing (it must be {what})")
-        value = obj[field]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise fail(name, f"is {value!r}, it must be {what}")
-        return value
-
-    def number(field: str, what: str, obj: Mapping[str, Any] = d, prefix: str = "",
-               zero_ok: bool = False) -> float:
-        value = float(get(field, (int, float), what, obj, prefix))
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-            raise fail(prefix + field, f"is {value!r}, it must be {what}")
-        return value
-
-    def link(field: str) -> Link:
-        obj = get(field, (dict,), "an object {name, bandwidth, latency}")
-        return Link(bandwidth=number("bandwidth", "a positive number of bytes/s", obj,
-                                     field + "."),
-                    latency=number("latency", "a number of seconds >= 0", obj, field + ".",
-                                   zero_ok=True),
-                    name=str(obj.get("name", field)))
-
-    name = get("name", (str,), "a string")
+        raise f.fail("version", f"is {version!r}; this TAPAS reads version {CLUSTER_VERSION}")
+    name = f.get("name", (str,), "a string")
     shape = {}
     for field in ("num_nodes", "devices_per_node"):
-        shape[field] = get(field, (int,), "an int >= 1")
+        shape[field] = f.get(field, (int,), "an int >= 1")
         if shape[field] < 1:
-            raise fail(field, f"is {shape[field]}, it must be an int >= 1")
-    intra, inter = link("intra"), link("inter")
-    memory = number("device_memory", "a positive number of bytes")
-    flops = number("device_peak_flops", "a positive number of FLOP/s")
-    sources = d.get("sources", {})
-    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
-        raise fail("sources", "must be an object of strings (constant -> where it comes from)")
-    allowed = SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS
-    for key in sources:
-        if key not in allowed:
-            raise fail(f"sources.{key}", f"is not a cluster constant (use {list(allowed)})")
-    epsilon = d.get("epsilon")
-    if epsilon is not None:
-        if not isinstance(epsilon, dict):
-            raise fail("epsilon", f"is {epsilon!r}, it must be null or an object "
-                       "{primitive: factor}")
-        for key in epsilon:
-            try:
-                Collective.parse(key)
-            except ValueError as e:
-                raise fail(f"epsilon.{key}", str(e)) from None
-            number(key, "a positive factor", epsilon, "epsilon.")
-    gamma = d.get("gamma")
-    if gamma is not None:
-        gamma = number("gamma", "a number in (0, 1]")
-        if gamma > 1:
-            raise fail("gamma", f"is {gamma!r}, it must be a number in (0, 1]")
-    rate = d.get("device_elementwise_rate")
-    if rate is not None:
-        rate = number("device_elementwise_rate", "null or a positive number of elements/s")
-    widths = d.get("device_width_efficiency")
-    if widths is not None:
-        if not isinstance(widths, dict) or not widths:
-            raise fail("device_width_efficiency", f"is {widths!r}, it must be null or an "
-                       "object {width: fraction of device_peak_flops}")
-        try:
-            widths = _width_efficiency(widths)
-        except ValueError as e:
-            raise fail("device_width_efficiency", str(e)) from None
+            raise f.fail(field, f"is {shape[field]}, it must be an int >= 1")
+    intra, inter = f.link("intra"), f.link("inter")
+    memory = f.number("device_memory", "a positive number of bytes")
+    flops = f.number("device_peak_flops", "a positive number of FLOP/s")
+    sources, epsilon = f.sources(), f.epsilon()
+    gamma, rate, widths = f.optional_rates()
     return Cluster(name=name, num_nodes=shape["num_nodes"],
                    devices_per_node=shape["devices_per_node"], intra=intra, inter=inter,
                    device_memory=memory, device_peak_flops=flops, sources=sources,

@@ -104,11 +104,12 @@ def ring_factor(kind: KindLike, group_size: int) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class CostOptions:
-    """Which terms of the cost model are on; switch one off for the paper's ablation (Table 2)."""
+    """Which terms of the cost model are on; switch one off for the paper's ablation
+    (``docs/cost.md``, "Options and the ablation")."""
 
     # the alpha' * W latency term (eq. 2); off: only transmission time counts
     latency: bool = True
-    # filter constant tensors (the paper's "CF", Table 2): GraphNodes computed only from
+    # filter constant tensors (the paper's "CF"): GraphNodes computed only from
     # graph inputs and constants (masks, position ids, rotary tables) run replicated and
     # their placements are not searched (tapas.planning.table.constant_nodes); off: searched
     constant_filter: bool = True
@@ -191,11 +192,11 @@ class CostOptions:
     # collective
     activation_communication_scale: float | None = None
     # price a backward collective only on a tensor whose gradient the training step
-    # computes (``tapas.execution.gradients.gradient_flow``: on a path from a trainable
+    # computes (``tapas.sharding.gradients.gradient_flow``: on a path from a trainable
     # weight to the loss, through ops with a gradient), as the runtime runs them: the
     # gradient of a slice of a padding mask, of an integer input or of a router's indices
     # is never computed, so its all-gather never runs. Off: every backward collective the
-    # patterns and reshards name (the search's numbers before 2026-11-28)
+    # patterns and reshards name
     gradient_flow: bool = True
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
@@ -587,11 +588,3 @@ class PlanCost:
                 f"backward {d['backward'] * 1e3:.3f}; {kinds or 'none'}), compute "
                 f"{self.compute * 1e3:.3f} ms; memory {self.memory}")
 
-
-def __getattr__(name: str) -> object:
-    """``profile`` (``tapas.cost.profile``) is ``tapas.execution.profiling.profile``, imported
-    on first use: it measures with TensorFlow, which this module does not import."""
-    if name == "profile":
-        from tapas.execution.profiling import profile
-        return profile
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Nested expert + tensor parallelism on a 2-D mesh (issue 14; the paper's Figure 8 plan).
+"""Nested expert + tensor parallelism on a 2-D mesh (the paper's Figure 8 plan).
 
 On a ``rows x cols`` mesh the model runs data parallel over the rows and a tensor-parallel
 strategy inside each row (``tapas.planning.mesh``). Nested expert + tensor parallelism also

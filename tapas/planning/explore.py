@@ -60,8 +60,8 @@ from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.planning.frontier import (Allowed, Counts, Progress, SearchTimeout, Step, TieOptions,
-                                     consumers, good_order, node_steps, producers, run,
-                                     unwind)
+                                     run, unwind)
+from tapas.planning.steps import consumers, good_order, node_steps, producers
 from tapas.planning.stitch import stitch_steps
 from tapas.planning.table import (EdgeCoster, PatternInfo, PatternsFn, PatternTable, ReshardFn,
                                   pattern_table)

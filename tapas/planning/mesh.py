@@ -1,5 +1,5 @@
 """Two-dimensional device meshes: data parallel over one mesh axis, the searched
-tensor-parallel strategy over the other (issue 14, DP x TP).
+tensor-parallel strategy over the other (DP x TP).
 
 In:  a ``Cluster`` S(m, n) of N = m * n devices, the global batch B, and
      ``graph_for(rows)``: the captured graph of one mesh row, i.e. the model at batch

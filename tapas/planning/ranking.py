@@ -1,4 +1,4 @@
-"""Ranking metrics of the cost model against measured step times (the paper's Table 2).
+"""Ranking metrics of the cost model against measured step times (the paper's ranking table).
 
 In:  for one model, the measured step times of its candidate plans (median and spread of
      repeated timings) and the cost model's predicted times of the same plans.
@@ -7,7 +7,7 @@ Out: the rank the model gives the measured-best plan (:func:`best_rank`) and, ov
      the plan the model picks runs (:func:`pick_regret`); how well the whole predicted
      order agrees with the measured one (:func:`kendall_tau`).
 
-How ties are scored (the docs of Table 2 repeat this):
+How ties are scored (``docs/paper.md`` summarizes this):
 
 - Measured ties count *for* the model: every plan whose measured median is within the
   noise of the fastest one (:func:`measured_best`: within ``max(rel_tol * fastest, spread
@@ -20,8 +20,8 @@ How ties are scored (the docs of Table 2 repeat this):
   of them the model's pick is, it runs as fast as the best within the noise (two plans
   that differ only in whether an integer input is fed split or whole are priced the same,
   and rightly so). ``strict_ties=True``: every other plan predicted no slower counts,
-  measured-best or not (the rule of the Table 2 runs before 2026-11-28, which a model
-  adding arbitrary differences between equal plans would score better under).
+  measured-best or not (a model adding arbitrary differences between equal plans scores
+  better under it).
 
 This module imports no TensorFlow.
 """

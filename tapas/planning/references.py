@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tapas.ir import Graph, GraphNode, Kind
-from tapas.planning.frontier import Allowed, per_graph
+from tapas.planning.frontier import Allowed
+from tapas.planning.steps import per_graph
 from tapas.planning.table import PatternInfo
 from tapas.sharding.patterns.pattern import Family
 
@@ -36,7 +37,7 @@ def node_roles(graph: Graph) -> list[str]:
     next to another dense that is not attention: the two matrices of a feed-forward
     block), whole ``tapas.layers`` attention and feed-forward GraphNodes as ``"attention"``
     and ``"ffn"``, ``"expert"`` (an MoE expert einsum) or ``"other"``. Cached per graph
-    (``frontier.per_graph``): each reference plan asks."""
+    (``steps.per_graph``): each reference plan asks."""
     return list(per_graph(_ROLES, graph, lambda g: tuple(_node_roles(g))))
 
 

@@ -107,8 +107,8 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
 def _gc_frozen() -> Iterator[None]:
     """Leave the objects alive when the search starts (the graph, whose size grows with the
     model's depth) out of the garbage collector's passes while it runs (``gc.freeze``).
-    Each full pass scans every tracked object, so on T5 at 48 layers per stack the same
-    enumeration took 1.0 s instead of 0.45 s; what the search allocates is still collected
+    Each full pass scans every tracked object, which on deep stacks doubled the enumeration's
+    time (``docs/search.md``); what the search allocates is still collected
     (the search freezes again once its per-GraphNode tables are built), and
     ``gc.unfreeze`` hands the frozen objects back to the collector afterwards."""
     gc.freeze()

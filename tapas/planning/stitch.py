@@ -38,7 +38,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tapas.ir import Graph, TensorInfo
-from tapas.planning.frontier import Allowed, Run, Step, TieOptions, producers, step_options
+from tapas.planning.frontier import Allowed, Run, Step, TieOptions
+from tapas.planning.steps import producers, step_options
 from tapas.planning.table import EdgeCoster, PatternTable
 from tapas.sharding.placements import Placement
 

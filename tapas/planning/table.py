@@ -14,7 +14,7 @@ Out: :class:`PatternTable` -- per GraphNode, one :class:`PatternInfo` per patter
 identical patterns, only their weight paths differ.
 
 With ``CostOptions.gradient_flow`` (the default) a backward collective is priced only on a
-tensor whose gradient the training step computes (``tapas.execution.gradients``, pure: the
+tensor whose gradient the training step computes (``tapas.sharding.gradients``, pure: the
 same analysis the collective audit uses), both a pattern's own and an edge's resharding:
 the table's ``gradients`` names those tensors, and the :class:`EdgeCoster` built with them
 leaves the backward half of a reshard out elsewhere (slicing a replicated padding mask or
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tapas.execution.gradients import gradient_flow
+from tapas.sharding.gradients import gradient_flow
 from tapas.ir import Graph, GraphNode, Kind, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
@@ -182,7 +182,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
 
 def gradient_tensors(graph: Graph) -> frozenset[str] | None:
     """The tensors (and trainable weight paths) whose gradient a training step over
-    ``graph`` computes (``tapas.execution.gradients.gradient_flow``), or None when the graph
+    ``graph`` computes (``tapas.sharding.gradients.gradient_flow``), or None when the graph
     does not show where its weights are read (a GraphNode IR written by hand, whose ops
     leave out the weights' reads): then nothing is known to go without a gradient."""
     read = {name for node in graph.nodes for op in node.ops for name in op.inputs}

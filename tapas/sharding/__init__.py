@@ -13,6 +13,8 @@ Out: for every GraphNode, its :class:`~tapas.sharding.patterns.ShardingPattern` 
 * :mod:`tapas.sharding.patterns`: the pattern families (which splits to try on each kind
   of GraphNode), the propagation that checks a seed op by op with the rules, and
   ``tapas.layers`` pins.
+* :mod:`tapas.sharding.gradients`: which tensors get a gradient in a training step (the
+  collectives a pattern's backward runs depend on it).
 """
 
 from tapas.sharding.placements import (Collective, Comm, Partial, Placement, Replica, Split,

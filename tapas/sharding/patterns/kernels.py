@@ -8,13 +8,11 @@ Out: :func:`kernel_key` -- one string that names the kernel a device runs for th
      a kernel and what the rate-based cost model counts for one run of it.
 
 Why: the cost model prices these ops by FLOPs (or elements) at a profiled rate, and the
-rate of a kernel depends on its shapes far beyond what a width table captures (a depthwise
-convolution on 2 channels per device costs per element up to 7 x what it costs on 32; a
-convolution's weight gradient on a 4-way channel split saves 1.3-1.6 x where its FLOPs say
-4 x; ``docs/paper.md``). A key identifies exactly the computation a device does, so
+rate of a kernel depends on its shapes far beyond what a width table captures
+(``docs/cost.md``, "Measured kernels"). A key identifies exactly the computation a device does, so
 ``tapas.execution.kernels`` can time each one on the devices (forward and both gradients)
 and ``tapas.planning.cost.compute_time`` can price it by its measured time instead
-(``CostOptions.kernel_times``, the row ``+K`` of Table 2).
+(``CostOptions.kernel_times``, ``"K"`` in ``docs/cost.md``).
 
 This module imports no TensorFlow.
 """

@@ -107,9 +107,8 @@ def gemm_width(n: int, op: OpInfo, spec: rules.OpSpec, names: Sequence[str],
     device: seen as ``[M, K] x [K, N]`` per batch entry (a convolution's K is its window
     times its local input channels, N its local output channels, M the rest of its
     output), the geometric mean of the two smallest of M, N and K. A CPU or GPU kernel
-    runs far below its peak rate on thin operands (measured here: a matmul 8 wide at a
-    third of its rate 64 wide and more), and a split on a channel or hidden axis thins
-    them. None for other ops and for contractions of other than two operands.
+    runs far below its peak rate on thin operands (``docs/cost.md``, "Compute"), and a
+    split on a channel or hidden axis thins them. None for other ops and for contractions of other than two operands.
 
     >>> from tapas.ir import OpInfo, TensorInfo
     >>> from tapas.sharding.rules import OpSpec
