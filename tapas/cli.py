@@ -140,9 +140,7 @@ flags.DEFINE_integer("devices_per_worker", 1, "train --workers: local devices of
                      "(logical CPU devices on a host without GPUs; with GPUs, the number "
                      "each worker sees), e.g. --workers=2 --devices_per_worker=2 "
                      "--mesh=2x2 puts one mesh row in each process.", lower_bound=1)
-flags.DEFINE_string("optimizer", None, "train: a Keras optimizer name (sgd, adam, adamw, "
-                    "rmsprop, lion, ...) or a JSON file of its config "
-                    "(keras.optimizers.serialize); default: the model's compiled optimizer.")
+flags.DEFINE_string("optimizer", None, "train: Keras optimizer name or config JSON file (default: compiled).")
 flags.DEFINE_enum("graph_optimization", "lean", ["lean", "default"], "train: Grappler's "
                   "options for the step functions: lean (one round of passes; on CPUs without "
                   "the layout and memory optimizers: a faster first step) or TensorFlow's "

@@ -6,7 +6,9 @@ In:  a plan (a ``tapas.execution.plan.Plan``, or a ``tapas.planning.search.Strat
 Out: the predicted ``tapas.sharding.placements.Comm`` s (:func:`predicted_comm_list`), the
      same as ``CommRecord`` s for a ``Program`` (:func:`program_comms`), the differences as
      readable lines (:func:`compare_audit`) and the report of a ``ParallelModel``
-     (:class:`AuditReport`).
+     (:class:`AuditReport`); on a 2-D mesh, the collectives over the mesh columns against
+     the ones ``tapas.planning.mesh.column_collectives`` prices (:func:`column_audit`,
+     :func:`say_mesh_audit`).
 
 The prediction is every GraphNode pattern's ``comms``, plus the resharding between
 GraphNodes (a Strategy's ``edge_comms``, else where a consumer expects another placement
@@ -262,3 +264,63 @@ def _tally(comms: Sequence[Any]) -> tuple[dict, dict]:
         sizes[key] += int(c.bytes)
     return dict(counts), dict(sizes)
 
+
+# ---- the mesh columns (2-D meshes) ------------------------------------------------------
+
+def say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
+    """The collectives over the mesh columns in one training step (the gradient
+    all-reduces; with nested experts also the expert all-to-alls) against the ones the cost
+    model prices (``tapas.planning.mesh.column_collectives``)."""
+    from tapas.planning import mesh as mesh_lib
+    mesh = mesh_lib.Mesh.parse(mesh_text)
+    ran, priced = column_audit(pm, mesh)
+    sparse_ran, sparse_priced = column_audit(pm, mesh, sparse=True)
+    sparse = {k[1].split(":")[0] for k in sparse_ran}
+    same = ran == priced
+    n_ar = sum(1 for k in ran if k[0] == "AR")
+    n_a2a = len(ran) - n_ar
+    say(f"over the {mesh.rows} mesh rows ({mesh.plan}): {n_ar} gradient all-reduces"
+        + (f" and {n_a2a} expert all-to-alls" if mesh.experts else "")
+        + f", {sum(ran.values()):,} bytes per step over each column (the cost model prices "
+        f"{len(priced)} collectives of {sum(priced.values()):,} bytes: "
+        f"{'the same' if same else 'DIFFERENT'})")
+    if sparse:
+        say(f"  and {len(sparse)} sparse gradients exchanged as their slices: "
+            f"{sum(sparse_ran.values()):,} bytes (priced as dense gradients: "
+            f"{sum(sparse_priced.values()):,} bytes)")
+    return {"mesh": str(mesh), "dp_all_reduces": n_ar, "ep_all_to_alls": n_a2a,
+            "sparse_gradients": len(sparse), "sparse_bytes": sum(sparse_ran.values()),
+            "sparse_priced_bytes": sum(sparse_priced.values()),
+            "dp_bytes": sum(v for k, v in ran.items() if k[0] == "AR"),
+            "column_bytes": sum(ran.values()), "priced_collectives": len(priced),
+            "priced_bytes": sum(priced.values()), "matches": same}
+
+
+def column_audit(pm: Any, mesh: Any, sparse: bool = False) -> tuple[dict, dict]:
+    """({(kind, tensor, phase): bytes} the mesh columns ran in ``pm``'s training step, the
+    same that ``tapas.planning.mesh.column_collectives`` prices). Bytes are the tensor over
+    the column (an all-to-all's priced buffer is 1/rows of it). Sparse gradients (embedding
+    lookups, exchanged as their slices, priced as the dense gradient) are left out, or with
+    ``sparse=True`` are all that is returned."""
+    from tapas.planning import mesh as mesh_lib
+    from tapas.planning.cost import Cluster
+    rt = pm.runtime
+    ran = {(r.kind.value, r.tensor, r.phase): r.bytes
+           for r in rt.dp_audits["train_step"].records} if "train_step" in rt.dp_audits else {}
+    placements = {p: str(s.placement) for p, s in rt.specs.items()}
+    cluster = Cluster.v100_ethernet(mesh.rows, mesh.cols)   # shape only: bytes are priced
+    patterns = {n.id: pm.program.plan.pattern(n) for n in pm.graph.nodes}
+    priced = {}
+    for t in mesh_lib.column_collectives(pm.graph, placements, mesh, cluster,
+                                         patterns.__getitem__).terms:
+        kind, name = t.label.split(" ", 1)
+        if kind == "dp":
+            priced[("AR", name, "bwd")] = t.nbytes
+        else:
+            priced[("A2A", name, "bwd" if t.backward else "fwd")] = t.nbytes * mesh.rows
+    slices = {k[1].split(":")[0] for k in ran if k[0] == "AG"}
+
+    def keep(key: tuple) -> bool:
+        return (key[1].split(":")[0] in slices) == sparse
+    return ({k: v for k, v in ran.items() if keep(k)},
+            {k: v for k, v in priced.items() if keep(k)})

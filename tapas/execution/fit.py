@@ -76,9 +76,8 @@ REFUSED_CALLBACKS: dict[str, str] = {
                        "to save)",
     "TensorBoard": "fit(..., tensorboard=LOGDIR) or tapas.execution.fit.TensorBoardScalars"
                    "(LOGDIR) (loss, step time, examples/s, learning rate)",
-    "SwapEMAWeights": "it swaps a Keras model's variables with the optimizer's; with "
-                      "use_ema the parallel weights become their moving averages at the end "
-                      "of fit, as Keras's fit does",
+    "SwapEMAWeights": "it swaps a Keras model's variables; with use_ema the weights "
+                      "become their moving averages at the end of fit, as Keras's",
 }
 
 
@@ -370,16 +369,14 @@ class _OptimizerView:
         return self._rt.optimizer.name
 
     @property
-    def learning_rate(self) -> float:
-        return self._rt.optimizer.current_learning_rate(
-            int(self._rt.iterations.numpy()), float(self._rt.learning_rate.numpy()))
+    def learning_rate(self) -> float:   # a schedule's rate at the step counter
+        return self._rt.optimizer.current_learning_rate(self._rt.iterations, self._rt.learning_rate)
 
     @learning_rate.setter
     def learning_rate(self, value: Any) -> None:
         if self._rt.optimizer.has_schedule:
-            raise TypeError("the optimizer was created with a LearningRateSchedule as its "
-                            "learning_rate, hence its learning rate is not settable (as "
-                            "Keras): set the rate through the schedule")
+            raise TypeError("the optimizer's learning rate is a LearningRateSchedule, hence "
+                            "not settable (as Keras): change the schedule instead")
         self._rt.learning_rate.assign(float(value))
 
     @property
@@ -861,10 +858,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                     what="validation data", sample_weight=vw)
     view = CallbackModel(pm)
     chief = view.is_chief
-    if checkpoint_dir:
-        if chief:
-            os.makedirs(checkpoint_dir, exist_ok=True)
-            _clean_temporaries(checkpoint_dir)
+    if checkpoint_dir and chief:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        _clean_temporaries(checkpoint_dir)
     state = FitState(epoch=initial_epoch, pass_index=initial_epoch,
                      learning_rate=float(rt.learning_rate.numpy()))
     source = resume_from or (checkpoint_dir if resume and checkpoint_dir and
@@ -878,10 +874,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                      state.step, state.epoch + 1, state.step_in_epoch, state.batches_consumed)
     if tensorboard:
         user_callbacks.append(TensorBoardScalars(tensorboard))
-    if verbose == "auto":
-        verbose = 1
-    if not chief:
-        verbose = 0
+    verbose = 0 if not chief else 1 if verbose == "auto" else verbose
     steps_shown = steps_per_epoch or data.num_batches
     cbs = keras.callbacks.CallbackList(user_callbacks, add_history=True,
                                        add_progbar=verbose != 0, verbose=verbose,

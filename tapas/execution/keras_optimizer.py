@@ -34,7 +34,8 @@ from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from tapas.execution import keras2
 
-__all__ = ["ShardedOptimizer", "WeightInfo", "check_supported", "resolve_optimizer"]
+__all__ = ["ShardedOptimizer", "WeightInfo", "check_supported", "optimizer_from_flag",
+           "resolve_optimizer"]
 
 #: updates that read more than one element of a weight or gradient: not reproducible
 #: shard by shard without collectives the runtime does not insert
@@ -112,6 +113,24 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None = None) -> Any
     return opt
 
 
+def optimizer_from_flag(flag: str, value: str | None) -> Any:
+    """A command-line optimizer: None (the model's compiled one), a Keras optimizer name,
+    or the path of a JSON file of its config (``keras.optimizers.serialize(opt)``).
+    Raises ValueError naming the flag and the file when it cannot be read."""
+    if value is None or not value.endswith(".json"):
+        return value
+    try:
+        with open(value) as f:
+            return json.load(f)
+    except OSError as e:
+        raise ValueError(f"{flag}={value}: cannot read it ({e.strerror}); give a Keras "
+                         "optimizer name (sgd, adam, adamw, ...) or a JSON file of "
+                         "keras.optimizers.serialize(optimizer)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag}={value}: not valid JSON ({e.msg}, line {e.lineno}); write "
+                         "it with json.dump(keras.optimizers.serialize(opt), f)") from None
+
+
 def check_supported(opt: Any) -> None:
     """Refuse, by name and with the reason, an optimizer whose update is not elementwise."""
     if isinstance(opt, keras.optimizers.LossScaleOptimizer):
@@ -153,6 +172,32 @@ def _forget_deferred(variables: Sequence[Any]) -> None:
                                       [v for v in pending if id(v) not in ids])
 
 
+def _check_variables(weights: Mapping[str, WeightInfo]) -> None:
+    """Refuse weights the runtime cannot update exactly on shards."""
+    for w in weights.values():
+        v = w.variable
+        if v is None:
+            continue
+        if getattr(v, "overwrite_with_gradient", False):
+            raise ValueError(f"weight '{w.path}' is overwritten with its gradient "
+                             "(float8 scaling): the runtime does not support it")
+        c = getattr(v, "constraint", None)
+        if c is not None and w.split and type(c).__name__ not in _ELEMENTWISE_CONSTRAINTS:
+            raise ValueError(f"weight '{w.path}' has constraint {type(c).__name__}, "
+                             "which reads the whole weight, and the plan splits it: "
+                             "pin it replicated or drop the constraint")
+
+
+def _decays(user: Any, w: WeightInfo) -> bool:
+    """Whether Keras's optimizer decays this weight (its exclusions by variable and by
+    name, asked of the user's optimizer with the user's variable)."""
+    if user.weight_decay is None:
+        return False
+    if w.variable is None:
+        return True
+    return bool(user._use_weight_decay(w.variable))
+
+
 class ShardedOptimizer:
     """One Keras optimizer's update, run functionally on every replica's shards."""
 
@@ -171,8 +216,8 @@ class ShardedOptimizer:
         self.name = type(user).__name__.lower()
         self.config = user.get_config()
         self.weights = {w.path: w for w in weights}
-        self._check_variables(user)
-        self.decays = {w.path: self._decays(user, w) for w in weights}
+        _check_variables(self.weights)
+        self.decays = {w.path: _decays(user, w) for w in weights}
         # exclude_from_weight_decay's settings, which get_config does not carry
         self._exclusions = {a: getattr(user, a) for a in _EXCLUSIONS if hasattr(user, a)}
         self.opt = _clone(user)
@@ -185,30 +230,6 @@ class ShardedOptimizer:
         self.user_steps = int(np.asarray(user.iterations)) if user.built else 0
 
     # -- construction -----------------------------------------------------------------------
-
-    def _check_variables(self, user: Any) -> None:
-        for w in self.weights.values():
-            v = w.variable
-            if v is None:
-                continue
-            if getattr(v, "overwrite_with_gradient", False):
-                raise ValueError(f"weight '{w.path}' is overwritten with its gradient "
-                                 "(float8 scaling): the runtime does not support it")
-            c = getattr(v, "constraint", None)
-            if c is not None and w.split and type(c).__name__ not in _ELEMENTWISE_CONSTRAINTS:
-                raise ValueError(f"weight '{w.path}' has constraint {type(c).__name__}, "
-                                 "which reads the whole weight, and the plan splits it: "
-                                 "pin it replicated or drop the constraint")
-
-    @staticmethod
-    def _decays(user: Any, w: WeightInfo) -> bool:
-        """Whether Keras's optimizer decays this weight (its exclusions by variable and by
-        name, asked of the user's optimizer with the user's variable)."""
-        if user.weight_decay is None:
-            return False
-        if w.variable is None:
-            return True
-        return bool(user._use_weight_decay(w.variable))
 
     def _build(self, weights: list[WeightInfo]) -> None:
         """Template variables of the shards' shapes, and the clone built on them, deferred
@@ -304,12 +325,13 @@ class ShardedOptimizer:
             setattr(inner, attr, value)
         return opt
 
-    def current_learning_rate(self, iterations: int, variable: float) -> float:
-        """The rate the next step uses: the schedule's at ``iterations``, else ``variable``."""
+    def current_learning_rate(self, iterations: Any, variable: Any) -> float:
+        """The rate the next step uses: the schedule's at ``iterations`` (steps taken),
+        else ``variable``'s value (each a number or a variable)."""
         if not self.has_schedule:
-            return float(variable)
+            return float(np.asarray(variable))
         k = self.opt.gradient_accumulation_steps or 1
-        return float(np.asarray(self.opt._learning_rate(iterations // k)))
+        return float(np.asarray(self.opt._learning_rate(int(np.asarray(iterations)) // k)))
 
     # -- the update ---------------------------------------------------------------------------
 
@@ -405,7 +427,7 @@ class ShardedOptimizer:
     def _update(self, live: list[str], g: list[Any], sum_squares: Callable) -> None:
         """Clipping, weight decay and the optimizer's update step (Keras's order)."""
         opt = self.opt
-        g = self._clip(live, g, sum_squares)
+        g = _clip(opt, live, g, sum_squares)
         for p in live:
             if self.decays[p]:
                 t = self.templates[p]
@@ -413,25 +435,6 @@ class ShardedOptimizer:
                 wd = tf.cast(opt.weight_decay, t.dtype)
                 t.assign(t - t * wd * lr)
         opt._backend_update_step(g, [self.templates[p] for p in live], opt.learning_rate)
-
-    def _clip(self, live: list[str], g: list[Any], sum_squares: Callable) -> list[Any]:
-        """Keras's ``clipnorm`` (per weight), ``global_clipnorm`` and ``clipvalue``, with
-        the norms of whole weights."""
-        opt = self.opt
-        if opt.clipnorm and opt.clipnorm > 0:
-            sq = sum_squares({p: tf.reduce_sum(tf.square(_values(x))) for p, x in zip(live, g)})
-            return [_clip_by_norm(x, sq[p], opt.clipnorm) for p, x in zip(live, g)]
-        if opt.global_clipnorm and opt.global_clipnorm > 0:
-            sq = sum_squares({p: tf.reduce_sum(tf.square(_values(x))) for p, x in zip(live, g)})
-            norm = tf.sqrt(tf.add_n([sq[p] for p in live]))
-            clip = tf.cast(opt.global_clipnorm, norm.dtype)
-            scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
-            scale = scale + (norm - norm)   # NaN for a non-finite norm, as Keras
-            return [_scaled(x, scale) for x in g]
-        if opt.clipvalue and opt.clipvalue > 0:
-            v = opt.clipvalue
-            return [tf.clip_by_value(tf.convert_to_tensor(x), -v, v) for x in g]
-        return g
 
     def _accumulate(self, scope: Any, live: list[str], g: list[Any], iterations: tf.Tensor,
                     sum_squares: Callable) -> None:
@@ -506,3 +509,22 @@ def _clip_by_norm(x: Any, l2sum: tf.Tensor, clipnorm: float) -> Any:
     if isinstance(x, tf.IndexedSlices):
         return tf.IndexedSlices(clipped, x.indices, x.dense_shape)
     return clipped
+
+
+def _clip(opt: Any, live: list[str], g: list[Any], sum_squares: Callable) -> list[Any]:
+    """Keras's ``clipnorm`` (per weight), ``global_clipnorm`` and ``clipvalue``, with
+    the norms of whole weights."""
+    if opt.clipnorm and opt.clipnorm > 0:
+        sq = sum_squares({p: tf.reduce_sum(tf.square(_values(x))) for p, x in zip(live, g)})
+        return [_clip_by_norm(x, sq[p], opt.clipnorm) for p, x in zip(live, g)]
+    if opt.global_clipnorm and opt.global_clipnorm > 0:
+        sq = sum_squares({p: tf.reduce_sum(tf.square(_values(x))) for p, x in zip(live, g)})
+        norm = tf.sqrt(tf.add_n([sq[p] for p in live]))
+        clip = tf.cast(opt.global_clipnorm, norm.dtype)
+        scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
+        scale = scale + (norm - norm)   # NaN for a non-finite norm, as Keras
+        return [_scaled(x, scale) for x in g]
+    if opt.clipvalue and opt.clipvalue > 0:
+        v = opt.clipvalue
+        return [tf.clip_by_value(tf.convert_to_tensor(x), -v, v) for x in g]
+    return g

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tapas.sharding.losses import MEAN_OVER_LAST_AXIS, LossPlan, LossSpec, plan_loss
 
-__all__ = ["LossPlan", "LossSpec", "plan_loss", "vocab_parallel_crossentropy",
+__all__ = ["LossPlan", "LossSpec", "as_loss_dtype", "plan_loss", "vocab_parallel_crossentropy",
            "MEAN_OVER_LAST_AXIS"]
 
 
@@ -70,3 +70,16 @@ def vocab_parallel_crossentropy(logits: tf.Tensor, labels: tf.Tensor, *, sparse:
         return loss, grad
 
     return xent(logits)
+
+
+def as_loss_dtype(out: tf.Tensor, loss: Any) -> tf.Tensor:
+    """The output in the loss's dtype, as ``keras.losses.Loss.__call__`` converts it (a
+    float16 output of a mixed-precision model is scored in float32)."""
+    dtype = getattr(loss, "dtype", None)
+    if dtype is None or not out.dtype.is_floating or out.dtype == tf.as_dtype(dtype):
+        return out
+    logits = getattr(out, "_keras_logits", None)
+    cast = tf.cast(out, dtype)
+    if logits is not None:
+        cast._keras_logits = tf.cast(logits, dtype)
+    return cast

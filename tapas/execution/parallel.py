@@ -6,7 +6,9 @@ In:  a Keras model, its input specs (static ``tf.TensorSpec`` s: one, a list, a 
      (an object or a JSON path; searched here when ``None``), the devices (``devices=N`` for
      a ``MirroredStrategy`` over N local devices, or ``distribute_strategy=`` any
      ``tf.distribute`` strategy, e.g. ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``),
-     the model's Keras optimizer (or another: an instance, name or config) and a loss.
+     the model's Keras optimizer (default: the compiled one, else SGD; or an instance,
+     name or config dict, ``learning_rate`` replacing its rate; the user's object is never
+     built or changed: ``tapas.execution.keras_optimizer``) and a loss.
 Out: :class:`ParallelModel` with ``train_step(x, y)``, ``fit(...)`` (Keras-style, with
      callbacks, checkpoints and resume: ``tapas.execution.fit``), ``predict(x)``,
      ``evaluate(x, y)``,
@@ -108,7 +110,8 @@ class ParallelModel:
 
     def __init__(self, model: Any, trace: Any, graph: Any, strategy: Any, program: Any,
                  rt: runtime.Runtime, timings: Mapping[str, float], training: bool,
-                 signature: inputs.InputSignature | None = None) -> None:
+                 signature: inputs.InputSignature | None = None,
+                 compiled_loss: bool = False) -> None:
         self.model, self.trace, self.graph = model, trace, graph
         # the model's inputs: names, specs, the structure Keras takes (tapas.execution.inputs)
         self.inputs = signature or inputs.InputSignature.of(model, trace.input_specs)
@@ -118,7 +121,7 @@ class ParallelModel:
         self.timings = dict(timings)
         self.training = training
         self._inference: ParallelModel | None = None   # for_inference(), built on demand
-        self.compiled_loss = False   # whether it trains the loss the model is compiled with
+        self.compiled_loss = compiled_loss   # it trains the loss the model is compiled with
 
     @property
     def num_devices(self) -> int:
@@ -335,6 +338,16 @@ def _fitting_mode(model: Any, signature: Any, strategy: Any, n: int, training: b
     raise first
 
 
+def _resolved_optimizer(model: Any, optimizer: Any, learning_rate: float | None) -> Any:
+    """The Keras optimizer to train with: ``optimizer`` (an instance, name or config), else
+    the compiled model's, else SGD; refused before any work if it cannot run on shards."""
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None)
+    optimizer = resolve_optimizer(optimizer, learning_rate)
+    check_supported(optimizer)
+    return optimizer
+
+
 def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                 devices: int | None = None,
                 distribute_strategy: tf.distribute.Strategy | None = None,
@@ -350,10 +363,6 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``tapas.search``, which prices ``loss``'s collectives unless they say otherwise).
     ``devices``/``distribute_strategy``: see the module docstring.
     ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
-    ``optimizer``: a Keras 3 optimizer, its name or config dict (default: the compiled
-    model's optimizer, else SGD), applied to the shards with Keras's own update
-    (``tapas.execution.keras_optimizer``); ``learning_rate`` replaces its rate. The
-    user's optimizer object is never built or changed.
     ``mesh``: ``"ROWSxCOLS"`` (or a ``tapas.planning.mesh.Mesh``) with rows x cols = N
     runs a 2-D mesh: data parallel over the rows (each row takes its share of axis 0 of the
     batch; gradients all-reduced over the columns) and ``strategy`` (made for ``cols``
@@ -388,10 +397,9 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     from tapas.planning import search as search_mod
     from tapas.execution.replay import check_graph_optimization
     check_graph_optimization(graph_optimization)   # before any work
-    if optimizer is None:
-        optimizer = getattr(model, "optimizer", None)
-    optimizer = resolve_optimizer(optimizer, learning_rate)
-    check_supported(optimizer)
+    optimizer = _resolved_optimizer(model, optimizer, learning_rate)
+    compiled_loss = loss is None and getattr(model, "loss", None) is not None
+    loss = loss_object(getattr(model, "loss", None) if loss is None else loss)
     timings: dict[str, float] = {}
     if distribute_strategy is None:
         if devices is None:
@@ -429,8 +437,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         given = kwargs.get("options")
         if "loss" not in kwargs and (given is None or given.loss is None):
             # price the loss the program will train with (its collectives on the output)
-            kwargs["loss"] = loss_object(getattr(model, "loss", None) if loss is None
-                                         else loss)
+            kwargs["loss"] = loss
         strategy = search_mod.search(graph, cluster=cluster, **kwargs)
         strategy = strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
         timings["search"] = time.perf_counter() - start
@@ -442,15 +449,12 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         reconstruct.Plan.from_strategy(strategy, graph)
     program = reconstruct.Program(trace, graph, plan, expert_rows=expert_rows)
     timings["reconstruct"] = time.perf_counter() - start
-
     if rows > 1 and (getattr(program, "states", None) or getattr(program, "has_writes", False)):
         logging.warning(
             "tapas.parallelize: on a %s mesh each row draws its own dropout masks and batch "
             "norm normalises with its row's statistics (as Keras's unsynchronised batch norm "
             "under tf.distribute); the program is then not the single-device model's, and "
             "verify reports the difference. For exact equivalence run training=False.", mesh)
-    compiled_loss = loss is None and getattr(model, "loss", None) is not None
-    loss = loss_object(getattr(model, "loss", None) if loss is None else loss)
     variables = capturing.weights_by_path(model)
     values = {p: w.numpy() for p, w in variables.items() if p in program.weight_layouts}
     start = time.perf_counter()
@@ -458,7 +462,5 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                          optimizer=optimizer, loss=loss, keras_variables=variables,
                          mesh_rows=rows, graph_optimization=graph_optimization)
     timings["shard"] = time.perf_counter() - start
-    pm = ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
-                       global_signature)
-    pm.compiled_loss = compiled_loss   # trains the model's compiled loss (verify's reference)
-    return pm
+    return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
+                         global_signature, compiled_loss=compiled_loss)

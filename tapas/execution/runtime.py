@@ -81,12 +81,12 @@ import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
 from tapas.execution import checkpoints, losses, replay, stateful
-from tapas.execution.collectives import (Audit, CommRecord, KeyedCollectives, KeyedGroup,
+from tapas.execution import step_reductions as reductions
+from tapas.execution.collectives import (Audit, KeyedCollectives, KeyedGroup,
                                          ReplicaContextCollectives, gather_values, local_slice)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
-from tapas.execution.keras_optimizer import ShardedOptimizer, WeightInfo
 from tapas.execution.plan import WeightLayout
-from tapas.sharding.placements import Collective, Partial, Replica, Split, parse_placement
+from tapas.sharding.placements import Partial, Replica, Split, parse_placement
 
 __all__ = ["Runtime", "StepError"]
 
@@ -125,19 +125,6 @@ class _Replica:
     rid: int | tf.Tensor
     records: bool
     dp: Any = None    # collectives over the replica's mesh column (rows > 1), else None
-
-
-def _as_loss_dtype(out: tf.Tensor, loss: Any) -> tf.Tensor:
-    """The output in the loss's dtype, as ``keras.losses.Loss.__call__`` converts it (a
-    float16 output of a mixed-precision model is scored in float32)."""
-    dtype = getattr(loss, "dtype", None)
-    if dtype is None or not out.dtype.is_floating or out.dtype == tf.as_dtype(dtype):
-        return out
-    logits = getattr(out, "_keras_logits", None)
-    cast = tf.cast(out, dtype)
-    if logits is not None:
-        cast._keras_logits = tf.cast(logits, dtype)
-    return cast
 
 
 def _read(args: Any) -> Any:
@@ -241,33 +228,19 @@ class Runtime:
                 spec, local_shape=placement.local_shape(spec.row_shape, self.num_devices))
         self.paths = list(self.specs)
         self.trainable_paths = [p for p in self.paths if self.specs[p].trainable]
-        self.optimizer = self._make_optimizer(optimizer, learning_rate, keras_variables or {})
+        self.optimizer = reductions.make_optimizer(self, optimizer, learning_rate,
+                                                   keras_variables or {})
         self.local_replicas = local_replica_ids(strategy)
         self.task_id = task_id(strategy)
         devices = list(strategy.extended.worker_devices)
         self._device = dict(zip(self.local_replicas, devices))
         self._vars: dict[int, dict[str, tf.Variable]] = {}
-        self._slots: dict[int, dict[str, dict[str, tf.Variable]]] = {}
-        slot_values = {p: self.optimizer.initial_slots(p) for p in self.trainable_paths}
         for r in self.local_replicas:
             with tf.device(self._device[r]):
                 self._vars[r] = {p: tf.Variable(self._cut(s, initial_weights[p], r),
                                                 trainable=s.trainable, name=f"w{k}_r{r}")
                                  for k, (p, s) in enumerate(self.specs.items())}
-                self._slots[r] = {p: {name: tf.Variable(value, trainable=False,
-                                                        name=f"{name}{k}_r{r}")
-                                      for name, value in slot_values[p].items()}
-                                  for k, p in enumerate(self.trainable_paths)}
-        with tf.device(devices[0]):
-            self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
-            # the optimizer's own replicated variables (Nadam's u_product), by name
-            self.opt_state = {k: tf.Variable(v, trainable=False, name=f"opt_{k}")
-                              for k, v in self.optimizer.initial_state().items()}
-            # read by every update (a variable, so that a learning-rate schedule or callback
-            # changes it without tracing again; float32 as Keras's optimizer variable)
-            self.learning_rate = tf.Variable(float(self.optimizer.learning_rate),
-                                             dtype=tf.float32, trainable=False,
-                                             name="learning_rate")
+        self._init_optimizer_state(devices[0])
         self.states = stateful.StateStore(getattr(program, "states", {}), strategy,
                                           {r: self._device[r] for r in self.local_replicas})
         self._mesh_keys = self._claim_mesh_keys() if self.rows > 1 else None
@@ -286,6 +259,27 @@ class Runtime:
         self.loss_comms: list[tuple[str, str, int]] = []
         self.loss_plan: losses.LossPlan | None = None   # set for each batch's targets
         self.weight_placement: Any = Replica()           # and its sample weights
+
+    def _init_optimizer_state(self, first_device: str) -> None:
+        """The optimizer slots of every local replica's shards; on the first device the
+        step counter, the learning rate (a variable, so that a callback changes it without
+        tracing again; float32 as Keras's) and the optimizer's own replicated variables
+        (Nadam's u_product, the loss scale and its counter), by name."""
+        values = {p: self.optimizer.initial_slots(p) for p in self.trainable_paths}
+        self._slots: dict[int, dict[str, dict[str, tf.Variable]]] = {}
+        for r in self.local_replicas:
+            with tf.device(self._device[r]):
+                self._slots[r] = {p: {name: tf.Variable(v, trainable=False,
+                                                        name=f"{name}{k}_r{r}")
+                                      for name, v in values[p].items()}
+                                  for k, p in enumerate(self.trainable_paths)}
+        with tf.device(first_device):
+            self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+            self.opt_state = {k: tf.Variable(v, trainable=False, name=f"opt_{k}")
+                              for k, v in self.optimizer.initial_state().items()}
+            self.learning_rate = tf.Variable(float(self.optimizer.learning_rate),
+                                             dtype=tf.float32, trainable=False,
+                                             name="learning_rate")
 
     def sharing(self, program: Any, input_specs: Sequence[tf.TensorSpec]) -> Runtime:
         """A runtime that runs another program of the same model (e.g. its inference-mode
@@ -572,7 +566,7 @@ class Runtime:
                     logits = self._gather_for_loss(r, logits, p.axis)
                     out = _ACTIVATIONS[activation](logits)
                     out._keras_logits = logits
-            per_example = self.loss.call(y, _as_loss_dtype(out, self.loss))
+            per_example = self.loss.call(y, losses.as_loss_dtype(out, self.loss))
         total = tf.cast(tf.size(per_example), per_example.dtype)
         if plan.partial:
             total = total * self.num_devices
@@ -762,43 +756,9 @@ class Runtime:
             # (not those of weights cut over the rows: each row holds other experts, whose
             # gradients the all-to-all's backward already brought from every row)
             grads = [None if g is None else
-                     g if self.specs[p].row_axis is not None else self._dp_grad(r, p, g)
+                     g if self.specs[p].row_axis is not None else reductions.dp_grad(self, r, p, g)
                      for p, g in zip(self.trainable_paths, grads)]
         return share, partial, grads, writes, outs
-
-    def _dp_grad(self, r: _Replica, path: str, g: Any) -> Any:
-        """A gradient summed over the mesh column. A sparse one (an embedding lookup's
-        ``IndexedSlices``) stays sparse as one device's would be, for optimizers that
-        square each slice before duplicates add up (Keras's Adam): when every row looked
-        up the same indices (a lookup shared by the batch: T5's relative position bias) the
-        global slices are the rows' slices summed; otherwise (per-example lookups: token
-        embeddings) they are the rows' slices side by side. Which one holds is checked on
-        the values (the rows' indices gathered and compared). An optimizer without slots
-        takes the dense sum. The slices' exchanges are recorded in ``dp_audits`` as what
-        they are (an all-reduce of the values, all-gathers of values and indices)."""
-        if not isinstance(g, tf.IndexedSlices):
-            return self._dp_sum(r, path, g)
-        if not self.optimizer.slot_names:
-            return self._dp_sum(r, path, tf.convert_to_tensor(g))
-        indices = tf.cast(g.indices, tf.int32)
-        self._dp_record(Collective.ALL_GATHER, path + ":indices", indices)
-        everyone = r.dp.gather_value(indices[None], 0)                 # [rows, slices]
-        shared = tf.reduce_all(tf.equal(everyone, everyone[:1]))
-        summed = self._dp_sum(r, path, g.values)
-        self._dp_record(Collective.ALL_GATHER, path, g.values)
-        side_by_side = r.dp.gather_value(g.values, 0)
-        values, idx = tf.cond(shared, lambda: (summed, indices),
-                              lambda: (side_by_side, tf.reshape(everyone, [-1])))
-        return tf.IndexedSlices(values, idx, g.dense_shape)
-
-    def _dp_sum(self, r: _Replica, path: str, g: tf.Tensor) -> tf.Tensor:
-        """All-reduce of a gradient over the mesh column, recorded in ``dp_audits``."""
-        self._dp_record(Collective.ALL_REDUCE, path, g)
-        return r.dp.sum_value(g)
-
-    def _dp_record(self, kind: Collective, path: str, t: tf.Tensor) -> None:
-        audit = self.dp_audits.setdefault(self._tracing, Audit())
-        audit.add(CommRecord(kind, path, tuple(t.shape.as_list()), t.dtype.name, "bwd"))
 
     def _dp_loss(self, r: _Replica, loss: tf.Tensor) -> tf.Tensor:
         """The global loss from a row's (the rows' losses add up; 1-D: the loss itself)."""
@@ -808,41 +768,6 @@ class Runtime:
         """The global output from a row's (concatenated over the rows on axis 0)."""
         return out if r.dp is None else r.dp.gather_value(out, 0)
 
-    def _make_optimizer(self, optimizer: Any, learning_rate: float | None,
-                        keras_variables: Mapping[str, Any]) -> ShardedOptimizer:
-        """The Keras optimizer on this layout's shards (``tapas.execution.keras_optimizer``)."""
-        if isinstance(optimizer, ShardedOptimizer):
-            return optimizer
-        return ShardedOptimizer(optimizer, [
-            WeightInfo(p, tuple(self.specs[p].local_shape), self.specs[p].dtype,
-                       isinstance(self.specs[p].placement, Split)
-                       or self.specs[p].row_axis is not None, keras_variables.get(p))
-            for p in self.trainable_paths], learning_rate)
-
-    def _sum_squares(self, r: _Replica, sums: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """Sums of squares of local gradients -> of the whole weights' gradients: one
-        all-reduce over the row for the split weights (and one over the column for weights
-        cut over the mesh rows)."""
-        out = {p: tf.cast(v, tf.float32) for p, v in sums.items()}
-        split = [p for p in out if isinstance(self.specs[p].placement, Split)]
-        if split:
-            total = r.values.sum_value(tf.stack([out[p] for p in split]))
-            out.update({p: total[i] for i, p in enumerate(split)})
-        rows = [p for p in out if self.specs[p].row_axis is not None]
-        if rows:
-            total = r.dp.sum_value(tf.stack([out[p] for p in rows]))
-            out.update({p: total[i] for i, p in enumerate(rows)})
-        return out
-
-    def _all_finite(self, r: _Replica, ok: tf.Tensor) -> tf.Tensor:
-        """Whether ``ok`` holds on every replica (a count of the failing ones all-reduced
-        over the row, and over the column on a 2-D mesh)."""
-        bad = 1.0 - tf.cast(ok, tf.float32)
-        bad = r.values.sum_value(bad) if self.num_devices > 1 else bad
-        if r.dp is not None:
-            bad = r.dp.sum_value(bad)
-        return tf.equal(bad, 0.0)
-
     def _replica_compute(self, r: _Replica, xs: tuple, y: Any, weights: dict, slots: dict,
                          states: dict) -> tuple:
         share, partial, grads, writes, _ = self._grads(r, xs, y, weights, states)
@@ -851,7 +776,8 @@ class Runtime:
             dict(zip(self.trainable_paths, grads)), slots,
             {k: v.read_value() for k, v in self.opt_state.items()},
             self.iterations.read_value(), self.learning_rate.read_value(),
-            lambda sums: self._sum_squares(r, sums), lambda ok: self._all_finite(r, ok))
+            lambda sums: reductions.sum_squares(self, r, sums),
+            lambda ok: reductions.all_finite(self, r, ok))
         new: dict[str, dict[str, tf.Tensor]] = {p: {"value": v} for p, v in new_values.items()}
         for p, upd in new_slots.items():
             new.setdefault(p, {}).update(upd)

@@ -83,6 +83,12 @@ class TrainOptions:
     communication_scale: str | None = None
 
     @property
+    def keras_optimizer(self) -> Any:
+        """``--optimizer`` as ``tapas.parallelize`` takes it: None (the model's compiled
+        one), a name, or the config read from a JSON file (ValueError if unreadable)."""
+        from tapas.execution.keras_optimizer import optimizer_from_flag
+        return optimizer_from_flag("--optimizer", self.optimizer)
+
     def is_job(self) -> bool:
         return bool(self.data or self.epochs or self.checkpoint_dir or self.checkpoint_every
                     or self.resume or self.tensorboard)
@@ -195,22 +201,12 @@ def _check_model_name(name: str | None) -> None:
                          "model)") from None
 
 
-def optimizer_option(value: str | None) -> Any:
-    """``--optimizer``: None (the model's compiled optimizer), a Keras optimizer name, or
-    the path of a JSON file holding a Keras optimizer config
-    (``keras.optimizers.serialize(opt)``, or ``{"class_name": ..., "config": ...}``)."""
-    if value is None or not value.endswith(".json"):
-        return value
-    try:
-        with open(value) as f:
-            return json.load(f)
-    except OSError as e:
-        raise TrainError(f"--optimizer={value}: cannot read it ({e.strerror}); give a Keras "
-                         "optimizer name (sgd, adam, adamw, ...) or a JSON file of "
-                         "keras.optimizers.serialize(optimizer)") from None
-    except json.JSONDecodeError as e:
-        raise TrainError(f"--optimizer={value}: not valid JSON ({e.msg}, line {e.lineno}); "
-                         "write it with json.dump(keras.optimizers.serialize(opt), f)") from None
+def _say_setup(pm: Any, opts: TrainOptions, say: Any) -> None:
+    """The optimizer and the graph's mode the run trains with."""
+    say(f"optimizer: {pm.runtime.optimizer.summary()}"
+        + (" (the model's compiled optimizer)" if opts.optimizer is None else ""))
+    say("mode: " + ("training (dropout on, batch-norm moving statistics updated)" if pm.training
+                    else "inference (dropout off, moving statistics fixed)"))
 
 
 def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
@@ -300,7 +296,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
            else ""))
     try:
         pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
-                                  optimizer=optimizer_option(opts.optimizer),
+                                  optimizer=opts.keras_optimizer(),
                                   learning_rate=opts.learning_rate,
                                   loss=loss, cluster=cluster, training=opts.training,
                                   search_options=search_options, mesh=opts.mesh,
@@ -308,10 +304,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     except (ValueError, reconstruct.ReconstructError) as e:
         raise TrainError(str(e)) from None
     timings.update(pm.timings)
-    say(f"optimizer: {pm.runtime.optimizer.summary()}"
-        + (" (the model's compiled optimizer)" if opts.optimizer is None else ""))
-    say("mode: " + ("training (dropout on, batch-norm moving statistics updated)" if pm.training
-                    else "inference (dropout off, moving statistics fixed)"))
+    _say_setup(pm, opts, say)
     if not isinstance(pm.strategy, reconstruct.Plan):
         say(pm.strategy.summary(pm.graph))
     sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
@@ -462,62 +455,14 @@ def _communication_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, 
 
 
 def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
-    """The collectives over the mesh columns in one training step (the gradient
-    all-reduces; with nested experts also the expert all-to-alls) against the ones the cost
-    model prices (``tapas.planning.mesh.column_collectives``)."""
-    from tapas.planning import mesh as mesh_lib
-    mesh = mesh_lib.Mesh.parse(mesh_text)
-    ran, priced = column_audit(pm, mesh)
-    sparse_ran, sparse_priced = column_audit(pm, mesh, sparse=True)
-    sparse = {k[1].split(":")[0] for k in sparse_ran}
-    same = ran == priced
-    n_ar = sum(1 for k in ran if k[0] == "AR")
-    n_a2a = len(ran) - n_ar
-    say(f"over the {mesh.rows} mesh rows ({mesh.plan}): {n_ar} gradient all-reduces"
-        + (f" and {n_a2a} expert all-to-alls" if mesh.experts else "")
-        + f", {sum(ran.values()):,} bytes per step over each column (the cost model prices "
-        f"{len(priced)} collectives of {sum(priced.values()):,} bytes: "
-        f"{'the same' if same else 'DIFFERENT'})")
-    if sparse:
-        say(f"  and {len(sparse)} sparse gradients exchanged as their slices: "
-            f"{sum(sparse_ran.values()):,} bytes (priced as dense gradients: "
-            f"{sum(sparse_priced.values()):,} bytes)")
-    return {"mesh": str(mesh), "dp_all_reduces": n_ar, "ep_all_to_alls": n_a2a,
-            "sparse_gradients": len(sparse), "sparse_bytes": sum(sparse_ran.values()),
-            "sparse_priced_bytes": sum(sparse_priced.values()),
-            "dp_bytes": sum(v for k, v in ran.items() if k[0] == "AR"),
-            "column_bytes": sum(ran.values()), "priced_collectives": len(priced),
-            "priced_bytes": sum(priced.values()), "matches": same}
+    from tapas.execution import audit
+    return audit.say_mesh_audit(pm, mesh_text, say)
 
 
 def column_audit(pm: Any, mesh: Any, sparse: bool = False) -> tuple[dict, dict]:
-    """({(kind, tensor, phase): bytes} the mesh columns ran in ``pm``'s training step, the
-    same that ``tapas.planning.mesh.column_collectives`` prices). Bytes are the tensor over
-    the column (an all-to-all's priced buffer is 1/rows of it). Sparse gradients (embedding
-    lookups, exchanged as their slices, priced as the dense gradient) are left out, or with
-    ``sparse=True`` are all that is returned."""
-    from tapas.planning import mesh as mesh_lib
-    from tapas.planning.cost import Cluster
-    rt = pm.runtime
-    ran = {(r.kind.value, r.tensor, r.phase): r.bytes
-           for r in rt.dp_audits["train_step"].records} if "train_step" in rt.dp_audits else {}
-    placements = {p: str(s.placement) for p, s in rt.specs.items()}
-    cluster = Cluster.v100_ethernet(mesh.rows, mesh.cols)   # shape only: bytes are priced
-    patterns = {n.id: pm.program.plan.pattern(n) for n in pm.graph.nodes}
-    priced = {}
-    for t in mesh_lib.column_collectives(pm.graph, placements, mesh, cluster,
-                                         patterns.__getitem__).terms:
-        kind, name = t.label.split(" ", 1)
-        if kind == "dp":
-            priced[("AR", name, "bwd")] = t.nbytes
-        else:
-            priced[("A2A", name, "bwd" if t.backward else "fwd")] = t.nbytes * mesh.rows
-    slices = {k[1].split(":")[0] for k in ran if k[0] == "AG"}
-
-    def keep(key: tuple) -> bool:
-        return (key[1].split(":")[0] in slices) == sparse
-    return ({k: v for k, v in ran.items() if keep(k)},
-            {k: v for k, v in priced.items() if keep(k)})
+    """``tapas.execution.audit.column_audit`` (the mesh columns' collectives, ran and priced)."""
+    from tapas.execution import audit
+    return audit.column_audit(pm, mesh, sparse)
 
 
 def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any, Any]:

@@ -13,8 +13,6 @@ Out: :class:`Comparison` (the largest difference of every output and gradient, a
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +21,7 @@ import tensorflow as tf
 
 from tapas import ir
 from tapas.capturing.tracing import states_by_path, weights_by_path
+from tapas.execution import keras_reference
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
 from tapas.execution.gradients import NO_GRADIENT
 from tapas.sharding.placements import Placement, Split
@@ -455,10 +454,10 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     if inference is not pm:   # the inference graph on the same weights, as evaluate runs it
         report["inference"] = _inference_check(inference, model, structure, xs, y)
         keys.append("inference")
-    report["losses"] = _train_side_by_side(pm, call, xs, y, steps, on_step)
+    report["losses"] = keras_reference.train_side_by_side(pm, call, xs, y, steps, on_step)
     report["step_losses"] = _worst({f"step {i + 1}": compare(a, b)
                                     for i, (a, b) in enumerate(report["losses"])})
-    report["finite"] = _finite_losses(report["losses"])
+    report["finite"] = keras_reference.finite_losses(report["losses"])
     keys.append("finite")
     report["weights"] = _weights_after(pm, ref_g, report["gradients"]["max_abs_diff"])
     report["states"] = _states_after(pm)
@@ -571,79 +570,6 @@ def _first_batch(rt: Any, model: Any, call: Any, xs: list,
     report["gradients"] = _worst({p: compare(grads[p], g, scale=g_scale)
                                   for p, g in ref_g.items()})
     return report, ref_g
-
-
-def _train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
-                        on_step: Any) -> list[tuple[float, float]]:
-    """``steps`` training steps of ``pm`` and of its Keras model; their losses (a
-    non-finite one on either side ends the steps: :func:`_finite_losses` reports it).
-
-    The reference is Keras's own step: ``model.train_on_batch`` (its compiled loss and
-    ``model.losses``, a fresh optimizer of the compiled one's class and config, so the
-    user's optimizer is neither built nor stepped) when the model is compiled with the loss
-    ``pm`` trains and runs in training mode; otherwise a ``GradientTape`` step of the loss
-    ``pm`` trains with that Keras optimizer's ``apply_gradients``."""
-    from tapas.execution.runtime import StepError
-    model, loss_fn = pm.model, pm.runtime.loss
-    optimizer = pm.runtime.optimizer.keras()
-    keras_step = _keras_train_on_batch(pm, optimizer, xs, y)
-    losses = []
-    for step in range(steps):
-        start = time.perf_counter()
-        try:
-            got = pm.train_step(xs, y)
-        except StepError as e:
-            if "not finite" not in str(e):
-                raise
-            got = math.nan
-        seconds = time.perf_counter() - start
-        if keras_step is not None:
-            ref = keras_step()
-        else:
-            with tf.GradientTape() as tape:
-                ref_loss = loss_fn(y, call())
-            g = tape.gradient(ref_loss, model.trainable_weights)
-            optimizer.apply_gradients([(gi, w) for gi, w in zip(g, model.trainable_weights)
-                                       if gi is not None])
-            ref = float(ref_loss)
-        losses.append((got, ref))
-        if on_step is not None:
-            on_step(step, got, ref, seconds)
-        if not (math.isfinite(got) and math.isfinite(ref)):
-            break
-    return losses
-
-
-def _keras_train_on_batch(pm: Any, optimizer: Any, xs: list, y: Any) -> Any:
-    """A function running one ``model.train_on_batch`` with ``optimizer`` in place of the
-    compiled one (put back after each call) and returning its loss; None when Keras's
-    step is not the one ``pm`` trains (an uncompiled model, another loss, or the
-    inference graph: train_on_batch always runs in training mode)."""
-    model = pm.model
-    if not (getattr(model, "compiled", False) and pm.training
-            and getattr(pm, "compiled_loss", False)):
-        return None
-    structure = pm.inputs.pack(xs)
-
-    def step() -> float:
-        saved, saved_fn = model.optimizer, model.train_function
-        model.optimizer, model.train_function = optimizer, None
-        try:
-            logs = model.train_on_batch(structure, y, return_dict=True)
-        finally:
-            model.optimizer, model.train_function = saved, saved_fn
-        return float(logs["loss"])
-    return step
-
-
-def _finite_losses(losses: Sequence[tuple[float, float]]) -> dict[str, Any]:
-    """Fails, naming the step, when either side's loss is not finite."""
-    for i, (got, want) in enumerate(losses):
-        if not (math.isfinite(got) and math.isfinite(want)):
-            return {"ok": False, "max_abs_diff": float("inf"),
-                    "message": f"step {i + 1}: the loss is not finite (parallel {got}, "
-                               f"Keras {want})"}
-    return {"ok": True, "max_abs_diff": 0.0}
 
 
 def _states_after(pm: Any) -> dict[str, Any]:

@@ -1,0 +1,93 @@
+"""Keras's own training step beside the parallel one: the reference of ``verify``.
+
+In:  a ``ParallelModel`` (its Keras model, the loss and optimizer it trains with), one
+     batch and a step count.
+Out: the losses of both sides per step (:func:`train_side_by_side`; the Keras model is
+     trained as the reference, by ``model.train_on_batch`` with a fresh optimizer of the
+     compiled one's class and settings when that is the step the parallel model runs),
+     and whether every loss was finite (:func:`finite_losses`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = ["finite_losses", "keras_train_on_batch", "train_side_by_side"]
+
+
+def train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
+                        on_step: Any) -> list[tuple[float, float]]:
+    """``steps`` training steps of ``pm`` and of its Keras model; their losses (a
+    non-finite one on either side ends the steps: :func:`_finite_losses` reports it).
+
+    The reference is Keras's own step: ``model.train_on_batch`` (its compiled loss and
+    ``model.losses``, a fresh optimizer of the compiled one's class and config, so the
+    user's optimizer is neither built nor stepped) when the model is compiled with the loss
+    ``pm`` trains and runs in training mode; otherwise a ``GradientTape`` step of the loss
+    ``pm`` trains with that Keras optimizer's ``apply_gradients``."""
+    from tapas.execution.runtime import StepError
+    model, loss_fn = pm.model, pm.runtime.loss
+    optimizer = pm.runtime.optimizer.keras()
+    keras_step = keras_train_on_batch(pm, optimizer, xs, y)
+    losses = []
+    for step in range(steps):
+        start = time.perf_counter()
+        try:
+            got = pm.train_step(xs, y)
+        except StepError as e:
+            if "not finite" not in str(e):
+                raise
+            got = math.nan
+        seconds = time.perf_counter() - start
+        if keras_step is not None:
+            ref = keras_step()
+        else:
+            with tf.GradientTape() as tape:
+                ref_loss = loss_fn(y, call())
+            g = tape.gradient(ref_loss, model.trainable_weights)
+            optimizer.apply_gradients([(gi, w) for gi, w in zip(g, model.trainable_weights)
+                                       if gi is not None])
+            ref = float(ref_loss)
+        losses.append((got, ref))
+        if on_step is not None:
+            on_step(step, got, ref, seconds)
+        if not (math.isfinite(got) and math.isfinite(ref)):
+            break
+    return losses
+
+
+def keras_train_on_batch(pm: Any, optimizer: Any, xs: list, y: Any) -> Any:
+    """A function running one ``model.train_on_batch`` with ``optimizer`` in place of the
+    compiled one (put back after each call) and returning its loss; None when Keras's
+    step is not the one ``pm`` trains (an uncompiled model, another loss, or the
+    inference graph: train_on_batch always runs in training mode)."""
+    model = pm.model
+    if not (getattr(model, "compiled", False) and pm.training
+            and getattr(pm, "compiled_loss", False)):
+        return None
+    structure = pm.inputs.pack(xs)
+
+    def step() -> float:
+        saved, saved_fn = model.optimizer, model.train_function
+        model.optimizer, model.train_function = optimizer, None
+        try:
+            logs = model.train_on_batch(structure, y, return_dict=True)
+        finally:
+            model.optimizer, model.train_function = saved, saved_fn
+        return float(logs["loss"])
+    return step
+
+
+def finite_losses(losses: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    """Fails, naming the step, when either side's loss is not finite."""
+    for i, (got, want) in enumerate(losses):
+        if not (math.isfinite(got) and math.isfinite(want)):
+            return {"ok": False, "max_abs_diff": float("inf"),
+                    "message": f"step {i + 1}: the loss is not finite (parallel {got}, "
+                               f"Keras {want})"}
+    return {"ok": True, "max_abs_diff": 0.0}
