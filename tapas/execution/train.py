@@ -82,13 +82,13 @@ class TrainOptions:
     # tapas.execution.communication_scale; one process only); None: the profiled constants
     communication_scale: str | None = None
 
-    @property
     def keras_optimizer(self) -> Any:
         """``--optimizer`` as ``tapas.parallelize`` takes it: None (the model's compiled
         one), a name, or the config read from a JSON file (ValueError if unreadable)."""
         from tapas.execution.keras_optimizer import optimizer_from_flag
         return optimizer_from_flag("--optimizer", self.optimizer)
 
+    @property
     def is_job(self) -> bool:
         return bool(self.data or self.epochs or self.checkpoint_dir or self.checkpoint_every
                     or self.resume or self.tensorboard)
