@@ -277,8 +277,8 @@ def test_a_mixed_float16_model_is_priced_at_the_tensor_core_rate(graphs) -> None
             assert close(info.compute_time, 3 * info.flops / V100_F32) or info.flops == 0
 
 
-def test_search_records_and_overrides_the_precision(graphs) -> None:
-    from tapas.planning.search import search
+def test_search_records_and_overrides_the_precision(graphs, tmp_path) -> None:
+    from tapas.planning.search import Strategy, search
     c = Cluster.v100_ethernet(1, 4)
     own = search(graphs["mixed_float16"], cluster=c)
     assert own.precision == "mixed_float16"
@@ -290,6 +290,11 @@ def test_search_records_and_overrides_the_precision(graphs) -> None:
     over = search(graphs["float32"], cluster=c, precision="mixed_float16")
     assert over.precision == "mixed_float16"
     assert any("captured under float32" in n for n in over.notes)
+    over.save(str(tmp_path / "s.json"))
+    again = Strategy.load(str(tmp_path / "s.json"))
+    assert again.precision == "mixed_float16" and again.cluster == c
+    assert again.cluster.device_peak_flops_by_dtype == c.device_peak_flops_by_dtype
+    assert "priced in mixed_float16" in over.summary().splitlines()[0]
     plain = search(graphs["float32"], cluster=c)
     assert plain.precision == "float32"
     # (the mixed capture also runs its casts, memory-bound FLOPs at the float32 peak)
