@@ -5,10 +5,12 @@ In:  a captured :class:`tapas.ir.Graph` (its tensors' and weights' dtypes), a pr
      Keras names its dtype policies; None: the graph's own dtypes), a
      :class:`tapas.planning.cluster.Cluster` (its peak per dtype, ``Cluster.peak_flops``).
 Out: :func:`graph_precision` (the policy a graph was captured under, read from its
-     dtypes), :func:`resolve` (the override a search prices with), :func:`check_precision`, :func:`compute_dtype`, :func:`priced_dtype` (the
-     dtype a tensor is priced in under an override), :func:`comm_bytes` (a collective's
-     message in that dtype) and :func:`dense_factor` (seconds of a pattern's contractions
-     relative to all of them at ``device_peak_flops``).
+     dtypes), :func:`resolve` (the override a search prices with), :func:`check_precision`
+     (ValueError naming a precision that is not one of ``PRECISIONS``),
+     :func:`compute_dtype`, :func:`priced_dtype` (the dtype a tensor is priced in under an
+     override), :func:`comm_bytes` (a collective's message in that dtype) and
+     :func:`dense_factor` (seconds of a pattern's contractions relative to all of them at
+     ``device_peak_flops``).
 
 A contraction is priced at the peak of the dtype its output carries in the captured graph
 (``ShardingPattern.dense_by_dtype``): under ``mixed_bfloat16`` Keras computes in bfloat16
