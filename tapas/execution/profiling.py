@@ -38,7 +38,7 @@ from tapas.execution.devices import make_strategy, process_count
 from tapas.planning.calibrate import (KIB, MIB, ComputeFit, FitError, Profile,
                                       fit_collectives, fit_compute, fit_gamma, parse_sizes,
                                       profiled_cluster)
-from tapas.planning.cluster import effective_flops
+from tapas.planning.widths import effective_flops
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
 from tapas.sharding.placements import Collective
 
@@ -373,7 +373,7 @@ def _compute_rates(timer: _Timer, repeats: int, backward_factor: float = 2.0,
     every gradient used so none is pruned) on every device at once, less an empty call,
     against the FLOPs and elements the cost model counts for it (:func:`_counted_work`;
     with ``widths``, the measured width efficiency, each width bucket's FLOPs in peak-rate
-    FLOPs as the cost model prices them: ``tapas.planning.cluster.effective_flops``);
+    FLOPs as the cost model prices them: ``tapas.planning.widths.effective_flops``);
     :func:`tapas.planning.calibrate.fit_compute` fits both rates at once. The record (the
     points, the fit or why there is none) and the fit (None when it failed)."""
     strategy = timer.strategy

@@ -6,8 +6,10 @@ In:  a :class:`tapas.ir.Graph`, its :class:`tapas.mining.FoldedGraph`, the patte
 Out: a :class:`tapas.planning.search.Strategy`: one pattern per GraphNode, the resharding
      collectives between them, the predicted cost, and the reference plans for comparison.
 
-* :mod:`tapas.planning.cluster`: the cluster S(m, n), its links and presets.
+* :mod:`tapas.planning.cluster`: the cluster S(m, n), its links and presets
+  (:mod:`tapas.planning.hardware`: the presets' constants and their sources).
 * :mod:`tapas.planning.cost`: the overlap-aware alpha-beta costs, compute and memory.
+* :mod:`tapas.planning.precision`: the dtype each FLOP and byte is priced in (mixed precision).
 * :mod:`tapas.planning.calibrate`: fitting alpha, beta, epsilon, gamma to measurements.
 * :mod:`tapas.planning.table`: every GraphNode's patterns summarised and costed; edge costs.
 * :mod:`tapas.planning.frontier`: the enumeration engine (DP over frontiers of placements).

@@ -5,7 +5,8 @@ In:  a shape (``num_nodes`` nodes of ``devices_per_node`` devices), two ``Link``
      peak FLOP/s of one device, and where each constant comes from.
 Out: a frozen ``Cluster``: its ``num_devices`` (the 1-D mesh the search shards over), the
      ``Group`` a collective of W workers runs on (and so the link its ring pays), and the
-     presets ``Cluster.v100_ethernet`` (the paper's cluster), ``Cluster.loopback_cpu`` (this
+     presets ``Cluster.v100_ethernet`` (the paper's cluster), ``Cluster.gpu`` (V100, A100,
+     H100 nodes, their constants in ``tapas.planning.hardware``), ``Cluster.loopback_cpu`` (this
      machine's logical CPU devices, measured) and ``Cluster.preset(name, m, n)`` by name
      (``CLUSTER_PRESETS``, the ``--cluster`` flag); ``Cluster.save``/``Cluster.load`` write
      and read a versioned JSON file (what ``tapas profile`` writes), and
@@ -35,9 +36,15 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tapas.planning.hardware import (GPU_PRESETS, LOOPBACK_BANDWIDTH, LOOPBACK_FLOPS,
+                                     LOOPBACK_LATENCY, LOOPBACK_MEMORY, LOOPBACK_SOURCES,
+                                     PEAK_DTYPES, peaks_by_dtype)
+from tapas.planning.widths import check_positive, width_efficiency
+from tapas.planning.widths import check_width_efficiency as _width_efficiency
 from tapas.sharding.placements import Collective
 
-__all__ = ["Link", "Group", "Cluster", "SOURCE_KEYS", "COEFFICIENT_SOURCE_KEYS",
+__all__ = ["Link", "Group", "Cluster", "SOURCE_KEYS", "COEFFICIENT_SOURCE_KEYS", "PEAK_DTYPES",
+           "DTYPE_SOURCE_KEYS",
            "CLUSTER_PRESETS", "CLUSTER_FORMAT", "CLUSTER_VERSION", "ClusterFileError",
            "check_count", "check_positive"]
 
@@ -48,14 +55,6 @@ def check_count(name: str, value: object, why: str) -> None:
         raise TypeError(f"{name}={value!r}: must be an int ({why})")
     if value < 1:
         raise ValueError(f"{name}={value}: must be at least 1 ({why})")
-
-
-def check_positive(name: str, value: object, unit: str, fix: str) -> None:
-    """Raise unless ``value`` is a positive, finite number of ``unit`` (``fix``: an example)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}={value!r}: must be a number of {unit}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value}: must be a positive, finite number of {unit}; {fix}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +101,9 @@ SOURCE_KEYS = ("intra.bandwidth", "intra.latency", "inter.bandwidth", "inter.lat
 # the cost-model coefficients a profiled cluster documents too (optional in ``sources``)
 COEFFICIENT_SOURCE_KEYS = ("epsilon", "gamma", "device_elementwise_rate",
                            "device_width_efficiency")
+# the peak of each dtype in ``device_peak_flops_by_dtype`` (optional in ``sources``)
+DTYPE_SOURCE_KEYS = tuple(f"device_peak_flops.{d}" for d in PEAK_DTYPES)
+_ALL_SOURCE_KEYS = SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS + DTYPE_SOURCE_KEYS
 
 # the cluster file: ``format`` names it, ``version`` its layout (Cluster.save / Cluster.load)
 CLUSTER_FORMAT = "tapas-cluster"
@@ -137,6 +139,11 @@ class Cluster:
     ``device_peak_flops`` it reaches (``tapas profile`` times stacks of matmuls of widths 8
     to 256): thin layers, and layers a split on a channel axis makes thin, run far below
     the peak on a CPU. ``None`` (every preset): every width at the peak.
+
+    ``device_peak_flops_by_dtype`` maps a dtype of ``PEAK_DTYPES`` (``"float16"``,
+    ``"bfloat16"``) to the FLOP/s of a matrix multiply in that dtype (a GPU's tensor
+    cores); a dtype left out, and float32, run at ``device_peak_flops``
+    (:meth:`peak_flops`).
     """
 
     name: str
@@ -153,6 +160,8 @@ class Cluster:
     device_elementwise_rate: float | None = None
     device_width_efficiency: Mapping[int, float] | None = dataclasses.field(default=None,
                                                                             hash=False)
+    device_peak_flops_by_dtype: Mapping[str, float] | None = dataclasses.field(default=None,
+                                                                               hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.num_nodes, int) and not isinstance(self.num_nodes, bool) \
@@ -170,10 +179,9 @@ class Cluster:
                 raise TypeError(f"{field}={link!r}: must be a Link(bandwidth, latency)")
         check_positive("device_memory", self.device_memory, "bytes", "e.g. 32 * 2**30")
         check_positive("device_peak_flops", self.device_peak_flops, "FLOP/s", "e.g. 15.7e12")
-        allowed = SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS
-        unknown = sorted(set(self.sources) - set(allowed))
+        unknown = sorted(set(self.sources) - set(_ALL_SOURCE_KEYS))
         if unknown:
-            raise ValueError(f"sources has unknown keys {unknown}: use {list(allowed)}")
+            raise ValueError(f"sources has unknown keys {unknown}: use {list(_ALL_SOURCE_KEYS)}")
         object.__setattr__(self, "sources", types.MappingProxyType(dict(self.sources)))
         if self.epsilon is not None:
             if not isinstance(self.epsilon, Mapping):
@@ -199,6 +207,19 @@ class Cluster:
         if self.device_width_efficiency is not None:
             object.__setattr__(self, "device_width_efficiency", types.MappingProxyType(
                 _width_efficiency(self.device_width_efficiency)))
+        if self.device_peak_flops_by_dtype is not None:
+            object.__setattr__(self, "device_peak_flops_by_dtype", types.MappingProxyType(
+                peaks_by_dtype(self.device_peak_flops_by_dtype)))
+
+    def peak_flops(self, dtype: str = "float32") -> float:
+        """FLOP/s per device of a matrix multiply computing in ``dtype``: its entry in
+        ``device_peak_flops_by_dtype``, else ``device_peak_flops``.
+
+        >>> c = Cluster.v100_ethernet()
+        >>> [c.peak_flops(d) / 1e12 for d in ("float32", "float16", "bfloat16")]
+        [15.7, 125.0, 15.7]
+        """
+        return (self.device_peak_flops_by_dtype or {}).get(dtype, self.device_peak_flops)
 
     def flop_rate(self, width: int | None = None) -> float:
         """FLOP/s per device of a matrix multiply ``width`` wide: ``device_peak_flops``
@@ -229,9 +250,12 @@ class Cluster:
             return "not profiled: matrix multiplies of every width at device_peak_flops"
         if key in COEFFICIENT_SOURCE_KEYS and getattr(self, key) is None:
             return "not profiled: CostOptions' prior (docs/cost.md)"
-        if key not in SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS:
+        if key in DTYPE_SOURCE_KEYS and key.split(".", 1)[1] not in \
+                (self.device_peak_flops_by_dtype or {}):
+            return f"no peak given: {key.split('.', 1)[1]} priced at device_peak_flops"
+        if key not in _ALL_SOURCE_KEYS:
             raise KeyError(f"{key!r} is not a cluster constant: use one of "
-                           f"{list(SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS)}")
+                           f"{list(_ALL_SOURCE_KEYS)}")
         return self.sources.get(key, "unspecified")
 
     def group(self, size: int, nodes: int | None = None) -> Group:
@@ -272,6 +296,8 @@ class Cluster:
                 "gamma": self.gamma, "device_elementwise_rate": self.device_elementwise_rate,
                 "device_width_efficiency": None if self.device_width_efficiency is None else
                 {str(k): v for k, v in self.device_width_efficiency.items()},
+                "device_peak_flops_by_dtype": None if self.device_peak_flops_by_dtype is None
+                else dict(self.device_peak_flops_by_dtype),
                 "sources": dict(self.sources)}
 
     def save(self, path: str, extra: Mapping[str, Any] | None = None) -> None:
@@ -345,13 +371,23 @@ class Cluster:
     def v100_ethernet(cls, num_nodes: int = 1, devices_per_node: int = 8) -> Cluster:
         """The paper's cluster (section 5.1): V100 SXM2 32 GB, NVLink2 in a node, 100 Gb/s
         Ethernet between nodes."""
+        return cls.gpu("v100", num_nodes, devices_per_node, "v100-ethernet")
+
+    @classmethod
+    def gpu(cls, preset: str, num_nodes: int = 1, devices_per_node: int = 8,
+            name: str | None = None) -> Cluster:
+        """Nodes of the GPU ``preset`` (``tapas.planning.hardware.GPU_PRESETS``: ``"v100"``,
+        ``"a100"``, ``"h100"``), every constant with its source."""
+        if preset not in GPU_PRESETS:
+            raise ValueError(f"GPU preset {preset!r} is unknown: use one of "
+                             f"{sorted(GPU_PRESETS)}")
+        hw = GPU_PRESETS[preset]
         return cls(
-            name=_shape_name("v100-ethernet", num_nodes, devices_per_node),
+            name=_shape_name(name or preset, num_nodes, devices_per_node),
             num_nodes=num_nodes, devices_per_node=devices_per_node,
-            intra=Link(bandwidth=150e9, latency=3.4e-6, name="nvlink2"),
-            inter=Link(bandwidth=100e9 / 8, latency=9.6e-6, name="ethernet-100g"),
-            device_memory=32 * 2**30, device_peak_flops=15.7e12,
-            sources=V100_SOURCES)
+            intra=Link(*hw.intra), inter=Link(*hw.inter), device_memory=hw.device_memory,
+            device_peak_flops=hw.device_peak_flops, sources=hw.sources,
+            device_peak_flops_by_dtype=hw.peak_flops_by_dtype)
 
     @classmethod
     def loopback_cpu(cls, devices: int = 4) -> Cluster:
@@ -371,8 +407,9 @@ class Cluster:
     @classmethod
     def preset(cls, name: str, num_nodes: int = 1, devices_per_node: int = 8) -> Cluster:
         """A named cluster of ``num_nodes`` x ``devices_per_node`` devices: ``"v100"`` (the
-        paper's V100 nodes on 100 Gb/s Ethernet) or ``"cpu"`` (this machine's logical CPU
-        devices, measured constants). The ``--cluster`` flag of ``tapas search``/``train``."""
+        paper's V100 nodes on 100 Gb/s Ethernet), ``"a100"`` / ``"h100"`` (DGX-style SXM
+        nodes on InfiniBand) or ``"cpu"`` (this machine's logical CPU devices, measured
+        constants). The ``--cluster`` flag of ``tapas search``/``train``."""
         if name not in CLUSTER_PRESETS:
             raise ValueError(f"cluster preset {name!r} is unknown: use one of "
                              f"{sorted(CLUSTER_PRESETS)}")
@@ -426,7 +463,7 @@ class _Fields:
                                                     for v in sources.values()):
             raise self.fail("sources", "must be an object of strings (constant -> where it "
                             "comes from)")
-        allowed = SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS
+        allowed = _ALL_SOURCE_KEYS
         for key in sources:
             if key not in allowed:
                 raise self.fail(f"sources.{key}",
@@ -493,65 +530,25 @@ def _cluster_from_json(d: Any, where: str) -> Cluster:
     flops = f.number("device_peak_flops", "a positive number of FLOP/s")
     sources, epsilon = f.sources(), f.epsilon()
     gamma, rate, widths = f.optional_rates()
+    peaks = _peaks_field(d, f.fail)
     return Cluster(name=name, num_nodes=shape["num_nodes"],
                    devices_per_node=shape["devices_per_node"], intra=intra, inter=inter,
                    device_memory=memory, device_peak_flops=flops, sources=sources,
                    epsilon=epsilon, gamma=gamma, device_elementwise_rate=rate,
-                   device_width_efficiency=widths)
+                   device_width_efficiency=widths, device_peak_flops_by_dtype=peaks)
 
 
-def width_efficiency(table: Mapping[int, float], width: int) -> float:
-    """The fraction of the peak FLOP rate that a matrix multiply in width bucket ``width``
-    (the power of two at or below its width, as ``ShardingPattern.dense_by_width`` keys it)
-    reaches, by ``table`` (measured width -> fraction): read at the bucket's middle
-    (``width * sqrt(2)``), interpolated linearly in log2(width) between the measured widths
-    and held at the nearest one outside them."""
-    at = math.log2(max(width, 1)) + 0.5
-    keys = sorted(table)
-    if at <= math.log2(keys[0]):
-        return table[keys[0]]
-    for k0, k1 in zip(keys, keys[1:]):
-        x0, x1 = math.log2(k0), math.log2(k1)
-        if at <= x1:
-            return table[k0] + (at - x0) / (x1 - x0) * (table[k1] - table[k0])
-    return table[keys[-1]]
-
-
-def effective_flops(dense_flops: float, dense_by_width: Mapping[int, float] | None,
-                    table: Mapping[int, float] | None) -> float:
-    """``dense_flops`` in peak-rate FLOPs: each width bucket's FLOPs (``dense_by_width``)
-    divided by its :func:`width_efficiency` under ``table``, the rest as they are (all of
-    it without a table or buckets). Seconds are this over ``device_peak_flops``.
-
-    >>> effective_flops(300.0, {8: 100.0, 128: 100.0}, {16: 0.5, 128: 1.0})
-    400.0
-    """
-    if not table or not dense_by_width:
-        return float(dense_flops)
-    bucketed = math.fsum(dense_by_width.values())
-    return (math.fsum(f / width_efficiency(table, w) for w, f in dense_by_width.items())
-            + max(float(dense_flops) - bucketed, 0.0))
-
-
-def _width_efficiency(table: Mapping[Any, Any]) -> dict[int, float]:
-    """``{width: fraction}`` checked: each width a power of two >= 1 (an int or its string,
-    as JSON keys are), each fraction a positive finite number."""
-    if not isinstance(table, Mapping) or not table:
-        raise ValueError(f"device_width_efficiency={table!r}: must be a non-empty mapping "
-                         "{width (a power of two): fraction of device_peak_flops}, or None")
-    out: dict[int, float] = {}
-    for key, value in table.items():
-        try:
-            width = int(key)
-        except (TypeError, ValueError):
-            width = 0
-        if width < 1 or width & (width - 1) or isinstance(key, bool):
-            raise ValueError(f"device_width_efficiency has width {key!r}: widths are powers "
-                             "of two >= 1 (1, 2, 4, ...)")
-        check_positive(f"device_width_efficiency[{width}]", value, "(a fraction of "
-                       "device_peak_flops)", "e.g. 0.5")
-        out[width] = float(value)
-    return dict(sorted(out.items()))
+def _peaks_field(d: Mapping[str, Any], fail: Callable[[str, str], Exception]
+                 ) -> dict[str, float] | None:
+    """A cluster file's ``device_peak_flops_by_dtype`` (absent from files written before it
+    existed: None), checked; ``fail(field, problem)`` makes the error."""
+    peaks = d.get("device_peak_flops_by_dtype")
+    if peaks is None:
+        return None
+    try:
+        return peaks_by_dtype(peaks)
+    except (TypeError, ValueError) as e:
+        raise fail("device_peak_flops_by_dtype", str(e)) from None
 
 
 def _shape_name(base: str, num_nodes: int, devices_per_node: int) -> str:
@@ -559,38 +556,10 @@ def _shape_name(base: str, num_nodes: int, devices_per_node: int) -> str:
     return f"{base}/{num_nodes}x{devices_per_node}"
 
 
-V100_SOURCES: Mapping[str, str] = types.MappingProxyType({
-    "intra.bandwidth": "NVIDIA Tesla V100 datasheet: NVLink2 300 GB/s aggregate bidirectional "
-                       "(6 links x 25 GB/s per direction); a ring sends one way: 150 GB/s",
-    "intra.latency": "NCCL src/graph/tuning.cc hwLat, NVLink, Ring/Simple protocol: "
-                     "3.4 us per ring hop",
-    "inter.bandwidth": "paper section 5.1: nodes interconnected by 100 Gb/s Ethernet = 12.5 GB/s",
-    "inter.latency": "NCCL src/graph/tuning.cc hwLat, network, Ring/Simple protocol: "
-                     "9.6 us per ring hop",
-    "device_memory": "NVIDIA Tesla V100 SXM2 32 GB datasheet: 32 GB HBM2 (taken as 32 GiB)",
-    "device_peak_flops": "NVIDIA Tesla V100 SXM2 datasheet: 15.7 TFLOP/s single precision",
-})
-
-# Measured by benchmarks/measure_collectives.py --devices=4 on this development machine
-# (2 cores, 24 GiB, tensorflow-cpu 2.21); JSON: benchmarks/results/collectives_cpu.json.
-LOOPBACK_DATE = "2026-11-22"
-LOOPBACK_LATENCY = 5.0e-4       # alpha' = all-reduce intercept / W, s per worker
-LOOPBACK_BANDWIDTH = 3.75e8     # 1 / beta of the all-reduce fit, bytes/s (ring bytes)
-LOOPBACK_FLOPS = 3.6e10         # float32 matmul on one logical device, FLOP/s
-LOOPBACK_MEMORY = 24 * 2**30    # the machine's RAM, shared by all logical devices
-_MEASURED = f"measured by benchmarks/measure_collectives.py on {LOOPBACK_DATE}"
-LOOPBACK_SOURCES: Mapping[str, str] = types.MappingProxyType({
-    "intra.bandwidth": f"{_MEASURED} (all-reduce slope, 4 logical CPU devices)",
-    "intra.latency": f"{_MEASURED} (all-reduce intercept / W; mostly tf.function dispatch)",
-    "inter.bandwidth": "no second node: same as intra",
-    "inter.latency": "no second node: same as intra",
-    "device_memory": "this machine's 24 GiB RAM, shared by all logical devices",
-    "device_peak_flops": f"{_MEASURED} (2048^2 float32 matmul, one logical device)",
-})
-
-
 # preset name -> a Cluster of that hardware (its shape is set by Cluster.preset)
 CLUSTER_PRESETS: Mapping[str, Callable[[], Cluster]] = types.MappingProxyType({
     "v100": lambda: Cluster.v100_ethernet(1, 8),
+    "a100": lambda: Cluster.gpu("a100"),
+    "h100": lambda: Cluster.gpu("h100"),
     "cpu": lambda: Cluster.loopback_cpu(4),
 })

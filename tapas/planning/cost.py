@@ -45,13 +45,10 @@ Example (a made-up 1 GB/s, 1 us link; 4 workers all-reduce 1 MB in the forward p
 
 Plan level (used by ``tapas.planning.table`` and ``tapas.planning.explore``; docs/search.md):
 ``comm_cost`` prices one ``tapas.sharding.placements.Comm`` (an all-to-all's N is the global
-size over W), ``compute_time`` turns a pattern's forward FLOPs per device into seconds of a
-training step (``CostOptions.compute``, ``backward_flops_factor``), ``weight_memory`` /
-``MemoryEstimate`` count bytes per device (weights, gradients, optimizer state per
-``CostOptions.optimizer``, activations) and ``PlanCost`` adds them up for a whole plan.
-
-The cluster itself (``Cluster``, ``Link``, ``Group``, the presets) is
-``tapas.planning.cluster``; it is re-exported here, where the other stages import it from.
+size over W), ``compute_time`` a pattern's forward FLOPs per device as seconds of a training
+step, ``weight_memory`` / ``MemoryEstimate`` count bytes per device (weights, gradients,
+optimizer state, activations), ``PlanCost`` adds them up for a plan. ``Cluster``, ``Link``,
+``Group`` and the presets (``tapas.planning.cluster``) are re-exported here.
 
 This module imports no TensorFlow.
 """
@@ -65,8 +62,10 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Union
 
 from tapas.planning.cluster import (CLUSTER_PRESETS, SOURCE_KEYS, Cluster, Group, Link,
-                                    check_count, effective_flops)
+                                    check_count)
 from tapas.planning.kernel_times import KernelTimes, priced
+from tapas.planning.precision import check_precision, comm_bytes, dense_factor
+from tapas.planning.widths import effective_flops
 from tapas.sharding.losses import LossSpec
 from tapas.sharding.placements import Collective
 
@@ -201,6 +200,9 @@ class CostOptions:
     # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
     # trainable weight), "momentum" (1) or "sgd" (0)
     optimizer: str = "adam"
+    # price as if the model ran under this Keras dtype policy (tapas.planning.precision.
+    # PRECISIONS: contractions and activations in its dtype); None: the graph's own dtypes
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.loss is not None and not isinstance(self.loss, LossSpec):
@@ -238,6 +240,7 @@ class CostOptions:
             raise TypeError(f"kernel_times={self.kernel_times!r}: must be a "
                             "tapas.planning.kernel_times.KernelTimes (measured by "
                             "tapas.execution.kernels.measure_kernels) or None")
+        check_precision(self.precision)
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise ValueError(f"optimizer={self.optimizer!r} is unknown: use one of "
                              f"{sorted(OPTIMIZER_SLOTS)}")
@@ -444,44 +447,40 @@ def comm_cost(comm: object, group_size: int, cluster: Cluster,
               options: CostOptions | None = None, label: str = "",
               weights: Collection[str] = ()) -> CostTerm:
     """The cost of one ``tapas.sharding.placements.Comm`` (anything with ``kind``, ``bytes``
-    and ``phase``).
-
-    ``comm.bytes`` is the global tensor's size, which is N for AR, AG and RS (module doc);
-    an all-to-all's N is each worker's buffer, the global size over the group. ``phase``
-    ``"bwd"`` makes it a backward collective (gamma applies). ``weights``: the tensor names
-    of the GraphNode's weights (``WeightInfo.placeholder + ':0'``): a backward collective
-    on one of them reduces that weight's gradient (``collective_cost``'s ``gradient``).
-    """
+    and ``phase``; ``dtype`` and ``tensor`` if it has them). ``comm.bytes`` is the global
+    tensor's size, N for AR, AG and RS (module doc; in ``options.precision``'s dtype with
+    one: ``precision.comm_bytes``); an all-to-all's N is each worker's buffer, the global
+    size over the group. ``phase`` ``"bwd"``: a backward collective (gamma applies).
+    ``weights``: the tensor names of the GraphNode's weights (``WeightInfo.placeholder +
+    ':0'``): a backward collective on one reduces that weight's gradient."""
     kind = Collective.parse(getattr(comm, "kind"))
-    nbytes = int(getattr(comm, "bytes"))
+    options = CostOptions() if options is None else options
+    on_weight = getattr(comm, "tensor", None) in weights
+    nbytes = comm_bytes(comm, options.precision, on_weight)
     phase = getattr(comm, "phase")
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"comm phase {phase!r}: must be 'fwd' or 'bwd'")
     if kind is Collective.ALL_TO_ALL:
         nbytes = -(-nbytes // group_size)
-    return collective_cost(kind, nbytes, group_size, cluster, options,
-                           backward=phase == "bwd", label=label,
-                           gradient=phase == "bwd" and getattr(comm, "tensor", None) in weights)
+    return collective_cost(kind, nbytes, group_size, cluster, options, backward=phase == "bwd",
+                           label=label, gradient=phase == "bwd" and on_weight)
 
 
 def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = None, *,
                  dense_flops: float | None = None, elements: float = 0.0,
                  dense_by_width: Mapping[int, float] | None = None,
-                 kernels: Sequence[object] = ()) -> float:
-    """Seconds of one training step's compute for ``flops`` forward FLOPs per device.
-
-    ``flops * (1 + backward_flops_factor) / device_peak_flops``; 0 with ``compute`` off.
-    With ``memory_bound`` on a cluster that has a ``device_elementwise_rate`` and the split
-    given (``dense_flops``: the contractions' and convolutions' part of ``flops``;
-    ``elements``: what the memory-bound ops touch), ``(dense_flops / device_peak_flops +
-    elements / device_elementwise_rate) * (1 + backward_flops_factor)``; with
-    ``gemm_width`` too, on a cluster with ``device_width_efficiency``, the part of
-    ``dense_flops`` in ``dense_by_width`` (width bucket -> FLOPs) at
-    ``Cluster.flop_rate(width)`` instead of the peak. With ``options.kernel_times`` too,
-    each of ``kernels`` (the pattern's ``KernelUse`` s) that has a measured time costs
-    that time per run (a whole training step of it: no backward factor) and leaves the
-    rate-priced counts (``tapas.planning.kernel_times.priced``). The memory-bound ops' part
-    times ``options.elementwise_scale``; every case times ``options.compute_scale``.
+                 kernels: Sequence[object] = (),
+                 dense_by_dtype: Mapping[str, float] | None = None) -> float:
+    """Seconds of one training step's compute for ``flops`` forward FLOPs per device: the
+    paper's ``flops * (1 + backward_flops_factor) / device_peak_flops`` (0 with ``compute``
+    off). With ``memory_bound``, the split given (``dense_flops`` of contractions and
+    convolutions, ``elements`` of memory-bound ops) and a ``device_elementwise_rate``:
+    ``(dense_flops / device_peak_flops + elements * elementwise_scale / rate) * (1 +
+    backward_flops_factor)``, ``dense_by_width``'s FLOPs at ``Cluster.flop_rate(width)``
+    (``gemm_width``), and each of ``kernels`` with a time in ``options.kernel_times`` at
+    that time per run (``kernel_times.priced``). Always: ``dense_flops`` at the peak of
+    their dtype (``dense_by_dtype`` or ``options.precision``; ``precision.dense_factor``)
+    and everything times ``compute_scale``.
     """
     options = CostOptions() if options is None else options
     if not options.compute:
@@ -492,19 +491,24 @@ def compute_time(flops: float, cluster: Cluster, options: CostOptions | None = N
         measured, dense, by_width, elements = priced(kernels, options.kernel_times,
                                                      float(dense_flops), dense_by_width,
                                                      float(elements))
-        return ((dense_time(cluster, options, dense, by_width)
+        return ((dense_time(cluster, options, dense, by_width, dense_by_dtype)
                  + elements * options.elementwise_scale / rate) * scale
                 + measured * options.compute_scale)
-    return float(flops) * scale / cluster.device_peak_flops
+    dense = 0.0 if dense_flops is None else float(dense_flops)
+    dense *= 1.0 - dense_factor(cluster, dense_by_dtype, options.precision)
+    return (float(flops) - dense) * scale / cluster.device_peak_flops
 
 
 def dense_time(cluster: Cluster, options: CostOptions, dense_flops: float,
-               dense_by_width: Mapping[int, float] | None = None) -> float:
+               dense_by_width: Mapping[int, float] | None = None,
+               dense_by_dtype: Mapping[str, float] | None = None) -> float:
     """Seconds of ``dense_flops`` forward FLOPs of matrix multiplies: those in
     ``dense_by_width`` at their width's rate (``Cluster.flop_rate``, with ``gemm_width``
-    on), the rest at ``device_peak_flops``."""
+    on), the rest at ``device_peak_flops``; each dtype's share at its peak instead
+    (``dense_by_dtype``, ``options.precision``; the width's efficiency applies to it)."""
     table = cluster.device_width_efficiency if options.gemm_width else None
-    return effective_flops(dense_flops, dense_by_width, table) / cluster.device_peak_flops
+    return (effective_flops(dense_flops, dense_by_width, table) / cluster.device_peak_flops
+            * dense_factor(cluster, dense_by_dtype, options.precision))
 
 
 @dataclasses.dataclass(frozen=True)

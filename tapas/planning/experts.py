@@ -42,6 +42,7 @@ from tapas.ir import Graph, GraphNode, Kind, TensorInfo, WeightInfo
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostBreakdown, CostOptions, MemoryEstimate, collective_cost, \
     weight_memory
+from tapas.planning.precision import priced_dtype
 from tapas.sharding.placements import Split, parse_placement
 
 __all__ = ["ExpertRegion", "NestingError", "row_view", "nested_patterns", "allowed_pattern",
@@ -275,7 +276,8 @@ def column_all_to_all(graph: Graph, pattern_of: Callable[[int], Any], rows: int,
                     pat = pattern_of(n.id)
                     placement = parse_placement((pat.inputs if where == "entry"
                                                  else pat.outputs)[k])
-        nbytes = int(placement.local_bytes(t.shape, t.dtype, cols))
+        nbytes = int(placement.local_bytes(t.shape, priced_dtype(t.dtype, options.precision),
+                                           cols))
         for backward in (False, True):
             terms.append(collective_cost("A2A", nbytes, rows, cluster, options,
                                          backward=backward, nodes=nodes,
@@ -293,7 +295,8 @@ def expert_memory_saving(graph: Graph, weight_placements: dict[str, str], rows: 
         if w.path not in region.weights:
             continue
         p = parse_placement(weight_placements.get(w.path, "R") or "R")
-        local = p.local_bytes(w.shape, w.dtype, cols)
+        local = p.local_bytes(w.shape, priced_dtype(w.dtype, options and options.precision,
+                                                    weight=True), cols)
         saved = saved + weight_memory(local * (1 - 1 / rows), w.trainable, options)
     return saved
 

@@ -61,6 +61,7 @@ from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.planning.frontier import (Allowed, Counts, Progress, SearchTimeout, Step, TieOptions,
                                      run, unwind)
+from tapas.planning.precision import priced_dtype
 from tapas.planning.steps import consumers, good_order, node_steps, producers
 from tapas.planning.stitch import stitch_steps
 from tapas.planning.table import (EdgeCoster, PatternInfo, PatternsFn, PatternTable, ReshardFn,
@@ -437,7 +438,7 @@ def plan_memory(graph: Graph, table: PatternTable, patterns: Sequence[int],
         for w, (_, pl) in zip(node.weights, info.weights):
             if not graph.reads(node.id, w.path):
                 continue
-            b = pl.local_bytes(w.shape, w.dtype, n)
+            b = pl.local_bytes(w.shape, priced_dtype(w.dtype, options.precision, True), n)
             if w.path not in weights or weights[w.path][0] < b:
                 weights[w.path] = (b, w.trainable)
         act += info.memory.activations
@@ -463,7 +464,8 @@ def memory_lower_bound(graph: Graph, table: PatternTable,
         for k, w in enumerate(node.weights):
             if not graph.reads(node.id, w.path):
                 continue
-            b = min(info.weights[k][1].local_bytes(w.shape, w.dtype, n) for info in infos)
+            dtype = priced_dtype(w.dtype, options.precision, weight=True)
+            b = min(info.weights[k][1].local_bytes(w.shape, dtype, n) for info in infos)
             if w.path not in weights or weights[w.path][0] < b:
                 weights[w.path] = (b, w.trainable)
     mem = MemoryEstimate(activations=act)

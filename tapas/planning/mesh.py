@@ -43,6 +43,7 @@ from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostBreakdown, CostOptions, collective_cost
 from tapas.planning.experts import ExpertRegion, NestingError, column_all_to_all, \
     expert_memory_saving, nested_patterns
+from tapas.planning.precision import priced_dtype
 
 __all__ = ["Mesh", "MeshResult", "MeshSearch", "mesh_shapes", "row_cluster", "column_nodes",
            "gradient_all_reduce", "column_collectives", "search_meshes"]
@@ -151,7 +152,7 @@ def gradient_all_reduce(graph: Graph, weight_placements: dict[str, str], mesh: M
     for w in graph.weights:
         if not w.trainable or w.path in split:
             continue
-        nbytes = w.num_elements * dtype_bytes(w.dtype)
+        nbytes = w.num_elements * dtype_bytes(priced_dtype(w.dtype, options.precision, True))
         if w.path in weight_placements and weight_placements[w.path] not in ("R", ""):
             nbytes = -(-nbytes // mesh.cols)
         terms.append(collective_cost("AR", int(nbytes), mesh.rows, cluster, options,

@@ -33,7 +33,8 @@ def summary(s: Strategy, graph: Graph | None, table: PatternTable | None,
     c = s.cost
     lines = [f"strategy for '{s.graph_name}' on {s.cluster.name} "
              f"({s.num_devices} devices), mode {s.mode}"
-             f"{'' if s.exact else ' (beam-limited)'}",
+             f"{'' if s.exact else ' (beam-limited)'}"
+             f"{f', priced in {s.precision}' if s.precision else ''}",
              f"cost      {_t(c['total'])} per step = communication "
              f"{_t(c['communication'])} (forward {_t(c['forward'])}, "
              f"backward {_t(c['backward'])}) + compute {_t(c['compute'])}",

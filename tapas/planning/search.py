@@ -45,6 +45,7 @@ from tapas.planning import explore as ex
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, PlanCost
 from tapas.planning.frontier import Allowed, Progress
+from tapas.planning.precision import check_precision, graph_precision, resolve
 from tapas.planning.references import (REFERENCE_PLANS, applicable_references, node_roles,
                                        reference_filter)
 from tapas.planning.strategy import Alternative, EdgeReshard, Strategy, graph_digest
@@ -76,7 +77,8 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
            memory_budget: float | None = None, explore_options: ex.ExploreOptions | None = None,
            references: Sequence[str] | None = None, folded: FoldedGraph | None = None,
            progress: Progress | None = None, patterns_fn: PatternsFn | None = None,
-           reshard_fn: ReshardFn | None = None, loss: Any = None) -> Strategy:
+           reshard_fn: ReshardFn | None = None, loss: Any = None,
+           precision: str | None = None) -> Strategy:
     """Find the best tensor-parallel strategy of a model (or captured graph) on ``cluster``.
 
     ``cluster`` defaults to one node of 8 V100 (``Cluster.v100_ethernet()``); its
@@ -89,7 +91,11 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     instances and uncovered GraphNodes) and the candidates generated so far. ``loss`` (a
     ``keras.losses.Loss`` or a ``tapas.sharding.losses.LossSpec``) is the training loss
     whose collectives are priced on the output's placement (``CostOptions.loss``; default:
-    ``options.loss``, which is None: not priced).
+    ``options.loss``, which is None: not priced). ``precision`` (``"float32"``,
+    ``"mixed_float16"``, ``"mixed_bfloat16"``; default ``options.precision``, None: the
+    policy the model was captured under, read from its dtypes) prices the plans as if the
+    model ran under that Keras dtype policy (``tapas.planning.precision``); the Strategy
+    records the precision it was priced in.
     """
     timings: dict[str, float] = {}
     cluster = Cluster.v100_ethernet() if cluster is None else cluster
@@ -97,7 +103,10 @@ def search(model_or_graph: Any, input_spec: Any = None, *, cluster: Cluster | No
     options = CostOptions.for_cluster(cluster) if options is None else options
     if loss is not None:
         options = dataclasses.replace(options, loss=LossSpec.of(loss))
+    if precision is not None:
+        options = dataclasses.replace(options, precision=check_precision(precision))
     graph = _graph_of(model_or_graph, input_spec, timings)
+    options, _ = resolve(options, graph)
     with _gc_frozen():
         return _search_graph(graph, cluster, mode, budget, xopts, options, references, folded,
                              progress, patterns_fn, reshard_fn, timings)
@@ -386,7 +395,9 @@ def _strategy(runner: _Runner, result: ex.ExploreResult, best: Evaluated,
         timings={k: round(v, 6) for k, v in timings.items()},
         counts=_counts(graph, table, folded, result, rounds),
         templates=templates, exact=result.exact,
-        notes=_notes(graph, infos, budget, rounds) + _pattern_notes(graph, table),
+        notes=(_notes(graph, infos, budget, rounds) + _pattern_notes(graph, table)
+               + _precision_notes(graph, runner.options)),
+        precision=runner.options.precision or graph_precision(graph),
         weight_placements=_weight_splits(infos), _graph=graph, _table=table)
 
 
@@ -440,6 +451,14 @@ def _notes(graph: Graph, infos: Sequence[ex.PatternInfo], budget: float,
         notes.append(f"the cheapest plans did not fit {budget / 2**30:.3f} GiB per device; "
                      f"searched again with a memory penalty ({rounds} round(s))")
     return tuple(notes)
+
+
+def _precision_notes(graph: Graph, options: CostOptions) -> tuple[str, ...]:
+    """A note when the plans were priced in another precision than the model's own."""
+    if options.precision is None:
+        return ()
+    return (f"priced as if the model ran under {options.precision} (the precision "
+            f"override); it was captured under {graph_precision(graph)}",)
 
 
 def _pattern_notes(graph: Graph, table: ex.PatternTable) -> tuple[str, ...]:

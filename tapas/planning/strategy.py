@@ -104,26 +104,16 @@ class Alternative:
                            d.get("description", ""), d.get("error", ""))
 
 
-def _cluster_json(c: Cluster) -> dict[str, Any]:
-    return {"name": c.name, "num_nodes": c.num_nodes, "devices_per_node": c.devices_per_node,
-            "intra": [c.intra.bandwidth, c.intra.latency, c.intra.name],
-            "inter": [c.inter.bandwidth, c.inter.latency, c.inter.name],
-            "device_memory": c.device_memory, "device_peak_flops": c.device_peak_flops,
-            "sources": dict(c.sources),
-            "epsilon": None if c.epsilon is None else dict(c.epsilon), "gamma": c.gamma,
-            "device_elementwise_rate": c.device_elementwise_rate,
-            "device_width_efficiency": None if c.device_width_efficiency is None else
-            {str(k): v for k, v in c.device_width_efficiency.items()}}
-
-
 def _cluster_from_json(d: Mapping[str, Any]) -> Cluster:
-    # "epsilon", "gamma", "device_elementwise_rate" and "device_width_efficiency" (a
-    # profiled cluster's coefficients) are absent from older files
+    """The strategy's cluster: ``Cluster.to_json``'s object (the cluster file's one codec),
+    or the older layout of strategy files (links as ``[bandwidth, latency, name]``, no
+    ``format``; the profiled coefficients absent from the oldest)."""
+    if "format" in d:
+        return Cluster.from_json(d, "strategy's cluster")
     return Cluster(d["name"], d["num_nodes"], d["devices_per_node"], Link(*d["intra"]),
                    Link(*d["inter"]), d["device_memory"], d["device_peak_flops"],
                    d.get("sources", {}), d.get("epsilon"), d.get("gamma"),
                    d.get("device_elementwise_rate"), d.get("device_width_efficiency"))
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +142,9 @@ class Strategy:
     exact: bool = True
     notes: tuple[str, ...] = ()
     weight_placements: Mapping[str, str] = dataclasses.field(default_factory=dict)  # splits
+    # the Keras dtype policy the costs were priced in (tapas.planning.precision; "" in
+    # files written before it was recorded)
+    precision: str = ""
     _graph: Graph | None = dataclasses.field(default=None, compare=False, repr=False)
     _table: PatternTable | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -255,7 +248,7 @@ def _strategy_json(s: Strategy) -> dict[str, Any]:
     return {
         "format": _FORMAT, "graph_name": s.graph_name, "graph_digest": s.graph_digest,
         "num_nodes": s.num_nodes, "num_devices": s.num_devices,
-        "cluster": _cluster_json(s.cluster), "mode": s.mode,
+        "cluster": s.cluster.to_json(), "mode": s.mode,
         "patterns": list(s.patterns), "edges": [e.to_json() for e in s.edges],
         "input_placements": dict(s.input_placements),
         "output_placements": dict(s.output_placements),
@@ -266,7 +259,7 @@ def _strategy_json(s: Strategy) -> dict[str, Any]:
         "timings": dict(s.timings), "counts": dict(s.counts),
         "templates": [[t, name, [list(i) for i in insts]] for t, name, insts in s.templates],
         "exact": s.exact, "notes": list(s.notes),
-        "weight_placements": dict(s.weight_placements)}
+        "weight_placements": dict(s.weight_placements), "precision": s.precision}
 
 
 def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
@@ -288,4 +281,5 @@ def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
         templates=tuple((t, name, tuple(tuple(i) for i in insts))
                         for t, name, insts in d.get("templates", ())),
         exact=d.get("exact", True), notes=tuple(d.get("notes", ())),
-        weight_placements=dict(d.get("weight_placements", {})))
+        weight_placements=dict(d.get("weight_placements", {})),
+        precision=d.get("precision", ""))

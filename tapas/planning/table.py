@@ -36,6 +36,7 @@ from tapas.ir import Graph, GraphNode, Kind, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
+from tapas.planning.precision import priced_dtype
 from tapas.sharding import losses
 from tapas.sharding.patterns import patterns_for
 from tapas.sharding.patterns.pattern import Family
@@ -86,10 +87,12 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
     weights = tuple((w.path, parse_placement(pattern.weights.get(w.path, Replica())))
                     for w in node.weights)
     mem = MemoryEstimate()
+    precision = options.precision
     for w, (_, pl) in zip(node.weights, weights):
-        mem = mem + cost_lib.weight_memory(pl.local_bytes(w.shape, w.dtype, n), w.trainable,
-                                           options)
-    act = math.fsum(pl.local_bytes(t.shape, t.dtype, n) for t, pl in zip(node.outputs, outputs))
+        local = pl.local_bytes(w.shape, priced_dtype(w.dtype, precision, weight=True), n)
+        mem = mem + cost_lib.weight_memory(local, w.trainable, options)
+    act = math.fsum(pl.local_bytes(t.shape, priced_dtype(t.dtype, precision), n)
+                    for t, pl in zip(node.outputs, outputs))
     mem = mem + MemoryEstimate(activations=act)
     flops = float(getattr(pattern, "flops", 0.0) or 0.0)
     dense = getattr(pattern, "dense_flops", None)
@@ -102,7 +105,8 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
         compute_time=cost_lib.compute_time(
             flops, cluster, options, dense_flops=None if dense is None else float(dense),
             elements=elements, dense_by_width=getattr(pattern, "dense_by_width", None),
-            kernels=getattr(pattern, "kernels", ())),
+            kernels=getattr(pattern, "kernels", ()),
+            dense_by_dtype=getattr(pattern, "dense_by_dtype", None)),
         flops=flops, memory=mem,
         note=getattr(pattern, "note", ""))
 

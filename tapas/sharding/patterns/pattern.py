@@ -85,6 +85,10 @@ class ShardingPattern:
     # matrix multiply on one device (propagation.flops.gemm_width); what is not here (a
     # contraction of three operands) is priced at the peak rate
     dense_by_width: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    # of ``dense_flops``: per compute dtype (the dtype each contraction's output has in the
+    # captured graph: bfloat16 under a mixed_bfloat16 policy), priced at that dtype's rate
+    # (``Cluster.peak_flops``)
+    dense_by_dtype: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # the kernels of its contractions and convolutions on one device, each with how often
     # it runs (propagation.kernels): what ``CostOptions.kernel_times`` prices by their
     # measured time

@@ -89,4 +89,5 @@ def _pattern(trial: Trial, fw: Forward, weights: Mapping[str, Placement],
                            node_expression(trial, fw, weights), float(fw.flops), seed.family,
                            dense_flops=float(fw.dense_flops), elements=float(fw.elements),
                            dense_by_width=dict(sorted(fw.dense_by_width.items())),
+                           dense_by_dtype=dict(sorted(fw.dense_by_dtype.items())),
                            kernels=tuple(fw.kernels[k] for k in sorted(fw.kernels)))

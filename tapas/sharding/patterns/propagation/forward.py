@@ -79,6 +79,8 @@ class Forward:
     dense_flops: float = 0.0    # of ``flops``: contractions and convolutions
     # of ``dense_flops``: per width bucket (flops.width_bucket of flops.gemm_width)
     dense_by_width: dict[int, float] = dataclasses.field(default_factory=dict)
+    # of ``dense_flops``: per compute dtype (the dtype of the op's output)
+    dense_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
     elements: float = 0.0       # elements the memory-bound ops touch (flops.op_elements)
     # the kernels of contractions and (depthwise) convolutions, by key (kernels.kernel_key)
     kernels: dict[str, KernelUse] = dataclasses.field(default_factory=dict)
@@ -197,6 +199,9 @@ def _forward_op(trial: Trial, fw: Forward, k: int, op: OpInfo, reduce: set[str],
     b = None
     if spec.flops in DENSE_KINDS:
         fw.dense_flops += f
+        if f > 0:       # (an op without outputs counts no FLOPs)
+            dtype = op.outputs[0].dtype
+            fw.dense_by_dtype[dtype] = fw.dense_by_dtype.get(dtype, 0.0) + f
         w = gemm_width(trial.n, op, spec, names, split.label, fw.shapes, fw.produced)
         if w is not None and f > 0:
             b = width_bucket(w)
