@@ -42,7 +42,7 @@ import tensorflow as tf
 from absl import logging
 
 from tapas import capturing
-from tapas.execution import inputs, optimizers, runtime, verify
+from tapas.execution import inputs, optimizers, regularizers, runtime, verify
 from tapas.execution.devices import make_strategy
 from tapas.execution.audit import AuditReport, predicted_comm_list
 from tapas.planning.cost import Cluster
@@ -443,6 +443,11 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
                          optimizer=optimizers.make_optimizer(optimizer, learning_rate), loss=loss,
                          mesh_rows=rows, graph_optimization=graph_optimization)
+    # the model's own losses (model.losses): its weight regularizers on the shards; the
+    # losses its call adds are refused when a loss is computed (Runtime._prepare)
+    rt.regularization = regularizers.plan_regularizers(model, rt.specs,
+                                                       capturing.weights_by_path(model))
+    rt.call_losses = regularizers.call_losses(model, trace.graph)
     timings["shard"] = time.perf_counter() - start
     return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
                          global_signature)

@@ -80,7 +80,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
-from tapas.execution import checkpoints, losses, replay, stateful
+from tapas.execution import checkpoints, losses, regularizers, replay, stateful
 from tapas.execution.collectives import (Audit, CommRecord, KeyedCollectives, KeyedGroup,
                                          ReplicaContextCollectives, gather_values, local_slice)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
@@ -736,6 +736,26 @@ class Runtime:
 
     # -- training -------------------------------------------------------------------------
 
+    # the model's weight regularizers (tapas.execution.regularizers.plan_regularizers)
+    regularization: list = []
+
+    def _regularized(self, r: _Replica, share: tf.Tensor, partial: bool,
+                     weights: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """``share`` plus this replica's part of the model's weight regularization losses,
+        counted once across the replicas (module ``regularizers``)."""
+        def record(kind: str, nbytes: int) -> None:
+            if r.records:
+                self.regularizer_comms.append((self._tracing, kind, nbytes))
+        if r.records:
+            self.regularizer_comms = [c for c in getattr(self, "regularizer_comms", [])
+                                      if c[0] != self._tracing]
+        extra = regularizers.replica_value(
+            self.regularization, weights, partial=partial, num_devices=self.num_devices,
+            rows=self.rows, sum_value=r.values.sum_value, gather_value=r.values.gather_value,
+            local_slice=lambda x, axis: local_slice(x, axis, self.num_devices, r.rid),
+            record=record)
+        return share if extra is None else share + tf.cast(extra, share.dtype)
+
     def _grads(self, r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tuple:
         """(loss share, whether shares are summed, gradients of the trainable weights in
         ``trainable_paths`` order (None where the loss does not depend on one), writes)."""
@@ -744,6 +764,7 @@ class Runtime:
             tape.watch(trainable)
             outs, writes = self._forward(r, xs, weights, states)
             share, partial = self._local_loss(r, outs[0], y)
+            share = self._regularized(r, share, partial, weights)
         grads = tape.gradient(share, trainable)
         if r.dp is not None:   # data parallel over the mesh column: the rows' gradients add up
             # (not those of weights cut over the rows: each row holds other experts, whose
@@ -861,6 +882,8 @@ class Runtime:
         if len(self.output_placements) != 1:
             raise ValueError(f"training needs a model with one output, this one has "
                              f"{len(self.output_placements)}")
+        if getattr(self, "call_losses", None):
+            raise ValueError(regularizers.refusal(self.call_losses))
         xs = self._check_inputs(xs, worker_share)
         y = np.asarray(y)
         self.loss_plan = self._loss_plan(y)
@@ -958,6 +981,7 @@ class Runtime:
         def body(r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tf.Tensor:
             outs, _ = self._forward(r, xs, weights, states)   # writes dropped: no side effects
             share, partial = self._local_loss(r, outs[0], y)
+            share = self._regularized(r, share, partial, weights)
             return self._dp_loss(r, r.values.sum_value(share) if partial else share)
         loss = self._replicas(body, (xs, y, self._dist_vars, self.states.dist))
         return self.strategy.experimental_local_results(loss)[0]
