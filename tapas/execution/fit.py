@@ -56,6 +56,7 @@ import tensorflow as tf
 from absl import logging
 
 from tapas.execution import checkpoints, inputs
+from tapas.execution.metrics import Scores, keras_order
 from tapas.execution.runtime import StepError
 from tapas.sharding.placements import Split
 
@@ -615,6 +616,8 @@ class FitState:
     epochs: list[int] = dataclasses.field(default_factory=list)
     # each callback's own state (callback_states; its arrays in tapas-callbacks.npz)
     callbacks: list = dataclasses.field(default_factory=list)
+    # the compiled metrics' variables in the epoch so far (metrics.Scores.state)
+    metrics: list = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": _FORMAT, **dataclasses.asdict(self)}
@@ -733,16 +736,21 @@ def _callback_arrays(path: str) -> dict[str, np.ndarray]:
 # ---- fit and evaluate -------------------------------------------------------------------------
 
 def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
-             steps: int | None = None, sample_weight: Any = None) -> float:
+             steps: int | None = None, sample_weight: Any = None,
+             return_dict: bool = False) -> Any:
     """The mean loss over the global batches of ``x``/``y`` (or of a dataset of (x, y[,
     sample_weight]) batches; at most ``steps``), weighted by ``sample_weight`` as Keras
     weighs it, forward only: nothing is updated (``Runtime.forward_loss``). In inference
     mode, as Keras's ``evaluate``: a training-mode ParallelModel evaluates with
     ``pm.for_inference()`` (dropout off, batch norm's moving statistics; the same
-    weights)."""
+    weights). With compiled metrics, as Keras: ``[loss, metric...]`` in Keras's order, or
+    a dict of every log with ``return_dict=True`` (also without metrics)."""
     ev = pm.for_inference()
-    return _validate(ev, _Data(ev, x, y, batch_size, shuffle=False, seed=0,
-                               what="evaluate data", sample_weight=sample_weight), steps)
+    scores = Scores.of(pm.model)
+    logs = _validate(ev, _Data(ev, x, y, batch_size, shuffle=False, seed=0,
+                               what="evaluate data", sample_weight=sample_weight), steps,
+                     scores)
+    return logs if return_dict else keras_order(logs, scores)
 
 
 def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:
@@ -882,6 +890,10 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                                        epochs=epochs, steps=steps_shown, model=view)
     history = cbs._history
     stream = _Stream(data, state.pass_index, state.pass_position)
+    scores = Scores.of(pm.model)   # the compiled metrics, on the global batch (Keras's)
+    rt.set_step_values(scores is not None)
+    if scores is not None:
+        scores.load(state.metrics)
 
     def checkpoint(position: tuple[int, int] | None = None) -> None:
         state.step = int(rt.iterations.numpy())
@@ -891,6 +903,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         state.history = {k: list(v) for k, v in history.history.items()}
         state.epochs = list(history.epoch)
         state.callbacks, arrays = callback_states(user_callbacks)
+        state.metrics = scores.state() if scores is not None else []
         try:
             save_checkpoint(pm, checkpoint_dir, state, keep, arrays)
         except _PEER_ERRORS as e:   # a worker lost during the save's barrier
@@ -910,6 +923,8 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     for epoch in range(state.epoch, epochs):
         if state.step_in_epoch == 0:
             state.loss_sum, state.loss_count = 0.0, 0
+            if scores is not None:
+                scores.reset()
             state.epoch_learning_rate = float(rt.learning_rate.numpy())
             if steps_per_epoch is None:
                 stream.start_pass(epoch)
@@ -949,7 +964,10 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
             state.step_in_epoch += 1
             view.last_step = {"step": int(rt.iterations.numpy()), "loss": loss,
                               "seconds": seconds, "examples": data.batch}
-            logs = {"loss": state.loss_sum / state.loss_count}
+            if scores is not None and failed is None:
+                scores.update(rt.step_values)
+            logs = {"loss": state.loss_sum / state.loss_count,
+                    **(scores.results() if scores is not None else {})}
             cbs.on_train_batch_end(state.step_in_epoch - 1, dict(logs))
             if failed is not None:
                 if view.stop_training:
@@ -962,9 +980,12 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         if state.loss_count == 0:
             raise ValueError(f"epoch {epoch + 1}: the data yielded no full global batch of "
                              f"{data.batch}")
-        epoch_logs = {"loss": state.loss_sum / state.loss_count}
+        epoch_logs = {"loss": state.loss_sum / state.loss_count,
+                      **(scores.results() if scores is not None else {})}
         if val is not None:
-            epoch_logs["val_loss"] = _validate(pm.for_inference(), val, validation_steps)
+            val_logs = _validate(pm.for_inference(), val, validation_steps,
+                                 Scores.of(pm.model))
+            epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
         state.epoch, state.step_in_epoch = epoch + 1, 0
         state.loss_sum, state.loss_count = 0.0, 0
@@ -1017,14 +1038,20 @@ def _split_validation(validation_data: Any) -> tuple[Any, Any, Any]:
                                                                     (tuple, list)) else ""))
 
 
-def _validate(pm: Any, val: _Data, steps: int | None) -> float:
+def _validate(pm: Any, val: _Data, steps: int | None, scores: Scores | None = None
+              ) -> dict[str, float]:
+    """The logs of a pass over ``val``: the mean loss, and the metrics of ``scores``
+    updated with every global batch (Keras's ``test_step``)."""
     pm.runtime.refresh()   # an inference program's own copies of weights: current values
+    pm.runtime.set_step_values(scores is not None)
     total, count = 0.0, 0
     for xs, yb, wb in val.batches(0, 0):
         total += pm.runtime.forward_loss(xs, yb, worker_share=val.cut, sample_weight=wb)
+        if scores is not None:
+            scores.update(pm.runtime.step_values)
         count += 1
         if steps is not None and count >= steps:
             break
     if not count:
         raise ValueError(f"{val.what}: no full global batch of {val.batch}")
-    return total / count
+    return {"loss": total / count, **(scores.results() if scores is not None else {})}

@@ -179,8 +179,10 @@ class ParallelModel:
         return inference.runtime.predict(self.inputs.flatten(x))
 
     def evaluate(self, x: Any, y: Any = None, *, batch_size: int | None = None,
-                 steps: int | None = None, sample_weight: Any = None) -> float:
-        """The loss, as Keras's ``evaluate``: on one global batch, or the mean over the
+                 steps: int | None = None, sample_weight: Any = None,
+                 return_dict: bool = False) -> Any:
+        """The loss (with compiled metrics: ``[loss, metric...]``, or a dict with
+        ``return_dict=True``), as Keras's ``evaluate``: on one global batch, or the mean over the
         global batches of a ``tf.data.Dataset`` of (x, y[, sample_weight]) or of arrays of
         more examples (at most ``steps``), weighted by ``sample_weight``; forward only,
         nothing updated, in inference mode (``for_inference``: dropout off, batch norm's
@@ -188,7 +190,7 @@ class ParallelModel:
         ``verify`` and ``runtime.evaluate`` check the program's own mode."""
         from tapas.execution import fit as fit_mod
         return fit_mod.evaluate(self, x, y, batch_size=batch_size, steps=steps,
-                                sample_weight=sample_weight)
+                                sample_weight=sample_weight, return_dict=return_dict)
 
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Train as Keras's ``Model.fit`` does, over arrays (any input form of the module

@@ -774,6 +774,50 @@ class Runtime:
                      for p, g in zip(self.trainable_paths, grads)]
         return share, partial, grads, writes, outs
 
+    # whether the training step and forward_loss also return the global outputs, targets
+    # and sample weights (``step_values``: what metrics are computed from); set_step_values
+    keep_step_values = False
+    step_values: tuple | None = None
+
+    def set_step_values(self, on: bool) -> None:
+        """Whether :meth:`train_step` and :meth:`forward_loss` keep the batch's global
+        (outputs, targets, sample weights or None) as NumPy in ``step_values``; traced
+        again when this changes."""
+        if bool(on) != self.keep_step_values:
+            self.keep_step_values = bool(on)
+            self._train_fn = tf.function(self._train_step, autograph=False)
+            self.__dict__.pop("_loss_fn", None)
+
+    def _with_step_values(self, r: _Replica, loss: tf.Tensor, outs: list, target: Any) -> Any:
+        """``loss``, or ``(loss, (global outputs, targets, weights))`` when kept."""
+        if not self.keep_step_values:
+            return loss
+        y, w = target if isinstance(target, tuple) else (target, None)
+
+        def whole(x: tf.Tensor, placement: Any) -> tf.Tensor:
+            if isinstance(placement, Split):
+                x = r.values.gather_value(x, placement.axis)
+            return self._dp_output(r, x)
+        plan = self.loss_plan
+        values = ([whole(o, p) for o, p in zip(outs, self.output_placements)],
+                  whole(y, Replica() if plan.target_axis is None else Split(plan.target_axis)),
+                  () if w is None else whole(w, self.weight_placement))
+        return loss, values
+
+    def _first_values(self, loss: tf.Tensor, values: Any) -> Any:
+        if values is None:
+            return loss
+        first = self.strategy.experimental_local_results
+        return loss, tf.nest.map_structure(lambda v: first(v)[0], values)
+
+    def _keep_values(self, result: Any) -> float:
+        """The loss of a step's result as a float; its values into ``step_values``."""
+        if isinstance(result, tuple):
+            result, (outs, y, w) = result
+            self.step_values = ([o.numpy() for o in outs], y.numpy(),
+                                w.numpy() if isinstance(w, tf.Tensor) else None)
+        return float(result.numpy())
+
     def _dp_grad(self, r: _Replica, path: str, g: Any) -> Any:
         """A gradient summed over the mesh column. A sparse one (an embedding lookup's
         ``IndexedSlices``) also gets the sum of squares Keras's Adam would take
@@ -816,7 +860,7 @@ class Runtime:
 
     def _replica_compute(self, r: _Replica, xs: tuple, y: Any, weights: dict, slots: dict,
                          states: dict) -> tuple:
-        share, partial, grads, writes, _ = self._grads(r, xs, y, weights, states)
+        share, partial, grads, writes, outs = self._grads(r, xs, y, weights, states)
         step = self.iterations + 1
         new: dict[str, dict[str, tf.Tensor]] = {}
         scalars: dict[tf.DType, dict[str, tf.Tensor]] = {}   # per dtype, once per step
@@ -838,7 +882,7 @@ class Runtime:
                 learning_rate=self.learning_rate, scalars=scalars[dtype])
             new[p] = {"value": value, **new_slots}
         loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
-        return loss, new, writes
+        return self._with_step_values(r, loss, outs, y), new, writes
 
     def _replica_assign(self, new: dict, writes: dict, weights: dict, slots: dict,
                         states: dict, deps: list[tf.Tensor]) -> tf.Tensor:
@@ -858,6 +902,7 @@ class Runtime:
         self.graphs["train_step"] = tf.compat.v1.get_default_graph()
         loss, new, writes = self._replicas(
             self._replica_compute, (xs, y, self._dist_vars, self._dist_slots, self.states.dist))
+        loss, values = loss if isinstance(loss, tuple) else (loss, None)
         local_losses = self.strategy.experimental_local_results(loss)
         everything = tf.nest.flatten(self.strategy.experimental_local_results((new, writes)))
         with tf.control_dependencies(everything + list(local_losses)):
@@ -868,7 +913,7 @@ class Runtime:
                                        self.states.dist, checks))
         with tf.control_dependencies(self.strategy.experimental_local_results(done)):
             self.iterations.assign_add(1)
-            return tf.identity(local_losses[0])
+            return self._first_values(tf.identity(local_losses[0]), values)
 
     def _prepare(self, xs: Any, y: Any, worker_share: bool = False,
                  sample_weight: Any = None) -> tuple[Any, Any]:
@@ -982,9 +1027,11 @@ class Runtime:
             outs, _ = self._forward(r, xs, weights, states)   # writes dropped: no side effects
             share, partial = self._local_loss(r, outs[0], y)
             share = self._regularized(r, share, partial, weights)
-            return self._dp_loss(r, r.values.sum_value(share) if partial else share)
+            loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
+            return self._with_step_values(r, loss, outs, y)
         loss = self._replicas(body, (xs, y, self._dist_vars, self.states.dist))
-        return self.strategy.experimental_local_results(loss)[0]
+        loss, values = loss if isinstance(loss, tuple) else (loss, None)
+        return self._first_values(self.strategy.experimental_local_results(loss)[0], values)
 
     def forward_loss(self, xs: Any, y: Any, *, worker_share: bool = False,
                      sample_weight: Any = None) -> float:
@@ -994,8 +1041,8 @@ class Runtime:
         ``worker_share``: as for :meth:`train_step`."""
         if not hasattr(self, "_loss_fn"):
             self._loss_fn = tf.function(self._loss_only, autograph=False)
-        return float(self._call("loss", self._loss_fn,
-                                *self._prepare(xs, y, worker_share, sample_weight)).numpy())
+        return self._keep_values(self._call("loss", self._loss_fn,
+                                            *self._prepare(xs, y, worker_share, sample_weight)))
 
     def train_step(self, xs: Any, y: Any, *, worker_share: bool = False,
                    sample_weight: Any = None) -> float:
@@ -1019,7 +1066,7 @@ class Runtime:
             reason = next((ln for ln in lines if "tapas:" in ln), lines[-1] if lines else "")
             raise StepError(f"training step {int(self.iterations.numpy()) + 1} failed, weights "
                             f"unchanged: {reason}") from None
-        return float(loss.numpy())
+        return self._keep_values(loss)
 
     # -- inference ------------------------------------------------------------------------
 
