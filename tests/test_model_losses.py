@@ -1,0 +1,77 @@
+"""The model's own losses and metrics under ``ParallelModel.fit`` equal Keras's ``fit``.
+
+In a worker process (tests/model_losses_worker.py, 2 logical CPU devices): a
+``keras.Sequential`` classifier and a functional binary model, written and compiled as a
+user writes them (SGD, a loss name, weight regularizers, metrics), trained 3 epochs by
+Keras on one device and by tapas under a searched plan, random plans (one splits the
+L2-regularized kernel, one the output) and the data-parallel plan: the History (loss,
+every metric and every ``val_`` metric, per epoch), the final weights and ``evaluate``
+equal Keras's (rtol 1e-5). A model whose call adds losses (an activity regularizer,
+``self.add_loss``) is refused by name before a step runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from worker_main import run_worker  # tests/worker_main.py
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "model_losses_worker.py")
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    (res,) = run_worker(WORKER, {"devices": 2, "checks": ["classifier", "binary",
+                                                          "refused"]}, 1, 600.0)
+    for name, r in res.items():
+        assert "error" not in r, (name, r.get("traceback"))
+    return res
+
+
+def _plans(r: dict) -> list[str]:
+    return [k for k, v in r.items() if isinstance(v, dict) and "history" in v]
+
+
+def _check_plans(r: dict, metrics: set[str]) -> None:
+    assert set(r["keras_keys"]) == {"loss", "val_loss"} | metrics | {f"val_{m}"
+                                                                     for m in metrics}
+    plans = _plans(r)
+    assert "searched" in plans and "batch" in plans and any(p.startswith("random:")
+                                                            for p in plans)
+    for name in plans:
+        p = r[name]
+        assert p["keys"] == r["keras_keys"], (name, p["keys"])
+        for key, c in p["history"].items():
+            assert c["ok"], (name, key, c)
+        assert p["weights"]["ok"], (name, p["weights"])
+        assert p["evaluate"]["ok"], (name, p["evaluate"])
+    # the L2-regularized kernel split over the devices: its shards' terms summed
+    assert any("sum-of-shards" in r[p]["regularizers"].values() for p in plans)
+    # and the output split across the devices in one plan (the data-parallel one at least)
+    assert any(r[p]["output"].startswith("S") for p in plans)
+
+
+def test_classifier_regularizers_and_accuracy_equal_keras_fit(results: dict) -> None:
+    r = results["classifier"]
+    _check_plans(r, {"sparse_categorical_accuracy", "top2"})
+    # the orthogonal regularizer is not a sum of per-element terms: gathered when split
+    hows = {h for p in _plans(r) for h in r[p]["regularizers"].values()}
+    assert {"replicated", "sum-of-shards", "gathered"} <= hows, hows
+
+
+def test_binary_mae_and_auc_equal_keras_fit(results: dict) -> None:
+    _check_plans(results["binary"], {"mae", "auc"})
+
+
+@pytest.mark.parametrize("kind, layer, what", [
+    ("activity", "sparse_code", "activity_regularizer L1"),
+    ("add_loss", "penalty", "add_loss")])
+def test_losses_of_the_call_are_refused_by_name_before_a_step(results: dict, kind: str,
+                                                              layer: str, what: str) -> None:
+    r = results["refused"][kind]
+    assert r["error"] and f"layer '{layer}'" in r["error"] and what in r["error"], r
+    assert "remove them" in r["error"]
+    assert r["steps"] == 0
