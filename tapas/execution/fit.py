@@ -55,7 +55,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tapas.execution import checkpoints, inputs
+from tapas.execution import checkpoints, compiled_loss, inputs
 from tapas.execution.metrics import Scores, keras_order
 from tapas.execution.runtime import StepError
 from tapas.sharding.placements import Split
@@ -236,8 +236,11 @@ class _Data:
         leaves = inputs._match(x, self.signature.structure, names, "data",
                                self.signature.describe())
         self.xs = [np.asarray(v) for v in leaves]
-        self.y = np.asarray(y)
-        n = len(self.y)
+        names = self.runtime.output_names
+        several = self.runtime.output_losses is not None   # a list of targets per output
+        self.y = compiled_loss.output_targets(y, names) if several else np.asarray(y)
+        first = _first(self.y)
+        n = len(first)
         for name, v in zip(names, self.xs):
             if v.ndim == 0 or len(v) != n:
                 raise ValueError(f"{self.what}: input '{name}' has "
@@ -248,8 +251,10 @@ class _Data:
                              f"{self.batch}; give at least {self.batch}, or parallelize with "
                              "input specs of a smaller batch")
         self.num_batches = n // self.batch
-        self._set_shares(self.y.ndim)
-        if sample_weight is not None:
+        self._set_shares(first.ndim)
+        if sample_weight is not None and several:   # checked per output by the runtime
+            self.w = compiled_loss.output_weights(sample_weight, names)
+        elif sample_weight is not None:
             self.w = np.asarray(sample_weight, dtype=np.float32)
             if self.w.ndim == 0 or self.w.shape != self.y.shape[:self.w.ndim]:
                 raise ValueError(f"{self.what}: sample_weight has shape "
@@ -266,23 +271,22 @@ class _Data:
         if self.dataset is not None:
             yield from self._dataset_batches(skip)
             return
-        n = len(self.y)
+        n = len(_first(self.y))
         order = (np.random.default_rng([self.seed, pass_index]).permutation(n)
                  if self.shuffle else np.arange(n))
         for k in range(skip, self.num_batches):
             idx = order[k * self.batch:(k + 1) * self.batch]
             yield (self.signature.flatten([_take(v, idx, share) for v, share in
                                            zip(self.xs, self.shares)], self.share_shapes()),
-                   _take(self.y, idx, self.y_share((self.batch,) + self.y.shape[1:])),
-                   None if self.w is None else
-                   _take(self.w, idx, self.w_share((self.batch,) + self.w.shape[1:])))
+                   _take_all(self.y, idx, self.y_share),
+                   None if self.w is None else _take_all(self.w, idx, self.w_share))
 
     def _dataset_batches(self, skip: int) -> Iterator[tuple[list, np.ndarray]]:
         ds = self.dataset.skip(skip) if skip else self.dataset
         whole = "global batch" if self.rows == self.batch else "worker's share of a batch"
         for element in ds.as_numpy_iterator():
             x, y, w = element if len(element) == 3 else (*element, None)
-            rows = len(np.asarray(y))
+            rows = len(_first(y))
             if rows < self.rows:
                 if not self.noted:
                     logging.warning("%s: a batch of %d rows, smaller than the %s "
@@ -296,14 +300,15 @@ class _Data:
                                  f"the program was built for a {whole} of {self.rows}: "
                                  f"batch it with .batch({self.rows}), or parallelize again "
                                  f"with input specs of batch {rows}")
+            y = tf.nest.map_structure(np.asarray, y)
             if self.worker_pipelines:   # already this worker's rows
-                yield self.signature.flatten(x, self.share_shapes()), np.asarray(y), w
+                yield self.signature.flatten(x, self.share_shapes()), y, w
             else:
                 xs = self.signature.flatten(x)
-                y = np.asarray(y)
                 yield ([_cut(v, share) for v, share in zip(xs, self.shares)],
-                       _cut(y, self.y_share(y.shape)),
-                       None if w is None else _cut(w, self.w_share(np.shape(w))))
+                       tf.nest.map_structure(lambda v: _cut(v, self.y_share(v.shape)), y),
+                       None if w is None else tf.nest.map_structure(
+                           lambda v: _cut(v, self.w_share(np.shape(v))), w))
 
 
 def _cut(v: Any, share: Any) -> np.ndarray:
@@ -320,6 +325,18 @@ def _take(v: np.ndarray, idx: np.ndarray, share: Any) -> np.ndarray:
     if share is not None and share[0] == 0:
         return v[idx[share[1]:share[2]]]
     return _cut(v[idx], share)
+
+
+def _first(y: Any) -> np.ndarray:
+    """The first array of targets (one array, or one per output)."""
+    return np.asarray(tf.nest.flatten(y)[0])
+
+
+def _take_all(v: Any, idx: np.ndarray, share_of: Any) -> Any:
+    """:func:`_take` of an array or of each array of a list (one per output), each cut to
+    ``share_of(its batch shape)``."""
+    return tf.nest.map_structure(
+        lambda a: _take(a, idx, share_of((len(idx),) + a.shape[1:])), v)
 
 
 def _describe_spec(spec: Any) -> str:

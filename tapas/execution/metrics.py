@@ -4,12 +4,15 @@ In:  a Keras model compiled with ``metrics=`` and/or ``weighted_metrics=`` (stri
      as ``"mae"`` or ``"sparse_categorical_accuracy"``, functions, ``keras.metrics.Metric``
      objects such as ``keras.metrics.AUC()``, in a list or per output), and each step's
      global values: the model's outputs, the targets and the sample weights, gathered to
-     the host (``Runtime.step_values``, kept when ``Runtime.set_step_values(True)``).
+     the host, and with several outputs each one's unweighted loss
+     (``Runtime.step_values``, kept when ``Runtime.set_step_values(True)``).
 Out: :class:`Scores`: Keras's ``CompileMetrics`` built from the model's compile
      configuration with fresh copies of its metric objects (so the Keras model's own
      metrics are never touched), updated with the global ``y``, ``y_pred`` and sample
      weights exactly as Keras's ``train_step``/``test_step`` update them, and its results
-     under the names Keras logs (``mae``, ``auc``, ``<output>_<metric>`` per output);
+     under the names Keras logs (``mae``, ``auc``, ``<output>_<metric>`` per output),
+     with several outputs also each output's loss as Keras's ``CompileLoss`` logs it
+     (``<output>_loss``: the mean over the batches of its unweighted loss);
      :func:`keras_order`: ``evaluate``'s list in Keras's order.
 
 An output the plan splits across devices is gathered whole before the update (the
@@ -25,6 +28,8 @@ from typing import Any
 
 import keras
 import numpy as np
+
+from tapas.execution.compiled_loss import loss_names
 
 __all__ = ["Scores", "keras_order"]
 
@@ -55,23 +60,35 @@ class Scores:
         from keras.src.trainers.compile_utils import CompileMetrics
         metrics, weighted = _compiled(model)
         self.single = len(getattr(model, "outputs", None) or [None]) == 1
-        self.metrics = CompileMetrics(_fresh(metrics), _fresh(weighted),
+        self.active = bool(metrics or weighted)
+        self.metrics = CompileMetrics(_fresh(metrics) or None, _fresh(weighted) or None,
                                       output_names=getattr(model, "output_names", None))
+        # each output's loss (several outputs): Keras's Mean trackers, by log name
+        self.losses = [keras.metrics.Mean(name=n) for n in
+                       loss_names(list(getattr(model, "output_names", None) or []))]
         self._pending: list[np.ndarray] | None = None
 
     @staticmethod
     def of(model: Any) -> Scores | None:
-        """The model's Scores, or None when it was compiled without metrics."""
+        """The model's Scores, or None when it was compiled without metrics and has one
+        output."""
         metrics, weighted = _compiled(model)
-        return Scores(model) if (metrics or weighted) else None
+        several = len(getattr(model, "outputs", None) or [None]) > 1
+        return Scores(model) if (metrics or weighted or several) else None
 
     def _variables(self) -> list[Any]:
-        return [v for m in self.metrics.metrics for v in m.variables]
+        return [v for m in self.metrics.metrics + self.losses for v in m.variables]
 
     def update(self, values: tuple) -> None:
-        """Update with one step's global ``(outputs, targets, sample weights or None)``."""
-        outs, y, w = values
-        y_pred = outs[0] if self.single else list(outs)
+        """Update with one step's global values (``Runtime.step_values``: outputs,
+        targets and sample weights (or None) per output, the outputs' losses)."""
+        outs, ys, ws, output_losses = values
+        for tracker, value in zip(self.losses, output_losses):
+            tracker.update_state(value, sample_weight=int(np.shape(outs[0])[0]))
+        if not self.active:
+            return
+        y_pred, y = (outs[0], ys[0]) if self.single else (list(outs), list(ys))
+        w = None if ws is None else (ws[0] if self.single else list(ws))
         if not self.metrics.built:
             self.metrics.build(y, y_pred)
             if self._pending is not None:
@@ -80,21 +97,27 @@ class Scores:
 
     def results(self) -> dict[str, float]:
         """The metrics' values under Keras's log names ({} before the first update)."""
-        if not self.metrics.built:
-            return {}
-        return {k: float(np.asarray(v)) for k, v in self.metrics.result().items()}
+        out = {}
+        if self.metrics.built:
+            out = {k: float(np.asarray(v)) for k, v in self.metrics.result().items()}
+        for tracker in self.losses:
+            out[tracker.name] = float(np.asarray(tracker.result()))
+        return out
 
     def reset(self) -> None:
         self.metrics.reset_state()
+        for tracker in self.losses:
+            tracker.reset_state()
         self._pending = None
 
     def names(self) -> list[str]:
-        """The metric objects' own names, in Keras's ``metrics_names`` order."""
-        return [m.name for m in self.metrics.metrics]
+        """The metric objects' own names, in Keras's ``metrics_names`` order (the
+        compiled metrics, then each output's loss)."""
+        return [m.name for m in self.metrics.metrics] + [m.name for m in self.losses]
 
     def state(self) -> list[list]:
         """The metrics' variables as nested lists (JSON), [] before the first update."""
-        if not self.metrics.built:
+        if self.active and not self.metrics.built:
             return [] if self._pending is None else [np.asarray(a).tolist()
                                                      for a in self._pending]
         return [np.asarray(v.numpy()).tolist() for v in self._variables()]
@@ -103,7 +126,7 @@ class Scores:
         """Set the variables from :meth:`state` (when built; else at the first update)."""
         if not state:
             return
-        if not self.metrics.built:
+        if self.active and not self.metrics.built:
             self._pending = [np.asarray(a) for a in state]
             return
         variables = self._variables()

@@ -42,7 +42,7 @@ import tensorflow as tf
 from absl import logging
 
 from tapas import capturing
-from tapas.execution import inputs, optimizers, regularizers, runtime, verify
+from tapas.execution import compiled_loss, inputs, optimizers, regularizers, runtime, verify
 from tapas.execution.devices import make_strategy
 from tapas.execution.audit import AuditReport, predicted_comm_list
 from tapas.planning.cost import Cluster
@@ -403,6 +403,9 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     expert_rows = rows if mesh is not None and mesh.experts else 1
     global_signature = inputs.InputSignature.of(model, input_spec)
     signature = global_signature.per_row(rows)
+    # the compiled loss: a Loss per output and Keras's loss weights (or ``loss`` given)
+    per_output, loss_weights, output_names = compiled_loss.output_losses(
+        model, loss, to_object=loss_object)
     if strategy is None:
         training = True if training is None else training
         trace, graph = _capture(model, signature, training, timings)
@@ -418,8 +421,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         given = kwargs.get("options")
         if "loss" not in kwargs and (given is None or given.loss is None):
             # price the loss the program will train with (its collectives on the output)
-            kwargs["loss"] = loss_object(getattr(model, "loss", None) if loss is None
-                                         else loss)
+            # (one output; the losses of several are not priced)
+            kwargs["loss"] = per_output[0] if len(per_output) == 1 else None
         strategy = search_mod.search(graph, cluster=cluster, **kwargs)
         strategy = strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
         timings["search"] = time.perf_counter() - start
@@ -438,7 +441,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
             "norm normalises with its row's statistics (as Keras's unsynchronised batch norm "
             "under tf.distribute); the program is then not the single-device model's, and "
             "verify reports the difference. For exact equivalence run training=False.", mesh)
-    loss = loss_object(getattr(model, "loss", None) if loss is None else loss)
+    loss = per_output[0]
     values = {p: w.numpy() for p, w in capturing.weights_by_path(model).items()
               if p in program.weight_layouts}
     start = time.perf_counter()
@@ -450,6 +453,9 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     rt.regularization = regularizers.plan_regularizers(model, rt.specs,
                                                        capturing.weights_by_path(model))
     rt.call_losses = regularizers.call_losses(model, trace.graph)
+    rt.output_losses = per_output if len(per_output) > 1 else None
+    rt.loss_weights = loss_weights if any(w is not None for w in loss_weights) else None
+    rt.output_names = output_names
     timings["shard"] = time.perf_counter() - start
     return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
                          global_signature)

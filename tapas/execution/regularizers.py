@@ -40,7 +40,7 @@ import tensorflow as tf
 from tapas.sharding.placements import Split
 
 __all__ = ["Term", "plan_regularizers", "replica_value", "call_losses", "refusal",
-           "SUM_OF_ELEMENTS"]
+           "value_scale", "SUM_OF_ELEMENTS"]
 
 # Keras regularizers that are a sum of per-element terms: the shards' values add up
 SUM_OF_ELEMENTS = frozenset({"L1", "L2", "L1L2"})
@@ -103,7 +103,7 @@ def plan_regularizers(model: Any, specs: Mapping[str, Any], weight_paths: Mappin
     return terms
 
 
-def _value_scale(x: tf.Tensor, k: float) -> tf.Tensor:
+def value_scale(x: tf.Tensor, k: float) -> tf.Tensor:
     """``x * k`` forward, the identity backward."""
     @tf.custom_gradient
     def scale(t: tf.Tensor) -> tuple[tf.Tensor, Callable]:
@@ -156,7 +156,7 @@ def replica_value(terms: list[Term], weights: Mapping[str, tf.Tensor], *, partia
             v = v / tf.cast(rows, v.dtype)
         total = v if total is None else total + v
     if partial and num_devices > 1:   # the replicas' shares are summed: each adds 1/N
-        total = _value_scale(total, 1.0 / num_devices)
+        total = value_scale(total, 1.0 / num_devices)
     return total
 
 

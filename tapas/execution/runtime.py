@@ -80,7 +80,8 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
-from tapas.execution import checkpoints, losses, regularizers, replay, stateful
+from tapas.execution import (checkpoints, compiled_loss, losses, regularizers, replay,
+                             stateful)
 from tapas.execution.collectives import (Audit, CommRecord, KeyedCollectives, KeyedGroup,
                                          ReplicaContextCollectives, gather_values, local_slice)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
@@ -125,6 +126,7 @@ class _Replica:
     rid: int | tf.Tensor
     records: bool
     dp: Any = None    # collectives over the replica's mesh column (rows > 1), else None
+    notes: dict = dataclasses.field(default_factory=dict, compare=False)   # step values
 
 
 class _SummedSlices(NamedTuple):
@@ -482,18 +484,27 @@ class Runtime:
         plan = self._loss_plan(np.zeros((0,) * y_ndim))
         return Replica() if plan.target_axis is None else Split(plan.target_axis)
 
-    def _loss_plan(self, y: np.ndarray) -> losses.LossPlan:
-        """How the loss of the one output is computed for targets ``y`` (module losses)."""
-        p = self.output_placements[0]
+    # several outputs (compiled_loss.output_losses, set by parallelize): a loss per output,
+    # Keras's loss weights, the output names; None: ``loss`` for the one output
+    output_losses: list | None = None
+    loss_weights: list | None = None
+    output_names: list | None = None
+
+    def _loss_of(self, k: int) -> Any:
+        return self.loss if self.output_losses is None else self.output_losses[k]
+
+    def _loss_plan(self, y: np.ndarray, k: int = 0) -> losses.LossPlan:
+        """How the loss of output ``k`` is computed for targets ``y`` (module losses)."""
+        p = self.output_placements[k]
         shapes = getattr(self.program, "output_shapes", None)
         if not shapes and isinstance(p, Split):
             raise ValueError(f"the program's output is placed {p} but the program has no "
                              "output_shapes: give it the global output shapes (and "
                              "output_dtypes) so that the runtime can plan the loss")
-        shape = tuple(shapes[0]) if shapes else ()
-        dtype = (getattr(self.program, "output_dtypes", None) or ("float32",))[0]
-        activation = (getattr(self.program, "output_activations", None) or (None,))[0]
-        return losses.plan_loss(self.loss, p, shape, dtype, y.ndim, self.num_devices,
+        shape = tuple(shapes[k]) if shapes else ()
+        dtype = (getattr(self.program, "output_dtypes", None) or ("float32",) * (k + 1))[k]
+        activation = (getattr(self.program, "output_activations", None) or (None,) * (k + 1))[k]
+        return losses.plan_loss(self._loss_of(k), p, shape, dtype, y.ndim, self.num_devices,
                                 activation)
 
     def _loss_all_gather(self, r: _Replica, x: tf.Tensor, axis: int) -> tf.Tensor:
@@ -520,17 +531,20 @@ class Runtime:
 
         return gather(out)
 
-    def _vocab_parallel(self, r: _Replica, logits: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        kw = getattr(self.loss, "_fn_kwargs", None) or {}
+    def _vocab_parallel(self, r: _Replica, logits: tf.Tensor, y: tf.Tensor,
+                        loss: Any) -> tf.Tensor:
+        kw = getattr(loss, "_fn_kwargs", None) or {}
         return losses.vocab_parallel_crossentropy(
-            logits, y, sparse=type(self.loss).__name__ == "SparseCategoricalCrossentropy",
+            logits, y, sparse=type(loss).__name__ == "SparseCategoricalCrossentropy",
             label_smoothing=float(kw.get("label_smoothing") or 0.0),
             num_devices=self.num_devices, replica_id=r.rid,
             all_gather=lambda x: self._loss_all_gather(r, x, len(x.shape) - 1),
             all_reduce=lambda x: self._loss_all_reduce(r, x))
 
-    def _local_loss(self, r: _Replica, out: tf.Tensor, target: Any) -> tuple[tf.Tensor, bool]:
-        """(this replica's share of the global loss, whether shares must be summed).
+    def _local_loss(self, r: _Replica, out: tf.Tensor, target: Any,
+                    k: int = 0) -> tuple[tf.Tensor, bool]:
+        """(this replica's share of the global loss of output ``k``, whether shares must
+        be summed).
 
         ``target``: the local targets, or ``(targets, sample weights)`` (Keras's
         weighting: the per-example values times the weights; the mean over the values, or
@@ -541,9 +555,9 @@ class Runtime:
         convention), which is not this runtime's convention.
         """
         y, weight = target if isinstance(target, tuple) else (target, None)
-        p = self.output_placements[0]
-        plan = self.loss_plan
-        activation = (getattr(self.program, "output_activations", None) or (None,))[0]
+        p = self.output_placements[k]
+        plan, loss_fn = self._plans()[k], self._loss_of(k)
+        activation = (getattr(self.program, "output_activations", None) or (None,) * (k + 1))[k]
         logits = getattr(out, "_keras_logits", None)
         if activation in _ACTIVATIONS and logits is None:
             raise ValueError(
@@ -553,7 +567,7 @@ class Runtime:
                 "the last GraphNode without a collective after the activation, e.g. the "
                 "searched one or 'replicate'")
         if plan.method == "vocab-parallel":
-            per_example = self._vocab_parallel(r, out, y)
+            per_example = self._vocab_parallel(r, out, y, loss_fn)
         else:
             if plan.method == "gather":
                 if logits is None:
@@ -562,27 +576,59 @@ class Runtime:
                     logits = self._gather_for_loss(r, logits, p.axis)
                     out = _ACTIVATIONS[activation](logits)
                     out._keras_logits = logits
-            per_example = self.loss.call(y, out)
+            per_example = loss_fn.call(y, out)
         total = tf.cast(tf.size(per_example), per_example.dtype)
         if plan.partial:
             total = total * self.num_devices
         if weight is not None:   # Keras: the values times the weights, expanded to their rank
             w = tf.cast(weight, per_example.dtype)
-            if self.loss.reduction == "mean_with_sample_weight":   # over the weights' sum
+            if loss_fn.reduction == "mean_with_sample_weight":   # over the weights' sum
                 total = tf.reduce_sum(w)
-                if isinstance(self.weight_placement, Split):   # each weight on one replica
+                if isinstance(self._weight_placements()[k], Split):   # each on one replica
                     total = self._loss_all_reduce(r, total)
             w = tf.reshape(w, w.shape.as_list() + [1] * (per_example.shape.rank - w.shape.rank))
             per_example = per_example * w
         if r.dp is not None:   # a mesh row's share of the global loss (the rows add up to it)
-            if weight is not None and self.loss.reduction == "mean_with_sample_weight":
+            if weight is not None and loss_fn.reduction == "mean_with_sample_weight":
                 total = r.dp.sum_value(total)     # the weights' global sum
             else:
                 total = total * self.rows         # equal rows: the global count
         loss = tf.reduce_sum(per_example)
-        if self.loss.reduction != "sum":
+        if loss_fn.reduction != "sum":
             loss = tf.math.divide_no_nan(loss, tf.cast(total, loss.dtype))
         return loss, plan.partial
+
+    def _plans(self) -> list:
+        return getattr(self, "loss_plans", None) or [self.loss_plan]
+
+    def _weight_placements(self) -> list:
+        return getattr(self, "weight_placements", None) or [self.weight_placement]
+
+    def _outputs_loss(self, r: _Replica, outs: list, y: Any) -> tuple[tf.Tensor, bool]:
+        """(this replica's share of Keras's compiled loss, whether shares are summed): the
+        sum over the outputs of each one's loss times its loss weight. Where one output's
+        shares are summed and another's is the full loss on every replica, the full ones
+        are counted 1/N in value (their gradient kept: regularizers.value_scale). With
+        ``keep_step_values``, each output's unweighted global loss goes to ``r.notes``."""
+        k = len(self.output_losses or [None])
+        weights_of = self.loss_weights or [None] * k
+        if k == 1:
+            share, partial = self._local_loss(r, outs[0], y)
+            return (share if weights_of[0] is None else share * weights_of[0]), partial
+        ws = list(y[k:]) or [None] * k
+        parts = [self._local_loss(r, outs[i], y[i] if ws[i] is None else (y[i], ws[i]), i)
+                 for i in range(k)]
+        summed = any(partial for _, partial in parts)
+        total = None
+        for (share, partial), w in zip(parts, weights_of):
+            if self.keep_step_values:
+                r.notes.setdefault("output_losses", []).append(
+                    self._dp_loss(r, r.values.sum_value(share) if partial else share))
+            if summed and not partial:
+                share = regularizers.value_scale(share, 1.0 / self.num_devices)
+            share = share if w is None else share * w
+            total = share if total is None else total + share
+        return total, summed
 
     def _forward(self, r: _Replica, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Tensor],
                  states: Mapping[str, tf.Tensor]) -> tuple[list, dict]:
@@ -763,7 +809,7 @@ class Runtime:
         with tf.GradientTape() as tape:
             tape.watch(trainable)
             outs, writes = self._forward(r, xs, weights, states)
-            share, partial = self._local_loss(r, outs[0], y)
+            share, partial = self._outputs_loss(r, outs, y)
             share = self._regularized(r, share, partial, weights)
         grads = tape.gradient(share, trainable)
         if r.dp is not None:   # data parallel over the mesh column: the rows' gradients add up
@@ -781,8 +827,9 @@ class Runtime:
 
     def set_step_values(self, on: bool) -> None:
         """Whether :meth:`train_step` and :meth:`forward_loss` keep the batch's global
-        (outputs, targets, sample weights or None) as NumPy in ``step_values``; traced
-        again when this changes."""
+        (outputs, targets and sample weights (None without) per output, the outputs'
+        unweighted losses (several outputs)) as NumPy in ``step_values``; traced again
+        when this changes."""
         if bool(on) != self.keep_step_values:
             self.keep_step_values = bool(on)
             self._train_fn = tf.function(self._train_step, autograph=False)
@@ -792,16 +839,22 @@ class Runtime:
         """``loss``, or ``(loss, (global outputs, targets, weights))`` when kept."""
         if not self.keep_step_values:
             return loss
-        y, w = target if isinstance(target, tuple) else (target, None)
+        k = len(self.output_losses or [None])
+        if k == 1:
+            ys, ws = ([target[0]], [target[1]]) if isinstance(target, tuple) else ([target], [])
+        else:
+            ys, ws = list(target[:k]), list(target[k:])
 
         def whole(x: tf.Tensor, placement: Any) -> tf.Tensor:
             if isinstance(placement, Split):
                 x = r.values.gather_value(x, placement.axis)
             return self._dp_output(r, x)
-        plan = self.loss_plan
+        places = [Replica() if p.target_axis is None else Split(p.target_axis)
+                  for p in self._plans()]
         values = ([whole(o, p) for o, p in zip(outs, self.output_placements)],
-                  whole(y, Replica() if plan.target_axis is None else Split(plan.target_axis)),
-                  () if w is None else whole(w, self.weight_placement))
+                  [whole(v, p) for v, p in zip(ys, places)],
+                  [whole(v, p) for v, p in zip(ws, self._weight_placements())],
+                  r.notes.get("output_losses", []))
         return loss, values
 
     def _first_values(self, loss: tf.Tensor, values: Any) -> Any:
@@ -813,9 +866,10 @@ class Runtime:
     def _keep_values(self, result: Any) -> float:
         """The loss of a step's result as a float; its values into ``step_values``."""
         if isinstance(result, tuple):
-            result, (outs, y, w) = result
-            self.step_values = ([o.numpy() for o in outs], y.numpy(),
-                                w.numpy() if isinstance(w, tf.Tensor) else None)
+            result, (outs, ys, ws, output_losses) = result
+            self.step_values = ([o.numpy() for o in outs], [v.numpy() for v in ys],
+                                [v.numpy() for v in ws] or None,
+                                [float(v.numpy()) for v in output_losses])
         return float(result.numpy())
 
     def _dp_grad(self, r: _Replica, path: str, g: Any) -> Any:
@@ -919,17 +973,20 @@ class Runtime:
                  sample_weight: Any = None) -> tuple[Any, Any]:
         if self.loss is None:
             raise ValueError("this runtime has no loss: pass loss=<keras loss> to train")
-        if getattr(self.loss, "reduction", None) not in _REDUCTIONS or not hasattr(self.loss,
-                                                                                   "call"):
-            raise ValueError(f"loss {self.loss!r}: the runtime needs a keras.losses.Loss with "
-                             f"reduction in {sorted(_REDUCTIONS)} (per-example values from "
-                             "Loss.call, reduced by the runtime)")
-        if len(self.output_placements) != 1:
-            raise ValueError(f"training needs a model with one output, this one has "
-                             f"{len(self.output_placements)}")
+        for loss in self.output_losses or [self.loss]:
+            if getattr(loss, "reduction", None) not in _REDUCTIONS or not hasattr(loss, "call"):
+                raise ValueError(f"loss {loss!r}: the runtime needs a keras.losses.Loss with "
+                                 f"reduction in {sorted(_REDUCTIONS)} (per-example values "
+                                 "from Loss.call, reduced by the runtime)")
+        if len(self.output_placements) != len(self.output_losses or [self.loss]):
+            raise ValueError(f"the model has {len(self.output_placements)} outputs and "
+                             f"{len(self.output_losses or [self.loss])} losses: give one "
+                             "loss per output (a list or a dict keyed by output name)")
         if getattr(self, "call_losses", None):
             raise ValueError(regularizers.refusal(self.call_losses))
         xs = self._check_inputs(xs, worker_share)
+        if self.output_losses is not None and len(self.output_losses) > 1:
+            return self._prepare_outputs(xs, y, worker_share, sample_weight)
         y = np.asarray(y)
         self.loss_plan = self._loss_plan(y)
         tp = Replica() if self.loss_plan.target_axis is None else Split(self.loss_plan.target_axis)
@@ -940,6 +997,29 @@ class Runtime:
         w = self._check_weights(sample_weight, y)
         self.weight_placement = self.sample_weight_placement(y.ndim, w.ndim)
         return dist_x, self._distribute([y, w], [tp, self.weight_placement], worker_share)
+
+    def _prepare_outputs(self, xs: list, y: Any, worker_share: bool,
+                         sample_weight: Any) -> tuple[Any, Any]:
+        """:meth:`_prepare` of several outputs: the targets (and sample weights) of each
+        output placed for its loss; distributed as one tuple (targets, then weights)."""
+        if worker_share and not self._all_local():
+            raise ValueError("a model with several outputs trains with every worker reading "
+                             "whole global batches: pass the global batch (worker_share="
+                             "False), not a worker's share")
+        names = self.output_names or [f"output_{k}" for k in range(len(self.output_losses))]
+        ys = compiled_loss.output_targets(y, names)
+        self.loss_plans = [self._loss_plan(v, k) for k, v in enumerate(ys)]
+        self.loss_plan = self.loss_plans[0]
+        places = [Replica() if p.target_axis is None else Split(p.target_axis)
+                  for p in self.loss_plans]
+        ws = compiled_loss.output_weights(sample_weight, names)
+        if ws is None:
+            return self._distribute(xs, self.input_placements), self._distribute(ys, places)
+        ws = [self._check_weights(w, v) for w, v in zip(ws, ys)]
+        self.weight_placements = [p if isinstance(p, Split) and p.axis < w.ndim else Replica()
+                                  for p, w in zip(places, ws)]
+        return (self._distribute(xs, self.input_placements),
+                self._distribute(ys + ws, places + self.weight_placements))
 
     def sample_weight_placement(self, y_ndim: int, w_ndim: int) -> Any:
         """Sample weights of rank ``w_ndim`` follow the targets' placement
@@ -1025,7 +1105,7 @@ class Runtime:
     def _loss_only(self, xs: Any, y: Any) -> tf.Tensor:
         def body(r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tf.Tensor:
             outs, _ = self._forward(r, xs, weights, states)   # writes dropped: no side effects
-            share, partial = self._local_loss(r, outs[0], y)
+            share, partial = self._outputs_loss(r, outs, y)
             share = self._regularized(r, share, partial, weights)
             loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
             return self._with_step_values(r, loss, outs, y)
