@@ -17,6 +17,12 @@ after training and ``evaluate`` against Keras's.
   ``sparse_categorical_accuracy`` and a ``SparseTopKCategoricalAccuracy(k=2)``;
 * ``binary``: functional, Dense(8, tanh, kernel_regularizer="l2") and Dense(1, sigmoid),
   binary cross-entropy, metrics ``mae`` and ``keras.metrics.AUC()``;
+* ``two_outputs``: functional, a shared Dense(16, relu, L2 kernel) under two heads,
+  ``value`` (Dense(3), mse, metric mae) and ``label`` (Dense(4, softmax), sparse
+  categorical cross-entropy, metric sparse categorical accuracy), loss and
+  ``loss_weights`` as dicts by output name, targets a list in output order with
+  per-example sample weights in fit and evaluate (Keras 3.15 refuses sample weights with
+  a dict of targets: KeyError 0), and a dict of targets in an unweighted evaluate;
 * ``refused``: a layer with an activity regularizer, and a layer that calls
   ``self.add_loss``: fit refuses each, naming the layer, before any step.
 """
@@ -77,11 +83,29 @@ def binary() -> keras.Model:
     return model
 
 
-def data(kind: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def two_outputs() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6,), name="x")
+    h = keras.layers.Dense(16, activation="relu",
+                           kernel_regularizer=keras.regularizers.L2(0.01))(x)
+    value = keras.layers.Dense(3, name="value")(h)
+    label = keras.layers.Dense(4, activation="softmax", name="label")(h)
+    model = keras.Model(x, [value, label])
+    model.compile(optimizer=keras.optimizers.SGD(LR),
+                  loss={"value": "mse", "label": "sparse_categorical_crossentropy"},
+                  loss_weights={"value": 0.5, "label": 2.0},
+                  metrics={"value": ["mae"], "label": ["sparse_categorical_accuracy"]})
+    return model
+
+
+def data(kind: str, n: int, seed: int) -> tuple[np.ndarray, Any]:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, 6)).astype("float32")
+    classes = (np.abs(x[:, :4]).argmax(-1) + rng.integers(0, 2, n)) % 4
     if kind == "classifier":
-        return x, (np.abs(x[:, :4]).argmax(-1) + rng.integers(0, 2, n)) % 4
+        return x, classes
+    if kind == "two_outputs":   # a list of targets in output order
+        return x, [x[:, 3:] + 0.1 * rng.standard_normal((n, 3)).astype("float32"), classes]
     return x, (x[:, :1] + 0.5 * rng.standard_normal((n, 1)) > 0).astype("float32")
 
 
@@ -125,14 +149,18 @@ def random_plans(build: Callable[[], keras.Model], kernel_of: Callable) -> dict[
     return plans
 
 
-def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
-                ) -> dict[str, Any]:
+def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable,
+                weighted: bool = False) -> dict[str, Any]:
+    """``weighted``: per-example sample weights in fit and evaluate (one array weighing
+    every output's loss, as Keras takes it)."""
     x, y = data(kind, 40, 0)
     xv, yv = data(kind, 16, 1)
+    w = np.linspace(0.5, 1.5, 40).astype("float32") if weighted else None
+    wv = np.linspace(1.5, 0.5, 16).astype("float32") if weighted else None
     ref = build()
     ref_hist = ref.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0,
-                       validation_data=(xv, yv))
-    ref_eval = ref.evaluate(xv, yv, batch_size=B, verbose=0)
+                       validation_data=(xv, yv), sample_weight=w)
+    ref_eval = ref.evaluate(xv, yv, batch_size=B, verbose=0, sample_weight=wv)
     out: dict[str, Any] = {"keras_keys": sorted(ref_hist.history)}
     plans: dict[str, Any] = {"searched": None, **random_plans(build, kernel_of)}
     for name, plan in plans.items():
@@ -142,7 +170,7 @@ def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
         pm = parallel.parallelize(model, SPEC, plan, devices=N, optimizer="sgd",
                                   learning_rate=LR)
         hist = pm.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0,
-                      validation_data=(xv, yv))
+                      validation_data=(xv, yv), sample_weight=w)
         r: dict[str, Any] = {"keys": sorted(hist.history),
                              "output": str(pm.program.output_placements[0]),
                              "regularizers": {t.path: t.how
@@ -153,7 +181,11 @@ def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
         r["weights"] = close(np.concatenate([w.numpy().ravel() for w in model.weights]),
                              np.concatenate([w.numpy().ravel() for w in ref.weights]),
                              values=False)
-        r["evaluate"] = close(pm.evaluate(xv, yv), ref_eval)
+        r["evaluate"] = close(pm.evaluate(xv, yv, sample_weight=wv), ref_eval)
+        if isinstance(yv, list):   # targets as a dict by output name (Keras: unweighted)
+            by_name = dict(zip(model.output_names, yv))
+            r["evaluate_dict"] = close(pm.evaluate(xv, by_name),
+                                       ref.evaluate(xv, by_name, batch_size=B, verbose=0))
         out[name] = r
     return out
 
@@ -164,6 +196,11 @@ def check_classifier() -> dict[str, Any]:
 
 def check_binary() -> dict[str, Any]:
     return compare_fit("binary", binary, lambda m: m.layers[1].kernel)
+
+
+def check_two_outputs() -> dict[str, Any]:
+    return compare_fit("two_outputs", two_outputs, lambda m: m.layers[1].kernel,
+                       weighted=True)
 
 
 class AddsLoss(keras.layers.Layer):
@@ -197,5 +234,5 @@ def check_refused() -> dict[str, Any]:
 
 if __name__ == "__main__":
     run_checks({"classifier": check_classifier, "binary": check_binary,
-                "refused": check_refused}, JOB["checks"])
+                "two_outputs": check_two_outputs, "refused": check_refused}, JOB["checks"])
     finish()

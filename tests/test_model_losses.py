@@ -6,7 +6,8 @@ user writes them (SGD, a loss name, weight regularizers, metrics), trained 3 epo
 Keras on one device and by tapas under a searched plan, random plans (one splits the
 L2-regularized kernel, one the output) and the data-parallel plan: the History (loss,
 every metric and every ``val_`` metric, per epoch), the final weights and ``evaluate``
-equal Keras's (rtol 1e-5). A model whose call adds losses (an activity regularizer,
+equal Keras's (rtol 1e-5); likewise a functional model with two outputs, a loss and
+``loss_weights`` per output and sample weights. A model whose call adds losses (an activity regularizer,
 ``self.add_loss``) is refused by name before a step runs.
 """
 
@@ -25,7 +26,8 @@ WORKER = os.path.join(ROOT, "tests", "model_losses_worker.py")
 @pytest.fixture(scope="module")
 def results() -> dict:
     (res,) = run_worker(WORKER, {"devices": 2, "checks": ["classifier", "binary",
-                                                          "refused"]}, 1, 600.0)
+                                                          "two_outputs", "refused"]},
+                        1, 600.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
     return res
@@ -64,6 +66,20 @@ def test_classifier_regularizers_and_accuracy_equal_keras_fit(results: dict) -> 
 
 def test_binary_mae_and_auc_equal_keras_fit(results: dict) -> None:
     _check_plans(results["binary"], {"mae", "auc"})
+
+
+def test_two_outputs_with_loss_weights_and_sample_weights_equal_keras_fit(
+        results: dict) -> None:
+    """Compiled with a loss and loss_weights per output name: the weighted total, each
+    output's own loss (``value_loss``, ``label_loss``) and metrics (``value_mae``,
+    ``label_sparse_categorical_accuracy``), their val_ logs, the weights and evaluate
+    (with sample weights; and with a dict of targets) equal Keras's."""
+    r = results["two_outputs"]
+    _check_plans(r, {"value_loss", "label_loss", "value_mae",
+                     "label_sparse_categorical_accuracy"})
+    for name in _plans(r):
+        assert r[name]["evaluate_dict"]["ok"], (name, r[name]["evaluate_dict"])
+        assert len(r[name]["evaluate"]["ours"]) == 5   # loss, 2 losses, 2 metrics
 
 
 @pytest.mark.parametrize("kind, layer, what", [
