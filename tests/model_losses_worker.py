@@ -175,6 +175,9 @@ def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
                              "output": str(pm.program.output_placements[0]),
                              "regularizers": {t.path: t.how
                                               for t in pm.runtime.regularization}}
+        audit = pm.audit()   # the regularizers' collectives counted with the loss's
+        r["audit"] = {"matches": audit.matches, "loss": [list(c) for c in audit.loss],
+                      "differences": list(audit.differences)}
         r["history"] = {k: close(hist.history.get(k, []), v)
                         for k, v in ref_hist.history.items()}
         pm.to_keras()

@@ -50,6 +50,7 @@ def _check_plans(r: dict, metrics: set[str]) -> None:
             assert c["ok"], (name, key, c)
         assert p["weights"]["ok"], (name, p["weights"])
         assert p["evaluate"]["ok"], (name, p["evaluate"])
+        assert p["audit"]["matches"], (name, p["audit"])
     # the L2-regularized kernel split over the devices: its shards' terms summed
     assert any("sum-of-shards" in r[p]["regularizers"].values() for p in plans)
     # and the output split across the devices in one plan (the data-parallel one at least)
@@ -62,6 +63,10 @@ def test_classifier_regularizers_and_accuracy_equal_keras_fit(results: dict) -> 
     # the orthogonal regularizer is not a sum of per-element terms: gathered when split
     hows = {h for p in _plans(r) for h in r[p]["regularizers"].values()}
     assert {"replicated", "sum-of-shards", "gathered"} <= hows, hows
+    # a split kernel's term: one all-reduce of its value (4 bytes); a gathered one: the
+    # kernel's 16 x 4 float32 values all-gathered (256 bytes)
+    losses = [c for p in _plans(r) for c in r[p]["audit"]["loss"]]
+    assert ["AR", 4] in losses and ["AG", 256] in losses, losses
 
 
 def test_binary_mae_and_auc_equal_keras_fit(results: dict) -> None:

@@ -498,7 +498,8 @@ class TensorBoardScalars(keras.callbacks.Callback):
         if rt is None or "train_step" not in rt.audits:
             return None
         return int(sum(rt.audits["train_step"].bytes().values())) + \
-            sum(b for fn, _, b in rt.loss_comms if fn == "train_step")
+            sum(b for fn, _, b in rt.loss_comms + list(getattr(rt, "regularizer_comms", []))
+                if fn == "train_step")
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._writer is None:

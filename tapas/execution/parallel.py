@@ -232,11 +232,15 @@ class ParallelModel:
         if "train_step" not in self.runtime.audits:
             raise RuntimeError("no training step has been traced yet: run train_step once "
                                "before asking for the audit")
-        loss = tuple((kind, nbytes) for fn, kind, nbytes in self.runtime.loss_comms
+        rt = self.runtime
+        # the loss's collectives: each output's, and the weight regularizers' on the shards
+        loss = tuple((kind, nbytes) for fn, kind, nbytes in
+                     rt.loss_comms + list(getattr(rt, "regularizer_comms", []))
                      if fn == "train_step")
-        return AuditReport.of(self.runtime.audits["train_step"],
-                              predicted_comm_list(self.strategy, self.graph), loss,
-                              self.runtime.loss_plan.collectives)
+        predicted = tuple(c for plan in rt._plans() for c in plan.collectives) + \
+            regularizers.predicted_comms(rt.regularization, rt.specs)
+        return AuditReport.of(rt.audits["train_step"],
+                              predicted_comm_list(self.strategy, self.graph), loss, predicted)
 
     def verify(self, x: Any, y: Any, steps: int = 3,
                on_step: Any = None) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import tensorflow as tf
 from tapas.sharding.placements import Split
 
 __all__ = ["Term", "plan_regularizers", "replica_value", "call_losses", "refusal",
-           "value_scale", "SUM_OF_ELEMENTS"]
+           "value_scale", "predicted_comms", "SUM_OF_ELEMENTS"]
 
 # Keras regularizers that are a sum of per-element terms: the shards' values add up
 SUM_OF_ELEMENTS = frozenset({"L1", "L2", "L1L2"})
@@ -101,6 +101,23 @@ def plan_regularizers(model: Any, specs: Mapping[str, Any], weight_paths: Mappin
                 "keeps this weight whole")
         terms.append(Term(path, reg, how, axis, spec.row_axis))
     return terms
+
+
+def predicted_comms(terms: list[Term], specs: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The collectives :func:`replica_value` adds to a step, (kind, global bytes) each:
+    an all-reduce of a scalar per ``sum-of-shards`` term, an all-gather of the weight per
+    ``gathered`` one (``specs``: the runtime's layouts, ``global_shape`` and ``dtype``)."""
+    out = []
+    for t in terms:
+        size = tf.as_dtype(specs[t.path].dtype).size
+        if t.how == "sum-of-shards":
+            out.append(("AR", size))
+        elif t.how == "gathered":
+            count = 1
+            for d in specs[t.path].row_shape:
+                count *= int(d)
+            out.append(("AG", count * size))
+    return tuple(out)
 
 
 def value_scale(x: tf.Tensor, k: float) -> tf.Tensor:

@@ -834,6 +834,12 @@ class Runtime:
             self.keep_step_values = bool(on)
             self._train_fn = tf.function(self._train_step, autograph=False)
             self.__dict__.pop("_loss_fn", None)
+            for key in ("train_step", "loss"):   # traced anew: their records anew
+                self.audits.pop(key, None)
+                self.dp_audits.pop(key, None)
+            self.loss_comms = [c for c in self.loss_comms if c[0] not in ("train_step", "loss")]
+            self.regularizer_comms = [c for c in getattr(self, "regularizer_comms", [])
+                                      if c[0] not in ("train_step", "loss")]
 
     def _with_step_values(self, r: _Replica, loss: tf.Tensor, outs: list, target: Any) -> Any:
         """``loss``, or ``(loss, (global outputs, targets, weights))`` when kept."""
