@@ -23,6 +23,9 @@ after training and ``evaluate`` against Keras's.
   ``loss_weights`` as dicts by output name, targets a list in output order with
   per-example sample weights in fit and evaluate (Keras 3.15 refuses sample weights with
   a dict of targets: KeyError 0), and a dict of targets in an unweighted evaluate;
+* ``resume``: the classifier's job crashed in the middle of its first epoch and resumed
+  from a checkpoint by a new ParallelModel: its History (loss and metrics of the epoch
+  the crash cut) equals an uninterrupted run's;
 * ``refused``: a layer with an activity regularizer, and a layer that calls
   ``self.add_loss``: fit refuses each, naming the layer, before any step.
 """
@@ -63,10 +66,10 @@ def classifier() -> keras.Model:
         keras.Input((6,)),
         keras.layers.Dense(16, activation="relu",
                            kernel_regularizer=keras.regularizers.L2(0.01),
-                           bias_regularizer=keras.regularizers.L1(0.01)),
-        keras.layers.Dense(4, activation="softmax",
+                           bias_regularizer=keras.regularizers.L1(0.01), name="hidden"),
+        keras.layers.Dense(4, activation="softmax", name="probabilities",
                            kernel_regularizer=keras.regularizers.OrthogonalRegularizer(0.01)),
-    ])
+    ], name="classifier")   # named: a resumed job's new model has the same weight paths
     model.compile(optimizer=keras.optimizers.SGD(LR), loss="sparse_categorical_crossentropy",
                   metrics=["sparse_categorical_accuracy",
                            keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2")])
@@ -206,6 +209,40 @@ def check_two_outputs() -> dict[str, Any]:
                        weighted=True)
 
 
+class Crash(keras.callbacks.Callback):
+    """Stops the job (an exception) before the 4th step of the first epoch."""
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if batch == 3 and not getattr(self.model, "resumed", False):
+            raise RuntimeError("crash")
+
+
+def check_resume() -> dict[str, Any]:
+    """The classifier under a random plan, 2 epochs, checkpoints every 2 steps: a run that
+    crashes before step 4, resumed by a new ParallelModel from step 2 (in the middle of
+    epoch 1: its metrics' state from the checkpoint), against an uninterrupted run."""
+    x, y = data("classifier", 40, 0)
+    graph = capturing.capture(classifier(), SPEC, training=True)
+    plan = parallel.random_plan(graph, N, 0)
+
+    def job(directory: str, callbacks: list) -> Any:
+        pm = parallel.parallelize(classifier(), SPEC, plan, devices=N, optimizer="sgd",
+                                  learning_rate=LR)
+        return pm.fit(x, y, epochs=2, shuffle=False, verbose=0, callbacks=callbacks,
+                      checkpoint_dir=directory, checkpoint_every=2, resume=True)
+    whole = job(os.path.join(JOB["dir"], "whole"), [])
+    crashed = os.path.join(JOB["dir"], "crashed")
+    try:
+        job(crashed, [Crash()])
+        raised = False
+    except RuntimeError:
+        raised = True
+    resumed = job(crashed, [])
+    return {"raised": raised, "keys": sorted(resumed.history),
+            "history": {k: close(resumed.history.get(k, []), v)
+                        for k, v in whole.history.items()}}
+
+
 class AddsLoss(keras.layers.Layer):
     """A layer as Keras's guide writes one: it adds a penalty of its input to the loss."""
 
@@ -237,5 +274,6 @@ def check_refused() -> dict[str, Any]:
 
 if __name__ == "__main__":
     run_checks({"classifier": check_classifier, "binary": check_binary,
-                "two_outputs": check_two_outputs, "refused": check_refused}, JOB["checks"])
+                "two_outputs": check_two_outputs, "refused": check_refused,
+                "resume": check_resume}, JOB["checks"])
     finish()

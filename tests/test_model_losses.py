@@ -8,7 +8,8 @@ L2-regularized kernel, one the output) and the data-parallel plan: the History (
 every metric and every ``val_`` metric, per epoch), the final weights and ``evaluate``
 equal Keras's (rtol 1e-5); likewise a functional model with two outputs, a loss and
 ``loss_weights`` per output and sample weights. A model whose call adds losses (an activity regularizer,
-``self.add_loss``) is refused by name before a step runs.
+``self.add_loss``) is refused by name before a step runs. A job crashed in the middle of
+an epoch and resumed from its checkpoint continues the epoch's metrics.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ WORKER = os.path.join(ROOT, "tests", "model_losses_worker.py")
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    (res,) = run_worker(WORKER, {"devices": 2, "checks": ["classifier", "binary",
-                                                          "two_outputs", "refused"]},
-                        1, 600.0)
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    d = str(tmp_path_factory.mktemp("model_losses"))
+    (res,) = run_worker(WORKER, {"devices": 2, "dir": d,
+                                 "checks": ["classifier", "binary", "two_outputs",
+                                            "refused", "resume"]}, 1, 600.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
     return res
@@ -96,3 +98,14 @@ def test_losses_of_the_call_are_refused_by_name_before_a_step(results: dict, kin
     assert r["error"] and f"layer '{layer}'" in r["error"] and what in r["error"], r
     assert "remove them" in r["error"]
     assert r["steps"] == 0
+
+
+def test_a_resumed_epoch_continues_its_metrics(results: dict) -> None:
+    """Crashed before step 4 of epoch 1 and resumed from the checkpoint of step 2: the
+    epoch's accuracy and top-2 accuracy count its first two steps (the metric state in
+    the checkpoint), so the History equals the uninterrupted run's."""
+    r = results["resume"]
+    assert r["raised"]
+    assert r["keys"] == ["loss", "sparse_categorical_accuracy", "top2"]
+    for key, c in r["history"].items():
+        assert c["ok"], (key, c)
