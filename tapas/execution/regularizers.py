@@ -9,7 +9,9 @@ Out: :func:`plan_regularizers`: one :class:`Term` per trainable weight Keras reg
      exactly (before anything runs); :func:`replica_value`: inside a replica, the term
      this replica adds to its loss share.
      :func:`call_losses`: the losses the model's call adds (activity regularizers,
-     ``self.add_loss``) found in a traced graph, which the runtime refuses by name.
+     ``self.add_loss``) found in a traced graph, which the runtime refuses by name
+     (:func:`refusal`): their ops feed no model output, so the capture's GraphNodes do not
+     hold them and the program never computes them.
 
 How a regularizer is computed (Keras adds ``regularizer(variable)`` to the loss):
 
@@ -199,9 +201,9 @@ def call_losses(model: Any, graph: tf.Graph) -> list[str]:
 def refusal(found: list[str]) -> str:
     """Why a model whose call adds losses (:func:`call_losses`) is refused, and the fix."""
     return ("the model's call adds losses that Keras puts into the training loss "
-            f"(model.losses): {'; '.join(found)}. The runtime cannot compute them on the "
-            "shards yet (a loss of a split activation would have to be summed over its "
-            "split), and leaving them out would train another model: remove them "
+            f"(model.losses): {'; '.join(found)}. The parallel program does not compute "
+            "them: their ops feed no model output, so the captured graph leaves them out, "
+            "and leaving them out of the loss would train another model: remove them "
             "(activity_regularizer=None, no self.add_loss in call) or move them into a "
             "weight regularizer (kernel_regularizer=..., which the runtime computes), or "
             "train this model with Keras")
