@@ -8,7 +8,9 @@ In:  a Keras model (its ``output_names`` and compile configuration) or the ``los
      model); targets ``y`` and ``sample_weight`` in the forms Keras's ``fit`` takes.
 Out: :func:`output_losses`: (a ``keras.losses.Loss`` per output, its weight or None, the
      output names); :func:`output_targets` / :func:`output_weights`: one array per
-     output, in output order.
+     output, in output order; in the runtime, :func:`outputs_loss` (a replica's share of
+     the weighted sum of the outputs' losses) and :func:`prepare_outputs` (each output's
+     loss plan and its targets and weights placed for it).
 
 Keras's total loss is ``sum_k weight_k * loss_k(y_k, y_pred_k, sample_weight_k)``, each
 ``loss_k`` reduced by its own reduction; with several outputs Keras also logs each
@@ -24,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["output_losses", "output_targets", "output_weights", "loss_names"]
+__all__ = ["output_losses", "output_targets", "output_weights", "loss_names", "outputs_loss",
+           "prepare_outputs"]
 
 
 def _per_output(value: Any, names: Sequence[str], what: str, fix: str) -> list[Any]:
@@ -98,3 +101,60 @@ def output_weights(sample_weight: Any, names: Sequence[str]) -> list[np.ndarray]
             sample_weight, names, "sample_weight", "give one array for every output, or "
             "one per output (a list in output order or a dict keyed by output name)")]
     return [np.asarray(sample_weight, dtype=np.float32)] * len(names)
+
+
+# ---- in the runtime (a tapas.execution.runtime.Runtime ``rt``) --------------------------------
+
+def outputs_loss(rt: Any, r: Any, outs: list, y: Any) -> tuple[Any, bool]:
+    """In a replica body (``r``): (this replica's share of Keras's compiled loss, whether
+    the replicas' shares are summed): each output's loss (``rt._local_loss``) times its
+    loss weight, summed. Where one output's shares are summed (split on the batch) and
+    another's is the full loss on every replica, the full ones count 1/N in value with
+    their gradient kept (``regularizers.value_scale``). With ``rt.keep_step_values``,
+    each output's unweighted global loss goes to ``r.notes["output_losses"]``."""
+    from tapas.execution.regularizers import value_scale
+    k = len(rt.output_losses or [None])
+    weights_of = rt.loss_weights or [None] * k
+    if k == 1:
+        share, partial = rt._local_loss(r, outs[0], y)
+        return (share if weights_of[0] is None else share * weights_of[0]), partial
+    ws = list(y[k:]) or [None] * k
+    parts = [rt._local_loss(r, outs[i], y[i] if ws[i] is None else (y[i], ws[i]), i)
+             for i in range(k)]
+    summed = any(partial for _, partial in parts)
+    total = None
+    for (share, partial), w in zip(parts, weights_of):
+        if rt.keep_step_values:
+            r.notes.setdefault("output_losses", []).append(
+                rt._dp_loss(r, r.values.sum_value(share) if partial else share))
+        if summed and not partial:
+            share = value_scale(share, 1.0 / rt.num_devices)
+        share = share if w is None else share * w
+        total = share if total is None else total + share
+    return total, summed
+
+
+def prepare_outputs(rt: Any, xs: list, y: Any, worker_share: bool,
+                    sample_weight: Any) -> tuple[Any, Any]:
+    """``Runtime._prepare`` of a model with several outputs: each output's loss plan
+    (``rt.loss_plans``), its targets (and sample weights) placed for its loss and
+    distributed as one tuple: the targets in output order, then the weights."""
+    from tapas.sharding.placements import Replica, Split
+    if worker_share and not rt._all_local():
+        raise ValueError("a model with several outputs trains with every worker reading "
+                         "whole global batches: pass the global batch (worker_share=False), "
+                         "not a worker's share")
+    names = rt.output_names or [f"output_{k}" for k in range(len(rt.output_losses))]
+    ys = output_targets(y, names)
+    rt.loss_plans = [rt._loss_plan(v, k) for k, v in enumerate(ys)]
+    rt.loss_plan = rt.loss_plans[0]
+    places = [Replica() if p.target_axis is None else Split(p.target_axis)
+              for p in rt.loss_plans]
+    dist_x = rt._distribute(xs, rt.input_placements)
+    ws = output_weights(sample_weight, names)
+    if ws is None:
+        return dist_x, rt._distribute(ys, places)
+    ws = [rt._check_weights(w, v) for w, v in zip(ws, ys)]
+    rt.weight_placements = [p if isinstance(p, Split) and p.axis < w.ndim else Replica()
+                            for p, w in zip(places, ws)]
+    return dist_x, rt._distribute(ys + ws, places + rt.weight_placements)

@@ -5,7 +5,8 @@ In:  a Keras model compiled with ``metrics=`` and/or ``weighted_metrics=`` (stri
      objects such as ``keras.metrics.AUC()``, in a list or per output), and each step's
      global values: the model's outputs, the targets and the sample weights, gathered to
      the host, and with several outputs each one's unweighted loss
-     (``Runtime.step_values``, kept when ``Runtime.set_step_values(True)``).
+     (``Runtime.step_values``, kept when ``Runtime.set_step_values(True)``:
+     ``tapas.execution.step_outputs``).
 Out: :class:`Scores`: Keras's ``CompileMetrics`` built from the model's compile
      configuration with fresh copies of its metric objects (so the Keras model's own
      metrics are never touched), updated with the global ``y``, ``y_pred`` and sample

@@ -278,6 +278,20 @@ def training_loss(model: Any) -> Any:
     return loss_object(getattr(model, "loss", None) or "mean_squared_error")
 
 
+def _model_losses(rt: runtime.Runtime, model: Any, trace: Any, per_output: list,
+                  loss_weights: list, output_names: list) -> None:
+    """Give ``rt`` the model's own losses: the compiled loss of each output and its loss
+    weight (``compiled_loss``), its weight regularizers on the shards (``model.losses``;
+    ``regularizers``), and the losses its call adds, which are refused when a loss is
+    computed (``Runtime._prepare``)."""
+    rt.regularization = regularizers.plan_regularizers(model, rt.specs,
+                                                       capturing.weights_by_path(model))
+    rt.call_losses = regularizers.call_losses(model, trace.graph)
+    rt.output_losses = per_output if len(per_output) > 1 else None
+    rt.loss_weights = loss_weights if any(w is not None for w in loss_weights) else None
+    rt.output_names = output_names
+
+
 def _capture(model: Any, signature: Any, training: bool,
              timings: dict[str, float]) -> tuple[Any, Any]:
     """(trace, IR graph) of ``model`` in the given mode, timed as "capture"."""
@@ -452,14 +466,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
                          optimizer=optimizers.make_optimizer(optimizer, learning_rate), loss=loss,
                          mesh_rows=rows, graph_optimization=graph_optimization)
-    # the model's own losses (model.losses): its weight regularizers on the shards; the
-    # losses its call adds are refused when a loss is computed (Runtime._prepare)
-    rt.regularization = regularizers.plan_regularizers(model, rt.specs,
-                                                       capturing.weights_by_path(model))
-    rt.call_losses = regularizers.call_losses(model, trace.graph)
-    rt.output_losses = per_output if len(per_output) > 1 else None
-    rt.loss_weights = loss_weights if any(w is not None for w in loss_weights) else None
-    rt.output_names = output_names
+    _model_losses(rt, model, trace, per_output, loss_weights, output_names)
     timings["shard"] = time.perf_counter() - start
     return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
                          global_signature)

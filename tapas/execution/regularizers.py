@@ -7,7 +7,7 @@ Out: :func:`plan_regularizers`: one :class:`Term` per trainable weight Keras reg
      regularizer a variable carries: ``variable.regularizer``, what Keras's
      ``Layer.losses`` reads), or a ``ValueError`` naming a loss the runtime cannot compute
      exactly (before anything runs); :func:`replica_value`: inside a replica, the term
-     this replica adds to its loss share.
+     this replica adds to its loss share (:func:`regularized`: added to a runtime's).
      :func:`call_losses`: the losses the model's call adds (activity regularizers,
      ``self.add_loss``) found in a traced graph, which the runtime refuses by name
      (:func:`refusal`): their ops feed no model output, so the capture's GraphNodes do not
@@ -41,8 +41,8 @@ import tensorflow as tf
 
 from tapas.sharding.placements import Split
 
-__all__ = ["Term", "plan_regularizers", "replica_value", "call_losses", "refusal",
-           "value_scale", "predicted_comms", "SUM_OF_ELEMENTS"]
+__all__ = ["Term", "plan_regularizers", "replica_value", "regularized", "call_losses",
+           "refusal", "value_scale", "predicted_comms", "SUM_OF_ELEMENTS"]
 
 # Keras regularizers that are a sum of per-element terms: the shards' values add up
 SUM_OF_ELEMENTS = frozenset({"L1", "L2", "L1L2"})
@@ -207,3 +207,25 @@ def refusal(found: list[str]) -> str:
             "(activity_regularizer=None, no self.add_loss in call) or move them into a "
             "weight regularizer (kernel_regularizer=..., which the runtime computes), or "
             "train this model with Keras")
+
+
+def regularized(rt: Any, r: Any, share: tf.Tensor, partial: bool,
+                weights: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    """In a replica body of ``rt`` (a ``Runtime``; ``r`` its replica): ``share`` plus this
+    replica's part of the model's weight regularization losses (``rt.regularization``,
+    :func:`replica_value`); the collectives it adds go to ``rt.regularizer_comms``
+    (function, kind, global bytes), once per trace."""
+    from tapas.execution.collectives import local_slice
+
+    def record(kind: str, nbytes: int) -> None:
+        if r.records:
+            rt.regularizer_comms.append((rt._tracing, kind, nbytes))
+    if r.records:
+        rt.regularizer_comms = [c for c in getattr(rt, "regularizer_comms", [])
+                                if c[0] != rt._tracing]
+    extra = replica_value(
+        rt.regularization, weights, partial=partial, num_devices=rt.num_devices,
+        rows=rt.rows, sum_value=r.values.sum_value, gather_value=r.values.gather_value,
+        local_slice=lambda x, axis: local_slice(x, axis, rt.num_devices, r.rid),
+        record=record)
+    return share if extra is None else share + tf.cast(extra, share.dtype)

@@ -81,7 +81,7 @@ import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
 from tapas.execution import (checkpoints, compiled_loss, losses, regularizers, replay,
-                             stateful)
+                             stateful, step_outputs)
 from tapas.execution.collectives import (Audit, CommRecord, KeyedCollectives, KeyedGroup,
                                          ReplicaContextCollectives, gather_values, local_slice)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
@@ -604,32 +604,6 @@ class Runtime:
     def _weight_placements(self) -> list:
         return getattr(self, "weight_placements", None) or [self.weight_placement]
 
-    def _outputs_loss(self, r: _Replica, outs: list, y: Any) -> tuple[tf.Tensor, bool]:
-        """(this replica's share of Keras's compiled loss, whether shares are summed): the
-        sum over the outputs of each one's loss times its loss weight. Where one output's
-        shares are summed and another's is the full loss on every replica, the full ones
-        are counted 1/N in value (their gradient kept: regularizers.value_scale). With
-        ``keep_step_values``, each output's unweighted global loss goes to ``r.notes``."""
-        k = len(self.output_losses or [None])
-        weights_of = self.loss_weights or [None] * k
-        if k == 1:
-            share, partial = self._local_loss(r, outs[0], y)
-            return (share if weights_of[0] is None else share * weights_of[0]), partial
-        ws = list(y[k:]) or [None] * k
-        parts = [self._local_loss(r, outs[i], y[i] if ws[i] is None else (y[i], ws[i]), i)
-                 for i in range(k)]
-        summed = any(partial for _, partial in parts)
-        total = None
-        for (share, partial), w in zip(parts, weights_of):
-            if self.keep_step_values:
-                r.notes.setdefault("output_losses", []).append(
-                    self._dp_loss(r, r.values.sum_value(share) if partial else share))
-            if summed and not partial:
-                share = regularizers.value_scale(share, 1.0 / self.num_devices)
-            share = share if w is None else share * w
-            total = share if total is None else total + share
-        return total, summed
-
     def _forward(self, r: _Replica, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Tensor],
                  states: Mapping[str, tf.Tensor]) -> tuple[list, dict]:
         """(local outputs, {path: new local value} the program writes: training mode)."""
@@ -785,23 +759,6 @@ class Runtime:
     # the model's weight regularizers (tapas.execution.regularizers.plan_regularizers)
     regularization: list = []
 
-    def _regularized(self, r: _Replica, share: tf.Tensor, partial: bool,
-                     weights: Mapping[str, tf.Tensor]) -> tf.Tensor:
-        """``share`` plus this replica's part of the model's weight regularization losses,
-        counted once across the replicas (module ``regularizers``)."""
-        def record(kind: str, nbytes: int) -> None:
-            if r.records:
-                self.regularizer_comms.append((self._tracing, kind, nbytes))
-        if r.records:
-            self.regularizer_comms = [c for c in getattr(self, "regularizer_comms", [])
-                                      if c[0] != self._tracing]
-        extra = regularizers.replica_value(
-            self.regularization, weights, partial=partial, num_devices=self.num_devices,
-            rows=self.rows, sum_value=r.values.sum_value, gather_value=r.values.gather_value,
-            local_slice=lambda x, axis: local_slice(x, axis, self.num_devices, r.rid),
-            record=record)
-        return share if extra is None else share + tf.cast(extra, share.dtype)
-
     def _grads(self, r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tuple:
         """(loss share, whether shares are summed, gradients of the trainable weights in
         ``trainable_paths`` order (None where the loss does not depend on one), writes)."""
@@ -809,8 +766,8 @@ class Runtime:
         with tf.GradientTape() as tape:
             tape.watch(trainable)
             outs, writes = self._forward(r, xs, weights, states)
-            share, partial = self._outputs_loss(r, outs, y)
-            share = self._regularized(r, share, partial, weights)
+            share, partial = compiled_loss.outputs_loss(self, r, outs, y)
+            share = regularizers.regularized(self, r, share, partial, weights)
         grads = tape.gradient(share, trainable)
         if r.dp is not None:   # data parallel over the mesh column: the rows' gradients add up
             # (not those of weights cut over the rows: each row holds other experts, whose
@@ -826,57 +783,8 @@ class Runtime:
     step_values: tuple | None = None
 
     def set_step_values(self, on: bool) -> None:
-        """Whether :meth:`train_step` and :meth:`forward_loss` keep the batch's global
-        (outputs, targets and sample weights (None without) per output, the outputs'
-        unweighted losses (several outputs)) as NumPy in ``step_values``; traced again
-        when this changes."""
-        if bool(on) != self.keep_step_values:
-            self.keep_step_values = bool(on)
-            self._train_fn = tf.function(self._train_step, autograph=False)
-            self.__dict__.pop("_loss_fn", None)
-            for key in ("train_step", "loss"):   # traced anew: their records anew
-                self.audits.pop(key, None)
-                self.dp_audits.pop(key, None)
-            self.loss_comms = [c for c in self.loss_comms if c[0] not in ("train_step", "loss")]
-            self.regularizer_comms = [c for c in getattr(self, "regularizer_comms", [])
-                                      if c[0] not in ("train_step", "loss")]
-
-    def _with_step_values(self, r: _Replica, loss: tf.Tensor, outs: list, target: Any) -> Any:
-        """``loss``, or ``(loss, (global outputs, targets, weights))`` when kept."""
-        if not self.keep_step_values:
-            return loss
-        k = len(self.output_losses or [None])
-        if k == 1:
-            ys, ws = ([target[0]], [target[1]]) if isinstance(target, tuple) else ([target], [])
-        else:
-            ys, ws = list(target[:k]), list(target[k:])
-
-        def whole(x: tf.Tensor, placement: Any) -> tf.Tensor:
-            if isinstance(placement, Split):
-                x = r.values.gather_value(x, placement.axis)
-            return self._dp_output(r, x)
-        places = [Replica() if p.target_axis is None else Split(p.target_axis)
-                  for p in self._plans()]
-        values = ([whole(o, p) for o, p in zip(outs, self.output_placements)],
-                  [whole(v, p) for v, p in zip(ys, places)],
-                  [whole(v, p) for v, p in zip(ws, self._weight_placements())],
-                  r.notes.get("output_losses", []))
-        return loss, values
-
-    def _first_values(self, loss: tf.Tensor, values: Any) -> Any:
-        if values is None:
-            return loss
-        first = self.strategy.experimental_local_results
-        return loss, tf.nest.map_structure(lambda v: first(v)[0], values)
-
-    def _keep_values(self, result: Any) -> float:
-        """The loss of a step's result as a float; its values into ``step_values``."""
-        if isinstance(result, tuple):
-            result, (outs, ys, ws, output_losses) = result
-            self.step_values = ([o.numpy() for o in outs], [v.numpy() for v in ys],
-                                [v.numpy() for v in ws] or None,
-                                [float(v.numpy()) for v in output_losses])
-        return float(result.numpy())
+        """Whether steps keep their global values (module ``step_outputs``)."""
+        step_outputs.set_step_values(self, on)
 
     def _dp_grad(self, r: _Replica, path: str, g: Any) -> Any:
         """A gradient summed over the mesh column. A sparse one (an embedding lookup's
@@ -942,7 +850,7 @@ class Runtime:
                 learning_rate=self.learning_rate, scalars=scalars[dtype])
             new[p] = {"value": value, **new_slots}
         loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
-        return self._with_step_values(r, loss, outs, y), new, writes
+        return step_outputs.with_step_values(self, r, loss, outs, y), new, writes
 
     def _replica_assign(self, new: dict, writes: dict, weights: dict, slots: dict,
                         states: dict, deps: list[tf.Tensor]) -> tf.Tensor:
@@ -973,7 +881,7 @@ class Runtime:
                                        self.states.dist, checks))
         with tf.control_dependencies(self.strategy.experimental_local_results(done)):
             self.iterations.assign_add(1)
-            return self._first_values(tf.identity(local_losses[0]), values)
+            return step_outputs.first_values(self, tf.identity(local_losses[0]), values)
 
     def _prepare(self, xs: Any, y: Any, worker_share: bool = False,
                  sample_weight: Any = None) -> tuple[Any, Any]:
@@ -992,7 +900,7 @@ class Runtime:
             raise ValueError(regularizers.refusal(self.call_losses))
         xs = self._check_inputs(xs, worker_share)
         if self.output_losses is not None and len(self.output_losses) > 1:
-            return self._prepare_outputs(xs, y, worker_share, sample_weight)
+            return compiled_loss.prepare_outputs(self, xs, y, worker_share, sample_weight)
         y = np.asarray(y)
         self.loss_plan = self._loss_plan(y)
         tp = Replica() if self.loss_plan.target_axis is None else Split(self.loss_plan.target_axis)
@@ -1003,29 +911,6 @@ class Runtime:
         w = self._check_weights(sample_weight, y)
         self.weight_placement = self.sample_weight_placement(y.ndim, w.ndim)
         return dist_x, self._distribute([y, w], [tp, self.weight_placement], worker_share)
-
-    def _prepare_outputs(self, xs: list, y: Any, worker_share: bool,
-                         sample_weight: Any) -> tuple[Any, Any]:
-        """:meth:`_prepare` of several outputs: the targets (and sample weights) of each
-        output placed for its loss; distributed as one tuple (targets, then weights)."""
-        if worker_share and not self._all_local():
-            raise ValueError("a model with several outputs trains with every worker reading "
-                             "whole global batches: pass the global batch (worker_share="
-                             "False), not a worker's share")
-        names = self.output_names or [f"output_{k}" for k in range(len(self.output_losses))]
-        ys = compiled_loss.output_targets(y, names)
-        self.loss_plans = [self._loss_plan(v, k) for k, v in enumerate(ys)]
-        self.loss_plan = self.loss_plans[0]
-        places = [Replica() if p.target_axis is None else Split(p.target_axis)
-                  for p in self.loss_plans]
-        ws = compiled_loss.output_weights(sample_weight, names)
-        if ws is None:
-            return self._distribute(xs, self.input_placements), self._distribute(ys, places)
-        ws = [self._check_weights(w, v) for w, v in zip(ws, ys)]
-        self.weight_placements = [p if isinstance(p, Split) and p.axis < w.ndim else Replica()
-                                  for p, w in zip(places, ws)]
-        return (self._distribute(xs, self.input_placements),
-                self._distribute(ys + ws, places + self.weight_placements))
 
     def sample_weight_placement(self, y_ndim: int, w_ndim: int) -> Any:
         """Sample weights of rank ``w_ndim`` follow the targets' placement
@@ -1111,13 +996,14 @@ class Runtime:
     def _loss_only(self, xs: Any, y: Any) -> tf.Tensor:
         def body(r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tf.Tensor:
             outs, _ = self._forward(r, xs, weights, states)   # writes dropped: no side effects
-            share, partial = self._outputs_loss(r, outs, y)
-            share = self._regularized(r, share, partial, weights)
+            share, partial = compiled_loss.outputs_loss(self, r, outs, y)
+            share = regularizers.regularized(self, r, share, partial, weights)
             loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
-            return self._with_step_values(r, loss, outs, y)
+            return step_outputs.with_step_values(self, r, loss, outs, y)
         loss = self._replicas(body, (xs, y, self._dist_vars, self.states.dist))
         loss, values = loss if isinstance(loss, tuple) else (loss, None)
-        return self._first_values(self.strategy.experimental_local_results(loss)[0], values)
+        first = self.strategy.experimental_local_results(loss)[0]
+        return step_outputs.first_values(self, first, values)
 
     def forward_loss(self, xs: Any, y: Any, *, worker_share: bool = False,
                      sample_weight: Any = None) -> float:
@@ -1127,8 +1013,8 @@ class Runtime:
         ``worker_share``: as for :meth:`train_step`."""
         if not hasattr(self, "_loss_fn"):
             self._loss_fn = tf.function(self._loss_only, autograph=False)
-        return self._keep_values(self._call("loss", self._loss_fn,
-                                            *self._prepare(xs, y, worker_share, sample_weight)))
+        return step_outputs.keep_values(self, self._call(
+            "loss", self._loss_fn, *self._prepare(xs, y, worker_share, sample_weight)))
 
     def train_step(self, xs: Any, y: Any, *, worker_share: bool = False,
                    sample_weight: Any = None) -> float:
@@ -1152,7 +1038,7 @@ class Runtime:
             reason = next((ln for ln in lines if "tapas:" in ln), lines[-1] if lines else "")
             raise StepError(f"training step {int(self.iterations.numpy()) + 1} failed, weights "
                             f"unchanged: {reason}") from None
-        return self._keep_values(loss)
+        return step_outputs.keep_values(self, loss)
 
     # -- inference ------------------------------------------------------------------------
 
