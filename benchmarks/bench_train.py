@@ -79,8 +79,9 @@ def main(argv: list[str]) -> None:
     if FLAGS.each_side_alone:
         _each_side_alone(sides)
         return
-    from tapas.execution import devices, optimizers
+    from tapas.execution import devices
     devices.setup_devices(FLAGS.devices, "cpu")
+    import keras
     import tensorflow as tf
 
     from tapas import capturing, models
@@ -97,7 +98,7 @@ def main(argv: list[str]) -> None:
         specs = list(entry.input_spec(FLAGS.batch_size))
         initial = [w.numpy() for w in model.weights]
         loss_fn = entry.keras_loss()
-        opt = optimizers.SGD().keras()
+        opt = keras.optimizers.SGD()
         inputs = [tf.constant(x) for x in xs]
 
         @tf.function
@@ -256,13 +257,12 @@ def _mirrored_step(entry: Any, strategy: Any, xs: list, y: Any, n: int) -> Any:
     the model and its SGD built in ``strategy.scope()``, each replica's share of the batch
     (rows ``i*B/N ..``), the loss scaled by 1/N, the gradients all-reduced by the Keras
     optimizer. Returns a function running one step (the global loss, as a float)."""
+    import keras
     import tensorflow as tf
-
-    from tapas.execution import optimizers
     batch = len(y)   # a multiple of n (main checks --batch_size first)
     with strategy.scope():
         model = entry.build(seed=0)
-        opt = optimizers.SGD().keras()
+        opt = keras.optimizers.SGD()
         opt.build(model.trainable_weights)
     loss_fn = entry.keras_loss()
     share = batch // n

@@ -171,6 +171,23 @@ class ModelEntry:
         """The Keras loss object matching :attr:`loss`."""
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
+    def keras_optimizer(self) -> keras.optimizers.Optimizer:
+        """The optimizer its family is usually trained with: SGD with momentum for the
+        convolutional family, AdamW (weight decay off the biases and norm scales) for
+        the transformers."""
+        if self.family == "resnet":
+            return keras.optimizers.SGD(0.01, momentum=0.9)
+        opt = keras.optimizers.AdamW(1e-3, weight_decay=0.01)
+        opt.exclude_from_weight_decay(var_names=["bias", "norm", "gamma", "beta", "scale"])
+        return opt
+
+    def build_compiled(self, fast_init: bool = False, seed: int = 0) -> keras.Model:
+        """:meth:`build`, compiled as a user would train it: :meth:`keras_optimizer` and
+        :meth:`keras_loss`."""
+        model = self.build(fast_init=fast_init, seed=seed)
+        model.compile(optimizer=self.keras_optimizer(), loss=self.keras_loss())
+        return model
+
 
 _REGISTRY: dict[str, ModelEntry] = {}
 

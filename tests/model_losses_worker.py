@@ -112,6 +112,11 @@ def data(kind: str, n: int, seed: int) -> tuple[np.ndarray, Any]:
     return x, (x[:, :1] + 0.5 * rng.standard_normal((n, 1)) > 0).astype("float32")
 
 
+def _rows(y: Any, n: int) -> Any:
+    """The first ``n`` rows of targets (an array or a list of them)."""
+    return [v[:n] for v in y] if isinstance(y, list) else y[:n]
+
+
 def close(a: Any, b: Any, values: bool = True) -> dict[str, Any]:
     """Whether ``a`` (ours) equals ``b`` (Keras's) within rtol 1e-5, atol 1e-6."""
     a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
@@ -168,10 +173,7 @@ def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
     plans: dict[str, Any] = {"searched": None, **random_plans(build, kernel_of)}
     for name, plan in plans.items():
         model = build()
-        # the runtime's optimizer is the tapas SGD until the model's compiled optimizer
-        # replaces it (another change): the compiled SGD's learning rate is passed here
-        pm = parallel.parallelize(model, SPEC, plan, devices=N, optimizer="sgd",
-                                  learning_rate=LR)
+        pm = parallel.parallelize(model, SPEC, plan, devices=N)   # the compiled SGD
         hist = pm.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0,
                       validation_data=(xv, yv), sample_weight=w)
         r: dict[str, Any] = {"keys": sorted(hist.history),
@@ -188,6 +190,11 @@ def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
                              np.concatenate([w.numpy().ravel() for w in ref.weights]),
                              values=False)
         r["evaluate"] = close(pm.evaluate(xv, yv, sample_weight=wv), ref_eval)
+        if name.startswith("random:"):   # verify: Keras's compiled loss and model.losses
+            fresh = parallel.parallelize(build(), SPEC, plan, devices=N)
+            report = fresh.verify(x[:B], _rows(y, B), steps=2)
+            r["verify"] = {"ok": bool(report["ok"]), "loss": report.get("loss"),
+                           "gradients": report.get("gradients")}
         if isinstance(yv, list):   # targets as a dict by output name (Keras: unweighted)
             by_name = dict(zip(model.output_names, yv))
             r["evaluate_dict"] = close(pm.evaluate(xv, by_name),
@@ -226,8 +233,7 @@ def check_resume() -> dict[str, Any]:
     plan = parallel.random_plan(graph, N, 0)
 
     def job(directory: str, callbacks: list) -> Any:
-        pm = parallel.parallelize(classifier(), SPEC, plan, devices=N, optimizer="sgd",
-                                  learning_rate=LR)
+        pm = parallel.parallelize(classifier(), SPEC, plan, devices=N)
         return pm.fit(x, y, epochs=2, shuffle=False, verbose=0, callbacks=callbacks,
                       checkpoint_dir=directory, checkpoint_every=2, resume=True)
     whole = job(os.path.join(JOB["dir"], "whole"), [])
@@ -260,8 +266,7 @@ def check_refused() -> dict[str, Any]:
         model = keras.Sequential([keras.Input((6,)), layer, keras.layers.Dense(3)])
         model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
         pm = parallel.parallelize(model, SPEC, batch_plan(
-            capturing.capture(model, SPEC, training=True)), devices=N, optimizer="sgd",
-            learning_rate=LR)
+            capturing.capture(model, SPEC, training=True)), devices=N)
         x, y = np.ones((16, 6), "float32"), np.ones((16, 3), "float32")
         try:
             pm.fit(x, y, epochs=1, verbose=0)

@@ -3,13 +3,16 @@
 In a worker process (tests/model_losses_worker.py, 2 logical CPU devices): a
 ``keras.Sequential`` classifier and a functional binary model, written and compiled as a
 user writes them (SGD, a loss name, weight regularizers, metrics), trained 3 epochs by
-Keras on one device and by tapas under a searched plan, random plans (one splits the
-L2-regularized kernel, one the output) and the data-parallel plan: the History (loss,
-every metric and every ``val_`` metric, per epoch), the final weights and ``evaluate``
-equal Keras's (rtol 1e-5); likewise a functional model with two outputs, a loss and
-``loss_weights`` per output and sample weights. A model whose call adds losses (an activity regularizer,
-``self.add_loss``) is refused by name before a step runs. A job crashed in the middle of
-an epoch and resumed from its checkpoint continues the epoch's metrics.
+Keras on one device and by tapas (with the compiled optimizer) under a searched plan,
+random plans (one splits the L2-regularized kernel, one the output) and the data-parallel
+plan: the History (loss, every metric and every ``val_`` metric, per epoch), the final
+weights, ``evaluate``, the audit (the regularizers' collectives) and, for the random
+plans, ``verify`` (Keras's compiled loss and ``model.losses`` as the reference) equal
+Keras's (rtol 1e-5); likewise a functional model with two outputs, a loss and
+``loss_weights`` per output and sample weights. A model whose call adds losses (an
+activity regularizer, ``self.add_loss``) is refused by name before a step runs. A job
+crashed in the middle of an epoch and resumed from its checkpoint continues the epoch's
+metrics.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def _check_plans(r: dict, metrics: set[str]) -> None:
         assert p["weights"]["ok"], (name, p["weights"])
         assert p["evaluate"]["ok"], (name, p["evaluate"])
         assert p["audit"]["matches"], (name, p["audit"])
+        if name.startswith("random:"):
+            assert p["verify"]["ok"], (name, p["verify"])
     # the L2-regularized kernel split over the devices: its shards' terms summed
     assert any("sum-of-shards" in r[p]["regularizers"].values() for p in plans)
     # and the output split across the devices in one plan (the data-parallel one at least)

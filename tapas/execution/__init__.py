@@ -15,8 +15,9 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
 * :mod:`tapas.execution.audit`: the collectives a plan predicts against those recorded.
 * :mod:`tapas.execution.verify`: the sharded program against the single-device model.
 * :mod:`tapas.execution.runtime`: shards and the training step under a tf.distribute strategy.
-* :mod:`tapas.execution.devices`, :mod:`tapas.execution.optimizers`,
-  :mod:`tapas.execution.checkpoints`: its devices and strategies, SGD and Adam, checkpoints.
+* :mod:`tapas.execution.devices`, :mod:`tapas.execution.keras_optimizer`,
+  :mod:`tapas.execution.checkpoints`: its devices and strategies, the model's Keras
+  optimizer on the shards, checkpoints.
 * :mod:`tapas.execution.parallel`: ``tapas.parallelize`` and ``ParallelModel``.
 * :mod:`tapas.execution.compiled_loss`, :mod:`tapas.execution.regularizers`,
   :mod:`tapas.execution.metrics`: the model's compiled loss per output with its

@@ -12,7 +12,6 @@ Out: :func:`save` writes one ``tf.train.Checkpoint`` file per process plus
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -38,14 +37,15 @@ def _checkpoint(rt: Any) -> tf.train.Checkpoint:
             objs.update({f"w{index[p]}_{k}": v for k, v in slots.items()})
         objs.update({f"s{k}": rt.states.vars[r][p] for k, p in enumerate(rt.states.paths)})
         replicas[f"r{r}"] = tf.train.Checkpoint(**objs)
-    return tf.train.Checkpoint(iterations=rt.iterations, **replicas)
+    state = {f"opt_{k}": v for k, v in getattr(rt, "opt_state", {}).items()}
+    return tf.train.Checkpoint(iterations=rt.iterations, **state, **replicas)
 
 
 def layout(rt: Any) -> dict[str, Any]:
     """The JSON description of ``rt``'s layout written next to a checkpoint."""
     return {"format": _FORMAT, "num_devices": rt.num_devices,
             "mesh_rows": getattr(rt, "rows", 1),   # 2-D mesh: the devices are a row's
-            "optimizer": dataclasses.asdict(rt.optimizer) | {"name": rt.optimizer.name},
+            "optimizer": rt.optimizer.describe(),
             "weights": [{"path": s.path, "shape": list(s.global_shape),
                          "placement": str(s.placement), "trainable": s.trainable,
                          "dtype": s.dtype, "row_axis": s.row_axis} for s in rt.specs.values()],
@@ -83,11 +83,26 @@ def _read_meta(rt: Any, path: str) -> dict[str, Any]:
             raise ValueError(f"checkpoint {path}: weight '{p}' has shape {old[p]['shape']}, "
                              f"this model's is {list(rt.specs[p].global_shape)}")
     old_opt = meta["optimizer"]["name"]
-    if old_opt != rt.optimizer.name and rt.optimizer.slot_names:
-        raise ValueError(f"checkpoint {path} was written with optimizer '{old_opt}', this "
-                         f"runtime uses '{rt.optimizer.name}', whose slots it lacks; "
-                         f"restore with optimizer='{old_opt}'")
+    if not _same_optimizer(meta, rt) and rt.optimizer.slot_names:
+        raise ValueError(f"checkpoint {path} was written with optimizer '{old_opt}' (slots "
+                         f"{_slots(meta)}), this runtime uses '{rt.optimizer.name}' (slots "
+                         f"{list(rt.optimizer.slot_names)}), whose slots it lacks; restore "
+                         f"with optimizer='{old_opt}' and the same settings")
     return meta
+
+
+def _slots(meta: Mapping[str, Any]) -> list[str]:
+    """The slot names a checkpoint holds (older checkpoints name only SGD or Adam)."""
+    opt = meta["optimizer"]
+    if "slots" in opt:
+        return list(opt["slots"])
+    return ["momentum", "velocity"] if opt["name"] == "adam" else \
+        ["momentum"] if opt.get("momentum") else []
+
+
+def _same_optimizer(meta: Mapping[str, Any], rt: Any) -> bool:
+    return (meta["optimizer"]["name"] == rt.optimizer.name
+            and _slots(meta) == list(rt.optimizer.slot_names))
 
 
 def restore(rt: Any, path: str) -> str:
@@ -98,7 +113,7 @@ def restore(rt: Any, path: str) -> str:
     old = {w["path"]: w for w in meta["weights"]}
     same = (meta["num_devices"] == rt.num_devices
             and meta.get("mesh_rows", 1) == getattr(rt, "rows", 1)
-            and meta["optimizer"]["name"] == rt.optimizer.name
+            and _same_optimizer(meta, rt)
             and all(old[p]["placement"] == str(rt.specs[p].placement)
                     and old[p].get("row_axis") == rt.specs[p].row_axis for p in rt.paths)
             and [w["path"] for w in meta["weights"]] == rt.paths
@@ -149,7 +164,7 @@ def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
                               axis=int(w["row_axis"]))
 
     values, slots = {}, {k: {} for k in rt.optimizer.slot_names}
-    same_opt = meta["optimizer"]["name"] == rt.optimizer.name
+    same_opt = _same_optimizer(meta, rt)
     for k, w in enumerate(meta["weights"]):
         values[w["path"]] = read(k, "", w)
         if w["path"] in rt.trainable_paths and same_opt:
@@ -165,6 +180,10 @@ def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
                              "file is missing")
         values[p] = keys[key].get_tensor(key)
     rt.states.set_values(values)
+    for k, var in getattr(rt, "opt_state", {}).items():
+        key = f"opt_{k}/.ATTRIBUTES/VARIABLE_VALUE"
+        if same_opt and key in keys:
+            var.assign(keys[key].get_tensor(key))
     step_key = "iterations/.ATTRIBUTES/VARIABLE_VALUE"
     rt.iterations.assign(int(keys[step_key].get_tensor(step_key)) if step_key in keys else 0)
 

@@ -77,8 +77,9 @@ REFUSED_CALLBACKS: dict[str, str] = {
                        "to save)",
     "TensorBoard": "fit(..., tensorboard=LOGDIR) or tapas.execution.fit.TensorBoardScalars"
                    "(LOGDIR) (loss, step time, examples/s, learning rate)",
-    "SwapEMAWeights": "the runtime's optimizers keep no moving average of the weights; "
-                      "average checkpoints instead",
+    "SwapEMAWeights": "it swaps a Keras model's variables with the optimizer's; with "
+                      "use_ema the parallel weights become their moving averages at the end "
+                      "of fit, as Keras's fit does",
 }
 
 
@@ -388,10 +389,15 @@ class _OptimizerView:
 
     @property
     def learning_rate(self) -> float:
-        return float(self._rt.learning_rate.numpy())
+        return self._rt.optimizer.current_learning_rate(
+            int(self._rt.iterations.numpy()), float(self._rt.learning_rate.numpy()))
 
     @learning_rate.setter
     def learning_rate(self, value: Any) -> None:
+        if self._rt.optimizer.has_schedule:
+            raise TypeError("the optimizer was created with a LearningRateSchedule as its "
+                            "learning_rate, hence its learning rate is not settable (as "
+                            "Keras): set the rate through the schedule")
         self._rt.learning_rate.assign(float(value))
 
     @property
@@ -1013,6 +1019,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
             checkpoint()
         if view.stop_training:
             break
+    rt.finalize_variable_values()   # EMA: the weights become their averages, as Keras
     cbs.on_train_end(logs=epoch_logs or logs)
     if backup is not None and backup[3] and chief:   # BackupAndRestore(delete_checkpoint)
         shutil.rmtree(checkpoint_dir, ignore_errors=True)

@@ -6,7 +6,7 @@ In:  a Keras model, its input specs (static ``tf.TensorSpec`` s: one, a list, a 
      (an object or a JSON path; searched here when ``None``), the devices (``devices=N`` for
      a ``MirroredStrategy`` over N local devices, or ``distribute_strategy=`` any
      ``tf.distribute`` strategy, e.g. ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``),
-     an optimizer ("sgd", "adam") and a loss.
+     the model's Keras optimizer (or another: an instance, name or config) and a loss.
 Out: :class:`ParallelModel` with ``train_step(x, y)``, ``fit(...)`` (Keras-style, with
      callbacks, checkpoints and resume: ``tapas.execution.fit``), ``predict(x)``,
      ``evaluate(x, y)``,
@@ -27,7 +27,7 @@ command does)::
 
     tapas.execution.devices.setup_devices(4)
     model = build_model()
-    pm = tapas.parallelize(model, spec, devices=4, optimizer="adam", loss=loss)
+    pm = tapas.parallelize(model, spec, devices=4)   # the compiled optimizer and loss
     pm.train_step(x, y)
 """
 
@@ -42,7 +42,9 @@ import tensorflow as tf
 from absl import logging
 
 from tapas import capturing
-from tapas.execution import compiled_loss, inputs, optimizers, regularizers, runtime, verify
+from tapas.execution import inputs, regularizers, runtime, verify
+from tapas.execution.compiled_loss import output_losses
+from tapas.execution.keras_optimizer import check_supported, resolve_optimizer
 from tapas.execution.devices import make_strategy
 from tapas.execution.audit import AuditReport, predicted_comm_list
 from tapas.planning.cost import Cluster
@@ -117,6 +119,7 @@ class ParallelModel:
         self.timings = dict(timings)
         self.training = training
         self._inference: ParallelModel | None = None   # for_inference(), built on demand
+        self.compiled_loss = False   # whether it trains the loss the model is compiled with
 
     @property
     def num_devices(self) -> int:
@@ -353,7 +356,7 @@ def _fitting_mode(model: Any, signature: Any, strategy: Any, n: int, training: b
 def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                 devices: int | None = None,
                 distribute_strategy: tf.distribute.Strategy | None = None,
-                optimizer: str | optimizers.Optimizer = "sgd", learning_rate: float | None = None,
+                optimizer: Any = None, learning_rate: float | None = None,
                 loss: Any = None, training: bool | None = None, cluster: Cluster | None = None,
                 search_options: Mapping[str, Any] | None = None,
                 mesh: Any = None, graph_optimization: str = "lean") -> ParallelModel:
@@ -365,6 +368,10 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``tapas.search``, which prices ``loss``'s collectives unless they say otherwise).
     ``devices``/``distribute_strategy``: see the module docstring.
     ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
+    ``optimizer``: a Keras 3 optimizer, its name or config dict (default: the compiled
+    model's optimizer, else SGD), applied to the shards with Keras's own update
+    (``tapas.execution.keras_optimizer``); ``learning_rate`` replaces its rate. The
+    user's optimizer object is never built or changed.
     ``mesh``: ``"ROWSxCOLS"`` (or a ``tapas.planning.mesh.Mesh``) with rows x cols = N
     runs a 2-D mesh: data parallel over the rows (each row takes its share of axis 0 of the
     batch; gradients all-reduced over the columns) and ``strategy`` (made for ``cols``
@@ -399,6 +406,10 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     from tapas.planning import search as search_mod
     from tapas.execution.replay import check_graph_optimization
     check_graph_optimization(graph_optimization)   # before any work
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None)
+    optimizer = resolve_optimizer(optimizer, learning_rate)
+    check_supported(optimizer)
     timings: dict[str, float] = {}
     if distribute_strategy is None:
         if devices is None:
@@ -422,8 +433,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     global_signature = inputs.InputSignature.of(model, input_spec)
     signature = global_signature.per_row(rows)
     # the compiled loss: a Loss per output and Keras's loss weights (or ``loss`` given)
-    per_output, loss_weights, output_names = compiled_loss.output_losses(
-        model, loss, to_object=loss_object)
+    per_output, loss_weights, output_names = output_losses(model, loss,
+                                                           to_object=loss_object)
     if strategy is None:
         training = True if training is None else training
         trace, graph = _capture(model, signature, training, timings)
@@ -459,14 +470,17 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
             "norm normalises with its row's statistics (as Keras's unsynchronised batch norm "
             "under tf.distribute); the program is then not the single-device model's, and "
             "verify reports the difference. For exact equivalence run training=False.", mesh)
+    compiled_loss = loss is None and getattr(model, "loss", None) is not None
     loss = per_output[0]
-    values = {p: w.numpy() for p, w in capturing.weights_by_path(model).items()
-              if p in program.weight_layouts}
+    variables = capturing.weights_by_path(model)
+    values = {p: w.numpy() for p, w in variables.items() if p in program.weight_layouts}
     start = time.perf_counter()
     rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
-                         optimizer=optimizers.make_optimizer(optimizer, learning_rate), loss=loss,
+                         optimizer=optimizer, loss=loss, keras_variables=variables,
                          mesh_rows=rows, graph_optimization=graph_optimization)
     _model_losses(rt, model, trace, per_output, loss_weights, output_names)
     timings["shard"] = time.perf_counter() - start
-    return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
-                         global_signature)
+    pm = ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
+                       global_signature)
+    pm.compiled_loss = compiled_loss   # trains the model's compiled loss (verify's reference)
+    return pm

@@ -2,7 +2,7 @@
 
 In:  a *per-replica program* (``tapas.execution.reconstruct.Program``, or any object with the same
      protocol, below), a ``tf.distribute`` strategy over N devices
-     (``tapas.execution.devices``), an optimizer (``tapas.execution.optimizers``: SGD, Adam)
+     (``tapas.execution.devices``), a Keras optimizer (``tapas.execution.keras_optimizer``)
      and a Keras loss.
 Out: :class:`Runtime`, which holds every weight as per-device shards and runs training steps,
      ``predict``, checkpoints, and writes the global weights back into the Keras model.
@@ -40,9 +40,9 @@ How it maps onto TensorFlow:
   ops whose keys are fixed at trace time (``collectives.KeyedCollectives``), and every
   replica calls that function on its device. Otherwise it is traced in each replica.
 * Training step, inside ``strategy.run``: forward through the program, the local loss,
-  ``GradientTape`` backward, then this module's own SGD/Adam update on the local shards (Keras
-  optimizers cannot update non-mirrored variables inside ``strategy.run``); the arithmetic
-  is the same as ``keras.optimizers.SGD``/``Adam``, op for op.
+  ``GradientTape`` backward, then the model's Keras optimizer's own ``update_step`` on the
+  local shards, computed as values (``keras_optimizer.ShardedOptimizer``: Keras optimizers
+  cannot assign non-mirrored variables inside ``strategy.run``).
 * Loss semantics (Megatron's, not ``tf.distribute``'s sum of replica losses): the program has
   already inserted every collective, so the tape of replica i yields the local slice of
   dL/dW for the *global* loss L. For a replicated output each replica computes the full
@@ -74,7 +74,7 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -85,7 +85,7 @@ from tapas.execution import (checkpoints, compiled_loss, losses, regularizers, r
 from tapas.execution.collectives import (Audit, CommRecord, KeyedCollectives, KeyedGroup,
                                          ReplicaContextCollectives, gather_values, local_slice)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
-from tapas.execution.optimizers import Optimizer, make_optimizer
+from tapas.execution.keras_optimizer import ShardedOptimizer, WeightInfo
 from tapas.execution.plan import WeightLayout
 from tapas.sharding.placements import Collective, Partial, Replica, Split, parse_placement
 
@@ -129,12 +129,17 @@ class _Replica:
     notes: dict = dataclasses.field(default_factory=dict, compare=False)   # step values
 
 
-class _SummedSlices(NamedTuple):
-    """A sparse gradient summed over a mesh column: the dense sum and the sum of its
-    slices' squares (None when the optimizer has no use for it)."""
-
-    value: tf.Tensor
-    square: tf.Tensor | None
+def _as_loss_dtype(out: tf.Tensor, loss: Any) -> tf.Tensor:
+    """The output in the loss's dtype, as ``keras.losses.Loss.__call__`` converts it (a
+    float16 output of a mixed-precision model is scored in float32)."""
+    dtype = getattr(loss, "dtype", None)
+    if dtype is None or not out.dtype.is_floating or out.dtype == tf.as_dtype(dtype):
+        return out
+    logits = getattr(out, "_keras_logits", None)
+    cast = tf.cast(out, dtype)
+    if logits is not None:
+        cast._keras_logits = tf.cast(logits, dtype)
+    return cast
 
 
 def _read(args: Any) -> Any:
@@ -184,9 +189,10 @@ class Runtime:
 
     def __init__(self, program: Any, strategy: tf.distribute.Strategy,
                  initial_weights: Mapping[str, np.ndarray], input_specs: Sequence[tf.TensorSpec],
-                 *, optimizer: Optimizer | str = "sgd", loss: Any = None,
+                 *, optimizer: Any = "sgd", loss: Any = None,
                  collectives: Callable[[str], Any] | None = None, mesh_rows: int = 1,
-                 graph_optimization: str = "lean") -> None:
+                 graph_optimization: str = "lean", learning_rate: float | None = None,
+                 keras_variables: Mapping[str, Any] | None = None) -> None:
         self.graph_optimization = replay.check_graph_optimization(graph_optimization)
         # Grappler keeps the layout and memory optimizers for accelerators (replay)
         self._accelerators = any("CPU" not in d.upper().rsplit("/", 1)[-1]
@@ -201,7 +207,6 @@ class Runtime:
                              + f" but the strategy has {self.num_replicas} replicas; rebuild "
                              "one of them so that the device counts match")
         claim_collective_keys(strategy)
-        self.optimizer = make_optimizer(optimizer)
         self.loss = loss
         self.audits: dict[str, Any] = {}
         self.dp_audits: dict[str, Any] = {}   # the mesh columns' gradient all-reduces
@@ -238,23 +243,28 @@ class Runtime:
                 spec, local_shape=placement.local_shape(spec.row_shape, self.num_devices))
         self.paths = list(self.specs)
         self.trainable_paths = [p for p in self.paths if self.specs[p].trainable]
+        self.optimizer = self._make_optimizer(optimizer, learning_rate, keras_variables or {})
         self.local_replicas = local_replica_ids(strategy)
         self.task_id = task_id(strategy)
         devices = list(strategy.extended.worker_devices)
         self._device = dict(zip(self.local_replicas, devices))
         self._vars: dict[int, dict[str, tf.Variable]] = {}
         self._slots: dict[int, dict[str, dict[str, tf.Variable]]] = {}
+        slot_values = {p: self.optimizer.initial_slots(p) for p in self.trainable_paths}
         for r in self.local_replicas:
             with tf.device(self._device[r]):
                 self._vars[r] = {p: tf.Variable(self._cut(s, initial_weights[p], r),
                                                 trainable=s.trainable, name=f"w{k}_r{r}")
                                  for k, (p, s) in enumerate(self.specs.items())}
-                self._slots[r] = {p: {name: tf.Variable(tf.zeros_like(self._vars[r][p]),
-                                                        trainable=False, name=f"{name}{k}_r{r}")
-                                      for name in self.optimizer.slot_names}
+                self._slots[r] = {p: {name: tf.Variable(value, trainable=False,
+                                                        name=f"{name}{k}_r{r}")
+                                      for name, value in slot_values[p].items()}
                                   for k, p in enumerate(self.trainable_paths)}
         with tf.device(devices[0]):
             self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+            # the optimizer's own replicated variables (Nadam's u_product), by name
+            self.opt_state = {k: tf.Variable(v, trainable=False, name=f"opt_{k}")
+                              for k, v in self.optimizer.initial_state().items()}
             # read by every update (a variable, so that a learning-rate schedule or callback
             # changes it without tracing again; float32 as Keras's optimizer variable)
             self.learning_rate = tf.Variable(float(self.optimizer.learning_rate),
@@ -576,7 +586,7 @@ class Runtime:
                     logits = self._gather_for_loss(r, logits, p.axis)
                     out = _ACTIVATIONS[activation](logits)
                     out._keras_logits = logits
-            per_example = loss_fn.call(y, out)
+            per_example = loss_fn.call(y, _as_loss_dtype(out, loss_fn))
         total = tf.cast(tf.size(per_example), per_example.dtype)
         if plan.partial:
             total = total * self.num_devices
@@ -768,7 +778,10 @@ class Runtime:
             outs, writes = self._forward(r, xs, weights, states)
             share, partial = compiled_loss.outputs_loss(self, r, outs, y)
             share = regularizers.regularized(self, r, share, partial, weights)
-        grads = tape.gradient(share, trainable)
+            scaled = share
+            if self.optimizer.loss_scale is not None:   # Keras's optimizer.scale_loss
+                scaled = tf.cast(share, tf.float32) * self.opt_state["loss_scale"]
+        grads = tape.gradient(scaled, trainable)
         if r.dp is not None:   # data parallel over the mesh column: the rows' gradients add up
             # (not those of weights cut over the rows: each row holds other experts, whose
             # gradients the all-to-all's backward already brought from every row)
@@ -788,28 +801,25 @@ class Runtime:
 
     def _dp_grad(self, r: _Replica, path: str, g: Any) -> Any:
         """A gradient summed over the mesh column. A sparse one (an embedding lookup's
-        ``IndexedSlices``) also gets the sum of squares Keras's Adam would take
-        (:class:`_SummedSlices`): Keras squares each slice of the *global* gradient before
-        duplicates add up. When every row looked up the same indices (a lookup shared by
-        the batch: T5's relative position bias) the global slices are the rows' slices
-        summed; otherwise (per-example lookups: token embeddings) they are the rows' slices
-        side by side, and the squares add up over the rows. Which one holds is checked on
-        the values (the rows' indices gathered and compared)."""
+        ``IndexedSlices``) stays sparse as one device's would be, for optimizers that
+        square each slice before duplicates add up (Keras's Adam): when every row looked
+        up the same indices (a lookup shared by the batch: T5's relative position bias) the
+        global slices are the rows' slices summed; otherwise (per-example lookups: token
+        embeddings) they are the rows' slices side by side. Which one holds is checked on
+        the values (the rows' indices gathered and compared). An optimizer without slots
+        takes the dense sum."""
         if not isinstance(g, tf.IndexedSlices):
             return self._dp_sum(r, path, g)
-        dense = self._dp_sum(r, path, tf.convert_to_tensor(g))
         if not self.optimizer.slot_names:
-            return _SummedSlices(dense, None)
-
-        def squares(values: tf.Tensor) -> tf.Tensor:
-            return tf.convert_to_tensor(tf.IndexedSlices(tf.square(values), g.indices,
-                                                         g.dense_shape))
+            return self._dp_sum(r, path, tf.convert_to_tensor(g))
         indices = tf.cast(g.indices, tf.int32)
         everyone = r.dp.gather_value(indices[None], 0)                 # [rows, slices]
         shared = tf.reduce_all(tf.equal(everyone, everyone[:1]))
-        side_by_side = self._dp_sum(r, path, squares(g.values))
-        summed = squares(r.dp.sum_value(g.values))
-        return _SummedSlices(dense, tf.where(shared, summed, side_by_side))
+        summed = self._dp_sum(r, path, g.values)
+        side_by_side = r.dp.gather_value(g.values, 0)
+        values, idx = tf.cond(shared, lambda: (summed, indices),
+                              lambda: (side_by_side, tf.reshape(everyone, [-1])))
+        return tf.IndexedSlices(values, idx, g.dense_shape)
 
     def _dp_sum(self, r: _Replica, path: str, g: tf.Tensor) -> tf.Tensor:
         """All-reduce of a gradient over the mesh column, recorded in ``dp_audits``."""
@@ -826,61 +836,88 @@ class Runtime:
         """The global output from a row's (concatenated over the rows on axis 0)."""
         return out if r.dp is None else r.dp.gather_value(out, 0)
 
+    def _make_optimizer(self, optimizer: Any, learning_rate: float | None,
+                        keras_variables: Mapping[str, Any]) -> ShardedOptimizer:
+        """The Keras optimizer on this layout's shards (``tapas.execution.keras_optimizer``)."""
+        if isinstance(optimizer, ShardedOptimizer):
+            return optimizer
+        return ShardedOptimizer(optimizer, [
+            WeightInfo(p, tuple(self.specs[p].local_shape), self.specs[p].dtype,
+                       isinstance(self.specs[p].placement, Split)
+                       or self.specs[p].row_axis is not None, keras_variables.get(p))
+            for p in self.trainable_paths], learning_rate)
+
+    def _sum_squares(self, r: _Replica, sums: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """Sums of squares of local gradients -> of the whole weights' gradients: one
+        all-reduce over the row for the split weights (and one over the column for weights
+        cut over the mesh rows)."""
+        out = {p: tf.cast(v, tf.float32) for p, v in sums.items()}
+        split = [p for p in out if isinstance(self.specs[p].placement, Split)]
+        if split:
+            total = r.values.sum_value(tf.stack([out[p] for p in split]))
+            out.update({p: total[i] for i, p in enumerate(split)})
+        rows = [p for p in out if self.specs[p].row_axis is not None]
+        if rows:
+            total = r.dp.sum_value(tf.stack([out[p] for p in rows]))
+            out.update({p: total[i] for i, p in enumerate(rows)})
+        return out
+
+    def _all_finite(self, r: _Replica, ok: tf.Tensor) -> tf.Tensor:
+        """Whether ``ok`` holds on every replica (a count of the failing ones all-reduced
+        over the row, and over the column on a 2-D mesh)."""
+        bad = 1.0 - tf.cast(ok, tf.float32)
+        bad = r.values.sum_value(bad) if self.num_devices > 1 else bad
+        if r.dp is not None:
+            bad = r.dp.sum_value(bad)
+        return tf.equal(bad, 0.0)
+
     def _replica_compute(self, r: _Replica, xs: tuple, y: Any, weights: dict, slots: dict,
                          states: dict) -> tuple:
         share, partial, grads, writes, outs = self._grads(r, xs, y, weights, states)
-        step = self.iterations + 1
-        new: dict[str, dict[str, tf.Tensor]] = {}
-        scalars: dict[tf.DType, dict[str, tf.Tensor]] = {}   # per dtype, once per step
-        for p, g in zip(self.trainable_paths, grads):
-            if g is None:
-                continue  # the loss does not depend on this weight (as Keras: no update)
-            grad_square = None
-            if isinstance(g, _SummedSlices):
-                g, grad_square = g
-            elif isinstance(g, tf.IndexedSlices):
-                grad_square = tf.convert_to_tensor(tf.IndexedSlices(
-                    tf.square(g.values), g.indices, g.dense_shape))
-                g = tf.convert_to_tensor(g)
-            dtype = weights[p].dtype
-            if dtype not in scalars:
-                scalars[dtype] = self.optimizer.scalars(step, self.learning_rate, dtype)
-            value, new_slots = self.optimizer.update(
-                weights[p], g, dict(slots[p]), step, grad_square,
-                learning_rate=self.learning_rate, scalars=scalars[dtype])
-            new[p] = {"value": value, **new_slots}
+        new_values, new_slots, new_state = self.optimizer.apply(
+            {p: weights[p] for p in self.trainable_paths},
+            dict(zip(self.trainable_paths, grads)), slots,
+            {k: v.read_value() for k, v in self.opt_state.items()},
+            self.iterations.read_value(), self.learning_rate.read_value(),
+            lambda sums: self._sum_squares(r, sums), lambda ok: self._all_finite(r, ok))
+        new: dict[str, dict[str, tf.Tensor]] = {p: {"value": v} for p, v in new_values.items()}
+        for p, upd in new_slots.items():
+            new.setdefault(p, {}).update(upd)
         loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
-        return step_outputs.with_step_values(self, r, loss, outs, y), new, writes
+        return step_outputs.with_step_values(self, r, loss, outs, y), new, writes, new_state
 
     def _replica_assign(self, new: dict, writes: dict, weights: dict, slots: dict,
                         states: dict, deps: list[tf.Tensor]) -> tf.Tensor:
         with tf.control_dependencies(deps):
             ops = stateful.assign_writes(writes, weights, states)
             for p, upd in new.items():   # plain resource writes (see _read)
-                ops.append(tf.raw_ops.AssignVariableOp(resource=weights[p].handle,
-                                                       value=upd["value"]))
-                for k in self.optimizer.slot_names:
-                    ops.append(tf.raw_ops.AssignVariableOp(resource=slots[p][k].handle,
-                                                           value=upd[k]))
+                for k, value in upd.items():
+                    var = weights[p] if k == "value" else slots[p][k]
+                    ops.append(tf.raw_ops.AssignVariableOp(resource=var.handle, value=value))
         with tf.control_dependencies(ops):
             return tf.constant(True)
 
     def _train_step(self, xs: Any, y: Any) -> tf.Tensor:
         # the traced step's graph, for TensorBoard's graph tab (fit's tensorboard=)
         self.graphs["train_step"] = tf.compat.v1.get_default_graph()
-        loss, new, writes = self._replicas(
+        loss, new, writes, state = self._replicas(
             self._replica_compute, (xs, y, self._dist_vars, self._dist_slots, self.states.dist))
         loss, values = loss if isinstance(loss, tuple) else (loss, None)
-        local_losses = self.strategy.experimental_local_results(loss)
-        everything = tf.nest.flatten(self.strategy.experimental_local_results((new, writes)))
+        local = self.strategy.experimental_local_results
+        local_losses = local(loss)
+        everything = tf.nest.flatten(local((new, writes, state)))
         with tf.control_dependencies(everything + list(local_losses)):
             checks = [tf.debugging.check_numerics(l, "tapas: the loss is not finite")
                       for l in local_losses]
         done = self.strategy.run(self._on_device(self._replica_assign),
                                  args=(new, writes, self._dist_vars, self._dist_slots,
                                        self.states.dist, checks))
-        with tf.control_dependencies(self.strategy.experimental_local_results(done)):
-            self.iterations.assign_add(1)
+        with tf.control_dependencies(local(done)):
+            taken = dict(local(state)[0])   # the same on every replica
+            step_taken = taken.pop("step_taken")
+            for k, v in taken.items():
+                self.opt_state[k].assign(v)
+            self.iterations.assign_add(step_taken)
             return step_outputs.first_values(self, tf.identity(local_losses[0]), values)
 
     def _prepare(self, xs: Any, y: Any, worker_share: bool = False,
@@ -951,7 +988,7 @@ class Runtime:
             for p, g in zip(self.trainable_paths, grads):
                 if g is None:
                     continue
-                g = tf.convert_to_tensor(g[0] if isinstance(g, _SummedSlices) else g)
+                g = tf.convert_to_tensor(g)
                 placement = self.specs[p].placement
                 full_grads[p] = (r.values.gather_value(g, placement.axis)
                                  if isinstance(placement, Split) else g)
@@ -1148,6 +1185,15 @@ class Runtime:
                 for p, v in per_path.items():
                     self._slots[r][p][k].assign(
                         self._cut(self.specs[p], v, r))
+
+    def finalize_variable_values(self) -> None:
+        """Keras's ``finalize_variable_values`` at the end of ``fit``: with ``use_ema`` the
+        weights become their moving averages (the "average" slots); else nothing."""
+        if not self.optimizer.use_ema:
+            return
+        for r in self.local_replicas:
+            for p in self.trainable_paths:
+                self._vars[r][p].assign(self._slots[r][p]["average"])
 
     def to_keras(self, model: Any) -> Any:
         """Write the global weights into the single-device Keras ``model`` (matched by

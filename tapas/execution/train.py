@@ -46,7 +46,7 @@ class TrainOptions:
     verify: bool = False
     workers: int = 0                  # >0: that many processes under MultiWorkerMirrored
     devices_per_worker: int = 1       # workers: local devices of each (logical CPUs, GPUs)
-    optimizer: str = "sgd"
+    optimizer: str | None = None   # None: the model's compiled optimizer
     learning_rate: float | None = None
     batch_size: int | None = None
     cluster: str = "v100"             # search: "v100", "cpu" or a cluster file (tapas profile)
@@ -132,7 +132,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     n = distribute.num_replicas_in_sync
     workers = n // len(distribute.extended.worker_devices)
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
-                              "optimizer": opts.optimizer, "batch": int(len(y)),
+                              "optimizer": pm.runtime.optimizer.name, "batch": int(len(y)),
                               "mode": "training" if pm.training else "inference",
                               "graph_optimization": pm.runtime.graph_optimization}
     if opts.compute_scale is not None:
@@ -195,6 +195,24 @@ def _check_model_name(name: str | None) -> None:
                          "model)") from None
 
 
+def optimizer_option(value: str | None) -> Any:
+    """``--optimizer``: None (the model's compiled optimizer), a Keras optimizer name, or
+    the path of a JSON file holding a Keras optimizer config
+    (``keras.optimizers.serialize(opt)``, or ``{"class_name": ..., "config": ...}``)."""
+    if value is None or not value.endswith(".json"):
+        return value
+    try:
+        with open(value) as f:
+            return json.load(f)
+    except OSError as e:
+        raise TrainError(f"--optimizer={value}: cannot read it ({e.strerror}); give a Keras "
+                         "optimizer name (sgd, adam, adamw, ...) or a JSON file of "
+                         "keras.optimizers.serialize(optimizer)") from None
+    except json.JSONDecodeError as e:
+        raise TrainError(f"--optimizer={value}: not valid JSON ({e.msg}, line {e.lineno}); "
+                         "write it with json.dump(keras.optimizers.serialize(opt), f)") from None
+
+
 def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
                  say: Any) -> tuple[Any, str, Any, Any, Any, Any, Any]:
     """The zoo model built and parallelized under ``distribute`` with the strategy of
@@ -225,7 +243,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         name = os.path.basename(name)
     else:
         entry = models.get(name)
-        model = entry.build(seed=0)
+        model = entry.build_compiled(seed=0)   # its optimizer and loss, as a user compiles it
         xs, y = entry.synthetic_batch(opts.batch_size)
         xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
     timings["build"] = time.perf_counter() - start
@@ -282,7 +300,8 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
            else ""))
     try:
         pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
-                                  optimizer=opts.optimizer, learning_rate=opts.learning_rate,
+                                  optimizer=optimizer_option(opts.optimizer),
+                                  learning_rate=opts.learning_rate,
                                   loss=loss, cluster=cluster, training=opts.training,
                                   search_options=search_options, mesh=opts.mesh,
                                   graph_optimization=opts.graph_optimization)
@@ -823,7 +842,7 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
     argv = [sys.executable, "-m", "tapas.cli", "train", f"--model={opts.model or ''}",
             f"--devices={opts.workers * opts.devices_per_worker}",
             f"--devices_per_worker={opts.devices_per_worker}", f"--steps={opts.steps}",
-            f"--optimizer={opts.optimizer}", f"--cluster={opts.cluster}",
+            f"--cluster={opts.cluster}",
             f"--verify={str(opts.verify).lower()}", f"--json_out={report_path}",
             "--workers=0"]
     if opts.training is not None:
@@ -833,6 +852,8 @@ def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
         argv.append(f"--strategy={opts.strategy}")
     if opts.learning_rate is not None:
         argv.append(f"--learning_rate={opts.learning_rate}")
+    if opts.optimizer is not None:
+        argv.append(f"--optimizer={opts.optimizer}")
     if opts.batch_size is not None:
         argv.append(f"--batch_size={opts.batch_size}")
     if opts.memory_budget_gib is not None:

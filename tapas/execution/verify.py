@@ -13,6 +13,7 @@ Out: :class:`Comparison` (the largest difference of every output and gradient, a
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,7 +25,6 @@ from tapas import ir
 from tapas.capturing.tracing import states_by_path, weights_by_path
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
 from tapas.execution.gradients import NO_GRADIENT
-from tapas.execution.optimizers import Adam
 from tapas.sharding.placements import Placement, Split
 
 __all__ = ["Difference", "Comparison", "compare_with_single_device", "compare_nested", "compare",
@@ -458,6 +458,8 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
     report["losses"] = _train_side_by_side(pm, call, xs, y, steps, on_step)
     report["step_losses"] = _worst({f"step {i + 1}": compare(a, b)
                                     for i, (a, b) in enumerate(report["losses"])})
+    report["finite"] = _finite_losses(report["losses"])
+    keys.append("finite")
     report["weights"] = _weights_after(pm, ref_g, report["gradients"]["max_abs_diff"])
     report["states"] = _states_after(pm)
     report["mode"] = "training" if pm.training else "inference"
@@ -543,8 +545,28 @@ def _inference_check(inference: Any, model: Any, structure: Any, xs: list,
     outs = outs if isinstance(outs, list) else [outs]
     ref = model(structure, training=False)
     loss = rt.forward_loss(xs, y)
-    return _worst({"outputs": compare(outs[0], np.asarray(ref)),
-                   "loss": compare(loss, float(rt.loss(y, ref)))})
+    return _worst({"outputs": compare(outs[0], np.asarray(_first(ref))),
+                   "loss": compare(loss, float(reference_loss(rt, model, y, ref)))})
+
+
+def _first(out: Any) -> Any:
+    return out[0] if isinstance(out, (list, tuple)) else out
+
+
+def reference_loss(rt: Any, model: Any, y: Any, out: Any) -> tf.Tensor:
+    """Keras's training loss of the outputs ``out`` as the runtime trains it: each output's
+    loss (``keras.losses.Loss.__call__``) times its loss weight, summed, plus
+    ``model.losses`` (the weight regularizers, read inside the caller's tape), as Keras's
+    ``compute_loss``."""
+    from tapas.execution.compiled_loss import output_targets
+    losses = rt.output_losses or [rt.loss]
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    ys = output_targets(y, rt.output_names or ["output"] * len(losses)) \
+        if len(losses) > 1 else [y]
+    terms = [fn(t, o) * (1.0 if w is None else w) for fn, t, o, w in
+             zip(losses, ys, outs, rt.loss_weights or [None] * len(losses))]
+    terms += [tf.reduce_sum(v) for v in model.losses]
+    return tf.add_n(terms) if len(terms) > 1 else terms[0]
 
 
 def _first_batch(rt: Any, model: Any, call: Any, xs: list,
@@ -557,9 +579,9 @@ def _first_batch(rt: Any, model: Any, call: Any, xs: list,
                  if id(w) in trainable_ids and p in grads}
     with tf.GradientTape() as tape:   # one forward pass, as rt.evaluate (training mode)
         ref_out = call()
-        ref_loss = rt.loss(y, ref_out)
+        ref_loss = reference_loss(rt, model, y, ref_out)
     ref_grads = tape.gradient(ref_loss, list(trainable.values()))
-    report["outputs"] = compare(outs[0], np.asarray(ref_out))   # scale: the largest output
+    report["outputs"] = compare(outs[0], np.asarray(_first(ref_out)))   # scale: the largest
     report["loss"] = compare(loss, float(ref_loss))
     # (None: Keras's tape found no path to the loss, e.g. a weight used in the branch of a
     # tf.cond not taken, Hugging Face LED's global attention: a zero gradient)
@@ -573,23 +595,75 @@ def _first_batch(rt: Any, model: Any, call: Any, xs: list,
 
 def _train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
                         on_step: Any) -> list[tuple[float, float]]:
-    """``steps`` training steps of ``pm`` and of its Keras model; their losses."""
-    model, loss_fn = pm.model, pm.runtime.loss
+    """``steps`` training steps of ``pm`` and of its Keras model; their losses (a
+    non-finite one on either side ends the steps: :func:`_finite_losses` reports it).
+
+    The reference is Keras's own step: ``model.train_on_batch`` (its compiled loss and
+    ``model.losses``, a fresh optimizer of the compiled one's class and config, so the
+    user's optimizer is neither built nor stepped) when the model is compiled with the loss
+    ``pm`` trains and runs in training mode; otherwise a ``GradientTape`` step of the loss
+    ``pm`` trains with that Keras optimizer's ``apply_gradients``."""
+    from tapas.execution.runtime import StepError
+    model = pm.model
     optimizer = pm.runtime.optimizer.keras()
+    keras_step = _keras_train_on_batch(pm, optimizer, xs, y)
     losses = []
     for step in range(steps):
         start = time.perf_counter()
-        got = pm.train_step(xs, y)
+        try:
+            got = pm.train_step(xs, y)
+        except StepError as e:
+            if "not finite" not in str(e):
+                raise
+            got = math.nan
         seconds = time.perf_counter() - start
-        with tf.GradientTape() as tape:
-            ref = loss_fn(y, call())
-        g = tape.gradient(ref, model.trainable_weights)
-        optimizer.apply_gradients([(gi, w) for gi, w in zip(g, model.trainable_weights)
-                                   if gi is not None])
-        losses.append((got, float(ref)))
+        if keras_step is not None:
+            ref = keras_step()
+        else:
+            with tf.GradientTape() as tape:
+                ref_loss = reference_loss(pm.runtime, model, y, call())
+            g = tape.gradient(ref_loss, model.trainable_weights)
+            optimizer.apply_gradients([(gi, w) for gi, w in zip(g, model.trainable_weights)
+                                       if gi is not None])
+            ref = float(ref_loss)
+        losses.append((got, ref))
         if on_step is not None:
-            on_step(step, got, float(ref), seconds)
+            on_step(step, got, ref, seconds)
+        if not (math.isfinite(got) and math.isfinite(ref)):
+            break
     return losses
+
+
+def _keras_train_on_batch(pm: Any, optimizer: Any, xs: list, y: Any) -> Any:
+    """A function running one ``model.train_on_batch`` with ``optimizer`` in place of the
+    compiled one (put back after each call) and returning its loss; None when Keras's
+    step is not the one ``pm`` trains (an uncompiled model, another loss, or the
+    inference graph: train_on_batch always runs in training mode)."""
+    model = pm.model
+    if not (getattr(model, "compiled", False) and pm.training
+            and getattr(pm, "compiled_loss", False)):
+        return None
+    structure = pm.inputs.pack(xs)
+
+    def step() -> float:
+        saved, saved_fn = model.optimizer, model.train_function
+        model.optimizer, model.train_function = optimizer, None
+        try:
+            logs = model.train_on_batch(structure, y, return_dict=True)
+        finally:
+            model.optimizer, model.train_function = saved, saved_fn
+        return float(logs["loss"])
+    return step
+
+
+def _finite_losses(losses: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    """Fails, naming the step, when either side's loss is not finite."""
+    for i, (got, want) in enumerate(losses):
+        if not (math.isfinite(got) and math.isfinite(want)):
+            return {"ok": False, "max_abs_diff": float("inf"),
+                    "message": f"step {i + 1}: the loss is not finite (parallel {got}, "
+                               f"Keras {want})"}
+    return {"ok": True, "max_abs_diff": 0.0}
 
 
 def _states_after(pm: Any) -> dict[str, Any]:
@@ -610,7 +684,7 @@ def _weights_after(pm: Any, ref_g: Mapping[str, np.ndarray], noise: float) -> di
     by_path = weights_by_path(pm.model)
     refs = {p: by_path[p].numpy() for p in weights}
     scale = max((float(np.abs(v).max()) for v in refs.values() if v.size), default=0.0)
-    adam = isinstance(pm.runtime.optimizer, Adam)
+    adam = pm.runtime.optimizer.name != "sgd"   # adaptive: divides by a moment
     return _worst({p: _adam_compare(v, refs[p], ref_g.get(p), noise, scale) if adam
                    else compare(v, refs[p], scale=scale) for p, v in weights.items()})
 

@@ -1,0 +1,166 @@
+"""Subprocess entry of tests/test_keras_optimizer.py: ``tapas.parallelize(model).fit`` on N
+logical CPU devices, with the optimizer the model is compiled with, against Keras's own
+``model.fit`` of the same model on one device.
+
+    python tests/optimizer_worker.py '{"devices": 2, "cases": ["adam", ...]}'
+
+Each case prints one line ``RESULT <json>`` (``tests/worker_main.py``): the History's losses
+and the final weights of both sides, whether the plan splits a weight, and which one. The
+models are written as a user writes them: a one-input MLP and a two-input (dict) model, MSE,
+compiled with the case's optimizer; 32 examples, global batch 8, 3 epochs, no shuffling.
+Odd cases use a random plan, even ones the searched plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tapas.execution import devices  # noqa: E402
+from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
+
+JOB = json.loads(sys.argv[1])
+devices.setup_devices(JOB["devices"], "cpu")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tapas import capturing  # noqa: E402
+from tapas.execution import parallel  # noqa: E402
+from tapas.sharding.placements import Split, parse_placement  # noqa: E402
+
+N = JOB["devices"]
+B, EXAMPLES, EPOCHS = 8, 32, 3
+O = keras.optimizers
+
+
+def _adamw() -> Any:
+    opt = O.AdamW(O.schedules.CosineDecay(1e-3, 12, warmup_target=3e-2, warmup_steps=2),
+                  weight_decay=0.1)
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    return opt
+
+
+OPTIMIZERS = {
+    "sgd_nesterov": lambda: O.SGD(0.05, momentum=0.9, nesterov=True),
+    "adam": lambda: O.Adam(1e-2),
+    "adamw_cosine_warmup": _adamw,
+    "rmsprop": lambda: O.RMSprop(1e-2, momentum=0.5),
+    "lion": lambda: O.Lion(1e-3),
+    "clipnorm": lambda: O.SGD(0.1, clipnorm=0.05),
+    "global_clipnorm": lambda: O.Adam(1e-2, global_clipnorm=0.1),
+    "ema": lambda: O.Adam(1e-2, use_ema=True, ema_momentum=0.5),
+    "accumulation": lambda: O.SGD(0.05, momentum=0.9, gradient_accumulation_steps=2),
+    # mixed precision: compile wraps the optimizer in a LossScaleOptimizer under
+    # mixed_float16; the overflow case starts at a scale whose gradients overflow float16,
+    # so the first steps are skipped (and the scale halved) on every device
+    "mixed_float16": lambda: O.Adam(1e-2),
+    "mixed_float16_overflow": lambda: O.LossScaleOptimizer(O.Adam(1e-2),
+                                                           initial_scale=2.0 ** 22),
+    "mixed_bfloat16": lambda: O.Adam(1e-2),
+}
+#: (rtol, atol) of the History and the weights: float32 rounding, or the dtype's
+TOLERANCE = {"mixed_float16": (1e-2, 2e-3), "mixed_float16_overflow": (1e-2, 2e-3),
+             "mixed_bfloat16": (5e-2, 2e-2)}
+
+
+def one_input() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6,), name="x")
+    h = keras.layers.Dense(16, activation="relu", name="hidden")(x)
+    return keras.Model(x, keras.layers.Dense(4, name="out")(h), name="mlp")
+
+
+def dict_inputs() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((6,), name="a"), keras.Input((4,), name="b")
+    h = keras.layers.Dense(16, activation="relu", name="hidden")(
+        keras.layers.Concatenate(name="concat")([a, b]))
+    return keras.Model({"a": a, "b": b}, keras.layers.Dense(4, name="out")(h),
+                       name="two_inputs")
+
+
+def data(dict_model: bool) -> tuple[Any, np.ndarray]:
+    rng = np.random.default_rng(1)
+    y = rng.standard_normal((EXAMPLES, 4)).astype("float32")
+    if dict_model:
+        return {"a": rng.standard_normal((EXAMPLES, 6)).astype("float32"),
+                "b": rng.standard_normal((EXAMPLES, 4)).astype("float32")}, y
+    return rng.standard_normal((EXAMPLES, 6)).astype("float32"), y
+
+
+def compiled(build: Any, case: str) -> keras.Model:
+    policy = next((p for p in ("mixed_float16", "mixed_bfloat16") if case.startswith(p)),
+                  "float32")
+    keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        model = build()
+        model.compile(optimizer=OPTIMIZERS[case](), loss="mse")
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    return model
+
+
+def weight_splitting(node: Any, graph: Any, n: int) -> list[Any]:
+    """The patterns of ``node`` that split one of its weights, when it has any (a random
+    plan over these exercises the shards: clipping norms, slots, decay)."""
+    from tapas.sharding import patterns
+    every = patterns.patterns_for(node, graph, n)
+    splitting = [p for p in every
+                 if any(isinstance(parse_placement(v), Split) for v in p.weights.values())]
+    return splitting or every
+
+
+def run_case(index: int, case: str) -> dict[str, Any]:
+    dict_model = index % 2 == 1
+    build = dict_inputs if dict_model else one_input
+    x, y = data(dict_model)
+    ref = compiled(build, case)
+    want = ref.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0).history
+    model = compiled(build, case)
+    spec = ({"a": tf.TensorSpec([B, 6]), "b": tf.TensorSpec([B, 4])} if dict_model
+            else tf.TensorSpec([B, 6]))
+    plan = None
+    if index % 2 == 1:
+        graph = capturing.capture(compiled(build, case), spec, training=True)
+        plan = parallel.random_plan(graph, N, seed=index, patterns_fn=weight_splitting)
+    pm = parallel.parallelize(model, spec, plan, devices=N)
+    got = pm.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0).history
+    ours = pm.global_weights()
+    theirs = capturing.weights_by_path(ref)
+    split = sorted(p for p, layout in pm.program.weight_layouts.items()
+                   if isinstance(parse_placement(layout.placement), Split))
+    rtol, atol = TOLERANCE.get(case, (1e-5, 1e-6))
+    scaled = {}
+    if "loss_scale" in pm.runtime.opt_state:
+        scaled = {"loss_scale": [float(pm.runtime.opt_state["loss_scale"].numpy()),
+                                 float(ref.optimizer.dynamic_scale.numpy())],
+                  "iterations": [int(pm.runtime.iterations.numpy()),
+                                 int(ref.optimizer.iterations.numpy())]}
+    return {"model": "dict" if dict_model else "one", "plan": "random" if plan else "searched",
+            "optimizer": pm.runtime.optimizer.name, "split": split,
+            "loss_ours": got["loss"], "loss_keras": want["loss"],
+            "weights_max_abs_diff": max(float(np.max(np.abs(ours[p] - theirs[p].numpy())))
+                                        for p in ours),
+            "weights_ok": all(np.allclose(ours[p], theirs[p].numpy(), rtol=rtol, atol=atol)
+                              for p in ours),
+            "rtol": rtol, **scaled,
+            "moved": max(float(np.max(np.abs(theirs[p].numpy() - w.numpy())))
+                         for p, w in capturing.weights_by_path(build()).items())}
+
+
+def main() -> None:
+    checks = {case: (lambda i=i, c=case: run_case(i, c))
+              for i, case in enumerate(JOB["cases"])}
+    run_checks(checks, JOB["cases"])
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""tapas.execution.keras_optimizer: the model's Keras optimizer on weight shards equals
+Keras's own ``apply_gradients`` on the whole weights (shards simulated here: a weight cut
+in two on axis 0, each half updated on its own, the norms given whole; the runtime's
+collectives are tested end to end in tests/test_runtime.py and tests/test_fit.py)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+from tapas.execution.keras_optimizer import ShardedOptimizer, WeightInfo, resolve_optimizer
+
+O = keras.optimizers
+SHAPES = {"dense/kernel": (4, 3), "dense/bias": (6,), "other/kernel": (2, 2)}
+STEPS = 4
+
+
+def _schedule():
+    return O.schedules.CosineDecay(1e-3, 10, warmup_target=3e-3, warmup_steps=2)
+
+
+def _adamw_excluding_bias():
+    opt = O.AdamW(_schedule(), weight_decay=0.1, clipnorm=0.5)
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    return opt
+
+
+CASES = {
+    "sgd_nesterov": lambda: O.SGD(0.1, momentum=0.9, nesterov=True),
+    "adam": lambda: O.Adam(1e-2),
+    "adamw_cosine_clipnorm": _adamw_excluding_bias,
+    "adamax": lambda: O.Adamax(),
+    "nadam": lambda: O.Nadam(),
+    "rmsprop": lambda: O.RMSprop(momentum=0.5, centered=True),
+    "adagrad": lambda: O.Adagrad(),
+    "adadelta": lambda: O.Adadelta(1.0),
+    "lion": lambda: O.Lion(),
+    "ftrl": lambda: O.Ftrl(l1_regularization_strength=0.01),
+    "global_clipnorm": lambda: O.Adam(1e-2, global_clipnorm=0.3),
+    "clipvalue": lambda: O.SGD(0.1, clipvalue=0.2),
+    "ema": lambda: O.Adam(1e-2, use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=3),
+    "accumulation": lambda: O.SGD(0.1, momentum=0.9, gradient_accumulation_steps=2),
+    "loss_scale_factor": lambda: O.SGD(0.1, loss_scale_factor=8.0),
+    # dynamic loss scaling; step 2's gradients overflow: skipped on every shard
+    "loss_scale_optimizer": lambda: O.LossScaleOptimizer(O.Adam(1e-2), initial_scale=64.0,
+                                                         dynamic_growth_steps=2),
+}
+OVERFLOW_AT = {"loss_scale_optimizer": 2}
+
+
+def _grads(step, case=None):
+    rs = np.random.RandomState(100 + step)
+    g = {p: (rs.randn(*s) * (3.0 if step % 2 else 0.2)).astype("float32")
+         for p, s in SHAPES.items()}
+    g["other/kernel"] = None   # no gradient: no update, as Keras
+    if OVERFLOW_AT.get(case) == step:
+        g["dense/kernel"][3, 1] = np.inf   # in the second shard only
+    return g
+
+
+def _keras_reference(make, case=None):
+    rs = np.random.RandomState(0)
+    init = {p: rs.randn(*s).astype("float32") for p, s in SHAPES.items()}
+    with keras.name_scope("ref"):
+        variables = {p: keras.Variable(v, name=p.replace("/", "_")) for p, v in init.items()}
+    opt = make()
+    for step in range(STEPS):
+        g = _grads(step, case)
+        opt.apply_gradients([(tf.constant(g[p]), variables[p]) for p in SHAPES
+                             if g[p] is not None])
+    return init, {p: v.numpy() for p, v in variables.items()}, variables
+
+
+def _sharded_run(make, init, variables, case=None):
+    """Each split weight cut in two on axis 0; shard k updated by its own apply."""
+    split = {"dense/kernel": True, "dense/bias": True, "other/kernel": False}
+    halves = {p: (np.split(v, 2) if split[p] else [v, v]) for p, v in init.items()}
+    infos = [WeightInfo(p, halves[p][0].shape, "float32", split[p], variables[p])
+             for p in SHAPES]
+    sharded = ShardedOptimizer(make(), infos)
+    slots = [{p: {k: tf.constant(v) for k, v in sharded.initial_slots(p).items()}
+              for p in SHAPES} for _ in range(2)]
+    state = {k: tf.constant(v) for k, v in sharded.initial_state().items()}
+    values = [{p: tf.constant(halves[p][k]) for p in SHAPES} for k in range(2)]
+    taken = 0
+    for step in range(STEPS):
+        g = _grads(step, case)
+        whole = {p: float(np.sum(np.square(g[p].astype(np.float32))))
+                 for p in SHAPES if g[p] is not None}
+        finite = all(np.isfinite(v).all() for v in g.values() if v is not None)
+        states = []
+        for k in range(2):
+            local = {p: None if g[p] is None else
+                     tf.constant(np.split(g[p], 2)[k] if split[p] else g[p]) for p in SHAPES}
+            new_v, new_s, new_state = sharded.apply(
+                values[k], local, slots[k], state, tf.constant(taken, tf.int64),
+                tf.constant(sharded.learning_rate, tf.float32),
+                lambda sums: {p: tf.constant(whole[p], tf.float32) for p in sums},
+                lambda ok: tf.constant(finite))
+            values[k] = {**values[k], **new_v}
+            slots[k] = {p: {**slots[k][p], **new_s.get(p, {})} for p in SHAPES}
+            states.append(new_state)
+        taken += int(states[0].pop("step_taken"))
+        state = states[0]
+    _sharded_run.last = (state, taken)   # for the loss-scale test
+    return {p: (np.concatenate([values[0][p].numpy(), values[1][p].numpy()]) if split[p]
+                else values[0][p].numpy()) for p in SHAPES}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sharded_update_equals_keras(case):
+    init, want, variables = _keras_reference(CASES[case], case)
+    got = _sharded_run(CASES[case], init, variables, case)
+    for p in SHAPES:
+        np.testing.assert_allclose(got[p], want[p], rtol=1e-5, atol=1e-6, err_msg=f"{case} {p}")
+    moved = max(float(np.abs(want[p] - init[p]).max()) for p in SHAPES)
+    assert moved > 1e-4, "the reference did not train: the comparison would prove nothing"
+
+
+def test_loss_scale_state_after_an_overflow():
+    """The scale, its counter and the step count as Keras's LossScaleOptimizer leaves them:
+    steps 0 and 1 finite (the scale doubles after 2), step 2 overflows on one shard only
+    (skipped everywhere, the scale halves), step 3 finite."""
+    make = CASES["loss_scale_optimizer"]
+    init, _, variables = _keras_reference(make, "loss_scale_optimizer")
+    ref = make()
+    kv = {p: keras.Variable(v) for p, v in init.items()}
+    for step in range(STEPS):
+        g = _grads(step, "loss_scale_optimizer")
+        ref.apply_gradients([(tf.constant(g[p]), kv[p]) for p in SHAPES if g[p] is not None])
+    _sharded_run(make, init, variables, "loss_scale_optimizer")
+    state, taken = _sharded_run.last
+    assert float(state["loss_scale"]) == float(ref.dynamic_scale.numpy()) == 64.0
+    assert int(state["scale_steps"]) == int(ref.step_counter.numpy()) == 1
+    assert taken == int(ref.iterations.numpy()) == 3
+
+
+def test_no_gradient_no_update():
+    init, want, _ = _keras_reference(CASES["adam"])
+    np.testing.assert_array_equal(want["other/kernel"], init["other/kernel"])
+
+
+@pytest.mark.parametrize("make, word", [
+    (lambda: O.Adafactor(), "factored"),
+    (lambda: O.Lamb(), "trust ratio"),
+    (lambda: O.LossScaleOptimizer(O.Lamb()), "trust ratio"),
+])
+def test_refuses_non_elementwise(make, word):
+    with pytest.raises(ValueError, match=word):
+        ShardedOptimizer(make(), [WeightInfo("w", (2,), "float32")])
+
+
+def test_refuses_norm_constraint_on_split_weight():
+    layer = keras.layers.Dense(2, kernel_constraint=keras.constraints.MaxNorm(1.0))
+    layer.build((None, 4))
+    v = layer.kernel
+    with pytest.raises(ValueError, match="MaxNorm.*splits it"):
+        ShardedOptimizer("sgd", [WeightInfo("k", (2, 2), "float32", True, v)])
+    ShardedOptimizer("sgd", [WeightInfo("k", (4, 2), "float32", False, v)])   # replicated: fine
+
+
+def test_resolve_names_configs_and_learning_rate():
+    assert type(resolve_optimizer("adamw")).__name__ == "AdamW"
+    cfg = keras.optimizers.serialize(O.RMSprop(0.3))
+    opt = resolve_optimizer(cfg)
+    assert type(opt).__name__ == "RMSprop" and np.isclose(float(opt.learning_rate), 0.3)
+    user = O.Adam(0.1)
+    assert np.isclose(float(resolve_optimizer(user, 0.5).learning_rate), 0.5)
+    assert np.isclose(float(user.learning_rate), 0.1)   # the user's instance unchanged
+    with pytest.raises(ValueError, match="not a Keras optimizer"):
+        resolve_optimizer("nosuch")
+    with pytest.raises(ValueError, match="not a Keras 3 optimizer"):
+        resolve_optimizer(3.0)
+
+
+def test_templates_are_never_allocated():
+    sharded = ShardedOptimizer(O.Adam(), [WeightInfo("w", (1000, 1000), "float32")])
+    assert all(t._value is None for t in sharded.templates.values())
+    assert all(v._value is None for s in sharded.slots.values() for v in s.values())
+    assert sharded.slot_names == ("momentum", "velocity")
+
+
+# ---- end to end: ParallelModel.fit against Keras's model.fit ------------------------------
+
+import os  # noqa: E402
+
+from worker_main import run_worker  # noqa: E402  (tests/worker_main.py)
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "optimizer_worker.py")
+ALL_CASES = ["sgd_nesterov", "adam", "adamw_cosine_warmup", "rmsprop", "lion", "clipnorm",
+             "global_clipnorm", "ema", "accumulation", "mixed_float16",
+             "mixed_float16_overflow", "mixed_bfloat16"]
+
+
+def _check_fit(r):
+    assert "error" not in r, (r.get("error"), r.get("traceback"))
+    assert r["moved"] > 1e-3, "Keras's fit did not move the weights: nothing compared"
+    np.testing.assert_allclose(r["loss_ours"], r["loss_keras"], rtol=r["rtol"],
+                               err_msg=f"{r['check']}: History losses differ")
+    if "loss_scale" in r:   # dynamic loss scaling: the same steps skipped, the same scale
+        assert r["loss_scale"][0] == r["loss_scale"][1], r["loss_scale"]
+        assert r["iterations"][0] == r["iterations"][1], r["iterations"]
+    assert r["weights_ok"], (r["check"], r["weights_max_abs_diff"])
+
+
+@pytest.fixture(scope="module")
+def two_devices():
+    (res,) = run_worker(WORKER, {"devices": 2, "cases": ALL_CASES}, 1, 900.0)
+    return res
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_fit_with_compiled_optimizer_equals_keras_fit_on_2_devices(two_devices, case):
+    r = two_devices[case]
+    _check_fit(r)
+    if case == "mixed_float16_overflow":   # some steps were skipped, and some taken
+        assert r["iterations"][1] < 12 and r["loss_scale"][1] < 2.0 ** 22
+    if case.startswith("mixed_float16"):
+        assert "loss_scale" in r, "mixed_float16 trained without loss scaling"
+    if r["plan"] == "random":
+        assert r["split"], "the random plan split no weight: the shards were not exercised"
+
+
+def test_fit_with_compiled_optimizer_equals_keras_fit_on_4_devices():
+    cases = ["adamw_cosine_warmup", "clipnorm", "global_clipnorm"]
+    (res,) = run_worker(WORKER, {"devices": 4, "cases": cases}, 1, 900.0)
+    for case in cases:
+        _check_fit(res[case])
+    assert any(res[c]["split"] for c in cases)
