@@ -50,7 +50,10 @@ How it maps onto TensorFlow:
   replica i computes its share ``sum(local per-example loss) / global count`` (the shares sum
   to L); for an output split on its last axis (class logits) the runtime all-gathers it first,
   with a gradient that is the local slice (recorded in the audit as phase ``"loss"``).
-  Gradients are never aggregated a second time.
+  Gradients are never aggregated a second time. Several outputs: each output's loss on
+  its placement, times Keras's loss weight, summed (``compiled_loss.outputs_loss``); the
+  model's weight regularizers are added on the shards, counted once
+  (``regularizers.regularized``).
 * A step is all-or-nothing: new weights and slots are computed on every replica first; the
   assignments run only after every replica's results exist and the global loss is finite. A
   failed step raises :class:`StepError` and leaves weights, slots and the step counter as
