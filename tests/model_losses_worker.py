@@ -32,6 +32,8 @@ after training and ``evaluate`` against Keras's.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -117,6 +119,17 @@ def _rows(y: Any, n: int) -> Any:
     return [v[:n] for v in y] if isinstance(y, list) else y[:n]
 
 
+def event_tags(logdir: str) -> list[str]:
+    """The scalar tags TensorBoard finds under ``logdir``."""
+    tags = set()
+    for root, _, files in os.walk(logdir):
+        for f in files:
+            if "tfevents" in f:
+                for event in tf.compat.v1.train.summary_iterator(os.path.join(root, f)):
+                    tags |= {v.tag for v in event.summary.value}
+    return sorted(tags)
+
+
 def close(a: Any, b: Any, values: bool = True) -> dict[str, Any]:
     """Whether ``a`` (ours) equals ``b`` (Keras's) within rtol 1e-5, atol 1e-6."""
     a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
@@ -174,8 +187,11 @@ def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
     for name, plan in plans.items():
         model = build()
         pm = parallel.parallelize(model, SPEC, plan, devices=N)   # the compiled SGD
-        hist = pm.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0,
-                      validation_data=(xv, yv), sample_weight=w)
+        shown = io.StringIO()   # the searched plan's run: progress bar and TensorBoard
+        logdir = os.path.join(JOB["dir"], f"{kind}_tb") if plan is None else None
+        with contextlib.redirect_stdout(shown):
+            hist = pm.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=1 if logdir else 0,
+                          validation_data=(xv, yv), sample_weight=w, tensorboard=logdir)
         r: dict[str, Any] = {"keys": sorted(hist.history),
                              "output": str(pm.program.output_placements[0]),
                              "regularizers": {t.path: t.how
@@ -183,6 +199,9 @@ def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
         audit = pm.audit()   # the regularizers' collectives counted with the loss's
         r["audit"] = {"matches": audit.matches, "loss": [list(c) for c in audit.loss],
                       "differences": list(audit.differences)}
+        if logdir:
+            r["progress_bar"] = shown.getvalue()[-3000:]
+            r["tags"] = event_tags(logdir)
         r["history"] = {k: close(hist.history.get(k, []), v)
                         for k, v in ref_hist.history.items()}
         pm.to_keras()

@@ -6,7 +6,8 @@ user writes them (SGD, a loss name, weight regularizers, metrics), trained 3 epo
 Keras on one device and by tapas (with the compiled optimizer) under a searched plan,
 random plans (one splits the L2-regularized kernel, one the output) and the data-parallel
 plan: the History (loss, every metric and every ``val_`` metric, per epoch), the final
-weights, ``evaluate``, the audit (the regularizers' collectives) and, for the random
+weights, ``evaluate``, the audit (the regularizers' collectives), the progress bar and
+TensorBoard's ``epoch_<name>`` scalars of the searched plan's run and, for the random
 plans, ``verify`` (Keras's compiled loss and ``model.losses`` as the reference) equal
 Keras's (rtol 1e-5); likewise a functional model with two outputs, a loss and
 ``loss_weights`` per output and sample weights. A model whose call adds losses (an
@@ -58,6 +59,12 @@ def _check_plans(r: dict, metrics: set[str]) -> None:
         assert p["audit"]["matches"], (name, p["audit"])
         if name.startswith("random:"):
             assert p["verify"]["ok"], (name, p["verify"])
+    # the searched plan's run: every log in the progress bar and in TensorBoard, by
+    # Keras's names (TensorBoard's epoch_<name>, as Keras's TensorBoard callback writes)
+    searched = r["searched"]
+    for key in r["keras_keys"]:
+        assert f"{key}: " in searched["progress_bar"], (key, searched["progress_bar"])
+        assert f"epoch_{key}" in searched["tags"], (key, searched["tags"])
     # the L2-regularized kernel split over the devices: its shards' terms summed
     assert any("sum-of-shards" in r[p]["regularizers"].values() for p in plans)
     # and the output split across the devices in one plan (the data-parallel one at least)
