@@ -1,7 +1,8 @@
 """Subprocess entry of tests/test_model_losses.py: the model's own losses and metrics under
-``ParallelModel.fit`` on 2 logical CPU devices, against Keras's ``Model.fit`` on one.
+``ParallelModel.fit`` on N logical CPU devices (2 or 4: ``"devices"``), against Keras's
+``Model.fit`` on one.
 
-    python tests/model_losses_worker.py '{"checks": ["classifier", "binary", "refused"]}'
+    python tests/model_losses_worker.py '{"devices": 2, "dir": "/tmp/x", "checks": ["binary"]}'
 
 Each check prints one line ``RESULT <json>`` (``tests/worker_main.py``). The models are
 written as a Keras user writes them (a ``keras.Sequential`` and a functional model,

@@ -1,6 +1,6 @@
 """The model's own losses and metrics under ``ParallelModel.fit`` equal Keras's ``fit``.
 
-In a worker process (tests/model_losses_worker.py, 2 logical CPU devices): a
+In a worker process (tests/model_losses_worker.py; 2 and 4 logical CPU devices): a
 ``keras.Sequential`` classifier and a functional binary model, written and compiled as a
 user writes them (SGD, a loss name, weight regularizers, metrics), trained 3 epochs by
 Keras on one device and by tapas (with the compiled optimizer) under a searched plan,
@@ -28,10 +28,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "model_losses_worker.py")
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+@pytest.fixture(scope="module", params=[2, 4], ids=["2_devices", "4_devices"])
+def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("model_losses"))
-    (res,) = run_worker(WORKER, {"devices": 2, "dir": d,
+    (res,) = run_worker(WORKER, {"devices": request.param, "dir": d,
                                  "checks": ["classifier", "binary", "two_outputs",
                                             "refused", "resume"]}, 1, 600.0)
     for name, r in res.items():
