@@ -27,6 +27,9 @@ after training and ``evaluate`` against Keras's.
 * ``resume``: the classifier's job crashed in the middle of its first epoch and resumed
   from a checkpoint by a new ParallelModel: its History (loss and metrics of the epoch
   the crash cut) equals an uninterrupted run's;
+* ``workers``: one of 2 worker processes (``TF_CONFIG`` set, a CPU each), the binary
+  model under the data-parallel plan, each worker reading its half of every batch: the
+  History with its metrics equals Keras's;
 * ``refused``: a layer with an activity regularizer, and a layer that calls
   ``self.add_loss``: fit refuses each, naming the layer, before any step.
 """
@@ -48,14 +51,17 @@ from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's
 
 JOB = json.loads(sys.argv[1])
 N = JOB.get("devices", 2)
-devices.setup_devices(N, "cpu")
+if devices.tf_config() is None:
+    devices.setup_devices(N, "cpu")
+else:   # one CPU per worker; the strategy before TensorFlow runs anything (collectives)
+    devices.make_strategy(N)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tapas import capturing  # noqa: E402
-from tapas.execution import parallel, reconstruct  # noqa: E402
+from tapas.execution import fit, parallel, reconstruct  # noqa: E402
 from tapas.planning.strategy import graph_digest  # noqa: E402
 from tapas.sharding.placements import Split  # noqa: E402
 
@@ -269,6 +275,26 @@ def check_resume() -> dict[str, Any]:
                         for k, v in whole.history.items()}}
 
 
+def check_workers() -> dict[str, Any]:
+    """One of 2 workers (MultiWorkerMirroredStrategy, a CPU each) reading its half of
+    every batch (the data-parallel plan): the binary model's History (loss, mae, AUC and
+    their val_ values, from outputs and targets gathered over both workers) against Keras
+    fit on one device."""
+    x, y = data("binary", 40, 0)
+    xv, yv = data("binary", 16, 1)
+    ref = binary()
+    ref_hist = ref.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0,
+                       validation_data=(xv, yv))
+    model = binary()
+    pm = parallel.parallelize(model, SPEC, batch_plan(capturing.capture(
+        binary(), SPEC, training=True)), devices=N)
+    hist = pm.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=(xv, yv))
+    return {"cut": fit._Data(pm, x, y, None, False, 0).cut,
+            "keys": sorted(hist.history), "keras_keys": sorted(ref_hist.history),
+            "history": {k: close(hist.history.get(k, []), v)
+                        for k, v in ref_hist.history.items()}}
+
+
 class AddsLoss(keras.layers.Layer):
     """A layer as Keras's guide writes one: it adds a penalty of its input to the loss."""
 
@@ -300,5 +326,5 @@ def check_refused() -> dict[str, Any]:
 if __name__ == "__main__":
     run_checks({"classifier": check_classifier, "binary": check_binary,
                 "two_outputs": check_two_outputs, "refused": check_refused,
-                "resume": check_resume}, JOB["checks"])
+                "resume": check_resume, "workers": check_workers}, JOB["checks"])
     finish()

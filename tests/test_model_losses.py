@@ -121,3 +121,19 @@ def test_a_resumed_epoch_continues_its_metrics(results: dict) -> None:
     assert r["keys"] == ["loss", "sparse_categorical_accuracy", "top2"]
     for key, c in r["history"].items():
         assert c["ok"], (key, c)
+
+
+def test_metrics_over_two_workers_equal_keras_fit(tmp_path) -> None:
+    """2 worker processes (MultiWorkerMirroredStrategy), each reading its half of every
+    batch: loss, mae, AUC and their val_ values, computed from the outputs and targets
+    gathered over both workers, equal Keras fit on one device, on both workers."""
+    results = run_worker(WORKER, {"devices": 2, "dir": str(tmp_path),
+                                  "checks": ["workers"]}, 2, 300.0)
+    for task, res in enumerate(results):
+        r = res["workers"]
+        assert "error" not in r, (task, r.get("traceback"))
+        assert r["cut"], r   # each worker reads only its share
+        assert r["keys"] == r["keras_keys"] == ["auc", "loss", "mae", "val_auc", "val_loss",
+                                                "val_mae"], r["keys"]
+        for key, c in r["history"].items():
+            assert c["ok"], (task, key, c)
