@@ -31,7 +31,8 @@ after training and ``evaluate`` against Keras's.
   model under the data-parallel plan, each worker reading its half of every batch: the
   History with its metrics equals Keras's;
 * ``refused``: a layer with an activity regularizer, and a layer that calls
-  ``self.add_loss``: fit refuses each, naming the layer, before any step.
+  ``self.add_loss``: ``parallelize`` refuses each, naming the layer, before anything
+  runs.
 """
 
 from __future__ import annotations
@@ -311,15 +312,12 @@ def check_refused() -> dict[str, Any]:
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((6,)), layer, keras.layers.Dense(3)])
         model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
-        pm = parallel.parallelize(model, SPEC, batch_plan(
-            capturing.capture(model, SPEC, training=True)), devices=N)
-        x, y = np.ones((16, 6), "float32"), np.ones((16, 3), "float32")
+        plan = batch_plan(capturing.capture(model, SPEC, training=True))
         try:
-            pm.fit(x, y, epochs=1, verbose=0)
+            parallel.parallelize(model, SPEC, plan, devices=N)
             out[name] = {"error": None}
         except ValueError as e:
             out[name] = {"error": str(e)}
-        out[name]["steps"] = int(pm.runtime.iterations.numpy())
     return out
 
 

@@ -285,14 +285,21 @@ def _model_losses(rt: runtime.Runtime, model: Any, trace: Any, per_output: list,
                   loss_weights: list, output_names: list) -> None:
     """Give ``rt`` the model's own losses: the compiled loss of each output and its loss
     weight (``compiled_loss``), its weight regularizers on the shards (``model.losses``;
-    ``regularizers``), and the losses its call adds, which are refused when a loss is
-    computed (``Runtime._prepare``)."""
+    ``regularizers``)."""
     rt.regularization = regularizers.plan_regularizers(model, rt.specs,
                                                        capturing.weights_by_path(model))
-    rt.call_losses = regularizers.call_losses(model, trace.graph)
     rt.output_losses = per_output if len(per_output) > 1 else None
     rt.loss_weights = loss_weights if any(w is not None for w in loss_weights) else None
     rt.output_names = output_names
+
+
+def _refuse_call_losses(model: Any, trace: Any, per_output: list) -> None:
+    """The losses the model's call adds in the captured graph (activity regularizers,
+    ``add_loss``) refused by name, with the fix, when the program has a loss to train:
+    the program cannot compute them (``regularizers.refusal``)."""
+    found = regularizers.call_losses(model, trace.graph)
+    if found and any(loss is not None for loss in per_output):
+        raise ValueError(regularizers.refusal(found))
 
 
 def _capture(model: Any, signature: Any, training: bool,
@@ -438,6 +445,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     if strategy is None:
         training = True if training is None else training
         trace, graph = _capture(model, signature, training, timings)
+        _refuse_call_losses(model, trace, per_output)   # before the search
         start = time.perf_counter()
         cluster = cluster or Cluster.loopback_cpu(n)
         if cluster.num_devices != n:
@@ -458,6 +466,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     else:
         training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,
                                                          training, timings)
+        _refuse_call_losses(model, trace, per_output)
     start = time.perf_counter()
     plan = strategy if isinstance(strategy, reconstruct.Plan) else \
         reconstruct.Plan.from_strategy(strategy, graph)

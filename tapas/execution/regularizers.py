@@ -205,8 +205,11 @@ def refusal(found: list[str]) -> str:
             "them: their ops feed no model output, so the captured graph leaves them out, "
             "and leaving them out of the loss would train another model: remove them "
             "(activity_regularizer=None, no self.add_loss in call) or move them into a "
-            "weight regularizer (kernel_regularizer=..., which the runtime computes), or "
-            "train this model with Keras")
+            "weight regularizer (kernel_regularizer=..., which the runtime computes); a "
+            "loss added only in training (an MoE layer's load-balancing loss, e.g. "
+            "moe-tiny's) is absent from the inference graph: parallelize with "
+            "training=False (tapas train --training=false) to train that graph; or train "
+            "this model with Keras")
 
 
 def regularized(rt: Any, r: Any, share: tf.Tensor, partial: bool,

@@ -936,8 +936,6 @@ class Runtime:
             raise ValueError(f"the model has {len(self.output_placements)} outputs and "
                              f"{len(self.output_losses or [self.loss])} losses: give one "
                              "loss per output (a list or a dict keyed by output name)")
-        if getattr(self, "call_losses", None):
-            raise ValueError(regularizers.refusal(self.call_losses))
         xs = self._check_inputs(xs, worker_share)
         if self.output_losses is not None and len(self.output_losses) > 1:
             return compiled_loss.prepare_outputs(self, xs, y, worker_share, sample_weight)
