@@ -18,6 +18,10 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
   :mod:`tapas.execution.checkpoints`: its devices and strategies, the model's Keras
   optimizer on the shards, checkpoints.
 * :mod:`tapas.execution.parallel`: ``tapas.parallelize`` and ``ParallelModel``.
+* :mod:`tapas.execution.compiled_loss`, :mod:`tapas.execution.regularizers`,
+  :mod:`tapas.execution.metrics`: the model's compiled loss per output with its
+  ``loss_weights``, its weight regularizers on the shards, its compiled metrics on the
+  global batch.
 * :mod:`tapas.execution.train`, :mod:`tapas.execution.launch`: ``tapas train`` and its
   loopback worker processes.
 * :mod:`tapas.execution.profiling`: ``tapas profile``: the runtime's collectives and compute

@@ -55,7 +55,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tapas.execution import checkpoints, inputs
+from tapas.execution import checkpoints, compiled_loss, inputs
+from tapas.execution.metrics import Scores, keras_order
 from tapas.execution.runtime import StepError
 from tapas.sharding.placements import Split
 
@@ -235,8 +236,11 @@ class _Data:
         leaves = inputs._match(x, self.signature.structure, names, "data",
                                self.signature.describe())
         self.xs = [np.asarray(v) for v in leaves]
-        self.y = np.asarray(y)
-        n = len(self.y)
+        names = self.runtime.output_names
+        several = self.runtime.output_losses is not None   # a list of targets per output
+        self.y = compiled_loss.output_targets(y, names) if several else np.asarray(y)
+        first = _first(self.y)
+        n = len(first)
         for name, v in zip(names, self.xs):
             if v.ndim == 0 or len(v) != n:
                 raise ValueError(f"{self.what}: input '{name}' has "
@@ -247,8 +251,10 @@ class _Data:
                              f"{self.batch}; give at least {self.batch}, or parallelize with "
                              "input specs of a smaller batch")
         self.num_batches = n // self.batch
-        self._set_shares(self.y.ndim)
-        if sample_weight is not None:
+        self._set_shares(first.ndim)
+        if sample_weight is not None and several:   # checked per output by the runtime
+            self.w = compiled_loss.output_weights(sample_weight, names)
+        elif sample_weight is not None:
             self.w = np.asarray(sample_weight, dtype=np.float32)
             if self.w.ndim == 0 or self.w.shape != self.y.shape[:self.w.ndim]:
                 raise ValueError(f"{self.what}: sample_weight has shape "
@@ -265,23 +271,22 @@ class _Data:
         if self.dataset is not None:
             yield from self._dataset_batches(skip)
             return
-        n = len(self.y)
+        n = len(_first(self.y))
         order = (np.random.default_rng([self.seed, pass_index]).permutation(n)
                  if self.shuffle else np.arange(n))
         for k in range(skip, self.num_batches):
             idx = order[k * self.batch:(k + 1) * self.batch]
             yield (self.signature.flatten([_take(v, idx, share) for v, share in
                                            zip(self.xs, self.shares)], self.share_shapes()),
-                   _take(self.y, idx, self.y_share((self.batch,) + self.y.shape[1:])),
-                   None if self.w is None else
-                   _take(self.w, idx, self.w_share((self.batch,) + self.w.shape[1:])))
+                   _take_all(self.y, idx, self.y_share),
+                   None if self.w is None else _take_all(self.w, idx, self.w_share))
 
     def _dataset_batches(self, skip: int) -> Iterator[tuple[list, np.ndarray]]:
         ds = self.dataset.skip(skip) if skip else self.dataset
         whole = "global batch" if self.rows == self.batch else "worker's share of a batch"
         for element in ds.as_numpy_iterator():
             x, y, w = element if len(element) == 3 else (*element, None)
-            rows = len(np.asarray(y))
+            rows = len(_first(y))
             if rows < self.rows:
                 if not self.noted:
                     logging.warning("%s: a batch of %d rows, smaller than the %s "
@@ -295,14 +300,15 @@ class _Data:
                                  f"the program was built for a {whole} of {self.rows}: "
                                  f"batch it with .batch({self.rows}), or parallelize again "
                                  f"with input specs of batch {rows}")
+            y = tf.nest.map_structure(np.asarray, y)
             if self.worker_pipelines:   # already this worker's rows
-                yield self.signature.flatten(x, self.share_shapes()), np.asarray(y), w
+                yield self.signature.flatten(x, self.share_shapes()), y, w
             else:
                 xs = self.signature.flatten(x)
-                y = np.asarray(y)
                 yield ([_cut(v, share) for v, share in zip(xs, self.shares)],
-                       _cut(y, self.y_share(y.shape)),
-                       None if w is None else _cut(w, self.w_share(np.shape(w))))
+                       tf.nest.map_structure(lambda v: _cut(v, self.y_share(v.shape)), y),
+                       None if w is None else tf.nest.map_structure(
+                           lambda v: _cut(v, self.w_share(np.shape(v))), w))
 
 
 def _cut(v: Any, share: Any) -> np.ndarray:
@@ -319,6 +325,18 @@ def _take(v: np.ndarray, idx: np.ndarray, share: Any) -> np.ndarray:
     if share is not None and share[0] == 0:
         return v[idx[share[1]:share[2]]]
     return _cut(v[idx], share)
+
+
+def _first(y: Any) -> np.ndarray:
+    """The first array of targets (one array, or one per output)."""
+    return np.asarray(tf.nest.flatten(y)[0])
+
+
+def _take_all(v: Any, idx: np.ndarray, share_of: Any) -> Any:
+    """:func:`_take` of an array or of each array of a list (one per output), each cut to
+    ``share_of(its batch shape)``."""
+    return tf.nest.map_structure(
+        lambda a: _take(a, idx, share_of((len(idx),) + a.shape[1:])), v)
 
 
 def _describe_spec(spec: Any) -> str:
@@ -483,7 +501,8 @@ class TensorBoardScalars(keras.callbacks.Callback):
         if rt is None or "train_step" not in rt.audits:
             return None
         return int(sum(rt.audits["train_step"].bytes().values())) + \
-            sum(b for fn, _, b in rt.loss_comms if fn == "train_step")
+            sum(b for fn, _, b in rt.loss_comms + list(getattr(rt, "regularizer_comms", []))
+                if fn == "train_step")
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._writer is None:
@@ -618,6 +637,8 @@ class FitState:
     epochs: list[int] = dataclasses.field(default_factory=list)
     # each callback's own state (callback_states; its arrays in tapas-callbacks.npz)
     callbacks: list = dataclasses.field(default_factory=list)
+    # the compiled metrics' variables in the epoch so far (metrics.Scores.state)
+    metrics: list = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": _FORMAT, **dataclasses.asdict(self)}
@@ -736,16 +757,21 @@ def _callback_arrays(path: str) -> dict[str, np.ndarray]:
 # ---- fit and evaluate -------------------------------------------------------------------------
 
 def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
-             steps: int | None = None, sample_weight: Any = None) -> float:
+             steps: int | None = None, sample_weight: Any = None,
+             return_dict: bool = False) -> Any:
     """The mean loss over the global batches of ``x``/``y`` (or of a dataset of (x, y[,
     sample_weight]) batches; at most ``steps``), weighted by ``sample_weight`` as Keras
     weighs it, forward only: nothing is updated (``Runtime.forward_loss``). In inference
     mode, as Keras's ``evaluate``: a training-mode ParallelModel evaluates with
     ``pm.for_inference()`` (dropout off, batch norm's moving statistics; the same
-    weights)."""
+    weights). With compiled metrics, as Keras: ``[loss, metric...]`` in Keras's order, or
+    a dict of every log with ``return_dict=True`` (also without metrics)."""
     ev = pm.for_inference()
-    return _validate(ev, _Data(ev, x, y, batch_size, shuffle=False, seed=0,
-                               what="evaluate data", sample_weight=sample_weight), steps)
+    scores = Scores.of(pm.model)
+    logs = _validate(ev, _Data(ev, x, y, batch_size, shuffle=False, seed=0,
+                               what="evaluate data", sample_weight=sample_weight), steps,
+                     scores)
+    return logs if return_dict else keras_order(logs, scores)
 
 
 def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:
@@ -881,6 +907,10 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                                        epochs=epochs, steps=steps_shown, model=view)
     history = cbs._history
     stream = _Stream(data, state.pass_index, state.pass_position)
+    scores = Scores.of(pm.model)   # the compiled metrics, on the global batch (Keras's)
+    rt.set_step_values(scores is not None)
+    if scores is not None:
+        scores.load(state.metrics)
 
     def checkpoint(position: tuple[int, int] | None = None) -> None:
         state.step = int(rt.iterations.numpy())
@@ -890,6 +920,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         state.history = {k: list(v) for k, v in history.history.items()}
         state.epochs = list(history.epoch)
         state.callbacks, arrays = callback_states(user_callbacks)
+        state.metrics = scores.state() if scores is not None else []
         try:
             save_checkpoint(pm, checkpoint_dir, state, keep, arrays)
         except _PEER_ERRORS as e:   # a worker lost during the save's barrier
@@ -909,6 +940,8 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     for epoch in range(state.epoch, epochs):
         if state.step_in_epoch == 0:
             state.loss_sum, state.loss_count = 0.0, 0
+            if scores is not None:
+                scores.reset()
             state.epoch_learning_rate = float(rt.learning_rate.numpy())
             if steps_per_epoch is None:
                 stream.start_pass(epoch)
@@ -948,7 +981,10 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
             state.step_in_epoch += 1
             view.last_step = {"step": int(rt.iterations.numpy()), "loss": loss,
                               "seconds": seconds, "examples": data.batch}
-            logs = {"loss": state.loss_sum / state.loss_count}
+            if scores is not None and failed is None:
+                scores.update(rt.step_values)
+            logs = {"loss": state.loss_sum / state.loss_count,
+                    **(scores.results() if scores is not None else {})}
             cbs.on_train_batch_end(state.step_in_epoch - 1, dict(logs))
             if failed is not None:
                 if view.stop_training:
@@ -961,9 +997,12 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         if state.loss_count == 0:
             raise ValueError(f"epoch {epoch + 1}: the data yielded no full global batch of "
                              f"{data.batch}")
-        epoch_logs = {"loss": state.loss_sum / state.loss_count}
+        epoch_logs = {"loss": state.loss_sum / state.loss_count,
+                      **(scores.results() if scores is not None else {})}
         if val is not None:
-            epoch_logs["val_loss"] = _validate(pm.for_inference(), val, validation_steps)
+            val_logs = _validate(pm.for_inference(), val, validation_steps,
+                                 Scores.of(pm.model))
+            epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
         state.epoch, state.step_in_epoch = epoch + 1, 0
         state.loss_sum, state.loss_count = 0.0, 0
@@ -1017,14 +1056,20 @@ def _split_validation(validation_data: Any) -> tuple[Any, Any, Any]:
                                                                     (tuple, list)) else ""))
 
 
-def _validate(pm: Any, val: _Data, steps: int | None) -> float:
+def _validate(pm: Any, val: _Data, steps: int | None, scores: Scores | None = None
+              ) -> dict[str, float]:
+    """The logs of a pass over ``val``: the mean loss, and the metrics of ``scores``
+    updated with every global batch (Keras's ``test_step``)."""
     pm.runtime.refresh()   # an inference program's own copies of weights: current values
+    pm.runtime.set_step_values(scores is not None)
     total, count = 0.0, 0
     for xs, yb, wb in val.batches(0, 0):
         total += pm.runtime.forward_loss(xs, yb, worker_share=val.cut, sample_weight=wb)
+        if scores is not None:
+            scores.update(pm.runtime.step_values)
         count += 1
         if steps is not None and count >= steps:
             break
     if not count:
         raise ValueError(f"{val.what}: no full global batch of {val.batch}")
-    return total / count
+    return {"loss": total / count, **(scores.results() if scores is not None else {})}

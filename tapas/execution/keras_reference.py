@@ -5,7 +5,8 @@ In:  a ``ParallelModel`` (its Keras model, the loss and optimizer it trains with
 Out: the losses of both sides per step (:func:`train_side_by_side`; the Keras model is
      trained as the reference, by ``model.train_on_batch`` with a fresh optimizer of the
      compiled one's class and settings when that is the step the parallel model runs),
-     and whether every loss was finite (:func:`finite_losses`).
+     and whether every loss was finite (:func:`finite_losses`); Keras's training loss of a
+     model's outputs (:func:`reference_loss`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["finite_losses", "keras_train_on_batch", "train_side_by_side"]
+__all__ = ["finite_losses", "keras_train_on_batch", "reference_loss", "train_side_by_side"]
 
 
 def train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
@@ -31,7 +32,7 @@ def train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
     ``pm`` trains and runs in training mode; otherwise a ``GradientTape`` step of the loss
     ``pm`` trains with that Keras optimizer's ``apply_gradients``."""
     from tapas.execution.runtime import StepError
-    model, loss_fn = pm.model, pm.runtime.loss
+    model = pm.model
     optimizer = pm.runtime.optimizer.keras()
     keras_step = keras_train_on_batch(pm, optimizer, xs, y)
     losses = []
@@ -48,7 +49,7 @@ def train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
             ref = keras_step()
         else:
             with tf.GradientTape() as tape:
-                ref_loss = loss_fn(y, call())
+                ref_loss = reference_loss(pm.runtime, model, y, call())
             g = tape.gradient(ref_loss, model.trainable_weights)
             optimizer.apply_gradients([(gi, w) for gi, w in zip(g, model.trainable_weights)
                                        if gi is not None])
@@ -91,3 +92,19 @@ def finite_losses(losses: Sequence[tuple[float, float]]) -> dict[str, Any]:
                     "message": f"step {i + 1}: the loss is not finite (parallel {got}, "
                                f"Keras {want})"}
     return {"ok": True, "max_abs_diff": 0.0}
+
+
+def reference_loss(rt: Any, model: Any, y: Any, out: Any) -> tf.Tensor:
+    """Keras's training loss of the outputs ``out`` as the runtime trains it: each output's
+    loss (``keras.losses.Loss.__call__``) times its loss weight, summed, plus
+    ``model.losses`` (the weight regularizers, read inside the caller's tape), as Keras's
+    ``compute_loss``."""
+    from tapas.execution.compiled_loss import output_targets
+    losses = rt.output_losses or [rt.loss]
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    ys = output_targets(y, rt.output_names or ["output"] * len(losses)) \
+        if len(losses) > 1 else [y]
+    terms = [fn(t, o) * (1.0 if w is None else w) for fn, t, o, w in
+             zip(losses, ys, outs, rt.loss_weights or [None] * len(losses))]
+    terms += [tf.reduce_sum(v) for v in model.losses]
+    return tf.add_n(terms) if len(terms) > 1 else terms[0]

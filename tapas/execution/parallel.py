@@ -44,7 +44,8 @@ import tensorflow as tf
 from absl import logging
 
 from tapas import capturing
-from tapas.execution import inputs, runtime, verify
+from tapas.execution import inputs, regularizers, runtime, verify
+from tapas.execution.compiled_loss import output_losses
 from tapas.execution.keras_optimizer import check_supported, resolve_optimizer
 from tapas.execution.devices import make_strategy
 from tapas.execution.audit import AuditReport, predicted_comm_list
@@ -184,8 +185,10 @@ class ParallelModel:
         return inference.runtime.predict(self.inputs.flatten(x))
 
     def evaluate(self, x: Any, y: Any = None, *, batch_size: int | None = None,
-                 steps: int | None = None, sample_weight: Any = None) -> float:
-        """The loss, as Keras's ``evaluate``: on one global batch, or the mean over the
+                 steps: int | None = None, sample_weight: Any = None,
+                 return_dict: bool = False) -> Any:
+        """The loss (with compiled metrics: ``[loss, metric...]``, or a dict with
+        ``return_dict=True``), as Keras's ``evaluate``: on one global batch, or the mean over the
         global batches of a ``tf.data.Dataset`` of (x, y[, sample_weight]) or of arrays of
         more examples (at most ``steps``), weighted by ``sample_weight``; forward only,
         nothing updated, in inference mode (``for_inference``: dropout off, batch norm's
@@ -193,7 +196,7 @@ class ParallelModel:
         ``verify`` and ``runtime.evaluate`` check the program's own mode."""
         from tapas.execution import fit as fit_mod
         return fit_mod.evaluate(self, x, y, batch_size=batch_size, steps=steps,
-                                sample_weight=sample_weight)
+                                sample_weight=sample_weight, return_dict=return_dict)
 
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Train as Keras's ``Model.fit`` does, over arrays (any input form of the module
@@ -235,11 +238,15 @@ class ParallelModel:
         if "train_step" not in self.runtime.audits:
             raise RuntimeError("no training step has been traced yet: run train_step once "
                                "before asking for the audit")
-        loss = tuple((kind, nbytes) for fn, kind, nbytes in self.runtime.loss_comms
+        rt = self.runtime
+        # the loss's collectives: each output's, and the weight regularizers' on the shards
+        loss = tuple((kind, nbytes) for fn, kind, nbytes in
+                     rt.loss_comms + list(getattr(rt, "regularizer_comms", []))
                      if fn == "train_step")
-        return AuditReport.of(self.runtime.audits["train_step"],
-                              predicted_comm_list(self.strategy, self.graph), loss,
-                              self.runtime.loss_plan.collectives)
+        predicted = tuple(c for plan in rt._plans() for c in plan.collectives) + \
+            regularizers.predicted_comms(rt.regularization, rt.specs)
+        return AuditReport.of(rt.audits["train_step"],
+                              predicted_comm_list(self.strategy, self.graph), loss, predicted)
 
     def verify(self, x: Any, y: Any, steps: int = 3,
                on_step: Any = None) -> dict[str, Any]:
@@ -278,6 +285,27 @@ def training_loss(model: Any) -> Any:
     """The loss ``tapas train`` trains a saved model with: the one it was compiled with,
     mean squared error when it was saved uncompiled (a ``keras.losses.Loss``)."""
     return loss_object(getattr(model, "loss", None) or "mean_squared_error")
+
+
+def _model_losses(rt: runtime.Runtime, model: Any, trace: Any, per_output: list,
+                  loss_weights: list, output_names: list) -> None:
+    """Give ``rt`` the model's own losses: the compiled loss of each output and its loss
+    weight (``compiled_loss``), its weight regularizers on the shards (``model.losses``;
+    ``regularizers``)."""
+    rt.regularization = regularizers.plan_regularizers(model, rt.specs,
+                                                       capturing.weights_by_path(model))
+    rt.output_losses = per_output if len(per_output) > 1 else None
+    rt.loss_weights = loss_weights if any(w is not None for w in loss_weights) else None
+    rt.output_names = output_names
+
+
+def _refuse_call_losses(model: Any, trace: Any, per_output: list) -> None:
+    """The losses the model's call adds in the captured graph (activity regularizers,
+    ``add_loss``) refused by name, with the fix, when the program has a loss to train:
+    the program cannot compute them (``regularizers.refusal``)."""
+    found = regularizers.call_losses(model, trace.graph)
+    if found and any(loss is not None for loss in per_output):
+        raise ValueError(regularizers.refusal(found))
 
 
 def _capture(model: Any, signature: Any, training: bool,
@@ -399,7 +427,6 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     check_graph_optimization(graph_optimization)   # before any work
     optimizer = _resolved_optimizer(model, optimizer, learning_rate)
     compiled_loss = loss is None and getattr(model, "loss", None) is not None
-    loss = loss_object(getattr(model, "loss", None) if loss is None else loss)
     timings: dict[str, float] = {}
     if distribute_strategy is None:
         if devices is None:
@@ -422,9 +449,13 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     expert_rows = rows if mesh is not None and mesh.experts else 1
     global_signature = inputs.InputSignature.of(model, input_spec)
     signature = global_signature.per_row(rows)
+    # the compiled loss: a Loss per output and Keras's loss weights (or ``loss`` given)
+    per_output, loss_weights, output_names = output_losses(model, loss,
+                                                           to_object=loss_object)
     if strategy is None:
         training = True if training is None else training
         trace, graph = _capture(model, signature, training, timings)
+        _refuse_call_losses(model, trace, per_output)   # before the search
         start = time.perf_counter()
         cluster = cluster or Cluster.loopback_cpu(n)
         if cluster.num_devices != n:
@@ -437,13 +468,15 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         given = kwargs.get("options")
         if "loss" not in kwargs and (given is None or given.loss is None):
             # price the loss the program will train with (its collectives on the output)
-            kwargs["loss"] = loss
+            # (one output; the losses of several are not priced)
+            kwargs["loss"] = per_output[0] if len(per_output) == 1 else None
         strategy = search_mod.search(graph, cluster=cluster, **kwargs)
         strategy = strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
         timings["search"] = time.perf_counter() - start
     else:
         training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,
                                                          training, timings)
+        _refuse_call_losses(model, trace, per_output)
     start = time.perf_counter()
     plan = strategy if isinstance(strategy, reconstruct.Plan) else \
         reconstruct.Plan.from_strategy(strategy, graph)
@@ -455,12 +488,14 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
             "norm normalises with its row's statistics (as Keras's unsynchronised batch norm "
             "under tf.distribute); the program is then not the single-device model's, and "
             "verify reports the difference. For exact equivalence run training=False.", mesh)
+    loss = per_output[0]
     variables = capturing.weights_by_path(model)
     values = {p: w.numpy() for p, w in variables.items() if p in program.weight_layouts}
     start = time.perf_counter()
     rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
                          optimizer=optimizer, loss=loss, keras_variables=variables,
                          mesh_rows=rows, graph_optimization=graph_optimization)
+    _model_losses(rt, model, trace, per_output, loss_weights, output_names)
     timings["shard"] = time.perf_counter() - start
     return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
                          global_signature, compiled_loss=compiled_loss)

@@ -50,7 +50,10 @@ How it maps onto TensorFlow:
   replica i computes its share ``sum(local per-example loss) / global count`` (the shares sum
   to L); for an output split on its last axis (class logits) the runtime all-gathers it first,
   with a gradient that is the local slice (recorded in the audit as phase ``"loss"``).
-  Gradients are never aggregated a second time.
+  Gradients are never aggregated a second time. Several outputs: each output's loss on
+  its placement, times Keras's loss weight, summed (``compiled_loss.outputs_loss``); the
+  model's weight regularizers are added on the shards, counted once
+  (``regularizers.regularized``).
 * A step is all-or-nothing: new weights and slots are computed on every replica first; the
   assignments run only after every replica's results exist and the global loss is finite. A
   failed step raises :class:`StepError` and leaves weights, slots and the step counter as
@@ -80,7 +83,8 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
-from tapas.execution import checkpoints, losses, replay, stateful
+from tapas.execution import (checkpoints, compiled_loss, losses, regularizers, replay,
+                             stateful, step_outputs)
 from tapas.execution import step_reductions as reductions
 from tapas.execution.collectives import (Audit, KeyedCollectives, KeyedGroup,
                                          ReplicaContextCollectives, gather_values, local_slice)
@@ -125,6 +129,7 @@ class _Replica:
     rid: int | tf.Tensor
     records: bool
     dp: Any = None    # collectives over the replica's mesh column (rows > 1), else None
+    notes: dict = dataclasses.field(default_factory=dict, compare=False)   # step values
 
 
 def _read(args: Any) -> Any:
@@ -486,18 +491,27 @@ class Runtime:
         plan = self._loss_plan(np.zeros((0,) * y_ndim))
         return Replica() if plan.target_axis is None else Split(plan.target_axis)
 
-    def _loss_plan(self, y: np.ndarray) -> losses.LossPlan:
-        """How the loss of the one output is computed for targets ``y`` (module losses)."""
-        p = self.output_placements[0]
+    # several outputs (compiled_loss.output_losses, set by parallelize): a loss per output,
+    # Keras's loss weights, the output names; None: ``loss`` for the one output
+    output_losses: list | None = None
+    loss_weights: list | None = None
+    output_names: list | None = None
+
+    def _loss_of(self, k: int) -> Any:
+        return self.loss if self.output_losses is None else self.output_losses[k]
+
+    def _loss_plan(self, y: np.ndarray, k: int = 0) -> losses.LossPlan:
+        """How the loss of output ``k`` is computed for targets ``y`` (module losses)."""
+        p = self.output_placements[k]
         shapes = getattr(self.program, "output_shapes", None)
         if not shapes and isinstance(p, Split):
             raise ValueError(f"the program's output is placed {p} but the program has no "
                              "output_shapes: give it the global output shapes (and "
                              "output_dtypes) so that the runtime can plan the loss")
-        shape = tuple(shapes[0]) if shapes else ()
-        dtype = (getattr(self.program, "output_dtypes", None) or ("float32",))[0]
-        activation = (getattr(self.program, "output_activations", None) or (None,))[0]
-        return losses.plan_loss(self.loss, p, shape, dtype, y.ndim, self.num_devices,
+        shape = tuple(shapes[k]) if shapes else ()
+        dtype = (getattr(self.program, "output_dtypes", None) or ("float32",) * (k + 1))[k]
+        activation = (getattr(self.program, "output_activations", None) or (None,) * (k + 1))[k]
+        return losses.plan_loss(self._loss_of(k), p, shape, dtype, y.ndim, self.num_devices,
                                 activation)
 
     def _loss_all_gather(self, r: _Replica, x: tf.Tensor, axis: int) -> tf.Tensor:
@@ -524,17 +538,20 @@ class Runtime:
 
         return gather(out)
 
-    def _vocab_parallel(self, r: _Replica, logits: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        kw = getattr(self.loss, "_fn_kwargs", None) or {}
+    def _vocab_parallel(self, r: _Replica, logits: tf.Tensor, y: tf.Tensor,
+                        loss: Any) -> tf.Tensor:
+        kw = getattr(loss, "_fn_kwargs", None) or {}
         return losses.vocab_parallel_crossentropy(
-            logits, y, sparse=type(self.loss).__name__ == "SparseCategoricalCrossentropy",
+            logits, y, sparse=type(loss).__name__ == "SparseCategoricalCrossentropy",
             label_smoothing=float(kw.get("label_smoothing") or 0.0),
             num_devices=self.num_devices, replica_id=r.rid,
             all_gather=lambda x: self._loss_all_gather(r, x, len(x.shape) - 1),
             all_reduce=lambda x: self._loss_all_reduce(r, x))
 
-    def _local_loss(self, r: _Replica, out: tf.Tensor, target: Any) -> tuple[tf.Tensor, bool]:
-        """(this replica's share of the global loss, whether shares must be summed).
+    def _local_loss(self, r: _Replica, out: tf.Tensor, target: Any,
+                    k: int = 0) -> tuple[tf.Tensor, bool]:
+        """(this replica's share of the global loss of output ``k``, whether shares must
+        be summed).
 
         ``target``: the local targets, or ``(targets, sample weights)`` (Keras's
         weighting: the per-example values times the weights; the mean over the values, or
@@ -545,9 +562,9 @@ class Runtime:
         convention), which is not this runtime's convention.
         """
         y, weight = target if isinstance(target, tuple) else (target, None)
-        p = self.output_placements[0]
-        plan = self.loss_plan
-        activation = (getattr(self.program, "output_activations", None) or (None,))[0]
+        p = self.output_placements[k]
+        plan, loss_fn = self._plans()[k], self._loss_of(k)
+        activation = (getattr(self.program, "output_activations", None) or (None,) * (k + 1))[k]
         logits = getattr(out, "_keras_logits", None)
         if activation in _ACTIVATIONS and logits is None:
             raise ValueError(
@@ -557,7 +574,7 @@ class Runtime:
                 "the last GraphNode without a collective after the activation, e.g. the "
                 "searched one or 'replicate'")
         if plan.method == "vocab-parallel":
-            per_example = self._vocab_parallel(r, out, y)
+            per_example = self._vocab_parallel(r, out, y, loss_fn)
         else:
             if plan.method == "gather":
                 if logits is None:
@@ -566,27 +583,33 @@ class Runtime:
                     logits = self._gather_for_loss(r, logits, p.axis)
                     out = _ACTIVATIONS[activation](logits)
                     out._keras_logits = logits
-            per_example = self.loss.call(y, losses.as_loss_dtype(out, self.loss))
+            per_example = loss_fn.call(y, losses.as_loss_dtype(out, loss_fn))
         total = tf.cast(tf.size(per_example), per_example.dtype)
         if plan.partial:
             total = total * self.num_devices
         if weight is not None:   # Keras: the values times the weights, expanded to their rank
             w = tf.cast(weight, per_example.dtype)
-            if self.loss.reduction == "mean_with_sample_weight":   # over the weights' sum
+            if loss_fn.reduction == "mean_with_sample_weight":   # over the weights' sum
                 total = tf.reduce_sum(w)
-                if isinstance(self.weight_placement, Split):   # each weight on one replica
+                if isinstance(self._weight_placements()[k], Split):   # each on one replica
                     total = self._loss_all_reduce(r, total)
             w = tf.reshape(w, w.shape.as_list() + [1] * (per_example.shape.rank - w.shape.rank))
             per_example = per_example * w
         if r.dp is not None:   # a mesh row's share of the global loss (the rows add up to it)
-            if weight is not None and self.loss.reduction == "mean_with_sample_weight":
+            if weight is not None and loss_fn.reduction == "mean_with_sample_weight":
                 total = r.dp.sum_value(total)     # the weights' global sum
             else:
                 total = total * self.rows         # equal rows: the global count
         loss = tf.reduce_sum(per_example)
-        if self.loss.reduction != "sum":
+        if loss_fn.reduction != "sum":
             loss = tf.math.divide_no_nan(loss, tf.cast(total, loss.dtype))
         return loss, plan.partial
+
+    def _plans(self) -> list:
+        return getattr(self, "loss_plans", None) or [self.loss_plan]
+
+    def _weight_placements(self) -> list:
+        return getattr(self, "weight_placements", None) or [self.weight_placement]
 
     def _forward(self, r: _Replica, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Tensor],
                  states: Mapping[str, tf.Tensor]) -> tuple[list, dict]:
@@ -740,6 +763,9 @@ class Runtime:
 
     # -- training -------------------------------------------------------------------------
 
+    # the model's weight regularizers (tapas.execution.regularizers.plan_regularizers)
+    regularization: list = []
+
     def _grads(self, r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tuple:
         """(loss share, whether shares are summed, gradients of the trainable weights in
         ``trainable_paths`` order (None where the loss does not depend on one), writes)."""
@@ -747,7 +773,8 @@ class Runtime:
         with tf.GradientTape() as tape:
             tape.watch(trainable)
             outs, writes = self._forward(r, xs, weights, states)
-            share, partial = self._local_loss(r, outs[0], y)
+            share, partial = compiled_loss.outputs_loss(self, r, outs, y)
+            share = regularizers.regularized(self, r, share, partial, weights)
             scaled = share
             if self.optimizer.loss_scale is not None:   # Keras's optimizer.scale_loss
                 scaled = tf.cast(share, tf.float32) * self.opt_state["loss_scale"]
@@ -760,6 +787,15 @@ class Runtime:
                      for p, g in zip(self.trainable_paths, grads)]
         return share, partial, grads, writes, outs
 
+    # whether the training step and forward_loss also return the global outputs, targets
+    # and sample weights (``step_values``: what metrics are computed from); set_step_values
+    keep_step_values = False
+    step_values: tuple | None = None
+
+    def set_step_values(self, on: bool) -> None:
+        """Whether steps keep their global values (module ``step_outputs``)."""
+        step_outputs.set_step_values(self, on)
+
     def _dp_loss(self, r: _Replica, loss: tf.Tensor) -> tf.Tensor:
         """The global loss from a row's (the rows' losses add up; 1-D: the loss itself)."""
         return loss if r.dp is None else r.dp.sum_value(loss)
@@ -770,7 +806,7 @@ class Runtime:
 
     def _replica_compute(self, r: _Replica, xs: tuple, y: Any, weights: dict, slots: dict,
                          states: dict) -> tuple:
-        share, partial, grads, writes, _ = self._grads(r, xs, y, weights, states)
+        share, partial, grads, writes, outs = self._grads(r, xs, y, weights, states)
         new_values, new_slots, new_state = self.optimizer.apply(
             {p: weights[p] for p in self.trainable_paths},
             dict(zip(self.trainable_paths, grads)), slots,
@@ -782,7 +818,7 @@ class Runtime:
         for p, upd in new_slots.items():
             new.setdefault(p, {}).update(upd)
         loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
-        return loss, new, writes, new_state
+        return step_outputs.with_step_values(self, r, loss, outs, y), new, writes, new_state
 
     def _replica_assign(self, new: dict, writes: dict, weights: dict, slots: dict,
                         states: dict, deps: list[tf.Tensor]) -> tf.Tensor:
@@ -800,6 +836,7 @@ class Runtime:
         self.graphs["train_step"] = tf.compat.v1.get_default_graph()
         loss, new, writes, state = self._replicas(
             self._replica_compute, (xs, y, self._dist_vars, self._dist_slots, self.states.dist))
+        loss, values = loss if isinstance(loss, tuple) else (loss, None)
         local = self.strategy.experimental_local_results
         local_losses = local(loss)
         everything = tf.nest.flatten(local((new, writes, state)))
@@ -815,21 +852,24 @@ class Runtime:
             for k, v in taken.items():
                 self.opt_state[k].assign(v)
             self.iterations.assign_add(step_taken)
-            return tf.identity(local_losses[0])
+            return step_outputs.first_values(self, tf.identity(local_losses[0]), values)
 
     def _prepare(self, xs: Any, y: Any, worker_share: bool = False,
                  sample_weight: Any = None) -> tuple[Any, Any]:
         if self.loss is None:
             raise ValueError("this runtime has no loss: pass loss=<keras loss> to train")
-        if getattr(self.loss, "reduction", None) not in _REDUCTIONS or not hasattr(self.loss,
-                                                                                   "call"):
-            raise ValueError(f"loss {self.loss!r}: the runtime needs a keras.losses.Loss with "
-                             f"reduction in {sorted(_REDUCTIONS)} (per-example values from "
-                             "Loss.call, reduced by the runtime)")
-        if len(self.output_placements) != 1:
-            raise ValueError(f"training needs a model with one output, this one has "
-                             f"{len(self.output_placements)}")
+        for loss in self.output_losses or [self.loss]:
+            if getattr(loss, "reduction", None) not in _REDUCTIONS or not hasattr(loss, "call"):
+                raise ValueError(f"loss {loss!r}: the runtime needs a keras.losses.Loss with "
+                                 f"reduction in {sorted(_REDUCTIONS)} (per-example values "
+                                 "from Loss.call, reduced by the runtime)")
+        if len(self.output_placements) != len(self.output_losses or [self.loss]):
+            raise ValueError(f"the model has {len(self.output_placements)} outputs and "
+                             f"{len(self.output_losses or [self.loss])} losses: give one "
+                             "loss per output (a list or a dict keyed by output name)")
         xs = self._check_inputs(xs, worker_share)
+        if self.output_losses is not None and len(self.output_losses) > 1:
+            return compiled_loss.prepare_outputs(self, xs, y, worker_share, sample_weight)
         y = np.asarray(y)
         self.loss_plan = self._loss_plan(y)
         tp = Replica() if self.loss_plan.target_axis is None else Split(self.loss_plan.target_axis)
@@ -925,10 +965,14 @@ class Runtime:
     def _loss_only(self, xs: Any, y: Any) -> tf.Tensor:
         def body(r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tf.Tensor:
             outs, _ = self._forward(r, xs, weights, states)   # writes dropped: no side effects
-            share, partial = self._local_loss(r, outs[0], y)
-            return self._dp_loss(r, r.values.sum_value(share) if partial else share)
+            share, partial = compiled_loss.outputs_loss(self, r, outs, y)
+            share = regularizers.regularized(self, r, share, partial, weights)
+            loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
+            return step_outputs.with_step_values(self, r, loss, outs, y)
         loss = self._replicas(body, (xs, y, self._dist_vars, self.states.dist))
-        return self.strategy.experimental_local_results(loss)[0]
+        loss, values = loss if isinstance(loss, tuple) else (loss, None)
+        first = self.strategy.experimental_local_results(loss)[0]
+        return step_outputs.first_values(self, first, values)
 
     def forward_loss(self, xs: Any, y: Any, *, worker_share: bool = False,
                      sample_weight: Any = None) -> float:
@@ -938,8 +982,8 @@ class Runtime:
         ``worker_share``: as for :meth:`train_step`."""
         if not hasattr(self, "_loss_fn"):
             self._loss_fn = tf.function(self._loss_only, autograph=False)
-        return float(self._call("loss", self._loss_fn,
-                                *self._prepare(xs, y, worker_share, sample_weight)).numpy())
+        return step_outputs.keep_values(self, self._call(
+            "loss", self._loss_fn, *self._prepare(xs, y, worker_share, sample_weight)))
 
     def train_step(self, xs: Any, y: Any, *, worker_share: bool = False,
                    sample_weight: Any = None) -> float:
@@ -963,7 +1007,7 @@ class Runtime:
             reason = next((ln for ln in lines if "tapas:" in ln), lines[-1] if lines else "")
             raise StepError(f"training step {int(self.iterations.numpy()) + 1} failed, weights "
                             f"unchanged: {reason}") from None
-        return float(loss.numpy())
+        return step_outputs.keep_values(self, loss)
 
     # -- inference ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 from tapas import ir
 from tapas.capturing.tracing import states_by_path, weights_by_path
 from tapas.execution import keras_reference
+from tapas.execution.keras_reference import reference_loss
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
 from tapas.execution.gradients import NO_GRADIENT
 from tapas.sharding.placements import Placement, Split
@@ -544,8 +545,12 @@ def _inference_check(inference: Any, model: Any, structure: Any, xs: list,
     outs = outs if isinstance(outs, list) else [outs]
     ref = model(structure, training=False)
     loss = rt.forward_loss(xs, y)
-    return _worst({"outputs": compare(outs[0], np.asarray(ref)),
-                   "loss": compare(loss, float(rt.loss(y, ref)))})
+    return _worst({"outputs": compare(outs[0], np.asarray(_first(ref))),
+                   "loss": compare(loss, float(reference_loss(rt, model, y, ref)))})
+
+
+def _first(out: Any) -> Any:
+    return out[0] if isinstance(out, (list, tuple)) else out
 
 
 def _first_batch(rt: Any, model: Any, call: Any, xs: list,
@@ -558,9 +563,9 @@ def _first_batch(rt: Any, model: Any, call: Any, xs: list,
                  if id(w) in trainable_ids and p in grads}
     with tf.GradientTape() as tape:   # one forward pass, as rt.evaluate (training mode)
         ref_out = call()
-        ref_loss = rt.loss(y, ref_out)
+        ref_loss = reference_loss(rt, model, y, ref_out)
     ref_grads = tape.gradient(ref_loss, list(trainable.values()))
-    report["outputs"] = compare(outs[0], np.asarray(ref_out))   # scale: the largest output
+    report["outputs"] = compare(outs[0], np.asarray(_first(ref_out)))   # scale: the largest
     report["loss"] = compare(loss, float(ref_loss))
     # (None: Keras's tape found no path to the loss, e.g. a weight used in the branch of a
     # tf.cond not taken, Hugging Face LED's global attention: a zero gradient)

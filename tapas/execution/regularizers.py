@@ -1,0 +1,234 @@
+"""The model's weight regularization losses (``model.losses``), on the shards, counted once.
+
+In:  a Keras model, the runtime's weight layouts (placement, row axis) and the number of
+     devices of a program row.
+Out: :func:`plan_regularizers`: one :class:`Term` per trainable weight Keras regularizes
+     (``kernel_regularizer``, ``bias_regularizer``, ``embeddings_regularizer``... any
+     regularizer a variable carries: ``variable.regularizer``, what Keras's
+     ``Layer.losses`` reads), or a ``ValueError`` naming a loss the runtime cannot compute
+     exactly (before anything runs); :func:`replica_value`: inside a replica, the term
+     this replica adds to its loss share (:func:`regularized`: added to a runtime's).
+     :func:`call_losses`: the losses the model's call adds (activity regularizers,
+     ``self.add_loss``) found in a traced graph, which the runtime refuses by name
+     (:func:`refusal`): their ops feed no model output, so the capture's GraphNodes do not
+     hold them and the program never computes them.
+
+How a regularizer is computed (Keras adds ``regularizer(variable)`` to the loss):
+
+* a replicated weight: on the whole weight, on every replica;
+* a weight split on an axis, under ``L1``, ``L2`` or ``L1L2`` (a sum of per-element
+  terms): each replica regularizes its shard; the value is all-reduced (forward sum,
+  backward identity), so the gradient of a shard is the local term (``sum-of-shards``);
+* a split weight under any other regularizer (``OrthogonalRegularizer``, one of the
+  user's): the weight is all-gathered first (backward: the local slice of the gradient of
+  the whole weight), so every replica computes Keras's value (``gathered``).
+
+Every replica thus holds the term's full value ``v`` with its own weight's exact
+gradient. :func:`replica_value` then fits it to the loss convention: where the replicas'
+loss shares are summed (a batch-split output), each adds ``v / N`` with the gradient of
+``v`` (a value scale, identity backward); on a mesh of several rows, whose gradients of a
+weight not cut over the rows are summed over the rows, each row adds ``v / rows`` (value
+and gradient).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from tapas.sharding.placements import Split
+
+__all__ = ["Term", "plan_regularizers", "replica_value", "regularized", "call_losses",
+           "refusal", "value_scale", "predicted_comms", "SUM_OF_ELEMENTS"]
+
+# Keras regularizers that are a sum of per-element terms: the shards' values add up
+SUM_OF_ELEMENTS = frozenset({"L1", "L2", "L1L2"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    """One regularized weight: ``how`` is ``replicated``, ``sum-of-shards`` or ``gathered``
+    (module docstring); ``axis`` the weight's split axis; ``row_axis`` the mesh-row axis it
+    is cut on (nested experts) or None."""
+
+    path: str
+    regularizer: Any
+    how: str
+    axis: int | None
+    row_axis: int | None
+
+
+def _keras_class(reg: Any) -> str:
+    """The Keras class name of a regularizer object, '' for anything else (a function, a
+    subclass of the user's: its arithmetic may be anything)."""
+    cls = type(reg)
+    return cls.__name__ if cls.__module__.startswith("keras") else ""
+
+
+def plan_regularizers(model: Any, specs: Mapping[str, Any], weight_paths: Mapping[str, Any]
+                      ) -> list[Term]:
+    """The :class:`Term` of every trainable weight of ``model`` with a regularizer.
+    ``specs``: the runtime's layouts by path (``placement``, ``row_axis``);
+    ``weight_paths``: {path: Keras variable} (``tapas.capturing.weights_by_path``)."""
+    by_variable = {id(v): p for p, v in weight_paths.items()}
+    terms = []
+    for v in getattr(model, "trainable_weights", []):
+        reg = getattr(v, "regularizer", None)
+        if reg is None:
+            continue
+        path = by_variable.get(id(v), getattr(v, "path", str(v)))
+        spec = specs.get(path)
+        if spec is None:
+            raise ValueError(
+                f"weight '{path}' carries a regularizer ({type(reg).__name__}) but the "
+                "traced graph never reads it, so the runtime holds no shard of it and "
+                "cannot add its loss (Keras adds it to model.losses): remove the "
+                "regularizer or the unused weight, or use the weight in the model's call")
+        axis = spec.placement.axis if isinstance(spec.placement, Split) else None
+        if axis is None:
+            how = "replicated"
+        elif _keras_class(reg) in SUM_OF_ELEMENTS:
+            how = "sum-of-shards"
+        elif spec.row_axis is None:
+            how = "gathered"
+        else:
+            raise ValueError(
+                f"weight '{path}' is cut over the mesh rows (axis {spec.row_axis}) and split "
+                f"on axis {axis}, and its regularizer {type(reg).__name__} is not a sum of "
+                f"per-element terms ({sorted(SUM_OF_ELEMENTS)}), so its shards' values "
+                "cannot be added up: use one of those regularizers, or a plan/mesh that "
+                "keeps this weight whole")
+        terms.append(Term(path, reg, how, axis, spec.row_axis))
+    return terms
+
+
+def predicted_comms(terms: list[Term], specs: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The collectives :func:`replica_value` adds to a step, (kind, global bytes) each:
+    an all-reduce of a scalar per ``sum-of-shards`` term, an all-gather of the weight per
+    ``gathered`` one (``specs``: the runtime's layouts, ``global_shape`` and ``dtype``)."""
+    out = []
+    for t in terms:
+        size = tf.as_dtype(specs[t.path].dtype).size
+        if t.how == "sum-of-shards":
+            out.append(("AR", size))
+        elif t.how == "gathered":
+            count = 1
+            for d in specs[t.path].row_shape:
+                count *= int(d)
+            out.append(("AG", count * size))
+    return tuple(out)
+
+
+def value_scale(x: tf.Tensor, k: float) -> tf.Tensor:
+    """``x * k`` forward, the identity backward."""
+    @tf.custom_gradient
+    def scale(t: tf.Tensor) -> tuple[tf.Tensor, Callable]:
+        return t * tf.cast(k, t.dtype), lambda dy: dy
+    return scale(x)
+
+
+def _summed(x: tf.Tensor, sum_value: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
+    """All-reduce (sum) forward, the identity backward."""
+    @tf.custom_gradient
+    def total(t: tf.Tensor) -> tuple[tf.Tensor, Callable]:
+        return sum_value(t), lambda dy: dy
+    return total(x)
+
+
+def _gathered(x: tf.Tensor, axis: int, gather_value: Callable, local_slice: Callable
+              ) -> tf.Tensor:
+    """All-gather forward, the local slice of the gradient backward."""
+    @tf.custom_gradient
+    def whole(t: tf.Tensor) -> tuple[tf.Tensor, Callable]:
+        return gather_value(t, axis), lambda dy: local_slice(dy, axis)
+    return whole(x)
+
+
+def replica_value(terms: list[Term], weights: Mapping[str, tf.Tensor], *, partial: bool,
+                  num_devices: int, rows: int, sum_value: Callable, gather_value: Callable,
+                  local_slice: Callable, record: Callable[[str, int], None]) -> tf.Tensor | None:
+    """The regularization this replica adds to its loss share (None without terms).
+
+    ``weights``: the replica's local weight values (differentiated by the caller's tape);
+    ``partial``: whether the replicas' loss shares are summed; ``sum_value(x)`` and
+    ``gather_value(x, axis)``: collectives over the row's devices without gradient;
+    ``local_slice(x, axis)``: this replica's slice of a whole tensor; ``record(kind,
+    global bytes)`` is told each collective added."""
+    if not terms:
+        return None
+    total = None
+    for t in terms:
+        w = weights[t.path]
+        if t.how == "gathered":
+            whole = _gathered(w, t.axis, gather_value, local_slice)
+            record("AG", int(whole.shape.num_elements()) * whole.dtype.size)
+            v = t.regularizer(whole)
+        else:
+            v = tf.convert_to_tensor(t.regularizer(w))
+            if t.how == "sum-of-shards":
+                record("AR", v.dtype.size)
+                v = _summed(v, sum_value)
+        if rows > 1 and t.row_axis is None:   # the rows' gradients of it are summed
+            v = v / tf.cast(rows, v.dtype)
+        total = v if total is None else total + v
+    if partial and num_devices > 1:   # the replicas' shares are summed: each adds 1/N
+        total = value_scale(total, 1.0 / num_devices)
+    return total
+
+
+def call_losses(model: Any, graph: tf.Graph) -> list[str]:
+    """The losses the model's call added while ``graph`` was traced (a layer's
+    ``activity_regularizer``, ``self.add_loss(tensor)``), one description per loss:
+    Keras keeps them in each layer's ``_losses`` as tensors of the traced graph."""
+    found = []
+    layers = [model] + list(model._flatten_layers(include_self=False)) \
+        if hasattr(model, "_flatten_layers") else [model]
+    for layer in layers:
+        own = [x for x in getattr(layer, "_losses", []) or []
+               if getattr(x, "graph", None) is graph]
+        if not own:
+            continue
+        kind = (f"activity_regularizer {type(layer.activity_regularizer).__name__}"
+                if getattr(layer, "activity_regularizer", None) is not None else "add_loss")
+        found.append(f"layer '{layer.name}' ({type(layer).__name__}): {len(own)} loss(es) "
+                     f"from its call ({kind})")
+    return found
+
+
+def refusal(found: list[str]) -> str:
+    """Why a model whose call adds losses (:func:`call_losses`) is refused, and the fix."""
+    return ("the model's call adds losses that Keras puts into the training loss "
+            f"(model.losses): {'; '.join(found)}. The parallel program does not compute "
+            "them: their ops feed no model output, so the captured graph leaves them out, "
+            "and leaving them out of the loss would train another model: remove them "
+            "(activity_regularizer=None, no self.add_loss in call) or move them into a "
+            "weight regularizer (kernel_regularizer=..., which the runtime computes); a "
+            "loss added only in training (an MoE layer's load-balancing loss, e.g. "
+            "moe-tiny's) is absent from the inference graph: parallelize with "
+            "training=False (tapas train --training=false) to train that graph; or train "
+            "this model with Keras")
+
+
+def regularized(rt: Any, r: Any, share: tf.Tensor, partial: bool,
+                weights: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    """In a replica body of ``rt`` (a ``Runtime``; ``r`` its replica): ``share`` plus this
+    replica's part of the model's weight regularization losses (``rt.regularization``,
+    :func:`replica_value`); the collectives it adds go to ``rt.regularizer_comms``
+    (function, kind, global bytes), once per trace."""
+    from tapas.execution.collectives import local_slice
+
+    def record(kind: str, nbytes: int) -> None:
+        if r.records:
+            rt.regularizer_comms.append((rt._tracing, kind, nbytes))
+    if r.records:
+        rt.regularizer_comms = [c for c in getattr(rt, "regularizer_comms", [])
+                                if c[0] != rt._tracing]
+    extra = replica_value(
+        rt.regularization, weights, partial=partial, num_devices=rt.num_devices,
+        rows=rt.rows, sum_value=r.values.sum_value, gather_value=r.values.gather_value,
+        local_slice=lambda x, axis: local_slice(x, axis, rt.num_devices, r.rid),
+        record=record)
+    return share if extra is None else share + tf.cast(extra, share.dtype)
