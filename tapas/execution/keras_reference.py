@@ -6,7 +6,8 @@ Out: the losses of both sides per step (:func:`train_side_by_side`; the Keras mo
      trained as the reference, by ``model.train_on_batch`` with a fresh optimizer of the
      compiled one's class and settings when that is the step the parallel model runs),
      and whether every loss was finite (:func:`finite_losses`); Keras's training loss of a
-     model's outputs (:func:`reference_loss`).
+     model's outputs (:func:`reference_loss`); how much the model's own gradients move
+     under float32-sized perturbations (:func:`reference_sensitivity`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
-__all__ = ["finite_losses", "keras_train_on_batch", "reference_loss", "train_side_by_side"]
+__all__ = ["SENSITIVITY_PERTURBATION", "finite_losses", "keras_train_on_batch", "reference_loss",
+           "reference_sensitivity", "train_side_by_side"]
 
 
 def train_side_by_side(pm: Any, call: Any, xs: list, y: Any, steps: int,
@@ -108,3 +111,68 @@ def reference_loss(rt: Any, model: Any, y: Any, out: Any) -> tf.Tensor:
              zip(losses, ys, outs, rt.loss_weights or [None] * len(losses))]
     terms += [tf.reduce_sum(v) for v in model.losses]
     return tf.add_n(terms) if len(terms) > 1 else terms[0]
+
+
+#: relative size of the weight perturbation :func:`reference_sensitivity` applies: about
+#: one float32 rounding step (2**-23 = 1.2e-7)
+SENSITIVITY_PERTURBATION = 1e-7
+
+
+def reference_sensitivity(model: Any, call: Any, loss_fn: Any, y: Any,
+                          relative: float = SENSITIVITY_PERTURBATION,
+                          seed: int = 0, atol_factor: float = 1e-5) -> dict[str, Any]:
+    """How much the single-device model's own gradients (and first output) move when its
+    trainable weights are perturbed by ``relative`` (each element times
+    1 + relative * N(0, 1)): float32 rounding in another order of operations perturbs a
+    program by about that much, so a difference from a parallel program of this size is
+    rounding, not a wrong plan. Some models are ill-conditioned this way in training mode
+    (batch norm over a handful of values: keras.applications MobileNetV2 at 32x32 with a
+    batch of 8, whose last feature maps are 1x1, moves its gradients by 7e-4 against a
+    tolerance of 2e-4).
+
+    Both gradients are taken at the model's current weights (in ``verify``, after its
+    steps) from the same state: every variable of ``model`` (moving statistics, seed
+    generators) is saved first and restored after each call, so dropout draws the same
+    masks and the model is left as it was. Returns the largest gradient
+    difference, the scale and tolerance ``verify`` uses for gradients, and ``exceeds``:
+    whether the model's own sensitivity is above that tolerance; the same for the first
+    output (``outputs_max_abs_diff``, ``outputs_tolerance``, ``outputs_exceed``)."""
+    saved = [v.numpy() for v in model.variables]
+    rng = np.random.default_rng(seed)
+
+    def restore() -> None:
+        for v, value in zip(model.variables, saved):
+            v.assign(value)
+
+    def run(perturb: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+        restore()
+        if perturb:
+            for w in model.trainable_weights:
+                value = w.numpy()
+                if value.dtype.kind == "f":
+                    noise = rng.standard_normal(value.shape).astype(value.dtype)
+                    w.assign(value * (1 + relative * noise))
+        with tf.GradientTape() as tape:
+            out = call()
+            loss = loss_fn(y, out)
+        grads = tape.gradient(loss, model.trainable_weights)
+        first = tf.nest.flatten(out)[0]
+        return np.asarray(first, np.float64), [
+            np.zeros(w.shape, np.float64) if g is None
+            else np.asarray(tf.convert_to_tensor(g), np.float64)
+            for g, w in zip(grads, model.trainable_weights)]
+
+    try:
+        (out0, base), (out1, moved) = run(False), run(True)
+    finally:
+        restore()
+    scale = max((float(np.abs(g).max()) for g in base if g.size), default=0.0)
+    diff = max((float(np.abs(a - b).max()) for a, b in zip(base, moved) if a.size),
+               default=0.0)
+    tolerance = atol_factor * scale
+    out_scale = float(np.abs(out0).max()) if out0.size else 0.0
+    out_diff = float(np.abs(out0 - out1).max()) if out0.size else 0.0
+    return {"relative_perturbation": relative, "max_abs_diff": diff, "scale": scale,
+            "tolerance": tolerance, "exceeds": diff > tolerance,
+            "outputs_max_abs_diff": out_diff, "outputs_tolerance": atol_factor * out_scale,
+            "outputs_exceed": out_diff > atol_factor * out_scale}

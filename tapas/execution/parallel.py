@@ -376,6 +376,27 @@ def _resolved_optimizer(model: Any, optimizer: Any, learning_rate: float | None)
     return optimizer
 
 
+def _search(graph: Any, n: int, cluster: Cluster | None, search_options: Any,
+            expert_rows: int, per_output: list) -> Any:
+    """``tapas.search`` of ``graph`` on ``cluster`` (default ``Cluster.loopback_cpu(n)``),
+    pricing the loss the program will train with (one output's: the losses of several are
+    not priced) unless ``search_options`` say otherwise; the Strategy bound to ``graph``."""
+    from tapas.planning import search as search_mod
+    cluster = cluster or Cluster.loopback_cpu(n)
+    if cluster.num_devices != n:
+        raise ValueError(f"cluster {cluster.name} has {cluster.num_devices} devices but the "
+                         f"program runs on {n}")
+    kwargs = dict(search_options or {})
+    if expert_rows > 1 and "patterns_fn" not in kwargs:
+        from tapas.planning import experts
+        kwargs["patterns_fn"] = experts.nested_patterns(graph, expert_rows)
+    given = kwargs.get("options")
+    if "loss" not in kwargs and (given is None or given.loss is None):
+        kwargs["loss"] = per_output[0] if len(per_output) == 1 else None
+    strategy = search_mod.search(graph, cluster=cluster, **kwargs)
+    return strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
+
+
 def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                 devices: int | None = None,
                 distribute_strategy: tf.distribute.Strategy | None = None,
@@ -422,7 +443,6 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     norm make them differ): then the inference graph, with a warning saying so.
     """
     from tapas.execution import reconstruct
-    from tapas.planning import search as search_mod
     from tapas.execution.replay import check_graph_optimization
     check_graph_optimization(graph_optimization)   # before any work
     optimizer = _resolved_optimizer(model, optimizer, learning_rate)
@@ -457,21 +477,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         trace, graph = _capture(model, signature, training, timings)
         _refuse_call_losses(model, trace, per_output)   # before the search
         start = time.perf_counter()
-        cluster = cluster or Cluster.loopback_cpu(n)
-        if cluster.num_devices != n:
-            raise ValueError(f"cluster {cluster.name} has {cluster.num_devices} devices but the "
-                             f"program runs on {n}")
-        kwargs = dict(search_options or {})
-        if expert_rows > 1 and "patterns_fn" not in kwargs:
-            from tapas.planning import experts
-            kwargs["patterns_fn"] = experts.nested_patterns(graph, expert_rows)
-        given = kwargs.get("options")
-        if "loss" not in kwargs and (given is None or given.loss is None):
-            # price the loss the program will train with (its collectives on the output)
-            # (one output; the losses of several are not priced)
-            kwargs["loss"] = per_output[0] if len(per_output) == 1 else None
-        strategy = search_mod.search(graph, cluster=cluster, **kwargs)
-        strategy = strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
+        strategy = _search(graph, n, cluster, search_options, expert_rows, per_output)
         timings["search"] = time.perf_counter() - start
     else:
         training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,

@@ -85,9 +85,10 @@ import tensorflow as tf
 from tapas.capturing.tracing import weights_by_path
 from tapas.execution import (checkpoints, compiled_loss, losses, regularizers, replay,
                              stateful, step_outputs)
+from tapas.execution import gathering
 from tapas.execution import step_reductions as reductions
 from tapas.execution.collectives import (Audit, KeyedCollectives, KeyedGroup,
-                                         ReplicaContextCollectives, gather_values, local_slice)
+                                         ReplicaContextCollectives, local_slice)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
 from tapas.execution.plan import WeightLayout
 from tapas.sharding.placements import Partial, Replica, Split, parse_placement
@@ -1043,59 +1044,7 @@ class Runtime:
 
     def _global(self, tensors: Mapping[int, Mapping[str, tf.Variable]],
                 paths: Sequence[str]) -> dict[str, np.ndarray]:
-        split = [p for p in paths if self.specs[p].row_axis is not None]
-        if split:   # nested experts: every row holds its part of these
-            out = self._global_over_rows(tensors, split)
-            rest = [p for p in paths if p not in out]
-            return {**out, **(self._global(tensors, rest) if rest else {})}
-        row = self._local_row()
-        if row is not None:
-            return {p: self.specs[p].placement.unshard(
-                [tensors[r][p].numpy() for r in row]) for p in paths}
-        if self.rows > 1:
-            raise ValueError("this process holds no whole row of the mesh: put each row's "
-                             "devices in one worker (rows x cols with cols dividing the "
-                             "devices per worker)")
-        dist = self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: {p: tensors[ctx.replica_id_in_sync_group][p] for p in paths})
-
-        @tf.function
-        def gather(values: Any) -> Any:
-            def fn(vals: dict) -> dict:
-                return {p: (gather_values(vals[p].read_value(), self.specs[p].placement.axis)
-                            if isinstance(self.specs[p].placement, Split)
-                            else tf.identity(vals[p])) for p in paths}
-            return self.strategy.run(fn, args=(values,))
-
-        out = gather(dist)
-        return {p: self.strategy.experimental_local_results(out[p])[0].numpy() for p in paths}
-
-    def _global_over_rows(self, tensors: Mapping[int, Mapping[str, tf.Variable]],
-                          paths: Sequence[str]) -> dict[str, np.ndarray]:
-        """Global values of weights cut over the mesh rows (nested experts): each row's part
-        from its columns' shards, the rows' parts concatenated. Shards held by other
-        workers are all-gathered (every worker must call it)."""
-        cols = self.num_devices
-        if self._all_local():
-            shards = {p: [tensors[r][p].numpy() for r in range(self.num_replicas)]
-                      for p in paths}
-        else:
-            dist = self.strategy.experimental_distribute_values_from_function(
-                lambda ctx: {p: tensors[ctx.replica_id_in_sync_group][p] for p in paths})
-
-            @tf.function
-            def gather(values: Any) -> Any:
-                def fn(vals: dict) -> dict:   # every replica's shard, stacked in replica order
-                    return {p: gather_values(vals[p].read_value()[None], 0) for p in paths}
-                return self.strategy.run(fn, args=(values,))
-
-            out = gather(dist)
-            shards = {p: list(self.strategy.experimental_local_results(out[p])[0].numpy())
-                      for p in paths}
-        return {p: np.concatenate([self.specs[p].placement.unshard(shards[p][i * cols:
-                                                                             (i + 1) * cols])
-                                   for i in range(self.rows)], axis=self.specs[p].row_axis)
-                for p in paths}
+        return gathering.global_values(self, tensors, paths)
 
     def global_weights(self) -> dict[str, np.ndarray]:
         """Every weight's global value, reassembled from the shards."""
