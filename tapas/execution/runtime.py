@@ -991,10 +991,15 @@ class Runtime:
         try:
             loss = self._call("train_step", self._train_fn, dist_x, dist_y)
         except tf.errors.InvalidArgumentError as e:
-            lines = [ln.strip() for ln in e.message.splitlines() if ln.strip()]
-            reason = next((ln for ln in lines if "tapas:" in ln), lines[-1] if lines else "")
+            from tapas.execution.step_errors import op_message
             raise StepError(f"training step {int(self.iterations.numpy()) + 1} failed, weights "
-                            f"unchanged: {reason}") from None
+                            f"unchanged: {op_message(e)}") from None
+        except tf.errors.CancelledError:   # one replica failed, the others were cancelled
+            if not self._all_local():
+                raise   # (or a worker was lost: fit reports which)
+            from tapas.execution.step_errors import cancelled_cause
+            raise StepError(f"training step {int(self.iterations.numpy()) + 1} failed, weights "
+                            f"unchanged: {cancelled_cause(self, xs, y)}") from None
         return float(loss.numpy())
 
     # -- inference ------------------------------------------------------------------------

@@ -110,6 +110,11 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         raise TrainError(f"--devices_per_worker={opts.devices_per_worker}: it sets the "
                          "devices of each process of --workers=K (at least 1); for one "
                          "process use --devices=N")
+    from tapas.execution import preflight
+    try:   # counts, the strategy file, the checkpoint directory: before anything is built
+        preflight.check_options(opts)
+    except preflight.PreflightError as e:
+        raise TrainError(str(e)) from None
     if opts.compute_scale is not None:
         _check_compute_scale(opts)   # before workers are launched or a model is built
     if opts.kernel_times is not None:
@@ -148,11 +153,15 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         report["communication_calibration"] = None if comm is None else comm.to_json()
         report["activation_communication_scale"] = (None if comm is None
                                                     else comm.activation_communication_scale)
-    if opts.is_job:
-        check = None
-        _run_job(opts, pm, xs, y, report, say)
-    else:
-        check = _run_steps(opts, pm, xs, y, report, say)
+    from tapas.execution.runtime import StepError
+    try:
+        check = None if opts.is_job else _run_steps(opts, pm, xs, y, report, say)
+        if opts.is_job:
+            _run_job(opts, pm, xs, y, report, say)
+    except StepError as e:   # a failed step, weights unchanged: its cause, not a traceback
+        hint = (" (a learning rate too large for the model, or NaN/inf in the data: check "
+                "--learning_rate and --data)" if "not finite" in str(e) else "")
+        raise TrainError(f"{e}{hint}") from None
     timings.update({f"trace_{k}": v for k, v in pm.runtime.trace_seconds.items()})
     if "train_step" in pm.runtime.audits:   # not when a resumed job had nothing left to do
         audit = pm.audit()
@@ -229,6 +238,12 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         xs, y = entry.synthetic_batch(opts.batch_size)
         xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
     timings["build"] = time.perf_counter() - start
+    if opts.data and opts.data.endswith(".npz"):   # before the capture and the search
+        from tapas.execution import preflight
+        try:
+            preflight.check_npz(opts.data, model, specs, loss)
+        except preflight.PreflightError as e:
+            raise TrainError(str(e)) from None
 
     try:   # a preset name or a cluster file; one mesh row's devices
         cluster = Cluster.resolve(opts.cluster, 1, n // rows)
@@ -706,10 +721,8 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
         x, targets, steps_per_epoch = xs, y, opts.steps
     epochs = opts.epochs or 1
     if opts.resume:
-        found = fit_mod.latest_checkpoint(opts.checkpoint_dir)
-        report["resumed_from"] = found
-        say(f"\nresuming from {found}" if found else
-            f"\nno checkpoint in {opts.checkpoint_dir} yet: starting from the beginning")
+        from tapas.execution import preflight
+        preflight.say_resume(opts, say)
     # on a terminal, a progress bar per epoch (ETA) instead of a line per step
     bar = ProgressBar("epoch", delay=0.0) if pm.runtime.task_id == 0 else None
     if bar is None or not bar.enabled:
@@ -750,6 +763,8 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
                              tensorboard=opts.tensorboard)
     except (ValueError, FileNotFoundError, fit_mod.WorkerLostError, tf_errors()) as e:
         raise TrainError(str(e)) from None
+    if opts.resume:   # the checkpoint read, after any damaged newer one was skipped
+        report["resumed_from"] = getattr(history, "resumed_from", None)
     report.update({"losses": losses, "step_seconds": step_times, "epochs": epochs,
                    "history": history.history, "step": int(pm.runtime.iterations.numpy())})
     if opts.checkpoint_dir:
