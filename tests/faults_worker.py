@@ -1,7 +1,7 @@
 """Subprocess entry of tests/test_faults.py: checkpoint faults of ``ParallelModel.fit`` on
 2 logical CPU devices (set once per process).
 
-    python tests/faults_worker.py '{"checks": ["damaged", "paused", "unwritable"], "dir": D}'
+    python tests/faults_worker.py '{"checks": ["damaged", "step_error"], "dir": D}'
 
 Each check prints one line ``RESULT <json>`` (``tests/worker_main.py``). The model: two
 inputs ``a`` (6) and ``b`` (4), concatenated, Dense(8, relu), Dense(3), MSE; Adam; a random
@@ -18,6 +18,8 @@ plan that shards it; 40 examples, global batch 8 (5 steps an epoch), shuffled.
   in the moved directory, and the final weights equal an uninterrupted run's.
 * ``unwritable``: a checkpoint directory that cannot be created, and one that cannot be
   written, are refused before the first step (the step counter stays 0).
+* ``step_error``: a 4-class classifier's step on labels of 7, three times: the errors
+  raised (TensorFlow's own message wanted), the weights unchanged, then a good step.
 """
 
 from __future__ import annotations
@@ -198,7 +200,35 @@ def check_unwritable() -> dict[str, Any]:
     return out
 
 
+def check_step_error() -> dict[str, Any]:
+    """Labels beyond the classes of a 4-class classifier, three times (whichever replica's
+    error TensorFlow raises first), then a good step."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((6,), name="x")
+    model = keras.Model(inp, keras.layers.Dense(4)(keras.layers.Dense(8)(inp)))
+    spec = tf.TensorSpec([B, 6], name="x")
+    graph = capturing.capture(model, spec, training=True)
+    pm = parallel.parallelize(model, spec, parallel.random_plan(graph, 2, 0), devices=2,
+                              loss=keras.losses.SparseCategoricalCrossentropy(
+                                  from_logits=True))
+    x = np.random.default_rng(0).standard_normal((B, 6)).astype("float32")
+    before = pm.global_weights()
+    errors = []
+    for _ in range(3):
+        try:
+            pm.train_step(x, np.full((B,), 7))
+            errors.append("no error")
+        except Exception as e:  # noqa: BLE001  (its class and message are the result)
+            errors.append(f"{type(e).__name__}: {e}")
+    after = pm.global_weights()
+    unchanged = all(np.array_equal(before[p], after[p]) for p in before)
+    loss = pm.train_step(x, np.arange(B) % 4)
+    return {"errors": errors, "unchanged": unchanged, "good_loss": loss,
+            "step": int(pm.runtime.iterations.numpy())}
+
+
 if __name__ == "__main__":
     run_checks({"damaged": check_damaged, "paused": check_paused,
-                "unwritable": check_unwritable}, JOB["checks"])
+                "unwritable": check_unwritable, "step_error": check_step_error},
+               JOB["checks"])
     finish()

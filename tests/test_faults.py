@@ -32,7 +32,8 @@ WORKER = os.path.join(ROOT, "tests", "faults_worker.py")
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("faults"))
-    (res,) = run_worker(WORKER, {"dir": d, "checks": ["damaged", "paused", "unwritable"]},
+    (res,) = run_worker(WORKER, {"dir": d, "checks": ["damaged", "paused", "unwritable",
+                                             "step_error"]},
                         1, 300.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
@@ -73,6 +74,16 @@ def test_an_unwritable_checkpoint_directory_is_refused_before_the_first_step(fau
     assert r["step"] == 0
     assert "cannot create it (Not a directory)" in r["uncreatable"]
     assert "is not writable" in r["read_only"] and "give --checkpoint_dir" in r["read_only"]
+
+
+def test_a_failed_replica_reports_tensorflows_own_error_not_the_cancellation(faults):
+    r = faults["step_error"]
+    assert len(r["errors"]) == 3
+    for e in r["errors"]:
+        assert e.startswith("StepError: training step 1 failed, weights unchanged"), e
+        assert "Received a label value of 7 which is outside the valid range of [0, 4)" in e
+        assert "RecvAsync" not in e and "[[" not in e, e
+    assert r["unchanged"] and r["step"] == 1 and np.isfinite(r["good_loss"])
 
 
 # ---- the command line ------------------------------------------------------------------------
