@@ -106,15 +106,21 @@ def agree(rt: Any, ok: bool) -> bool:
     itself in one process). Every worker must call it: it is also a barrier."""
     if rt._all_local():
         return ok
-    fn = getattr(rt, "_tapas_agree_fn", None)
-    if fn is None:
-        def replica(bad: tf.Tensor) -> tf.Tensor:
+    state = rt.__dict__.get("_tapas_agree")
+    if state is None:   # one function on every worker (the same collective each call), the
+        # flag read from a variable on this worker's device (a collective refuses a tensor
+        # with no device)
+        with tf.device(rt.strategy.extended.worker_devices[0]):
+            flag = tf.Variable(0.0, trainable=False)
+
+        def replica() -> tf.Tensor:
             ctx = tf.distribute.get_replica_context()
-            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, bad)
-        fn = tf.function(lambda bad: rt.strategy.run(replica, args=(bad,)), autograph=False)
-        rt._tapas_agree_fn = fn
-    result = fn(tf.constant(0.0 if ok else 1.0))
-    first = rt.strategy.experimental_local_results(result)[0]
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, flag.read_value())
+        state = rt._tapas_agree = (flag, tf.function(lambda: rt.strategy.run(replica),
+                                                     autograph=False))
+    flag, fn = state
+    flag.assign(0.0 if ok else 1.0)
+    first = rt.strategy.experimental_local_results(fn())[0]
     return float(first.numpy()) == 0.0
 
 

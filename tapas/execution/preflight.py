@@ -64,7 +64,9 @@ def check_strategy(strategy: str) -> None:
                                  "integer: pass --strategy=random:SEED, e.g. random:0")
         return
     if not os.path.exists(strategy):
-        return   # said where the strategy is used, with the choices
+        raise PreflightError(f"--strategy={strategy}: no such file (give a Strategy JSON from "
+                             "`tapas search --out=...`, 'random:SEED', or leave it out to "
+                             "search)")
     from tapas.planning.strategy import Strategy
     try:
         Strategy.load(strategy)

@@ -115,6 +115,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         preflight.check_options(opts)
     except preflight.PreflightError as e:
         raise TrainError(str(e)) from None
+    _check_model_name(opts.model)
     if opts.compute_scale is not None:
         _check_compute_scale(opts)   # before workers are launched or a model is built
     if opts.kernel_times is not None:
@@ -122,7 +123,6 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     if opts.communication_scale is not None:
         _check_communication_scale(opts)
     if opts.workers and not os.environ.get("TF_CONFIG"):
-        _check_model_name(opts.model)   # here, not once per worker after the launch
         return _launch_workers(opts)
     from tapas.execution import devices
     timings: dict[str, float] = {}
