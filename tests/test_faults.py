@@ -211,3 +211,35 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_reliability_cases_script_gives_clear_verdicts_on_a_slice(tmp_path):
+    """scripts/reliability_cases.py on 4 of its cases (those that end before a model is
+    built): each clear or working, the table and the JSON rows written."""
+    rows_path = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts",
+                                                        "reliability_cases.py"),
+                           "--only=train-help,bare,devices-0,strategy-truncated",
+                           f"--json_out={rows_path}"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(rows_path.read_text())
+    assert [(r["id"], r["verdict"]) for r in rows] == [
+        ("train-help", "works"), ("bare", "clear"), ("devices-0", "clear"),
+        ("strategy-truncated", "clear")]
+    assert "clear: 3, works: 1" in proc.stdout
+
+
+def test_the_reliability_verdicts_tell_a_crash_from_an_unclear_or_silent_error():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import reliability_cases as rc
+    finally:
+        sys.path.remove(os.path.join(ROOT, "scripts"))
+    case = rc.Case("x", "x", (), ("the fix",))
+    assert rc.verdict(case, 1, "tapas train: bad: the fix") == "clear"
+    assert rc.verdict(case, 1, "tapas train: bad") == "unclear"
+    assert rc.verdict(case, 1, "Traceback (most recent call last):\n the fix") == "crash"
+    assert rc.verdict(case, 0, "ran anyway") == "silent"
+    assert rc.verdict(case, None, "") == "hang"
+    assert rc.verdict(rc.Case("y", "y", (), ("done",), rc=0), 0, "done") == "works"
