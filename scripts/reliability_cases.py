@@ -131,7 +131,7 @@ CASES: list[Case] = [
          ("train", *T5, "--data={d}/d.npz"), ("holds the id", "has 512 rows"),
          setup=_npz(encoder_input_ids=lambda ids: ids + 100000)),
     Case("data-not-npz", "a text file named .npz", ("train", *T5, "--data={d}/d.npz"),
-         ("--data=", "is it an .npz written by np.savez?"),
+         ("--data=", "numpy cannot read it as an .npz", "np.savez("),
          setup=_text("d.npz", "not an npz")),
     Case("mesh-form", "--mesh=2by2", ("train", *T5, "--mesh=2by2"), ("ROWSxCOLS",)),
     Case("resume-damaged", "--resume after the newest checkpoint's layout was truncated",

@@ -17,7 +17,8 @@ from absl import flags
 flags.DEFINE_string("graph_out", None, "inspect: write the captured IR as JSON to this path.")
 flags.DEFINE_integer("top", 10, "inspect: how many of the largest GraphNodes to list.")
 
-SUMMARY = 'capture a model and print its IR: ops, GraphNodes by kind, parameters, the largest nodes'
+SUMMARY = ('capture a model and print its IR: ops, GraphNodes by kind, parameters, the largest'
+           ' nodes')
 USAGE = 'tapas inspect --model=NAME [--batch_size=N] [--graph_out=ir.json] [--top=10]'
 #: the flags this command reads, in the order its help lists them
 FLAG_NAMES = ('model', 'batch_size', 'training', 'top', 'graph_out', 'json_out')

@@ -25,7 +25,8 @@ flags.DEFINE_string("folded_out", None, "mine: write the FoldedGraph as JSON to 
 SUMMARY = 'mine the frequent subgraphs (templates) of a model and fold its graph'
 USAGE = 'tapas mine --model=NAME [--min_size=N] [--min_support=K] [--draw=folded.png]'
 #: the flags this command reads, in the order its help lists them
-FLAG_NAMES = ('model', 'batch_size', 'training', 'min_size', 'min_support', 'draw', 'folded_out', 'json_out')
+FLAG_NAMES = ('model', 'batch_size', 'training', 'min_size', 'min_support', 'draw',
+              'folded_out', 'json_out')
 
 
 def cmd_mine() -> dict[str, Any]:

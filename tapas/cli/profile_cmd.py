@@ -35,10 +35,13 @@ flags.DEFINE_boolean("widths", True, "profile: measure the FLOP rate of matrix m
                      "by their width (8 to 256), at which the cost model prices thin layers "
                      "(--nowidths: every width at one rate).")
 
-SUMMARY = "measure this machine's collectives and compute; write a cluster file for the cost model"
-USAGE = 'tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json [--plot=residuals.png] [--nogamma]'
+SUMMARY = ("measure this machine's collectives and compute; write a cluster file for the cost "
+           'model')
+USAGE = ('tapas profile --devices=N [--sizes=1KiB:16MiB] [--repeats=7] --out=cluster.json '
+         '[--plot=residuals.png] [--nogamma]')
 #: the flags this command reads, in the order its help lists them
-FLAG_NAMES = ('devices', 'workers', 'sizes', 'repeats', 'out', 'plot', 'gamma', 'elementwise', 'widths', 'json_out')
+FLAG_NAMES = ('devices', 'workers', 'sizes', 'repeats', 'out', 'plot', 'gamma', 'elementwise',
+              'widths', 'json_out')
 
 
 def cmd_profile() -> dict[str, Any]:

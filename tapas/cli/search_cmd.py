@@ -40,9 +40,14 @@ flags.DEFINE_list("draw_references", ["megatron", "ffn-only", "mha-only"],
                   "apply to the model; empty: none).")
 
 SUMMARY = 'search the tensor-parallel strategy of a model on a cluster (or its 2-D meshes)'
-USAGE = 'tapas search --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] [--out=s.json] [--cluster=file.json] [--meshes | --mesh=ROWSxCOLS] [--draw=strategy.png]'
+USAGE = ('tapas search --model=NAME --nodes=M --devices_per_node=N [--mode=gp|es] '
+         '[--out=s.json] [--cluster=file.json] [--meshes | --mesh=ROWSxCOLS] '
+         '[--draw=strategy.png]')
 #: the flags this command reads, in the order its help lists them
-FLAG_NAMES = ('model', 'batch_size', 'training', 'nodes', 'devices_per_node', 'mode', 'cluster', 'out', 'meshes', 'mesh', 'price_loss', 'memory_budget_gib', 'top_k', 'time_limit', 'draw', 'draw_references', 'compute_scale', 'elementwise_scale', 'kernel_times', 'communication_scale', 'json_out')
+FLAG_NAMES = ('model', 'batch_size', 'training', 'nodes', 'devices_per_node', 'mode',
+              'cluster', 'out', 'meshes', 'mesh', 'price_loss', 'memory_budget_gib', 'top_k',
+              'time_limit', 'draw', 'draw_references', 'compute_scale', 'elementwise_scale',
+              'kernel_times', 'communication_scale', 'json_out')
 
 
 class SearchProgress:

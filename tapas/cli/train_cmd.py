@@ -56,9 +56,15 @@ flags.DEFINE_string("tensorboard", None, "train: write TensorBoard scalars (loss
                     "examples/s, learning rate) to this log directory.")
 
 SUMMARY = 'train a model on N devices under a searched, given or random strategy'
-USAGE = 'tapas train --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify] [--data=file.npz --epochs=E] [--checkpoint_dir=DIR [--checkpoint_every=K] [--resume]]'
+USAGE = ('tapas train --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] '
+         '[--verify] [--data=file.npz --epochs=E] [--checkpoint_dir=DIR [--checkpoint_every=K]'
+         ' [--resume]]')
 #: the flags this command reads, in the order its help lists them
-FLAG_NAMES = ('model', 'devices', 'steps', 'strategy', 'verify', 'batch_size', 'training', 'optimizer', 'learning_rate', 'data', 'epochs', 'checkpoint_dir', 'checkpoint_every', 'resume', 'tensorboard', 'workers', 'devices_per_worker', 'mesh', 'cluster', 'memory_budget_gib', 'compute_scale', 'kernel_times', 'communication_scale', 'graph_optimization', 'json_out')
+FLAG_NAMES = ('model', 'devices', 'steps', 'strategy', 'verify', 'batch_size', 'training',
+              'optimizer', 'learning_rate', 'data', 'epochs', 'checkpoint_dir',
+              'checkpoint_every', 'resume', 'tensorboard', 'workers', 'devices_per_worker',
+              'mesh', 'cluster', 'memory_budget_gib', 'compute_scale', 'kernel_times',
+              'communication_scale', 'graph_optimization', 'json_out')
 
 
 def cmd_train() -> dict[str, Any]:

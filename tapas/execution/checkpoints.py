@@ -277,8 +277,8 @@ def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
         for j in range(n_old if p.axis is not None else 1):
             key = f"r{row * n_old + j}/w{k}{suffix}/.ATTRIBUTES/VARIABLE_VALUE"
             if key not in keys:
-                raise CheckpointDamagedError(f"checkpoint {path} lacks the shard {key}: a worker's file "
-                                 "is missing")
+                raise CheckpointDamagedError(f"checkpoint {path} lacks the shard {key}: a "
+                                             "worker's file is missing")
             parts.append(keys[key].get_tensor(key))
         return p.unshard(parts)
 
@@ -304,8 +304,8 @@ def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
         key = next((key for r in range(n_old)   # replicated: any replica's copy
                     if (key := f"r{r}/s{k}/.ATTRIBUTES/VARIABLE_VALUE") in keys), None)
         if key is None:
-            raise CheckpointDamagedError(f"checkpoint {path} lacks seed state s{k} ('{p}'): a worker's "
-                             "file is missing")
+            raise CheckpointDamagedError(f"checkpoint {path} lacks seed state s{k} ('{p}'): a "
+                                         "worker's file is missing")
         values[p] = keys[key].get_tensor(key)
     rt.states.set_values(values)
     step_key = "iterations/.ATTRIBUTES/VARIABLE_VALUE"

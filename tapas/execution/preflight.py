@@ -33,7 +33,29 @@ def _at_least_one(flag: str, value: int | None, fix: str) -> None:
 
 
 def check_options(opts: Any) -> None:
-    """The counts, the strategy file and the checkpoint directory of ``opts``."""
+    """The counts, the combinations, the ``--data`` files, the strategy file and the
+    checkpoint directory of ``opts``."""
+    from tapas.execution.train import data_files
+    if opts.steps < 1:
+        raise PreflightError(f"--steps={opts.steps}: need at least 1 step")
+    if opts.is_job and opts.verify:
+        raise PreflightError("--verify compares --steps steps on the synthetic batch with the "
+                             "Keras model; it cannot be combined with --data, --epochs, "
+                             "--checkpoint_dir, --resume or --tensorboard: run them separately")
+    if opts.data and not data_files(opts.data):
+        raise PreflightError(f"--data={opts.data}: no such file; give an .npz with one array per "
+                             "model input (named by input name) and the targets as 'y', or "
+                             ".tfrecord file(s) (a glob or a comma-separated list) of "
+                             "tf.train.Example records (docs/running.md)")
+    if opts.epochs is not None and opts.epochs < 1:
+        raise PreflightError(f"--epochs={opts.epochs}: need at least 1 epoch")
+    if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
+        raise PreflightError("--checkpoint_every and --resume need --checkpoint_dir=DIR")
+    if opts.devices_per_worker < 1 or (opts.devices_per_worker > 1 and not opts.workers
+                                       and not os.environ.get("TF_CONFIG")):
+        raise PreflightError(f"--devices_per_worker={opts.devices_per_worker}: it sets the "
+                             "devices of each process of --workers=K (at least 1); for one "
+                             "process use --devices=N")
     if not opts.workers:
         _at_least_one("devices", opts.devices, ("device count", ""))
     if opts.workers < 0:
@@ -93,8 +115,9 @@ def check_npz(path: str, model: Any, specs: Any, loss: Any) -> None:
     try:
         x, y = load_npz(path, _Named())
     except (OSError, ValueError) as e:
-        raise PreflightError(f"--data={path}: {type(e).__name__}: {e} (is it an .npz written "
-                             "by np.savez?)") from None
+        raise PreflightError(f"--data={path}: numpy cannot read it as an .npz "
+                             f"({type(e).__name__}: {e}): write it with np.savez(path, y=..., "
+                             "one array per input name)") from None
     vocabulary = _largest_vocabulary(model)
     for name, spec in zip(signature.names, signature.specs):
         _check_input(path, name, np.asarray(x[name]), spec, vocabulary)

@@ -4,10 +4,10 @@ failing op's own error.
 
 In:  a Runtime (its loss, its program's output shape and dtype, its weights' global
      shapes), the step's batch ``(xs, y)`` as given to ``train_step``.
-Out: :func:`op_message`: an op error's own sentence; :func:`cancelled_cause` a sentence: TensorFlow's own error for the batch's
-     labels (the loss evaluated eagerly on one device) or for token ids beyond every
-     embedding table (a gather on one device), or, when neither fails, what to run to see
-     the failing op's error.
+Out: :func:`op_message`: an op error's own sentence; :func:`cancelled_cause` a sentence:
+     TensorFlow's own error for the batch's labels (the loss evaluated eagerly on one
+     device) or for token ids beyond every embedding table (a gather on one device), or,
+     when neither fails, what to run to see the failing op's error.
 """
 
 from __future__ import annotations

@@ -90,26 +90,6 @@ class TrainOptions:
 
 def train(opts: TrainOptions) -> dict[str, Any]:
     """Run ``tapas train`` (see the module docstring); returns the report."""
-    if opts.steps < 1:
-        raise TrainError(f"--steps={opts.steps}: need at least 1 step")
-    if opts.is_job and opts.verify:
-        raise TrainError("--verify compares --steps steps on the synthetic batch with the "
-                         "Keras model; it cannot be combined with --data, --epochs, "
-                         "--checkpoint_dir, --resume or --tensorboard: run them separately")
-    if opts.data and not data_files(opts.data):
-        raise TrainError(f"--data={opts.data}: no such file; give an .npz with one array per "
-                         "model input (named by input name) and the targets as 'y', or "
-                         ".tfrecord file(s) (a glob or a comma-separated list) of "
-                         "tf.train.Example records (docs/running.md)")
-    if opts.epochs is not None and opts.epochs < 1:
-        raise TrainError(f"--epochs={opts.epochs}: need at least 1 epoch")
-    if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
-        raise TrainError("--checkpoint_every and --resume need --checkpoint_dir=DIR")
-    if opts.devices_per_worker < 1 or (opts.devices_per_worker > 1 and not opts.workers
-                                       and not os.environ.get("TF_CONFIG")):
-        raise TrainError(f"--devices_per_worker={opts.devices_per_worker}: it sets the "
-                         "devices of each process of --workers=K (at least 1); for one "
-                         "process use --devices=N")
     from tapas.execution import preflight
     try:   # counts, the strategy file, the checkpoint directory: before anything is built
         preflight.check_options(opts)
@@ -204,6 +184,16 @@ def _check_model_name(name: str | None) -> None:
                          "model)") from None
 
 
+def _check_npz(opts: TrainOptions, model: Any, specs: Any, loss: Any) -> None:
+    """``--data``'s .npz against the built model (``preflight.check_npz``), as a TrainError."""
+    if opts.data and opts.data.endswith(".npz"):
+        from tapas.execution import preflight
+        try:
+            preflight.check_npz(opts.data, model, specs, loss)
+        except preflight.PreflightError as e:
+            raise TrainError(str(e)) from None
+
+
 def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
                  say: Any) -> tuple[Any, str, Any, Any, Any, Any, Any]:
     """The zoo model built and parallelized under ``distribute`` with the strategy of
@@ -238,12 +228,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         xs, y = entry.synthetic_batch(opts.batch_size)
         xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
     timings["build"] = time.perf_counter() - start
-    if opts.data and opts.data.endswith(".npz"):   # before the capture and the search
-        from tapas.execution import preflight
-        try:
-            preflight.check_npz(opts.data, model, specs, loss)
-        except preflight.PreflightError as e:
-            raise TrainError(str(e)) from None
+    _check_npz(opts, model, specs, loss)   # before the capture and the search
 
     try:   # a preset name or a cluster file; one mesh row's devices
         cluster = Cluster.resolve(opts.cluster, 1, n // rows)
