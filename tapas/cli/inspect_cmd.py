@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from absl import flags
+
 from tapas import ir
 from tapas.cli.common import FLAGS, capture_flags_model, write
-from absl import flags
 
 flags.DEFINE_string("graph_out", None, "inspect: write the captured IR as JSON to this path.")
 flags.DEFINE_integer("top", 10, "inspect: how many of the largest GraphNodes to list.")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 SUMMARY = 'list the model zoo (names for --model)'
 USAGE = 'tapas models'
 #: the flags this command reads, in the order its help lists them
