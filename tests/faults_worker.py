@@ -17,7 +17,8 @@ plan that shards it; 40 examples, global batch 8 (5 steps an epoch), shuffled.
   the steps in between train, their saves are skipped with a warning, the checkpoints kept
   in the moved directory, and the final weights equal an uninterrupted run's.
 * ``unwritable``: a checkpoint directory that cannot be created, and one that cannot be
-  written, are refused before the first step (the step counter stays 0).
+  written, are refused before the first step (the step counter stays 0); the estimate of
+  one checkpoint's bytes against what a save writes, and a disk too small refused.
 * ``step_error``: a 4-class classifier's step on labels of 7, three times: the errors
   raised (TensorFlow's own message wanted), the weights unchanged, then a good step.
 """
@@ -197,6 +198,17 @@ def check_unwritable() -> dict[str, Any]:
         except checkpoints.CheckpointDirectoryError as e:
             out[name] = str(e)
     out["step"] = int(pm.runtime.iterations.numpy())
+    need = checkpoints.checkpoint_bytes(pm.runtime)
+    out["bytes"] = need
+    pm.save(os.path.join(JOB["dir"], "one"))   # what one checkpoint's shards take on disk
+    out["saved_bytes"] = sum(os.path.getsize(os.path.join(JOB["dir"], "one", f))
+                             for f in os.listdir(os.path.join(JOB["dir"], "one"))
+                             if ".data-" in f)
+    try:
+        checkpoints.check_space(JOB["dir"], 2**62)
+        out["no_space"] = "accepted"
+    except checkpoints.CheckpointDirectoryError as e:
+        out["no_space"] = str(e)
     return out
 
 

@@ -74,6 +74,10 @@ def test_an_unwritable_checkpoint_directory_is_refused_before_the_first_step(fau
     assert r["step"] == 0
     assert "cannot create it (Not a directory)" in r["uncreatable"]
     assert "is not writable" in r["read_only"] and "give --checkpoint_dir" in r["read_only"]
+    # one checkpoint's size is estimated from its variables (the data files hold them plus
+    # small headers), and a disk without room for it is refused with both sizes
+    assert r["bytes"] <= r["saved_bytes"] <= r["bytes"] * 1.2 + 4096, r
+    assert "MiB free, but one checkpoint of this model takes about" in r["no_space"]
 
 
 def test_a_failed_replica_reports_tensorflows_own_error_not_the_cancellation(faults):

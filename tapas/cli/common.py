@@ -99,6 +99,11 @@ def load_model(name: str | None, batch_size: int | None = None,
         if not os.path.exists(name):
             raise app.UsageError(f"--model={name}: no such file; give a zoo name "
                                  f"({', '.join(models.names()[:4])}, ...) or a saved .keras path")
+        from tapas.execution import preflight
+        try:
+            preflight.check_model_file(name)
+        except preflight.PreflightError as e:
+            raise app.UsageError(str(e)) from None
         import keras
         import tensorflow as tf
         from tapas.execution.inputs import keras_structure

@@ -10,7 +10,8 @@ Out: :func:`save` writes one ``tf.train.Checkpoint`` file per process plus
      from the old shards and cutting it again for this layout ("resharded");
      :func:`write_manifest` records every file's size and SHA-256 (``tapas-manifest.json``),
      :func:`damage` says what of a checkpoint directory no longer matches it (or None);
-     :func:`prepare_directory` makes a checkpoint directory and proves it writable.
+     :func:`prepare_directory` makes a checkpoint directory and proves it writable;
+     :func:`check_space` that it has room for one more checkpoint (:func:`checkpoint_bytes`).
 Raises: :class:`CheckpointWriteError` (an ``OSError``) when a save cannot write its files,
      on every worker alike; :class:`CheckpointDirectoryError` (a ``ValueError``) naming the
      directory and the fix when it cannot be made or written.
@@ -22,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -32,7 +34,7 @@ import tensorflow as tf
 from tapas.sharding.placements import Partial, Placement, parse_placement
 
 __all__ = ["CHECKPOINT_META", "MANIFEST", "layout", "save", "restore", "write_manifest",
-           "damage", "prepare_directory", "agree", "CheckpointWriteError",
+           "damage", "prepare_directory", "checkpoint_bytes", "check_space", "agree", "CheckpointWriteError",
            "CheckpointDamagedError", "CheckpointDirectoryError"]
 
 CHECKPOINT_META = "tapas-checkpoint.json"
@@ -328,3 +330,25 @@ def _state_order(rt: Any, meta: Mapping[str, Any], path: str) -> dict[int, str]:
     raise ValueError(f"checkpoint {path} holds {len(old)} seed states ({old[:3]}), this "
                      f"program reads {len(new)} ({new[:3]}): it was written for a model "
                      "with other dropout layers; restore it into the same architecture")
+
+
+def checkpoint_bytes(rt: Any) -> int:
+    """The bytes of one checkpoint of ``rt``: every replica's weight shards and optimizer
+    slots (a replicated weight once per replica, as they are saved), over all workers."""
+    local = 0
+    for r in rt.local_replicas:
+        variables = list(rt._vars[r].values())
+        variables += [v for slots in rt._slots[r].values() for v in slots.values()]
+        local += sum(v.shape.num_elements() * v.dtype.size for v in variables)
+    return local * rt.num_replicas // max(1, len(rt.local_replicas))
+
+
+def check_space(directory: str, need: int) -> None:
+    """CheckpointDirectoryError when ``directory``'s file system has less than ``need``
+    bytes free (one checkpoint), naming both and the fix."""
+    free = shutil.disk_usage(directory).free
+    if free < need:
+        raise CheckpointDirectoryError(
+            f"checkpoint directory {directory}: {free / 2**20:.1f} MiB free, but one "
+            f"checkpoint of this model takes about {need / 2**20:.1f} MiB: free space there, "
+            "or give --checkpoint_dir (checkpoint_dir=) a directory on a larger disk")

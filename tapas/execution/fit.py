@@ -721,6 +721,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         if chief:   # refused now, not at the first save, when it cannot be written
             checkpoints.prepare_directory(checkpoint_dir)
             clean_temporaries(checkpoint_dir)
+            checkpoints.check_space(checkpoint_dir, checkpoints.checkpoint_bytes(rt))
     state = FitState(epoch=initial_epoch, pass_index=initial_epoch,
                      learning_rate=float(rt.learning_rate.numpy()))
     source = resume_from or (checkpoint_dir if resume and checkpoint_dir and

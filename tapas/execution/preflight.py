@@ -19,7 +19,7 @@ import math
 import os
 from typing import Any
 
-__all__ = ["PreflightError", "check_options", "check_npz", "say_resume"]
+__all__ = ["PreflightError", "check_options", "check_npz", "check_model_file", "say_resume"]
 
 
 class PreflightError(ValueError):
@@ -75,6 +75,16 @@ def check_options(opts: Any) -> None:
             checkpoints.prepare_directory(opts.checkpoint_dir)
         except checkpoints.CheckpointDirectoryError as e:
             raise PreflightError(f"--checkpoint_dir={opts.checkpoint_dir}: {e}") from None
+
+
+def check_model_file(path: str) -> None:
+    """``--model=path``: a ``.keras`` file must be the zip archive Keras writes."""
+    import zipfile
+    if path.endswith(".keras") and os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise PreflightError(f"--model={path}: not a Keras archive (a .keras file is the zip "
+                             f"model.save('name.keras') writes; this is "
+                             f"{os.path.getsize(path)} bytes of something else): save the "
+                             "model again")
 
 
 def check_strategy(strategy: str) -> None:

@@ -175,6 +175,11 @@ def _check_model_name(name: str | None) -> None:
         if not os.path.exists(name):
             raise TrainError(f"--model={name}: no such file; give a zoo name (tapas models) "
                              "or the path of a model saved with model.save('name.keras')")
+        from tapas.execution import preflight
+        try:
+            preflight.check_model_file(name)
+        except preflight.PreflightError as e:
+            raise TrainError(str(e)) from None
         return
     try:
         models.get(name)
