@@ -5,8 +5,8 @@ review (the ``tapas`` command as a user runs it) and print a table of verdicts.
 
 In:  the case list below (each: a ``tapas`` command line, the files it needs, the exit code
      and the words of the clear message expected); ``--only`` a subset by id; ``--slow``
-     adds the cases that train (a damaged checkpoint resumed, ``--learning_rate`` with
-     ``--resume``).
+     adds the cases that train (a diverging loss, a damaged checkpoint resumed with
+     ``--learning_rate``).
 Out: one row per case: ``clear`` (the expected exit code and message, no traceback),
      ``works`` (a case expected to succeed did), ``unclear`` (the exit code is right but
      the message lacks the words), ``crash`` (a traceback), ``silent`` (exit 0 where an
@@ -137,6 +137,11 @@ CASES: list[Case] = [
          ("--model=", "bad.keras: not a Keras archive", "save the model again"),
          setup=_text("bad.keras", "not a model")),
     Case("mesh-form", "--mesh=2by2", ("train", *T5, "--mesh=2by2"), ("ROWSxCOLS",)),
+    Case("loss-not-finite", "resnet-tiny at --learning_rate=1e9 (the loss turns NaN)",
+         ("train", "--model=resnet-tiny", "--devices=2", "--strategy=random:0", "--steps=6",
+          "--learning_rate=1e9"),
+         ("failed, weights unchanged", "not finite", "check --learning_rate and --data"),
+         slow=True, timeout=300.0),
     Case("resume-damaged", "--resume after the newest checkpoint's layout was truncated",
          ("train", *T5, "--strategy=random:0", "--steps=2", "--checkpoint_dir={d}/ck",
           "--checkpoint_every=1", "--epochs=2", "--resume", "--learning_rate=0.5"),
