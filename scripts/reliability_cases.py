@@ -5,8 +5,8 @@ review (the ``tapas`` command as a user runs it) and print a table of verdicts.
 
 In:  the case list below (each: a ``tapas`` command line, the files it needs, the exit code
      and the words of the clear message expected); ``--only`` a subset by id; ``--slow``
-     adds the cases that train (a diverging loss, a damaged checkpoint resumed with
-     ``--learning_rate``).
+     adds the cases that train (a diverging loss, the documented random-plan ``--verify``, a
+     damaged checkpoint resumed with ``--learning_rate``).
 Out: one row per case: ``clear`` (the expected exit code and message, no traceback),
      ``works`` (a case expected to succeed did), ``unclear`` (the exit code is right but
      the message lacks the words), ``crash`` (a traceback), ``silent`` (exit 0 where an
@@ -142,6 +142,10 @@ CASES: list[Case] = [
           "--learning_rate=1e9"),
          ("failed, weights unchanged", "not finite", "check --learning_rate and --data"),
          slow=True, timeout=300.0),
+    Case("documented-verify", "the documented random-plan --verify example",
+         ("train", "--model=resnet-tiny", "--devices=2", "--strategy=random:3",
+          "--batch_size=16", "--verify"), ("verify: PASSED",), rc=0, slow=True,
+         timeout=300.0),
     Case("resume-damaged", "--resume after the newest checkpoint's layout was truncated",
          ("train", *T5, "--strategy=random:0", "--steps=2", "--checkpoint_dir={d}/ck",
           "--checkpoint_every=1", "--epochs=2", "--resume", "--learning_rate=0.5"),
