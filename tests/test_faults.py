@@ -247,3 +247,23 @@ def test_the_reliability_verdicts_tell_a_crash_from_an_unclear_or_silent_error()
     assert rc.verdict(case, 0, "ran anyway") == "silent"
     assert rc.verdict(case, None, "") == "hang"
     assert rc.verdict(rc.Case("y", "y", (), ("done",), rc=0), 0, "done") == "works"
+
+
+def test_a_sparse_or_ragged_batch_is_named_with_the_dense_fix():
+    """A model captured with dense inputs (keras.Input(sparse=True) too) is given a
+    tf.SparseTensor or a tf.RaggedTensor: the input, the dense shape and the conversion."""
+    import keras
+    import tensorflow as tf
+
+    from tapas.execution.inputs import InputSignature
+    inp = keras.Input((5,), name="x", sparse=True)
+    signature = InputSignature.of(keras.Model(inp, keras.layers.Dense(2)(inp)),
+                                  tf.TensorSpec([4, 5], name="x"))
+    dense = np.eye(4, 5, dtype="float32")
+    with pytest.raises(ValueError, match=r"input 'x' is a tf.SparseTensor; the program takes "
+                                         r"a dense float32 \[4, 5\].*tf.sparse.to_dense\(x\)"):
+        signature.flatten(tf.sparse.from_dense(dense))
+    with pytest.raises(ValueError, match=r"is a tf.RaggedTensor.*x.to_tensor\(\)"):
+        signature.flatten(tf.RaggedTensor.from_tensor(dense))
+    assert signature.flatten(dense)[0].shape == (4, 5)
+
