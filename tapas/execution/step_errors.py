@@ -44,6 +44,7 @@ def op_message(e: tf.errors.OpError) -> str:
     said = [ln for ln in lines if not ln.startswith(_DECORATION)]
     line = (ours or said or lines or [type(e).__name__])[0 if ours else -1]
     line = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", line)
+    line = re.sub(r"^\(\d+\) [A-Z_]+:\s*", "", line)   # "(0) INVALID_ARGUMENT: ..."
     return re.sub(r"\s*\[Op:[^\]]*\].*$", "", line).strip()
 
 
