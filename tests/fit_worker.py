@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tapas import capturing  # noqa: E402
-from tapas.execution import fit, parallel, reconstruct  # noqa: E402
+from tapas.execution import fit, fit_checkpoints, parallel, reconstruct  # noqa: E402
 from tapas.planning.strategy import graph_digest  # noqa: E402
 
 N = JOB["devices"]
@@ -264,7 +264,7 @@ def check_resume() -> dict[str, Any]:
     full_hist = full.fit(x, y, checkpoint_dir=os.path.join(d, "full"), **kw)
 
     ck = os.path.join(d, "crashed")
-    real = fit._write_json_synced
+    real = fit_checkpoints._write_json_synced
     saves = []
 
     def crashing(path: str, state: dict[str, Any]) -> None:
@@ -275,7 +275,7 @@ def check_resume() -> dict[str, Any]:
             raise RuntimeError("injected crash in the middle of the save at step 9")
         real(path, state)
 
-    fit._write_json_synced = crashing
+    fit_checkpoints._write_json_synced = crashing
     first = parallel_model("adam", 0.01)
     try:
         first.fit(x, y, checkpoint_dir=ck, **kw)
@@ -283,7 +283,7 @@ def check_resume() -> dict[str, Any]:
     except RuntimeError as e:
         out["crash"] = str(e)
     finally:
-        fit._write_json_synced = real
+        fit_checkpoints._write_json_synced = real
     out["saves"] = saves
     out["left"] = sorted(os.listdir(ck))
     out["latest"] = os.path.basename(fit.latest_checkpoint(ck) or "")

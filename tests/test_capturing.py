@@ -238,6 +238,26 @@ def test_error_unbuilt_model_without_spec():
         tapas.capture(model)
 
 
+def test_unbuilt_subclassed_model_advice_is_whole_and_following_it_works():
+    """The first error says everything the capture needs (the model called once, and a
+    spec), so following it does not meet a second error."""
+    class Sub(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(4)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Sub()
+    with pytest.raises(tapas.CaptureError, match=r"call it once on a batch \(model\(x\)\), "
+                                                 r"then pass input_spec="):
+        tapas.capture(model)
+    model(np.zeros((8, 16), "float32"))
+    g = tapas.capture(model, tf.TensorSpec([8, 16]))
+    assert g.inputs[0].shape == (8, 16)
+
+
 def test_error_dynamic_batch_dimension_names_it():
     inp = keras.Input((16,))
     model = keras.Model(inp, keras.layers.Dense(4)(inp))

@@ -124,3 +124,29 @@ def test_search_prints_layer_table_references_timings_and_writes_strategy(tmp_pa
     assert json.loads(plain.read_text())["loss_priced"] is None
     proc = run_tapas("search", "--model=t5-tiny", "--devices_per_node=0", check=False)
     assert proc.returncode != 0 and "devices_per_node=0: a cluster with no devices" in proc.stderr
+
+
+def test_each_command_help_lists_its_own_flags_and_exits_0():
+    proc = run_tapas("train", "--help")
+    out = proc.stdout
+    for flag in ("--devices=<int>", "--steps=<int>", "--strategy=<string>", "--[no]resume",
+                 "--optimizer=sgd|adam", "--checkpoint_dir=<string>"):
+        assert flag in out, flag
+    assert "--top=" not in out and "--graph_out=" not in out and "--nodes=" not in out
+    assert "continue from the newest whole checkpoint" in out   # the flag's help text
+    out = run_tapas("search", "--help").stdout
+    assert "--nodes=<int>" in out and "--devices_per_node=<int>" in out
+    assert "--steps=" not in out and "--checkpoint_dir=" not in out
+    out = run_tapas("inspect", "--help").stdout
+    assert "--top=<int>  (default: 10)" in out and "--graph_out=<string>" in out
+    # every flag a command lists is one absl defines (no stale names)
+    for command in cli.COMMANDS:
+        text = cli.command_help(command)
+        assert text.count("\n  --") == len(cli._MODULES[command].FLAG_NAMES)
+    out = run_tapas("--help").stdout
+    assert all(f"  {c}" in out for c in cli.COMMANDS) and "tapas COMMAND --help" in out
+    proc = run_tapas("frobnicate", "--help", check=False)
+    assert proc.returncode == 1 and "unknown command 'frobnicate'" in proc.stderr
+    proc = run_tapas(check=False)   # bare: points at the help that exists
+    assert proc.returncode == 1 and "`tapas COMMAND --help` lists a command's flags" in \
+        proc.stderr

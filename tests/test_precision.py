@@ -301,3 +301,18 @@ def test_search_records_and_overrides_the_precision(graphs, tmp_path) -> None:
     assert plain.cost["compute"] > 2 * own.cost["compute"] > 2 * over.cost["compute"]
     with pytest.raises(ValueError, match="precision='half'"):
         search(graphs["float32"], cluster=c, precision="half")
+
+
+def test_cli_search_precision_overrides_the_models_policy():
+    """``tapas search --precision=``: the float32 zoo model priced as mixed_float16 on
+    V100s (tensor cores), and a bad value refused with the allowed ones."""
+    from command import run_tapas   # tests/command.py
+    args = ("search", "--model=t5-tiny", "--nodes=1", "--devices_per_node=2", "--cluster=v100")
+    base = run_tapas(*args)
+    assert base.returncode == 0, base.stdout[-2000:] + base.stderr[-2000:]
+    assert "priced in float32" in base.stdout
+    half = run_tapas(*args, "--precision=mixed_float16")
+    assert half.returncode == 0, half.stdout[-2000:] + half.stderr[-2000:]
+    assert "priced in mixed_float16" in half.stdout
+    bad = run_tapas(*args, "--precision=float8")
+    assert bad.returncode != 0 and "mixed_bfloat16" in bad.stdout + bad.stderr

@@ -311,9 +311,10 @@ def _trace_keras(model: keras.Layer, input_spec: Any, batch_size: int | None,
     if input_spec is None:
         if not model_inputs:
             raise CaptureError(
-                f"model '{label}' was never built and no input_spec was given: pass "
-                "input_spec=tf.TensorSpec([batch, ...], dtype) (one per input), or build "
-                "the model with keras.Input first")
+                f"model '{label}' was never built and no input_spec was given: "
+                + ("" if model.built else "call it once on a batch (model(x)), then ")
+                + "pass input_spec=tf.TensorSpec([batch, ...], dtype) (one per input), or "
+                "build the model with keras.Input first")
         input_spec = [tf.TensorSpec(tuple(t.shape), t.dtype, name=_input_name(t, k))
                       for k, t in enumerate(model_inputs)]
     input_spec = _dict_as_input_list(model, input_spec)

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-__all__ = ["CALLBACK_ARRAYS", "CALLBACK_STATE", "CallbackModel", "REFUSED_CALLBACKS", "TensorBoardScalars",
+__all__ = ["CALLBACK_STATE", "CallbackModel", "REFUSED_CALLBACKS", "TensorBoardScalars",
            "callback_states", "check_callbacks", "restore_callback_states"]
 
 #: Keras callbacks that need a Keras model's internals, and what to use instead
@@ -207,7 +207,6 @@ CALLBACK_STATE: dict[str, tuple[str, ...]] = {
     "EarlyStopping": ("wait", "stopped_epoch", "best", "best_weights", "best_epoch"),
     "ReduceLROnPlateau": ("wait", "best", "cooldown_counter"),
 }
-CALLBACK_ARRAYS = "tapas-callbacks.npz"
 
 
 def _state_of(cb: Any) -> dict[str, Any] | None:

@@ -7,13 +7,24 @@ In:  a Runtime (its shards, slots, step counter, seed states, weight layouts, op
 Out: :func:`save` writes one ``tf.train.Checkpoint`` file per process plus
      ``tapas-checkpoint.json`` (the layout, :func:`layout`); :func:`restore` reads them back,
      directly when the layout is the runtime's, else by reassembling every weight and slot
-     from the old shards and cutting it again for this layout ("resharded").
+     from the old shards and cutting it again for this layout ("resharded");
+     :func:`write_manifest` records every file's size and SHA-256 (``tapas-manifest.json``),
+     :func:`damage` says what of a checkpoint directory no longer matches it (or None);
+     :func:`prepare_directory` makes a checkpoint directory and proves it writable;
+     :func:`check_space` that it has room for one more checkpoint (:func:`checkpoint_bytes`).
+Raises: :class:`CheckpointWriteError` (an ``OSError``) when a save cannot write its files,
+     on every worker alike; :class:`CheckpointDirectoryError` (a ``ValueError``) naming the
+     directory and the fix when it cannot be made or written.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,10 +33,27 @@ import tensorflow as tf
 
 from tapas.sharding.placements import Partial, Placement, parse_placement
 
-__all__ = ["CHECKPOINT_META", "layout", "save", "restore"]
+__all__ = ["CHECKPOINT_META", "MANIFEST", "layout", "save", "restore", "write_manifest",
+           "damage", "prepare_directory", "checkpoint_bytes", "check_space", "agree", "CheckpointWriteError",
+           "CheckpointDamagedError", "CheckpointDirectoryError"]
 
 CHECKPOINT_META = "tapas-checkpoint.json"
+MANIFEST = "tapas-manifest.json"
 _FORMAT = "tapas-checkpoint-1"
+_MANIFEST_FORMAT = "tapas-manifest-1"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (on this worker or another); earlier checkpoints
+    are untouched."""
+
+
+class CheckpointDamagedError(ValueError):
+    """A checkpoint whose files are incomplete or do not match each other."""
+
+
+class CheckpointDirectoryError(ValueError):
+    """A checkpoint directory that cannot be created or written."""
 
 
 def _checkpoint(rt: Any) -> tf.train.Checkpoint:
@@ -53,14 +81,132 @@ def layout(rt: Any) -> dict[str, Any]:
 
 
 def save(rt: Any, path: str) -> str:
-    """Write shards, optimizer slots and the step counter under directory ``path``."""
-    os.makedirs(path, exist_ok=True)
-    _checkpoint(rt).write(os.path.join(path, f"task{rt.task_id}"))
-    if rt.task_id == 0:
-        with open(os.path.join(path, CHECKPOINT_META), "w") as f:
-            json.dump(layout(rt), f, indent=1)
-    rt._barrier()   # every worker's file exists when save returns, on every worker
+    """Write shards, optimizer slots and the step counter under directory ``path``; every
+    worker's files exist when it returns, on every worker. CheckpointWriteError on every
+    worker when one of them could not write."""
+    problem = None
+    try:
+        os.makedirs(path, exist_ok=True)
+        _checkpoint(rt).write(os.path.join(path, f"task{rt.task_id}"))
+        if rt.task_id == 0:
+            with open(os.path.join(path, CHECKPOINT_META), "w") as f:
+                json.dump(layout(rt), f, indent=1)
+    except (OSError, tf.errors.OpError) as e:
+        problem = f"{type(e).__name__}: {_first_line(e)}"
+    if not agree(rt, problem is None):
+        raise CheckpointWriteError(f"cannot write the checkpoint {path}: "
+                                   f"{problem or 'another worker could not write its files'}")
     return path
+
+
+def _first_line(e: BaseException) -> str:
+    text = getattr(e, "message", None) or str(e)
+    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
+
+
+def agree(rt: Any, ok: bool) -> bool:
+    """Whether ``ok`` holds on every worker (a scalar all-reduce of the failures; ``ok``
+    itself in one process). Every worker must call it: it is also a barrier."""
+    if rt._all_local():
+        return ok
+    state = rt.__dict__.get("_tapas_agree")
+    if state is None:   # one function on every worker (the same collective each call), the
+        # flag read from a variable on this worker's device (a collective refuses a tensor
+        # with no device)
+        with tf.device(rt.strategy.extended.worker_devices[0]):
+            flag = tf.Variable(0.0, trainable=False)
+
+        def replica() -> tf.Tensor:
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, flag.read_value())
+        state = rt._tapas_agree = (flag, tf.function(lambda: rt.strategy.run(replica),
+                                                     autograph=False))
+    flag, fn = state
+    flag.assign(0.0 if ok else 1.0)
+    first = rt.strategy.experimental_local_results(fn())[0]
+    return float(first.numpy()) == 0.0
+
+
+# ---- integrity ------------------------------------------------------------------------------
+
+def _digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(path: str) -> None:
+    """Record the size and SHA-256 of every file of checkpoint directory ``path`` in
+    ``tapas-manifest.json`` (synced): written last, once the other files are complete."""
+    files = {name: {"size": os.path.getsize(os.path.join(path, name)),
+                    "sha256": _digest(os.path.join(path, name))}
+             for name in sorted(os.listdir(path)) if name != MANIFEST}
+    with open(os.path.join(path, MANIFEST), "w") as f:
+        json.dump({"format": _MANIFEST_FORMAT, "files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def damage(path: str, required: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with checkpoint directory ``path``, or None when it is whole: a
+    ``required`` file or an index missing, a metadata file that is not JSON, a file whose
+    size or SHA-256 differs from the manifest's (a directory without a manifest is checked
+    for the rest only)."""
+    if not os.path.isdir(path):
+        return "the directory is gone"
+    names = set(os.listdir(path))
+    for name in (*required, CHECKPOINT_META):
+        if name not in names:
+            return f"{name} is missing"
+    for name in sorted(n for n in names if n.endswith(".json")):
+        try:
+            with open(os.path.join(path, name)) as f:
+                json.load(f)
+        except (OSError, ValueError) as e:
+            return f"{name} cannot be read ({type(e).__name__}: {_first_line(e)})"
+    for name in sorted(names):   # every task's data files come with its index
+        if ".data-" in name and f"{name.split('.data-')[0]}.index" not in names:
+            return f"{name.split('.data-')[0]}.index is missing"
+    if MANIFEST not in names:
+        return None
+    with open(os.path.join(path, MANIFEST)) as f:
+        files = json.load(f).get("files", {})
+    for name, want in sorted(files.items()):
+        file = os.path.join(path, name)
+        if name not in names:
+            return f"{name} is missing"
+        size = os.path.getsize(file)
+        if size != want["size"]:
+            return f"{name} has {size} bytes, {want['size']} were written (truncated?)"
+        if _digest(file) != want["sha256"]:
+            return f"{name} differs from what was written (its SHA-256 does not match)"
+    return None
+
+
+def prepare_directory(directory: str) -> None:
+    """Create checkpoint directory ``directory`` if needed and prove it writable (a file
+    created and removed); CheckpointDirectoryError naming it and the fix otherwise."""
+    fix = ("give --checkpoint_dir (checkpoint_dir=) a directory this user can write, "
+           "e.g. one under your home or the working directory")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise CheckpointDirectoryError(f"checkpoint directory {directory}: cannot create it "
+                                       f"({e.strerror or e}): {fix}") from None
+    if not os.path.isdir(directory):
+        raise CheckpointDirectoryError(f"checkpoint directory {directory}: it is a file, "
+                                       f"not a directory: {fix}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tmp-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CheckpointDirectoryError(f"checkpoint directory {directory} is not writable "
+                                       f"({e.strerror or e}): no checkpoint could be saved; "
+                                       f"{fix} (to resume from checkpoints in a read-only "
+                                       "one, copy them there first)") from None
 
 
 def _read_meta(rt: Any, path: str) -> dict[str, Any]:
@@ -149,8 +295,8 @@ def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
         for j in range(n_old if p.axis is not None else 1):
             key = f"r{row * n_old + j}/w{k}{suffix}/.ATTRIBUTES/VARIABLE_VALUE"
             if key not in keys:
-                raise ValueError(f"checkpoint {path} lacks the shard {key}: a worker's file "
-                                 "is missing")
+                raise CheckpointDamagedError(f"checkpoint {path} lacks the shard {key}: a "
+                                             "worker's file is missing")
             parts.append(keys[key].get_tensor(key))
         return p.unshard(parts)
 
@@ -176,8 +322,8 @@ def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
         key = next((key for r in range(n_old)   # replicated: any replica's copy
                     if (key := f"r{r}/s{k}/.ATTRIBUTES/VARIABLE_VALUE") in keys), None)
         if key is None:
-            raise ValueError(f"checkpoint {path} lacks seed state s{k} ('{p}'): a worker's "
-                             "file is missing")
+            raise CheckpointDamagedError(f"checkpoint {path} lacks seed state s{k} ('{p}'): a "
+                                         "worker's file is missing")
         values[p] = keys[key].get_tensor(key)
     rt.states.set_values(values)
     for k, var in getattr(rt, "opt_state", {}).items():
@@ -204,3 +350,25 @@ def _state_order(rt: Any, meta: Mapping[str, Any], path: str) -> dict[int, str]:
     raise ValueError(f"checkpoint {path} holds {len(old)} seed states ({old[:3]}), this "
                      f"program reads {len(new)} ({new[:3]}): it was written for a model "
                      "with other dropout layers; restore it into the same architecture")
+
+
+def checkpoint_bytes(rt: Any) -> int:
+    """The bytes of one checkpoint of ``rt``: every replica's weight shards and optimizer
+    slots (a replicated weight once per replica, as they are saved), over all workers."""
+    local = 0
+    for r in rt.local_replicas:
+        variables = list(rt._vars[r].values())
+        variables += [v for slots in rt._slots[r].values() for v in slots.values()]
+        local += sum(v.shape.num_elements() * v.dtype.size for v in variables)
+    return local * rt.num_replicas // max(1, len(rt.local_replicas))
+
+
+def check_space(directory: str, need: int) -> None:
+    """CheckpointDirectoryError when ``directory``'s file system has less than ``need``
+    bytes free (one checkpoint), naming both and the fix."""
+    free = shutil.disk_usage(directory).free
+    if free < need:
+        raise CheckpointDirectoryError(
+            f"checkpoint directory {directory}: {free / 2**20:.1f} MiB free, but one "
+            f"checkpoint of this model takes about {need / 2**20:.1f} MiB: free space there, "
+            "or give --checkpoint_dir (checkpoint_dir=) a directory on a larger disk")

@@ -40,10 +40,7 @@ Semantics (``docs/running.md``, *fit, checkpoints and resume*):
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import os
 import re
 import shutil
 import time
@@ -56,21 +53,24 @@ import tensorflow as tf
 from absl import logging
 
 from tapas.execution import checkpoints, compiled_loss, inputs
-from tapas.execution.callbacks import (CALLBACK_ARRAYS, CALLBACK_STATE, REFUSED_CALLBACKS,
-                                       CallbackModel, TensorBoardScalars, callback_states,
-                                       check_callbacks, restore_callback_states)
+from tapas.execution.callbacks import (CALLBACK_STATE, REFUSED_CALLBACKS, CallbackModel,
+                                       TensorBoardScalars, callback_states, check_callbacks,
+                                       restore_callback_states)
+from tapas.execution.fit_checkpoints import (FIT_STATE, FitState, callback_arrays,
+                                             clean_temporaries, latest_checkpoint,
+                                             list_checkpoints, restore_checkpoint,
+                                             save_checkpoint, save_paused,
+                                             usable_checkpoint)
 from tapas.execution.metrics import Scores, keras_order
 from tapas.execution.runtime import StepError
 from tapas.sharding.placements import Split
 
 __all__ = ["fit", "evaluate", "predict", "CallbackModel", "TensorBoardScalars", "FitState",
-           "WorkerLostError", "list_checkpoints", "latest_checkpoint", "save_checkpoint",
+           "WorkerLostError", "list_checkpoints", "latest_checkpoint", "usable_checkpoint",
+           "save_checkpoint",
            "restore_checkpoint", "callback_states", "restore_callback_states", "FIT_STATE",
            "REFUSED_CALLBACKS", "CALLBACK_STATE"]
 
-FIT_STATE = "tapas-fit.json"
-_FORMAT = "tapas-fit-1"
-_CKPT = re.compile(r"^ckpt-(\d+)$")
 
 
 
@@ -366,143 +366,6 @@ class _Stream:
             self.start_pass(self.pass_index + 1)
 
 
-# ---- checkpoints ------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class FitState:
-    """Where a fit job stands; written as ``tapas-fit.json`` in each checkpoint."""
-
-    step: int = 0                 # optimizer steps taken (the runtime's step counter)
-    epoch: int = 0                # the epoch in progress (or the next one, at an epoch end)
-    step_in_epoch: int = 0        # steps of that epoch already taken
-    pass_index: int = 0           # the data position: the pass over the data ...
-    pass_position: int = 0        # ... and the batches of it consumed
-    batches_consumed: int = 0     # batches trained on since the job began
-    loss_sum: float = 0.0         # the epoch's step losses so far (its running mean)
-    loss_count: int = 0
-    learning_rate: float = 0.0
-    # the learning rate before the epoch's on_epoch_begin: a resumed epoch calls it again
-    # from there (a schedule of the current rate then sets the same rate)
-    epoch_learning_rate: float = 0.0
-    history: dict[str, list] = dataclasses.field(default_factory=dict)
-    epochs: list[int] = dataclasses.field(default_factory=list)
-    # each callback's own state (callback_states; its arrays in tapas-callbacks.npz)
-    callbacks: list = dataclasses.field(default_factory=list)
-    # the compiled metrics' variables in the epoch so far (metrics.Scores.state)
-    metrics: list = dataclasses.field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"format": _FORMAT, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any], where: str) -> FitState:
-        if d.get("format") != _FORMAT:
-            raise ValueError(f"{where}: format {d.get('format')!r}, expected {_FORMAT!r}; "
-                             "was it written by tapas.execution.fit?")
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def list_checkpoints(directory: str) -> list[str]:
-    """The complete checkpoints under ``directory`` (``ckpt-<step>`` holding
-    ``tapas-fit.json``), oldest first."""
-    if not os.path.isdir(directory):
-        return []
-    found = []
-    for name in os.listdir(directory):
-        m = _CKPT.match(name)
-        if m and os.path.exists(os.path.join(directory, name, FIT_STATE)):
-            found.append((int(m.group(1)), os.path.join(directory, name)))
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(directory: str) -> str | None:
-    """The newest complete checkpoint under ``directory``, or None."""
-    found = list_checkpoints(directory)
-    return found[-1] if found else None
-
-
-def _write_json_synced(path: str, data: dict[str, Any]) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, default=float)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _remove(path: str) -> None:
-    """Rename ``path`` out of the checkpoints' names, then delete it (a half-deleted
-    checkpoint is never listed)."""
-    trash = os.path.join(os.path.dirname(path), f".trash-{os.path.basename(path)}-{os.getpid()}")
-    os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _clean_temporaries(directory: str) -> None:
-    """Remove what interrupted saves left (``.tmp-*``, ``.trash-*``)."""
-    for name in os.listdir(directory):
-        if name.startswith((".tmp-", ".trash-")):
-            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-
-
-def save_checkpoint(pm: Any, directory: str, state: FitState, keep: int = 3,
-                    arrays: dict[str, np.ndarray] | None = None) -> str:
-    """Write the runtime's checkpoint and ``state`` as ``<directory>/ckpt-<step>``, atomically:
-    every worker writes its shards into ``.tmp-ckpt-<step>`` (``checkpoints.save``, which
-    returns after all have), then the chief adds ``tapas-fit.json`` (synced) and renames the
-    directory into place; a checkpoint of the same step is replaced. Keeps the newest
-    ``keep``. Every worker must call it (the shards are per worker). ``arrays``: the
-    callbacks' arrays (``callback_states``), written beside the fit state."""
-    rt = pm.runtime
-    name = f"ckpt-{state.step:08d}"
-    final = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".tmp-{name}")
-    checkpoints.save(rt, tmp)
-    if rt.task_id == 0:
-        if arrays:   # the callbacks' arrays (EarlyStopping's best weights)
-            with open(os.path.join(tmp, CALLBACK_ARRAYS), "wb") as f:
-                np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-        _write_json_synced(os.path.join(tmp, FIT_STATE), state.to_json())
-        if os.path.exists(final):
-            _remove(final)
-        os.rename(tmp, final)
-        for old in list_checkpoints(directory)[:-keep]:
-            _remove(old)
-    rt._barrier()   # published on every worker when this returns (no worker writes the
-    return final    # next save's files while the chief still moves this one)
-
-
-def restore_checkpoint(pm: Any, path: str) -> FitState:
-    """Load ``path`` (a checkpoint, or a directory of them: the newest) into ``pm``: weights,
-    optimizer slots, step counter, learning rate and seed states; returns its FitState
-    (``.path``: the checkpoint read; the callbacks' states are set by ``fit``)."""
-    if not os.path.exists(os.path.join(path, FIT_STATE)):
-        newest = latest_checkpoint(path)
-        if newest is None:
-            raise FileNotFoundError(f"resume from {path}: no {FIT_STATE} there and no "
-                                    "complete ckpt-<step> directory under it; give a "
-                                    "checkpoint_dir written by fit(checkpoint_dir=...)")
-        path = newest
-    with open(os.path.join(path, FIT_STATE)) as f:
-        state = FitState.from_json(json.load(f), path)
-    rt = pm.runtime
-    rt.restore(path)
-    if int(rt.iterations.numpy()) != state.step:
-        raise ValueError(f"checkpoint {path}: its shards hold step "
-                         f"{int(rt.iterations.numpy())} but {FIT_STATE} says {state.step}; "
-                         "the directory was altered")
-    rt.learning_rate.assign(state.learning_rate)   # the seed states: in the shards' files
-    state.path = path
-    return state
-
-
-def _callback_arrays(path: str) -> dict[str, np.ndarray]:
-    file = os.path.join(path, CALLBACK_ARRAYS)
-    if not os.path.exists(file):
-        return {}
-    with np.load(file) as f:
-        return {k: f[k] for k in f.files}
 
 
 # ---- fit and evaluate -------------------------------------------------------------------------
@@ -618,20 +481,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     val = _validation_data(pm, validation_data, batch_size)
     view = CallbackModel(pm)
     chief = view.is_chief
-    if checkpoint_dir and chief:
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        _clean_temporaries(checkpoint_dir)
-    state = FitState(epoch=initial_epoch, pass_index=initial_epoch,
-                     learning_rate=float(rt.learning_rate.numpy()))
-    source = resume_from or (checkpoint_dir if resume and checkpoint_dir and
-                             latest_checkpoint(checkpoint_dir) else None)
-    if resume_from is None and resume and source is None:
-        logging.info("fit: no checkpoint in %s yet; starting at epoch %d", checkpoint_dir,
-                     initial_epoch)
-    if source is not None:
-        state = restore_checkpoint(pm, source)
-        logging.info("fit: resumed at step %d (epoch %d, step %d of it; %d batches consumed)",
-                     state.step, state.epoch + 1, state.step_in_epoch, state.batches_consumed)
+    if checkpoint_dir and chief:   # refused now, not at the first save, when unwritable
+        _prepare_directory(rt, checkpoint_dir)
+    source, state = _start_state(pm, checkpoint_dir, resume, resume_from, initial_epoch)
     if tensorboard:
         user_callbacks.append(TensorBoardScalars(tensorboard))
     verbose = 0 if not chief else 1 if verbose == "auto" else verbose
@@ -640,6 +492,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                                        add_progbar=verbose != 0, verbose=verbose,
                                        epochs=epochs, steps=steps_shown, model=view)
     history = cbs._history
+    history.resumed_from = state.path if source is not None else None   # (after skips)
     stream = _Stream(data, state.pass_index, state.pass_position)
     scores = Scores.of(pm.model)   # the compiled metrics, on the global batch (Keras's)
     rt.set_step_values(scores is not None)
@@ -657,6 +510,8 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         state.metrics = scores.state() if scores is not None else []
         try:
             save_checkpoint(pm, checkpoint_dir, state, keep, arrays)
+        except checkpoints.CheckpointWriteError as e:   # e.g. the directory gone read-only
+            save_paused(e, state.step, checkpoint_dir)
         except _PEER_ERRORS as e:   # a worker lost during the save's barrier
             if rt._all_local():
                 raise
@@ -668,7 +523,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                                                           state.history.items()}
     if source is not None:   # after on_train_begin reset them
         restore_callback_states(user_callbacks, state.callbacks,
-                                _callback_arrays(state.path), state.path)
+                                callback_arrays(state.path), state.path)
     logs: dict[str, float] = {}
     epoch_logs: dict[str, float] | None = None
     for epoch in range(state.epoch, epochs):
@@ -751,6 +606,31 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     if backup is not None and backup[3] and chief:   # BackupAndRestore(delete_checkpoint)
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return history
+
+
+def _prepare_directory(rt: Any, checkpoint_dir: str) -> None:
+    """The checkpoint directory made, checked writable with room for one checkpoint, and
+    cleared of a crashed save's temporaries (``tapas.execution.checkpoints``)."""
+    checkpoints.prepare_directory(checkpoint_dir)
+    clean_temporaries(checkpoint_dir)
+    checkpoints.check_space(checkpoint_dir, checkpoints.checkpoint_bytes(rt))
+
+
+def _start_state(pm: Any, checkpoint_dir: str | None, resume: bool, resume_from: str | None,
+                 initial_epoch: int) -> tuple[str | None, FitState]:
+    """(the checkpoint resumed from or None, the FitState the job starts in)."""
+    source = resume_from or (checkpoint_dir if resume and checkpoint_dir and
+                             latest_checkpoint(checkpoint_dir) else None)
+    if resume_from is None and resume and source is None:
+        logging.info("fit: no checkpoint in %s yet; starting at epoch %d", checkpoint_dir,
+                     initial_epoch)
+    if source is None:
+        return None, FitState(epoch=initial_epoch, pass_index=initial_epoch,
+                              learning_rate=float(pm.runtime.learning_rate.numpy()))
+    state = restore_checkpoint(pm, source)
+    logging.info("fit: resumed at step %d (epoch %d, step %d of it; %d batches consumed)",
+                 state.step, state.epoch + 1, state.step_in_epoch, state.batches_consumed)
+    return source, state
 
 
 def _check_arguments(epochs: int, initial_epoch: int, steps_per_epoch: int | None,

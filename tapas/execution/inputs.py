@@ -235,6 +235,12 @@ def _checked_array(name: str, spec: tf.TensorSpec, value: Any,
                    shape: Sequence[int] | None = None) -> np.ndarray:
     """``value`` as an array of ``spec``'s dtype, after checking its shape (``shape``, by
     default the spec's) and kind."""
+    if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+        kind = type(value).__name__
+        fix = "tf.sparse.to_dense(x)" if kind == "SparseTensor" else "x.to_tensor()"
+        raise ValueError(f"input '{name}' is a tf.{kind}; the program takes a dense "
+                         f"{spec.dtype.name} {spec.shape.as_list()} (it was captured dense): "
+                         f"pass {fix}")
     x = np.asarray(value)
     want = list(shape) if shape is not None else spec.shape.as_list()
     if list(x.shape) != want:

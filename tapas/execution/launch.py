@@ -10,12 +10,16 @@ Out: :class:`WorkerResult` per worker (exit code, output), or :class:`LaunchErro
 Each worker gets ``TF_CONFIG`` with a cluster of K free loopback ports and its own task
 index (``tapas.execution.devices.make_strategy`` reads it). Workers run in their own process groups;
 when one fails, when the deadline passes, or when the caller is interrupted, every worker
-still running is terminated, then killed — only these processes, by their own ids.
+still running is terminated, then killed — only these processes, by their own ids. If the
+launcher itself dies (even by SIGKILL), the kernel kills its workers (Linux: the parent-death
+signal, set in each worker before it starts), so no worker trains on unsupervised.
 This module imports no TensorFlow.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import json
 import os
@@ -89,7 +93,8 @@ def launch(argv: Callable[[int], Sequence[str]], num_workers: int, *, timeout_s:
             worker_env = {**os.environ, **(env or {}), "TF_CONFIG": tf_config_for(ports, i)}
             log = tempfile.TemporaryFile(mode="w+")
             proc = subprocess.Popen(list(argv(i)), env=worker_env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_die_with(os.getpid()))
             procs[i] = (proc, log, time.monotonic())
         while len(results) < len(procs):
             for i, (proc, log, t0) in procs.items():
@@ -113,6 +118,27 @@ def launch(argv: Callable[[int], Sequence[str]], num_workers: int, *, timeout_s:
         for _, log, _ in procs.values():
             log.close()
     return [results[i] for i in sorted(results)]
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when ``parent`` (the
+    launcher) dies, and ends the child at once if it already has; None where the kernel has
+    no parent-death signal (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:   # in the child, between fork and exec: no Python locks taken
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:   # the launcher died before the signal was armed
+            os._exit(1)
+    return arm
 
 
 def _read(log: object) -> str:

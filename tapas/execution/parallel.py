@@ -344,6 +344,9 @@ def _fitting_mode(model: Any, signature: Any, strategy: Any, n: int, training: b
     (a strategy searched on ``tapas.capture``'s default graph), with a warning."""
     from tapas.execution import reconstruct
     modes = [training] if training is not None else [True, False]
+    if isinstance(strategy, str):   # unreadable in either mode: said once, naming the file
+        from tapas.planning import search as search_mod
+        search_mod.Strategy.load(strategy)
     first: Exception | None = None
     for mode in modes:
         trace, graph = _capture(model, signature, mode, timings)
@@ -361,8 +364,9 @@ def _fitting_mode(model: Any, signature: Any, strategy: Any, n: int, training: b
                 "(tapas search --training), or pass training=False to say so.")
         return mode, trace, graph, bound
     assert first is not None
-    if training is None:
-        raise type(first)(f"{first} (tried the training-mode and the inference-mode graph)")
+    if training is None:   # a ValueError, whatever ``first``'s class takes to construct
+        raise ValueError(f"{first} (tried the training-mode and the inference-mode "
+                         "graph)") from first
     raise first
 
 

@@ -1003,11 +1003,9 @@ class Runtime:
         dist_x, dist_y = self._prepare(xs, y, worker_share, sample_weight)
         try:
             loss = self._call("train_step", self._train_fn, dist_x, dist_y)
-        except tf.errors.InvalidArgumentError as e:
-            lines = [ln.strip() for ln in e.message.splitlines() if ln.strip()]
-            reason = next((ln for ln in lines if "tapas:" in ln), lines[-1] if lines else "")
-            raise StepError(f"training step {int(self.iterations.numpy()) + 1} failed, weights "
-                            f"unchanged: {reason}") from None
+        except (tf.errors.InvalidArgumentError, tf.errors.CancelledError) as e:
+            from tapas.execution.step_errors import step_error
+            raise step_error(self, e, xs, y) from None
         return step_outputs.keep_values(self, loss)
 
     # -- inference ------------------------------------------------------------------------

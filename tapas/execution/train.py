@@ -30,11 +30,10 @@ import tempfile
 import time
 from typing import Any
 
+from tapas.execution.train_data import (TrainError, data_files, load_npz, load_tfrecord,
+                                        save_tfrecord, tf_errors)
+
 __all__ = ["TrainOptions", "train", "TrainError"]
-
-
-class TrainError(RuntimeError):
-    """``tapas train`` could not run (bad options, a failed worker)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,26 +95,12 @@ class TrainOptions:
 
 def train(opts: TrainOptions) -> dict[str, Any]:
     """Run ``tapas train`` (see the module docstring); returns the report."""
-    if opts.steps < 1:
-        raise TrainError(f"--steps={opts.steps}: need at least 1 step")
-    if opts.is_job and opts.verify:
-        raise TrainError("--verify compares --steps steps on the synthetic batch with the "
-                         "Keras model; it cannot be combined with --data, --epochs, "
-                         "--checkpoint_dir, --resume or --tensorboard: run them separately")
-    if opts.data and not data_files(opts.data):
-        raise TrainError(f"--data={opts.data}: no such file; give an .npz with one array per "
-                         "model input (named by input name) and the targets as 'y', or "
-                         ".tfrecord file(s) (a glob or a comma-separated list) of "
-                         "tf.train.Example records (docs/running.md)")
-    if opts.epochs is not None and opts.epochs < 1:
-        raise TrainError(f"--epochs={opts.epochs}: need at least 1 epoch")
-    if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
-        raise TrainError("--checkpoint_every and --resume need --checkpoint_dir=DIR")
-    if opts.devices_per_worker < 1 or (opts.devices_per_worker > 1 and not opts.workers
-                                       and not os.environ.get("TF_CONFIG")):
-        raise TrainError(f"--devices_per_worker={opts.devices_per_worker}: it sets the "
-                         "devices of each process of --workers=K (at least 1); for one "
-                         "process use --devices=N")
+    from tapas.execution import preflight
+    try:   # counts, the strategy file, the checkpoint directory: before anything is built
+        preflight.check_options(opts)
+    except preflight.PreflightError as e:
+        raise TrainError(str(e)) from None
+    _check_model_name(opts.model)
     if opts.compute_scale is not None:
         _check_compute_scale(opts)   # before workers are launched or a model is built
     if opts.kernel_times is not None:
@@ -123,7 +108,6 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     if opts.communication_scale is not None:
         _check_communication_scale(opts)
     if opts.workers and not os.environ.get("TF_CONFIG"):
-        _check_model_name(opts.model)   # here, not once per worker after the launch
         return _launch_workers(opts)
     from tapas.execution import devices
     timings: dict[str, float] = {}
@@ -154,11 +138,15 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         report["communication_calibration"] = None if comm is None else comm.to_json()
         report["activation_communication_scale"] = (None if comm is None
                                                     else comm.activation_communication_scale)
-    if opts.is_job:
-        check = None
-        _run_job(opts, pm, xs, y, report, say)
-    else:
-        check = _run_steps(opts, pm, xs, y, report, say)
+    from tapas.execution.runtime import StepError
+    try:
+        check = None if opts.is_job else _run_steps(opts, pm, xs, y, report, say)
+        if opts.is_job:
+            _run_job(opts, pm, xs, y, report, say)
+    except StepError as e:   # a failed step, weights unchanged: its cause, not a traceback
+        hint = (" (a learning rate too large for the model, or NaN/inf in the data: check "
+                "--learning_rate and --data)" if "not finite" in str(e) else "")
+        raise TrainError(f"{e}{hint}") from None
     timings.update({f"trace_{k}": v for k, v in pm.runtime.trace_seconds.items()})
     if "train_step" in pm.runtime.audits:   # not when a resumed job had nothing left to do
         audit = pm.audit()
@@ -192,6 +180,11 @@ def _check_model_name(name: str | None) -> None:
         if not os.path.exists(name):
             raise TrainError(f"--model={name}: no such file; give a zoo name (tapas models) "
                              "or the path of a model saved with model.save('name.keras')")
+        from tapas.execution import preflight
+        try:
+            preflight.check_model_file(name)
+        except preflight.PreflightError as e:
+            raise TrainError(str(e)) from None
         return
     try:
         models.get(name)
@@ -209,6 +202,31 @@ def _say_setup(pm: Any, opts: TrainOptions, say: Any) -> None:
                     else "inference (dropout off, moving statistics fixed)"))
 
 
+def _check_npz(opts: TrainOptions, model: Any, specs: Any, loss: Any) -> None:
+    """``--data``'s .npz against the built model (``preflight.check_npz``), as a TrainError."""
+    if opts.data and opts.data.endswith(".npz"):
+        from tapas.execution import preflight
+        try:
+            preflight.check_npz(opts.data, model, specs, loss)
+        except preflight.PreflightError as e:
+            raise TrainError(str(e)) from None
+
+
+def _mesh(opts: TrainOptions, n: int) -> Any:
+    """``--mesh`` (1 x n without it), checked against the run's ``n`` devices."""
+    from tapas.planning.mesh import Mesh
+    if not opts.mesh:
+        return Mesh(1, n)
+    try:
+        mesh = Mesh.parse(opts.mesh)
+    except ValueError as e:
+        raise TrainError(f"--mesh={opts.mesh}: {e}") from None
+    if mesh.num_devices != n:
+        raise TrainError(f"--mesh={opts.mesh} has {mesh.num_devices} devices but the run "
+                         f"has {n} (--devices, or --workers x the devices of each)")
+    return mesh
+
+
 def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
                  say: Any) -> tuple[Any, str, Any, Any, Any, Any, Any]:
     """The zoo model built and parallelized under ``distribute`` with the strategy of
@@ -218,19 +236,9 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     from tapas import models
     from tapas.execution import parallel, reconstruct
     from tapas.planning.cost import Cluster
-    from tapas.planning.mesh import Mesh
     n = distribute.num_replicas_in_sync
-    rows = 1
-    mesh = Mesh(1, n)
-    if opts.mesh:
-        try:
-            mesh = Mesh.parse(opts.mesh)
-        except ValueError as e:
-            raise TrainError(f"--mesh={opts.mesh}: {e}") from None
-        if mesh.num_devices != n:
-            raise TrainError(f"--mesh={opts.mesh} has {mesh.num_devices} devices but the run "
-                             f"has {n} (--devices, or --workers x the devices of each)")
-        rows = mesh.rows
+    mesh = _mesh(opts, n)
+    rows = mesh.rows
     name = opts.model or models.DEFAULT_MODEL
     start = time.perf_counter()
     _check_model_name(name)
@@ -243,6 +251,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         xs, y = entry.synthetic_batch(opts.batch_size)
         xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
     timings["build"] = time.perf_counter() - start
+    _check_npz(opts, model, specs, loss)   # before the capture and the search
 
     try:   # a preset name or a cluster file; one mesh row's devices
         cluster = Cluster.resolve(opts.cluster, 1, n // rows)
@@ -540,131 +549,6 @@ def _run_steps(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, A
     return check
 
 
-def load_npz(path: str, pm: Any) -> tuple[dict[str, Any], Any]:
-    """(inputs by name, targets) from an ``.npz`` holding one array per model input, named
-    by input name (``pm.inputs.names``; ``x`` for a one-input model also), and ``y``."""
-    import numpy as np
-    with np.load(path) as f:
-        arrays = {k: f[k] for k in f.files}
-    names = list(pm.inputs.names)
-    if len(names) == 1 and "x" in arrays and names[0] not in arrays:
-        arrays[names[0]] = arrays.pop("x")
-    missing = [k for k in names + ["y"] if k not in arrays]
-    extra = sorted(set(arrays) - set(names) - {"y"})
-    if missing or extra:
-        raise TrainError(f"--data={path}: it holds {sorted(arrays)}; the model's inputs are "
-                         f"{pm.inputs.describe()} (per example; the first axis counts the "
-                         f"examples) plus the targets 'y': missing {missing}, unexpected "
-                         f"{extra}. Save it with np.savez(path, y=targets, "
-                         f"{', '.join(f'{k}=...' for k in names)})")
-    return {k: arrays[k] for k in names}, arrays["y"]
-
-
-def tf_errors() -> type:
-    """TensorFlow's error base class (reading a file that is not a TFRecord raises one)."""
-    import tensorflow as tf
-    return tf.errors.OpError
-
-
-def data_files(spec: str) -> list[str]:
-    """The files ``--data`` names: one path, a comma-separated list or glob patterns (in
-    sorted order within a pattern); [] when none exists."""
-    import glob
-    out: list[str] = []
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        out += sorted(glob.glob(part)) if glob.has_magic(part) else \
-            ([part] if os.path.exists(part) else [])
-    return out
-
-
-def _target_shape(pm: Any, size: int, path: str) -> list[int]:
-    """The per-example shape of targets with ``size`` values: the output's per-example
-    shape, or that without its last axis (class ids for a crossentropy over logits), or a
-    scalar."""
-    import numpy as np
-    out = list((getattr(pm.program, "output_shapes", None) or [[0]])[0])[1:]
-    for shape in (out, out[:-1], []):
-        if int(np.prod(shape, dtype=np.int64)) == size:
-            return shape
-    raise TrainError(f"--data={path}: the feature 'y' holds {size} values per example, but "
-                     f"the model's output has per-example shape {out}: give targets of "
-                     f"that shape, of {out[:-1]} (class ids), or one value per example")
-
-
-def save_tfrecord(path: str, x: Any, y: Any) -> str:
-    """Write examples as ``--data`` reads them: one ``tf.train.Example`` per example, a
-    feature per model input (``x``: a dict by input name, or one array named ``x``) and
-    ``y``, each flattened (``int64_list`` for integer arrays, ``float_list`` otherwise)."""
-    import numpy as np
-    import tensorflow as tf
-    arrays = dict(x) if isinstance(x, dict) else {"x": x}
-    arrays["y"] = y
-    arrays = {k: np.asarray(v) for k, v in arrays.items()}
-    n = len(arrays["y"])
-    with tf.io.TFRecordWriter(path) as writer:
-        for i in range(n):
-            feature = {}
-            for k, v in arrays.items():
-                flat = v[i].reshape(-1)
-                feature[k] = (tf.train.Feature(int64_list=tf.train.Int64List(value=flat))
-                              if v.dtype.kind in "biu" else
-                              tf.train.Feature(float_list=tf.train.FloatList(value=flat)))
-            writer.write(tf.train.Example(
-                features=tf.train.Features(feature=feature)).SerializeToString())
-    return path
-
-
-def load_tfrecord(spec: str, pm: Any) -> Any:
-    """A ``tf.data.Dataset`` of (inputs by name, targets) global batches from TFRecord
-    files of ``tf.train.Example`` records (:func:`save_tfrecord`'s layout): a feature per
-    model input, named by input name (``x`` for a one-input model also), holding the
-    example's values flattened (its per-example shape is the input's), and ``y`` (the
-    per-example shape: the output's, the output's without its last axis for class ids, or
-    one value). Files are read in the order given; the last partial batch is dropped."""
-    import numpy as np
-    import tensorflow as tf
-    files = data_files(spec)
-    first = next(iter(tf.data.TFRecordDataset(files[:1]).take(1)), None)
-    if first is None:
-        raise TrainError(f"--data={spec}: {files[0]} holds no record")
-    example = tf.train.Example.FromString(first.numpy()).features.feature
-    names = list(pm.inputs.names)
-    keys = dict(zip(names, names))
-    if len(names) == 1 and "x" in example and names[0] not in example:
-        keys[names[0]] = "x"
-    missing = [k for k in list(keys.values()) + ["y"] if k not in example]
-    extra = sorted(set(example) - set(keys.values()) - {"y"})
-    if missing or extra:
-        raise TrainError(f"--data={spec}: its records hold the features {sorted(example)}; "
-                         f"the model's inputs are {pm.inputs.describe()} (per example) plus "
-                         f"the targets 'y': missing {missing}, unexpected {extra} "
-                         "(tapas.execution.train.save_tfrecord writes the layout)")
-
-    def kind(feature: Any) -> tuple[Any, int]:
-        which = feature.WhichOneof("kind")
-        values = getattr(feature, which).value
-        return (tf.int64 if which == "int64_list" else tf.float32), len(values)
-
-    parse, shapes = {}, {}
-    for name, spec_ in zip(names, pm.inputs.specs):
-        dtype, size = kind(example[keys[name]])
-        shape = spec_.shape.as_list()[1:]
-        if size != int(np.prod(shape, dtype=np.int64)):
-            raise TrainError(f"--data={spec}: feature '{keys[name]}' holds {size} values per "
-                             f"example, input '{name}' takes per-example shape {shape}")
-        parse[keys[name]], shapes[name] = tf.io.FixedLenFeature(shape, dtype), spec_.dtype
-    y_dtype, y_size = kind(example["y"])
-    parse["y"] = tf.io.FixedLenFeature(_target_shape(pm, y_size, spec), y_dtype)
-
-    def decode(record: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-        f = tf.io.parse_single_example(record, parse)
-        return ({name: tf.cast(f[keys[name]], shapes[name]) for name in names},
-                tf.cast(f["y"], tf.int32 if y_dtype == tf.int64 else tf.float32))
-
-    batch = int(pm.inputs.specs[0].shape[0])
-    return tf.data.TFRecordDataset(files).map(decode).batch(batch, drop_remainder=True)
-
-
 def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any],
              say: Any) -> None:
     """A training job through ``ParallelModel.fit``: the --data file (epochs of it) or the
@@ -687,10 +571,8 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
         x, targets, steps_per_epoch = xs, y, opts.steps
     epochs = opts.epochs or 1
     if opts.resume:
-        found = fit_mod.latest_checkpoint(opts.checkpoint_dir)
-        report["resumed_from"] = found
-        say(f"\nresuming from {found}" if found else
-            f"\nno checkpoint in {opts.checkpoint_dir} yet: starting from the beginning")
+        from tapas.execution import preflight
+        preflight.say_resume(opts, say)
     # on a terminal, a progress bar per epoch (ETA) instead of a line per step
     bar = ProgressBar("epoch", delay=0.0) if pm.runtime.task_id == 0 else None
     if bar is None or not bar.enabled:
@@ -731,6 +613,8 @@ def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any
                              tensorboard=opts.tensorboard)
     except (ValueError, FileNotFoundError, fit_mod.WorkerLostError, tf_errors()) as e:
         raise TrainError(str(e)) from None
+    if opts.resume:   # the checkpoint read, after any damaged newer one was skipped
+        report["resumed_from"] = getattr(history, "resumed_from", None)
     report.update({"losses": losses, "step_seconds": step_times, "epochs": epochs,
                    "history": history.history, "step": int(pm.runtime.iterations.numpy())})
     if opts.checkpoint_dir:

@@ -231,8 +231,25 @@ class Strategy:
     @staticmethod
     def load(path: str, graph: Graph | None = None, num_devices: int | None = None) -> Strategy:
         """Read a strategy; with ``graph`` / ``num_devices`` check that it is theirs."""
-        with open(path) as f:
-            d = json.load(f)
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            hint = ("; 'random:SEED' is the command line's form: in Python pass "
+                    "tapas.execution.parallel.random_plan(graph, N, SEED)"
+                    if str(path).startswith("random:") else "")
+            raise ValueError(f"strategy file {path}: cannot read it ({e.strerror}): give the "
+                             "path of a Strategy JSON written by `tapas search --out=...`"
+                             f"{hint}") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            what = "is empty" if not text.strip() else (
+                f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}; "
+                f"{len(text)} bytes: truncated?)")
+            raise ValueError(f"strategy file {path} {what}: write it again with `tapas search "
+                             f"--out={path}` (or Strategy.save), or pass 'random:SEED' or no "
+                             "strategy to search") from None
         try:
             return Strategy.from_json(d, graph, num_devices)
         except ValueError as e:
