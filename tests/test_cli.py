@@ -130,7 +130,7 @@ def test_each_command_help_lists_its_own_flags_and_exits_0():
     proc = run_tapas("train", "--help")
     out = proc.stdout
     for flag in ("--devices=<int>", "--steps=<int>", "--strategy=<string>", "--[no]resume",
-                 "--optimizer=sgd|adam", "--checkpoint_dir=<string>"):
+                 "--optimizer=<string>", "--checkpoint_dir=<string>"):
         assert flag in out, flag
     assert "--top=" not in out and "--graph_out=" not in out and "--nodes=" not in out
     assert "continue from the newest whole checkpoint" in out   # the flag's help text

@@ -172,7 +172,7 @@ def test_learning_rate_with_resume_is_reported_and_damage_is_said(tmp_path):
     assert "skipping the damaged checkpoint" in proc.stdout and "ckpt-00000002" in proc.stdout
     assert f"resuming from {ck / 'ckpt-00000001'}" in proc.stdout
     assert "--learning_rate=0.5 is not used: --resume continues at the checkpoint's " \
-           "learning rate (0.01" in proc.stderr, proc.stderr[-2000:]
+           "learning rate (0.001" in proc.stderr, proc.stderr[-2000:]   # t5-tiny: AdamW(1e-3)
 
 
 def test_the_launchers_workers_die_with_it(tmp_path):

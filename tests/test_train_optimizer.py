@@ -12,8 +12,10 @@ from command import run_tapas   # tests/command.py
 
 
 def _train(*flags: str):
+    # batch 16: at the default 4, batch norm over a handful of values makes the model's own
+    # gradients sensitive beyond verify's float32 tolerance (docs/running.md)
     return run_tapas("train", "--model=resnet-tiny", "--devices=2", "--steps=2",
-                     "--strategy=random:1", "--verify", *flags, timeout=400)
+                     "--batch_size=16", "--strategy=random:1", "--verify", *flags, timeout=400)
 
 
 def test_default_is_the_compiled_optimizer_and_verifies():

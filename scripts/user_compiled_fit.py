@@ -1,0 +1,146 @@
+"""Models from other libraries, compiled as their users compile them, trained through
+``tapas.parallelize(model).fit`` against Keras's own ``model.fit`` on one device.
+
+    python scripts/user_compiled_fit.py [--models=keras-mobilenet,hub-bert,...] [--devices=2]
+        [--epochs=2] [--json_out=out/user_compiled_fit.json]
+
+Each model (``tapas.models.corpus``: keras.applications, keras-hub, kimm, ...) is built
+twice from the same seed and compiled the same way: AdamW with a CosineDecay warmup
+schedule, weight decay off the biases and normalization scales, gradient clipping by norm,
+an L2 regularizer on its first Dense or convolution kernel, the loss its corpus entry
+trains with and a metric (accuracy for the classifiers, mean absolute error otherwise).
+One copy trains with Keras's ``fit``, the other with ``ParallelModel.fit`` on N logical
+CPU devices under a random plan that splits weights; the script prints the History of
+both (loss and metric per epoch) and the largest weight difference, relative to the
+largest weight, and writes JSON. Exit 1 when a model differs (tolerance 1e-4) or raises.
+``tests/test_user_compiled_fit.py`` runs one model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+from absl import app, flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+DEFAULT_MODELS = ["keras-mobilenet", "keras-resnet", "hub-bert", "hub-gpt2", "hub-vit"]
+TOLERANCE = 1e-4
+BATCH = 4           # the global batch (each model's corpus specs at this batch)
+
+flags.DEFINE_list("models", DEFAULT_MODELS, "Corpus entries (tapas.models.corpus names).")
+flags.DEFINE_integer("devices", 2, "Logical CPU devices.")
+flags.DEFINE_integer("epochs", 2, "Epochs of two global batches each.")
+flags.DEFINE_integer("plan_seed", 1, "Seed of the random plan.")
+flags.DEFINE_string("json_out", "out/user_compiled_fit.json", "Where to write the results.")
+FLAGS = flags.FLAGS
+
+
+def compile_as_a_user(model: Any, loss: Any, classifier: bool) -> Any:
+    """AdamW + warmup schedule + decay exclusions + clipnorm, L2 on the first kernel, a
+    metric; ``jit_compile=False`` so both sides run the same TensorFlow kernels."""
+    import keras
+    schedule = keras.optimizers.schedules.CosineDecay(1e-4, 100, warmup_target=1e-3,
+                                                      warmup_steps=2)
+    opt = keras.optimizers.AdamW(schedule, weight_decay=0.01, clipnorm=1.0)
+    opt.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "norm", "scale"])
+    kernel = next(w for w in model.trainable_weights
+                  if w.path.endswith("kernel") and len(w.shape) >= 2)
+    kernel.regularizer = keras.regularizers.L2(1e-4)
+    metric = "sparse_categorical_accuracy" if classifier else "mae"
+    model.compile(optimizer=opt, loss=loss, metrics=[metric], jit_compile=False)
+    return kernel.path
+
+
+def _data(entry: Any, model: Any, specs: Any) -> tuple[Any, Any]:
+    """Two global batches of the model's synthetic inputs and targets, concatenated."""
+    import numpy as np
+    (x1, y1), (x2, y2) = (entry.synthetic_batch(model, specs, seed) for seed in (1, 2))
+    if isinstance(x1, dict):
+        x = {k: np.concatenate([x1[k], x2[k]]) for k in x1}
+    else:
+        x = [np.concatenate([a, b]) for a, b in zip(x1, x2)]
+    return x, np.concatenate([y1, y2])
+
+
+def weight_splitting(node: Any, graph: Any, n: int) -> list[Any]:
+    """The patterns of ``node`` that split one of its weights, when it has any."""
+    from tapas.sharding import patterns
+    from tapas.sharding.placements import Split, parse_placement
+    every = patterns.patterns_for(node, graph, n)
+    return [p for p in every if any(isinstance(parse_placement(v), Split)
+                                    for v in p.weights.values())] or every
+
+
+def run_model(name: str, devices: int, epochs: int, seed: int) -> dict[str, Any]:
+    """Keras's fit and ParallelModel.fit of one corpus model, compiled the same way."""
+    import numpy as np
+
+    from tapas import capturing
+    from tapas.execution import parallel
+    from tapas.models import corpus
+    entry = corpus.get(name)
+    classifier = entry.library in ("keras.applications", "kimm")
+    ref, specs = entry.build(BATCH)
+    compile_as_a_user(ref, entry.loss(), classifier)
+    x, y = _data(entry, ref, specs)
+    want = ref.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0).history
+    model, specs = entry.build(BATCH)
+    regularized = compile_as_a_user(model, entry.loss(), classifier)
+    graph = capturing.capture(model, specs, training=True)
+    plan = parallel.random_plan(graph, devices, seed, patterns_fn=weight_splitting)
+    pm = parallel.parallelize(model, specs, plan, devices=devices)
+    got = pm.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0).history
+    ours, theirs = pm.global_weights(), capturing.weights_by_path(ref)
+    scale = max(float(np.abs(v.numpy()).max()) for v in theirs.values())
+    diff = max(float(np.abs(ours[p] - theirs[p].numpy()).max()) for p in ours)
+    history_diff = max(abs(a - b) / max(abs(b), 1e-12) for k in want
+                       for a, b in zip(got.get(k, [np.inf]), want[k]))
+    split = sum(1 for layout in pm.program.weight_layouts.values()
+                if "S(" in str(layout.placement))
+    return {"model": name, "library": entry.library, "parameters": int(ref.count_params()),
+            "weights_split": split, "regularized": regularized,
+            "optimizer": pm.runtime.optimizer.summary(), "history_keras": want,
+            "history_tapas": {k: list(v) for k, v in got.items()},
+            "history_max_rel_diff": history_diff, "weights_max_abs_diff": diff,
+            "weights_scale": scale,
+            "ok": history_diff <= TOLERANCE and diff <= TOLERANCE * max(scale, 1.0)
+            and set(got) == set(want)}
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from tapas.execution import devices
+    devices.setup_devices(FLAGS.devices, "cpu")
+    results = []
+    for name in FLAGS.models:
+        try:
+            results.append(run_model(name, FLAGS.devices, FLAGS.epochs, FLAGS.plan_seed))
+        except Exception as e:  # reported in the table and the JSON, exit 1
+            results.append({"model": name, "ok": False, "error": f"{type(e).__name__}: {e}",
+                            "traceback": traceback.format_exc()[-3000:]})
+    print(f"{'model':<20} {'library':<19} {'split':>5} {'history rel diff':>17} "
+          f"{'weights |diff| / max|w|':>24}  ok")
+    for r in results:
+        if "error" in r:
+            print(f"{r['model']:<20} ERROR {r['error'][:200]}")
+            continue
+        print(f"{r['model']:<20} {r['library']:<19} {r['weights_split']:>5} "
+              f"{r['history_max_rel_diff']:>17.2e} "
+              f"{r['weights_max_abs_diff'] / max(r['weights_scale'], 1.0):>24.2e}  "
+              f"{'yes' if r['ok'] else 'NO'}")
+    os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
+    with open(FLAGS.json_out, "w") as f:
+        json.dump(results, f, indent=1, default=float)
+    print(f"wrote {FLAGS.json_out}")
+    sys.stdout.flush()
+    os._exit(0 if all(r["ok"] for r in results) else 1)
+
+
+if __name__ == "__main__":
+    app.run(main)
