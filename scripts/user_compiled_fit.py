@@ -29,13 +29,16 @@ from absl import app, flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-DEFAULT_MODELS = ["keras-mobilenet", "keras-resnet", "hub-bert", "hub-gpt2", "hub-vit"]
+DEFAULT_MODELS = ["keras-mobilenet", "keras-resnet", "hub-bert-classifier", "hub-gpt2", "kimm-vit"]
 TOLERANCE = 1e-4
-BATCH = 4           # the global batch (each model's corpus specs at this batch)
+BATCH = 16          # the global batch (each model's corpus specs at this batch)
 
 flags.DEFINE_list("models", DEFAULT_MODELS, "Corpus entries (tapas.models.corpus names).")
 flags.DEFINE_integer("devices", 2, "Logical CPU devices.")
 flags.DEFINE_integer("epochs", 2, "Epochs of two global batches each.")
+flags.DEFINE_enum("plan", "random", ["random", "searched"], "random: a random plan that "
+                  "splits a weight of every GraphNode that has one (seed --plan_seed); "
+                  "searched: the plan tapas.parallelize searches.")
 flags.DEFINE_integer("plan_seed", 1, "Seed of the random plan.")
 flags.DEFINE_string("json_out", "out/user_compiled_fit.json", "Where to write the results.")
 FLAGS = flags.FLAGS
@@ -63,8 +66,10 @@ def _data(entry: Any, model: Any, specs: Any) -> tuple[Any, Any]:
     (x1, y1), (x2, y2) = (entry.synthetic_batch(model, specs, seed) for seed in (1, 2))
     if isinstance(x1, dict):
         x = {k: np.concatenate([x1[k], x2[k]]) for k in x1}
-    else:
+    elif isinstance(x1, (list, tuple)):
         x = [np.concatenate([a, b]) for a, b in zip(x1, x2)]
+    else:   # one input, one array
+        x = np.concatenate([x1, x2])
     return x, np.concatenate([y1, y2])
 
 
@@ -77,13 +82,15 @@ def weight_splitting(node: Any, graph: Any, n: int) -> list[Any]:
                                     for v in p.weights.values())] or every
 
 
-def run_model(name: str, devices: int, epochs: int, seed: int) -> dict[str, Any]:
-    """Keras's fit and ParallelModel.fit of one corpus model, compiled the same way."""
+def run_model(name: str, devices: int, epochs: int, seed: int | None) -> dict[str, Any]:
+    """Keras's fit and ParallelModel.fit of one corpus model, compiled the same way, under a
+    random plan (``seed``) or the searched one (``seed=None``)."""
     import numpy as np
 
     from tapas import capturing
     from tapas.execution import parallel
     from tapas.models import corpus
+    from tapas.sharding.placements import Split, parse_placement
     entry = corpus.get(name)
     classifier = entry.library in ("keras.applications", "kimm")
     ref, specs = entry.build(BATCH)
@@ -92,8 +99,10 @@ def run_model(name: str, devices: int, epochs: int, seed: int) -> dict[str, Any]
     want = ref.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0).history
     model, specs = entry.build(BATCH)
     regularized = compile_as_a_user(model, entry.loss(), classifier)
-    graph = capturing.capture(model, specs, training=True)
-    plan = parallel.random_plan(graph, devices, seed, patterns_fn=weight_splitting)
+    plan = None
+    if seed is not None:
+        graph = capturing.capture(model, specs, training=True)
+        plan = parallel.random_plan(graph, devices, seed, patterns_fn=weight_splitting)
     pm = parallel.parallelize(model, specs, plan, devices=devices)
     got = pm.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0).history
     ours, theirs = pm.global_weights(), capturing.weights_by_path(ref)
@@ -102,8 +111,8 @@ def run_model(name: str, devices: int, epochs: int, seed: int) -> dict[str, Any]
     history_diff = max(abs(a - b) / max(abs(b), 1e-12) for k in want
                        for a, b in zip(got.get(k, [np.inf]), want[k]))
     split = sum(1 for layout in pm.program.weight_layouts.values()
-                if "S(" in str(layout.placement))
-    return {"model": name, "library": entry.library, "parameters": int(ref.count_params()),
+                if isinstance(parse_placement(layout.placement), Split))
+    return {"model": name, "library": entry.library, "plan": FLAGS.plan, "parameters": int(ref.count_params()),
             "weights_split": split, "regularized": regularized,
             "optimizer": pm.runtime.optimizer.summary(), "history_keras": want,
             "history_tapas": {k: list(v) for k, v in got.items()},
@@ -120,7 +129,8 @@ def main(argv: list[str]) -> None:
     results = []
     for name in FLAGS.models:
         try:
-            results.append(run_model(name, FLAGS.devices, FLAGS.epochs, FLAGS.plan_seed))
+            seed = FLAGS.plan_seed if FLAGS.plan == "random" else None
+            results.append(run_model(name, FLAGS.devices, FLAGS.epochs, seed))
         except Exception as e:  # reported in the table and the JSON, exit 1
             results.append({"model": name, "ok": False, "error": f"{type(e).__name__}: {e}",
                             "traceback": traceback.format_exc()[-3000:]})

@@ -13,11 +13,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_keras_hub_bert_compiled_by_its_user_fits_equal_to_keras(tmp_path):
+def test_keras_hub_bert_classifier_compiled_by_its_user_fits_equal_to_keras(tmp_path):
     out = tmp_path / "fit.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", "user_compiled_fit.py"),
-         "--models=hub-bert", "--devices=2", "--epochs=2", f"--json_out={out}"],
+         "--models=hub-bert-classifier", "--devices=2", "--epochs=2", f"--json_out={out}"],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
