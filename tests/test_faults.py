@@ -267,3 +267,32 @@ def test_a_sparse_or_ragged_batch_is_named_with_the_dense_fix():
         signature.flatten(tf.RaggedTensor.from_tensor(dense))
     assert signature.flatten(dense)[0].shape == (4, 5)
 
+
+
+def test_a_py_function_is_named_stable_and_refused_before_the_search():
+    """A Lambda around tf.py_function: two captures of the model have one digest (the
+    op's per-capture token is left out), the search notes name the op it must run whole,
+    and parallelize refuses it before the search with the reason and the fix."""
+    import numpy as np
+    import tensorflow as tf
+    import keras
+    import tapas
+    from tapas.execution.parallel import _refuse_python_ops
+    from tapas.planning.search import _unruled_notes
+    from tapas.planning.strategy import graph_digest
+
+    x = keras.Input((6,), name="x")
+
+    def sine(t):
+        y = tf.py_function(np.sin, [t], tf.float32)
+        y.set_shape(t.shape)
+        return y
+    h = keras.layers.Lambda(sine, name="pyf")(keras.layers.Dense(8)(x))
+    model = keras.Model(x, keras.layers.Dense(3)(h))
+    spec = tf.TensorSpec([4, 6])
+    first, second = tapas.capture(model, spec), tapas.capture(model, spec)
+    assert graph_digest(first) == graph_digest(second)
+    (note,) = _unruled_notes(first)
+    assert "EagerPyFunc have no sharding rule" in note and "pyf" in note
+    with pytest.raises(ValueError, match="calls Python.*write it with TensorFlow or keras.ops"):
+        _refuse_python_ops(first)

@@ -44,7 +44,10 @@ _SMALL_CONST = 16  # constants with at most this many elements keep their value 
 _SKIP_ATTRS = frozenset({"value", "_class", "_output_shapes", "_XlaCompile", "f", "config",
                          "config_proto", "executor_type", "_read_only_resource_inputs",
                          "_collective_manager_ids", "_has_manual_control_dependencies",
-                         "shared_name", "container", "debug_name"})
+                         "shared_name", "container", "debug_name",
+                         # a py_function's registry key: new at every capture of the same
+                         # model (the function is the same; the replay reuses the op)
+                         "token"})
 
 
 class CaptureError(ValueError):

@@ -396,6 +396,7 @@ def _strategy(runner: _Runner, result: ex.ExploreResult, best: Evaluated,
         counts=_counts(graph, table, folded, result, rounds),
         templates=templates, exact=result.exact,
         notes=(_notes(graph, infos, budget, rounds) + _pattern_notes(graph, table)
+               + _unruled_notes(graph)
                + _precision_notes(graph, runner.options)),
         precision=runner.options.precision or graph_precision(graph),
         weight_placements=_weight_splits(infos), _graph=graph, _table=table)
@@ -468,6 +469,21 @@ def _pattern_notes(graph: Graph, table: ex.PatternTable) -> tuple[str, ...]:
                  f"{table.infos[node.id][0].note}"
                  for node in graph.nodes
                  if table.infos[node.id] and table.infos[node.id][0].note)
+
+
+def _unruled_notes(graph: Graph) -> tuple[str, ...]:
+    """One note per GraphNode holding ops with no sharding rule (a py_function, a while
+    loop, an FFT, a linear-algebra op): it is replicated, whatever the plan."""
+    from tapas.sharding.rules import RULES
+    out = []
+    for node in graph.nodes:
+        types = sorted({op.type for op in node.ops
+                        if op.type not in RULES and op.type != "Placeholder"})
+        if types:
+            out.append(f"GraphNode {node.id} '{node.name}' ({node.kind.value}): its ops of "
+                       f"type {', '.join(types)} have no sharding rule "
+                       "(tapas.sharding.rules), so they run whole on replicated inputs")
+    return tuple(out)
 
 
 def _weight_splits(infos: Sequence[ex.PatternInfo]) -> dict[str, str]:
