@@ -259,3 +259,12 @@ def test_keras_twin_keeps_weight_decay_exclusions():
     twin = sharded.keras()
     assert twin is not user and not twin._use_weight_decay(layer.bias)
     assert twin._use_weight_decay(layer.kernel)
+
+
+def test_an_optimizer_that_has_stepped_is_said_to_start_afresh(caplog):
+    v = keras.Variable(np.ones(2, "float32"))
+    user = O.Adam(0.1)
+    user.apply_gradients([(tf.constant([1.0, 1.0]), v)])
+    with caplog.at_level("WARNING"):
+        ShardedOptimizer(user, [WeightInfo("w", (2,), "float32")])
+    assert "has taken 1 steps already" in caplog.text and "afresh" in caplog.text

@@ -28,6 +28,7 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 from keras.src.backend.common import global_state
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.optimizers.base_optimizer import BaseOptimizer
@@ -221,25 +222,27 @@ class ShardedOptimizer:
         # exclude_from_weight_decay's settings, which get_config does not carry
         self._exclusions = {a: getattr(user, a) for a in _EXCLUSIONS if hasattr(user, a)}
         self.opt = _clone(user)
-        self._build(list(weights))
+        self._build(list(weights), user)
         self.has_schedule = not isinstance(self.opt._learning_rate, keras.Variable)
         self.learning_rate = float(np.asarray(
             self.opt._learning_rate if not self.has_schedule
             else self.opt._learning_rate(0)))
-        # steps the user's optimizer took before (its slots are not carried over)
-        self.user_steps = int(np.asarray(user.iterations)) if user.built else 0
+        if user.built and int(np.asarray(user.iterations)):
+            logging.warning("the optimizer %s has taken %d steps already; its slots are not "
+                            "carried over: the parallel job starts the optimizer afresh",
+                            type(user).__name__, int(np.asarray(user.iterations)))
 
     # -- construction -----------------------------------------------------------------------
 
-    def _build(self, weights: list[WeightInfo]) -> None:
+    def _build(self, weights: list[WeightInfo], user: Any) -> None:
         """Template variables of the shards' shapes, and the clone built on them, deferred
         (nothing allocated) unless the optimizer creates a variable with a constant
         initial value (Nadam), which Keras does not defer."""
         made: dict[int, list[tuple[str, Any]]] = {}
-        original = self.opt.add_variable_from_reference
 
         def recording(reference: Any, name: str | None = None, initializer: Any = "zeros"):
-            var = original(reference, name=name, initializer=initializer)
+            var = _Functional.add_variable_from_reference(self.opt, reference, name=name,
+                                                          initializer=initializer)
             made.setdefault(id(reference), []).append((name or "var", var))
             return var
 
@@ -254,7 +257,7 @@ class ShardedOptimizer:
                     self.opt.build(list(self.templates.values()))
             except ValueError:   # a constant-initialized variable: build allocated
                 made.clear()
-                self.opt = _clone(self.opt)
+                self.opt = _clone(user)
                 self.opt.add_variable_from_reference = recording
                 self.opt.build(list(self.templates.values()))
         finally:
