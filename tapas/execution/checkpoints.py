@@ -19,7 +19,6 @@ Raises: :class:`CheckpointWriteError` (an ``OSError``) when a save cannot write 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os

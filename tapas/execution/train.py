@@ -30,8 +30,8 @@ import tempfile
 import time
 from typing import Any
 
-from tapas.execution.train_data import (TrainError, data_files, load_npz, load_tfrecord,
-                                        save_tfrecord, tf_errors)
+from tapas.execution.train_data import (TrainError, load_npz, load_tfrecord,  # noqa: F401
+                                        save_tfrecord, tf_errors)   # (save_tfrecord: re-export)
 
 __all__ = ["TrainOptions", "train", "TrainError"]
 
