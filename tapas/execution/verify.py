@@ -24,7 +24,7 @@ from tapas.capturing.tracing import states_by_path, weights_by_path
 from tapas.execution import keras_reference
 from tapas.execution.keras_reference import reference_loss, reference_sensitivity
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
-from tapas.execution.gradients import NO_GRADIENT
+from tapas.sharding.gradients import NO_GRADIENT
 from tapas.sharding.placements import Placement, Split
 
 __all__ = ["Difference", "Comparison", "compare_with_single_device", "compare_nested", "compare",
