@@ -202,7 +202,9 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
             assert all(pe == pytest.approx(ca) for ca, pe in ca_e)
             continue
         (rest_b, rest_s), (el_b, el_s) = parts["rest_s"], parts["elements_s"]
-        assert el_b > el_s > 0 and rest_b >= rest_s >= 0
+        # (the rest's prices come from kernels timed on this machine: noise may order the
+        # two batch sizes either way, so only their signs are the code's to check)
+        assert el_b > el_s > 0 and rest_b >= 0 and rest_s >= 0
         assert e == pytest.approx((d["calibrations"][model]["difference_s"]
                                    - (rest_b - rest_s)) / (el_b - el_s))
         assert all((pe > ca) == (e > 1) and pe != pytest.approx(ca) for ca, pe in ca_e)
