@@ -323,24 +323,7 @@ def _capture(model: Any, signature: Any, training: bool,
                            f", Keras as {list(signature.names)}: the flattening orders differ")
     graph = capturing.to_ir(trace)
     timings["capture"] = timings.get("capture", 0.0) + time.perf_counter() - start
-    _refuse_python_ops(graph)
     return trace, graph
-
-
-#: ops that call back into Python (tf.py_function, tf.numpy_function): their function is
-#: registered by the trace that made them and cannot be replayed in the parallel program
-PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
-
-
-def _refuse_python_ops(graph: Any) -> None:
-    """Refuse, before the search, a graph that calls back into Python."""
-    found = [(n.name, op.type) for n in graph.nodes for op in n.ops if op.type in PYTHON_OPS]
-    if found:
-        name, kind = found[0]
-        raise ValueError(f"GraphNode '{name}' calls Python ({kind}: a tf.py_function or "
-                         f"tf.numpy_function, {len(found)} in the model): its function "
-                         "cannot be replayed in the parallel program; write it with "
-                         "TensorFlow or keras.ops operations instead")
 
 
 def _bind(strategy: Any, graph: Any, n: int) -> Any:
