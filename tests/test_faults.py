@@ -158,6 +158,28 @@ def test_data_that_does_not_fit_the_model_is_refused_before_the_capture(tmp_path
         assert "reconstructed" not in proc.stdout   # refused before the capture
 
 
+def test_tfrecord_data_that_does_not_fit_is_refused_before_the_capture(tmp_path):
+    """The same checks on TFRecord files (``save_tfrecord``'s layout): a missing feature,
+    a token id beyond the vocabulary in the first batch, and a file that is no TFRecord."""
+    from tapas.execution.train_data import save_tfrecord
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 512, (4, 16)).astype("int32")
+    (tmp_path / "junk.tfrecord").write_bytes(b"not a record" * 10)
+    cases = [(dict(encoder_input_ids=ids), "missing ['decoder_input_ids']"),
+             (dict(encoder_input_ids=ids, decoder_input_ids=ids + 1000),
+              "but the model's largest embedding has 512 rows"),
+             (None, "TensorFlow cannot read its records")]
+    for k, (x, says) in enumerate(cases):
+        path = tmp_path / ("junk.tfrecord" if x is None else f"d{k}.tfrecord")
+        if x is not None:
+            save_tfrecord(str(path), x, ids)
+        proc = command.run_tapas("train", "--model=t5-tiny", "--devices=2",
+                                 "--strategy=random:0", f"--data={path}", timeout=120)
+        err = _err(proc)
+        assert says in err and f"--data={path}" in err, err[-1500:]
+        assert "reconstructed" not in proc.stdout   # refused before the capture
+
+
 def test_learning_rate_with_resume_is_reported_and_damage_is_said(tmp_path):
     ck = tmp_path / "ck"
     common = ["train", "--model=t5-tiny", "--devices=2", "--strategy=random:0", "--steps=2",
