@@ -19,8 +19,8 @@ import math
 import os
 from typing import Any
 
-__all__ = ["PreflightError", "check_options", "check_npz", "check_tfrecord", "check_model_file",
-           "say_resume"]
+__all__ = ["PreflightError", "check_options", "check_data", "check_npz", "check_tfrecord",
+           "check_model_file", "say_resume"]
 
 
 class PreflightError(ValueError):
@@ -133,6 +133,13 @@ def check_npz(path: str, model: Any, specs: Any, loss: Any) -> None:
     for name, spec in zip(signature.names, signature.specs):
         _check_input(path, name, np.asarray(x[name]), spec, vocabulary)
     _check_targets(path, np.asarray(y), model, loss)
+
+
+def check_data(data: str | None, model: Any, specs: Any, loss: Any) -> None:
+    """``--data`` (an ``.npz`` or TFRecord files; nothing when not given) against the
+    model: :func:`check_npz` or :func:`check_tfrecord`."""
+    if data:
+        (check_npz if data.endswith(".npz") else check_tfrecord)(data, model, specs, loss)
 
 
 def check_tfrecord(spec: str, model: Any, specs: Any, loss: Any) -> None:

@@ -778,7 +778,7 @@ class _Run:
         if out.shape is None or any(d < 0 for d in out.shape):
             return vals, (want if want is not None else Replica())
         got = tuple(vals[0].shape.as_list()) if vals[0].shape.rank is not None else None
-        glob = tuple(out.shape)
+        glob, expect = tuple(out.shape), want and want.local_shape(tuple(out.shape), self.n)
         if want is None:
             if got == glob:
                 return vals, Replica()
@@ -789,17 +789,12 @@ class _Run:
             raise ReconstructError(f"{label}: op '{op.name}' ({op.type}) yields local shape "
                                    f"{got} for global {glob}, which is no placement on "
                                    f"{self.n} devices: name it in the pattern's tensors")
-        expect = want.local_shape(glob, self.n)
         if got == expect:
             return vals, want
-        if got is None or (None in got and len(got) == len(expect) and all(
-                g is None or g == e for g, e in zip(got, expect))):
-            # an op whose shape TensorFlow cannot infer (tf.py_function: the capture's
-            # set_shape is not replayed): the placement's shape, checked when it runs
-            return [tf.ensure_shape(v, expect) for v in vals], want
-        if got == glob and isinstance(want, Split):
-            # computed whole from replicated values (e.g. a constant): keep this device's
-            # part (plain slice; the pattern's backward comms handle the partial gradient)
+        if tf.TensorShape(got).is_compatible_with(expect):   # shape unknown to TF (a
+            return [tf.ensure_shape(v, expect) for v in vals], want   # py_function's)
+        if got == glob and isinstance(want, Split):   # computed whole (e.g. a constant):
+            # this device's part (the pattern's backward comms handle the partial gradient)
             return self._plain_slices(vals, want.axis), want
         raise ReconstructError(
             f"{label}: op '{op.name}' ({op.type}) yields local shape {got}, but its output "

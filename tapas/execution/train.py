@@ -203,15 +203,12 @@ def _say_setup(pm: Any, opts: TrainOptions, say: Any) -> None:
 
 
 def _check_npz(opts: TrainOptions, model: Any, specs: Any, loss: Any) -> None:
-    """``--data`` (an .npz or TFRecord files) against the built model
-    (``preflight.check_npz``, ``check_tfrecord``), as a TrainError."""
-    if opts.data:
-        from tapas.execution import preflight
-        check = preflight.check_npz if opts.data.endswith(".npz") else preflight.check_tfrecord
-        try:
-            check(opts.data, model, specs, loss)
-        except preflight.PreflightError as e:
-            raise TrainError(str(e)) from None
+    """``--data`` against the model (``preflight.check_data``), as a TrainError."""
+    from tapas.execution.preflight import PreflightError, check_data
+    try:
+        check_data(opts.data, model, specs, loss)
+    except PreflightError as e:
+        raise TrainError(str(e)) from None
 
 
 def _mesh(opts: TrainOptions, n: int) -> Any:
