@@ -57,19 +57,25 @@ class AuditReport:
     loss: tuple[tuple[str, int], ...]
     differences: tuple[str, ...] = ()   # "+" in the program only, "-" predicted only
     predicted_loss: tuple[tuple[str, int], ...] = ()
+    # (kind, phase) -> the dtypes its tensors move in ("bfloat16+float32"), both sides
+    measured_dtypes: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    predicted_dtypes: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
     @property
     def matches(self) -> bool:
         return dict(self.measured) == dict(self.predicted) and \
             dict(self.measured_bytes) == dict(self.predicted_bytes) and \
+            dict(self.measured_dtypes) == dict(self.predicted_dtypes) and \
             sorted(self.loss) == sorted(self.predicted_loss)
 
     def table(self) -> str:
         keys = sorted(set(self.measured) | set(self.predicted))
-        lines = [f"{'collective':<10} {'phase':<5} {'program':>8} {'predicted':>10} "
-                 f"{'bytes (program)':>16} {'bytes (predicted)':>18}"]
+        lines = [f"{'collective':<10} {'phase':<5} {'dtype':<9} {'program':>8} "
+                 f"{'predicted':>10} {'bytes (program)':>16} {'bytes (predicted)':>18}"]
         for k in keys:
-            lines.append(f"{k[0]:<10} {k[1]:<5} {self.measured.get(k, 0):>8} "
+            got, want = self.measured_dtypes.get(k, "-"), self.predicted_dtypes.get(k, "-")
+            dtype = got if got == want else f"{got} (predicted {want})"
+            lines.append(f"{k[0]:<10} {k[1]:<5} {dtype:<9} {self.measured.get(k, 0):>8} "
                          f"{self.predicted.get(k, 0):>10} {self.measured_bytes.get(k, 0):>16,} "
                          f"{self.predicted_bytes.get(k, 0):>18,}")
         if not keys:
@@ -77,7 +83,7 @@ class AuditReport:
         for kind in sorted({k for k, _ in self.loss} | {k for k, _ in self.predicted_loss}):
             got = [b for k, b in self.loss if k == kind]
             want = [b for k, b in self.predicted_loss if k == kind]
-            lines.append(f"{kind:<10} {'loss':<5} {len(got):>8} {len(want):>10} "
+            lines.append(f"{kind:<10} {'loss':<5} {'':<9} {len(got):>8} {len(want):>10} "
                          f"{sum(got):>16,} {sum(want):>18,}")
         lines.append("audit " + ("matches the strategy's prediction" if self.matches else
                                  "DIFFERS from the strategy's prediction"))
@@ -92,6 +98,8 @@ class AuditReport:
                 "predicted_bytes": {key(k): v for k, v in self.predicted_bytes.items()},
                 "loss": [list(x) for x in self.loss],
                 "predicted_loss": [list(x) for x in self.predicted_loss],
+                "dtypes": {key(k): v for k, v in self.measured_dtypes.items()},
+                "predicted_dtypes": {key(k): v for k, v in self.predicted_dtypes.items()},
                 "matches": self.matches,
                 "differences": list(self.differences)}
 
@@ -108,7 +116,10 @@ class AuditReport:
         if sorted(loss) != sorted(predicted_loss):
             diffs.append(f"loss collectives {sorted(loss)} != predicted {sorted(predicted_loss)}")
         return AuditReport(audit.counts(), predicted, audit.bytes(), predicted_bytes, loss,
-                           tuple(sorted(diffs)), tuple(predicted_loss))
+                           tuple(sorted(diffs)), tuple(predicted_loss),
+                           _dtypes((r.kind.value, r.phase, r.dtype) for r in audit.records),
+                           _dtypes((Collective.parse(c.kind).value, c.phase, c.dtype)
+                                   for c in comms))
 
 
 def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
@@ -253,6 +264,14 @@ def _plan_reshards(plan: Any, graph: ir.Graph) -> list[_Tagged]:
                 comms += [(c, (name, str(want)))
                           for c in placements.reshard(have, want, tuple(shape or ()), dtype, name)]
     return comms
+
+
+def _dtypes(rows: Any) -> dict[tuple[str, str], str]:
+    """(kind, phase) -> the dtypes of its collectives, sorted and joined by "+"."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for kind, phase, dtype in rows:
+        found.setdefault((kind, phase), set()).add(str(dtype))
+    return {k: "+".join(sorted(v)) for k, v in found.items()}
 
 
 def _tally(comms: Sequence[Any]) -> tuple[dict, dict]:
