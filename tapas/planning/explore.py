@@ -59,8 +59,9 @@ from tapas.ir import Graph, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
+from tapas.planning.branches import Folded, fold_branches
 from tapas.planning.frontier import (Allowed, Counts, Progress, SearchTimeout, Step, TieOptions,
-                                     run, unwind)
+                                     Run, lower_bound, run, unwind)
 from tapas.planning.precision import priced_dtype
 from tapas.planning.steps import consumers, good_order, node_steps, producers
 from tapas.planning.stitch import stitch_steps
@@ -102,6 +103,9 @@ class ExploreOptions:
     # seconds of memory penalty per byte per device added to a pattern's cost (0: none);
     # tapas.search raises it when the cheapest plans do not fit the memory budget
     memory_penalty: float = 0.0
+    # search independent branches per branch and combine them at their join
+    # (tapas.planning.branches); off: every branch's tensors in the frontier
+    fold_branches: bool = True
 
     def __post_init__(self) -> None:
         for name in ("top_k", "max_candidates", "per_boundary", "max_states"):
@@ -166,6 +170,10 @@ class ExploreResult:
     counts: Counts            # everything: templates + stitching (gp) or the whole graph (es)
     timings: Mapping[str, float]
     exact: bool
+    # no plan is cheaper than this (the best plan's cost when exact; when the beam cut, the
+    # cheapest prefix it cut, if cheaper); None when a template's own enumeration was cut
+    lower: float | None = None
+    folded: Folded = Folded()   # branches folded into their joins (tapas.planning.branches)
 
     @property
     def best(self) -> Plan:
@@ -192,8 +200,8 @@ def explore_template(graph: Graph, template: Template, table: PatternTable, edge
 
     order = good_order(graph, inst)
     steps = node_steps(graph, order, table, allowed, options.memory_penalty, keep)
-    final, counts, exact = run(steps, table, edges, max(options.per_boundary, 1),
-                               options.max_states, deadline)
+    final, counts, exact, _ = run(steps, table, edges, max(options.per_boundary, 1),
+                                  options.max_states, deadline)
     cands: list[Candidate] = []
     per: dict[tuple[Any, ...], int] = {}
     for c, state, path in final:
@@ -237,6 +245,10 @@ def _plans_from(final: Sequence[tuple[float, Any, Any]], steps: Sequence[Step], 
                         pats[v] = pi
                 else:
                     pats[step.node] = chosen[step.tie_pos]
+            elif step.attached is not None:    # a join with its folded branches
+                pats[step.node] = step.options[oi][0]
+                for v, pi in step.attached[oi]:
+                    pats[v] = pi
             else:
                 pats[step.node] = oi
         key = tuple(pats)
@@ -317,13 +329,27 @@ def _explore_es(pb: _Problem) -> ExploreResult:
     """es: one enumeration of the whole graph, every GraphNode free."""
     t = time.perf_counter()
     steps = _whole_graph_steps(pb.graph, pb.table, pb.allowed, pb.options.memory_penalty)
-    final, counts, exact = run(steps, pb.table, pb.edges, pb.options.top_k,
-                               pb.options.max_states, pb.deadline, progress=pb.progress)
+    steps, _, folded = _fold(pb, steps)
+    final, counts, exact, cut = run(steps, pb.table, pb.edges, pb.options.top_k,
+                                    pb.options.max_states, pb.deadline, progress=pb.progress)
     pb.timings["enumeration"] = time.perf_counter() - t
     plans = _plans_from(final, steps, pb.options.top_k, len(pb.graph.nodes))
     if not plans:
         raise ValueError(_no_plan_message(pb.graph, pb.options))
-    return ExploreResult("es", plans, pb.table, (), counts, pb.timings, exact)
+    lower = lower_bound(final, cut) if folded.exact else None
+    return ExploreResult("es", plans, pb.table, (), counts + folded.counts, pb.timings,
+                         exact and folded.exact, lower, folded)
+
+
+def _fold(pb: _Problem, steps: list[Step], tie_options: TieOptions | None = None
+          ) -> tuple[list[Step], list[int], Folded]:
+    """``steps`` with independent branches folded into their joins
+    (:mod:`tapas.planning.branches`)."""
+    if not pb.options.fold_branches:
+        return steps, list(range(len(steps))), Folded()
+    return fold_branches(pb.graph, steps, pb.table, pb.edges, pb.options.top_k,
+                         pb.options.max_states, pb.deadline, pb.allowed,
+                         pb.options.memory_penalty, tie_options)
 
 
 def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
@@ -345,18 +371,31 @@ def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
     t = time.perf_counter()
     steps, tie_options, runs = stitch_steps(pb.graph, folded, results, pb.table, pb.edges,
                                             pb.allowed, pb.options.memory_penalty)
-    final, scounts, sexact = run(steps, pb.table, pb.edges, pb.options.top_k,
-                                 pb.options.max_states, pb.deadline, tie_options, pb.progress,
-                                 "stitching", runs)
+    steps, kept, branches = _fold(pb, steps, tie_options)
+    if len(kept) != len(steps) or kept != list(range(len(kept))):
+        runs = _renumbered(runs, kept)
+    final, scounts, sexact, cut = run(steps, pb.table, pb.edges, pb.options.top_k,
+                                      pb.options.max_states, pb.deadline, tie_options,
+                                      pb.progress, "stitching", runs)
     pb.timings["stitching"] = time.perf_counter() - t
     plans = _plans_from(final, steps, pb.options.top_k, len(pb.graph.nodes), tie_options)
     if not plans:
         raise ValueError(_no_plan_message(pb.graph, pb.options))
-    total = scounts
+    total = scounts + branches.counts
     for r in results:
         total = total + r.counts
+    inner = branches.exact and all(r.exact for r in results)
     return ExploreResult("gp", plans, pb.table, tuple(results), total, pb.timings,
-                         sexact and all(r.exact for r in results))
+                         sexact and inner, lower_bound(final, cut) if inner else None,
+                         branches)
+
+
+def _renumbered(runs: Sequence[Run], kept: Sequence[int]) -> list[Run]:
+    """``runs`` over the steps left after folding (``kept``: their old indices): a run's
+    steps are whole instances, never folded, so each moves down by the steps removed
+    before it."""
+    new_index = {old: new for new, old in enumerate(kept)}
+    return [dataclasses.replace(r, start=new_index[r.start]) for r in runs]
 
 
 # =========================================================================================

@@ -1,0 +1,116 @@
+"""tapas.planning.branches: independent branches searched alone and combined at their join.
+
+Ground truth is the exhaustive enumeration of the same graph with branch folding off and a
+beam wide enough never to cut (``exact``): the folded search must find the same k best
+costs. Graphs are DLRM-style recommenders written with plain Keras 3 layers (embedding
+tables feeding one stacked dot interaction), small enough for that enumeration."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import layers, ops
+
+import tapas
+from tapas.ir import Kind
+from tapas.planning import explore as ex
+from tapas.planning.branches import find_branches
+from tapas.planning.cluster import Cluster
+from tapas.planning.cost import CostOptions
+from tapas.planning.search import search
+from tapas.planning.table import pattern_table
+
+
+class _Interaction(layers.Layer):
+    def call(self, feats):
+        x = ops.stack(feats, axis=1)
+        z = ops.matmul(x, ops.transpose(x, (0, 2, 1)))
+        n = len(feats)
+        pairs = np.array([i * n + j for i in range(n) for j in range(i)], dtype="int32")
+        return ops.take(ops.reshape(z, (-1, n * n)), pairs, axis=1)
+
+
+def _dlrm(tables: int) -> tapas.Graph:
+    dense = keras.Input((13,), batch_size=8, name="dense_features")
+    ids = [keras.Input((1,), batch_size=8, dtype="int32", name=f"ids{i}")
+           for i in range(tables)]
+    b = layers.Dense(16, activation="relu")(layers.Dense(32, activation="relu")(dense))
+    embs = [layers.Reshape((16,))(layers.Embedding(64, 16)(x)) for x in ids]
+    x = layers.Concatenate()([b, _Interaction()(embs + [b])])
+    x = layers.Add()([layers.Multiply()([x, layers.Dense(x.shape[-1])(x)]), x])
+    model = keras.Model([dense] + ids, layers.Dense(1)(x), name=f"dlrm{tables}")
+    return tapas.capture(model)
+
+
+@pytest.fixture(scope="module")
+def dlrm5() -> tapas.Graph:
+    return _dlrm(5)
+
+
+def test_each_table_is_a_branch_of_the_interaction(dlrm5):
+    table = pattern_table(dlrm5, 4, Cluster.v100_ethernet(1, 4), CostOptions())
+    found = find_branches(dlrm5, {n.id for n in dlrm5.nodes}, table.constant)
+    assert len(found) == 1
+    (join, branches), = found.items()
+    assert len(dlrm5.nodes[join].inputs) == 6     # 5 tables and the bottom MLP
+    # the bottom MLP is read by the concat too: not a branch; each table is
+    kinds = sorted(sorted(dlrm5.nodes[v].kind.value for v in b) for b in branches)
+    assert len(branches) == 5
+    assert all(Kind.EMBEDDING.value in k and Kind.INPUT.value in k for k in kinds)
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_folded_search_finds_the_exhaustive_k_best(dlrm5, devices):
+    cluster = Cluster.v100_ethernet(1, devices)
+    truth = ex.explore(dlrm5, devices, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    assert truth.exact and truth.folded.joins == 0
+    for mode in ("es", "gp"):
+        got = ex.explore(dlrm5, devices, cluster, mode=mode)
+        assert got.exact and got.folded.joins == 1 and got.folded.nodes == 10   # id inputs and tables
+        assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in truth.plans],
+                                                            rel=1e-12)
+        assert got.lower == pytest.approx(got.best.cost)
+        # far fewer prefix extensions than the product of the tables' placements
+        assert got.counts.generated * 20 < truth.counts.generated
+    s = search(dlrm5, cluster=cluster, references=())
+    assert s.exact and s.bound is None and s.counts["folded_joins"] == 1
+    assert any("searched per branch" in n for n in s.notes)
+
+
+def test_under_a_memory_budget_the_folded_search_splits_the_tables_as_exhaustive_does(dlrm5):
+    cluster = Cluster.v100_ethernet(1, 4)
+    free = search(dlrm5, cluster=cluster, references=())
+    budget = free.memory.total * 0.6          # forces weights to be split
+    truth = search(dlrm5, cluster=cluster, mode="es", references=(), memory_budget=budget,
+                   explore_options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    for mode in ("es", "gp"):
+        got = search(dlrm5, cluster=cluster, mode=mode, references=(), memory_budget=budget)
+        assert got.exact and got.memory.total <= budget
+        assert got.total_cost == pytest.approx(truth.total_cost, rel=1e-9)
+    assert truth.weight_placements and truth.counts["penalty_rounds"] >= 1
+
+
+def test_a_cut_beam_reports_a_bound_that_holds(dlrm5):
+    cluster = Cluster.v100_ethernet(1, 4)
+    truth = ex.explore(dlrm5, 4, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    narrow = ex.ExploreOptions(fold_branches=False, max_states=4)
+    cut = ex.explore(dlrm5, 4, cluster, mode="es", options=narrow)
+    assert cut.counts.beam > 0 and cut.lower is not None
+    # the bound brackets the true optimum
+    assert cut.lower <= truth.best.cost * (1 + 1e-12)
+    assert cut.best.cost >= truth.best.cost * (1 - 1e-12)
+    s = search(dlrm5, cluster=cluster, mode="es", references=(), explore_options=narrow)
+    if s.exact:     # every cut prefix cost at least the plan found: proven optimal
+        assert any("none cheaper than the chosen plan" in n for n in s.notes)
+        assert s.total_cost == pytest.approx(truth.best.cost, rel=1e-9)
+    else:
+        assert s.bound is not None and math.isfinite(s.bound)
+        assert any("beam-limited" in n and "above the optimum" in n for n in s.notes)
+        assert "within" in s.summary().splitlines()[0]
+        gap = cut.best.cost / truth.best.cost - 1
+        assert gap <= s.bound + 1e-12
