@@ -7,6 +7,7 @@ tables feeding one stacked dot interaction), small enough for that enumeration."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import keras
@@ -45,6 +46,11 @@ def _dlrm(tables: int) -> tapas.Graph:
     return tapas.capture(model)
 
 
+# a beam narrower than the plain frontier of 5 tables (3 ** 6 = 729 states on 2-8 devices):
+# the folded search must still be exact under it
+NARROW = ex.ExploreOptions(max_states=256)
+
+
 @pytest.fixture(scope="module")
 def dlrm5() -> tapas.Graph:
     return _dlrm(5)
@@ -69,14 +75,14 @@ def test_folded_search_finds_the_exhaustive_k_best(dlrm5, devices):
                        options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
     assert truth.exact and truth.folded.joins == 0
     for mode in ("es", "gp"):
-        got = ex.explore(dlrm5, devices, cluster, mode=mode)
+        got = ex.explore(dlrm5, devices, cluster, mode=mode, options=NARROW)
         assert got.exact and got.folded.joins == 1 and got.folded.nodes == 10   # id inputs and tables
         assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in truth.plans],
                                                             rel=1e-12)
         assert got.lower == pytest.approx(got.best.cost)
         # far fewer prefix extensions than the product of the tables' placements
         assert got.counts.generated * 20 < truth.counts.generated
-    s = search(dlrm5, cluster=cluster, references=())
+    s = search(dlrm5, cluster=cluster, references=(), explore_options=NARROW)
     assert s.exact and s.bound is None and s.counts["folded_joins"] == 1
     assert any("searched per branch" in n for n in s.notes)
 
@@ -88,8 +94,9 @@ def test_under_a_memory_budget_the_folded_search_splits_the_tables_as_exhaustive
     truth = search(dlrm5, cluster=cluster, mode="es", references=(), memory_budget=budget,
                    explore_options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
     for mode in ("es", "gp"):
-        got = search(dlrm5, cluster=cluster, mode=mode, references=(), memory_budget=budget)
-        assert got.exact and got.memory.total <= budget
+        got = search(dlrm5, cluster=cluster, mode=mode, references=(), memory_budget=budget,
+                     explore_options=NARROW)
+        assert got.exact and got.counts["folded_joins"] == 1 and got.memory.total <= budget
         assert got.total_cost == pytest.approx(truth.total_cost, rel=1e-9)
     assert truth.weight_placements and truth.counts["penalty_rounds"] >= 1
 
@@ -98,7 +105,7 @@ def test_a_cut_beam_reports_a_bound_that_holds(dlrm5):
     cluster = Cluster.v100_ethernet(1, 4)
     truth = ex.explore(dlrm5, 4, cluster, mode="es",
                        options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
-    narrow = ex.ExploreOptions(fold_branches=False, max_states=4)
+    narrow = ex.ExploreOptions(fold_branches=False, max_states=4)   # cuts
     cut = ex.explore(dlrm5, 4, cluster, mode="es", options=narrow)
     assert cut.counts.beam > 0 and cut.lower is not None
     # the bound brackets the true optimum
@@ -114,3 +121,35 @@ def test_a_cut_beam_reports_a_bound_that_holds(dlrm5):
         assert "within" in s.summary().splitlines()[0]
         gap = cut.best.cost / truth.best.cost - 1
         assert gap <= s.bound + 1e-12
+
+
+def test_nothing_is_folded_where_the_beam_could_not_cut(dlrm5):
+    """Folding changes nothing where the plain enumeration is exact anyway: with a beam
+    above the frontier's bound the search is the plain one, ties included."""
+    from tapas.planning.branches import frontier_bound
+    from tapas.planning.steps import good_order, node_steps
+    cluster = Cluster.v100_ethernet(1, 2)
+    table = pattern_table(dlrm5, 2, cluster, CostOptions.for_cluster(cluster))
+    outs = {t.name for t in dlrm5.outputs}
+    steps = node_steps(dlrm5, good_order(dlrm5, [n.id for n in dlrm5.nodes]), table, None,
+                       0.0, lambda v, oi, t: t.name in outs)
+    wide = frontier_bound(steps, table, None, 10**9)
+    assert wide > NARROW.max_states     # that beam could cut: folded under it
+    opts = ex.ExploreOptions(max_states=wide)
+    kept = ex.explore(dlrm5, 2, cluster, mode="es", options=opts)
+    plain = ex.explore(dlrm5, 2, cluster, mode="es",
+                       options=dataclasses.replace(opts, fold_branches=False))
+    assert kept.folded.joins == 0 and kept.plans == plain.plans and kept.exact
+
+
+def test_a_beam_cut_inside_a_template_bounds_the_stitched_plan():
+    """gp: a combination a template's beam cut costs at least the cut per instance, in
+    every instance; the bound holds against the same search with a wide beam."""
+    from models import capture_preset
+    graph, _ = capture_preset("t5-tiny")
+    cluster = Cluster.v100_ethernet(1, 4)
+    truth = ex.explore(graph, 4, cluster, options=ex.ExploreOptions(max_states=10**6))
+    cut = ex.explore(graph, 4, cluster, options=ex.ExploreOptions(max_states=3))
+    assert truth.exact and not all(r.exact for r in cut.templates)
+    assert cut.lower is not None and cut.lower <= truth.best.cost * (1 + 1e-12)
+    assert cut.best.cost >= truth.best.cost * (1 - 1e-12)

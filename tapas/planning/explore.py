@@ -51,6 +51,7 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -147,6 +148,7 @@ class TemplateResult:
     counts: Counts
     seconds: float
     exact: bool
+    cut_below: float = math.inf   # the cheapest prefix (one instance) the beam cut
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,8 +202,8 @@ def explore_template(graph: Graph, template: Template, table: PatternTable, edge
 
     order = good_order(graph, inst)
     steps = node_steps(graph, order, table, allowed, options.memory_penalty, keep)
-    final, counts, exact, _ = run(steps, table, edges, max(options.per_boundary, 1),
-                                  options.max_states, deadline)
+    final, counts, exact, cut = run(steps, table, edges, max(options.per_boundary, 1),
+                                    options.max_states, deadline)
     cands: list[Candidate] = []
     per: dict[tuple[Any, ...], int] = {}
     for c, state, path in final:
@@ -217,7 +219,7 @@ def explore_template(graph: Graph, template: Template, table: PatternTable, edge
         if len(cands) >= options.max_candidates:
             break
     return TemplateResult(template.id, len(inst), len(template.instances), tuple(cands),
-                          counts, time.perf_counter() - start, exact)
+                          counts, time.perf_counter() - start, exact, cut)
 
 
 def _whole_graph_steps(graph: Graph, table: PatternTable, allowed: Allowed | None,
@@ -384,10 +386,13 @@ def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
     total = scounts + branches.counts
     for r in results:
         total = total + r.counts
-    inner = branches.exact and all(r.exact for r in results)
-    return ExploreResult("gp", plans, pb.table, tuple(results), total, pb.timings,
-                         sexact and inner, lower_bound(final, cut) if inner else None,
-                         branches)
+    # a combination a template's beam cut costs at least its cut per instance, in every
+    # instance: no plan using one is cheaper than that times the instances
+    for r in results:
+        cut = min(cut, r.cut_below * r.instances)
+    exact = sexact and branches.exact and all(r.exact for r in results)
+    return ExploreResult("gp", plans, pb.table, tuple(results), total, pb.timings, exact,
+                         lower_bound(final, cut) if branches.exact else None, branches)
 
 
 def _renumbered(runs: Sequence[Run], kept: Sequence[int]) -> list[Run]:

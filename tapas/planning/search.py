@@ -470,16 +470,17 @@ def _exact_notes(result: ex.ExploreResult, exact: bool, bound: float | None
         notes.append(f"the beam cut {beam} prefixes, none cheaper than the chosen plan: it is "
                      "the optimum (the ranked alternatives after it may miss some plans)")
     elif not exact and bound is not None:
-        notes.append(f"beam-limited: the beam (max_states) cut {beam} prefixes, the cheapest "
-                     f"at {result.lower * 1e3:.6g} ms, so the chosen plan is at most "
+        cut = [f"T{r.template}" for r in result.templates if not r.exact]
+        where = f" (in template(s) {', '.join(cut)}: per instance)" if cut else ""
+        notes.append(f"beam-limited: the beam (max_states) cut {beam} prefixes{where}, no "
+                     f"plan through them below {result.lower * 1e3:.6g} ms, so the chosen "
+                     "plan is at most "
                      f"{100 * bound:.3g}% above the optimum; raise "
                      "ExploreOptions(max_states=...) to narrow it")
     elif not exact:
-        cut = [f"T{r.template}" for r in result.templates if not r.exact]
-        notes.append("beam-limited inside the enumeration of "
-                     + (f"template(s) {', '.join(cut)}" if cut else "a folded branch")
-                     + ": their candidates per boundary may be incomplete, so no bound on "
-                     "the gap to the optimum; raise ExploreOptions(max_states=...)")
+        notes.append("beam-limited inside the enumeration of a folded branch: its plans per "
+                     "placement of the tensors its join reads may be incomplete, so no bound "
+                     "on the gap to the optimum; raise ExploreOptions(max_states=...)")
     return tuple(notes)
 
 
