@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,7 +44,7 @@ from tapas.planning.frontier import Counts, Step, run, unwind
 from tapas.planning.steps import consumers, good_order, node_steps, producers
 from tapas.planning.table import EdgeCoster, PatternTable
 
-__all__ = ["Folded", "find_branches", "fold_branches", "frontier_bound"]
+__all__ = ["Folded", "Branch", "find_branches", "fold_branches", "frontier_bound", "chosen"]
 
 # a branch's plans kept per join option, and the combinations per join pattern
 _Combo = tuple[float, tuple[tuple[int, int], ...]]
@@ -61,44 +62,76 @@ class Folded:
     exact: bool = True
 
 
-def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int]
-                  ) -> dict[int, list[frozenset[int]]]:
+@dataclasses.dataclass(frozen=True)
+class Branch:
+    """GraphNodes read only among themselves or by their join; ``entries``: the tensors
+    (frontier keys) they read from the rest of the graph, at most :data:`MAX_ENTRIES`."""
+
+    members: frozenset[int]
+    entries: tuple[tuple[int, int], ...] = ()
+
+
+# a branch may read this many tensors shared with the rest of the graph (its plans are
+# enumerated once per combination of their placements)
+MAX_ENTRIES = 2
+
+
+def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int],
+                  written: frozenset[Any] = frozenset()) -> dict[int, list[Branch]]:
     """join GraphNode -> its foldable branches (see the module docstring), among the
-    ``eligible`` GraphNodes (single untied steps); only joins with two branches or more."""
+    ``eligible`` GraphNodes (single untied steps); only joins with two branches or more.
+    A branch may read tensors of ``written`` (keys some step of the problem writes) that
+    other GraphNodes read too, as entries."""
     readers = consumers(graph)
     prod = producers(graph)
     outputs = {t.name for t in graph.outputs}
     taken: set[int] = set()
-    found: dict[int, list[frozenset[int]]] = {}
+    found: dict[int, list[Branch]] = {}
 
     def read_only_by(v: int, allowed: set[int]) -> bool:
         return all(t.name not in outputs and set(readers.get(t.name, ())) <= allowed
                    for t in graph.nodes[v].outputs)
 
     for join in sorted(eligible):
-        branches = []
+        branches: list[Branch] = []
         for t in graph.nodes[join].inputs:
             src = prod.get(t.name)
             if src is None or src[0] == join or src[0] not in eligible or src[0] in taken \
-                    or src[0] in constant or any(src[0] in b for b in branches):
+                    or src[0] in constant or any(src[0] in b.members for b in branches):
                 continue
-            members = _grow(graph, src[0], join, eligible | set(), taken, constant, read_only_by)
-            if members is not None:
-                branches.append(members)
+            branch = _grow(graph, src[0], join, eligible, taken | {join}, constant,
+                           read_only_by, written)
+            if branch is not None:
+                branches.append(branch)
         if len(branches) >= 2:
             found[join] = branches
             for b in branches:
-                taken |= b
-    return found
+                taken |= b.members
+    return _without_lost_entries(found)
+
+
+def _without_lost_entries(found: dict[int, list[Branch]]) -> dict[int, list[Branch]]:
+    """Drop the joins one of whose branches reads a tensor that another fold removes."""
+    while True:
+        folded = {v for bs in found.values() for b in bs for v in b.members}
+        bad = [j for j, bs in found.items()
+               if any(e[0] in folded or e[0] == j for b in bs for e in b.entries)]
+        if not bad:
+            return found
+        for j in bad:
+            del found[j]
 
 
 def _grow(graph: Graph, start: int, join: int, eligible: set[int], taken: set[int],
-          constant: frozenset[int], read_only_by: Any) -> frozenset[int] | None:
+          constant: frozenset[int], read_only_by: Any, written: frozenset[Any]
+          ) -> Branch | None:
     """The branch of ``join`` ending at ``start``: ``start`` and every ancestor read only
-    inside it, or None if it reads a tensor shared with the rest of the graph."""
+    inside it; a tensor it reads that others read too is an entry if a step writes it;
+    None if it reads a graph input shared with others, or too many entries."""
     prod = producers(graph)
     readers = consumers(graph)
     members = {start}
+    entries: dict[tuple[int, int], None] = {}
     if not read_only_by(start, {join}):
         return None
     todo = [start]
@@ -107,61 +140,25 @@ def _grow(graph: Graph, start: int, join: int, eligible: set[int], taken: set[in
         for t in graph.nodes[v].inputs:
             src = prod.get(t.name)
             if src is None:        # a graph input without an input GraphNode
-                if not set(readers.get(t.name, ())) <= members | {v}:
-                    return None
-                continue
+                continue           # (checked below, once every member is in)
             q = src[0]
-            if q in members or q in constant:
+            if q in members or q in constant or src in entries:
                 continue
-            if q == join or q not in eligible or q in taken \
-                    or not read_only_by(q, members | {join}):
+            if q in eligible and q not in taken and read_only_by(q, members | {join}):
+                members.add(q)
+                todo.append(q)
+            elif src in written and q not in taken:
+                entries[src] = None
+            else:
                 return None
-            members.add(q)
-            todo.append(q)
-    # every graph input a member reads must be read by members only (checked once all are in)
     for v in members:
         for t in graph.nodes[v].inputs:
             if prod.get(t.name) is None and not set(readers.get(t.name, ())) <= members:
                 return None
-    return frozenset(members)
-
-
-def _branch_combos(graph: Graph, members: frozenset[int], join: int, table: PatternTable,
-                   edges: EdgeCoster, k: int, max_states: int, deadline: float | None,
-                   allowed: Any, penalty: float) -> tuple[dict[int, list[_Combo]], Counts, bool]:
-    """Per pattern of ``join``: the k cheapest plans of the branch, each costed with the
-    resharding of its tensors to what that pattern reads (none: the pattern is invalid)."""
-    order = good_order(graph, sorted(members))
-    steps = node_steps(graph, order, table, allowed, penalty,
-                       lambda v, oi, t: join in consumers(graph).get(t.name, ()))
-    final, counts, exact, _ = run(steps, table, edges, k, max_states, deadline)
-    reads = [(j, (src[0], src[1]), t) for j, t in enumerate(graph.nodes[join].inputs)
-             if (src := producers(graph).get(t.name)) is not None and src[0] in members]
-    plans = [(c, dict(state.items), tuple(zip(order, unwind(path, len(order)))))
-             for c, state, path in final]
-    out: dict[int, list[_Combo]] = {}
-    for pi, info in enumerate(table.infos[join]):
-        best: list[_Combo] = []
-        for c, placed, assign in plans:
-            total = c
-            for j, key, tensor in reads:
-                extra = edges.cost(tensor, placed[key], info.inputs[j])
-                if extra is None:
-                    break
-                total += extra
-            else:
-                best.append((total, assign))
-        out[pi] = heapq.nsmallest(k, best, key=lambda e: e[0])
-    return out, counts, exact
-
-
-def _k_best_sums(parts: Sequence[list[_Combo]], k: int) -> list[_Combo]:
-    """The k cheapest ways to take one entry of every part (each part sorted)."""
-    acc: list[_Combo] = [(0.0, ())]
-    for part in parts:
-        acc = heapq.nsmallest(k, ((a + b, x + y) for a, x in acc for b, y in part),
-                              key=lambda e: e[0])
-    return acc
+    entries = {e: None for e in entries if e[0] not in members}
+    if len(entries) > MAX_ENTRIES:
+        return None
+    return Branch(frozenset(members), tuple(entries))
 
 
 def frontier_bound(steps: Sequence[Step], table: PatternTable,
@@ -204,11 +201,17 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
     if frontier_bound(steps, table, tie_options, max_states) <= max_states:
         return list(steps), list(range(len(steps))), Folded()
     eligible = {s.node for s in steps if s.tie is None and s.infos is None
-                and s.attached is None}
-    found = find_branches(graph, eligible, table.constant)
+                and s.folded is None}
+    written = frozenset(key for s in steps for _, key in s.writes)
+    found = find_branches(graph, eligible, table.constant, written)
+    for join in [j for j, bs in found.items() if len(_entries(bs)) > MAX_JOIN_ENTRIES]:
+        del found[join]
+    found = _without_lost_entries(found)
     if not found:
         return list(steps), list(range(len(steps))), Folded()
-    folded_nodes = {v for bs in found.values() for b in bs for v in b}
+    folded_nodes = {v for bs in found.values() for b in bs for v in b.members}
+    position = {s.node: i for i, s in enumerate(steps)}
+    moved = _moved_drops(steps, found, position)
     counts, exact = Counts(), True
     out: list[Step] = []
     kept: list[int] = []
@@ -216,32 +219,142 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
         if step.node in folded_nodes:
             continue
         kept.append(i)
+        if moved.get(i):
+            step = dataclasses.replace(step, drops=tuple(d for d in step.drops
+                                                         if d not in moved[i]))
         if step.node not in found:
             out.append(step)
             continue
+        entries = _entries(found[step.node])
         per_branch = []
-        for members in found[step.node]:
-            combos, c, e = _branch_combos(graph, members, step.node, table, edges, k,
+        for branch in found[step.node]:
+            combos, c, e = _branch_combos(graph, branch, step.node, table, edges, k,
                                           max_states, deadline, allowed, penalty)
             counts, exact = counts + c, exact and e
-            per_branch.append(combos)
-        out.append(_joined(step, per_branch, folded_nodes, k))
+            per_branch.append((branch, combos))
+        joined = _joined(graph, step, entries, per_branch, folded_nodes, table, k)
+        late = tuple(e for e in entries if position_of_drop(steps, e) < i)
+        out.append(dataclasses.replace(joined, drops=joined.drops + late))
     return out, kept, Folded(len(found), len(folded_nodes), counts, exact)
 
 
-def _joined(step: Step, per_branch: Sequence[Mapping[int, list[_Combo]]],
-            folded_nodes: set[int], k: int) -> Step:
-    """The join's step: each of its options repeated for the k cheapest combinations of
-    its branches; the tensors it reads from them are set by it (free) and dropped at once."""
-    options: list[tuple[int, float]] = []
-    attached: list[tuple[tuple[int, int], ...]] = []
-    for pi, cost in step.options:
-        for extra, assign in _k_best_sums([b[pi] for b in per_branch], k):
-            options.append((pi, cost + extra))
-            attached.append(assign)
+# a join's branches may read this many shared tensors in all
+MAX_JOIN_ENTRIES = 3
+
+
+def _entries(branches: Sequence[Branch]) -> tuple[tuple[int, int], ...]:
+    return tuple(dict.fromkeys(e for b in branches for e in b.entries))
+
+
+def position_of_drop(steps: Sequence[Step], key: Any) -> float:
+    """The index of the step that drops ``key`` (inf: none does)."""
+    for i, s in enumerate(steps):
+        if key in s.drops:
+            return i
+    return float("inf")
+
+
+def _moved_drops(steps: Sequence[Step], found: Mapping[int, Sequence[Branch]],
+                 position: Mapping[int, int]) -> dict[int, set[Any]]:
+    """step index -> the entry keys it must no longer drop: their join reads them later."""
+    out: dict[int, set[Any]] = {}
+    for join, branches in found.items():
+        for e in _entries(branches):
+            at = position_of_drop(steps, e)
+            if at < position[join]:
+                out.setdefault(int(at), set()).add(e)
+    return out
+
+
+def _placements(table: PatternTable, key: tuple[int, int]) -> list[Any]:
+    """The placements the tensor ``key`` may have: its producer's patterns' outputs."""
+    return list(dict.fromkeys(info.outputs[key[1]] for info in table.infos[key[0]]))
+
+
+def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
+                   edges: EdgeCoster, k: int, max_states: int, deadline: float | None,
+                   allowed: Any, penalty: float
+                   ) -> tuple[dict[tuple[Any, ...], dict[int, list[_Combo]]], Counts, bool]:
+    """Per placement of the branch's entries, per pattern of ``join``: the k cheapest plans
+    of the branch, each costed with the resharding of its tensors to what that pattern
+    reads (an empty list: none is valid)."""
+    members = branch.members
+    order = good_order(graph, sorted(members))
+    steps = node_steps(graph, order, table, allowed, penalty,
+                       lambda v, oi, t: join in consumers(graph).get(t.name, ()))
+    prod = producers(graph)
+    reads = [(j, (src[0], src[1]), t) for j, t in enumerate(graph.nodes[join].inputs)
+             if (src := prod.get(t.name)) is not None and src[0] in members]
+    names = [("x", graph.nodes[e[0]].outputs[e[1]].name) for e in branch.entries]
+    counts, exact = Counts(), True
+    out: dict[tuple[Any, ...], dict[int, list[_Combo]]] = {}
+    for placed_entries in itertools.product(*(_placements(table, e) for e in branch.entries)):
+        fixed = dict(zip(names, placed_entries))
+        these = [dataclasses.replace(s, fixed={**s.fixed, **fixed}, free=s.free - set(fixed))
+                 for s in steps] if fixed else steps
+        final, c, e, _ = run(these, table, edges, k, max_states, deadline)
+        counts, exact = counts + c, exact and e
+        plans = [(cost, dict(state.items), tuple(zip(order, unwind(path, len(order)))))
+                 for cost, state, path in final]
+        per_join: dict[int, list[_Combo]] = {}
+        for pi, info in enumerate(table.infos[join]):
+            best: list[_Combo] = []
+            for cost, placed, assign in plans:
+                for j, key, tensor in reads:
+                    extra = edges.cost(tensor, placed[key], info.inputs[j])
+                    if extra is None:
+                        break
+                    cost += extra
+                else:
+                    best.append((cost, assign))
+            per_join[pi] = heapq.nsmallest(k, best, key=lambda x: x[0])
+        out[tuple(placed_entries)] = per_join
+    return out, counts, exact
+
+
+def _k_best_sums(parts: Sequence[list[_Combo]], k: int) -> list[_Combo]:
+    """The k cheapest ways to take one entry of every part (each part sorted)."""
+    acc: list[_Combo] = [(0.0, ())]
+    for part in parts:
+        acc = heapq.nsmallest(k, ((a + b, x + y) for a, x in acc for b, y in part),
+                              key=lambda e: e[0])
+    return acc
+
+
+def _joined(graph: Graph, step: Step, entries: tuple[tuple[int, int], ...],
+            per_branch: Sequence[tuple[Branch, Mapping[tuple[Any, ...], Mapping[int,
+                                                                              list[_Combo]]]]],
+            folded_nodes: set[int], table: PatternTable, k: int) -> Step:
+    """The join's step: per placement of the entries, each of its options repeated for
+    the k cheapest combinations of its branches; it reads the entries (their placements
+    pick the table), and the tensors it reads from the branches are set by it (free) and
+    dropped at once."""
+    folded: dict[tuple[Any, ...], tuple[tuple[tuple[int, float], ...],
+                                        tuple[tuple[tuple[int, int], ...], ...]]] = {}
+    for placed in itertools.product(*(_placements(table, e) for e in entries)):
+        at = dict(zip(entries, placed))
+        options: list[tuple[int, float]] = []
+        attached: list[tuple[tuple[int, int], ...]] = []
+        for pi, cost in step.options:
+            parts = [combos[tuple(at[e] for e in b.entries)][pi] for b, combos in per_branch]
+            for extra, assign in _k_best_sums(parts, k):
+                options.append((pi, cost + extra))
+                attached.append(assign)
+        folded[tuple(placed)] = (tuple(options), tuple(attached))
     branch_keys = tuple(key for key, _ in step.reads
                         if isinstance(key[0], int) and key[0] in folded_nodes)
-    return dataclasses.replace(step, options=tuple(options), attached=tuple(attached),
-                               free=step.free | frozenset(branch_keys),
+    entry_reads = tuple((e, graph.nodes[e[0]].outputs[e[1]]) for e in entries)
+    return dataclasses.replace(step, reads=step.reads + entry_reads, entries=entries,
+                               folded=folded, free=step.free | frozenset(branch_keys),
                                drops=step.drops + tuple(k for k in dict.fromkeys(branch_keys)
                                                          if k not in step.drops))
+
+
+def chosen(step: Step, oi: Any) -> tuple[tuple[int, int], ...]:
+    """The (GraphNode, pattern index) pairs that option ``oi`` of ``step`` sets: the step's
+    own GraphNode and, for a join, its folded branches' GraphNodes."""
+    if step.folded is None:
+        return ((step.node, oi),)
+    placed, index = oi
+    options, attached = step.folded[placed]
+    return ((step.node, options[index][0]),) + attached[index]

@@ -60,7 +60,7 @@ from tapas.ir import Graph, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
-from tapas.planning.branches import Folded, fold_branches
+from tapas.planning.branches import Folded, chosen, fold_branches
 from tapas.planning.frontier import (Allowed, Counts, Progress, SearchTimeout, Step, TieOptions,
                                      Run, lower_bound, run, unwind)
 from tapas.planning.precision import priced_dtype
@@ -202,15 +202,22 @@ def explore_template(graph: Graph, template: Template, table: PatternTable, edge
 
     order = good_order(graph, inst)
     steps = node_steps(graph, order, table, allowed, options.memory_penalty, keep)
-    final, counts, exact, cut = run(steps, table, edges, max(options.per_boundary, 1),
-                                    options.max_states, deadline)
+    k = max(options.per_boundary, 1)
+    if options.fold_branches:
+        steps, _, branches = fold_branches(graph, steps, table, edges, k, options.max_states,
+                                           deadline, allowed, options.memory_penalty)
+    else:
+        branches = Folded()
+    final, counts, exact, cut = run(steps, table, edges, k, options.max_states, deadline)
+    counts, exact = counts + branches.counts, exact and branches.exact
     cands: list[Candidate] = []
     per: dict[tuple[Any, ...], int] = {}
     for c, state, path in final:
         if per.get(state, 0) >= options.per_boundary:
             continue
         per[state] = per.get(state, 0) + 1
-        by_node = dict(zip(order, unwind(path, len(order))))
+        by_node = dict(p for step, oi in zip(steps, unwind(path, len(steps)))
+                       for p in chosen(step, oi))
         pats = tuple(by_node[v] for v in inst)
         ins = tuple((k[1], pl) for k, pl in state if isinstance(k, tuple) and k[0] == "x")
         outs = tuple((graph.nodes[k[0]].outputs[k[1]].name, pl) for k, pl in state
@@ -241,18 +248,15 @@ def _plans_from(final: Sequence[tuple[float, Any, Any]], steps: Sequence[Step], 
             if step.tie is not None:
                 assert tie_options is not None
                 ties.setdefault(step.tie, oi)
-                chosen = tie_options[step.tie][oi][0]
+                picked = tie_options[step.tie][oi][0]
                 if step.members:        # a whole instance: one pattern per position
-                    for v, pi in zip(step.members, chosen):
+                    for v, pi in zip(step.members, picked):
                         pats[v] = pi
                 else:
-                    pats[step.node] = chosen[step.tie_pos]
-            elif step.attached is not None:    # a join with its folded branches
-                pats[step.node] = step.options[oi][0]
-                for v, pi in step.attached[oi]:
-                    pats[v] = pi
+                    pats[step.node] = picked[step.tie_pos]
             else:
-                pats[step.node] = oi
+                for v, pi in chosen(step, oi):    # with a join's folded branches
+                    pats[v] = pi
         key = tuple(pats)
         if key in seen:
             continue

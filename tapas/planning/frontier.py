@@ -162,9 +162,13 @@ class Step:
     # with ``reads``, ``.outputs`` indexed by ``writes``, ``.internal`` seconds)
     members: tuple[int, ...] = ()
     infos: tuple[Any, ...] | None = None
-    # branches folded into this step (tapas.planning.branches): per option, the patterns
-    # of the folded GraphNodes as (node, pattern index); the path then holds option indices
-    attached: tuple[tuple[tuple[int, int], ...], ...] | None = None
+    # branches folded into this step (tapas.planning.branches): per placement of the
+    # ``entries`` (tensors the branches read, at the end of ``reads``), the options and per
+    # option the patterns of the folded GraphNodes as (node, pattern index); the path then
+    # holds (those placements, option index)
+    entries: tuple[Any, ...] = ()
+    folded: Mapping[tuple[Any, ...], tuple[tuple[tuple[int, float], ...],
+                                           tuple[tuple[tuple[int, int], ...], ...]]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,8 +212,10 @@ def _branches(step: Step, state: Mapping[Any, Any], tie_options: TieOptions | No
     """The options of ``step`` from ``state``: (option index, pattern index, cost, the tie
     choice to record or None). A tied step follows its template's choice, or makes it."""
     if step.tie is None:
-        if step.attached is not None:   # options may repeat a pattern: the path holds indices
-            return [(oi, pi, c, None) for oi, (pi, c) in enumerate(step.options)]
+        if step.folded is not None:     # a join: its options follow its entries' placements
+            placed = tuple(state.get(e) for e in step.entries)
+            options = step.folded.get(placed, ((), ()))[0]
+            return [((placed, oi), pi, c, None) for oi, (pi, c) in enumerate(options)]
         return [(pi, pi, c, None) for pi, c in step.options]
     assert tie_options is not None
     cands = tie_options[step.tie]
