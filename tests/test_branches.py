@@ -63,7 +63,8 @@ def test_each_table_is_a_branch_of_the_interaction(dlrm5):
     (join, branches), = found.items()
     assert len(dlrm5.nodes[join].inputs) == 6     # 5 tables and the bottom MLP
     # the bottom MLP is read by the concat too: not a branch; each table is
-    kinds = sorted(sorted(dlrm5.nodes[v].kind.value for v in b) for b in branches)
+    kinds = sorted(sorted(dlrm5.nodes[v].kind.value for v in b.members) for b in branches)
+    assert all(b.entries == () for b in branches)     # each reads only its own id input
     assert len(branches) == 5
     assert all(Kind.EMBEDDING.value in k and Kind.INPUT.value in k for k in kinds)
 
@@ -85,6 +86,33 @@ def test_folded_search_finds_the_exhaustive_k_best(dlrm5, devices):
     s = search(dlrm5, cluster=cluster, references=(), explore_options=NARROW)
     assert s.exact and s.bound is None and s.counts["folded_joins"] == 1
     assert any("searched per branch" in n for n in s.notes)
+
+
+def _inception() -> tapas.Graph:
+    x_in = keras.Input((8, 8, 3), batch_size=4, name="image")
+    x = layers.Conv2D(16, 3, padding="same", activation="relu")(x_in)
+    conv = lambda k, t: layers.Conv2D(4, k, padding="same", activation="relu")(t)
+    x = layers.Concatenate()([conv(1, x), conv(3, conv(1, x)), conv(5, conv(1, x)),
+                              conv(1, layers.MaxPooling2D(3, strides=1, padding="same")(x))])
+    out = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
+    return tapas.capture(keras.Model(x_in, out, name="inception"))
+
+
+def test_branches_reading_one_shared_tensor_fold_with_it_as_an_entry():
+    """Inception: four branches read the block input; each is enumerated once per
+    placement of it, and the join's options follow the placement the frontier holds."""
+    graph = _inception()
+    cluster = Cluster.v100_ethernet(1, 4)
+    truth = ex.explore(graph, 4, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    tiny = ex.ExploreOptions(max_states=4)
+    got = ex.explore(graph, 4, cluster, mode="es", options=tiny)
+    assert got.folded.joins == 1 and got.folded.nodes == 6
+    assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in truth.plans],
+                                                        rel=1e-12)
+    assert got.lower == pytest.approx(got.best.cost)     # proven optimal
+    s = search(graph, cluster=cluster, mode="es", references=(), explore_options=tiny)
+    assert s.exact and s.total_cost == pytest.approx(truth.best.cost, rel=1e-9)
 
 
 def test_under_a_memory_budget_the_folded_search_splits_the_tables_as_exhaustive_does(dlrm5):

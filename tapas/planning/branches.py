@@ -39,7 +39,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tapas.ir import Graph
+from tapas.ir import Graph, TensorInfo
 from tapas.planning.frontier import Counts, Step, run, unwind
 from tapas.planning.steps import consumers, good_order, node_steps, producers
 from tapas.planning.table import EdgeCoster, PatternTable
@@ -68,7 +68,8 @@ class Branch:
     (frontier keys) they read from the rest of the graph, at most :data:`MAX_ENTRIES`."""
 
     members: frozenset[int]
-    entries: tuple[tuple[int, int], ...] = ()
+    entries: tuple[Any, ...] = ()              # frontier keys
+    tensors: tuple[TensorInfo, ...] = ()       # the tensor of each entry
 
 
 # a branch may read this many tensors shared with the rest of the graph (its plans are
@@ -77,11 +78,12 @@ MAX_ENTRIES = 2
 
 
 def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int],
-                  written: frozenset[Any] = frozenset()) -> dict[int, list[Branch]]:
+                  written: frozenset[Any] = frozenset(), free: frozenset[Any] = frozenset()
+                  ) -> dict[int, list[Branch]]:
     """join GraphNode -> its foldable branches (see the module docstring), among the
     ``eligible`` GraphNodes (single untied steps); only joins with two branches or more.
-    A branch may read tensors of ``written`` (keys some step of the problem writes) that
-    other GraphNodes read too, as entries."""
+    A branch may read tensors that other GraphNodes read too, as entries: keys some step
+    of the problem writes (``written``) or sets as their first reader (``free``)."""
     readers = consumers(graph)
     prod = producers(graph)
     outputs = {t.name for t in graph.outputs}
@@ -100,7 +102,7 @@ def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int],
                     or src[0] in constant or any(src[0] in b.members for b in branches):
                 continue
             branch = _grow(graph, src[0], join, eligible, taken | {join}, constant,
-                           read_only_by, written)
+                           read_only_by, written | free)
             if branch is not None:
                 branches.append(branch)
         if len(branches) >= 2:
@@ -115,7 +117,8 @@ def _without_lost_entries(found: dict[int, list[Branch]]) -> dict[int, list[Bran
     while True:
         folded = {v for bs in found.values() for b in bs for v in b.members}
         bad = [j for j, bs in found.items()
-               if any(e[0] in folded or e[0] == j for b in bs for e in b.entries)]
+               if any(isinstance(e[0], int) and (e[0] in folded or e[0] == j)
+                      for b in bs for e in b.entries)]
         if not bad:
             return found
         for j in bad:
@@ -123,15 +126,16 @@ def _without_lost_entries(found: dict[int, list[Branch]]) -> dict[int, list[Bran
 
 
 def _grow(graph: Graph, start: int, join: int, eligible: set[int], taken: set[int],
-          constant: frozenset[int], read_only_by: Any, written: frozenset[Any]
+          constant: frozenset[int], read_only_by: Any, known: frozenset[Any]
           ) -> Branch | None:
     """The branch of ``join`` ending at ``start``: ``start`` and every ancestor read only
-    inside it; a tensor it reads that others read too is an entry if a step writes it;
-    None if it reads a graph input shared with others, or too many entries."""
+    inside it; a tensor it reads that others read too is an entry if it is a ``known``
+    key of the problem; None if it reads a graph input shared with others, or too many
+    entries."""
     prod = producers(graph)
     readers = consumers(graph)
     members = {start}
-    entries: dict[tuple[int, int], None] = {}
+    entries: dict[Any, TensorInfo] = {}
     if not read_only_by(start, {join}):
         return None
     todo = [start]
@@ -142,23 +146,25 @@ def _grow(graph: Graph, start: int, join: int, eligible: set[int], taken: set[in
             if src is None:        # a graph input without an input GraphNode
                 continue           # (checked below, once every member is in)
             q = src[0]
-            if q in members or q in constant or src in entries:
+            if q in members or q in constant or src in entries or ("x", t.name) in entries:
                 continue
             if q in eligible and q not in taken and read_only_by(q, members | {join}):
                 members.add(q)
                 todo.append(q)
-            elif src in written and q not in taken:
-                entries[src] = None
+            elif src in known and q not in taken:
+                entries[src] = t
+            elif ("x", t.name) in known:
+                entries[("x", t.name)] = t
             else:
                 return None
     for v in members:
         for t in graph.nodes[v].inputs:
             if prod.get(t.name) is None and not set(readers.get(t.name, ())) <= members:
                 return None
-    entries = {e: None for e in entries if e[0] not in members}
+    entries = {e: t for e, t in entries.items() if e[0] not in members}
     if len(entries) > MAX_ENTRIES:
         return None
-    return Branch(frozenset(members), tuple(entries))
+    return Branch(frozenset(members), tuple(entries), tuple(entries.values()))
 
 
 def frontier_bound(steps: Sequence[Step], table: PatternTable,
@@ -203,7 +209,8 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
     eligible = {s.node for s in steps if s.tie is None and s.infos is None
                 and s.folded is None}
     written = frozenset(key for s in steps for _, key in s.writes)
-    found = find_branches(graph, eligible, table.constant, written)
+    free = frozenset(key for s in steps for key in s.free)
+    found = find_branches(graph, eligible, table.constant, written, free)
     for join in [j for j, bs in found.items() if len(_entries(bs)) > MAX_JOIN_ENTRIES]:
         del found[join]
     found = _without_lost_entries(found)
@@ -226,14 +233,16 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
             out.append(step)
             continue
         entries = _entries(found[step.node])
+        options = {e: _placements(graph, table, e, t) for b in found[step.node]
+                   for e, t in zip(b.entries, b.tensors)}
         per_branch = []
         for branch in found[step.node]:
             combos, c, e = _branch_combos(graph, branch, step.node, table, edges, k,
-                                          max_states, deadline, allowed, penalty)
+                                          max_states, deadline, allowed, penalty, options)
             counts, exact = counts + c, exact and e
             per_branch.append((branch, combos))
-        joined = _joined(graph, step, entries, per_branch, folded_nodes, table, k)
-        late = tuple(e for e in entries if position_of_drop(steps, e) < i)
+        joined = _joined(step, entries, options, per_branch, folded_nodes, k)
+        late = tuple(e for e, _ in entries if position_of_drop(steps, e) < i)
         out.append(dataclasses.replace(joined, drops=joined.drops + late))
     return out, kept, Folded(len(found), len(folded_nodes), counts, exact)
 
@@ -242,8 +251,9 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
 MAX_JOIN_ENTRIES = 3
 
 
-def _entries(branches: Sequence[Branch]) -> tuple[tuple[int, int], ...]:
-    return tuple(dict.fromkeys(e for b in branches for e in b.entries))
+def _entries(branches: Sequence[Branch]) -> tuple[tuple[Any, TensorInfo], ...]:
+    return tuple(dict.fromkeys(zip((e for b in branches for e in b.entries),
+                                   (t for b in branches for t in b.tensors))))
 
 
 def position_of_drop(steps: Sequence[Step], key: Any) -> float:
@@ -259,21 +269,26 @@ def _moved_drops(steps: Sequence[Step], found: Mapping[int, Sequence[Branch]],
     """step index -> the entry keys it must no longer drop: their join reads them later."""
     out: dict[int, set[Any]] = {}
     for join, branches in found.items():
-        for e in _entries(branches):
+        for e, _ in _entries(branches):
             at = position_of_drop(steps, e)
             if at < position[join]:
                 out.setdefault(int(at), set()).add(e)
     return out
 
 
-def _placements(table: PatternTable, key: tuple[int, int]) -> list[Any]:
-    """The placements the tensor ``key`` may have: its producer's patterns' outputs."""
-    return list(dict.fromkeys(info.outputs[key[1]] for info in table.infos[key[0]]))
+def _placements(graph: Graph, table: PatternTable, key: Any, tensor: TensorInfo) -> list[Any]:
+    """The placements the entry ``key`` may have: its producer's patterns' outputs, or for
+    a key its first reader sets, what its readers' patterns read."""
+    if isinstance(key[0], int):
+        return list(dict.fromkeys(info.outputs[key[1]] for info in table.infos[key[0]]))
+    return list(dict.fromkeys(info.inputs[j] for r in consumers(graph).get(tensor.name, ())
+                              for j, t in enumerate(graph.nodes[r].inputs)
+                              if t.name == tensor.name for info in table.infos[r]))
 
 
 def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
                    edges: EdgeCoster, k: int, max_states: int, deadline: float | None,
-                   allowed: Any, penalty: float
+                   allowed: Any, penalty: float, placements: Mapping[Any, list[Any]]
                    ) -> tuple[dict[tuple[Any, ...], dict[int, list[_Combo]]], Counts, bool]:
     """Per placement of the branch's entries, per pattern of ``join``: the k cheapest plans
     of the branch, each costed with the resharding of its tensors to what that pattern
@@ -285,10 +300,10 @@ def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
     prod = producers(graph)
     reads = [(j, (src[0], src[1]), t) for j, t in enumerate(graph.nodes[join].inputs)
              if (src := prod.get(t.name)) is not None and src[0] in members]
-    names = [("x", graph.nodes[e[0]].outputs[e[1]].name) for e in branch.entries]
+    names = [("x", t.name) for t in branch.tensors]
     counts, exact = Counts(), True
     out: dict[tuple[Any, ...], dict[int, list[_Combo]]] = {}
-    for placed_entries in itertools.product(*(_placements(table, e) for e in branch.entries)):
+    for placed_entries in itertools.product(*(placements[e] for e in branch.entries)):
         fixed = dict(zip(names, placed_entries))
         these = [dataclasses.replace(s, fixed={**s.fixed, **fixed}, free=s.free - set(fixed))
                  for s in steps] if fixed else steps
@@ -321,18 +336,20 @@ def _k_best_sums(parts: Sequence[list[_Combo]], k: int) -> list[_Combo]:
     return acc
 
 
-def _joined(graph: Graph, step: Step, entries: tuple[tuple[int, int], ...],
+def _joined(step: Step, entries: Sequence[tuple[Any, TensorInfo]],
+            placements: Mapping[Any, list[Any]],
             per_branch: Sequence[tuple[Branch, Mapping[tuple[Any, ...], Mapping[int,
                                                                               list[_Combo]]]]],
-            folded_nodes: set[int], table: PatternTable, k: int) -> Step:
+            folded_nodes: set[int], k: int) -> Step:
     """The join's step: per placement of the entries, each of its options repeated for
     the k cheapest combinations of its branches; it reads the entries (their placements
-    pick the table), and the tensors it reads from the branches are set by it (free) and
-    dropped at once."""
+    pick the table; an entry no step has set yet is set by the join), and the tensors it
+    reads from the branches are set by it (free) and dropped at once."""
+    keys = tuple(e for e, _ in entries)
     folded: dict[tuple[Any, ...], tuple[tuple[tuple[int, float], ...],
                                         tuple[tuple[tuple[int, int], ...], ...]]] = {}
-    for placed in itertools.product(*(_placements(table, e) for e in entries)):
-        at = dict(zip(entries, placed))
+    for placed in itertools.product(*(placements[e] for e in keys)):
+        at = dict(zip(keys, placed))
         options: list[tuple[int, float]] = []
         attached: list[tuple[tuple[int, int], ...]] = []
         for pi, cost in step.options:
@@ -343,8 +360,7 @@ def _joined(graph: Graph, step: Step, entries: tuple[tuple[int, int], ...],
         folded[tuple(placed)] = (tuple(options), tuple(attached))
     branch_keys = tuple(key for key, _ in step.reads
                         if isinstance(key[0], int) and key[0] in folded_nodes)
-    entry_reads = tuple((e, graph.nodes[e[0]].outputs[e[1]]) for e in entries)
-    return dataclasses.replace(step, reads=step.reads + entry_reads, entries=entries,
+    return dataclasses.replace(step, reads=step.reads + tuple(entries), entries=keys,
                                folded=folded, free=step.free | frozenset(branch_keys),
                                drops=step.drops + tuple(k for k in dict.fromkeys(branch_keys)
                                                          if k not in step.drops))

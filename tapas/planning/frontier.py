@@ -214,8 +214,11 @@ def _branches(step: Step, state: Mapping[Any, Any], tie_options: TieOptions | No
     if step.tie is None:
         if step.folded is not None:     # a join: its options follow its entries' placements
             placed = tuple(state.get(e) for e in step.entries)
-            options = step.folded.get(placed, ((), ()))[0]
-            return [((placed, oi), pi, c, None) for oi, (pi, c) in enumerate(options)]
+            tables = [(placed, step.folded.get(placed, ((), ()))[0])] if None not in placed \
+                else [(p, t[0]) for p, t in step.folded.items()   # unset: set here
+                      if all(a is None or a == b for a, b in zip(placed, p))]
+            return [((p, oi), pi, c, None) for p, options in tables
+                    for oi, (pi, c) in enumerate(options)]
         return [(pi, pi, c, None) for pi, c in step.options]
     assert tie_options is not None
     cands = tie_options[step.tie]
@@ -297,6 +300,8 @@ def _advance(step: Step, frontier: Mapping[State, list[tuple[float, Any]]],
                 tally.pruned += len(entries)
                 continue
             extra, sets, moved = matched
+            if step.folded is not None and not all(e in sd for e in step.entries):
+                sets = {**sets, **{e: p for e, p in zip(step.entries, oi[0]) if e not in sd}}
             tally.costed += len(entries)
             if moved:
                 tally.resharded += len(entries)
