@@ -12,12 +12,16 @@ Out: :func:`fold_branches`: the same problem with every foldable branch taken ou
 A *branch* of a join J is a set of GraphNodes whose outputs are read only inside the set or
 by J, whose own inputs are graph inputs read only inside the set or constant-filtered
 tensors (fixed replicated), and which holds no graph output: DLRM's embedding tables each
-with its id input, the towers of a multi-input model. Nothing outside the branch sees its
-choices but J, through the placements of the tensors J reads from it. So the branch is
-enumerated alone (its k best plans per placement of those tensors), and for each pattern of
-J the k cheapest combinations of its branches (each: a branch plan plus the resharding of
-its tensors to what J's pattern reads) become J's options, with the branches' patterns
-attached. The enumeration then never holds a branch's tensors in its frontier: a join of b
+with its id input, the towers of a multi-input model. It may also read up to
+:data:`MAX_ENTRIES` tensors that other GraphNodes read too, its *entries* (the block input
+all four Inception branches read). Nothing outside the branch sees its choices but J,
+through the placements of the tensors J reads from it. So the branch is enumerated alone,
+once per placement of its entries (fixed), keeping its k best plans per pattern of J, and
+for each placement of the entries and each pattern of J the k cheapest combinations of its
+branches (each: a branch plan plus the resharding of its tensors to what J's pattern reads)
+become J's options, with the branches' patterns attached (:attr:`Step.folded`); J reads
+the entries, and its options follow the placements its frontier holds (or, for an entry no
+step has set yet, J sets it). The enumeration then never holds a branch's tensors in its frontier: a join of b
 branches with p placements each costs b * p work instead of a frontier of p ** b states.
 The k best whole plans are the same as without folding (the k best of a sum of
 independent parts are among the sums of each part's k best).
