@@ -246,7 +246,7 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
             counts, exact = counts + c, exact and e
             per_branch.append((branch, combos))
         joined = _joined(step, entries, options, per_branch, folded_nodes, k)
-        late = tuple(e for e, _ in entries if position_of_drop(steps, e) < i)
+        late = tuple(e for e, _ in entries if _position_of_drop(steps, e) < i)
         out.append(dataclasses.replace(joined, drops=joined.drops + late))
     return out, kept, Folded(len(found), len(folded_nodes), counts, exact)
 
@@ -260,7 +260,7 @@ def _entries(branches: Sequence[Branch]) -> tuple[tuple[Any, TensorInfo], ...]:
                                    (t for b in branches for t in b.tensors))))
 
 
-def position_of_drop(steps: Sequence[Step], key: Any) -> float:
+def _position_of_drop(steps: Sequence[Step], key: Any) -> float:
     """The index of the step that drops ``key`` (inf: none does)."""
     for i, s in enumerate(steps):
         if key in s.drops:
@@ -274,7 +274,7 @@ def _moved_drops(steps: Sequence[Step], found: Mapping[int, Sequence[Branch]],
     out: dict[int, set[Any]] = {}
     for join, branches in found.items():
         for e, _ in _entries(branches):
-            at = position_of_drop(steps, e)
+            at = _position_of_drop(steps, e)
             if at < position[join]:
                 out.setdefault(int(at), set()).add(e)
     return out
