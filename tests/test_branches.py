@@ -34,7 +34,7 @@ class _Interaction(layers.Layer):
         return ops.take(ops.reshape(z, (-1, n * n)), pairs, axis=1)
 
 
-def _dlrm(tables: int) -> tapas.Graph:
+def _dlrm(tables: int, blocks: int = 0) -> tapas.Graph:
     dense = keras.Input((13,), batch_size=8, name="dense_features")
     ids = [keras.Input((1,), batch_size=8, dtype="int32", name=f"ids{i}")
            for i in range(tables)]
@@ -42,6 +42,10 @@ def _dlrm(tables: int) -> tapas.Graph:
     embs = [layers.Reshape((16,))(layers.Embedding(64, 16)(x)) for x in ids]
     x = layers.Concatenate()([b, _Interaction()(embs + [b])])
     x = layers.Add()([layers.Multiply()([x, layers.Dense(x.shape[-1])(x)]), x])
+    if blocks:      # a stack of identical residual blocks: templates and a repeated run
+        x = layers.Dense(32)(x)
+        for _ in range(blocks):
+            x = layers.Add()([x, layers.Dense(32)(layers.Dense(64, activation="relu")(x))])
     model = keras.Model([dense] + ids, layers.Dense(1)(x), name=f"dlrm{tables}")
     return tapas.capture(model)
 
@@ -181,3 +185,18 @@ def test_a_beam_cut_inside_a_template_bounds_the_stitched_plan():
     assert truth.exact and not all(r.exact for r in cut.templates)
     assert cut.lower is not None and cut.lower <= truth.best.cost * (1 + 1e-12)
     assert cut.best.cost >= truth.best.cost * (1 - 1e-12)
+
+
+def test_folding_in_the_stitch_keeps_the_repeated_runs_of_a_stack():
+    """gp on tables folded into their interaction and a stack of 6 identical blocks after
+    it: the stitch's steps are renumbered after folding and its jump over the repeated
+    blocks still lands on the same plans as the plain stitch under a wide beam."""
+    graph = _dlrm(5, blocks=6)
+    cluster = Cluster.v100_ethernet(1, 4)
+    plain = ex.explore(graph, 4, cluster,
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    got = ex.explore(graph, 4, cluster, options=NARROW)
+    assert got.folded.joins == 1 and got.counts.jumped > 0 and got.exact
+    assert plain.counts.jumped > 0
+    assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in plain.plans],
+                                                        rel=1e-12)
