@@ -82,8 +82,8 @@ MAX_ENTRIES = 2
 
 
 def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int],
-                  written: frozenset[Any] = frozenset(), free: frozenset[Any] = frozenset()
-                  ) -> dict[int, list[Branch]]:
+                  written: frozenset[Any] = frozenset(), free: frozenset[Any] = frozenset(),
+                  fixed: frozenset[Any] = frozenset()) -> dict[int, list[Branch]]:
     """join GraphNode -> its foldable branches (see the module docstring), among the
     ``eligible`` GraphNodes (single untied steps); only joins with two branches or more.
     A branch may read tensors that other GraphNodes read too, as entries: keys some step
@@ -98,7 +98,9 @@ def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int],
         return all(t.name not in outputs and set(readers.get(t.name, ())) <= allowed
                    for t in graph.nodes[v].outputs)
 
-    for join in sorted(eligible):
+    # the last joins first: a join whose branches hold other joins folds them whole (their
+    # own branches fold again inside the branch's enumeration)
+    for join in sorted(eligible, reverse=True):
         branches: list[Branch] = []
         for t in graph.nodes[join].inputs:
             src = prod.get(t.name)
@@ -106,7 +108,7 @@ def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int],
                     or src[0] in constant or any(src[0] in b.members for b in branches):
                 continue
             branch = _grow(graph, src[0], join, eligible, taken | {join}, constant,
-                           read_only_by, written | free)
+                           read_only_by, written | free, fixed)
             if branch is not None:
                 branches.append(branch)
         if len(branches) >= 2:
@@ -130,8 +132,8 @@ def _without_lost_entries(found: dict[int, list[Branch]]) -> dict[int, list[Bran
 
 
 def _grow(graph: Graph, start: int, join: int, eligible: set[int], taken: set[int],
-          constant: frozenset[int], read_only_by: Any, known: frozenset[Any]
-          ) -> Branch | None:
+          constant: frozenset[int], read_only_by: Any, known: frozenset[Any],
+          fixed: frozenset[Any] = frozenset()) -> Branch | None:
     """The branch of ``join`` ending at ``start``: ``start`` and every ancestor read only
     inside it; a tensor it reads that others read too is an entry if it is a ``known``
     key of the problem; None if it reads a graph input shared with others, or too many
@@ -150,7 +152,8 @@ def _grow(graph: Graph, start: int, join: int, eligible: set[int], taken: set[in
             if src is None:        # a graph input without an input GraphNode
                 continue           # (checked below, once every member is in)
             q = src[0]
-            if q in members or q in constant or src in entries or ("x", t.name) in entries:
+            if q in members or q in constant or src in entries or ("x", t.name) in entries \
+                    or ("x", t.name) in fixed:    # a placement fixed for the whole problem
                 continue
             if q in eligible and q not in taken and read_only_by(q, members | {join}):
                 members.add(q)
@@ -214,7 +217,8 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
                 and s.folded is None}
     written = frozenset(key for s in steps for _, key in s.writes)
     free = frozenset(key for s in steps for key in s.free)
-    found = find_branches(graph, eligible, table.constant, written, free)
+    fixed = frozenset(key for s in steps for key in s.fixed)
+    found = find_branches(graph, eligible, table.constant, written, free, fixed)
     for join in [j for j, bs in found.items() if len(_entries(bs)) > MAX_JOIN_ENTRIES]:
         del found[join]
     found = _without_lost_entries(found)
@@ -311,9 +315,14 @@ def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
         fixed = dict(zip(names, placed_entries))
         these = [dataclasses.replace(s, fixed={**s.fixed, **fixed}, free=s.free - set(fixed))
                  for s in steps] if fixed else steps
+        these, _, inner = fold_branches(graph, these, table, edges, k, max_states, deadline,
+                                        allowed, penalty)
         final, c, e, _ = run(these, table, edges, k, max_states, deadline)
+        c, e = c + inner.counts, e and inner.exact
         counts, exact = counts + c, exact and e
-        plans = [(cost, dict(state.items), tuple(zip(order, unwind(path, len(order)))))
+        plans = [(cost, dict(state.items),
+                  tuple(p for st, oi in zip(these, unwind(path, len(these)))
+                        for p in chosen(st, oi)))
                  for cost, state, path in final]
         per_join: dict[int, list[_Combo]] = {}
         for pi, info in enumerate(table.infos[join]):
