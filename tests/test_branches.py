@@ -200,3 +200,23 @@ def test_folding_in_the_stitch_keeps_the_repeated_runs_of_a_stack():
     assert plain.counts.jumped > 0
     assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in plain.plans],
                                                         rel=1e-12)
+
+
+def test_a_branch_holding_a_join_folds_it_inside_its_own_enumeration():
+    """Each feature is the sum of two tables (an inner join of two branches); the stacked
+    interaction joins the sums. The interaction folds each sum whole, and each sum's own
+    enumeration folds its two tables, under a beam narrow enough to need both."""
+    ids = [keras.Input((1,), batch_size=8, dtype="int32", name=f"ids{i}") for i in range(8)]
+    embed = lambda x: layers.Reshape((16,))(layers.Embedding(64, 16)(x))
+    sums = [layers.Add()([embed(ids[2 * i]), embed(ids[2 * i + 1])]) for i in range(4)]
+    out = layers.Dense(1)(_Interaction()(sums))
+    graph = tapas.capture(keras.Model(ids, out, name="sums"))
+    cluster = Cluster.v100_ethernet(1, 4)
+    truth = ex.explore(graph, 4, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    got = ex.explore(graph, 4, cluster, mode="es", options=ex.ExploreOptions(max_states=4))
+    assert got.folded.joins == 1 and got.folded.nodes == 4 * 5   # 2 ids, 2 tables, the add
+    assert got.folded.counts.generated > 0
+    assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in truth.plans],
+                                                        rel=1e-12)
+    assert got.lower == pytest.approx(got.best.cost)

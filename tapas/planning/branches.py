@@ -101,6 +101,8 @@ def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int],
     # the last joins first: a join whose branches hold other joins folds them whole (their
     # own branches fold again inside the branch's enumeration)
     for join in sorted(eligible, reverse=True):
+        if join in taken:          # inside another join's branch: folded with it
+            continue
         branches: list[Branch] = []
         for t in graph.nodes[join].inputs:
             src = prod.get(t.name)
@@ -113,6 +115,7 @@ def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int],
                 branches.append(branch)
         if len(branches) >= 2:
             found[join] = branches
+            taken.add(join)        # a join stays a step: no later branch may take it
             for b in branches:
                 taken |= b.members
     return _without_lost_entries(found)
