@@ -25,7 +25,9 @@ How it works (docs/search.md has the long version):
    completions, so only the ``k`` cheapest of them are extended further (*dominated*
    prefixes are dropped: dynamic programming, exact for the k best). ``max_states`` caps
    the number of distinct frontiers (a beam; if it ever cuts, the result says
-   ``exact=False``).
+   ``exact=False`` and ``lower`` bounds the optimum from the cheapest prefix it cut).
+   Where the frontier could outgrow the beam, independent branches are searched alone and
+   folded into their join (:mod:`tapas.planning.branches`).
 3. **gp mode** (graph-pruned): each template of the FoldedGraph is enumerated once, on its
    first instance, with its external inputs free (the first consumer fixes their
    placement); the k best combinations per boundary (placements of its external inputs and
