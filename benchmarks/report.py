@@ -52,11 +52,14 @@ def write_json(path: str, results: dict[str, Any]) -> None:
     print(f"\nwrote {path}")
 
 
-def timed_search(graph: Any, mode: str, limit: float | None, devices: int) -> dict[str, Any]:
+def timed_search(graph: Any, mode: str, limit: float | None, devices: int,
+                 memory_budget: float | None = None) -> dict[str, Any]:
     """``tapas.search`` of ``graph`` in ``mode`` ("gp" or "es") on one node of ``devices``
     V100s, timed from a cold pattern cache (reference plans not included), stopped after
-    ``limit`` seconds (None: no limit). A row: ``finished`` and ``seconds`` always; the
-    cost, counts and timings when it finished, the error when it was stopped."""
+    ``limit`` seconds (None: no limit), under ``memory_budget`` bytes per device (None: the
+    device's memory). A row: ``finished`` and ``seconds`` always; the cost, exactness (and
+    the bound when not exact), counts and timings when it finished, the error when it was
+    stopped."""
     from tapas.planning import explore, search
     from tapas.planning.cluster import Cluster
     from tapas.sharding.patterns import clear_cache
@@ -66,13 +69,16 @@ def timed_search(graph: Any, mode: str, limit: float | None, devices: int) -> di
     t0 = time.perf_counter()
     try:
         s = search.search(graph, cluster=cluster, mode=mode, references=(),
-                          explore_options=explore.ExploreOptions(time_limit=limit))
+                          explore_options=explore.ExploreOptions(time_limit=limit),
+                          memory_budget=memory_budget)
     except explore.SearchTimeout as e:
         return {"mode": mode, "finished": False, "seconds": round(time.perf_counter() - t0, 3),
                 "error": str(e)}
     return {"mode": mode, "finished": True, "seconds": round(time.perf_counter() - t0, 3),
             "cost_s": s.total_cost, "communication_s": s.cost["communication"],
             "memory_gib": round(s.memory.total / 2**30, 4), "exact": s.exact,
+            "bound": s.bound, "folded_nodes": s.counts.get("folded_nodes", 0),
+            "beam": s.counts["beam"], "penalty_rounds": s.counts["penalty_rounds"],
             "generated": s.counts["generated"], "valid": s.counts["valid"],
             "units": s.counts["units"], "templates": s.counts["templates"],
             "timings": dict(s.timings),

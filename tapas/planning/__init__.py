@@ -14,6 +14,7 @@ Out: a :class:`tapas.planning.search.Strategy`: one pattern per GraphNode, the r
 * :mod:`tapas.planning.table`: every GraphNode's patterns summarised and costed; edge costs.
 * :mod:`tapas.planning.frontier`: the enumeration engine (DP over frontiers of placements).
 * :mod:`tapas.planning.explore`: enumeration with early stopping, gp (per template) and es.
+* :mod:`tapas.planning.branches`: independent branches searched alone, folded into their join.
 * :mod:`tapas.planning.references`: the reference plans (Megatron, data parallel, ...).
 * :mod:`tapas.planning.strategy`: the Strategy and its JSON format.
 * :mod:`tapas.planning.report`: the readable report of a Strategy.

@@ -25,7 +25,9 @@ How it works (docs/search.md has the long version):
    completions, so only the ``k`` cheapest of them are extended further (*dominated*
    prefixes are dropped: dynamic programming, exact for the k best). ``max_states`` caps
    the number of distinct frontiers (a beam; if it ever cuts, the result says
-   ``exact=False``).
+   ``exact=False`` and ``lower`` bounds the optimum from the cheapest prefix it cut).
+   Where the frontier could outgrow the beam, independent branches are searched alone and
+   folded into their join (:mod:`tapas.planning.branches`).
 3. **gp mode** (graph-pruned): each template of the FoldedGraph is enumerated once, on its
    first instance, with its external inputs free (the first consumer fixes their
    placement); the k best combinations per boundary (placements of its external inputs and
@@ -51,6 +53,7 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -59,8 +62,9 @@ from tapas.ir import Graph, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
+from tapas.planning.branches import Folded, chosen, fold_branches
 from tapas.planning.frontier import (Allowed, Counts, Progress, SearchTimeout, Step, TieOptions,
-                                     run, unwind)
+                                     Run, lower_bound, run, unwind)
 from tapas.planning.precision import priced_dtype
 from tapas.planning.steps import consumers, good_order, node_steps, producers
 from tapas.planning.stitch import stitch_steps
@@ -102,6 +106,9 @@ class ExploreOptions:
     # seconds of memory penalty per byte per device added to a pattern's cost (0: none);
     # tapas.search raises it when the cheapest plans do not fit the memory budget
     memory_penalty: float = 0.0
+    # search independent branches per branch and combine them at their join
+    # (tapas.planning.branches); off: every branch's tensors in the frontier
+    fold_branches: bool = True
 
     def __post_init__(self) -> None:
         for name in ("top_k", "max_candidates", "per_boundary", "max_states"):
@@ -143,6 +150,7 @@ class TemplateResult:
     counts: Counts
     seconds: float
     exact: bool
+    cut_below: float = math.inf   # the cheapest prefix (one instance) the beam cut
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +174,10 @@ class ExploreResult:
     counts: Counts            # everything: templates + stitching (gp) or the whole graph (es)
     timings: Mapping[str, float]
     exact: bool
+    # no plan is cheaper than this (the best plan's cost when exact; when the beam cut, the
+    # cheapest prefix it cut, if cheaper); None when a template's own enumeration was cut
+    lower: float | None = None
+    folded: Folded = Folded()   # branches folded into their joins (tapas.planning.branches)
 
     @property
     def best(self) -> Plan:
@@ -192,15 +204,22 @@ def explore_template(graph: Graph, template: Template, table: PatternTable, edge
 
     order = good_order(graph, inst)
     steps = node_steps(graph, order, table, allowed, options.memory_penalty, keep)
-    final, counts, exact = run(steps, table, edges, max(options.per_boundary, 1),
-                               options.max_states, deadline)
+    k = max(options.per_boundary, 1)
+    if options.fold_branches:
+        steps, _, branches = fold_branches(graph, steps, table, edges, k, options.max_states,
+                                           deadline, allowed, options.memory_penalty)
+    else:
+        branches = Folded()
+    final, counts, exact, cut = run(steps, table, edges, k, options.max_states, deadline)
+    counts, exact = counts + branches.counts, exact and branches.exact
     cands: list[Candidate] = []
     per: dict[tuple[Any, ...], int] = {}
     for c, state, path in final:
         if per.get(state, 0) >= options.per_boundary:
             continue
         per[state] = per.get(state, 0) + 1
-        by_node = dict(zip(order, unwind(path, len(order))))
+        by_node = dict(p for step, oi in zip(steps, unwind(path, len(steps)))
+                       for p in chosen(step, oi))
         pats = tuple(by_node[v] for v in inst)
         ins = tuple((k[1], pl) for k, pl in state if isinstance(k, tuple) and k[0] == "x")
         outs = tuple((graph.nodes[k[0]].outputs[k[1]].name, pl) for k, pl in state
@@ -209,7 +228,7 @@ def explore_template(graph: Graph, template: Template, table: PatternTable, edge
         if len(cands) >= options.max_candidates:
             break
     return TemplateResult(template.id, len(inst), len(template.instances), tuple(cands),
-                          counts, time.perf_counter() - start, exact)
+                          counts, time.perf_counter() - start, exact, cut)
 
 
 def _whole_graph_steps(graph: Graph, table: PatternTable, allowed: Allowed | None,
@@ -231,14 +250,15 @@ def _plans_from(final: Sequence[tuple[float, Any, Any]], steps: Sequence[Step], 
             if step.tie is not None:
                 assert tie_options is not None
                 ties.setdefault(step.tie, oi)
-                chosen = tie_options[step.tie][oi][0]
+                picked = tie_options[step.tie][oi][0]
                 if step.members:        # a whole instance: one pattern per position
-                    for v, pi in zip(step.members, chosen):
+                    for v, pi in zip(step.members, picked):
                         pats[v] = pi
                 else:
-                    pats[step.node] = chosen[step.tie_pos]
+                    pats[step.node] = picked[step.tie_pos]
             else:
-                pats[step.node] = oi
+                for v, pi in chosen(step, oi):    # with a join's folded branches
+                    pats[v] = pi
         key = tuple(pats)
         if key in seen:
             continue
@@ -317,13 +337,27 @@ def _explore_es(pb: _Problem) -> ExploreResult:
     """es: one enumeration of the whole graph, every GraphNode free."""
     t = time.perf_counter()
     steps = _whole_graph_steps(pb.graph, pb.table, pb.allowed, pb.options.memory_penalty)
-    final, counts, exact = run(steps, pb.table, pb.edges, pb.options.top_k,
-                               pb.options.max_states, pb.deadline, progress=pb.progress)
+    steps, _, folded = _fold(pb, steps)
+    final, counts, exact, cut = run(steps, pb.table, pb.edges, pb.options.top_k,
+                                    pb.options.max_states, pb.deadline, progress=pb.progress)
     pb.timings["enumeration"] = time.perf_counter() - t
     plans = _plans_from(final, steps, pb.options.top_k, len(pb.graph.nodes))
     if not plans:
         raise ValueError(_no_plan_message(pb.graph, pb.options))
-    return ExploreResult("es", plans, pb.table, (), counts, pb.timings, exact)
+    lower = lower_bound(final, cut) if folded.exact else None
+    return ExploreResult("es", plans, pb.table, (), counts + folded.counts, pb.timings,
+                         exact and folded.exact, lower, folded)
+
+
+def _fold(pb: _Problem, steps: list[Step], tie_options: TieOptions | None = None
+          ) -> tuple[list[Step], list[int], Folded]:
+    """``steps`` with independent branches folded into their joins
+    (:mod:`tapas.planning.branches`)."""
+    if not pb.options.fold_branches:
+        return steps, list(range(len(steps))), Folded()
+    return fold_branches(pb.graph, steps, pb.table, pb.edges, pb.options.top_k,
+                         pb.options.max_states, pb.deadline, pb.allowed,
+                         pb.options.memory_penalty, tie_options)
 
 
 def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
@@ -345,18 +379,34 @@ def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
     t = time.perf_counter()
     steps, tie_options, runs = stitch_steps(pb.graph, folded, results, pb.table, pb.edges,
                                             pb.allowed, pb.options.memory_penalty)
-    final, scounts, sexact = run(steps, pb.table, pb.edges, pb.options.top_k,
-                                 pb.options.max_states, pb.deadline, tie_options, pb.progress,
-                                 "stitching", runs)
+    steps, kept, branches = _fold(pb, steps, tie_options)
+    if len(kept) != len(steps) or kept != list(range(len(kept))):
+        runs = _renumbered(runs, kept)
+    final, scounts, sexact, cut = run(steps, pb.table, pb.edges, pb.options.top_k,
+                                      pb.options.max_states, pb.deadline, tie_options,
+                                      pb.progress, "stitching", runs)
     pb.timings["stitching"] = time.perf_counter() - t
     plans = _plans_from(final, steps, pb.options.top_k, len(pb.graph.nodes), tie_options)
     if not plans:
         raise ValueError(_no_plan_message(pb.graph, pb.options))
-    total = scounts
+    total = scounts + branches.counts
     for r in results:
         total = total + r.counts
-    return ExploreResult("gp", plans, pb.table, tuple(results), total, pb.timings,
-                         sexact and all(r.exact for r in results))
+    # a combination a template's beam cut costs at least its cut per instance, in every
+    # instance: no plan using one is cheaper than that times the instances
+    for r in results:
+        cut = min(cut, r.cut_below * r.instances)
+    exact = sexact and branches.exact and all(r.exact for r in results)
+    return ExploreResult("gp", plans, pb.table, tuple(results), total, pb.timings, exact,
+                         lower_bound(final, cut) if branches.exact else None, branches)
+
+
+def _renumbered(runs: Sequence[Run], kept: Sequence[int]) -> list[Run]:
+    """``runs`` over the steps left after folding (``kept``: their old indices): a run's
+    steps are whole instances, never folded, so each moves down by the steps removed
+    before it."""
+    new_index = {old: new for new, old in enumerate(kept)}
+    return [dataclasses.replace(r, start=new_index[r.start]) for r in runs]
 
 
 # =========================================================================================

@@ -35,7 +35,7 @@ from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable
 from tapas.sharding.placements import Placement
 
 __all__ = ["Step", "Run", "Counts", "SearchTimeout", "Allowed", "TieOptions", "Progress", "run",
-           "unwind", "State"]
+           "unwind", "State", "lower_bound"]
 
 # a long enumeration reports progress this often (seconds)
 _PROGRESS_SECONDS = 2.0
@@ -162,6 +162,13 @@ class Step:
     # with ``reads``, ``.outputs`` indexed by ``writes``, ``.internal`` seconds)
     members: tuple[int, ...] = ()
     infos: tuple[Any, ...] | None = None
+    # branches folded into this step (tapas.planning.branches): per placement of the
+    # ``entries`` (tensors the branches read, at the end of ``reads``), the options and per
+    # option the patterns of the folded GraphNodes as (node, pattern index); the path then
+    # holds (those placements, option index)
+    entries: tuple[Any, ...] = ()
+    folded: Mapping[tuple[Any, ...], tuple[tuple[tuple[int, float], ...],
+                                           tuple[tuple[tuple[int, int], ...], ...]]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +204,7 @@ class _Tally:
     resharded: int = 0
     exact: bool = True
     jumped: int = 0          # steps jumped over (periods whose frontier maps onto itself)
+    cut_below: float = math.inf   # the cheapest prefix the beam dropped (see run)
 
 
 def _branches(step: Step, state: Mapping[Any, Any], tie_options: TieOptions | None
@@ -204,6 +212,13 @@ def _branches(step: Step, state: Mapping[Any, Any], tie_options: TieOptions | No
     """The options of ``step`` from ``state``: (option index, pattern index, cost, the tie
     choice to record or None). A tied step follows its template's choice, or makes it."""
     if step.tie is None:
+        if step.folded is not None:     # a join: its options follow its entries' placements
+            placed = tuple(state.get(e) for e in step.entries)
+            tables = [(placed, step.folded.get(placed, ((), ()))[0])] if None not in placed \
+                else [(p, t[0]) for p, t in step.folded.items()   # unset: set here
+                      if all(a is None or a == b for a, b in zip(placed, p))]
+            return [((p, oi), pi, c, None) for p, options in tables
+                    for oi, (pi, c) in enumerate(options)]
         return [(pi, pi, c, None) for pi, c in step.options]
     assert tie_options is not None
     cands = tie_options[step.tie]
@@ -285,6 +300,8 @@ def _advance(step: Step, frontier: Mapping[State, list[tuple[float, Any]]],
                 tally.pruned += len(entries)
                 continue
             extra, sets, moved = matched
+            if step.folded is not None and not all(e in sd for e in step.entries):
+                sets = {**sets, **{e: p for e, p in zip(step.entries, oi[0]) if e not in sd}}
             tally.costed += len(entries)
             if moved:
                 tally.resharded += len(entries)
@@ -308,6 +325,7 @@ def _keep_best(nxt: dict[State, list[tuple[float, Any]]], k: int, max_states: in
     for _, b in ranked[max_states:]:
         tally.beamed += len(b)
     tally.exact = False
+    tally.cut_below = min(tally.cut_below, min(e[0] for e in ranked[max_states][1]))
     return dict(ranked[:max_states])
 
 
@@ -315,8 +333,12 @@ def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
         max_states: int, deadline: float | None, tie_options: TieOptions | None = None,
         progress: Progress | None = None, phase: str = "enumeration",
         runs: Sequence[Run] = (),
-        ) -> tuple[list[tuple[float, State, Any]], Counts, bool]:
-    """Enumerate the steps in order; return the final (cost, frontier, path) entries.
+        ) -> tuple[list[tuple[float, State, Any]], Counts, bool, float]:
+    """Enumerate the steps in order; return the final (cost, frontier, path) entries, the
+    counts, whether no frontier was cut by the beam, and the cost of the cheapest prefix
+    the beam cut (inf when none was): costs only grow along a prefix, so no plan through a
+    cut prefix is cheaper than that, and the optimum is at least the smaller of it and the
+    best final cost (:func:`lower_bound`).
 
     ``tie_options[t]`` lists template t's candidates as (pattern index per position, cost):
     the first step of template t branches over them (paying the cost), later steps of t
@@ -358,7 +380,15 @@ def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
     final.sort(key=lambda e: e[0])
     counts = Counts(tally.generated, tally.pruned, tally.costed, tally.dominated,
                     tally.beamed, len(final), tally.resharded, tally.jumped)
-    return final, counts, tally.exact
+    return final, counts, tally.exact, tally.cut_below
+
+
+def lower_bound(final: Sequence[tuple[float, Any, Any]], cut_below: float) -> float:
+    """A lower bound on the optimum of an enumeration that returned ``final`` and whose
+    beam cut no prefix cheaper than ``cut_below`` (every option, edge and tie costs >= 0):
+    the best final cost when nothing cheaper was cut (the result is then the optimum)."""
+    best = final[0][0] if final else math.inf
+    return min(best, cut_below)
 
 
 def _rename(state: State, r: Run, periods: int) -> State:

@@ -27,13 +27,17 @@ __all__ = ["summary"]
 _GIB = 2.0 ** 30
 
 
+def _bound(s: Strategy) -> str:
+    return "" if s.bound is None else f": within {100 * s.bound:.3g}% of the optimum"
+
+
 def summary(s: Strategy, graph: Graph | None, table: PatternTable | None,
             max_rows: int = 60) -> str:
     """The report of ``s``; the per-layer table needs ``graph``."""
     c = s.cost
     lines = [f"strategy for '{s.graph_name}' on {s.cluster.name} "
              f"({s.num_devices} devices), mode {s.mode}"
-             f"{'' if s.exact else ' (beam-limited)'}"
+             f"{'' if s.exact else ' (beam-limited' + _bound(s) + ')'}"
              f"{f', priced in {s.precision}' if s.precision else ''}",
              f"cost      {_t(c['total'])} per step = communication "
              f"{_t(c['communication'])} (forward {_t(c['forward'])}, "

@@ -377,6 +377,7 @@ def _strategy(runner: _Runner, result: ex.ExploreResult, best: Evaluated,
               rounds: int, timings: Mapping[str, float]) -> Strategy:
     graph, table, folded = runner.graph, runner.table, runner.folded
     best_plan, best_pc, best_resh = best
+    exact, bound = _exactness(result)
     infos = [table.infos[v][p] for v, p in enumerate(best_plan.patterns)]
     alts = tuple(_alternative(f"#{i + 1}", table, p, pc, best_plan, budget)
                  for i, (p, pc, _) in enumerate(sorted(evaluated, key=lambda e: e[1].total)))
@@ -394,8 +395,9 @@ def _strategy(runner: _Runner, result: ex.ExploreResult, best: Evaluated,
         memory_budget=budget, alternatives=alts, references=tuple(refs),
         timings={k: round(v, 6) for k, v in timings.items()},
         counts=_counts(graph, table, folded, result, rounds),
-        templates=templates, exact=result.exact,
-        notes=(_notes(graph, infos, budget, rounds) + _pattern_notes(graph, table)
+        templates=templates, exact=exact, bound=bound,
+        notes=(_notes(graph, infos, budget, rounds) + _exact_notes(result, exact, bound)
+               + _pattern_notes(graph, table)
                + _unruled_notes(graph)
                + _precision_notes(graph, runner.options)),
         precision=runner.options.precision or graph_precision(graph),
@@ -436,7 +438,50 @@ def _counts(graph: Graph, table: PatternTable, folded: FoldedGraph | None,
                   signatures=table.signatures, penalty_rounds=rounds,
                   constant_nodes=len(table.constant),
                   per_template={f"T{r.template}": r.counts.to_json() for r in result.templates})
+    if result.folded.joins:
+        counts.update(folded_joins=result.folded.joins, folded_nodes=result.folded.nodes)
     return counts
+
+
+def _exactness(result: ex.ExploreResult) -> tuple[bool, float | None]:
+    """Whether the best plan is proven optimal, and else how far above the optimum it may
+    be (a fraction of the lower bound; None: not bounded). A beam that cut only prefixes at
+    least as costly as the best plan left the optimum in (costs only grow on a prefix)."""
+    if result.exact:
+        return True, None
+    if result.lower is None:
+        return False, None
+    best = result.best.cost
+    if result.lower >= best:
+        return True, None
+    return False, (best - result.lower) / result.lower if result.lower > 0 else math.inf
+
+
+def _exact_notes(result: ex.ExploreResult, exact: bool, bound: float | None
+                 ) -> tuple[str, ...]:
+    """Why the search is or is not exact, in words (folded branches, the beam's bound)."""
+    notes = []
+    if result.folded.joins:
+        notes.append(f"{result.folded.nodes} GraphNodes in independent branches were searched "
+                     f"per branch and combined at their {result.folded.joins} join(s) "
+                     "(tapas.planning.branches)")
+    beam = result.counts.beam
+    if exact and beam:
+        notes.append(f"the beam cut {beam} prefixes, none cheaper than the chosen plan: it is "
+                     "the optimum (the ranked alternatives after it may miss some plans)")
+    elif not exact and bound is not None:
+        cut = [f"T{r.template}" for r in result.templates if not r.exact]
+        where = f" (in template(s) {', '.join(cut)}: per instance)" if cut else ""
+        notes.append(f"beam-limited: the beam (max_states) cut {beam} prefixes{where}, no "
+                     f"plan through them below {result.lower * 1e3:.6g} ms, so the chosen "
+                     "plan is at most "
+                     f"{100 * bound:.3g}% above the optimum; raise "
+                     "ExploreOptions(max_states=...) to narrow it")
+    elif not exact:
+        notes.append("beam-limited inside the enumeration of a folded branch: its plans per "
+                     "placement of the tensors its join reads may be incomplete, so no bound "
+                     "on the gap to the optimum; raise ExploreOptions(max_states=...)")
+    return tuple(notes)
 
 
 def _notes(graph: Graph, infos: Sequence[ex.PatternInfo], budget: float,

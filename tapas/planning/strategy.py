@@ -145,6 +145,10 @@ class Strategy:
     # the Keras dtype policy the costs were priced in (tapas.planning.precision; "" in
     # files written before it was recorded)
     precision: str = ""
+    # when not exact: how far above the optimum the plan may be, as a fraction of the
+    # optimum's lower bound (from the cheapest prefix the beam cut); None: exact, or no
+    # bound (a template's own enumeration was cut)
+    bound: float | None = None
     _graph: Graph | None = dataclasses.field(default=None, compare=False, repr=False)
     _table: PatternTable | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -276,7 +280,8 @@ def _strategy_json(s: Strategy) -> dict[str, Any]:
         "timings": dict(s.timings), "counts": dict(s.counts),
         "templates": [[t, name, [list(i) for i in insts]] for t, name, insts in s.templates],
         "exact": s.exact, "notes": list(s.notes),
-        "weight_placements": dict(s.weight_placements), "precision": s.precision}
+        "weight_placements": dict(s.weight_placements), "precision": s.precision,
+        **({} if s.bound is None else {"bound": s.bound})}
 
 
 def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
@@ -299,4 +304,4 @@ def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
                         for t, name, insts in d.get("templates", ())),
         exact=d.get("exact", True), notes=tuple(d.get("notes", ())),
         weight_placements=dict(d.get("weight_placements", {})),
-        precision=d.get("precision", ""))
+        precision=d.get("precision", ""), bound=d.get("bound"))

@@ -1,0 +1,222 @@
+"""tapas.planning.branches: independent branches searched alone and combined at their join.
+
+Ground truth is the exhaustive enumeration of the same graph with branch folding off and a
+beam wide enough never to cut (``exact``): the folded search must find the same k best
+costs. Graphs are DLRM-style recommenders written with plain Keras 3 layers (embedding
+tables feeding one stacked dot interaction), small enough for that enumeration."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import layers, ops
+
+import tapas
+from tapas.ir import Kind
+from tapas.planning import explore as ex
+from tapas.planning.branches import find_branches
+from tapas.planning.cluster import Cluster
+from tapas.planning.cost import CostOptions
+from tapas.planning.search import search
+from tapas.planning.table import pattern_table
+
+
+class _Interaction(layers.Layer):
+    def call(self, feats):
+        x = ops.stack(feats, axis=1)
+        z = ops.matmul(x, ops.transpose(x, (0, 2, 1)))
+        n = len(feats)
+        pairs = np.array([i * n + j for i in range(n) for j in range(i)], dtype="int32")
+        return ops.take(ops.reshape(z, (-1, n * n)), pairs, axis=1)
+
+
+def _dlrm(tables: int, blocks: int = 0) -> tapas.Graph:
+    dense = keras.Input((13,), batch_size=8, name="dense_features")
+    ids = [keras.Input((1,), batch_size=8, dtype="int32", name=f"ids{i}")
+           for i in range(tables)]
+    b = layers.Dense(16, activation="relu")(layers.Dense(32, activation="relu")(dense))
+    embs = [layers.Reshape((16,))(layers.Embedding(64, 16)(x)) for x in ids]
+    x = layers.Concatenate()([b, _Interaction()(embs + [b])])
+    x = layers.Add()([layers.Multiply()([x, layers.Dense(x.shape[-1])(x)]), x])
+    if blocks:      # a stack of identical residual blocks: templates and a repeated run
+        x = layers.Dense(32)(x)
+        for _ in range(blocks):
+            x = layers.Add()([x, layers.Dense(32)(layers.Dense(64, activation="relu")(x))])
+    model = keras.Model([dense] + ids, layers.Dense(1)(x), name=f"dlrm{tables}")
+    return tapas.capture(model)
+
+
+# a beam narrower than the plain frontier of 5 tables (3 ** 6 = 729 states on 2-8 devices):
+# the folded search must still be exact under it
+NARROW = ex.ExploreOptions(max_states=256)
+
+
+@pytest.fixture(scope="module")
+def dlrm5() -> tapas.Graph:
+    return _dlrm(5)
+
+
+def test_each_table_is_a_branch_of_the_interaction(dlrm5):
+    table = pattern_table(dlrm5, 4, Cluster.v100_ethernet(1, 4), CostOptions())
+    found = find_branches(dlrm5, {n.id for n in dlrm5.nodes}, table.constant)
+    assert len(found) == 1
+    (join, branches), = found.items()
+    assert len(dlrm5.nodes[join].inputs) == 6     # 5 tables and the bottom MLP
+    # the bottom MLP is read by the concat too: not a branch; each table is
+    kinds = sorted(sorted(dlrm5.nodes[v].kind.value for v in b.members) for b in branches)
+    assert all(b.entries == () for b in branches)     # each reads only its own id input
+    assert len(branches) == 5
+    assert all(Kind.EMBEDDING.value in k and Kind.INPUT.value in k for k in kinds)
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_folded_search_finds_the_exhaustive_k_best(dlrm5, devices):
+    cluster = Cluster.v100_ethernet(1, devices)
+    truth = ex.explore(dlrm5, devices, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    assert truth.exact and truth.folded.joins == 0
+    for mode in ("es", "gp"):
+        got = ex.explore(dlrm5, devices, cluster, mode=mode, options=NARROW)
+        assert got.exact and got.folded.joins == 1 and got.folded.nodes == 10   # id inputs and tables
+        assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in truth.plans],
+                                                            rel=1e-12)
+        assert got.lower == pytest.approx(got.best.cost)
+        # far fewer prefix extensions than the product of the tables' placements
+        assert got.counts.generated * 20 < truth.counts.generated
+    s = search(dlrm5, cluster=cluster, references=(), explore_options=NARROW)
+    assert s.exact and s.bound is None and s.counts["folded_joins"] == 1
+    assert any("searched per branch" in n for n in s.notes)
+
+
+def _inception() -> tapas.Graph:
+    x_in = keras.Input((8, 8, 3), batch_size=4, name="image")
+    x = layers.Conv2D(16, 3, padding="same", activation="relu")(x_in)
+    conv = lambda k, t: layers.Conv2D(4, k, padding="same", activation="relu")(t)
+    x = layers.Concatenate()([conv(1, x), conv(3, conv(1, x)), conv(5, conv(1, x)),
+                              conv(1, layers.MaxPooling2D(3, strides=1, padding="same")(x))])
+    out = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
+    return tapas.capture(keras.Model(x_in, out, name="inception"))
+
+
+def test_branches_reading_one_shared_tensor_fold_with_it_as_an_entry():
+    """Inception: four branches read the block input; each is enumerated once per
+    placement of it, and the join's options follow the placement the frontier holds."""
+    graph = _inception()
+    cluster = Cluster.v100_ethernet(1, 4)
+    truth = ex.explore(graph, 4, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    tiny = ex.ExploreOptions(max_states=4)
+    got = ex.explore(graph, 4, cluster, mode="es", options=tiny)
+    assert got.folded.joins == 1 and got.folded.nodes == 6
+    assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in truth.plans],
+                                                        rel=1e-12)
+    assert got.lower == pytest.approx(got.best.cost)     # proven optimal
+    s = search(graph, cluster=cluster, mode="es", references=(), explore_options=tiny)
+    assert s.exact and s.total_cost == pytest.approx(truth.best.cost, rel=1e-9)
+
+
+def test_under_a_memory_budget_the_folded_search_splits_the_tables_as_exhaustive_does(dlrm5):
+    cluster = Cluster.v100_ethernet(1, 4)
+    free = search(dlrm5, cluster=cluster, references=())
+    budget = free.memory.total * 0.6          # forces weights to be split
+    truth = search(dlrm5, cluster=cluster, mode="es", references=(), memory_budget=budget,
+                   explore_options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    for mode in ("es", "gp"):
+        got = search(dlrm5, cluster=cluster, mode=mode, references=(), memory_budget=budget,
+                     explore_options=NARROW)
+        assert got.exact and got.counts["folded_joins"] == 1 and got.memory.total <= budget
+        assert got.total_cost == pytest.approx(truth.total_cost, rel=1e-9)
+    assert truth.weight_placements and truth.counts["penalty_rounds"] >= 1
+
+
+def test_a_cut_beam_reports_a_bound_that_holds(dlrm5):
+    cluster = Cluster.v100_ethernet(1, 4)
+    truth = ex.explore(dlrm5, 4, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    narrow = ex.ExploreOptions(fold_branches=False, max_states=4)   # cuts
+    cut = ex.explore(dlrm5, 4, cluster, mode="es", options=narrow)
+    assert cut.counts.beam > 0 and cut.lower is not None
+    # the bound brackets the true optimum
+    assert cut.lower <= truth.best.cost * (1 + 1e-12)
+    assert cut.best.cost >= truth.best.cost * (1 - 1e-12)
+    s = search(dlrm5, cluster=cluster, mode="es", references=(), explore_options=narrow)
+    if s.exact:     # every cut prefix cost at least the plan found: proven optimal
+        assert any("none cheaper than the chosen plan" in n for n in s.notes)
+        assert s.total_cost == pytest.approx(truth.best.cost, rel=1e-9)
+    else:
+        assert s.bound is not None and math.isfinite(s.bound)
+        assert any("beam-limited" in n and "above the optimum" in n for n in s.notes)
+        assert "within" in s.summary().splitlines()[0]
+        gap = cut.best.cost / truth.best.cost - 1
+        assert gap <= s.bound + 1e-12
+
+
+def test_nothing_is_folded_where_the_beam_could_not_cut(dlrm5):
+    """Folding changes nothing where the plain enumeration is exact anyway: with a beam
+    above the frontier's bound the search is the plain one, ties included."""
+    from tapas.planning.branches import frontier_bound
+    from tapas.planning.steps import good_order, node_steps
+    cluster = Cluster.v100_ethernet(1, 2)
+    table = pattern_table(dlrm5, 2, cluster, CostOptions.for_cluster(cluster))
+    outs = {t.name for t in dlrm5.outputs}
+    steps = node_steps(dlrm5, good_order(dlrm5, [n.id for n in dlrm5.nodes]), table, None,
+                       0.0, lambda v, oi, t: t.name in outs)
+    wide = frontier_bound(steps, table, None, 10**9)
+    assert wide > NARROW.max_states     # that beam could cut: folded under it
+    opts = ex.ExploreOptions(max_states=wide)
+    kept = ex.explore(dlrm5, 2, cluster, mode="es", options=opts)
+    plain = ex.explore(dlrm5, 2, cluster, mode="es",
+                       options=dataclasses.replace(opts, fold_branches=False))
+    assert kept.folded.joins == 0 and kept.plans == plain.plans and kept.exact
+
+
+def test_a_beam_cut_inside_a_template_bounds_the_stitched_plan():
+    """gp: a combination a template's beam cut costs at least the cut per instance, in
+    every instance; the bound holds against the same search with a wide beam."""
+    from models import capture_preset
+    graph, _ = capture_preset("t5-tiny")
+    cluster = Cluster.v100_ethernet(1, 4)
+    truth = ex.explore(graph, 4, cluster, options=ex.ExploreOptions(max_states=10**6))
+    cut = ex.explore(graph, 4, cluster, options=ex.ExploreOptions(max_states=3))
+    assert truth.exact and not all(r.exact for r in cut.templates)
+    assert cut.lower is not None and cut.lower <= truth.best.cost * (1 + 1e-12)
+    assert cut.best.cost >= truth.best.cost * (1 - 1e-12)
+
+
+def test_folding_in_the_stitch_keeps_the_repeated_runs_of_a_stack():
+    """gp on tables folded into their interaction and a stack of 6 identical blocks after
+    it: the stitch's steps are renumbered after folding and its jump over the repeated
+    blocks still lands on the same plans as the plain stitch under a wide beam."""
+    graph = _dlrm(5, blocks=6)
+    cluster = Cluster.v100_ethernet(1, 4)
+    plain = ex.explore(graph, 4, cluster,
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    got = ex.explore(graph, 4, cluster, options=NARROW)
+    assert got.folded.joins == 1 and got.counts.jumped > 0 and got.exact
+    assert plain.counts.jumped > 0
+    assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in plain.plans],
+                                                        rel=1e-12)
+
+
+def test_a_branch_holding_a_join_folds_it_inside_its_own_enumeration():
+    """Each feature is the sum of two tables (an inner join of two branches); the stacked
+    interaction joins the sums. The interaction folds each sum whole, and each sum's own
+    enumeration folds its two tables, under a beam narrow enough to need both."""
+    ids = [keras.Input((1,), batch_size=8, dtype="int32", name=f"ids{i}") for i in range(8)]
+    embed = lambda x: layers.Reshape((16,))(layers.Embedding(64, 16)(x))
+    sums = [layers.Add()([embed(ids[2 * i]), embed(ids[2 * i + 1])]) for i in range(4)]
+    out = layers.Dense(1)(_Interaction()(sums))
+    graph = tapas.capture(keras.Model(ids, out, name="sums"))
+    cluster = Cluster.v100_ethernet(1, 4)
+    truth = ex.explore(graph, 4, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    got = ex.explore(graph, 4, cluster, mode="es", options=ex.ExploreOptions(max_states=4))
+    assert got.folded.joins == 1 and got.folded.nodes == 4 * 5   # 2 ids, 2 tables, the add
+    assert got.folded.counts.generated > 0
+    assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in truth.plans],
+                                                        rel=1e-12)
+    assert got.lower == pytest.approx(got.best.cost)
