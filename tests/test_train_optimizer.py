@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import keras
+import pytest
 
 from command import run_tapas   # tests/command.py
 
@@ -52,3 +53,26 @@ def test_bad_optimizers_are_refused_with_their_cause(tmp_path):
     proc = _train("--optimizer=adafactor")
     assert proc.returncode != 0
     assert "Adafactor cannot run on weight shards" in proc.stdout + proc.stderr
+
+
+def test_the_search_counts_the_compiled_optimizers_slots():
+    """The memory estimate of the plan parallelize searches counts the optimizer the model
+    trains with: no state for plain SGD, one copy for momentum, three for AMSGrad Adam
+    (``CostOptions.optimizer_slots``, counted by ``keras_optimizer.slot_count``)."""
+    import tensorflow as tf
+    from tapas import capturing
+    from tapas.execution import parallel
+    from tapas.planning.cost import CostOptions, weight_memory
+
+    inp = keras.Input((8,))
+    model = keras.Model(inp, keras.layers.Dense(4)(keras.layers.Dense(16)(inp)))
+    graph = capturing.capture(model, tf.TensorSpec([4, 8]), training=True)
+    for optimizer, slots in ((keras.optimizers.SGD(0.1), 0),
+                             (keras.optimizers.SGD(0.1, momentum=0.9), 1),
+                             (keras.optimizers.Adam(amsgrad=True), 3)):
+        strategy = parallel._search(graph, 2, None, None, 1, [None], optimizer)
+        # the optimizer state is ``slots`` copies of the weights as the plan holds them
+        assert strategy.memory.optimizer == slots * strategy.memory.weights, strategy.memory
+    assert weight_memory(100, True, CostOptions(optimizer_slots=3)).optimizer == 300
+    with pytest.raises(ValueError, match="optimizer_slots=-1"):
+        CostOptions(optimizer_slots=-1)

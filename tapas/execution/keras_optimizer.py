@@ -36,7 +36,7 @@ from keras.src.optimizers.base_optimizer import BaseOptimizer
 from tapas.execution import keras2
 
 __all__ = ["ShardedOptimizer", "WeightInfo", "check_supported", "optimizer_from_flag",
-           "resolve_optimizer"]
+           "resolve_optimizer", "slot_count"]
 
 #: updates that read more than one element of a weight or gradient: not reproducible
 #: shard by shard without collectives the runtime does not insert
@@ -112,6 +112,14 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None = None) -> Any
         config = opt.get_config() | {"learning_rate": float(learning_rate)}
         opt = type(opt).from_config(config)
     return opt
+
+
+def slot_count(optimizer: Any) -> int:
+    """The weight-sized slots ``optimizer`` (a Keras optimizer) keeps per trainable weight:
+    its slots on a probe weight (EMA's average and the gradient accumulator included), what
+    the search's memory estimate counts (``CostOptions.optimizer_slots``)."""
+    probe = WeightInfo("tapas_probe/kernel", (2, 2), "float32")
+    return len(ShardedOptimizer(optimizer, [probe]).slot_names)
 
 
 def optimizer_from_flag(flag: str, value: str | None) -> Any:

@@ -46,6 +46,7 @@ from absl import logging
 from tapas import capturing
 from tapas.execution import inputs, regularizers, runtime, verify
 from tapas.execution.compiled_loss import output_losses
+from tapas.execution import keras_optimizer
 from tapas.execution.keras_optimizer import check_supported, resolve_optimizer
 from tapas.execution.devices import make_strategy
 from tapas.execution.audit import AuditReport, predicted_comm_list
@@ -386,10 +387,11 @@ def _resolved_optimizer(model: Any, optimizer: Any, learning_rate: float | None)
 
 
 def _search(graph: Any, n: int, cluster: Cluster | None, search_options: Any,
-            expert_rows: int, per_output: list) -> Any:
+            expert_rows: int, per_output: list, optimizer: Any = None) -> Any:
     """``tapas.search`` of ``graph`` on ``cluster`` (default ``Cluster.loopback_cpu(n)``),
     pricing the loss the program will train with (one output's: the losses of several are
-    not priced) unless ``search_options`` say otherwise; the Strategy bound to ``graph``."""
+    not priced) and counting ``optimizer``'s slots in the memory estimate, unless
+    ``search_options`` say otherwise; the Strategy bound to ``graph``."""
     from tapas.planning import search as search_mod
     cluster = cluster or Cluster.loopback_cpu(n)
     if cluster.num_devices != n:
@@ -400,6 +402,10 @@ def _search(graph: Any, n: int, cluster: Cluster | None, search_options: Any,
         from tapas.planning import experts
         kwargs["patterns_fn"] = experts.nested_patterns(graph, expert_rows)
     given = kwargs.get("options")
+    if given is None and optimizer is not None:
+        from tapas.planning.cost import CostOptions
+        given = kwargs["options"] = CostOptions.for_cluster(
+            cluster, optimizer_slots=keras_optimizer.slot_count(optimizer))
     if "loss" not in kwargs and (given is None or given.loss is None):
         kwargs["loss"] = per_output[0] if len(per_output) == 1 else None
     strategy = search_mod.search(graph, cluster=cluster, **kwargs)
@@ -486,7 +492,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         trace, graph = _capture(model, signature, training, timings)
         _refuse_call_losses(trace, per_output, rows)   # before the search
         start = time.perf_counter()
-        strategy = _search(graph, n, cluster, search_options, expert_rows, per_output)
+        strategy = _search(graph, n, cluster, search_options, expert_rows, per_output,
+                           optimizer)
         timings["search"] = time.perf_counter() - start
     else:
         training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,

@@ -26,11 +26,10 @@ backward-pass collective (gradient overlap; 1 in the forward pass or with
     reduce-scatter  RS   f =   (W - 1) / W    N = the tensor reduced (input, before scatter)
     all-to-all      A2A  f =   (W - 1) / W    N = each worker's buffer (input = output size)
 
-In words, N is always the largest per-worker tensor the collective touches. A group that
-spans nodes pays the inter-node link (a ring is as slow as its slowest hop); a group inside
-one node pays the intra-node link. W = 1 costs exactly 0. Latency is charged per collective
-(a pattern with one collective in each direction pays it twice) and is not scaled by gamma
-or epsilon, as in eq. 3 where only the transmission term is.
+N is the largest per-worker tensor the collective touches. A group spanning nodes pays the
+inter-node link (a ring is as slow as its slowest hop), one inside a node the intra-node
+link; W = 1 costs 0. Latency is charged per collective (twice for one in each direction),
+not scaled by gamma or epsilon (eq. 3 scales only the transmission term).
 
 Example (a made-up 1 GB/s, 1 us link; 4 workers all-reduce 1 MB in the forward pass):
 
@@ -185,10 +184,9 @@ class CostOptions:
     # plan level (beyond the paper, "CA"): the factor for the collectives that do not reduce
     # a weight's gradient (activations, their gradients, the loss's statistics, experts'
     # all-to-alls) in place of ``communication_scale``, measured by the same calibration on
-    # a second plan, one whose priced communication is mostly such collectives: a weight
-    # gradient's all-reduce runs beside the rest of the backward pass, an activation's
-    # collective is waited on by the next op. None: ``communication_scale`` for every
-    # collective
+    # a plan whose priced communication is mostly such collectives (a gradient's all-reduce
+    # runs beside the backward pass, an activation's collective is waited on by the next
+    # op). None: ``communication_scale`` for every collective
     activation_communication_scale: float | None = None
     # price a backward collective only on a tensor whose gradient the training step
     # computes (``tapas.sharding.gradients.gradient_flow``: on a path from a trainable
@@ -197,9 +195,11 @@ class CostOptions:
     # is never computed, so its all-gather never runs. Off: every backward collective the
     # patterns and reshards name
     gradient_flow: bool = True
-    # the optimizer whose state the memory estimate counts: "adam" (2 extra copies of each
-    # trainable weight), "momentum" (1) or "sgd" (0)
+    # the optimizer state the memory estimate counts, in copies of each trainable weight:
+    # ``optimizer_slots`` when known (the compiled optimizer's, counted by
+    # tapas.parallelize), else OPTIMIZER_SLOTS[optimizer] ("adam" 2, "momentum" 1, "sgd" 0)
     optimizer: str = "adam"
+    optimizer_slots: int | None = None
     # price as if the model ran under this Keras dtype policy (tapas.planning.precision.
     # PRECISIONS: contractions and activations in its dtype); None: the graph's own dtypes
     precision: str | None = None
@@ -244,6 +244,9 @@ class CostOptions:
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise ValueError(f"optimizer={self.optimizer!r} is unknown: use one of "
                              f"{sorted(OPTIMIZER_SLOTS)}")
+        if (slots := self.optimizer_slots) is not None and not (isinstance(slots, int)
+                                                               and slots >= 0):
+            raise ValueError(f"optimizer_slots={slots!r}: an int >= 0, or None")
         _check_fraction("gamma", self.gamma, "use gradient_overlap=False for no discount")
         eps: dict[str, float] = {}
         for key, value in dict(self.epsilon).items():
@@ -548,12 +551,15 @@ class MemoryEstimate:
 def weight_memory(local_bytes: float, trainable: bool,
                   options: CostOptions | None = None) -> MemoryEstimate:
     """One weight holding ``local_bytes`` per device: itself, its gradient and optimizer
-    state if trainable (``OPTIMIZER_SLOTS[options.optimizer]`` copies)."""
+    state if trainable (``options.optimizer_slots`` copies, else
+    ``OPTIMIZER_SLOTS[options.optimizer]``)."""
     options = CostOptions() if options is None else options
     if not trainable:
         return MemoryEstimate(weights=float(local_bytes))
+    slots = options.optimizer_slots
+    slots = OPTIMIZER_SLOTS[options.optimizer] if slots is None else slots
     return MemoryEstimate(weights=float(local_bytes), gradients=float(local_bytes),
-                          optimizer=float(local_bytes) * OPTIMIZER_SLOTS[options.optimizer])
+                          optimizer=float(local_bytes) * slots)
 
 
 @dataclasses.dataclass(frozen=True)
