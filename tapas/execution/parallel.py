@@ -492,8 +492,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         trace, graph = _capture(model, signature, training, timings)
         _refuse_call_losses(trace, per_output, rows)   # before the search
         start = time.perf_counter()
-        strategy = _search(graph, n, cluster, search_options, expert_rows, per_output,
-                           optimizer)
+        strategy = _search(graph, n, cluster, search_options, expert_rows, per_output, optimizer)
         timings["search"] = time.perf_counter() - start
     else:
         training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,
