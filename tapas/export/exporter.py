@@ -150,19 +150,29 @@ def cost_layout(strategy: Strategy, graph: Graph, placements: Mapping[str, str] 
                       dict(given.unmapped), changed, node_changes, strategy_total)
 
 
-def _unexpressed(graph: Graph, cost: LayoutCost) -> tuple[Unexpressed, ...]:
-    groups: dict[tuple[str, str], list[int]] = {}
-    for v, pair in cost.node_changes.items():
-        groups.setdefault(pair, []).append(v)
-    out = []
-    for (chosen, emitted), nodes in sorted(groups.items()):
-        out.append(Unexpressed(
-            tuple((v, graph.nodes[v].name) for v in nodes), chosen, emitted,
-            f"pattern {chosen!r} places no weight differently from {emitted!r} (or its "
-            "weights are replicated): a LayoutMap, which pins weights, cannot choose it; "
-            "GSPMD's propagation decides these GraphNodes. The whole plan's difference "
-            f"under the cost model: {cost.difference * 1e3:+.4f} ms per step"))
-    return tuple(out)
+def _unexpressed(graph: Graph, strategy: Strategy, stored: Mapping[str, str],
+                 cost: LayoutCost) -> tuple[Unexpressed, ...]:
+    """The GraphNodes whose pattern the weight layouts do not pin, grouped by (chosen,
+    emitted) pattern and reason: a weight read here in another placement than it is
+    stored (a tied embedding: a LayoutMap gives a weight one layout), or patterns that
+    differ in activations only (a LayoutMap places no activation)."""
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for v, (chosen, emitted) in cost.node_changes.items():
+        pattern = strategy.pattern(v)
+        tied = [f"{w.path} ({pattern.weights[w.path]}, stored {stored[w.path]})"
+                for w in graph.nodes[v].weights if graph.reads(v, w.path)
+                and str(parse_placement(pattern.weights[w.path])) != stored[w.path]]
+        why = (f"it reads {', '.join(tied)} in another layout than its first reader stores "
+               "it, and a LayoutMap gives a weight one layout" if tied else
+               "the two patterns place its weights alike and differ in activations, which "
+               "a LayoutMap does not place")
+        groups.setdefault((chosen, emitted, why), []).append(v)
+    return tuple(Unexpressed(
+        tuple((v, graph.nodes[v].name) for v in nodes), chosen, emitted,
+        f"{why}; GSPMD's propagation decides these GraphNodes. The cheapest plan with the "
+        f"exported layouts takes {emitted!r} here: {cost.difference * 1e3:+.4f} ms per "
+        "step for the whole plan under the cost model")
+        for (chosen, emitted, why), nodes in sorted(groups.items()))
 
 
 def predicted_collectives(strategy: Strategy, graph: Graph, mesh: Mesh,
@@ -224,7 +234,7 @@ def export_layout(strategy: Strategy, graph: Graph, mesh: Any = None,
     return LayoutExport(
         strategy.graph_name, strategy.graph_digest, strategy.cluster.name,
         (mesh.rows, mesh.cols), layouts, weights, tuple(replicated),
-        _unexpressed(graph, cost),
+        _unexpressed(graph, strategy, stored, cost),
         {"strategy": cost.strategy_total, "layout_map": cost.total,
          "difference": cost.difference},
         tuple(predicted_collectives(strategy, graph, mesh, opts, cluster)))
