@@ -158,6 +158,37 @@ def test_mesh_rows_add_the_data_parallel_all_reduces(planned):
         export_layout(strategy, graph, "2x4")
 
 
+def test_tied_embedding_is_listed_with_why_and_cost():
+    """t5-small's widths at 2 layers (the JAX check's t5-small-2l): the LM head reads the
+    shared embedding vocabulary-split while the lookup stores it replicated; a LayoutMap
+    gives a weight one layout, so the export lists the head with that reason and prices it."""
+    import dataclasses
+
+    import models
+    entry = models.get("t5-small")
+    entry = dataclasses.replace(entry, config=dataclasses.replace(
+        entry.config, num_layers=2, num_decoder_layers=2, encoder_seq_len=64,
+        decoder_seq_len=64, vocab_size=8192))
+    model = entry.build(fast_init=True)
+    graph = capturing.capture(model, list(entry.input_spec(8)), training=True, name="t5")
+    cluster = Cluster.resolve("v100", 1, 8)
+    strategy = search(graph, cluster=cluster, loss=entry.keras_loss())
+    head = next(n for n in graph.nodes if "lm_head" in n.name)
+    assert strategy.patterns[head.id] == "column", "the searched plan changed: pick a model " \
+        "whose LM head the search splits"
+    layout = export_layout(strategy, graph, options=CostOptions.for_cluster(
+        cluster, loss=LossSpec.of(entry.keras_loss())))
+    [gap] = layout.unexpressed
+    assert gap.nodes == ((head.id, head.name),) and gap.chosen == "column"
+    assert "reads shared_embedding/embeddings (S0, stored R)" in gap.why
+    assert layout.cost["difference"] > 0
+    assert layout.cost["strategy"] == pytest.approx(strategy.total_cost)
+    # every Keras weight path matches one key if split, none if replicated
+    matches = key_matches(layout.layouts, [w.path for w in model.weights])
+    assert {p for p, ks in matches.items() if ks} == set(layout.weights)
+    assert all(len(ks) <= 1 for ks in matches.values())
+
+
 # ---- the command line ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
