@@ -138,7 +138,7 @@ def export(names: list[str], out_dir: str) -> None:
 
 # ---- phase 2: check (JAX backend) ---------------------------------------------------------
 
-_HLO_OP = re.compile(r"=\s*(\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+_HLO_OP = re.compile(r"=\s*(\([^()]*\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
                      r"(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
                      r"(?:-start)?\(")
 _SHAPE = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
@@ -162,21 +162,26 @@ def hlo_collectives(text: str) -> list[dict[str, Any]]:
     """Every collective of a compiled HLO module's text: kind (TAPAS's short name, CP for a
     collective-permute), bytes as TAPAS counts them (the global tensor: an all-reduce's or
     all-gather's result, a reduce-scatter's or all-to-all's result times the group), the
-    group size; a tuple-shaped (combined) collective counts once per element."""
+    group size. A tuple-shaped all-reduce, all-gather or reduce-scatter (collectives XLA
+    combined) counts once per element; a tuple-shaped all-to-all is one collective whose
+    buffer is split in one piece per peer (the CPU backend's form), its elements summed."""
     out = []
     for line in text.splitlines():
         m = _HLO_OP.search(line)
         if m is None:
             continue
         kind, group = _KIND[m.group(2)], _group_size(line)
+        sizes = []
         for dtype, dims in _SHAPE.findall(m.group(1)):
             n = 1
             for d in filter(None, dims.split(",")):
                 n *= int(d)
-            nbytes = n * _BYTES.get(dtype, 4)
-            if kind in ("RS", "A2A"):
-                nbytes *= group
-            out.append({"kind": kind, "bytes": nbytes, "group": group})
+            sizes.append(n * _BYTES.get(dtype, 4))
+        if kind == "A2A":
+            sizes = [sum(sizes)]
+        for nbytes in sizes:
+            out.append({"kind": kind, "bytes": nbytes * group if kind in ("RS", "A2A")
+                        else nbytes, "group": group})
     return out
 
 

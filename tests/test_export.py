@@ -234,3 +234,40 @@ def test_cli_help_and_bad_flags(tmp_path):
     r = run_tapas("export", "--model=bert-tiny", f"--out={tmp_path}/l.json", "--mesh=2x4",
                   "--devices_per_node=4")
     assert r.returncode == 1 and "--mesh=2x4 has 8 devices, the cluster 4" in r.stderr
+
+
+# ---- reading a compiled program's collectives (scripts/layoutmap_check.py; no JAX here) ----
+
+def _check_script():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "scripts", "layoutmap_check.py")
+    spec = importlib.util.spec_from_file_location("layoutmap_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hlo_collectives_of_a_compiled_cpu_program():
+    """tests/fixtures/hlo_collectives_cpu8.txt: the collective lines of two programs jax 0.6.2
+    compiled for 8 CPU devices (a column- then row-split matmul's gradient: its forward
+    all-reduce; a shard_map of all_gather, psum_scatter, all_to_all and ppermute on a
+    (64, 64) float32 array split on its rows). Bytes as TAPAS counts them: the global tensor."""
+    script = _check_script()
+    fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                           "hlo_collectives_cpu8.txt")
+    with open(fixture) as f:
+        got = script.hlo_collectives(f.read())
+    assert [(c["kind"], c["bytes"], c["group"]) for c in got] == [
+        ("AR", 8 * 64 * 512 * 4, 8), ("AG", 64 * 64 * 4, 8), ("RS", 64 * 64 * 4, 8),
+        # the CPU all-to-all is one tuple of 8 per-peer pieces: one collective
+        ("A2A", 64 * 64 * 4, 8), ("CP", 8 * 64 * 4, 8)]
+    # a combined all-reduce (a tuple, with XLA's /*index=5*/ comments) counts per element
+    combined = ("%ar = (f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, /*index=5*/"
+                "f32[2,4]{1,0}) all-reduce(%a, %b, %c, %d, %e, %f), replica_groups=[1,8]<=[8]")
+    assert [c["bytes"] for c in script.hlo_collectives(combined)] == [16] * 5 + [32]
+    diff = script.compare(got[:1], [{"kind": "AR", "bytes": 8 * 64 * 512 * 4, "count": 2}],
+                          Cluster.resolve("v100", 1, 8))
+    assert diff["matched"] == 1 and [(d["compiled"], d["predicted"]) for d in
+                                     diff["differences"]] == [(1, 2)]
+    assert diff["difference_seconds"] < 0      # one all-reduce fewer than predicted
