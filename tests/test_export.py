@@ -144,6 +144,8 @@ def test_edited_layout_costs_its_plan_and_names_the_difference(planned):
     assert cost.difference > 0
     assert cost.strategy_total == pytest.approx(strategy.total_cost)
     assert "down/kernel: S0 in the strategy, S1 in the layout" in cost.explain(graph)
+    with pytest.raises(ValueError, match="over 4 devices, the strategy over 8"):
+        cost_layout(strategy, graph, LayoutExport("ffn", "", "", (2, 4), edited, {}), options)
 
 
 def test_mesh_rows_add_the_data_parallel_all_reduces(planned):

@@ -103,6 +103,8 @@ class LayoutCost:
     changed: Mapping[str, tuple[str, str]]
     node_changes: Mapping[int, tuple[str, str]]
     strategy_total: float
+    strategy_communication: float = 0.0
+    strategy_compute: float = 0.0
 
     @property
     def difference(self) -> float:
@@ -114,7 +116,9 @@ class LayoutCost:
         lines = [f"the layout's plan: {self.total * 1e3:.4f} ms per step (communication "
                  f"{self.communication * 1e3:.4f}, compute {self.compute * 1e3:.4f}); the "
                  f"strategy: {self.strategy_total * 1e3:.4f} ms; difference "
-                 f"{self.difference * 1e3:+.4f} ms{share}"]
+                 f"{self.difference * 1e3:+.4f} ms{share}: communication "
+                 f"{(self.communication - self.strategy_communication) * 1e3:+.4f} ms, "
+                 f"compute {(self.compute - self.strategy_compute) * 1e3:+.4f} ms"]
         for path, (old, new) in list(self.changed.items())[:max_rows]:
             lines.append(f"  weight {path}: {old} in the strategy, {new} in the layout")
         for v, (old, new) in list(self.node_changes.items())[:max_rows]:
@@ -132,6 +136,12 @@ def cost_layout(strategy: Strategy, graph: Graph, placements: Mapping[str, str] 
     layout edited by hand and read with ``load_layout``) against ``strategy``."""
     strategy = strategy.bind(graph)
     if isinstance(placements, LayoutExport):
+        cols = placements.mesh_shape[1]
+        if cols != strategy.num_devices:
+            raise ValueError(f"the layout's mesh {placements.mesh_shape[0]}x{cols} splits "
+                             f"weights over {cols} devices, the strategy over "
+                             f"{strategy.num_devices}: edit a layout exported for this "
+                             "strategy, or export one for the other mesh")
         placements = placements_from_layouts(placements,
                                              {w.path: len(w.shape) for w in graph.weights})
     placements = {w.path: str(parse_placement(placements.get(w.path, "R")))
@@ -145,9 +155,12 @@ def cost_layout(strategy: Strategy, graph: Graph, placements: Mapping[str, str] 
                     if name != strategy.patterns[v]}
     c = given.cost
     # the same patterns are the same plan: the strategy's recorded cost is its cost
-    strategy_total = c.total if not node_changes else strategy.total_cost
+    same = not node_changes
     return LayoutCost(placements, c.total, c.communication, c.compute, given.patterns,
-                      dict(given.unmapped), changed, node_changes, strategy_total)
+                      dict(given.unmapped), changed, node_changes,
+                      c.total if same else strategy.total_cost,
+                      c.communication if same else float(strategy.cost["communication"]),
+                      c.compute if same else float(strategy.cost["compute"]))
 
 
 def _unexpressed(graph: Graph, strategy: Strategy, stored: Mapping[str, str],
