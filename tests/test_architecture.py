@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tapas.layers",),
     ("tapas.execution",),
     ("tapas.models",),
+    ("tapas.export",),
     ("tapas.cli",),
 )
 FACADE = "tapas"   # tapas/__init__.py: re-exports the public entry points of every layer

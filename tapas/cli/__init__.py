@@ -15,6 +15,9 @@ flags (``tapas.cli.common`` those several commands read).
                   [--workers=K [--devices_per_worker=D]] [--optimizer=NAME|config.json] [--learning_rate=LR]
                   [--data=file.npz|file.tfrecord] [--epochs=E] [--checkpoint_dir=DIR]
                   [--checkpoint_every=K] [--resume] [--tensorboard=LOGDIR] [--mesh=ROWSxCOLS]
+    tapas export  --model=NAME --nodes=M --devices_per_node=N [--strategy=s.json]
+                  [--mesh=ROWSxCOLS] --format=keras-layoutmap --out=layout.json|layout.py
+                  [--pin_from=edited.json]
 
 ``--model`` takes a model-zoo name (``tapas models`` lists them) or the path of a saved
 Keras model (``.keras``). Each command prints a report to stdout; ``--json_out`` writes the
@@ -39,9 +42,10 @@ from typing import Any
 
 from absl import app
 
-from tapas.cli import (inspect_cmd, mine_cmd, models_cmd, profile_cmd, search_cmd,
-                       train_cmd)
+from tapas.cli import (export_cmd, inspect_cmd, mine_cmd, models_cmd, profile_cmd,
+                       search_cmd, train_cmd)
 from tapas.cli.common import FLAGS, LoadedModel, load_model, write
+from tapas.cli.export_cmd import cmd_export
 from tapas.cli.inspect_cmd import cmd_inspect, format_inspect, inspect_report
 from tapas.cli.mine_cmd import cmd_mine
 from tapas.cli.models_cmd import cmd_models
@@ -51,13 +55,15 @@ from tapas.cli.train_cmd import cmd_train
 
 __all__ = ["run", "main", "COMMANDS", "FLAGS", "LoadedModel", "load_model", "inspect_report",
            "format_inspect", "SearchProgress", "command_help", "overview", "cmd_inspect",
-           "cmd_mine", "cmd_models", "cmd_profile", "cmd_search", "cmd_train"]
+           "cmd_mine", "cmd_models", "cmd_profile", "cmd_search", "cmd_train", "cmd_export"]
 
 _MODULES = {"inspect": inspect_cmd, "mine": mine_cmd, "models": models_cmd,
-            "search": search_cmd, "train": train_cmd, "profile": profile_cmd}
+            "search": search_cmd, "train": train_cmd, "profile": profile_cmd,
+            "export": export_cmd}
 COMMANDS = tuple(_MODULES)
 _HANDLERS = {"inspect": cmd_inspect, "mine": cmd_mine, "models": cmd_models,
-             "search": cmd_search, "train": cmd_train, "profile": cmd_profile}
+             "search": cmd_search, "train": cmd_train, "profile": cmd_profile,
+             "export": cmd_export}
 # `train` writes its own report (worker 0 only, when it runs as several workers: the
 # others' audits record nothing and must not overwrite it)
 _WRITES_OWN_JSON = frozenset({"train"})

@@ -35,9 +35,12 @@ flags.DEFINE_string("cluster", "v100", f"search, train: hardware constants: a pr
                     "100 Gb/s Ethernet, or this machine's loopback CPU devices) or a cluster "
                     "file written by `tapas profile --out=cluster.json`.")
 flags.DEFINE_string("out", None, "search: write the Strategy as JSON to this path; profile: "
-                    "write the cluster file here (default out/cluster.json).")
+                    "write the cluster file here (default out/cluster.json); export: write "
+                    "the layout here (.json, or .py for a Python module).")
 flags.DEFINE_string("mesh", None, "search: search this one mesh ROWSxCOLS (e.g. 2x8) instead "
-                    "of all of them; train: run on this mesh (data parallel over the rows, "
+                    "of all of them; export: the layout's DeviceMesh (the row's strategy on "
+                    "COLS devices, the batch over the ROWS); train: run on this mesh (data "
+                    "parallel over the rows, "
                     "--strategy made for COLS devices on one row's graph inside each row). "
                     "ROWSxCOLS:experts also splits the experts of every MoE layer over the "
                     "rows (nested expert + tensor parallelism, tapas.planning.experts).")
