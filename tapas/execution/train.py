@@ -21,7 +21,6 @@ clean-up of every worker) and prints worker 0's report.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -138,11 +137,12 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         report["communication_calibration"] = None if comm is None else comm.to_json()
         report["activation_communication_scale"] = (None if comm is None
                                                     else comm.activation_communication_scale)
+    from tapas.execution import train_job
     from tapas.execution.runtime import StepError
     try:
-        check = None if opts.is_job else _run_steps(opts, pm, xs, y, report, say)
+        check = None if opts.is_job else train_job.run_steps(opts, pm, xs, y, report, say)
         if opts.is_job:
-            _run_job(opts, pm, xs, y, report, say)
+            train_job.run_job(opts, pm, xs, y, report, say)
     except StepError as e:   # a failed step, weights unchanged: its cause, not a traceback
         hint = (" (a learning rate too large for the model, or NaN/inf in the data: check "
                 "--learning_rate and --data)" if "not finite" in str(e) else "")
@@ -513,120 +513,6 @@ def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any,
     except ValueError as e:
         raise TrainError(f"--model={path}: {e}") from None
     return model, specs, xs, y, loss
-
-
-def _run_steps(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any],
-               say: Any) -> dict[str, Any] | None:
-    """``opts.steps`` training steps (side by side with Keras when ``opts.verify``), their
-    losses, times and throughput into ``report``; returns the verify report, if any."""
-    say(f"\n{'step':>4} {'loss':>12} {'keras loss':>12} {'seconds':>9}")
-    step_times: list[float] = []
-
-    def on_step(step: int, loss: float, ref: float | None, seconds: float) -> None:
-        step_times.append(seconds)
-        ref_text = f"{ref:>12.6f}" if ref is not None else f"{'':>12}"
-        say(f"{step + 1:>4} {loss:>12.6f} {ref_text} {seconds:>9.3f}")
-
-    check = None
-    if opts.verify:
-        check = pm.verify(xs, y, steps=opts.steps, on_step=on_step)
-        report["verify"] = check
-        report["losses"] = [a for a, _ in check["losses"]]
-    else:
-        losses = []
-        for step in range(opts.steps):
-            t = time.perf_counter()
-            losses.append(pm.train_step(xs, y))
-            on_step(step, losses[-1], None, time.perf_counter() - t)
-        report["losses"] = losses
-    later = step_times[1:]
-    report["step_seconds"] = step_times
-    if later:
-        mean = sum(later) / len(later)
-        report["throughput_examples_per_s"] = len(y) / mean
-        say(f"\nstep time {mean:.3f} s after the first (first step, with tracing: "
-            f"{step_times[0]:.2f} s); throughput {len(y) / mean:.1f} examples/s")
-    return check
-
-
-def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any],
-             say: Any) -> None:
-    """A training job through ``ParallelModel.fit``: the --data file (epochs of it) or the
-    synthetic batch (--steps steps per epoch), checkpoints, resume, TensorBoard; the loss of
-    every step, the epochs' losses and where it resumed into ``report``."""
-    import keras
-
-    from tapas.execution import fit as fit_mod
-    from tapas.progress import ProgressBar
-    if opts.data:
-        try:
-            if opts.data.endswith(".npz"):
-                x, targets = load_npz(opts.data, pm)
-            else:
-                x, targets = load_tfrecord(opts.data, pm), None
-        except (OSError, ValueError, tf_errors()) as e:
-            raise TrainError(f"--data={opts.data}: {e}") from None
-        steps_per_epoch = None
-    else:
-        x, targets, steps_per_epoch = xs, y, opts.steps
-    epochs = opts.epochs or 1
-    if opts.resume:
-        from tapas.execution import preflight
-        preflight.say_resume(opts, say)
-    # on a terminal, a progress bar per epoch (ETA) instead of a line per step
-    bar = ProgressBar("epoch", delay=0.0) if pm.runtime.task_id == 0 else None
-    if bar is None or not bar.enabled:
-        bar = None
-        say(f"\n{'epoch':>5} {'step':>6} {'loss':>12} {'seconds':>9}")
-    losses: list[float] = []
-    step_times: list[float] = []
-    state = {"epoch": 0}
-
-    class Printer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            state["epoch"] = epoch
-            if bar is not None:
-                bar.phase(f"epoch {epoch + 1}/{epochs}", (self.params or {}).get("steps"))
-
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            info = self.model.last_step
-            losses.append(info["loss"])
-            step_times.append(info["seconds"])
-            if bar is not None:
-                bar.update(batch + 1, detail=f"step {info['step']}, loss {info['loss']:.6f}")
-                return
-            say(f"{state['epoch'] + 1:>5} {info['step']:>6} {info['loss']:>12.6f} "
-                f"{info['seconds']:>9.3f}")
-
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            if bar is not None:
-                bar.close()
-            say(f"epoch {epoch + 1}/{epochs}: " + ", ".join(f"{k} {v:.6f}" for k, v in
-                                                          (logs or {}).items()))
-
-    try:
-        with bar or contextlib.nullcontext():
-            history = pm.fit(x, targets, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                             verbose=0, callbacks=[Printer()],
-                             checkpoint_dir=opts.checkpoint_dir,
-                             checkpoint_every=opts.checkpoint_every, resume=opts.resume,
-                             tensorboard=opts.tensorboard)
-    except (ValueError, FileNotFoundError, fit_mod.WorkerLostError, tf_errors()) as e:
-        raise TrainError(str(e)) from None
-    if opts.resume:   # the checkpoint read, after any damaged newer one was skipped
-        report["resumed_from"] = getattr(history, "resumed_from", None)
-    report.update({"losses": losses, "step_seconds": step_times, "epochs": epochs,
-                   "history": history.history, "step": int(pm.runtime.iterations.numpy())})
-    if opts.checkpoint_dir:
-        report["checkpoint"] = fit_mod.latest_checkpoint(opts.checkpoint_dir)
-        say(f"\ncheckpoint: {report['checkpoint']} (step {report['step']})")
-    later = step_times[1:]
-    if later:
-        mean = sum(later) / len(later)
-        batch = int(pm.inputs.specs[0].shape[0])
-        report["throughput_examples_per_s"] = batch / mean
-        say(f"step time {mean:.3f} s after the first (first step, with tracing: "
-            f"{step_times[0]:.2f} s); throughput {batch / mean:.1f} examples/s")
 
 
 def _say_verify(check: dict[str, Any], say: Any) -> None:
