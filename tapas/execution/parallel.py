@@ -232,6 +232,12 @@ class ParallelModel:
         """The global weights written into ``model`` (default: the model parallelized)."""
         return self.runtime.to_keras(self.model if model is None else model)
 
+    def memory_report(self) -> Any:
+        """The plan's predicted memory per device beside each worker's measured peak
+        (``tapas.execution.memory``; every worker must call it: it all-reduces)."""
+        from tapas.execution import memory
+        return memory.memory_report(self)
+
     def audit(self) -> AuditReport:
         """Collectives of the traced training step (trace it first: one ``train_step``)
         against the strategy's prediction."""

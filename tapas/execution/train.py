@@ -157,6 +157,9 @@ def train(opts: TrainOptions) -> dict[str, Any]:
             report["mesh"] = _say_mesh_audit(pm, opts.mesh, say)
     if check is not None:
         _say_verify(check, say)
+    mem = pm.memory_report()   # every worker: the measurements are all-reduced
+    report["memory"] = mem.to_json()
+    say("\n" + mem.table())
     report["timings"] = {k: round(v, 4) for k, v in timings.items()}
     say("\nphase timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
     if opts.json_out and chief:
