@@ -64,7 +64,6 @@ SIZE_EXCEPTIONS: dict[str, int] = {
     "tapas/execution/runtime.py": 1113,
     "tapas/execution/runtime.py::Runtime": 951,
     "tapas/execution/runtime.py::Runtime.__init__": 87,
-    "tapas/execution/train.py": 631,
     "tapas/execution/train.py::_parallelize": 93,
     "tapas/execution/verify.py::compare_nested": 114,
 }
