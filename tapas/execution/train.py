@@ -206,6 +206,21 @@ def _say_setup(pm: Any, opts: TrainOptions, say: Any) -> None:
                     else "inference (dropout off, moving statistics fixed)"))
 
 
+def _build_zoo(entry: Any, opts: TrainOptions) -> Any:
+    """The zoo model compiled with its optimizer and loss (seed 0). Its weights are left
+    unallocated (``tapas.execution.materialize.build_lazily``: each worker then creates
+    only its shards) unless something runs the Keras model itself: ``--verify`` and the
+    ``measure`` calibrations."""
+    from tapas.execution import materialize
+    eager = opts.verify or any(v is not None for v in (opts.compute_scale, opts.kernel_times,
+                                                         opts.communication_scale))
+    if eager:
+        return entry.build_compiled(seed=0)
+    model = materialize.build_lazily(lambda: entry.build(seed=0))
+    model.compile(optimizer=entry.keras_optimizer(), loss=entry.keras_loss())
+    return model
+
+
 def _check_npz(opts: TrainOptions, model: Any, specs: Any, loss: Any) -> None:
     """``--data``'s .npz against the built model (``preflight.check_npz``), as a TrainError."""
     if opts.data and opts.data.endswith(".npz"):
@@ -251,7 +266,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         name = os.path.basename(name)
     else:
         entry = models.get(name)
-        model = entry.build_compiled(seed=0)   # its optimizer and loss, as a user compiles it
+        model = _build_zoo(entry, opts)   # compiled as a user would; lazily if it can be
         xs, y = entry.synthetic_batch(opts.batch_size)
         xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
     timings["build"] = time.perf_counter() - start
