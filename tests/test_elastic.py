@@ -20,6 +20,19 @@ from tests.test_memory import _reassembled
 EPOCHS, BATCHES = 4, 5   # 42 examples: 5 batches of 8 an epoch
 
 
+def _scalars(logdir) -> dict:
+    """``{tag: {step: value}}`` of every event file under ``logdir`` (the later write of a
+    step wins, as TensorBoard shows a redone step)."""
+    import tensorflow as tf
+    out: dict = {}
+    for name in sorted(os.listdir(logdir), key=lambda n: os.path.getmtime(logdir / n)):
+        for event in tf.compat.v1.train.summary_iterator(str(logdir / name)):
+            for v in event.summary.value:
+                if v.HasField("tensor"):
+                    out.setdefault(v.tag, {})[event.step] = float(tf.make_ndarray(v.tensor))
+    return out
+
+
 def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
     from tapas.execution import fit
     model = _two_input_model()
@@ -33,7 +46,8 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
               "--strategy=random:0", f"--epochs={EPOCHS}"]
     ck, out_json = tmp_path / "ck", tmp_path / "elastic.json"
     argv = [sys.executable, "-m", "tapas.cli", "train", *common, "--workers=3", "--elastic",
-            f"--checkpoint_dir={ck}", "--checkpoint_every=3", f"--json_out={out_json}"]
+            f"--checkpoint_dir={ck}", "--checkpoint_every=3", f"--json_out={out_json}",
+            f"--tensorboard={tmp_path / 'tb'}"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=command.ROOT)
     try:
@@ -58,6 +72,11 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
     start = int(os.path.basename(report["resumed_from"]).split("-")[1])
     assert 3 <= start < EPOCHS * BATCHES
     assert len(report["losses"]) == EPOCHS * BATCHES - start   # nothing skipped
+    # TensorBoard: 3 workers from step 0, 2 (and one restart) from the resume point
+    scalars = _scalars(tmp_path / "tb")
+    assert scalars["workers"][0] == 3 and scalars["workers"][start] == 2
+    assert scalars["elastic_restarts"] == {start: 1.0}
+    assert max(scalars["loss"]) == EPOCHS * BATCHES
     # the same job without the loss, on 2 devices: the same weights up to float rounding
     # (the steps before the restart ran under the 3-device plan)
     ref = tmp_path / "ref"

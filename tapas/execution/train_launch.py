@@ -104,7 +104,9 @@ def launch_workers(opts: Any) -> dict[str, Any]:
             print(f"launching {workers} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)",
                   flush=True)
             try:
-                results = launch.launch(lambda i: argv, workers, timeout_s=opts.timeout_s)
+                results = launch.launch(lambda i: argv, workers, timeout_s=opts.timeout_s,
+                                        env={"TAPAS_ELASTIC_RESTARTS": str(len(restarts))}
+                                        if restarts else None)
                 break
             except launch.LaunchError as e:
                 if not (getattr(opts, "elastic", False) and _lost(e) and workers > 1):
