@@ -72,7 +72,6 @@ How it maps onto TensorFlow:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import time
@@ -266,51 +265,8 @@ class Runtime:
 
     def sharing(self, program: Any, input_specs: Sequence[tf.TensorSpec]) -> Runtime:
         """A runtime that runs another program of the same model (e.g. its inference-mode
-        graph) on *this* runtime's weights: the same shard variables where the program lays
-        a weight out as here, the same step counter and learning rate; its own collectives,
-        traced functions and seed states. A weight the program places otherwise gets shard
-        variables of its own (``resynced``), cut from this runtime's global value now and
-        again by :meth:`refresh`."""
-        other = copy.copy(self)
-        other.source, other.resynced = self, []
-        other.specs = dict(self.specs)
-        other._vars = {r: dict(v) for r, v in self._vars.items()}
-        for path, layout in program.weight_layouts.items():
-            if path not in self.specs:
-                raise ValueError(f"weight '{path}' of the other program is not one of this "
-                                 "runtime's: the programs come from different models")
-            spec, placement = self.specs[path], parse_placement(layout.placement)
-            if placement != spec.placement:
-                self._check_divisible(f"weight '{path}'", spec.row_shape, placement)
-                other.specs[path] = dataclasses.replace(
-                    spec, placement=placement,
-                    local_shape=placement.local_shape(spec.row_shape, self.num_devices))
-                other.resynced.append(path)
-        values = self._global(self._vars, other.resynced) if other.resynced else {}
-        for r in self.local_replicas:
-            with tf.device(self._device[r]):
-                for k, path in enumerate(other.resynced):
-                    other._vars[r][path] = tf.Variable(
-                        self._cut(other.specs[path], values[path], r),
-                        trainable=False, name=f"resynced{k}_r{r}")
-        other._dist_vars = self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: other._vars[ctx.replica_id_in_sync_group])
-        other.program, other.row_specs = program, list(input_specs)
-        other.input_specs = [self._global_spec(s) for s in other.row_specs]
-        other.input_placements = [parse_placement(p) for p in program.input_placements]
-        other.output_placements = [parse_placement(p) for p in program.output_placements]
-        if self._collectives == self._default_collectives:   # record into its own audits
-            other._collectives = other._default_collectives
-        other.audits, other.trace_seconds, other.graphs, other.loss_comms = {}, {}, {}, []
-        other.dp_audits = {}
-        other.loss_plan, other.weight_placement = None, Replica()
-        other.states = stateful.StateStore(getattr(program, "states", {}), self.strategy,
-                                           {r: self._device[r] for r in self.local_replicas})
-        for name in ("_loss_fn", "_evaluate_fn"):
-            other.__dict__.pop(name, None)
-        other._train_fn = tf.function(other._train_step, autograph=False)
-        other._predict_fn = tf.function(other._predict, autograph=False)
-        return other
+        graph) on *this* runtime's weights (``shards.share``)."""
+        return shards.share(self, program, input_specs)
 
     def refresh(self) -> None:
         """Re-cut the ``resynced`` weights from the source runtime's current values (a

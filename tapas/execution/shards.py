@@ -6,24 +6,27 @@ In:  a ``Runtime`` being built (its program's weight layouts, mesh rows, device 
      each value on reading, so at most one whole weight exists at a time).
 Out: :func:`make_shards` returns the layouts (``WeightLayout`` with the values' dtypes and
      local shapes) and, per local replica, ``{path: tf.Variable}`` of its shard;
-     :func:`cut` is a replica's part of one global value.
+     :func:`cut` is a replica's part of one global value; :func:`share` a runtime for
+     another program of the same model on the same shard variables.
 Raises: ValueError naming the weight when a value is missing, of another shape than the
      program's, cut over another number of mesh rows, or not divisible by its placement.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from tapas.execution import stateful
 from tapas.execution.plan import WeightLayout
-from tapas.sharding.placements import Split, parse_placement
+from tapas.sharding.placements import Replica, Split, parse_placement
 
-__all__ = ["make_shards", "cut"]
+__all__ = ["make_shards", "cut", "share"]
 
 
 def cut(rt: Any, spec: WeightLayout, value: np.ndarray, replica: int) -> np.ndarray:
@@ -73,3 +76,52 @@ def make_shards(rt: Any, initial_weights: Mapping[str, Any]
                                               name=f"w{k}_r{r}")
         del value, part
     return specs, shards
+
+
+def share(rt: Any, program: Any, input_specs: Sequence[tf.TensorSpec]) -> Any:
+    """A runtime that runs another program of the same model (e.g. its inference-mode
+    graph) on ``rt``'s weights: the same shard variables where the program lays a weight
+    out as ``rt`` does, the same step counter and learning rate; its own collectives,
+    traced functions and seed states. A weight the program places otherwise gets shard
+    variables of its own (``resynced``), cut from ``rt``'s global value now and again by
+    ``Runtime.refresh``."""
+    other = copy.copy(rt)
+    other.source, other.resynced = rt, []
+    other.specs = dict(rt.specs)
+    other._vars = {r: dict(v) for r, v in rt._vars.items()}
+    for path, layout in program.weight_layouts.items():
+        if path not in rt.specs:
+            raise ValueError(f"weight '{path}' of the other program is not one of this "
+                             "runtime's: the programs come from different models")
+        spec, placement = rt.specs[path], parse_placement(layout.placement)
+        if placement != spec.placement:
+            rt._check_divisible(f"weight '{path}'", spec.row_shape, placement)
+            other.specs[path] = dataclasses.replace(
+                spec, placement=placement,
+                local_shape=placement.local_shape(spec.row_shape, rt.num_devices))
+            other.resynced.append(path)
+    values = rt._global(rt._vars, other.resynced) if other.resynced else {}
+    for r in rt.local_replicas:
+        with tf.device(rt._device[r]):
+            for k, path in enumerate(other.resynced):
+                other._vars[r][path] = tf.Variable(
+                    rt._cut(other.specs[path], values[path], r),
+                    trainable=False, name=f"resynced{k}_r{r}")
+    other._dist_vars = rt.strategy.experimental_distribute_values_from_function(
+        lambda ctx: other._vars[ctx.replica_id_in_sync_group])
+    other.program, other.row_specs = program, list(input_specs)
+    other.input_specs = [rt._global_spec(s) for s in other.row_specs]
+    other.input_placements = [parse_placement(p) for p in program.input_placements]
+    other.output_placements = [parse_placement(p) for p in program.output_placements]
+    if rt._collectives == rt._default_collectives:   # record into its own audits
+        other._collectives = other._default_collectives
+    other.audits, other.trace_seconds, other.graphs, other.loss_comms = {}, {}, {}, []
+    other.dp_audits = {}
+    other.loss_plan, other.weight_placement = None, Replica()
+    other.states = stateful.StateStore(getattr(program, "states", {}), rt.strategy,
+                                       {r: rt._device[r] for r in rt.local_replicas})
+    for name in ("_loss_fn", "_evaluate_fn"):
+        other.__dict__.pop(name, None)
+    other._train_fn = tf.function(other._train_step, autograph=False)
+    other._predict_fn = tf.function(other._predict, autograph=False)
+    return other
