@@ -58,6 +58,8 @@ def predicted_bytes(pm: Any) -> tuple[float, dict[str, float]]:
     rt = pm.runtime
     estimate = getattr(pm.strategy, "memory", None)
     if not isinstance(estimate, MemoryEstimate):
+        estimate = pm.__dict__.get("_tapas_plan_memory")   # priced once per ParallelModel
+    if not isinstance(estimate, MemoryEstimate):
         from tapas.planning.explore import plan_memory
         from tapas.planning.table import pattern_table
         n = pm.program.num_devices
@@ -70,6 +72,7 @@ def predicted_bytes(pm: Any) -> tuple[float, dict[str, float]]:
                 table.index(node.id, plan.pattern(node).name) for node in pm.graph.nodes])
         except KeyError:   # a pattern of another generator (nested experts): the shards
             estimate = _shard_memory(rt)
+        pm.__dict__["_tapas_plan_memory"] = estimate
     slots = len(rt.optimizer.slot_names)
     parts = {"weights": estimate.weights, "gradients": estimate.gradients,
              "optimizer": estimate.gradients * slots, "activations": estimate.activations}
