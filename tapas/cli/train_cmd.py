@@ -54,6 +54,11 @@ flags.DEFINE_boolean("resume", False, "train: continue from the newest whole che
                      "why; start afresh when there is none): run the same command again "
                      "after a failure. The checkpoint's learning rate is kept (a "
                      "--learning_rate given with it is reported, not used).")
+flags.DEFINE_boolean("elastic", False, "train: with --workers=K and --checkpoint_dir, a "
+                     "worker lost (killed, its machine gone) restarts the job on the workers "
+                     "that remain, from the newest checkpoint resharded for them, with a plan "
+                     "searched again (--strategy=random:S: drawn again), until it reaches "
+                     "its step count or one worker is left.")
 flags.DEFINE_string("tensorboard", None, "train: write TensorBoard scalars (loss, step time, "
                     "examples/s, learning rate) to this log directory.")
 
@@ -64,7 +69,7 @@ USAGE = ('tapas train --model=NAME --devices=N --steps=K [--strategy=s.json|rand
 #: the flags this command reads, in the order its help lists them
 FLAG_NAMES = ('model', 'devices', 'steps', 'strategy', 'verify', 'batch_size', 'training',
               'optimizer', 'learning_rate', 'data', 'epochs', 'checkpoint_dir',
-              'checkpoint_every', 'resume', 'tensorboard', 'workers', 'devices_per_worker',
+              'checkpoint_every', 'resume', 'elastic', 'tensorboard', 'workers', 'devices_per_worker',
               'mesh', 'cluster', 'memory_budget_gib', 'compute_scale', 'kernel_times',
               'communication_scale', 'graph_optimization', 'json_out')
 
@@ -85,6 +90,7 @@ def cmd_train() -> dict[str, Any]:
                               training=FLAGS.training, data=FLAGS.data,
                               epochs=FLAGS.epochs, checkpoint_dir=FLAGS.checkpoint_dir,
                               checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume,
+                              elastic=FLAGS.elastic,
                               tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh,
                               graph_optimization=FLAGS.graph_optimization,
                               compute_scale=FLAGS.compute_scale,

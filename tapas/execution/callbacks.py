@@ -12,6 +12,7 @@ Raises: TypeError / ValueError naming the callback and the fix.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,7 +119,9 @@ class TensorBoardScalars(keras.callbacks.Callback):
     graph tab; ``write_graph=False`` leaves it out): per step ``loss`` (that step's), ``step_seconds``,
     ``examples_per_second``, ``learning_rate`` and ``collective_bytes_per_step`` (the
     global bytes of the step's collectives, as the audit counts them); per epoch ``epoch_<key>`` for each key of
-    the epoch's logs (``epoch_loss``, ``epoch_val_loss``...)."""
+    the epoch's logs (``epoch_loss``, ``epoch_val_loss``...); at the step training starts
+    from, ``workers`` (processes) and, after ``tapas train --elastic`` restarted the job,
+    ``elastic_restarts``."""
 
     def __init__(self, logdir: str, write_graph: bool = True) -> None:
         super().__init__()
@@ -133,6 +136,16 @@ class TensorBoardScalars(keras.callbacks.Callback):
     def on_train_begin(self, logs: Any = None) -> None:
         if self._active():
             self._writer = tf.summary.create_file_writer(self.logdir)
+            rt = getattr(getattr(self.model, "parallel_model", None), "runtime", None)
+            if rt is None:
+                return
+            # at the step it starts from: the worker processes (an elastic restart's fewer)
+            # and the restarts so far (set by tapas train --elastic's launcher)
+            with self._writer.as_default(step=int(rt.iterations.numpy())):
+                _scalar("workers", rt.num_replicas // max(len(rt.local_replicas), 1))
+                restarts = os.environ.get("TAPAS_ELASTIC_RESTARTS")
+                if restarts:
+                    _scalar("elastic_restarts", float(restarts))
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         info = getattr(self.model, "last_step", None)

@@ -6,8 +6,9 @@ In:  a Runtime (its shards, slots, step counter, seed states, weight layouts, op
      strategy) and a directory.
 Out: :func:`save` writes one ``tf.train.Checkpoint`` file per process plus
      ``tapas-checkpoint.json`` (the layout, :func:`layout`); :func:`restore` reads them back,
-     directly when the layout is the runtime's, else by reassembling every weight and slot
-     from the old shards and cutting it again for this layout ("resharded");
+     directly when the layout is the runtime's, else each local shard and slot from the
+     parts of the old shards that overlap it, reading only those ("resharded",
+     ``tapas.execution.reshard``);
      :func:`write_manifest` records every file's size and SHA-256 (``tapas-manifest.json``),
      :func:`damage` says what of a checkpoint directory no longer matches it (or None);
      :func:`prepare_directory` makes a checkpoint directory and proves it writable;
@@ -27,10 +28,8 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
-from tapas.sharding.placements import Partial, Placement, parse_placement
 
 __all__ = ["CHECKPOINT_META", "MANIFEST", "layout", "save", "restore", "write_manifest",
            "damage", "prepare_directory", "checkpoint_bytes", "check_space", "agree", "CheckpointWriteError",
@@ -252,8 +251,9 @@ def _same_optimizer(meta: Mapping[str, Any], rt: Any) -> bool:
 
 def restore(rt: Any, path: str) -> str:
     """Load a checkpoint written by :func:`save` into ``rt``: directly when the layout is
-    ``rt``'s, else by reassembling each weight and slot from the old shards and cutting it
-    again. Returns "direct" or "resharded"."""
+    ``rt``'s, else each local shard and slot from the parts of the old shards that overlap
+    it, reading only those (``tapas.execution.reshard``; the bytes read are left in
+    ``rt.restore_read_bytes``). Returns "direct" or "resharded"."""
     meta = _read_meta(rt, path)
     old = {w["path"]: w for w in meta["weights"]}
     same = (meta["num_devices"] == rt.num_devices
@@ -272,14 +272,6 @@ def restore(rt: Any, path: str) -> str:
     return "resharded"
 
 
-def _stored_placement(text: str) -> Placement:
-    p = parse_placement(text)
-    if isinstance(p, Partial):
-        raise ValueError("a weight, input or output cannot be placed P (partial sums): "
-                         "patterns reduce their partial sums inside the node")
-    return p
-
-
 def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
     readers = [tf.train.load_checkpoint(os.path.join(path, f[:-len(".index")]))
                for f in sorted(os.listdir(path)) if f.endswith(".index")]
@@ -288,34 +280,9 @@ def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
         for key in reader.get_variable_to_shape_map():
             keys[key] = reader
     n_old = int(meta["num_devices"])   # a mesh row's devices
-
-    def read_row(k: int, suffix: str, p: Placement, row: int) -> np.ndarray:
-        parts = []
-        for j in range(n_old if p.axis is not None else 1):
-            key = f"r{row * n_old + j}/w{k}{suffix}/.ATTRIBUTES/VARIABLE_VALUE"
-            if key not in keys:
-                raise CheckpointDamagedError(f"checkpoint {path} lacks the shard {key}: a "
-                                             "worker's file is missing")
-            parts.append(keys[key].get_tensor(key))
-        return p.unshard(parts)
-
-    def read(k: int, suffix: str, w: Mapping[str, Any]) -> np.ndarray:
-        p = _stored_placement(w["placement"])
-        if w.get("row_axis") is None:
-            return read_row(k, suffix, p, 0)
-        # nested experts: each mesh row holds its part of axis row_axis
-        return np.concatenate([read_row(k, suffix, p, i)
-                               for i in range(int(meta.get("mesh_rows", 1)))],
-                              axis=int(w["row_axis"]))
-
-    values, slots = {}, {k: {} for k in rt.optimizer.slot_names}
+    from tapas.execution import reshard   # each process reads only the old shards it needs
     same_opt = _same_optimizer(meta, rt)
-    for k, w in enumerate(meta["weights"]):
-        values[w["path"]] = read(k, "", w)
-        if w["path"] in rt.trainable_paths and same_opt:
-            for s in rt.optimizer.slot_names:
-                slots[s][w["path"]] = read(k, f"_{s}", w)
-    rt.set_global_weights(values, slots)
+    rt.restore_read_bytes = reshard.restore_shards(rt, meta, keys, same_opt, path)
     values = {}
     for k, p in _state_order(rt, meta, path).items():
         key = next((key for r in range(n_old)   # replicated: any replica's copy

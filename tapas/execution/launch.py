@@ -39,7 +39,11 @@ JOIN_TIMEOUT_EXIT = 75
 
 
 class LaunchError(RuntimeError):
-    """A worker failed, or did not finish before the deadline."""
+    """A worker failed, or did not finish before the deadline; ``worker`` and
+    ``returncode`` name the one that exited non-zero (None after a deadline)."""
+
+    worker: int | None = None
+    returncode: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +106,11 @@ def launch(argv: Callable[[int], Sequence[str]], num_workers: int, *, timeout_s:
                     continue
                 results[i] = WorkerResult(i, proc.returncode, _read(log), time.monotonic() - t0)
                 if proc.returncode != 0:
-                    raise LaunchError(f"worker {i} (127.0.0.1:{ports[i]}) exited with code "
-                                      f"{proc.returncode}; the other workers were stopped. "
-                                      f"Its output ends:\n{_tail(results[i].output)}")
+                    error = LaunchError(f"worker {i} (127.0.0.1:{ports[i]}) exited with code "
+                                        f"{proc.returncode}; the other workers were stopped. "
+                                        f"Its output ends:\n{_tail(results[i].output)}")
+                    error.worker, error.returncode = i, proc.returncode
+                    raise error
             if len(results) < len(procs):
                 if time.monotonic() > deadline:
                     hung = [i for i in procs if i not in results]

@@ -44,7 +44,7 @@ import tensorflow as tf
 from absl import logging
 
 from tapas import capturing
-from tapas.execution import inputs, regularizers, runtime, verify
+from tapas.execution import inputs, materialize, regularizers, runtime, verify
 from tapas.execution.compiled_loss import output_losses
 from tapas.execution import keras_optimizer
 from tapas.execution.keras_optimizer import check_supported, resolve_optimizer
@@ -232,6 +232,12 @@ class ParallelModel:
     def to_keras(self, model: Any = None) -> Any:
         """The global weights written into ``model`` (default: the model parallelized)."""
         return self.runtime.to_keras(self.model if model is None else model)
+
+    def memory_report(self) -> Any:
+        """The plan's predicted memory per device beside each worker's measured peak
+        (``tapas.execution.memory``; every worker must call it: it all-reduces)."""
+        from tapas.execution import memory
+        return memory.memory_report(self)
 
     def audit(self) -> AuditReport:
         """Collectives of the traced training step (trace it first: one ``train_step``)
@@ -511,7 +517,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
             "verify reports the difference. For exact equivalence run training=False.", mesh)
     loss = per_output[0]
     variables = capturing.weights_by_path(model)
-    values = {p: w.numpy() for p, w in variables.items() if p in program.weight_layouts}
+    values = materialize.weight_values(model, program.weight_layouts)   # read one at a time
     start = time.perf_counter()
     rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
                          optimizer=optimizer, loss=loss, keras_variables=variables,

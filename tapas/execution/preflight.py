@@ -52,6 +52,11 @@ def check_options(opts: Any) -> None:
         raise PreflightError(f"--epochs={opts.epochs}: need at least 1 epoch")
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
         raise PreflightError("--checkpoint_every and --resume need --checkpoint_dir=DIR")
+    if getattr(opts, "elastic", False) and (opts.workers < 2 or not opts.checkpoint_dir
+                                            or opts.mesh):
+        raise PreflightError("--elastic restarts a --workers=K job (K >= 2) on the workers "
+                             "that remain from its newest checkpoint: give --workers=K and "
+                             "--checkpoint_dir=DIR (and no --mesh, whose shape is fixed)")
     if opts.devices_per_worker < 1 or (opts.devices_per_worker > 1 and not opts.workers
                                        and not os.environ.get("TF_CONFIG")):
         raise PreflightError(f"--devices_per_worker={opts.devices_per_worker}: it sets the "

@@ -72,7 +72,6 @@ How it maps onto TensorFlow:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import time
@@ -85,7 +84,7 @@ import tensorflow as tf
 from tapas.capturing.tracing import weights_by_path
 from tapas.execution import (checkpoints, compiled_loss, loss_collectives, losses,
                              regularizers, replay, stateful, step_outputs)
-from tapas.execution import gathering
+from tapas.execution import gathering, shards
 from tapas.execution import step_reductions as reductions
 from tapas.execution.collectives import (Audit, KeyedCollectives, KeyedGroup,
                                          ReplicaContextCollectives)
@@ -212,40 +211,17 @@ class Runtime:
                              f"{len(self.input_specs)} input specs were given")
         for spec, p in zip(self.row_specs, self.input_placements):
             self._check_divisible(f"input '{spec.name}'", tuple(spec.shape), p)
-        self.specs: dict[str, WeightLayout] = {}   # the layouts, with the values' dtypes
-        for path, layout in program.weight_layouts.items():
-            if path not in initial_weights:
-                raise ValueError(f"no initial value for weight '{path}'")
-            value = np.asarray(initial_weights[path])
-            shape = tuple(int(d) for d in layout.global_shape)
-            if tuple(value.shape) != shape:
-                raise ValueError(f"weight '{path}': initial value has shape {list(value.shape)}, "
-                                 f"the program expects {list(shape)}")
-            row_axis = getattr(layout, "row_axis", None)
-            if row_axis is not None and (self.rows != layout.rows or shape[row_axis] % self.rows):
-                raise ValueError(f"weight '{path}' of shape {list(shape)} is cut into "
-                                 f"{layout.rows} mesh rows on axis {row_axis} but the runtime "
-                                 f"has {self.rows} rows: build the program for this mesh")
-            placement = parse_placement(layout.placement)
-            spec = WeightLayout(path, shape, tf.as_dtype(value.dtype).name, placement,
-                                (), bool(layout.trainable), row_axis, self.rows)
-            self._check_divisible(f"weight '{path}'", spec.row_shape, placement)
-            self.specs[path] = dataclasses.replace(
-                spec, local_shape=placement.local_shape(spec.row_shape, self.num_devices))
-        self.paths = list(self.specs)
-        self.trainable_paths = [p for p in self.paths if self.specs[p].trainable]
-        self.optimizer = reductions.make_optimizer(self, optimizer, learning_rate,
-                                                   keras_variables or {})
         self.local_replicas = local_replica_ids(strategy)
         self.task_id = task_id(strategy)
         devices = list(strategy.extended.worker_devices)
         self._device = dict(zip(self.local_replicas, devices))
-        self._vars: dict[int, dict[str, tf.Variable]] = {}
-        for r in self.local_replicas:
-            with tf.device(self._device[r]):
-                self._vars[r] = {p: tf.Variable(self._cut(s, initial_weights[p], r),
-                                                trainable=s.trainable, name=f"w{k}_r{r}")
-                                 for k, (p, s) in enumerate(self.specs.items())}
+        # the layouts (with the values' dtypes) and each local replica's shards, one
+        # weight's global value at a time (tapas.execution.shards)
+        self.specs, self._vars = shards.make_shards(self, initial_weights)
+        self.paths = list(self.specs)
+        self.trainable_paths = [p for p in self.paths if self.specs[p].trainable]
+        self.optimizer = reductions.make_optimizer(self, optimizer, learning_rate,
+                                                   keras_variables or {})
         self._init_optimizer_state(devices[0])
         self.states = stateful.StateStore(getattr(program, "states", {}), strategy,
                                           {r: self._device[r] for r in self.local_replicas})
@@ -289,52 +265,8 @@ class Runtime:
 
     def sharing(self, program: Any, input_specs: Sequence[tf.TensorSpec]) -> Runtime:
         """A runtime that runs another program of the same model (e.g. its inference-mode
-        graph) on *this* runtime's weights: the same shard variables where the program lays
-        a weight out as here, the same step counter and learning rate; its own collectives,
-        traced functions and seed states. A weight the program places otherwise gets shard
-        variables of its own (``resynced``), cut from this runtime's global value now and
-        again by :meth:`refresh`."""
-        other = copy.copy(self)
-        other.source, other.resynced = self, []
-        other.specs = dict(self.specs)
-        other._vars = {r: dict(v) for r, v in self._vars.items()}
-        for path, layout in program.weight_layouts.items():
-            if path not in self.specs:
-                raise ValueError(f"weight '{path}' of the other program is not one of this "
-                                 "runtime's: the programs come from different models")
-            spec, placement = self.specs[path], parse_placement(layout.placement)
-            if placement != spec.placement:
-                self._check_divisible(f"weight '{path}'", spec.row_shape, placement)
-                other.specs[path] = dataclasses.replace(
-                    spec, placement=placement,
-                    local_shape=placement.local_shape(spec.row_shape, self.num_devices))
-                other.resynced.append(path)
-        values = self._global(self._vars, other.resynced) if other.resynced else {}
-        for r in self.local_replicas:
-            with tf.device(self._device[r]):
-                for k, path in enumerate(other.resynced):
-                    other._vars[r][path] = tf.Variable(
-                        self._cut(other.specs[path], values[path], r),
-                        trainable=False, name=f"resynced{k}_r{r}")
-        other._dist_vars = self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: other._vars[ctx.replica_id_in_sync_group])
-        other.program, other.row_specs = program, list(input_specs)
-        other.input_specs = [self._global_spec(s) for s in other.row_specs]
-        other.input_placements = [parse_placement(p) for p in program.input_placements]
-        other.output_placements, other.call_loss_placements = \
-            regularizers.split_outputs(program)
-        if self._collectives == self._default_collectives:   # record into its own audits
-            other._collectives = other._default_collectives
-        other.audits, other.trace_seconds, other.graphs, other.loss_comms = {}, {}, {}, []
-        other.dp_audits = {}
-        other.loss_plan, other.weight_placement = None, Replica()
-        other.states = stateful.StateStore(getattr(program, "states", {}), self.strategy,
-                                           {r: self._device[r] for r in self.local_replicas})
-        for name in ("_loss_fn", "_evaluate_fn"):
-            other.__dict__.pop(name, None)
-        other._train_fn = tf.function(other._train_step, autograph=False)
-        other._predict_fn = tf.function(other._predict, autograph=False)
-        return other
+        graph) on *this* runtime's weights (``shards.share``)."""
+        return shards.share(self, program, input_specs)
 
     def refresh(self) -> None:
         """Re-cut the ``resynced`` weights from the source runtime's current values (a
@@ -354,12 +286,8 @@ class Runtime:
         return replica % self.num_devices
 
     def _cut(self, spec: WeightLayout, value: np.ndarray, replica: int) -> np.ndarray:
-        """Replica ``replica``'s part of the global ``value`` of a weight laid out as
-        ``spec``: its row's part first when the weight is cut over the mesh rows (nested
-        experts), then the row placement's shard."""
-        if getattr(spec, "row_axis", None) is not None:
-            value = Split(spec.row_axis).shard(value, self.rows, replica // self.num_devices)
-        return spec.placement.shard(value, self.num_devices, self._j(replica))
+        """Replica ``replica``'s part of the global ``value`` (``shards.cut``)."""
+        return shards.cut(self, spec, value, replica)
 
     def _global_spec(self, spec: tf.TensorSpec) -> tf.TensorSpec:
         """A row's input spec as the global one: axis 0 (the batch) times the rows."""
@@ -1050,16 +978,15 @@ class Runtime:
 
     def to_keras(self, model: Any) -> Any:
         """Write the global weights into the single-device Keras ``model`` (matched by
-        weight path); returns ``model``."""
-        values = self.global_weights()
+        weight path), gathered and assigned one weight at a time; returns ``model``."""
         by_path = weights_by_path(model)
-        missing = [p for p in values if p not in by_path]
+        missing = [p for p in self.paths if p not in by_path]
         if missing:
             raise ValueError(f"the Keras model has no weight {missing[0]!r} (and "
                              f"{len(missing) - 1} more): is it the model this runtime was "
                              "built from?")
-        for p, v in values.items():
-            by_path[p].assign(v)
+        for p in self.paths:
+            by_path[p].assign(self._global(self._vars, [p])[p])
         return model
 
     # -- checkpoints ----------------------------------------------------------------------

@@ -21,15 +21,12 @@ clean-up of every worker) and prints worker 0's report.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
-import sys
-import tempfile
 import time
 from typing import Any
 
+from tapas.execution.train_launch import write_json
 from tapas.execution.train_data import (TrainError, load_npz, load_tfrecord,  # noqa: F401
                                         save_tfrecord, tf_errors)   # (save_tfrecord: re-export)
 
@@ -62,6 +59,8 @@ class TrainOptions:
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
     resume: bool = False              # continue from checkpoint_dir's newest checkpoint
+    # workers: a worker lost restarts the job on the others from the newest checkpoint
+    elastic: bool = False
     tensorboard: str | None = None    # log directory for the scalars
     # a 2-D mesh "ROWSxCOLS" (tapas.planning.mesh): data parallel over the rows, the strategy
     # (made for COLS devices on one row's graph) inside each row; "ROWSxCOLS:experts" also
@@ -108,7 +107,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     if opts.communication_scale is not None:
         _check_communication_scale(opts)
     if opts.workers and not os.environ.get("TF_CONFIG"):
-        return _launch_workers(opts)
+        from tapas.execution.train_launch import launch_workers
+        return launch_workers(opts)
     from tapas.execution import devices
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -138,11 +138,12 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         report["communication_calibration"] = None if comm is None else comm.to_json()
         report["activation_communication_scale"] = (None if comm is None
                                                     else comm.activation_communication_scale)
+    from tapas.execution import train_job
     from tapas.execution.runtime import StepError
     try:
-        check = None if opts.is_job else _run_steps(opts, pm, xs, y, report, say)
+        check = None if opts.is_job else train_job.run_steps(opts, pm, xs, y, report, say)
         if opts.is_job:
-            _run_job(opts, pm, xs, y, report, say)
+            train_job.run_job(opts, pm, xs, y, report, say)
     except StepError as e:   # a failed step, weights unchanged: its cause, not a traceback
         hint = (" (a learning rate too large for the model, or NaN/inf in the data: check "
                 "--learning_rate and --data)" if "not finite" in str(e) else "")
@@ -157,10 +158,13 @@ def train(opts: TrainOptions) -> dict[str, Any]:
             report["mesh"] = _say_mesh_audit(pm, opts.mesh, say)
     if check is not None:
         _say_verify(check, say)
+    mem = pm.memory_report()   # every worker: the measurements are all-reduced
+    report["memory"] = mem.to_json()
+    say("\n" + mem.table())
     report["timings"] = {k: round(v, 4) for k, v in timings.items()}
     say("\nphase timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
     if opts.json_out and chief:
-        _write_json(opts.json_out, report)
+        write_json(opts.json_out, report)
     if check is not None and not check["ok"]:
         raise TrainError("verify failed: the parallel program differs from the single-device "
                          "model (see the table above)")
@@ -200,6 +204,21 @@ def _say_setup(pm: Any, opts: TrainOptions, say: Any) -> None:
         + (" (the model's compiled optimizer)" if opts.optimizer is None else ""))
     say("mode: " + ("training (dropout on, batch-norm moving statistics updated)" if pm.training
                     else "inference (dropout off, moving statistics fixed)"))
+
+
+def _build_zoo(entry: Any, opts: TrainOptions) -> Any:
+    """The zoo model compiled with its optimizer and loss (seed 0). Its weights are left
+    unallocated (``tapas.execution.materialize.build_lazily``: each worker then creates
+    only its shards) unless something runs the Keras model itself: ``--verify`` and the
+    ``measure`` calibrations."""
+    from tapas.execution import materialize
+    eager = opts.verify or any(v is not None for v in (opts.compute_scale, opts.kernel_times,
+                                                         opts.communication_scale))
+    if eager:
+        return entry.build_compiled(seed=0)
+    model = materialize.build_lazily(lambda: entry.build(seed=0))
+    model.compile(optimizer=entry.keras_optimizer(), loss=entry.keras_loss())
+    return model
 
 
 def _check_npz(opts: TrainOptions, model: Any, specs: Any, loss: Any) -> None:
@@ -246,7 +265,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         name = os.path.basename(name)
     else:
         entry = models.get(name)
-        model = entry.build_compiled(seed=0)   # its optimizer and loss, as a user compiles it
+        model = _build_zoo(entry, opts)   # compiled as a user would; lazily if it can be
         xs, y = entry.synthetic_batch(opts.batch_size)
         xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
     timings["build"] = time.perf_counter() - start
@@ -514,120 +533,6 @@ def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any,
     return model, specs, xs, y, loss
 
 
-def _run_steps(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any],
-               say: Any) -> dict[str, Any] | None:
-    """``opts.steps`` training steps (side by side with Keras when ``opts.verify``), their
-    losses, times and throughput into ``report``; returns the verify report, if any."""
-    say(f"\n{'step':>4} {'loss':>12} {'keras loss':>12} {'seconds':>9}")
-    step_times: list[float] = []
-
-    def on_step(step: int, loss: float, ref: float | None, seconds: float) -> None:
-        step_times.append(seconds)
-        ref_text = f"{ref:>12.6f}" if ref is not None else f"{'':>12}"
-        say(f"{step + 1:>4} {loss:>12.6f} {ref_text} {seconds:>9.3f}")
-
-    check = None
-    if opts.verify:
-        check = pm.verify(xs, y, steps=opts.steps, on_step=on_step)
-        report["verify"] = check
-        report["losses"] = [a for a, _ in check["losses"]]
-    else:
-        losses = []
-        for step in range(opts.steps):
-            t = time.perf_counter()
-            losses.append(pm.train_step(xs, y))
-            on_step(step, losses[-1], None, time.perf_counter() - t)
-        report["losses"] = losses
-    later = step_times[1:]
-    report["step_seconds"] = step_times
-    if later:
-        mean = sum(later) / len(later)
-        report["throughput_examples_per_s"] = len(y) / mean
-        say(f"\nstep time {mean:.3f} s after the first (first step, with tracing: "
-            f"{step_times[0]:.2f} s); throughput {len(y) / mean:.1f} examples/s")
-    return check
-
-
-def _run_job(opts: TrainOptions, pm: Any, xs: Any, y: Any, report: dict[str, Any],
-             say: Any) -> None:
-    """A training job through ``ParallelModel.fit``: the --data file (epochs of it) or the
-    synthetic batch (--steps steps per epoch), checkpoints, resume, TensorBoard; the loss of
-    every step, the epochs' losses and where it resumed into ``report``."""
-    import keras
-
-    from tapas.execution import fit as fit_mod
-    from tapas.progress import ProgressBar
-    if opts.data:
-        try:
-            if opts.data.endswith(".npz"):
-                x, targets = load_npz(opts.data, pm)
-            else:
-                x, targets = load_tfrecord(opts.data, pm), None
-        except (OSError, ValueError, tf_errors()) as e:
-            raise TrainError(f"--data={opts.data}: {e}") from None
-        steps_per_epoch = None
-    else:
-        x, targets, steps_per_epoch = xs, y, opts.steps
-    epochs = opts.epochs or 1
-    if opts.resume:
-        from tapas.execution import preflight
-        preflight.say_resume(opts, say)
-    # on a terminal, a progress bar per epoch (ETA) instead of a line per step
-    bar = ProgressBar("epoch", delay=0.0) if pm.runtime.task_id == 0 else None
-    if bar is None or not bar.enabled:
-        bar = None
-        say(f"\n{'epoch':>5} {'step':>6} {'loss':>12} {'seconds':>9}")
-    losses: list[float] = []
-    step_times: list[float] = []
-    state = {"epoch": 0}
-
-    class Printer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            state["epoch"] = epoch
-            if bar is not None:
-                bar.phase(f"epoch {epoch + 1}/{epochs}", (self.params or {}).get("steps"))
-
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            info = self.model.last_step
-            losses.append(info["loss"])
-            step_times.append(info["seconds"])
-            if bar is not None:
-                bar.update(batch + 1, detail=f"step {info['step']}, loss {info['loss']:.6f}")
-                return
-            say(f"{state['epoch'] + 1:>5} {info['step']:>6} {info['loss']:>12.6f} "
-                f"{info['seconds']:>9.3f}")
-
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            if bar is not None:
-                bar.close()
-            say(f"epoch {epoch + 1}/{epochs}: " + ", ".join(f"{k} {v:.6f}" for k, v in
-                                                          (logs or {}).items()))
-
-    try:
-        with bar or contextlib.nullcontext():
-            history = pm.fit(x, targets, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                             verbose=0, callbacks=[Printer()],
-                             checkpoint_dir=opts.checkpoint_dir,
-                             checkpoint_every=opts.checkpoint_every, resume=opts.resume,
-                             tensorboard=opts.tensorboard)
-    except (ValueError, FileNotFoundError, fit_mod.WorkerLostError, tf_errors()) as e:
-        raise TrainError(str(e)) from None
-    if opts.resume:   # the checkpoint read, after any damaged newer one was skipped
-        report["resumed_from"] = getattr(history, "resumed_from", None)
-    report.update({"losses": losses, "step_seconds": step_times, "epochs": epochs,
-                   "history": history.history, "step": int(pm.runtime.iterations.numpy())})
-    if opts.checkpoint_dir:
-        report["checkpoint"] = fit_mod.latest_checkpoint(opts.checkpoint_dir)
-        say(f"\ncheckpoint: {report['checkpoint']} (step {report['step']})")
-    later = step_times[1:]
-    if later:
-        mean = sum(later) / len(later)
-        batch = int(pm.inputs.specs[0].shape[0])
-        report["throughput_examples_per_s"] = batch / mean
-        say(f"step time {mean:.3f} s after the first (first step, with tracing: "
-            f"{step_times[0]:.2f} s); throughput {batch / mean:.1f} examples/s")
-
-
 def _say_verify(check: dict[str, Any], say: Any) -> None:
     """The verify table: per quantity, the largest difference and whether it is ok."""
     say("\nverify against the single-device Keras model (rtol 1e-5, atol 1e-5 x the "
@@ -670,75 +575,3 @@ def _is_chief(distribute: Any) -> bool:
 def _device_names(distribute: Any) -> list[str]:
     return [d.rsplit("/", 1)[-1] if "/device:" in d else d
             for d in distribute.extended.worker_devices]
-
-
-def _write_json(path: str, report: dict[str, Any]) -> None:
-    d = os.path.dirname(path)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2, default=str)
-
-
-def _launch_workers(opts: TrainOptions) -> dict[str, Any]:
-    from tapas.execution import launch
-    fd, report_path = tempfile.mkstemp(suffix=".json", prefix="tapas-train-")
-    os.close(fd)
-    argv = [sys.executable, "-m", "tapas.cli", "train", f"--model={opts.model or ''}",
-            f"--devices={opts.workers * opts.devices_per_worker}",
-            f"--devices_per_worker={opts.devices_per_worker}", f"--steps={opts.steps}",
-            f"--cluster={opts.cluster}",
-            f"--verify={str(opts.verify).lower()}", f"--json_out={report_path}",
-            "--workers=0"]
-    if opts.training is not None:
-        argv.append(f"--training={str(opts.training).lower()}")
-    argv = [a for a in argv if a != "--model="]
-    if opts.strategy:
-        argv.append(f"--strategy={opts.strategy}")
-    if opts.learning_rate is not None:
-        argv.append(f"--learning_rate={opts.learning_rate}")
-    if opts.optimizer is not None:
-        argv.append(f"--optimizer={opts.optimizer}")
-    if opts.batch_size is not None:
-        argv.append(f"--batch_size={opts.batch_size}")
-    if opts.memory_budget_gib is not None:
-        argv.append(f"--memory_budget_gib={opts.memory_budget_gib}")
-    for flag in ("data", "epochs", "checkpoint_dir", "checkpoint_every", "tensorboard",
-                 "compute_scale", "kernel_times", "communication_scale"):
-        if getattr(opts, flag) is not None:
-            argv.append(f"--{flag}={getattr(opts, flag)}")
-    if opts.resume:
-        argv.append("--resume")
-    if opts.mesh:
-        argv.append(f"--mesh={opts.mesh}")
-    argv.append(f"--graph_optimization={opts.graph_optimization}")
-    print(f"launching {opts.workers} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)",
-          flush=True)
-    try:
-        results = launch.launch(lambda i: argv, opts.workers, timeout_s=opts.timeout_s)
-        print(results[0].output, end="")
-        with open(report_path) as f:
-            report = json.load(f)
-    except launch.LaunchError as e:
-        if opts.json_out:   # what the chief reported before the failure (e.g. verify's table)
-            try:
-                with open(report_path) as f:
-                    partial = json.load(f)
-            except (OSError, ValueError):
-                partial = None
-            if partial:
-                _write_json(opts.json_out, {**partial, "error": str(e)})
-        hint = ""
-        if opts.checkpoint_dir:
-            from tapas.execution import fit as fit_mod
-            newest = fit_mod.latest_checkpoint(opts.checkpoint_dir)
-            hint = (f"\nto continue from the newest checkpoint ({newest}), run the same "
-                    "command with --resume" if newest else
-                    "\nno checkpoint was written yet; run the command again")
-        raise TrainError(f"{e}{hint}") from None
-    finally:
-        os.unlink(report_path)
-    report["worker_seconds"] = [round(r.seconds, 2) for r in results]
-    if opts.json_out:
-        _write_json(opts.json_out, report)
-    return report

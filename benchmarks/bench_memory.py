@@ -1,0 +1,118 @@
+"""Benchmark: peak memory per worker on 1, 2 and 4 workers beside the plan's prediction.
+
+    python benchmarks/bench_memory.py [--model=t5-small] [--workers=1,2,4]
+        [--budget_gib=1.8] [--baseline=t5-tiny] [--steps=2] [--json_out=PATH]
+
+For each worker count K, ``tapas train --model=MODEL --workers=K --steps=STEPS
+--memory_budget_gib=BUDGET/K`` (the search made to fit the model's training state into K
+devices, the budget raised by 25 % steps when no plan fits it; the zoo model built with its weights unallocated, each worker creating only its
+shards: ``tapas.execution.materialize``) and its memory report (``tapas.execution.memory``):
+per worker the plan's predicted bytes for its device and the peak resident set of its
+process. The bound each worker should stay within: the prediction plus the runtime's fixed
+overhead (the peak RSS of ``--baseline``, a tiny model, on one worker, minus its own
+prediction) plus the model's largest single weight (what materialization holds at once).
+Prints a table and writes JSON (default ``benchmarks/results/bench_memory_<model>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 2.0 ** 20
+
+
+def _train(model: str, workers: int, steps: int, budget: float | None) -> dict:
+    """One ``tapas train`` run's report (its memory rows, the time it took)."""
+    fd, out = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    argv = [sys.executable, "-m", "tapas.cli", "train", f"--model={model}",
+            f"--workers={workers}", f"--steps={steps}", f"--json_out={out}"]
+    if budget is not None:
+        argv.append(f"--memory_budget_gib={budget}")
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-3000:]}")
+    with open(out) as f:
+        report = json.load(f)
+    os.unlink(out)
+    report["wall_seconds"] = time.perf_counter() - start
+    return report
+
+
+def _largest_weight(model: str) -> int:
+    """The model's largest single weight in bytes (from shapes; nothing allocated)."""
+    import numpy as np
+
+    from tapas import models
+    from tapas.execution import materialize
+    entry = models.get(model)
+    built = materialize.build_lazily(lambda: entry.build(seed=0))
+    return max(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in built.weights)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="t5-small")
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--budget_gib", type=float, default=1.8)
+    parser.add_argument("--baseline", default="t5-tiny")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--json_out", default=None)
+    args = parser.parse_args()
+    base = _train(args.baseline, 1, args.steps, None)["memory"]
+    overhead = base["workers"][0]["peak_rss_bytes"] - base["workers"][0]["predicted_bytes"]
+    largest = _largest_weight(args.model)
+    rows = []
+    print(f"{args.model}: fixed overhead {overhead / MIB:.0f} MiB ({args.baseline}, one "
+          f"worker), largest weight {largest / MIB:.1f} MiB")
+    print(f"{'workers':>7} {'worker':>6} {'predicted MiB':>14} {'peak RSS MiB':>13} "
+          f"{'bound MiB':>10} {'within':>7} {'seconds':>8}")
+    for k in [int(w) for w in args.workers.split(",")]:
+        budget = args.budget_gib / k
+        for _ in range(4):   # no plan within the budget: 25 % more, said in the JSON
+            try:
+                report = _train(args.model, k, args.steps, budget)
+                break
+            except RuntimeError as e:
+                if "no strategy fits the memory budget" not in str(e):
+                    raise
+                budget *= 1.25
+        else:
+            raise RuntimeError(f"no plan of {args.model} on {k} devices within "
+                               f"{budget:.2f} GiB")
+        for w in report["memory"]["workers"]:
+            bound = w["predicted_bytes"] + overhead + largest
+            row = {"workers": k, "worker": w["worker"], "predicted_bytes": w["predicted_bytes"],
+                   "peak_rss_bytes": w["peak_rss_bytes"], "bound_bytes": bound,
+                   "within": w["peak_rss_bytes"] <= bound,
+                   "parts": report["memory"]["parts"], "budget_gib": budget,
+                   "wall_seconds": round(report["wall_seconds"], 1)}
+            rows.append(row)
+            print(f"{k:>7} {w['worker']:>6} {w['predicted_bytes'] / MIB:>14.1f} "
+                  f"{w['peak_rss_bytes'] / MIB:>13.1f} {bound / MIB:>10.1f} "
+                  f"{str(row['within']):>7} {row['wall_seconds']:>8.1f}")
+    out = args.json_out or os.path.join(ROOT, "benchmarks", "results",
+                                        f"bench_memory_{args.model}.json")
+    with open(out, "w") as f:
+        json.dump({"model": args.model, "baseline": args.baseline, "steps": args.steps,
+                   "budget_gib": args.budget_gib, "overhead_bytes": overhead,
+                   "largest_weight_bytes": largest, "rows": rows,
+                   "date": datetime.date.today().isoformat(), "cpus": os.cpu_count()},
+                  f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    main()

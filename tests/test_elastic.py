@@ -1,0 +1,89 @@
+"""``tapas train --workers=K --elastic``: a worker killed mid-epoch, the job restarts by
+itself on the workers that remain from the newest checkpoint (resharded for them, the plan
+drawn again for the new device count) and reaches the requested step count."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from tests import command
+from tests.test_fit import _two_input_model, _worker_pid
+from tests.test_memory import _reassembled
+
+EPOCHS, BATCHES = 4, 5   # 42 examples: 5 batches of 8 an epoch
+
+
+def _scalars(logdir) -> dict:
+    """``{tag: {step: value}}`` of every event file under ``logdir`` (the later write of a
+    step wins, as TensorBoard shows a redone step)."""
+    import tensorflow as tf
+    out: dict = {}
+    for name in sorted(os.listdir(logdir), key=lambda n: os.path.getmtime(logdir / n)):
+        for event in tf.compat.v1.train.summary_iterator(str(logdir / name)):
+            for v in event.summary.value:
+                if v.HasField("tensor"):
+                    out.setdefault(v.tag, {})[event.step] = float(tf.make_ndarray(v.tensor))
+    return out
+
+
+def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
+    from tapas.execution import fit
+    model = _two_input_model()
+    model.compile("sgd", "mse")
+    model.save(tmp_path / "m.keras")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", a=rng.standard_normal((42, 6)).astype("float32"),
+             b=rng.standard_normal((42, 4)).astype("float32"),
+             y=rng.standard_normal((42, 3)).astype("float32"))
+    common = [f"--model={tmp_path / 'm.keras'}", f"--data={tmp_path / 'd.npz'}",
+              "--strategy=random:0", f"--epochs={EPOCHS}"]
+    ck, out_json = tmp_path / "ck", tmp_path / "elastic.json"
+    argv = [sys.executable, "-m", "tapas.cli", "train", *common, "--workers=3", "--elastic",
+            f"--checkpoint_dir={ck}", "--checkpoint_every=3", f"--json_out={out_json}",
+            f"--tensorboard={tmp_path / 'tb'}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=command.ROOT)
+    try:
+        deadline = time.monotonic() + 150
+        while not fit.list_checkpoints(str(ck)) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        victim = _worker_pid(proc.pid, 1)
+        assert victim is not None and proc.poll() is None, "the job ended before the kill"
+        os.kill(victim, signal.SIGKILL)   # a process this test started (via the launcher)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+    assert "elastic: worker 1 lost (exit code -9); restarting on 2 workers from" in out, out
+    report = json.loads(out_json.read_text())
+    assert report["elastic"] == [{"lost_worker": 1, "exit_code": -9, "workers": 2}]
+    assert report["workers"] == 2 and report["step"] == EPOCHS * BATCHES
+    assert len(report["history"]["loss"]) == EPOCHS
+    start = int(os.path.basename(report["resumed_from"]).split("-")[1])
+    assert 3 <= start < EPOCHS * BATCHES
+    assert len(report["losses"]) == EPOCHS * BATCHES - start   # nothing skipped
+    # TensorBoard: 3 workers from step 0, 2 (and one restart) from the resume point
+    scalars = _scalars(tmp_path / "tb")
+    assert scalars["workers"][0] == 3 and scalars["workers"][start] == 2
+    assert scalars["elastic_restarts"] == {start: 1.0}
+    assert max(scalars["loss"]) == EPOCHS * BATCHES
+    # the same job without the loss, on 2 devices: the same weights up to float rounding
+    # (the steps before the restart ran under the 3-device plan)
+    ref = tmp_path / "ref"
+    proc = command.run_tapas("train", *common, "--devices=2", f"--checkpoint_dir={ref}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ours = _reassembled(ck / os.path.basename(fit.latest_checkpoint(str(ck))))
+    theirs = _reassembled(ref / os.path.basename(fit.latest_checkpoint(str(ref))))
+    assert sorted(ours) == sorted(theirs)
+    for k in ours:
+        np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-4, atol=1e-5, err_msg=k)
