@@ -11,8 +11,6 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
 * :mod:`tapas.execution.stateful`: training-mode graphs: seed states, dropout masks, variable
   writes (batch norm's moving statistics).
 * :mod:`tapas.execution.collectives`: the collectives (simulated or ``ReplicaContext``).
-* :mod:`tapas.execution.audit`: the collectives a plan predicts against those recorded.
-* :mod:`tapas.execution.verify`: the sharded program against the single-device model.
 * :mod:`tapas.execution.runtime`: shards and the training step under a tf.distribute strategy.
 * :mod:`tapas.execution.devices`, :mod:`tapas.execution.keras_optimizer`,
   :mod:`tapas.execution.checkpoints`: its devices and strategies, the model's Keras
@@ -24,14 +22,8 @@ Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with 
   global batch.
 * :mod:`tapas.execution.train`, :mod:`tapas.execution.launch`: ``tapas train`` and its
   loopback worker processes.
-* :mod:`tapas.execution.profiling`: ``tapas profile``: the runtime's collectives and compute
-  timed on the devices, fitted (``tapas.planning.calibrate``) into a cluster file.
-* :mod:`tapas.execution.compute_scale`: one model's compute factor
-  (``CostOptions.compute_scale``): its replicated step timed at two batch sizes against the
-  cost model's price.
-* :mod:`tapas.execution.kernels`: each kernel of a model's patterns timed at its local
-  shapes (``CostOptions.kernel_times``).
-* :mod:`tapas.execution.communication_scale`: one model's communication factor
-  (``CostOptions.communication_scale``): its data-parallel step timed with and without its
-  collectives against the cost model's price of them.
+* :mod:`tapas.execution.checking`: the sharded program against the single-device model
+  (``verify``, ``keras_reference``), the collective audit, the pattern checker.
+* :mod:`tapas.execution.calibration`: ``tapas profile`` and one model's compute,
+  communication and kernel timings, fitted into the cost model's constants.
 """

@@ -44,11 +44,12 @@ import tensorflow as tf
 from absl import logging
 
 from tapas import capturing
-from tapas.execution import inputs, regularizers, runtime, verify
+from tapas.execution import inputs, regularizers, runtime
+from tapas.execution.checking import verify
 from tapas.execution.compiled_loss import output_losses
 from tapas.execution.keras_optimizer import check_supported, resolve_optimizer
 from tapas.execution.devices import make_strategy
-from tapas.execution.audit import AuditReport, predicted_comm_list
+from tapas.execution.checking.audit import AuditReport, predicted_comm_list
 from tapas.planning.cost import Cluster
 
 __all__ = ["parallelize", "ParallelModel", "random_plan", "loss_object"]
@@ -257,7 +258,7 @@ class ParallelModel:
         hyper-parameters) and the weights and losses after them. Trains ``self.model`` as
         the reference; needs a fresh ParallelModel (no step taken yet). ``on_step(step,
         loss, keras_loss, seconds of the parallel step)`` is called after each step
-        (``tapas.execution.verify.verify_with_keras``)."""
+        (``tapas.execution.checking.verify.verify_with_keras``)."""
         return verify.verify_with_keras(self, self.inputs.flatten(x), y, steps, on_step)
 
 

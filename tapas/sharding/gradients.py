@@ -10,7 +10,7 @@ Out: :class:`GradientFlow`: the tensors computed from a gradient source (``forwa
 TensorFlow only runs the backward of a value that lies on a path from a source (a
 trainable weight, or a float input when input gradients are asked for) to the loss, and
 never through an op without a gradient (``ArgMax``, comparisons, ``Shape``...). The
-collective audit (``tapas.execution.audit``) uses this to leave out backward collectives
+collective audit (``tapas.execution.checking.audit``) uses this to leave out backward collectives
 that the program never runs.
 """
 

@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from tapas import ir
 from tapas.capturing.tracing import states_by_path, weights_by_path
-from tapas.execution import keras_reference
-from tapas.execution.keras_reference import reference_loss, reference_sensitivity
+from tapas.execution.checking import keras_reference
+from tapas.execution.checking.keras_reference import reference_loss, reference_sensitivity
 from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
 from tapas.sharding.gradients import NO_GRADIENT
 from tapas.sharding.placements import Placement, Split
@@ -440,7 +440,7 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
             "function with other random numbers. Verify with training=False (the same "
             "model, no random draws), check the plan in training mode against the graph "
             "replayed on one device with the same draws "
-            "(tapas.execution.verify.compare_with_single_device; scripts/equivalence.py "
+            "(tapas.execution.checking.verify.compare_with_single_device; scripts/equivalence.py "
             "--modes=training does so), or build the model with Keras 3 layers (their "
             "dropout draws from seed states, which verify replays)")
     if int(rt.iterations.numpy()) != 0:

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas import ir
-from tapas.execution import audit, verify
+from tapas.execution.checking import audit, verify
 from tapas.execution.plan import Plan, ReconstructError
 from tapas.sharding import patterns
 
@@ -73,7 +73,7 @@ def check_node_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.nda
     """(number checked, failure messages) for every pattern of every GraphNode of ``graph``
     (the first GraphNode of each signature: identical nodes have identical patterns).
     ``values`` holds the value of every GraphNode input
-    (:func:`tapas.execution.verify.intermediate_values`). GraphNodes joined by variants (a
+    (:func:`tapas.execution.checking.verify.intermediate_values`). GraphNodes joined by variants (a
     TensorArray's list handle, which has no value to feed or compare) are checked together:
     each pattern of one of them with the others replicated."""
     failures: list[str] = []
@@ -127,9 +127,9 @@ def check_nested_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.n
     (``tapas.planning.experts.nested_patterns``; the first GraphNode of each signature),
     rebuilt alone with its experts cut over the rows, the tokens exchanged over the columns
     and the pattern in each row, all ``rows * num_devices`` replicas simulated
-    (``tapas.execution.verify.compare_nested``), against the GraphNode on one device run on
+    (``tapas.execution.checking.verify.compare_nested``), against the GraphNode on one device run on
     each row's share. ``values``: every GraphNode input's value in one row's graph
-    (:func:`tapas.execution.verify.intermediate_values`); the other rows get fresh random
+    (:func:`tapas.execution.checking.verify.intermediate_values`); the other rows get fresh random
     tokens (floats) or copies (integers), so that rows differ."""
     from tapas.planning import experts
     region = experts.ExpertRegion.of(graph, rows)

@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from tapas.execution.compute_scale import (check_measured_factor, paired_difference,
+from tapas.execution.calibration.compute_scale import (check_measured_factor, paired_difference,
                                            resolve_measured_factor, time_pairs)
 
 __all__ = ["CommunicationCalibration", "ActivationCalibration", "calibrate_communication",
@@ -414,7 +414,7 @@ def scale_from_pairs(num_devices: int, full: list[float], local: list[float],
 def check_communication_scale(value: Any, cluster_name: str) -> float | None:
     """``--communication_scale`` checked without measuring anything: the factor, or None
     for ``"measure"`` (a preset ``cluster_name`` refused:
-    ``tapas.execution.compute_scale.check_measured_factor``)."""
+    ``tapas.execution.calibration.compute_scale.check_measured_factor``)."""
     return check_measured_factor(value, cluster_name, "communication_scale", "0.6",
                                  "alpha and beta")
 
