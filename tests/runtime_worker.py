@@ -41,7 +41,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tapas.execution.verify import compare  # noqa: E402
+from tapas.execution.checking.verify import compare  # noqa: E402
 from tapas.sharding.placements import Replica, Split# noqa: E402
 
 BATCH, D_IN, HIDDEN, CLASSES = 8, 8, 16, 12

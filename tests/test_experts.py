@@ -192,7 +192,8 @@ def test_keras_hub_moe_nested_matches_one_device(name: str) -> None:
 
     from models import corpus
     from tapas import capturing
-    from tapas.execution import checker, parallel, verify
+    from tapas.execution import parallel
+    from tapas.execution.checking import checker, verify
     model, specs = corpus.get(name).build(batch=4)
     row = tf.nest.map_structure(lambda s: tf.TensorSpec([s.shape[0] // 2] + s.shape[1:],
                                                         s.dtype, name=s.name), specs)

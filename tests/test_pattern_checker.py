@@ -17,7 +17,7 @@ import keras
 
 from tapas import capturing, models
 from tapas.sharding import patterns
-from tapas.execution import checker, verify
+from tapas.execution.checking import checker, verify
 from tapas.ir import Kind
 
 

@@ -10,7 +10,7 @@ import keras
 
 from tapas import capturing, models
 from tapas.sharding import patterns, placements
-from tapas.execution import audit, verify
+from tapas.execution.checking import audit, verify
 from tapas.execution import reconstruct as rc
 from tapas.planning.cost import Cluster
 from tapas.sharding.placements import Collective
