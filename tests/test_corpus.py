@@ -112,7 +112,8 @@ def test_model_garden_sparse_mixer_runs_the_collectives_its_plans_predict():
     prediction had one (a reader counted as passing a gradient through any output):
     random plans on 2 simulated shards equal one device and run what they predict."""
     from tapas import capturing
-    from tapas.execution import parallel, reconstruct
+    from tapas.execution import parallel
+    from tapas.execution.program import reconstruct
     from tapas.execution.checking import audit, checker, verify
     model, specs = corpus.get("tfm-sparse-mixer").build()
     trace = capturing.trace(model, specs)

@@ -219,8 +219,8 @@ def test_plans_that_cannot_nest_are_refused_with_the_reason(moe: Any) -> None:
     import keras
 
     from tapas import capturing, models
-    from tapas.execution.plan import Plan, ReconstructError
-    from tapas.execution.reconstruct import Program
+    from tapas.execution.program.plan import Plan, ReconstructError
+    from tapas.execution.program.reconstruct import Program
     entry = models.get("moe-tiny")
     keras.utils.set_random_seed(0)
     model = entry.build(seed=0)

@@ -521,7 +521,7 @@ def test_every_nested_expert_pattern_matches_one_device(rows, num_devices):
 def test_the_nested_checker_catches_a_wrong_exchange():
     """Break the all-to-all back out of the expert region (the experts come back in reverse
     order): every nested pattern differs from one device and the checker says so."""
-    from tapas.execution import reconstruct
+    from tapas.execution.program import reconstruct
     t, g, values = _captured("moe-tiny")
     original = reconstruct._Run._exchanged
 

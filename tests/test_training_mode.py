@@ -1,4 +1,4 @@
-"""Training mode (tapas.execution.stateful): dropout and batch norm as ``model.fit`` runs them,
+"""Training mode (tapas.execution.program.stateful): dropout and batch norm as ``model.fit`` runs them,
 rebuilt exactly on N devices.
 
 In this process (no devices): the training-mode capture's GraphNodes get sharded patterns
@@ -30,10 +30,11 @@ import pytest
 import tensorflow as tf
 
 from tapas import capturing
-from tapas.execution import parallel, reconstruct
+from tapas.execution import parallel
+from tapas.execution.program import reconstruct
 from tapas.execution.checking import checker, verify
 from worker_main import run_worker  # tests/worker_main.py
-from tapas.execution.collectives import SimulatedCollectives
+from tapas.execution.program.collectives import SimulatedCollectives
 from tapas.sharding import patterns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

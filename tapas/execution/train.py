@@ -67,7 +67,7 @@ class TrainOptions:
     # (made for COLS devices on one row's graph) inside each row; "ROWSxCOLS:experts" also
     # splits the MoE experts over the rows (tapas.planning.experts)
     mesh: str | None = None
-    # Grappler's options for the step functions (tapas.execution.replay.graph_optimization)
+    # Grappler's options for the step functions (tapas.execution.program.replay.graph_optimization)
     graph_optimization: str = "lean"
     # search: a factor on every plan's compute, or "measure" (the model's own, timed on the
     # run's devices first: tapas.execution.calibration.compute_scale); None: the cluster's rates
@@ -84,7 +84,7 @@ class TrainOptions:
     def keras_optimizer(self) -> Any:
         """``--optimizer`` as ``tapas.parallelize`` takes it: None (the model's compiled
         one), a name, or the config read from a JSON file (ValueError if unreadable)."""
-        from tapas.execution.keras_optimizer import optimizer_from_flag
+        from tapas.execution.training.keras_optimizer import optimizer_from_flag
         return optimizer_from_flag("--optimizer", self.optimizer)
 
     @property
@@ -234,7 +234,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     ``--compute_scale=measure`` calibration, the ``--kernel_times`` and the
     ``--communication_scale=measure`` calibration (None without them)."""
     from tapas import models
-    from tapas.execution import parallel, reconstruct
+    import tapas.execution.parallel as parallel, tapas.execution.program.reconstruct as reconstruct
     from tapas.planning.cost import Cluster
     n = distribute.num_replicas_in_sync
     mesh = _mesh(opts, n)

@@ -136,7 +136,7 @@ def without_communication() -> Iterator[None]:
     processes the workers' steps would no longer meet."""
     import tensorflow as tf
 
-    from tapas.execution import collectives as c
+    from tapas.execution.program import collectives as c
 
     def local_sum(self: Any, xs: list) -> list:
         return [x + tf.zeros([], x.dtype) if x.dtype != tf.bool else tf.identity(x)
@@ -272,7 +272,7 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
     from tapas import capturing
     from tapas.execution import inputs, parallel
     from tapas.execution.devices import make_strategy, process_count
-    from tapas.execution.plan import Plan
+    from tapas.execution.program.plan import Plan
     from tapas.planning.strategy import graph_digest
     from tapas.sharding.patterns import pattern_by_name
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or \

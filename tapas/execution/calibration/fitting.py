@@ -346,7 +346,7 @@ def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device
         "device_peak_flops": f"{measured}: float32 matmul FLOP/s per device, all devices "
                              "computing at once",
         "epsilon": f"{measured}: each primitive's fit slope / the all-reduce's, as the "
-                   "runtime implements it (tapas/execution/collectives.py)",
+                   "runtime implements it (tapas/execution/program/collectives.py)",
         "gamma": (f"{measured}: visible fraction of an all-reduce launched beside independent "
                   "compute" if gamma is not None else
                   f"not measured: CostOptions' prior {DEFAULT_GAMMA}"),

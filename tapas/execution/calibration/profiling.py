@@ -38,7 +38,7 @@ from tapas.execution.calibration.compute_rates import (compute_rates, conv_rate,
 from tapas.execution.calibration.fitting import (KIB, MIB, FitError, Profile, fit_collectives,
                                                  fit_gamma, parse_sizes, profiled_cluster)
 from tapas.execution.calibration.timing import Timer, run_collective
-from tapas.execution.collectives import ReplicaContextCollectives
+from tapas.execution.program.collectives import ReplicaContextCollectives
 from tapas.execution.devices import make_strategy, process_count
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
 from tapas.sharding.placements import Collective

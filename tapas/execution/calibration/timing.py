@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tapas.execution.collectives import Audit, ReplicaContextCollectives
+from tapas.execution.program.collectives import Audit, ReplicaContextCollectives
 from tapas.sharding.placements import Collective
 
 __all__ = ["Timer", "run_collective", "MIN_POINT_SECONDS", "EXTRA_REPEATS"]

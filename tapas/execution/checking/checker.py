@@ -11,7 +11,7 @@ Out: :func:`check_node_patterns` -- every ShardingPattern ``tapas.sharding.patte
      may give an expert GraphNode); :func:`check_plan` -- the same for a
      whole-model plan; :func:`synthetic_inputs` -- valid inputs for a captured graph.
 
-A pattern the search may choose must be buildable: one that :mod:`tapas.execution.reconstruct`
+A pattern the search may choose must be buildable: one that :mod:`tapas.execution.program.reconstruct`
 refuses (``ReconstructError``, or TensorFlow refusing a replayed op) is reported as
 "cannot be rebuilt", so the checker catches patterns that are valid on paper and fail at
 ``tapas.parallelize`` (docs/sharding.md, *the pattern checker*).
@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tapas import ir
 from tapas.execution.checking import audit, verify
-from tapas.execution.plan import Plan, ReconstructError
+from tapas.execution.program.plan import Plan, ReconstructError
 from tapas.sharding import patterns
 
 __all__ = ["synthetic_inputs", "check_node_patterns", "check_nested_patterns", "check_plan",
@@ -176,7 +176,7 @@ def _check_one(trace: Any, graph: ir.Graph, plan: Plan, args: Sequence[Any], rto
         return f"cannot be rebuilt: {type(err).__name__}: {err}"
     if not cmp.ok(rtol=rtol, atol=atol):
         return f"largest difference {cmp.worst}"
-    from tapas.execution.reconstruct import Program
+    from tapas.execution.program.reconstruct import Program
     # the gradients the check computes: of every float input but one the model stops
     # (batch norm's StopGradient of the mean, read by the variance GraphNode)
     sources = {t.name for t in graph.inputs

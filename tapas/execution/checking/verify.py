@@ -1,6 +1,6 @@
 """Equivalence with the single-device model: a sharded program against one device.
 
-In:  either a traced model, its :class:`tapas.ir.Graph`, a ``tapas.execution.reconstruct.Plan``
+In:  either a traced model, its :class:`tapas.ir.Graph`, a ``tapas.execution.program.reconstruct.Plan``
      and global input arrays (:func:`compare_with_single_device`: the plan simulated on N
      shards in one process), or a ``tapas.execution.parallel.ParallelModel`` and a batch
      (:func:`verify_with_keras`: the runtime on its devices against the Keras model).
@@ -23,7 +23,7 @@ from tapas import ir
 from tapas.capturing.tracing import states_by_path, weights_by_path
 from tapas.execution.checking import keras_reference
 from tapas.execution.checking.keras_reference import reference_loss, reference_sensitivity
-from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
+from tapas.execution.program.collectives import Audit, CommRecord, SimulatedCollectives
 from tapas.sharding.gradients import NO_GRADIENT
 from tapas.sharding.placements import Placement, Split
 
@@ -98,8 +98,8 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
     the full loss of a replicated output and its own share of a split one, so the sharded
     gradients must equal the single-device ones exactly (up to float rounding).
     """
-    from tapas.execution.plan import Plan
-    from tapas.execution.reconstruct import Program
+    from tapas.execution.program.plan import Plan
+    from tapas.execution.program.reconstruct import Program
     prog = Program(trace, graph, plan)
     single = Program(trace, graph, Plan.replicated(graph, 1))
     rng = np.random.default_rng(seed)
@@ -222,9 +222,9 @@ def compare_nested(trace: Any, graph: ir.Graph, plan: Any, inputs: Sequence[Any]
     (``[E, G, ...]``), axis 0 otherwise. ``graph`` may be one expert GraphNode's
     (the 2-D pattern checker) or a whole model's: ``graph`` is one row's, and ``inputs``
     are the arrays over the whole mesh (each row's share along its row axis)."""
-    from tapas.execution.collectives import GroupedSimulatedCollectives
-    from tapas.execution.plan import Plan
-    from tapas.execution.reconstruct import Program
+    from tapas.execution.program.collectives import GroupedSimulatedCollectives
+    from tapas.execution.program.plan import Plan
+    from tapas.execution.program.reconstruct import Program
     prog = Program(trace, graph, plan, expert_rows=rows)
     n, region = prog.num_devices, prog.region
     in_axis = [1 if t.name in region.boundary else 0 for t in graph.inputs]
@@ -580,8 +580,8 @@ def intermediate_values(trace: Any, graph: ir.Graph, inputs: Sequence[Any],
     (one array per graph input) with its current weights, on one device. Variants (a
     TensorList handle between GraphNodes: keras-hub RWKV-7's TensorArray) have no array
     value and are left out."""
-    from tapas.execution.plan import Plan
-    from tapas.execution.reconstruct import Program
+    from tapas.execution.program.plan import Plan
+    from tapas.execution.program.reconstruct import Program
     prog = Program(trace, graph, Plan.replicated(graph, 1))
     variants = {t.name for n in graph.nodes for t in n.outputs if t.dtype == "variant"}
     names = [n for n in dict.fromkeys(names) if n not in variants]

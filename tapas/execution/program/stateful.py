@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution.collectives import local_slice
-from tapas.execution.plan import ReconstructError
+from tapas.execution.program.collectives import local_slice
+from tapas.execution.program.plan import ReconstructError
 from tapas.sharding.placements import Placement, Replica, Split
 
 __all__ = ["RANDOM_OPS", "WRITE_OPS", "StateInfo", "states_of", "check_writes", "Writes",

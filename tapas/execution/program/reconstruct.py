@@ -6,7 +6,7 @@ In:  a :class:`tapas.capturing.Trace` (the traced ``tf.Graph`` and the variables
      ``Strategy`` (:meth:`Plan.from_strategy`) or written by hand (:class:`NodeSharding`).
 Out: :class:`Program`, a callable that replays the captured ops one by one in the current
      ``tf.function``, with *local* shapes, on local input and weight shards, and inserts
-     the collectives the plan asks for through a :class:`tapas.execution.collectives.Collectives`.
+     the collectives the plan asks for through a :class:`tapas.execution.program.collectives.Collectives`.
 
 How each op is re-created:
 
@@ -14,7 +14,7 @@ How each op is re-created:
   weight takes the caller's local shard (a variable is read with ``read_value``, so tapes
   watch it);
 * every other op is replayed with its original type and attributes
-  (``tapas.execution.replay.replay_op``) on the local inputs; shapes are re-inferred. Ops whose
+  (``tapas.execution.program.replay.replay_op``) on the local inputs; shapes are re-inferred. Ops whose
   inputs carry a shape (``Reshape``, ``BroadcastTo``, ``Fill``) get the *local* shape,
   computed from the global shape in the IR and the op output's placement in the
   pattern's ``tensors``;
@@ -33,7 +33,7 @@ All local replicas of one program instance run op by op side by side: with
 device); with ``ReplicaContextCollectives()`` a list of one (the current replica). Control
 dependencies of the traced graph are not replayed: a training-mode graph's variable writes
 (dropout's seed state, batch norm's moving statistics) are collected as new values that
-the caller assigns after the step (``tapas.execution.stateful``), and a read after a write
+the caller assigns after the step (``tapas.execution.program.stateful``), and a read after a write
 in the same replay sees the written value.
 
 Example (single device: forward and tape gradients equal the model's)::
@@ -52,14 +52,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution import replay, stateful
+from tapas.execution.program import replay, stateful
 from tapas.sharding.gradients import NO_GRADIENT
 # the plan types stay importable from here (reconstruct.Plan, .NodeSharding, ...)
-from tapas.execution.plan import NodeSharding, Plan, ReconstructError, WeightLayout
+from tapas.execution.program.plan import NodeSharding, Plan, ReconstructError, WeightLayout
 from tapas import ir
 from tapas.sharding import placements, rules
 from tapas.sharding.patterns import Rewrite
-from tapas.execution.collectives import (Audit, Collectives, CommRecord, ReplicaContextCollectives,
+from tapas.execution.program.collectives import (Audit, Collectives, CommRecord, ReplicaContextCollectives,
                                          SimulatedCollectives, local_slice)
 from tapas.sharding.placements import Collective
 from tapas.sharding.placements import Partial, Placement, Replica, Split
@@ -173,7 +173,7 @@ class Program:
         # per output: "Softmax"/"Sigmoid" when its local values carry ``_keras_logits``
         self.output_activations = tuple(self._tf_ops[a].type if a else None
                                         for a in self.output_logits)
-        # global shape and dtype per output (the loss plan: tapas.execution.losses)
+        # global shape and dtype per output (the loss plan: tapas.execution.training.losses)
         self.output_shapes = tuple(tuple(t.shape) for t in graph.outputs)
         self.output_dtypes = tuple(t.dtype for t in graph.outputs)
 
@@ -848,7 +848,7 @@ _LOWERINGS: Mapping[Rewrite, Callable[[_Run, ir.OpInfo, list, dict, str], list]]
 
 
 # ops that run functions whose bodies may read variables through resource arguments: the
-# replay passes the values instead (tapas.execution.replay._as_values)
+# replay passes the values instead (tapas.execution.program.replay._as_values)
 _CALLS = frozenset({"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
                     "PartitionedCall", "StatefulPartitionedCall"})
 # lookups that read a variable themselves; replayed as the same lookup of its local value
