@@ -521,19 +521,19 @@ def test_every_nested_expert_pattern_matches_one_device(rows, num_devices):
 def test_the_nested_checker_catches_a_wrong_exchange():
     """Break the all-to-all back out of the expert region (the experts come back in reverse
     order): every nested pattern differs from one device and the checker says so."""
-    from tapas.execution.program import reconstruct
+    from tapas.execution.program.run import Run
     t, g, values = _captured("moe-tiny")
-    original = reconstruct._Run._exchanged
+    original = Run._exchanged
 
     def broken(self, name, want, entry):
         vals = original(self, name, want, entry)
         return vals if entry else [v[::-1] for v in vals]   # the experts reversed
 
-    reconstruct._Run._exchanged = broken
+    Run._exchanged = broken
     try:
         checked, failures = checker.check_nested_patterns(t, g, values, 2, 2)
     finally:
-        reconstruct._Run._exchanged = original
+        Run._exchanged = original
     assert checked and len(failures) == checked
     assert all("largest difference" in f and "2x2:experts" in f for f in failures), failures[:2]
 
