@@ -65,8 +65,8 @@ def test_memory_bound_compute_is_the_elementwise_part_of_the_replicated_price() 
 
     from tapas import capturing, models
     from tapas.execution.calibration.compute_scale import (memory_bound_compute,
-                                               predicted_replicated_compute,
-                                               replicated_compute_parts)
+                                                           predicted_replicated_compute,
+                                                           replicated_compute_parts)
     entry = models.get("t5-tiny")
     graph = capturing.capture(entry.build(fast_init=True), entry.input_spec(8),
                               training=False)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tapas.execution.calibration.fitting import (FitError, fit_collectives, fit_compute, fit_gamma,
-                                      fit_linear, profiled_cluster)
+                                                 fit_linear, profiled_cluster)
 from tapas.planning.cluster import Cluster, ClusterFileError, Link
 from tapas.planning.cost import DEFAULT_EPSILON, DEFAULT_GAMMA, CostOptions, ring_factor
 from tapas.sharding.placements import Collective

@@ -96,7 +96,8 @@ def _flags_cluster() -> Any:
         raise app.UsageError(f"--cluster={FLAGS.cluster} --nodes={FLAGS.nodes} "
                              f"--devices_per_node={FLAGS.devices_per_node}: {e}") from None
     from tapas.execution.calibration.communication_scale import check_communication_scale
-    from tapas.execution.calibration.compute_scale import check_compute_scale, check_elementwise_scale
+    from tapas.execution.calibration.compute_scale import (check_compute_scale,
+                                                           check_elementwise_scale)
     for name, check in (("compute_scale", check_compute_scale),
                         ("elementwise_scale", check_elementwise_scale),
                         ("communication_scale", check_communication_scale)):
@@ -200,7 +201,7 @@ def _search_options(cluster: Any, loaded: LoadedModel, graph: Any) -> tuple[Any,
     'measure') and ``--kernel_times`` (a file, or the kernels of ``graph``'s patterns timed
     here: 'measure'); None for the search's defaults."""
     from tapas.execution.calibration.compute_scale import (calibrate_compute, resolve_compute_scale,
-                                               resolve_elementwise_scale)
+                                                           resolve_elementwise_scale)
     from tapas.planning.cost import CostOptions
     if FLAGS.compute_scale is None and FLAGS.kernel_times is None and \
             FLAGS.elementwise_scale is None:
@@ -257,7 +258,7 @@ def _communication_options(cluster: Any, loaded: LoadedModel, graph: Any, option
     if FLAGS.communication_scale is None:
         return options, None
     from tapas.execution.calibration.communication_scale import (calibrate_communication,
-                                                     resolve_communication_scale)
+                                                                 resolve_communication_scale)
     from tapas.planning.cost import CostOptions
     base = CostOptions.for_cluster(cluster) if options is None else options
 

@@ -438,7 +438,7 @@ def _communication_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, 
     model's data-parallel plan timed with and without its collectives on the run's
     devices, priced with the search's other options ``changes``)."""
     from tapas.execution.calibration.communication_scale import (calibrate_communication,
-                                                     resolve_communication_scale)
+                                                                 resolve_communication_scale)
     from tapas.planning.cost import CostOptions
     n = distribute.num_replicas_in_sync
 

@@ -1,6 +1,7 @@
 """Measured training-step times of the kernels patterns run (``CostOptions.kernel_times``).
 
-In:  ``{kernel key: seconds}`` as ``tapas.execution.calibration.kernels.measure_kernels`` measures them
+In:  ``{kernel key: seconds}`` as
+     ``tapas.execution.calibration.kernels.measure_kernels`` measures them
      (``tapas.sharding.patterns.kernels.kernel_key``: an op's type, dtype, local operand
      shapes and attributes), or the JSON file it writes.
 Out: :class:`KernelTimes` -- the lookup the cost model prices a pattern's contractions and

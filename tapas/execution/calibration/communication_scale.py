@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tapas.execution.calibration.compute_scale import (check_measured_factor, paired_difference,
-                                           resolve_measured_factor, time_pairs)
+                                                       resolve_measured_factor, time_pairs)
 
 __all__ = ["CommunicationCalibration", "ActivationCalibration", "calibrate_communication",
            "without_communication", "scale_from_pairs", "with_activation", "solve_factors",

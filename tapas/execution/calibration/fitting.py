@@ -10,7 +10,8 @@ Out: a :class:`LinearFit` per primitive (``t = intercept + slope * x`` with
      beta, epsilon relative to all-reduce), gamma from overlap timings (:func:`fit_gamma`),
      the two compute rates from training steps of reference blocks (:func:`fit_compute`)
      and a profiled :class:`tapas.planning.cluster.Cluster` (:func:`profiled_cluster`);
-     :class:`Profile`, what ``tapas profile`` (``tapas.execution.calibration.profiling``, the TensorFlow
+     :class:`Profile`, what ``tapas profile``
+     (``tapas.execution.calibration.profiling``, the TensorFlow
      side) returns: its table, the cluster file and the residual plot (matplotlib, when
      installed); :func:`parse_sizes` for ``--sizes``.
 

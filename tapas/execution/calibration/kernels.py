@@ -162,8 +162,8 @@ def check_kernel_times(value: str, cluster_name: str, num_devices: int) -> Kerne
         return None
     path = str(value)
     if not os.path.isfile(path):
-        raise ValueError(f"no such file {path!r}: give 'measure' or the kernel-times JSON an earlier "
-                         f"--kernel_times=measure wrote")
+        raise ValueError(f"no such file {path!r}: give 'measure' or the kernel-times JSON an "
+                         "earlier --kernel_times=measure wrote")
     try:
         times = KernelTimes.load(path)
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -141,7 +141,8 @@ def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
 
 def program_comms(prog: Any, strategy: Any = None, *,
                   input_gradients: bool | Collection[str] = False) -> list[CommRecord]:
-    """:func:`predicted_comm_list` of a ``tapas.execution.program.reconstruct.Program`` (its plan, or
+    """:func:`predicted_comm_list` of a ``tapas.execution.program.reconstruct.Program``
+    (its plan, or
     the Strategy it was built from, with the Strategy's resharding edges), as the
     ``CommRecord`` s its ``Audit`` records (compare them with :func:`compare_audit`)."""
     comms = predicted_comm_list(prog.plan if strategy is None else strategy, prog.graph,

@@ -11,7 +11,8 @@ Out: :func:`check_node_patterns` -- every ShardingPattern ``tapas.sharding.patte
      may give an expert GraphNode); :func:`check_plan` -- the same for a
      whole-model plan; :func:`synthetic_inputs` -- valid inputs for a captured graph.
 
-A pattern the search may choose must be buildable: one that :mod:`tapas.execution.program.reconstruct`
+A pattern the search may choose must be buildable: one that
+:mod:`tapas.execution.program.reconstruct`
 refuses (``ReconstructError``, or TensorFlow refusing a replayed op) is reported as
 "cannot be rebuilt", so the checker catches patterns that are valid on paper and fail at
 ``tapas.parallelize`` (docs/sharding.md, *the pattern checker*).

@@ -1,6 +1,7 @@
 """Equivalence with the single-device model: a sharded program against one device.
 
-In:  either a traced model, its :class:`tapas.ir.Graph`, a ``tapas.execution.program.reconstruct.Plan``
+In:  either a traced model, its :class:`tapas.ir.Graph`, a
+     ``tapas.execution.program.reconstruct.Plan``
      and global input arrays (:func:`compare_with_single_device`: the plan simulated on N
      shards in one process), or a ``tapas.execution.parallel.ParallelModel`` and a batch
      (:func:`verify_with_keras`: the runtime on its devices against the Keras model).

@@ -6,7 +6,8 @@ In:  a :class:`tapas.capturing.Trace` (the traced ``tf.Graph`` and the variables
      ``Strategy`` (:meth:`Plan.from_strategy`) or written by hand (:class:`NodeSharding`).
 Out: :class:`Program`, a callable that replays the captured ops one by one in the current
      ``tf.function``, with *local* shapes, on local input and weight shards, and inserts
-     the collectives the plan asks for through a :class:`tapas.execution.program.collectives.Collectives`.
+     the collectives the plan asks for through a
+     :class:`tapas.execution.program.collectives.Collectives`.
 
 How each op is re-created:
 
@@ -14,7 +15,8 @@ How each op is re-created:
   weight takes the caller's local shard (a variable is read with ``read_value``, so tapes
   watch it);
 * every other op is replayed with its original type and attributes
-  (``tapas.execution.program.replay.replay_op``) on the local inputs; shapes are re-inferred. Ops whose
+  (``tapas.execution.program.replay.replay_op``) on the local inputs; shapes are
+  re-inferred. Ops whose
   inputs carry a shape (``Reshape``, ``BroadcastTo``, ``Fill``) get the *local* shape,
   computed from the global shape in the IR and the op output's placement in the
   pattern's ``tensors``;

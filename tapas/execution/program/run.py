@@ -311,8 +311,8 @@ class Run(Resharding, LocalOps):
         for c in bwd.get(name, []):
             conj = []
             for f in fwd.get(name, []):
-                conj += [b for b in placements.reshard(_place(f.src), _place(f.dst), f.shape, f.dtype,
-                                                name) if b.phase == "bwd"]
+                conj += [b for b in placements.reshard(_place(f.src), _place(f.dst), f.shape,
+                                                       f.dtype, name) if b.phase == "bwd"]
             if any(b.kind == c.kind and b.axis == c.axis for b in conj) or (
                     c.kind == Collective.REDUCE_SCATTER and
                     any(f.kind == Collective.ALL_GATHER for f in fwd.get(name, []))):

@@ -26,7 +26,8 @@ __all__ = ["all_finite", "dp_grad", "dp_record", "dp_sum", "make_optimizer", "su
 
 def make_optimizer(rt: Any, optimizer: Any, learning_rate: float | None,
                    keras_variables: Mapping[str, Any]) -> ShardedOptimizer:
-    """The Keras optimizer on this layout's shards (``tapas.execution.training.keras_optimizer``)."""
+    """The Keras optimizer on this layout's shards
+    (``tapas.execution.training.keras_optimizer``)."""
     if isinstance(optimizer, ShardedOptimizer):
         return optimizer
     return ShardedOptimizer(optimizer, [

@@ -9,8 +9,8 @@ Out: :func:`spec_for` -- an :class:`OpSpec`, a label per axis of every input and
 **Adding the sharding rule of a new TF op**: write a function ``(OpInfo, OpContext) ->
 OpSpec`` in the module of its op family (or reuse one there) and add the op type to
 :data:`RULES` below; if the op passes no gradient to its inputs, add it to
-``tapas.sharding.gradients.NO_GRADIENT`` too. A rule raises ``ValueError`` when it cannot read the op's
-attributes or constants. The modules:
+``tapas.sharding.gradients.NO_GRADIENT`` too. A rule raises ``ValueError`` when it cannot
+read the op's attributes or constants. The modules:
 
 ===============================  ===========================================================
 :mod:`~.spec`                    ``OpSpec``, ``OpContext`` and the label helpers
