@@ -64,7 +64,6 @@ SIZE_EXCEPTIONS: dict[str, int] = {
     "tapas/execution/fit.py": 718,
     "tapas/execution/fit.py::fit": 156,
     "tapas/execution/parallel.py::parallelize": 108,
-    "tapas/execution/calibration/profiling.py::profile": 148,
     "tapas/execution/runtime.py": 1113,
     "tapas/execution/runtime.py::Runtime": 951,
     "tapas/execution/runtime.py::Runtime.__init__": 87,

@@ -138,6 +138,113 @@ def _device_memory(devices: list[str]) -> tuple[float, str]:
     return float(total), "this machine's RAM, shared by all logical CPU devices"
 
 
+def _collectives(timer: Timer, kinds: Sequence[Collective], sizes: Sequence[int],
+                 repeats: int, say: Progress) -> tuple[list[dict[str, Any]], Any, list[str]]:
+    """Every (primitive, size) timed, the lines fitted through them, and notes on the
+    points left out or missed by more than 50 %."""
+    w = timer.w
+    say(f"{'primitive':<15} {'N bytes':>12} {'chain':>5} {'one call ms':>11} "
+        f"{'collective ms':>13} {'ring GB/s':>9}")
+    rows = []
+    for kind in kinds:
+        for nbytes in sizes:
+            # a chain no slower than one call is noise: again, up to 3 attempts (once in
+            # worker processes, which must all make the same calls: it is then left out)
+            for attempt in range(1, 2 if timer.sync else 4):
+                row = _measure_collective(timer, kind, nbytes, repeats)
+                row["attempts"] = attempt
+                if row["seconds"] > 0:
+                    break
+            rows.append(row)
+            rate = row["ring_bytes"] / row["seconds"] / 1e9 if row["seconds"] > 0 else 0.0
+            say(f"{kind.long_name:<15} {row['bytes']:>12,} {row['chain']:>5} "
+                f"{row['call_1_s'] * 1e3:>11.3f} {row['seconds'] * 1e3:>13.3f} {rate:>9.3f}")
+    notes = []
+    usable = [r for r in rows if r["seconds"] > 0]
+    dropped = [f"{r['kind']} {r['bytes']:,} B" for r in rows if r["seconds"] <= 0]
+    if dropped:
+        notes.append(f"left out of the fits, the chain was no slower than one call in 3 "
+                     f"attempts (noise larger than the collective): {', '.join(dropped)}")
+    try:
+        fits = fit_collectives(usable, w)
+    except FitError as e:
+        raise RuntimeError(f"the measurements on {w} devices give no fit: {e}. The machine "
+                           f"may be busy (load {os.getloadavg()[0]:.1f}): measure again with "
+                           "more repeats or larger sizes") from None
+
+    for kind, f in fits.items():
+        bad = [f"{x / ring_factor(kind, w):,.0f} B ({r:+.0%})"
+               for (x, _), r in zip(f.fit.points, f.fit.relative_residuals) if abs(r) > 0.5]
+        if bad:
+            notes.append(f"{kind.long_name}: the line misses these sizes by more than 50 % "
+                         f"({', '.join(bad)}): noise from other processes, or a time that is "
+                         "not linear in N there (see the residual plot)")
+    return rows, fits, notes
+
+
+def _compute(timer: Timer, repeats: int, names: list[str], say: Progress, notes: list[str], *,
+             matmul_n: int, conv: bool, widths: bool, elementwise: bool
+             ) -> tuple[dict[str, Any], dict[int, float] | None, Any]:
+    """The compute measurements (matmul, convolution, FLOP rate by width, the reference
+    blocks' fitted rates), the width efficiency table and the compute fit (None when not
+    measured or not fitted; ``notes`` says why)."""
+    compute: dict[str, Any] = {"matmul": matmul_rate(timer, matmul_n, repeats, names)}
+    mm = compute["matmul"]
+    say(f"matmul {matmul_n}^2: {mm['seconds_all_devices'] * 1e3:.1f} ms with all devices, "
+        f"{mm['flop_per_s_per_device'] / 1e9:.2f} GFLOP/s per device")
+    if conv:
+        compute["conv"] = conv_rate(timer, repeats)
+        say(f"conv 3x3 {compute['conv']['shape']}: "
+            f"{compute['conv']['flop_per_s_per_device'] / 1e9:.2f} GFLOP/s per device")
+    flop_rate = mm["flop_per_s_per_device"]
+    if not flop_rate > 0:
+        raise RuntimeError(f"matmul {matmul_n}^2 took no longer than an empty call "
+                           f"({mm['seconds_all_devices']} s): use a larger matmul_n")
+    table = None
+    if widths:
+        compute["widths"] = width_rates(timer, repeats)
+        eff = compute["widths"]["efficiency"]
+        if eff is None:
+            notes.append(f"FLOP rate by width not measured ({compute['widths']['error']}): "
+                         "every matrix multiply priced at one rate")
+        else:
+            table = {int(k): v for k, v in eff.items()}
+            say("matmul FLOP rate by width, of the fastest: " + ", ".join(
+                f"{w}: {e:.2f}" for w, e in table.items()))
+    compute_fit = None
+    if elementwise:
+        rates, compute_fit = compute_rates(timer, repeats, widths=table)
+        compute["blocks"] = rates
+        if compute_fit is None:
+            notes.append(f"compute rates not fitted ({rates['error']}): the FLOP rate is the "
+                         "matmul's and memory-bound ops stay priced by their FLOPs at it")
+        else:
+            say(f"training steps of {len(rates['points'])} reference blocks: "
+                f"{compute_fit.dense_rate / 1e9:.2f} GFLOP/s (matmuls, convolutions) and "
+                f"{compute_fit.elementwise_rate / 1e9:.2f} G elements/s (memory-bound ops) "
+                f"per device with all devices, R^2 {compute_fit.r2:.3f}")
+    return compute, table, compute_fit
+
+
+def _gamma(timer: Timer, flop_rate: float, repeats: int, say: Progress,
+           notes: list[str]) -> Any:
+    """Gamma from overlap trials at 1 and 4 MiB (None, with a note, when noise hid it)."""
+    trials = []
+    for nbytes in (MIB, 4 * MIB):
+        t = _overlap_trial(timer, nbytes, flop_rate, repeats)
+        trials.append(t)
+        say(f"overlap {t['bytes'] / MIB:.1f} MiB all-reduce beside {t['matmuls']} matmuls "
+            f"{t['matmul_n']}^2: empty {t['empty'] * 1e3:.2f} ms, all-reduce "
+            f"{t['comm'] * 1e3:.2f} ms, compute {t['compute'] * 1e3:.2f} ms, both "
+            f"{t['both'] * 1e3:.2f} ms")
+    gamma_fit = fit_gamma(trials)
+    if gamma_fit is None:
+        notes.append(f"gamma not measured: in every overlap trial the all-reduce or the "
+                     f"compute took no longer than an empty call (noise); the prior "
+                     f"{DEFAULT_GAMMA} stays in force")
+    return gamma_fit
+
+
 def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
             primitives: Sequence[Collective | str] | None = None, repeats: int = 7,
             device_type: str = "auto", matmul_n: int = 1024, conv: bool = True,
@@ -177,97 +284,13 @@ def profile(devices: int = 4, *, sizes: Sequence[int] | None = None,
     say(f"profiling on {w} devices "
         + (f"({local})" if nodes == 1 else f"in {nodes} worker processes ({local} in each)")
         + f", {len(sizes)} sizes x {len(kinds)} primitives, {repeats} repeats each")
-    say(f"{'primitive':<15} {'N bytes':>12} {'chain':>5} {'one call ms':>11} "
-        f"{'collective ms':>13} {'ring GB/s':>9}")
-    rows = []
-    for kind in kinds:
-        for nbytes in sizes:
-            # a chain no slower than one call is noise: again, up to 3 attempts (once in
-            # worker processes, which must all make the same calls: it is then left out)
-            for attempt in range(1, 2 if timer.sync else 4):
-                row = _measure_collective(timer, kind, nbytes, repeats)
-                row["attempts"] = attempt
-                if row["seconds"] > 0:
-                    break
-            rows.append(row)
-            rate = row["ring_bytes"] / row["seconds"] / 1e9 if row["seconds"] > 0 else 0.0
-            say(f"{kind.long_name:<15} {row['bytes']:>12,} {row['chain']:>5} "
-                f"{row['call_1_s'] * 1e3:>11.3f} {row['seconds'] * 1e3:>13.3f} {rate:>9.3f}")
-    notes = []
-    usable = [r for r in rows if r["seconds"] > 0]
-    dropped = [f"{r['kind']} {r['bytes']:,} B" for r in rows if r["seconds"] <= 0]
-    if dropped:
-        notes.append(f"left out of the fits, the chain was no slower than one call in 3 "
-                     f"attempts (noise larger than the collective): {', '.join(dropped)}")
-    try:
-        fits = fit_collectives(usable, w)
-    except FitError as e:
-        raise RuntimeError(f"the measurements on {w} devices give no fit: {e}. The machine "
-                           f"may be busy (load {os.getloadavg()[0]:.1f}): measure again with "
-                           "more repeats or larger sizes") from None
-
-    for kind, f in fits.items():
-        bad = [f"{x / ring_factor(kind, w):,.0f} B ({r:+.0%})"
-               for (x, _), r in zip(f.fit.points, f.fit.relative_residuals) if abs(r) > 0.5]
-        if bad:
-            notes.append(f"{kind.long_name}: the line misses these sizes by more than 50 % "
-                         f"({', '.join(bad)}): noise from other processes, or a time that is "
-                         "not linear in N there (see the residual plot)")
-
-    compute: dict[str, Any] = {"matmul": matmul_rate(timer, matmul_n, repeats, names)}
-    mm = compute["matmul"]
-    say(f"matmul {matmul_n}^2: {mm['seconds_all_devices'] * 1e3:.1f} ms with all devices, "
-        f"{mm['flop_per_s_per_device'] / 1e9:.2f} GFLOP/s per device")
-    if conv:
-        compute["conv"] = conv_rate(timer, repeats)
-        say(f"conv 3x3 {compute['conv']['shape']}: "
-            f"{compute['conv']['flop_per_s_per_device'] / 1e9:.2f} GFLOP/s per device")
-    flop_rate = mm["flop_per_s_per_device"]
-    if not flop_rate > 0:
-        raise RuntimeError(f"matmul {matmul_n}^2 took no longer than an empty call "
-                           f"({mm['seconds_all_devices']} s): use a larger matmul_n")
-    table = None
-    if widths:
-        compute["widths"] = width_rates(timer, repeats)
-        eff = compute["widths"]["efficiency"]
-        if eff is None:
-            notes.append(f"FLOP rate by width not measured ({compute['widths']['error']}): "
-                         "every matrix multiply priced at one rate")
-        else:
-            table = {int(k): v for k, v in eff.items()}
-            say("matmul FLOP rate by width, of the fastest: " + ", ".join(
-                f"{w}: {e:.2f}" for w, e in table.items()))
-    compute_fit = None
-    if elementwise:
-        rates, compute_fit = compute_rates(timer, repeats, widths=table)
-        compute["blocks"] = rates
-        if compute_fit is None:
-            notes.append(f"compute rates not fitted ({rates['error']}): the FLOP rate is the "
-                         "matmul's and memory-bound ops stay priced by their FLOPs at it")
-        else:
-            say(f"training steps of {len(rates['points'])} reference blocks: "
-                f"{compute_fit.dense_rate / 1e9:.2f} GFLOP/s (matmuls, convolutions) and "
-                f"{compute_fit.elementwise_rate / 1e9:.2f} G elements/s (memory-bound ops) "
-                f"per device with all devices, R^2 {compute_fit.r2:.3f}")
-
-    gamma_fit = None
-    if gamma:
-        trials = []
-        for nbytes in (MIB, 4 * MIB):
-            t = _overlap_trial(timer, nbytes, flop_rate, repeats)
-            trials.append(t)
-            say(f"overlap {t['bytes'] / MIB:.1f} MiB all-reduce beside {t['matmuls']} matmuls "
-                f"{t['matmul_n']}^2: empty {t['empty'] * 1e3:.2f} ms, all-reduce "
-                f"{t['comm'] * 1e3:.2f} ms, compute {t['compute'] * 1e3:.2f} ms, both "
-                f"{t['both'] * 1e3:.2f} ms")
-        gamma_fit = fit_gamma(trials)
-        if gamma_fit is None:
-            notes.append(f"gamma not measured: in every overlap trial the all-reduce or the "
-                         f"compute took no longer than an empty call (noise); the prior "
-                         f"{DEFAULT_GAMMA} stays in force")
-    else:
+    rows, fits, notes = _collectives(timer, kinds, sizes, repeats, say)
+    compute, table, compute_fit = _compute(timer, repeats, names, say, notes, matmul_n=matmul_n,
+                                           conv=conv, widths=widths, elementwise=elementwise)
+    flop_rate = compute["matmul"]["flop_per_s_per_device"]
+    gamma_fit = _gamma(timer, flop_rate, repeats, say, notes) if gamma else None
+    if not gamma:
         notes.append(f"gamma not measured: the prior {DEFAULT_GAMMA} stays in force")
-
     memory_source = "given"
     if device_memory is None:
         device_memory, memory_source = _device_memory(names)
