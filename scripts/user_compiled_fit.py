@@ -40,6 +40,10 @@ flags.DEFINE_enum("plan", "random", ["random", "searched"], "random: a random pl
                   "splits a weight of every GraphNode that has one (seed --plan_seed); "
                   "searched: the plan tapas.parallelize searches.")
 flags.DEFINE_integer("plan_seed", 1, "Seed of the random plan.")
+flags.DEFINE_enum("floatx", "float32", ["float32", "float64"], "Keras's default float type "
+                  "for both copies of every model. float64 separates a wrong plan from float32 "
+                  "rounding that the model itself amplifies (batch norm's variance as "
+                  "E[x^2] - E[x]^2 loses most digits when the mean is large: docs/optimizers.md).")
 flags.DEFINE_string("json_out", "out/user_compiled_fit.json", "Where to write the results.")
 FLAGS = flags.FLAGS
 
@@ -112,7 +116,7 @@ def run_model(name: str, devices: int, epochs: int, seed: int | None) -> dict[st
                        for a, b in zip(got.get(k, [np.inf]), want[k]))
     split = sum(1 for layout in pm.program.weight_layouts.values()
                 if isinstance(parse_placement(layout.placement), Split))
-    return {"model": name, "library": entry.library, "plan": FLAGS.plan, "parameters": int(ref.count_params()),
+    return {"model": name, "library": entry.library, "plan": FLAGS.plan, "floatx": FLAGS.floatx, "parameters": int(ref.count_params()),
             "weights_split": split, "regularized": regularized,
             "optimizer": pm.runtime.optimizer.summary(), "history_keras": want,
             "history_tapas": {k: list(v) for k, v in got.items()},
@@ -126,6 +130,8 @@ def main(argv: list[str]) -> None:
     del argv
     from tapas.execution import devices
     devices.setup_devices(FLAGS.devices, "cpu")
+    import keras
+    keras.config.set_floatx(FLAGS.floatx)
     results = []
     for name in FLAGS.models:
         try:

@@ -265,6 +265,10 @@ class Graph:
     dead_ops: tuple[str, ...] = ()
     unused_weights: tuple[WeightInfo, ...] = ()
     name: str = "graph"
+    # the last ``call_losses`` outputs are losses the model's call added (a layer's
+    # activity regularizer, ``self.add_loss``), not model outputs: the training loss adds
+    # their sums, as Keras adds ``model.losses``
+    call_losses: int = 0
 
     def __post_init__(self) -> None:
         for i, n in enumerate(self.nodes):
@@ -275,6 +279,11 @@ class Graph:
             if not (0 <= e.src < len(self.nodes) and 0 <= e.dst < len(self.nodes)):
                 raise ValueError(f"edge {e.src}->{e.dst} ({e.tensor.name}) names a GraphNode "
                                  f"outside 0..{len(self.nodes) - 1}")
+
+    @property
+    def model_outputs(self) -> tuple[TensorInfo, ...]:
+        """The model's outputs: :attr:`outputs` without the call losses."""
+        return self.outputs[:len(self.outputs) - self.call_losses]
 
     # ---- summaries -------------------------------------------------------------------
     @property

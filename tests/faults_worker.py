@@ -21,6 +21,7 @@ plan that shards it; 40 examples, global batch 8 (5 steps an epoch), shuffled.
   one checkpoint's bytes against what a save writes, and a disk too small refused.
 * ``step_error``: a 4-class classifier's step on labels of 7, three times: the errors
   raised (TensorFlow's own message wanted), the weights unchanged, then a good step.
+* ``py_function``: a model calling tf.py_function, under random plans, verified.
 """
 
 from __future__ import annotations
@@ -239,8 +240,38 @@ def check_step_error() -> dict[str, Any]:
             "step": int(pm.runtime.iterations.numpy())}
 
 
+def check_py_function() -> dict[str, Any]:
+    """A Lambda around tf.py_function (a differentiable eager function, and a NumPy one
+    with no gradient in an inference model): replicated in random plans that split its
+    neighbours, verified against Keras for 2 steps."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((6,), name="x")
+
+    def sine(t: Any) -> Any:
+        y = tf.py_function(lambda u: 2.0 * tf.sin(u), [t], tf.float32)
+        y.set_shape(t.shape)
+        return y
+    h = keras.layers.Lambda(sine, name="pyf")(keras.layers.Dense(8)(inp))
+    model = keras.Model(inp, keras.layers.Dense(3)(h))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    spec = tf.TensorSpec([B, 6], name="x")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, 6)).astype("float32")
+    y = rng.standard_normal((B, 3)).astype("float32")
+    graph = capturing.capture(model, spec, training=True)
+    out: dict[str, Any] = {}
+    for seed in range(3):
+        plan = parallel.random_plan(graph, 2, seed)
+        pm = parallel.parallelize(model, spec, plan, devices=2)
+        report = pm.verify(x, y, steps=2)
+        out[f"random:{seed}"] = {"ok": bool(report["ok"]), "patterns": sorted(
+            {str(p.name) for p in plan.patterns.values()})}
+    return out
+
+
 if __name__ == "__main__":
     run_checks({"damaged": check_damaged, "paused": check_paused,
-                "unwritable": check_unwritable, "step_error": check_step_error},
+                "unwritable": check_unwritable, "step_error": check_step_error,
+                "py_function": check_py_function},
                JOB["checks"])
     finish()

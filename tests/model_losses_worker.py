@@ -30,9 +30,8 @@ after training and ``evaluate`` against Keras's.
 * ``workers``: one of 2 worker processes (``TF_CONFIG`` set, a CPU each), the binary
   model under the data-parallel plan, each worker reading its half of every batch: the
   History with its metrics equals Keras's;
-* ``refused``: a layer with an activity regularizer, and a layer that calls
-  ``self.add_loss``: ``parallelize`` refuses each, naming the layer, before anything
-  runs.
+* ``call_losses``: the binary model with an activity regularizer and a layer that calls
+  ``self.add_loss``: the losses the call adds are part of the program and of the loss.
 """
 
 from __future__ import annotations
@@ -305,25 +304,30 @@ class AddsLoss(keras.layers.Layer):
         return x
 
 
-def check_refused() -> dict[str, Any]:
-    out = {}
-    for name, layer in (("activity", keras.layers.Dense(
-            8, activity_regularizer=keras.regularizers.L1(0.01), name="sparse_code")),
-                        ("add_loss", AddsLoss(name="penalty"))):
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((6,)), layer, keras.layers.Dense(3)])
-        model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
-        plan = batch_plan(capturing.capture(model, SPEC, training=True))
-        try:
-            parallel.parallelize(model, SPEC, plan, devices=N)
-            out[name] = {"error": None}
-        except ValueError as e:
-            out[name] = {"error": str(e)}
+def call_losses() -> keras.Model:
+    """The binary model with losses its call adds: an L1 activity regularizer on the hidden
+    layer (Keras divides it by the batch size) and a layer that adds a penalty of its
+    input (``self.add_loss``)."""
+    keras.utils.set_random_seed(0)
+    features = keras.Input((6,), name="features")
+    h = keras.layers.Dense(8, activation="tanh", kernel_regularizer="l2", name="sparse_code",
+                           activity_regularizer=keras.regularizers.L1(0.01))(features)
+    h = AddsLoss(name="penalty")(h)
+    model = keras.Model(features, keras.layers.Dense(1, activation="sigmoid")(h))
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss="binary_crossentropy",
+                  metrics=["mae"])
+    return model
+
+
+def check_call_losses() -> dict[str, Any]:
+    out = compare_fit("binary", call_losses, lambda m: m.get_layer("sparse_code").kernel)
+    trace = capturing.trace(call_losses(), SPEC, training=True)
+    out["captured"] = list(trace.call_losses)
     return out
 
 
 if __name__ == "__main__":
     run_checks({"classifier": check_classifier, "binary": check_binary,
-                "two_outputs": check_two_outputs, "refused": check_refused,
+                "two_outputs": check_two_outputs, "call_losses": check_call_losses,
                 "resume": check_resume, "workers": check_workers}, JOB["checks"])
     finish()

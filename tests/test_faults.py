@@ -33,7 +33,7 @@ WORKER = os.path.join(ROOT, "tests", "faults_worker.py")
 def faults(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("faults"))
     (res,) = run_worker(WORKER, {"dir": d, "checks": ["damaged", "paused", "unwritable",
-                                             "step_error"]},
+                                             "step_error", "py_function"]},
                         1, 300.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
@@ -158,6 +158,28 @@ def test_data_that_does_not_fit_the_model_is_refused_before_the_capture(tmp_path
         assert "reconstructed" not in proc.stdout   # refused before the capture
 
 
+def test_tfrecord_data_that_does_not_fit_is_refused_before_the_capture(tmp_path):
+    """The same checks on TFRecord files (``save_tfrecord``'s layout): a missing feature,
+    a token id beyond the vocabulary in the first batch, and a file that is no TFRecord."""
+    from tapas.execution.train_data import save_tfrecord
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 512, (4, 16)).astype("int32")
+    (tmp_path / "junk.tfrecord").write_bytes(b"not a record" * 10)
+    cases = [(dict(encoder_input_ids=ids), "missing ['decoder_input_ids']"),
+             (dict(encoder_input_ids=ids, decoder_input_ids=ids + 1000),
+              "but the model's largest embedding has 512 rows"),
+             (None, "TensorFlow cannot read its records")]
+    for k, (x, says) in enumerate(cases):
+        path = tmp_path / ("junk.tfrecord" if x is None else f"d{k}.tfrecord")
+        if x is not None:
+            save_tfrecord(str(path), x, ids)
+        proc = command.run_tapas("train", "--model=t5-tiny", "--devices=2",
+                                 "--strategy=random:0", f"--data={path}", timeout=120)
+        err = _err(proc)
+        assert says in err and f"--data={path}" in err, err[-1500:]
+        assert "reconstructed" not in proc.stdout   # refused before the capture
+
+
 def test_learning_rate_with_resume_is_reported_and_damage_is_said(tmp_path):
     ck = tmp_path / "ck"
     common = ["train", "--model=t5-tiny", "--devices=2", "--strategy=random:0", "--steps=2",
@@ -269,15 +291,14 @@ def test_a_sparse_or_ragged_batch_is_named_with_the_dense_fix():
 
 
 
-def test_a_py_function_is_named_stable_and_refused_before_the_search():
+def test_a_py_function_is_named_stable_and_replicated():
     """A Lambda around tf.py_function: two captures of the model have one digest (the
-    op's per-capture token is left out), the search notes name the op it must run whole,
-    and parallelize refuses it before the search with the reason and the fix."""
+    op's per-capture token is left out) and the search notes name the op it must run
+    whole."""
     import numpy as np
     import tensorflow as tf
     import keras
     import tapas
-    from tapas.execution.parallel import _refuse_python_ops
     from tapas.planning.search import _unruled_notes
     from tapas.planning.strategy import graph_digest
 
@@ -294,5 +315,12 @@ def test_a_py_function_is_named_stable_and_refused_before_the_search():
     assert graph_digest(first) == graph_digest(second)
     (note,) = _unruled_notes(first)
     assert "EagerPyFunc have no sharding rule" in note and "pyf" in note
-    with pytest.raises(ValueError, match="calls Python.*write it with TensorFlow or keras.ops"):
-        _refuse_python_ops(first)
+
+
+def test_a_py_function_runs_replicated_and_verifies(faults):
+    """Replicated inside random plans that split its neighbours, on 2 devices: the
+    function is called anew per replica (its gradient recomputed under a tape, never
+    another replica's cached tape) and the steps equal Keras's."""
+    r = {k: v for k, v in faults["py_function"].items() if k.startswith("random:")}
+    assert len(r) == 3 and all(v["ok"] for v in r.values()), r
+    assert any(set(v["patterns"]) - {"replicate"} for v in r.values()), r

@@ -10,8 +10,8 @@ weights, ``evaluate``, the audit (the regularizers' collectives), the progress b
 TensorBoard's ``epoch_<name>`` scalars of the searched plan's run and, for the random
 plans, ``verify`` (Keras's compiled loss and ``model.losses`` as the reference) equal
 Keras's (rtol 1e-5); likewise a functional model with two outputs, a loss and
-``loss_weights`` per output and sample weights. A model whose call adds losses (an
-activity regularizer, ``self.add_loss``) is refused by name before anything runs. A job
+``loss_weights`` per output and sample weights, and a model whose call adds losses (an
+activity regularizer, ``self.add_loss``). A job
 crashed in the middle of an epoch and resumed from its checkpoint continues the epoch's
 metrics.
 """
@@ -33,7 +33,7 @@ def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     d = str(tmp_path_factory.mktemp("model_losses"))
     (res,) = run_worker(WORKER, {"devices": request.param, "dir": d,
                                  "checks": ["classifier", "binary", "two_outputs",
-                                            "refused", "resume"]}, 1, 600.0)
+                                            "call_losses", "resume"]}, 1, 600.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
     return res
@@ -101,14 +101,13 @@ def test_two_outputs_with_loss_weights_and_sample_weights_equal_keras_fit(
         assert len(r[name]["evaluate"]["ours"]) == 5   # loss, 2 losses, 2 metrics
 
 
-@pytest.mark.parametrize("kind, layer, what", [
-    ("activity", "sparse_code", "activity_regularizer L1"),
-    ("add_loss", "penalty", "add_loss")])
-def test_losses_of_the_call_are_refused_by_name_before_anything_runs(
-        results: dict, kind: str, layer: str, what: str) -> None:
-    r = results["refused"][kind]
-    assert r["error"] and f"layer '{layer}'" in r["error"] and what in r["error"], r
-    assert "remove them" in r["error"] and "training=False" in r["error"]
+def test_losses_the_call_adds_equal_keras_fit(results: dict) -> None:
+    """An L1 activity regularizer and a layer's ``self.add_loss`` (both captured as extra
+    outputs of the program) are in the loss as Keras adds ``model.losses``: History,
+    weights, evaluate and verify equal Keras's under every plan."""
+    r = results["call_losses"]
+    assert len(r["captured"]) == 2, r["captured"]
+    _check_plans(r, {"mae"})
 
 
 def test_a_resumed_epoch_continues_its_metrics(results: dict) -> None:

@@ -79,6 +79,10 @@ class Trace:
     # Python (an eager tensor a layer computed once, e.g. keras-hub Swin's relative
     # position index): a constant of the program, like a Const op
     constants: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # names of the tensors the model's call added as losses (a layer's activity
+    # regularizer, ``self.add_loss``): Keras adds their sums to the training loss; the IR
+    # lists them after the model's outputs (``ir.Graph.call_losses``)
+    call_losses: tuple[str, ...] = ()
 
     @property
     def graph(self) -> tf.Graph:
@@ -164,11 +168,28 @@ def trace(model_or_function: Any, input_spec: Any = None, *, batch_size: int | N
     else:
         model_weights = tuple(_weight_info(v, "", path_of[id(v)]) for v in model_weights)
     input_names = tuple(t.op.name for t in cf.graph.inputs if id(t) not in captured_ids)
+    call_losses = (call_loss_tensors(model_or_function, cf.graph)
+                   if _is_keras_layer(model_or_function) else ())
     return Trace(concrete_function=cf, input_specs=tuple(specs), input_names=input_names,
                  variables=var_of, weights=weights, model_weights=model_weights,
                  name=name or label, seconds=time.perf_counter() - start, pins=pins,
                  states=states, constants=constants,
-                 state_paths={ph: path_of_state[id(v)] for ph, v in states.items()})
+                 state_paths={ph: path_of_state[id(v)] for ph, v in states.items()},
+                 call_losses=tuple(t.name for t in call_losses))
+
+
+def call_loss_tensors(model: Any, graph: tf.Graph) -> list[tf.Tensor]:
+    """The losses ``model``'s call added while ``graph`` was traced, in layer order: Keras
+    (3, and 2's tf_keras) keeps them in each layer's ``_losses`` as tensors of the traced
+    graph (activity regularizers, ``self.add_loss(tensor)``)."""
+    layers = [model] + list(model._flatten_layers(include_self=False)) \
+        if hasattr(model, "_flatten_layers") else [model]
+    found: list[tf.Tensor] = []
+    for layer in layers:
+        for x in getattr(layer, "_losses", None) or []:
+            if getattr(x, "graph", None) is graph and not any(x is f for f in found):
+                found.append(x)
+    return found
 
 
 # The attribute a layer carries its ``shard=`` pin in (``tapas.layers.TapasLayer``); capture
@@ -485,11 +506,14 @@ def raw_graph(t: Trace, progress: Callable[[int, int], None] | None = None
                              attrs, value))
         if op.control_inputs:
             control[op.name] = tuple(c.name for c in op.control_inputs)
+    outputs = [o for o in graph.outputs if o is not None]
+    losses = [graph.get_tensor_by_name(name) for name in t.call_losses]
     outputs = tuple(ir.TensorInfo(o.name, _shape(o.shape), o.dtype.name)
-                    for o in graph.outputs if o is not None)
+                    for o in outputs + losses)
     return grouping.RawGraph(ops=ops, control_inputs=control, inputs=t.input_names,
                              outputs=outputs, weights=t.weights,
-                             model_weights=t.model_weights, name=t.name, pins=t.pins)
+                             model_weights=t.model_weights, name=t.name, pins=t.pins,
+                             call_losses=len(losses))
 
 
 def _shape(shape: tf.TensorShape) -> tuple[int, ...] | None:

@@ -246,7 +246,8 @@ class ParallelModel:
                      rt.loss_comms + list(getattr(rt, "regularizer_comms", []))
                      if fn == "train_step")
         predicted = tuple(c for plan in rt._plans() for c in plan.collectives) + \
-            regularizers.predicted_comms(rt.regularization, rt.specs)
+            regularizers.predicted_comms(rt.regularization, rt.specs) + \
+            regularizers.predicted_call_loss_comms(rt)
         return AuditReport.of(rt.audits["train_step"],
                               predicted_comm_list(self.strategy, self.graph), loss, predicted)
 
@@ -301,13 +302,17 @@ def _model_losses(rt: runtime.Runtime, model: Any, trace: Any, per_output: list,
     rt.output_names = output_names
 
 
-def _refuse_call_losses(model: Any, trace: Any, per_output: list) -> None:
-    """The losses the model's call adds in the captured graph (activity regularizers,
-    ``add_loss``) refused by name, with the fix, when the program has a loss to train:
-    the program cannot compute them (``regularizers.refusal``)."""
-    found = regularizers.call_losses(model, trace.graph)
-    if found and any(loss is not None for loss in per_output):
-        raise ValueError(regularizers.refusal(found))
+def _refuse_call_losses(trace: Any, per_output: list, rows: int) -> None:
+    """The losses the model's call adds (activity regularizers, ``add_loss``: outputs of
+    the program, ``ir.Graph.call_losses``) refused on a mesh of several rows, before the
+    search (``regularizers.with_call_losses`` says why)."""
+    if rows > 1 and trace.call_losses and any(loss is not None for loss in per_output):
+        raise ValueError(
+            f"the model's call adds {len(trace.call_losses)} loss(es) (activity "
+            f"regularizers or add_loss: {', '.join(trace.call_losses)}), and a mesh of "
+            f"{rows} rows splits the batch over the rows, where a loss that is not a sum "
+            "over examples would be counted once per row: use a one-dimensional plan "
+            "(no mesh) for this model, or drop the call losses")
 
 
 def _capture(model: Any, signature: Any, training: bool,
@@ -320,24 +325,7 @@ def _capture(model: Any, signature: Any, training: bool,
                            f", Keras as {list(signature.names)}: the flattening orders differ")
     graph = capturing.to_ir(trace)
     timings["capture"] = timings.get("capture", 0.0) + time.perf_counter() - start
-    _refuse_python_ops(graph)
     return trace, graph
-
-
-#: ops that call back into Python (tf.py_function, tf.numpy_function): their function is
-#: registered by the trace that made them and cannot be replayed in the parallel program
-PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
-
-
-def _refuse_python_ops(graph: Any) -> None:
-    """Refuse, before the search, a graph that calls back into Python."""
-    found = [(n.name, op.type) for n in graph.nodes for op in n.ops if op.type in PYTHON_OPS]
-    if found:
-        name, kind = found[0]
-        raise ValueError(f"GraphNode '{name}' calls Python ({kind}: a tf.py_function or "
-                         f"tf.numpy_function, {len(found)} in the model): its function "
-                         "cannot be replayed in the parallel program; write it with "
-                         "TensorFlow or keras.ops operations instead")
 
 
 def _bind(strategy: Any, graph: Any, n: int) -> Any:
@@ -498,14 +486,14 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     if strategy is None:
         training = True if training is None else training
         trace, graph = _capture(model, signature, training, timings)
-        _refuse_call_losses(model, trace, per_output)   # before the search
+        _refuse_call_losses(trace, per_output, rows)   # before the search
         start = time.perf_counter()
         strategy = _search(graph, n, cluster, search_options, expert_rows, per_output)
         timings["search"] = time.perf_counter() - start
     else:
         training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,
                                                          training, timings)
-        _refuse_call_losses(model, trace, per_output)
+        _refuse_call_losses(trace, per_output, rows)
     start = time.perf_counter()
     plan = strategy if isinstance(strategy, reconstruct.Plan) else \
         reconstruct.Plan.from_strategy(strategy, graph)

@@ -2,7 +2,7 @@
 plan searched: each mistake found here costs a second, not a capture and a search.
 
 In:  the run's options (``tapas.execution.train.TrainOptions``); after the model is built,
-     the model, its input specs and loss, and the ``--data`` ``.npz`` file.
+     the model, its input specs and loss, and the ``--data`` ``.npz`` or TFRecord files.
 Out: nothing when everything fits; the run then proceeds as before. :func:`say_resume`
      prints which checkpoint ``--resume`` continues from, the damaged ones it skips, and
      that ``--learning_rate`` yields to the checkpoint's rate.
@@ -19,7 +19,8 @@ import math
 import os
 from typing import Any
 
-__all__ = ["PreflightError", "check_options", "check_npz", "check_model_file", "say_resume"]
+__all__ = ["PreflightError", "check_options", "check_npz", "check_tfrecord", "check_model_file",
+           "say_resume"]
 
 
 class PreflightError(ValueError):
@@ -132,6 +133,45 @@ def check_npz(path: str, model: Any, specs: Any, loss: Any) -> None:
     for name, spec in zip(signature.names, signature.specs):
         _check_input(path, name, np.asarray(x[name]), spec, vocabulary)
     _check_targets(path, np.asarray(y), model, loss)
+
+
+def check_tfrecord(spec: str, model: Any, specs: Any, loss: Any) -> None:
+    """The TFRecord files of ``--data=spec`` against the model, as :func:`check_npz` checks
+    an ``.npz``: the first record's features (names, values per example: the layout
+    ``load_tfrecord`` reads), then the first global batch's values (token ids, labels)."""
+    import keras
+    import numpy as np
+
+    from tapas.execution.inputs import InputSignature
+    from tapas.execution.train_data import TrainError, load_tfrecord, tf_errors
+    try:
+        signature = InputSignature.of(model, specs)
+    except ValueError:
+        return   # the capture reports it, with its own fix
+    outputs = keras.tree.flatten(getattr(model, "outputs", None) or [])
+    shapes = [tuple(int(signature.specs[0].shape[0]) if d is None else d
+                    for d in o.shape) for o in outputs[:1]]
+
+    class _Named:   # what load_tfrecord reads of a ParallelModel
+        inputs = signature
+
+        class program:   # noqa: N801
+            output_shapes = shapes if shapes and None not in shapes[0] else None
+
+    try:
+        x, y = next(iter(load_tfrecord(spec, _Named()).take(1)), (None, None))
+    except TrainError as e:
+        raise PreflightError(str(e)) from None
+    except tf_errors() as e:
+        raise PreflightError(f"--data={spec}: TensorFlow cannot read its records "
+                             f"({type(e).__name__}: {str(e).splitlines()[0]}): write them "
+                             "with tapas.execution.train.save_tfrecord") from None
+    if x is None:
+        return   # fewer examples than one batch: load_tfrecord's caller says so
+    vocabulary = _largest_vocabulary(model)
+    for name, s in zip(signature.names, signature.specs):
+        _check_input(spec, name, np.asarray(x[name]), s, vocabulary)
+    _check_targets(spec, np.asarray(y), model, loss)
 
 
 def _check_input(path: str, name: str, a: Any, spec: Any, vocabulary: int | None) -> None:

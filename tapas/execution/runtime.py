@@ -86,8 +86,9 @@ from tapas.capturing.tracing import weights_by_path
 from tapas.execution import checkpoints
 from tapas.execution.program import replay, stateful
 from tapas.execution.program.collectives import (Audit, KeyedCollectives, KeyedGroup,
-                                                 ReplicaContextCollectives, local_slice)
-from tapas.execution.training import compiled_loss, gathering, losses, regularizers, step_outputs
+                                                 ReplicaContextCollectives)
+from tapas.execution.training import (compiled_loss, gathering, loss_collectives, losses,
+                                      regularizers, step_outputs)
 from tapas.execution.training import step_reductions as reductions
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
 from tapas.execution.program.plan import WeightLayout
@@ -206,7 +207,7 @@ class Runtime:
         self.row_specs = list(input_specs)
         self.input_specs = [self._global_spec(s) for s in self.row_specs]
         self.input_placements = [parse_placement(p) for p in program.input_placements]
-        self.output_placements = [parse_placement(p) for p in program.output_placements]
+        self.output_placements, self.call_loss_placements = regularizers.split_outputs(program)
         if len(self.input_placements) != len(self.input_specs):
             raise ValueError(f"the program has {len(self.input_placements)} inputs but "
                              f"{len(self.input_specs)} input specs were given")
@@ -321,7 +322,8 @@ class Runtime:
         other.program, other.row_specs = program, list(input_specs)
         other.input_specs = [self._global_spec(s) for s in other.row_specs]
         other.input_placements = [parse_placement(p) for p in program.input_placements]
-        other.output_placements = [parse_placement(p) for p in program.output_placements]
+        other.output_placements, other.call_loss_placements = \
+            regularizers.split_outputs(program)
         if self._collectives == self._default_collectives:   # record into its own audits
             other._collectives = other._default_collectives
         other.audits, other.trace_seconds, other.graphs, other.loss_comms = {}, {}, {}, []
@@ -515,40 +517,6 @@ class Runtime:
         return losses.plan_loss(self._loss_of(k), p, shape, dtype, y.ndim, self.num_devices,
                                 activation)
 
-    def _loss_all_gather(self, r: _Replica, x: tf.Tensor, axis: int) -> tf.Tensor:
-        """All-gather for the loss, recorded (kind, global bytes) in ``loss_comms``."""
-        if r.records:
-            self.loss_comms.append((self._tracing, "AG", int(np.prod(x.shape))
-                                    * self.num_devices * x.dtype.size))
-        return r.values.gather_value(x, axis)
-
-    def _loss_all_reduce(self, r: _Replica, x: tf.Tensor) -> tf.Tensor:
-        """All-reduce (sum) for the loss, recorded in ``loss_comms``."""
-        if r.records:
-            self.loss_comms.append((self._tracing, "AR", int(np.prod(x.shape)) * x.dtype.size))
-        return r.values.sum_value(x)
-
-    def _gather_for_loss(self, r: _Replica, out: tf.Tensor, axis: int) -> tf.Tensor:
-        n = self.num_devices
-
-        @tf.custom_gradient
-        def gather(x: tf.Tensor) -> tuple[tf.Tensor, Callable]:
-            def grad(dy: tf.Tensor) -> tf.Tensor:
-                return local_slice(dy, axis, n, r.rid)
-            return self._loss_all_gather(r, x, axis), grad
-
-        return gather(out)
-
-    def _vocab_parallel(self, r: _Replica, logits: tf.Tensor, y: tf.Tensor,
-                        loss: Any) -> tf.Tensor:
-        kw = getattr(loss, "_fn_kwargs", None) or {}
-        return losses.vocab_parallel_crossentropy(
-            logits, y, sparse=type(loss).__name__ == "SparseCategoricalCrossentropy",
-            label_smoothing=float(kw.get("label_smoothing") or 0.0),
-            num_devices=self.num_devices, replica_id=r.rid,
-            all_gather=lambda x: self._loss_all_gather(r, x, len(x.shape) - 1),
-            all_reduce=lambda x: self._loss_all_reduce(r, x))
-
     def _local_loss(self, r: _Replica, out: tf.Tensor, target: Any,
                     k: int = 0) -> tuple[tf.Tensor, bool]:
         """(this replica's share of the global loss of output ``k``, whether shares must
@@ -575,13 +543,13 @@ class Runtime:
                 "the last GraphNode without a collective after the activation, e.g. the "
                 "searched one or 'replicate'")
         if plan.method == "vocab-parallel":
-            per_example = self._vocab_parallel(r, out, y, loss_fn)
+            per_example = loss_collectives.vocab_parallel(self, r, out, y, loss_fn)
         else:
             if plan.method == "gather":
                 if logits is None:
-                    out = self._gather_for_loss(r, out, p.axis)
+                    out = loss_collectives.gather_for_loss(self, r, out, p.axis)
                 else:  # Keras's crossentropy reads the logits: gather those, not the output
-                    logits = self._gather_for_loss(r, logits, p.axis)
+                    logits = loss_collectives.gather_for_loss(self, r, logits, p.axis)
                     out = _ACTIVATIONS[activation](logits)
                     out._keras_logits = logits
             per_example = loss_fn.call(y, losses.as_loss_dtype(out, loss_fn))
@@ -593,7 +561,7 @@ class Runtime:
             if loss_fn.reduction == "mean_with_sample_weight":   # over the weights' sum
                 total = tf.reduce_sum(w)
                 if isinstance(self._weight_placements()[k], Split):   # each on one replica
-                    total = self._loss_all_reduce(r, total)
+                    total = loss_collectives.all_reduce(self, r, total)
             w = tf.reshape(w, w.shape.as_list() + [1] * (per_example.shape.rank - w.shape.rank))
             per_example = per_example * w
         if r.dp is not None:   # a mesh row's share of the global loss (the rows add up to it)
@@ -613,8 +581,10 @@ class Runtime:
         return getattr(self, "weight_placements", None) or [self.weight_placement]
 
     def _forward(self, r: _Replica, xs: Sequence[tf.Tensor], weights: Mapping[str, tf.Tensor],
-                 states: Mapping[str, tf.Tensor]) -> tuple[list, dict]:
-        """(local outputs, {path: new local value} the program writes: training mode)."""
+                 states: Mapping[str, tf.Tensor], call_losses: list | None = None
+                 ) -> tuple[list, dict]:
+        """(local model outputs, {path: new local value} the program writes: training
+        mode); the local values of the losses the call adds go to ``call_losses``."""
         local = {p: [weights[p]] for p in self.paths}
         local.update({p: [v] for p, v in states.items()})
         extra: dict[str, Any] = {}
@@ -623,11 +593,12 @@ class Runtime:
         if getattr(self.program, "stateful_random", ()):
             extra["seed"] = self.iterations   # Keras 2's dropout: a new draw each step, the
             # same draw on every replica
-        if not getattr(self.program, "has_writes", False):
-            return [o[0] for o in self.program([[x] for x in xs], local, r.coll, **extra)], {}
         writes: dict[str, list] = {}
-        outs = self.program([[x] for x in xs], local, r.coll, writes, **extra)
-        return [o[0] for o in outs], {p: v[0] for p, v in writes.items()}
+        outs = [o[0] for o in self.program([[x] for x in xs], local, r.coll, *(
+            [writes] if getattr(self.program, "has_writes", False) else []), **extra)]
+        n = len(self.output_placements)
+        (call_losses if call_losses is not None else []).extend(outs[n:])
+        return outs[:n], {p: v[0] for p, v in writes.items()}
 
     def _on_device(self, fn: Callable) -> Callable:
         """``fn`` run under its replica's device scope: MultiWorkerMirroredStrategy opens none
@@ -773,9 +744,11 @@ class Runtime:
         trainable = [weights[p] for p in self.trainable_paths]
         with tf.GradientTape() as tape:
             tape.watch(trainable)
-            outs, writes = self._forward(r, xs, weights, states)
+            added: list = []
+            outs, writes = self._forward(r, xs, weights, states, added)
             share, partial = compiled_loss.outputs_loss(self, r, outs, y)
             share = regularizers.regularized(self, r, share, partial, weights)
+            share = regularizers.with_call_losses(self, r, share, partial, added)
             scaled = share
             if self.optimizer.loss_scale is not None:   # Keras's optimizer.scale_loss
                 scaled = tf.cast(share, tf.float32) * self.opt_state["loss_scale"]
@@ -965,9 +938,11 @@ class Runtime:
 
     def _loss_only(self, xs: Any, y: Any) -> tf.Tensor:
         def body(r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tf.Tensor:
-            outs, _ = self._forward(r, xs, weights, states)   # writes dropped: no side effects
+            added: list = []   # writes dropped: no side effects
+            outs, _ = self._forward(r, xs, weights, states, added)
             share, partial = compiled_loss.outputs_loss(self, r, outs, y)
             share = regularizers.regularized(self, r, share, partial, weights)
+            share = regularizers.with_call_losses(self, r, share, partial, added)
             loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
             return step_outputs.with_step_values(self, r, loss, outs, y)
         loss = self._replicas(body, (xs, y, self._dist_vars, self.states.dist))

@@ -203,11 +203,13 @@ def _say_setup(pm: Any, opts: TrainOptions, say: Any) -> None:
 
 
 def _check_npz(opts: TrainOptions, model: Any, specs: Any, loss: Any) -> None:
-    """``--data``'s .npz against the built model (``preflight.check_npz``), as a TrainError."""
-    if opts.data and opts.data.endswith(".npz"):
+    """``--data`` (an .npz or TFRecord files) against the built model
+    (``preflight.check_npz``, ``check_tfrecord``), as a TrainError."""
+    if opts.data:
         from tapas.execution import preflight
+        check = preflight.check_npz if opts.data.endswith(".npz") else preflight.check_tfrecord
         try:
-            preflight.check_npz(opts.data, model, specs, loss)
+            check(opts.data, model, specs, loss)
         except preflight.PreflightError as e:
             raise TrainError(str(e)) from None
 

@@ -84,7 +84,7 @@ class Grouper(Absorbing):
                              if name in self.index)
         return ir.Graph(nodes=tuple(nodes), edges=tuple(edges), inputs=graph_inputs,
                         outputs=tuple(self.raw.outputs), dead_ops=dead, unused_weights=unused,
-                        name=self.raw.name)
+                        name=self.raw.name, call_losses=self.raw.call_losses)
 
     def _toposort(self, groups: list[list[int]]) -> list[list[int]]:
         """Order GraphNodes so every edge goes forward. Groups caught in a cycle (possible

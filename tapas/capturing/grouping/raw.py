@@ -34,6 +34,7 @@ class RawGraph:
     model_weights: Sequence[WeightInfo] = ()
     name: str = "graph"
     pins: Mapping[str, str] = dataclasses.field(default_factory=dict)  # weight path -> pin
+    call_losses: int = 0     # the last outputs that are losses the model's call added
 
 
 def op_name(tensor_name: str) -> str:

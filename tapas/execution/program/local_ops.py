@@ -204,6 +204,11 @@ class LocalOps:
         expect = want.local_shape(glob, self.n)
         if got == expect:
             return vals, want
+        if got is None or (None in got and len(got) == len(expect) and all(
+                g is None or g == e for g, e in zip(got, expect))):
+            # an op whose shape TensorFlow cannot infer (tf.py_function: the capture's
+            # set_shape is not replayed): the placement's shape, checked when it runs
+            return [tf.ensure_shape(v, expect) for v in vals], want
         if got == glob and isinstance(want, Split):
             # computed whole from replicated values (e.g. a constant): keep this device's
             # part (plain slice; the pattern's backward comms handle the partial gradient)

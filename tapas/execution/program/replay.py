@@ -33,6 +33,9 @@ Symbols used, and why:
   ``atomic_function.from_function_def`` and ``ops.uid`` (private modules): a replayed op
   that names functions (a While's body, an If's branches) gets renamed copies of them in
   the graph it is created in, where its gradient looks them up (:func:`_own_functions`).
+* ``tensorflow.python.ops.script_ops._py_funcs`` (private): the registry where
+  ``tf.py_function`` and ``tf.numpy_function`` keep the Python function an op's ``token``
+  names; a replayed call looks its function up there (:func:`_python_call`).
 * ``tensorflow.python.eager.context.context().function_call_options`` (private, per
   thread): the ``ConfigProto`` a ``tf.function`` is instantiated with on its first call
   (Grappler's options), set for the runtime's step functions by
@@ -56,6 +59,7 @@ from tensorflow.python.eager import context as _context  # private: function_cal
 from tensorflow.python.eager.polymorphic_function import atomic_function as _atomic  # private
 from tensorflow.python.framework.ops import uid as _uid  # private: a process-unique int
 from tensorflow.python.eager import execute as _execute  # private: must_record_gradient
+from tensorflow.python.ops import script_ops  # private: the registry of Python functions
 
 __all__ = ["replay_op", "ReplayError", "graph_optimization", "GRAPH_OPTIMIZATIONS",
            "check_graph_optimization"]
@@ -97,6 +101,8 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
     if tf.executing_eagerly():
         raise ReplayError(f"replaying op '{op.name}' ({op.type}) needs a graph: call the "
                           "reconstructed program inside a tf.function")
+    if op.type in PYTHON_OPS:
+        return _python_call(op, list(inputs), name)
     node_def = op.node_def
     attrs = {**{k: v for k, v in node_def.attr.items() if not k.startswith("_")},
              **(attrs or {})}
@@ -130,6 +136,67 @@ def replay_op(op: tf.Operation, inputs: Sequence[tf.Tensor], name: str | None = 
             flat.extend((key, new_op.get_attr(key)))
         tf.__internal__.record_gradient(op_type, list(new_op.inputs), tuple(flat), outputs)
     return outputs
+
+
+# ops that call back into Python (tf.py_function; tf.numpy_function): re-created as a new
+# call of the same Python function (:func:`_python_call`)
+PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
+
+
+def _python_call(op: tf.Operation, inputs: list, name: str | None) -> list[tf.Tensor]:
+    """``op`` (a tf.py_function or tf.numpy_function of the traced graph) as a new call of
+    the same registered Python function. A tf.py_function's gradient is that function's
+    own, taken by recomputing it under a tape in the backward pass: TensorFlow's keeps
+    the forward's tape in a cache keyed by the op, which replicas running one traced
+    step side by side would take from each other."""
+    token = op.get_attr("token")
+    token = token.decode() if isinstance(token, bytes) else token
+    registered = script_ops._py_funcs.get(token)
+    if registered is None:
+        raise ReplayError(f"op '{op.name}' ({op.type}) calls a Python function that is no "
+                          "longer registered (the model traced it and was then deleted): "
+                          "keep the model alive while its parallel program runs")
+    dtypes = [o.dtype for o in op.outputs]
+    with tf.name_scope(name or op.name.replace("/", "_")):
+        if op.type != "EagerPyFunc":   # tf.numpy_function: no gradient, as traced
+            outs = tf.numpy_function(registered, inputs, dtypes,
+                                     stateful=op.type == "PyFunc")
+            return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        return _differentiable_py_function(registered._func, inputs, dtypes)
+
+
+def _as_list(x: Any) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _differentiable_py_function(func: Any, inputs: list, dtypes: list) -> list[tf.Tensor]:
+    """``tf.py_function(func, inputs, dtypes)`` whose gradient recomputes ``func`` under a
+    tape (float inputs only; others get none)."""
+    n_in = len(inputs)
+
+    @tf.custom_gradient
+    def call(*xs: tf.Tensor) -> Any:
+        outs = _as_list(tf.py_function(func, list(xs), dtypes))
+
+        def grad(*dys: tf.Tensor) -> list:
+            floats = [k for k, x in enumerate(xs) if x.dtype.is_floating]
+
+            def backward(*args: tf.Tensor) -> list:
+                xs_, dys_ = list(args[:n_in]), list(args[n_in:])
+                with tf.GradientTape() as tape:
+                    tape.watch([xs_[k] for k in floats])
+                    ys = _as_list(func(*xs_))
+                gs = tape.gradient(ys, [xs_[k] for k in floats], output_gradients=dys_)
+                return [tf.zeros_like(xs_[k]) if g is None else g
+                        for k, g in zip(floats, gs)]
+            gs = _as_list(tf.py_function(backward, list(xs) + list(dys),
+                                         [xs[k].dtype for k in floats]))
+            out: list = [None] * n_in
+            for k, g in zip(floats, gs):
+                out[k] = tf.ensure_shape(g, xs[k].shape)
+            return out
+        return outs, grad
+    return _as_list(call(*inputs))
 
 
 # convolutions whose strided 1x1 form is replayed as a slice (same attribute names)

@@ -8,10 +8,9 @@ Out: :func:`plan_regularizers`: one :class:`Term` per trainable weight Keras reg
      ``Layer.losses`` reads), or a ``ValueError`` naming a loss the runtime cannot compute
      exactly (before anything runs); :func:`replica_value`: inside a replica, the term
      this replica adds to its loss share (:func:`regularized`: added to a runtime's).
-     :func:`call_losses`: the losses the model's call adds (activity regularizers,
-     ``self.add_loss``) found in a traced graph, which the runtime refuses by name
-     (:func:`refusal`): their ops feed no model output, so the capture's GraphNodes do not
-     hold them and the program never computes them.
+     :func:`with_call_losses`: the losses the model's call adds (activity regularizers,
+     ``self.add_loss``), which capture makes extra outputs of the program
+     (``ir.Graph.call_losses``), added to a replica's loss share.
 
 How a regularizer is computed (Keras adds ``regularizer(variable)`` to the loss):
 
@@ -39,10 +38,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from tapas.sharding.placements import Split
+from tapas.sharding.placements import Replica, Split, parse_placement
 
-__all__ = ["Term", "plan_regularizers", "replica_value", "regularized", "call_losses",
-           "refusal", "value_scale", "predicted_comms", "SUM_OF_ELEMENTS"]
+__all__ = ["Term", "plan_regularizers", "replica_value", "regularized", "split_outputs",
+           "with_call_losses", "value_scale", "predicted_comms", "predicted_call_loss_comms",
+           "SUM_OF_ELEMENTS"]
 
 # Keras regularizers that are a sum of per-element terms: the shards' values add up
 SUM_OF_ELEMENTS = frozenset({"L1", "L2", "L1L2"})
@@ -122,6 +122,21 @@ def predicted_comms(terms: list[Term], specs: Mapping[str, Any]) -> tuple[tuple[
     return tuple(out)
 
 
+def predicted_call_loss_comms(rt: Any) -> tuple[tuple[str, int], ...]:
+    """The collectives :func:`with_call_losses` adds to a step of ``rt``: an all-reduce of
+    the sum of each call loss that is not replicated (the loss's dtype)."""
+    if rt.num_devices == 1:
+        return ()
+    graph = getattr(rt.program, "graph", None)
+    if not getattr(graph, "call_losses", 0):
+        return ()
+    infos = graph.outputs[len(graph.outputs) - graph.call_losses:]
+    sizes = [tf.as_dtype(t.dtype).size if tf.as_dtype(t.dtype).is_floating else 4
+             for t in infos]   # a loss that is not a float is cast to the loss's float32
+    return tuple(("AR", size) for size, p in zip(sizes, rt.call_loss_placements)
+                 if not isinstance(p, Replica))
+
+
 def value_scale(x: tf.Tensor, k: float) -> tf.Tensor:
     """``x * k`` forward, the identity backward."""
     @tf.custom_gradient
@@ -179,37 +194,45 @@ def replica_value(terms: list[Term], weights: Mapping[str, tf.Tensor], *, partia
     return total
 
 
-def call_losses(model: Any, graph: tf.Graph) -> list[str]:
-    """The losses the model's call added while ``graph`` was traced (a layer's
-    ``activity_regularizer``, ``self.add_loss(tensor)``), one description per loss:
-    Keras keeps them in each layer's ``_losses`` as tensors of the traced graph."""
-    found = []
-    layers = [model] + list(model._flatten_layers(include_self=False)) \
-        if hasattr(model, "_flatten_layers") else [model]
-    for layer in layers:
-        own = [x for x in getattr(layer, "_losses", []) or []
-               if getattr(x, "graph", None) is graph]
-        if not own:
-            continue
-        kind = (f"activity_regularizer {type(layer.activity_regularizer).__name__}"
-                if getattr(layer, "activity_regularizer", None) is not None else "add_loss")
-        found.append(f"layer '{layer.name}' ({type(layer).__name__}): {len(own)} loss(es) "
-                     f"from its call ({kind})")
-    return found
+def split_outputs(program: Any) -> tuple[list, list]:
+    """(placements of the model's outputs, placements of the losses its call adds): the
+    program's outputs end with the call losses (``ir.Graph.call_losses``)."""
+    every = [parse_placement(p) for p in program.output_placements]
+    n = len(every) - getattr(getattr(program, "graph", None), "call_losses", 0)
+    return every[:n], every[n:]
 
 
-def refusal(found: list[str]) -> str:
-    """Why a model whose call adds losses (:func:`call_losses`) is refused, and the fix."""
-    return ("the model's call adds losses that Keras puts into the training loss "
-            f"(model.losses): {'; '.join(found)}. The parallel program does not compute "
-            "them: their ops feed no model output, so the captured graph leaves them out, "
-            "and leaving them out of the loss would train another model: remove them "
-            "(activity_regularizer=None, no self.add_loss in call) or move them into a "
-            "weight regularizer (kernel_regularizer=..., which the runtime computes); a "
-            "loss added only in training (an MoE layer's load-balancing loss, e.g. "
-            "moe-tiny's) is absent from the inference graph: parallelize with "
-            "training=False (tapas train --training=false) to train that graph; or train "
-            "this model with Keras")
+def with_call_losses(rt: Any, r: Any, share: tf.Tensor, partial: bool,
+                     values: list) -> tf.Tensor:
+    """In a replica body of ``rt``: ``share`` plus this replica's part of the losses the
+    model's call added (``values``: their local values, placed as
+    ``rt.call_loss_placements``). Keras adds the sum of each (cast to float when it is
+    not); a loss split or partial over the devices is all-reduced first (forward sum,
+    backward identity), so every replica holds the whole sum with its own part's exact
+    gradient, and then enters the loss as a regularizer does (:func:`replica_value`)."""
+    if not values:
+        return share
+    if rt.rows > 1:
+        raise ValueError(
+            f"the model's call adds {len(values)} loss(es) (activity regularizers or "
+            f"add_loss), and this plan runs on a mesh of {rt.rows} rows whose batch is "
+            "split over the rows: each row would see a part of the batch, and a loss that "
+            "is not a sum over examples would be counted once per row. Use a "
+            "one-dimensional plan (no nested experts) for this model, or drop the call "
+            "losses")
+    total = None
+    for v, placement in zip(values, rt.call_loss_placements):
+        v = tf.convert_to_tensor(v)
+        v = tf.reduce_sum(v if v.dtype.is_floating else tf.cast(v, share.dtype))
+        if not isinstance(placement, Replica) and rt.num_devices > 1:
+            if r.records:
+                rt.regularizer_comms.append((rt._tracing, "AR", v.dtype.size))
+            v = _summed(v, r.values.sum_value)
+        v = tf.cast(v, share.dtype)
+        total = v if total is None else total + v
+    if partial and rt.num_devices > 1:   # the replicas' shares are summed: each adds 1/N
+        total = value_scale(total, 1.0 / rt.num_devices)
+    return share + total
 
 
 def regularized(rt: Any, r: Any, share: tf.Tensor, partial: bool,
