@@ -4,8 +4,9 @@ In:  the Keras model (its compiled loss, metrics, optimizer, weight regularizers
      program's placements.
 Out: what the runtime's training step calls to compute them as Keras does on one device.
 
-* :mod:`.losses`, :mod:`.compiled_loss`: the loss where the output lies; the compiled loss
-  per output with its ``loss_weights``.
+* :mod:`.losses`, :mod:`.compiled_loss`, :mod:`.loss_collectives`: the loss where the
+  output lies; the compiled loss per output with its ``loss_weights``; the collectives the
+  loss needs, recorded for the audit.
 * :mod:`.metrics`, :mod:`.step_outputs`: the compiled metrics on the global batch, and the
   global values they are computed from.
 * :mod:`.regularizers`: ``model.losses`` on the shards, counted once.
