@@ -69,7 +69,6 @@ SIZE_EXCEPTIONS: dict[str, int] = {
     "tapas/execution/runtime.py::Runtime.__init__": 87,
     "tapas/execution/train.py": 745,
     "tapas/execution/train.py::_parallelize": 93,
-    "tapas/execution/checking/verify.py::compare_nested": 114,
 }
 
 

@@ -193,7 +193,7 @@ def test_keras_hub_moe_nested_matches_one_device(name: str) -> None:
     from models import corpus
     from tapas import capturing
     from tapas.execution import parallel
-    from tapas.execution.checking import checker, verify
+    from tapas.execution.checking import checker, nested, verify
     model, specs = corpus.get(name).build(batch=4)
     row = tf.nest.map_structure(lambda s: tf.TensorSpec([s.shape[0] // 2] + s.shape[1:],
                                                         s.dtype, name=s.name), specs)
@@ -204,7 +204,7 @@ def test_keras_hub_moe_nested_matches_one_device(name: str) -> None:
     plan = parallel.random_plan(graph, 2, 0, patterns_fn=X.nested_patterns(graph, 2))
     inputs = [np.concatenate([a, b]) for a, b in zip(checker.synthetic_inputs(graph, seed=1),
                                                     checker.synthetic_inputs(graph, seed=2))]
-    cmp = verify.compare_nested(trace, graph, plan, inputs, rows=2)
+    cmp = nested.compare_nested(trace, graph, plan, inputs, rows=2)
     assert cmp.ok(), cmp.worst
     names = [i.name for n in graph.nodes for i in n.inputs]
     values = verify.intermediate_values(trace, graph, checker.synthetic_inputs(graph), names)

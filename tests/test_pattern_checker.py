@@ -17,7 +17,7 @@ import keras
 
 from tapas import capturing, models
 from tapas.sharding import patterns
-from tapas.execution.checking import checker, verify
+from tapas.execution.checking import checker, nested, verify
 from tapas.ir import Kind
 
 
@@ -551,7 +551,7 @@ def test_whole_moe_model_nested_plan_matches_one_device(seed):
     plan = parallel.random_plan(g, 2, seed, patterns_fn=experts.nested_patterns(g, 2))
     inputs = [np.concatenate([a, b]) for a, b in zip(checker.synthetic_inputs(g, seed=1),
                                                     checker.synthetic_inputs(g, seed=2))]
-    cmp = verify.compare_nested(t, g, plan, inputs, rows=2)
+    cmp = nested.compare_nested(t, g, plan, inputs, rows=2)
     assert cmp.ok(), cmp.worst
     assert any(d.what.startswith("gradient of") and "moe/wi" in d.what
                for d in cmp.differences)

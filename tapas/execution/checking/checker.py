@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas import ir
-from tapas.execution.checking import audit, verify
+from tapas.execution.checking import audit, nested, verify
 from tapas.execution.program.plan import Plan, ReconstructError
 from tapas.sharding import patterns
 
@@ -128,7 +128,7 @@ def check_nested_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.n
     (``tapas.planning.experts.nested_patterns``; the first GraphNode of each signature),
     rebuilt alone with its experts cut over the rows, the tokens exchanged over the columns
     and the pattern in each row, all ``rows * num_devices`` replicas simulated
-    (``tapas.execution.checking.verify.compare_nested``), against the GraphNode on one device run on
+    (``tapas.execution.checking.nested.compare_nested``), against the GraphNode on one device run on
     each row's share. ``values``: every GraphNode input's value in one row's graph
     (:func:`tapas.execution.checking.verify.intermediate_values`); the other rows get fresh random
     tokens (floats) or copies (integers), so that rows differ."""
@@ -157,7 +157,7 @@ def check_nested_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.n
             checked += 1
             label = f"{_describe(node, pat, num_devices)} on {rows}x{num_devices}:experts"
             try:
-                cmp = verify.compare_nested(trace, sub, Plan(num_devices, {0: pat}), args,
+                cmp = nested.compare_nested(trace, sub, Plan(num_devices, {0: pat}), args,
                                             rows)
             except BUILD_ERRORS as err:
                 failures.append(f"{label}: cannot be rebuilt: {type(err).__name__}: {err}")
