@@ -11,7 +11,7 @@ Out: :func:`machine` (python, platform, CPU count), :func:`write_json` (the file
      spread of the plan's training step, optionally paired with an anchor plan's, and
      optionally of the same plan built :func:`without_communication`: how much of the
      step its collectives take; the instrument is
-     ``tapas.execution.communication_scale.without_communication``, which the cost model's
+     ``tapas.execution.calibration.communication_scale.without_communication``, which the cost model's
      communication calibration times with too); :func:`timed_round_robin` (several built
      plans timed in turn, round after round, each step against the same round's steps of
      the others: what the Table 2 script ranks plans by) and its arithmetic
@@ -31,8 +31,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tapas.execution.communication_scale import without_communication
-from tapas.execution.compute_scale import median_standard_error
+from tapas.execution.calibration.communication_scale import without_communication
+from tapas.execution.calibration.compute_scale import median_standard_error
 
 __all__ = ["machine", "write_json", "timed_search", "plan_program", "timed_plan",
            "timed_round_robin", "round_robin_summary", "without_communication"]
@@ -98,7 +98,7 @@ def plan_program(model: Any, entry: Any, graph: Any, patterns: Any, strategy: An
     reconstructed with ``patterns`` (one pattern name per GraphNode) under ``strategy``,
     after one untimed ``train_step`` (tracing and the graph's first run)."""
     from tapas.execution import parallel
-    from tapas.execution.plan import Plan
+    from tapas.execution.program.plan import Plan
     from tapas.planning.strategy import graph_digest
     from tapas.sharding.patterns import pattern_by_name
     n = int(strategy.num_replicas_in_sync)
@@ -264,7 +264,7 @@ def round_robin_summary(times: list[list[float | None]],
     their steps in round r. Plan i's steps relative to their rounds, ``times[i][r] / g[r]``,
     give ``ratio`` (their median), ``ratio_iqr`` and ``paired_s = ratio * median(g)`` (the
     time the plan is ranked by), ``paired_iqr_s`` and ``paired_se_s`` (the standard error
-    of that median, ``tapas.execution.compute_scale.median_standard_error``, in seconds), besides the
+    of that median, ``tapas.execution.calibration.compute_scale.median_standard_error``, in seconds), besides the
     plain ``median_s``, ``iqr_s`` and every step ``times_s`` and ``rounds`` (how many).
     ``local_times`` (same layout, or None rows): the same for each plan's copy without its
     collectives (``local_median_s``, ``local_times_s``, ``local_ratio``)."""

@@ -16,7 +16,7 @@ collective poisons its process), with a timeout; a case whose process dies of a 
 reported with the signal, the C library's message and the Python frames it was in. Levels:
 
 * ``sim`` -- the plan rebuilt and run on N simulated shards in one process
-  (``tapas.execution.checker.check_plan``): outputs and the gradients of every weight and
+  (``tapas.execution.checking.checker.check_plan``): outputs and the gradients of every weight and
   float input against the same program on one device, within rtol 1e-5 / atol 1e-5 x the
   largest magnitude; and that one-device program's outputs against the Keras model's;
 * ``runtime`` -- ``tapas.parallelize`` on N logical CPU devices and ``ParallelModel.verify``
@@ -127,7 +127,8 @@ def _build(name: str, batch: int | None = None) -> dict[str, Any]:
 
 def _plan(graph: Any, n: int, label: str) -> tuple[Any, str]:
     """The plan called ``label`` ("searched" or "random:SEED") and a note."""
-    from tapas.execution import parallel, reconstruct
+    from tapas.execution import parallel
+    from tapas.execution.program import reconstruct
     from tapas.planning import search
     from tapas.planning.cost import Cluster
     if label.startswith("random:"):
@@ -150,7 +151,7 @@ def _plan(graph: Any, n: int, label: str) -> tuple[Any, str]:
 def _plan_by_names(graph: Any, n: int, names: dict[str, str]) -> Any:
     """The plan choosing, for each GraphNode id, the pattern of that name (a float32 case's
     plan applied to the model rebuilt in float64: the same GraphNodes and patterns)."""
-    from tapas.execution import reconstruct
+    from tapas.execution.program import reconstruct
     from tapas.planning.strategy import graph_digest
     from tapas.sharding import patterns
     chosen = {}
@@ -177,7 +178,7 @@ def _sim(built: dict[str, Any], trace: Any, graph: Any, plan: Any) -> dict[str, 
     """The plan on simulated shards against one device, and one device against Keras."""
     import numpy as np
     import tensorflow as tf
-    from tapas.execution import checker, verify
+    from tapas.execution.checking import checker, verify
     arrays = list(built["xs"]) if built["library"] == "zoo" else checker.synthetic_inputs(graph)
     out = checker.check_plan(trace, graph, plan, arrays)
     replay = verify.intermediate_values(trace, graph, arrays, [t.name for t in graph.outputs])
@@ -203,7 +204,7 @@ def _runtime(built: dict[str, Any], plan: Any, n: int, optimizer: str,
         return {"status": "not run: the runtime trains one model output"}
     xs = built.get("xs")
     if xs is None:
-        from tapas.execution import checker
+        from tapas.execution.checking import checker
         graph = tapas.capture(built["model"], built["specs"])
         xs = _keras_inputs(built, graph, checker.synthetic_inputs(graph))
     initial = [v.numpy() for v in built["model"].variables]
@@ -249,7 +250,7 @@ def _runtime_stateful_random(pm: Any, xs: Any, y: Any) -> dict[str, Any]:
     (outputs, gradients, writes), then two training steps on the devices (finite losses)
     and the collective audit of the training step against the plan's prediction."""
     import numpy as np
-    from tapas.execution import verify
+    from tapas.execution.checking import verify
     program = pm.program
     cmp = verify.compare_with_single_device(program.trace, pm.graph, program.plan,
                                             pm.inputs.flatten(xs))
@@ -354,7 +355,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     trace = capturing.trace(built["model"], built["specs"], training=training)
     graph = capturing.to_ir(trace)
     if case["plan"] == "checker":
-        from tapas.execution import checker, verify
+        from tapas.execution.checking import checker, verify
         names = [i.name for nd in graph.nodes for i in nd.inputs]
         values = verify.intermediate_values(trace, graph, checker.synthetic_inputs(graph), names)
         checked, failures = checker.check_node_patterns(trace, graph, values, n)

@@ -18,7 +18,7 @@ logical CPU devices (``--devices``):
    the same search pricing the model's loss its top ``--top_k`` (``L#1``...); plans with
    identical patterns are merged.
 2. Each distinct plan is reconstructed (``tapas.parallelize`` with a hand-made
-   ``tapas.execution.plan.Plan``, inference graph as ``benchmarks/bench_train.py``) and
+   ``tapas.execution.program.plan.Plan``, inference graph as ``benchmarks/bench_train.py``) and
    stepped once (tracing). With ``--interleave`` (the default) all of a model's plans are
    built first and their ``train_step`` timed round-robin (``report.timed_round_robin``):
    ``--rounds`` rounds, each stepping every plan once in a shuffled order; a plan is
@@ -60,7 +60,7 @@ logical CPU devices (``--devices``):
    the rule before 2026-11-28, beside: ``strict_ties`` in the JSON).
 
 ``--calibrate`` (the default): before its plans, each model's compute factor is measured
-(``tapas.execution.compute_scale.calibrate_compute``: the replicated program's step at the
+(``tapas.execution.calibration.compute_scale.calibrate_compute``: the replicated program's step at the
 global batch and at batch / N, ``--steps`` x ``--repeats`` pairs, against the compute the
 cost model prices for them; no plan is run) for the row +MC, and the search with that
 factor adds its own top ``--top_k`` (``C#1``...); ``calibrations`` in the JSON, kept by
@@ -68,7 +68,7 @@ factor adds its own top ``--top_k`` (``C#1``...); ``calibrations`` in the JSON, 
 re-costed without the row).
 
 ``--calibrate_communication`` (the default, with ``--kernels``): before its plans, each
-model's communication factor is measured (``tapas.execution.communication_scale``: its
+model's communication factor is measured (``tapas.execution.calibration.communication_scale``: its
 data-parallel plan's step as it runs and with every collective replaced by a local op,
 ``--steps`` x ``--repeats`` pairs, against what the cost model prices for its collectives)
 for the row +CS, and the search pricing the kernels with that factor adds its own top
@@ -92,7 +92,7 @@ out there).
 
 ``--kernels`` (the default): before its plans, every kernel the model's patterns run (each
 contraction and convolution at its local shapes: ``tapas.planning.kernel_times``) is timed
-on the devices (``tapas.execution.kernels``) for the row +K, and the search pricing them
+on the devices (``tapas.execution.calibration.kernels``) for the row +K, and the search pricing them
 adds its own top ``--top_k`` (``K#1``...); ``kernel_times`` in the JSON. ``--kernels_only``
 times them and writes ``table2_kernels.json`` without running a plan; ``--recost
 --kernel_times=table2_kernels.json`` prices an earlier run's plans with them.
@@ -193,13 +193,13 @@ flags.DEFINE_integer("batch_size", 64, "Global batch (divisible by --devices). 6
                      "plans of these small models lie within the measurement's own noise of "
                      "each other (docs/paper.md, \"Table 2 at batch 64\").")
 flags.DEFINE_boolean("calibrate", True, "Measure each model's compute factor first "
-                     "(tapas.execution.compute_scale: the replicated step at the batch and at "
+                     "(tapas.execution.calibration.compute_scale: the replicated step at the batch and at "
                      "batch / N, --steps x --repeats pairs) for the row +CF+GO+EC+WR+L+MB+W+MC.")
 flags.DEFINE_boolean("kernels", True, "Time each model's kernels first (every contraction and "
                      "convolution at its local shapes under each pattern: "
-                     "tapas.execution.kernels) for the row +CF+GO+EC+WR+L+MB+W+K.")
+                     "tapas.execution.calibration.kernels) for the row +CF+GO+EC+WR+L+MB+W+K.")
 flags.DEFINE_boolean("calibrate_communication", True, "Measure each model's communication "
-                     "factor first (tapas.execution.communication_scale: its data-parallel "
+                     "factor first (tapas.execution.calibration.communication_scale: its data-parallel "
                      "plan's step with and without its collectives, --steps x --repeats "
                      "pairs) for the row +CF+GO+EC+WR+L+MB+W+K+CS (with --kernels). Not with "
                      "--workers.")
@@ -289,7 +289,7 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                                     collective_efficiency=True, weight_reshards=True,
                                     loss=True, memory_bound=True, gemm_width=True),
         # ... and every plan's compute times the model's own measured factor
-        # (CostOptions.compute_scale, tapas.execution.compute_scale: the replicated step at
+        # (CostOptions.compute_scale, tapas.execution.calibration.compute_scale: the replicated step at
         # the global batch and at batch / N against what the row above prices for them);
         # "measured" stands for that model's factor
         MC_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
@@ -297,12 +297,12 @@ ROWS = {"baseline": dict(constant_filter=False, gradient_overlap=False,
                      compute_scale="measured"),
         # the search's default row with each contraction's and convolution's kernel priced
         # by its measured training-step time at its local shapes (CostOptions.kernel_times,
-        # tapas.execution.kernels); "measured" stands for that model's kernel times
+        # tapas.execution.calibration.kernels); "measured" stands for that model's kernel times
         K_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
                     weight_reshards=True, loss=True, memory_bound=True, gemm_width=True,
                     kernel_times="measured"),
         # ... and every collective's cost times the model's own measured factor
-        # (CostOptions.communication_scale, tapas.execution.communication_scale: its
+        # (CostOptions.communication_scale, tapas.execution.calibration.communication_scale: its
         # data-parallel plan's step with and without its collectives against what this row
         # prices for them); "measured" stands for that model's factor
         CS_ROW: dict(constant_filter=True, gradient_overlap=True, collective_efficiency=True,
@@ -490,10 +490,10 @@ def drop_communication_row(why: str) -> None:
 
 def model_communication(model, entry, graph, cluster, strategy, loss, kernels,
                         name: str) -> dict:
-    """One model's communication calibration (``tapas.execution.communication_scale``) as
+    """One model's communication calibration (``tapas.execution.calibration.communication_scale``) as
     JSON, with the patterns of the plan it timed (for ``--recost`` with another cluster);
     an error is reported and leaves the model's factor at 1.0."""
-    from tapas.execution.communication_scale import calibrate_communication
+    from tapas.execution.calibration.communication_scale import calibrate_communication
     from tapas.planning.cost import CostOptions
     options = CostOptions.for_cluster(cluster, loss=loss, kernel_times=kernels)
     try:
@@ -529,7 +529,7 @@ def collective_free_factor(calibration: dict | None, graph, cluster, loss, kerne
 def elementwise_factor(calibration: dict | None, entry, graph, cluster, kernels) -> dict:
     """A model's factor for its memory-bound ops (the row ``CE_ROW``), from its compute
     calibration (``--calibrate``: the replicated step at the global batch B and at B / N,
-    ``tapas.execution.compute_scale``) re-priced as ``K_ROW`` prices (measured kernels):
+    ``tapas.execution.calibration.compute_scale``) re-priced as ``K_ROW`` prices (measured kernels):
     ``ComputeCalibration.elementwise_scale``, the measured difference of the two steps less
     the priced difference of their contractions and convolutions, over the priced
     difference of their memory-bound ops. A difference cancels what both steps pay whatever
@@ -541,7 +541,7 @@ def elementwise_factor(calibration: dict | None, entry, graph, cluster, kernels)
     if not calibration or calibration.get("scale") is None or kernels is None or \
             not cluster.device_elementwise_rate:
         return {"factor": 1.0, "rest_s": None, "elements_s": None}
-    from tapas.execution.compute_scale import ComputeCalibration, replicated_compute_parts
+    from tapas.execution.calibration.compute_scale import ComputeCalibration, replicated_compute_parts
     from tapas.planning.cost import CostOptions
     big, small = calibration["batches"]
     n = cluster.num_devices
@@ -579,7 +579,7 @@ def comm_rescaled(calibration: dict | None, graph, cluster, loss, kernels,
     u = collective_free_factor(calibration, graph, cluster, loss, kernels)
     if not calibration or calibration.get("scale") is None:
         return Communication(compute=u, elementwise=e)
-    from tapas.execution.communication_scale import predicted_parts, solve_factors
+    from tapas.execution.calibration.communication_scale import predicted_parts, solve_factors
     from tapas.planning.cost import CostOptions
     options = CostOptions.for_cluster(cluster, loss=loss, kernel_times=kernels)
     first, _ = predicted_parts(graph, calibration["patterns"], cluster, options)
@@ -611,8 +611,8 @@ def comm_factors(calibration: dict | None, compute_factor: float = 1.0,
 
 
 def model_kernels(graph, strategy, name: str):
-    """The measured kernel times of one model's patterns (``tapas.execution.kernels``)."""
-    from tapas.execution.kernels import measure_kernels
+    """The measured kernel times of one model's patterns (``tapas.execution.calibration.kernels``)."""
+    from tapas.execution.calibration.kernels import measure_kernels
     from tapas.planning.kernel_times import graph_kernels
     keys = graph_kernels(graph, strategy.num_replicas_in_sync)
     return measure_kernels(keys, strategy, progress=lambda line: print(f"[{name}] {line}",
@@ -1122,7 +1122,7 @@ def rescaled(calibration: dict | None, graph, cluster) -> float:
     if not calibration or calibration.get("scale") is None:
         return 1.0
     from tapas.planning.cost import CostOptions
-    from tapas.execution.compute_scale import predicted_replicated_compute
+    from tapas.execution.calibration.compute_scale import predicted_replicated_compute
     n = cluster.num_devices
     options = CostOptions.for_cluster(cluster, **{k: v for k, v in ROWS[W_ROW].items()
                                                   if k != "loss"})
@@ -1188,7 +1188,7 @@ def main(argv: list[str]) -> None:
         raise ValueError(f"--cluster={FLAGS.cluster} has {cluster.num_devices} devices but "
                          f"the run has {n}: profile with `{how}`")
     strategy = devices.make_strategy(n)
-    from tapas.execution.compute_scale import calibrate_compute, median_standard_error
+    from tapas.execution.calibration.compute_scale import calibrate_compute, median_standard_error
     calibrations: dict[str, dict] = {}
     if not FLAGS.calibrate:
         drop_calibrated_row("--nocalibrate")

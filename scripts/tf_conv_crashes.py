@@ -8,7 +8,7 @@
 TensorFlow 2.21's oneDNN filter gradient of a 1x1 stride-2 convolution over an odd number of
 images with few channels corrupts the heap (``docs/tensorflow-notes.md``); a plan that
 splits the batch makes such shapes, so TAPAS's replay makes strided 1x1 convolutions as a
-strided slice and a stride-1 convolution (``tapas/execution/replay.py``). This script maps
+strided slice and a stride-1 convolution (``tapas/execution/program/replay.py``). This script maps
 where such crashes are, to check the workaround still covers them after a TensorFlow
 upgrade: every configuration of the grid (op x filter size x stride x batch x channels x
 image size x padding; 48 output channels, NHWC) runs ``--calls`` times in a child process,

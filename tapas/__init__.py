@@ -41,7 +41,7 @@ _LAZY = {
     "FoldedGraph": ("tapas.mining", "FoldedGraph"),
     "search": ("tapas.planning.search", "search"),
     "Strategy": ("tapas.planning.search", "Strategy"),
-    "profile": ("tapas.execution.profiling", "profile"),
+    "profile": ("tapas.execution.calibration.profiling", "profile"),
     "parallelize": ("tapas.execution.parallel", "parallelize"),
     "ParallelModel": ("tapas.execution.parallel", "ParallelModel"),
     "layers": ("tapas.layers", None),

@@ -46,7 +46,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tapas import capturing  # noqa: E402
-from tapas.execution import fit, fit_checkpoints, parallel, reconstruct  # noqa: E402
+from tapas.execution import fit, fit_checkpoints, parallel
+from tapas.execution.program import reconstruct  # noqa: E402
 from tapas.planning.strategy import graph_digest  # noqa: E402
 
 N = JOB["devices"]

@@ -61,7 +61,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tapas import capturing  # noqa: E402
-from tapas.execution import fit, parallel, reconstruct  # noqa: E402
+from tapas.execution import fit, parallel
+from tapas.execution.program import reconstruct  # noqa: E402
 from tapas.planning.strategy import graph_digest  # noqa: E402
 from tapas.sharding.placements import Split  # noqa: E402
 

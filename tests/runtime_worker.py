@@ -41,7 +41,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tapas.execution.verify import compare  # noqa: E402
+from tapas.execution.checking.verify import compare  # noqa: E402
 from tapas.sharding.placements import Replica, Split# noqa: E402
 
 BATCH, D_IN, HIDDEN, CLASSES = 8, 8, 16, 12
@@ -396,7 +396,7 @@ def _each_pattern_verified(strategy: Any, model: Any, in_shape: tuple, out_shape
     another in this process: ``{pattern: verify's outputs, loss, gradients, weights}``."""
     from tapas import capturing
     from tapas.execution import parallel
-    from tapas.execution.plan import Plan
+    from tapas.execution.program.plan import Plan
     from tapas.planning.strategy import graph_digest
     from tapas.sharding.patterns import patterns_for
     n = strategy.num_replicas_in_sync
@@ -491,7 +491,8 @@ def check_logits(strategy: Any) -> dict[str, Any]:
     the logits, and so must the reconstructed program (outputs, loss, gradients and weights
     after 3 steps against Keras), for replicated, batch-split and class-split outputs."""
     from tapas import capturing
-    from tapas.execution import parallel, reconstruct
+    from tapas.execution import parallel
+    from tapas.execution.program import reconstruct
     from tapas.sharding import patterns
     n = strategy.num_replicas_in_sync
     losses = {"scce": keras.losses.SparseCategoricalCrossentropy(),
@@ -554,7 +555,8 @@ def _moved_activation(strategy: Any, x: np.ndarray) -> dict[str, Any]:
     batch-split: predict works; training is refused with a clear error (the logits a Keras
     crossentropy needs are placed unlike the output)."""
     from tapas import capturing
-    from tapas.execution import parallel, reconstruct
+    from tapas.execution import parallel
+    from tapas.execution.program import reconstruct
     from tapas.sharding import patterns, placements
     n = strategy.num_replicas_in_sync
     keras.utils.set_random_seed(3)

@@ -478,7 +478,7 @@ def test_weights_whose_keras_paths_repeat_get_distinct_paths():
     'self_attention/embeddings'): the later weight is named 'path#1', so that each weight
     keeps its own value through the plan, the rebuilt program and the runtime. Before, the
     one-device replay of keras-hub T5 read the encoder's bias in the decoder (6e-3 off)."""
-    from tapas.execution import verify
+    from tapas.execution.checking import verify
 
     class Two(keras.Model):
         def __init__(self):

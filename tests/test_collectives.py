@@ -1,4 +1,4 @@
-"""tapas.execution.collectives: forward values, conjugate gradients and audit records of every
+"""tapas.execution.program.collectives: forward values, conjugate gradients and audit records of every
 collective, simulated in one process and under MirroredStrategy on logical CPU devices."""
 
 import os
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tapas.execution.collectives import Audit, SimulatedCollectives, _on_axis, local_slice
+from tapas.execution.program.collectives import Audit, SimulatedCollectives, _on_axis, local_slice
 
 N = 4
 
@@ -143,7 +143,7 @@ _MIRRORED = textwrap.dedent("""
     N = 2
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N)
-    from tapas.execution.collectives import Audit, ReplicaContextCollectives, SimulatedCollectives
+    from tapas.execution.program.collectives import Audit, ReplicaContextCollectives, SimulatedCollectives
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((4, 6)).astype("float32") for _ in range(N)]
     cs = [rng.standard_normal((8, 12)).astype("float32") for _ in range(N)]

@@ -1,7 +1,7 @@
 """A model's collectives measured inside its own training step (``CostOptions.
 communication_scale``, the row ``+CS``): the option's pricing (every collective's latency
 and transmission times the factor), the factor from paired step times
-(tapas.execution.communication_scale.scale_from_pairs), the measurement itself on a zoo
+(tapas.execution.calibration.communication_scale.scale_from_pairs), the measurement itself on a zoo
 model's data-parallel plan on 2 logical CPU devices (in a subprocess: devices are set once
 per process), and ``tapas search --communication_scale``."""
 
@@ -18,7 +18,7 @@ import pytest
 
 import tapas
 from tapas import models
-from tapas.execution import communication_scale as cs
+from tapas.execution.calibration import communication_scale as cs
 from tapas.planning import cost, explore
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions
@@ -213,7 +213,7 @@ devices.setup_devices(2, "cpu")
 import tapas
 from tapas import models
 from tapas.planning.cluster import Cluster
-from tapas.execution.communication_scale import calibrate_communication
+from tapas.execution.calibration.communication_scale import calibrate_communication
 entry = models.get("resnet-tiny")
 model = entry.build(seed=0)
 cal = calibrate_communication(model, entry.input_spec(16), cluster=Cluster.loopback_cpu(2),

@@ -1,4 +1,4 @@
-"""tapas.execution.compute_scale: one model's compute measured against the cost model's price
+"""tapas.execution.calibration.compute_scale: one model's compute measured against the cost model's price
 (``CostOptions.compute_scale``), the decision from paired timings (synthetic numbers), the
 measurement itself on 2 logical CPU devices (in a subprocess: devices are set once per
 process) and ``tapas search --compute_scale``."""
@@ -13,7 +13,7 @@ import sys
 import command  # tests/command.py
 import pytest
 
-from tapas.execution.compute_scale import ComputeCalibration, scale_from_pairs
+from tapas.execution.calibration.compute_scale import ComputeCalibration, scale_from_pairs
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions
 from tapas.planning.search import search
@@ -64,9 +64,9 @@ def test_memory_bound_compute_is_the_elementwise_part_of_the_replicated_price() 
     import dataclasses
 
     from tapas import capturing, models
-    from tapas.execution.compute_scale import (memory_bound_compute,
-                                               predicted_replicated_compute,
-                                               replicated_compute_parts)
+    from tapas.execution.calibration.compute_scale import (memory_bound_compute,
+                                                           predicted_replicated_compute,
+                                                           replicated_compute_parts)
     entry = models.get("t5-tiny")
     graph = capturing.capture(entry.build(fast_init=True), entry.input_spec(8),
                               training=False)
@@ -129,7 +129,7 @@ from tapas.execution import devices
 strategy = devices.make_strategy(2)
 import keras
 import tensorflow as tf
-from tapas.execution.compute_scale import calibrate_compute, predicted_replicated_compute
+from tapas.execution.calibration.compute_scale import calibrate_compute, predicted_replicated_compute
 from tapas.planning.cluster import Cluster
 keras.utils.set_random_seed(0)
 x = keras.Input((64,), name="features")

@@ -18,7 +18,9 @@ import pytest
 import tensorflow as tf
 
 from tapas import capturing
-from tapas.execution import checker, parallel, reconstruct
+from tapas.execution import parallel
+from tapas.execution.program import reconstruct
+from tapas.execution.checking import checker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "equivalence.py")

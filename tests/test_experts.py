@@ -192,7 +192,8 @@ def test_keras_hub_moe_nested_matches_one_device(name: str) -> None:
 
     from models import corpus
     from tapas import capturing
-    from tapas.execution import checker, parallel, verify
+    from tapas.execution import parallel
+    from tapas.execution.checking import checker, nested, verify
     model, specs = corpus.get(name).build(batch=4)
     row = tf.nest.map_structure(lambda s: tf.TensorSpec([s.shape[0] // 2] + s.shape[1:],
                                                         s.dtype, name=s.name), specs)
@@ -203,7 +204,7 @@ def test_keras_hub_moe_nested_matches_one_device(name: str) -> None:
     plan = parallel.random_plan(graph, 2, 0, patterns_fn=X.nested_patterns(graph, 2))
     inputs = [np.concatenate([a, b]) for a, b in zip(checker.synthetic_inputs(graph, seed=1),
                                                     checker.synthetic_inputs(graph, seed=2))]
-    cmp = verify.compare_nested(trace, graph, plan, inputs, rows=2)
+    cmp = nested.compare_nested(trace, graph, plan, inputs, rows=2)
     assert cmp.ok(), cmp.worst
     names = [i.name for n in graph.nodes for i in n.inputs]
     values = verify.intermediate_values(trace, graph, checker.synthetic_inputs(graph), names)
@@ -218,8 +219,8 @@ def test_plans_that_cannot_nest_are_refused_with_the_reason(moe: Any) -> None:
     import keras
 
     from tapas import capturing, models
-    from tapas.execution.plan import Plan, ReconstructError
-    from tapas.execution.reconstruct import Program
+    from tapas.execution.program.plan import Plan, ReconstructError
+    from tapas.execution.program.reconstruct import Program
     entry = models.get("moe-tiny")
     keras.utils.set_random_seed(0)
     model = entry.build(seed=0)

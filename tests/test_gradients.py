@@ -74,3 +74,71 @@ def test_integer_outputs_carry_no_gradient_back():
     ops = {op.type: op for node in graph.nodes for op in node.ops}
     assert ops["TopKV2"].inputs[0] not in flow.needed
     assert ops["MatMul"].outputs[0].name not in flow.needed
+
+
+def _registered(op_type):
+    """TensorFlow's gradient registration of ``op_type``: "none" (``NotDifferentiable``),
+    "missing" (no gradient registered) or the gradient function."""
+    from tensorflow.python.framework import ops
+    try:
+        fn = ops._gradient_registry.lookup(op_type)
+    except LookupError:
+        return "missing"
+    return "none" if fn is None else fn
+
+
+def _has_inputs(op_type):
+    from tensorflow.python.framework import op_def_registry
+    op_def = op_def_registry.get(op_type)
+    return op_def is not None and len(op_def.input_arg) > 0
+
+
+def test_every_op_tensorflow_calls_not_differentiable_is_in_the_one_no_gradient_list():
+    """Every op type with a placement rule that TensorFlow registers ``NotDifferentiable``
+    and that has inputs passes no gradient back in our list too (before, the propagation's
+    list had OneHot and the random ops and the gradient flow's had not)."""
+    from tapas.sharding import rules
+    from tapas.sharding.gradients import NO_GRADIENT
+    missing = [t for t in sorted(rules.RULES)
+               if _registered(t) == "none" and _has_inputs(t) and t not in NO_GRADIENT]
+    assert missing == []
+
+
+def test_the_no_gradient_ops_with_a_registered_gradient_return_none_and_sign_returns_zeros():
+    """An op of the list that has a registered gradient returns None for the input (or
+    refuses: PreventGradient); the ops of the list TensorFlow registers nothing for have
+    outputs no gradient can flow through; Sign, left out, passes zeros back."""
+    from tapas.sharding.gradients import NO_GRADIENT, differentiable
+    x = tf.constant([[0.4, -1.6], [2.5, 0.0]])
+    built = {"ArgMax": lambda v: tf.math.argmax(v, 1), "ArgMin": lambda v: tf.math.argmin(v, 1),
+             "Floor": tf.floor, "Ceil": tf.math.ceil, "Round": tf.round, "Rint": tf.math.rint}
+    registered = {t for t in NO_GRADIENT if callable(_registered(t))}
+    assert registered == set(built) | {"PreventGradient"}
+    for op_type, fn in built.items():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.cast(fn(x), tf.float32)
+        assert tape.gradient(y, x) is None, op_type
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.raw_ops.PreventGradient(input=x)
+    try:
+        tape.gradient(y, x)
+        raise AssertionError("PreventGradient's gradient did not raise")
+    except LookupError:
+        pass
+    from tensorflow.python.framework import op_def_registry
+    for op_type in sorted(t for t in NO_GRADIENT if _registered(t) == "missing"):
+        op_def = op_def_registry.get(op_type)
+        attrs = {a.name: a for a in op_def.attr}
+        # every type its outputs may have (fixed, or an attribute's allowed values) is one
+        # no gradient can flow through
+        types = [t for a in op_def.output_arg
+                 for t in ([a.type] if a.type else attrs[a.type_attr].allowed_values.list.type)]
+        assert types and not any(differentiable(tf.dtypes.as_dtype(t).name) for t in types), \
+            op_type
+    assert "Sign" not in NO_GRADIENT
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.sign(x)
+    assert tape.gradient(y, x).numpy().tolist() == [[0.0, 0.0], [0.0, 0.0]]

@@ -1,4 +1,4 @@
-"""tapas.execution.keras_optimizer: the model's Keras optimizer on weight shards equals
+"""tapas.execution.training.keras_optimizer: the model's Keras optimizer on weight shards equals
 Keras's own ``apply_gradients`` on the whole weights (shards simulated here: a weight cut
 in two on axis 0, each half updated on its own, the norms given whole; the runtime's
 collectives are tested end to end in tests/test_runtime.py and tests/test_fit.py)."""
@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 import keras
 
-from tapas.execution.keras_optimizer import ShardedOptimizer, WeightInfo, resolve_optimizer
+from tapas.execution.training.keras_optimizer import ShardedOptimizer, WeightInfo, resolve_optimizer
 
 O = keras.optimizers
 SHAPES = {"dense/kernel": (4, 3), "dense/bias": (6,), "other/kernel": (2, 2)}
@@ -231,7 +231,7 @@ def test_fit_with_compiled_optimizer_equals_keras_fit_on_4_devices():
 
 def test_keras2_optimizers_and_losses_become_their_keras3_twins():
     import tf_keras
-    from tapas.execution import keras2
+    from tapas.execution.training import keras2
     from tapas.execution.parallel import loss_object
     opt = resolve_optimizer(tf_keras.optimizers.Adam(3e-3, clipnorm=0.5, amsgrad=True))
     assert type(opt) is O.Adam and opt.clipnorm == 0.5 and opt.amsgrad

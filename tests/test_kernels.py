@@ -2,7 +2,7 @@
 the keys the pattern propagation gives each contraction and convolution at its local shapes
 (tapas.sharding.patterns.kernels), the pricing that replaces their rate-based cost by the
 measured time (tapas.planning.kernel_times, tapas.planning.cost.compute_time), and the
-measurement itself on 2 logical CPU devices (tapas.execution.kernels, in a subprocess:
+measurement itself on 2 logical CPU devices (tapas.execution.calibration.kernels, in a subprocess:
 devices are set once per process)."""
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ _MEASURE = """
 import json
 from tapas.execution import devices
 devices.setup_devices(2, "cpu")
-from tapas.execution.kernels import build_kernel, measure_kernels
+from tapas.execution.calibration.kernels import build_kernel, measure_kernels
 from tapas.ir import OpInfo, TensorInfo
 from tapas.sharding.patterns.kernels import kernel_key
 

@@ -1,4 +1,4 @@
-"""tapas.execution.losses: how the loss of a placed output is computed, and what it moves.
+"""tapas.execution.training.losses: how the loss of a placed output is computed, and what it moves.
 
 The numbers (loss, gradients, 3 optimizer steps against Keras on 2 and 4 logical devices,
 for every method) are checked in tests/test_runtime.py
@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 import pytest
 
-from tapas.execution.losses import LossSpec, plan_loss
+from tapas.execution.training.losses import LossSpec, plan_loss
 from tapas.sharding.placements import Replica, Split
 
 LM = (8, 128, 32128)      # t5-small's logits: batch 8 x 128 tokens, vocabulary 32128

@@ -17,7 +17,7 @@ import keras
 
 from tapas import capturing, models
 from tapas.sharding import patterns
-from tapas.execution import checker, verify
+from tapas.execution.checking import checker, nested, verify
 from tapas.ir import Kind
 
 
@@ -521,19 +521,19 @@ def test_every_nested_expert_pattern_matches_one_device(rows, num_devices):
 def test_the_nested_checker_catches_a_wrong_exchange():
     """Break the all-to-all back out of the expert region (the experts come back in reverse
     order): every nested pattern differs from one device and the checker says so."""
-    from tapas.execution import reconstruct
+    from tapas.execution.program.run import Run
     t, g, values = _captured("moe-tiny")
-    original = reconstruct._Run._exchanged
+    original = Run._exchanged
 
     def broken(self, name, want, entry):
         vals = original(self, name, want, entry)
         return vals if entry else [v[::-1] for v in vals]   # the experts reversed
 
-    reconstruct._Run._exchanged = broken
+    Run._exchanged = broken
     try:
         checked, failures = checker.check_nested_patterns(t, g, values, 2, 2)
     finally:
-        reconstruct._Run._exchanged = original
+        Run._exchanged = original
     assert checked and len(failures) == checked
     assert all("largest difference" in f and "2x2:experts" in f for f in failures), failures[:2]
 
@@ -551,7 +551,7 @@ def test_whole_moe_model_nested_plan_matches_one_device(seed):
     plan = parallel.random_plan(g, 2, seed, patterns_fn=experts.nested_patterns(g, 2))
     inputs = [np.concatenate([a, b]) for a, b in zip(checker.synthetic_inputs(g, seed=1),
                                                     checker.synthetic_inputs(g, seed=2))]
-    cmp = verify.compare_nested(t, g, plan, inputs, rows=2)
+    cmp = nested.compare_nested(t, g, plan, inputs, rows=2)
     assert cmp.ok(), cmp.worst
     assert any(d.what.startswith("gradient of") and "moe/wi" in d.what
                for d in cmp.differences)

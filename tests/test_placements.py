@@ -182,10 +182,10 @@ def test_pure_modules_import_no_tensorflow() -> None:
 def test_every_collective_is_priced_and_lowered():
     """Adding a Collective member is one edit in tapas/sharding/placements.py; this test names
     the places that must then learn it: its cost and its lowering."""
-    from tapas.execution.collectives import Collectives
+    from tapas.execution.program.collectives import Collectives
     from tapas.planning import cost
     for kind in Collective:
         assert kind.value in cost.DEFAULT_EPSILON, f"add {kind.value} to DEFAULT_EPSILON"
         assert cost.ring_factor(kind, 4) > 0, f"give {kind.value} a ring factor"
         assert callable(getattr(Collectives, kind.long_name, None)), (
-            f"add Collectives.{kind.long_name} in tapas/execution/collectives.py")
+            f"add Collectives.{kind.long_name} in tapas/execution/program/collectives.py")

@@ -13,7 +13,6 @@ import pytest
 from tapas.planning import precision as prec
 from tapas.planning.cluster import CLUSTER_PRESETS, SOURCE_KEYS, Cluster, ClusterFileError
 from tapas.planning.cost import CostOptions, comm_cost, compute_time
-from tapas.planning.strategy import _cluster_from_json as strategy_cluster
 from tapas.sharding.placements import Collective, Comm, Partial, Replica
 
 V100_F32, V100_F16 = 15.7e12, 125e12
@@ -95,8 +94,8 @@ def test_peaks_round_trip_through_the_cluster_file(tmp_path) -> None:
         assert back == c and back.device_peak_flops_by_dtype == c.device_peak_flops_by_dtype
         assert dict(back.sources) == dict(c.sources)
         # the strategy file's cluster goes through the same codec
-        assert strategy_cluster(c.to_json()) == c
-        assert strategy_cluster(c.to_json()).device_peak_flops_by_dtype == \
+        assert Cluster.from_json(c.to_json(), older_layout=True) == c
+        assert Cluster.from_json(c.to_json(), older_layout=True).device_peak_flops_by_dtype == \
             c.device_peak_flops_by_dtype
 
 
@@ -113,7 +112,7 @@ def test_old_cluster_files_load_without_the_field(tmp_path) -> None:
     legacy = {"name": "v100-ethernet/1x4", "num_nodes": 1, "devices_per_node": 4,
               "intra": [150e9, 3.4e-6, "nvlink2"], "inter": [12.5e9, 9.6e-6, "eth"],
               "device_memory": 32 * 2**30, "device_peak_flops": V100_F32}
-    assert strategy_cluster(legacy).device_peak_flops_by_dtype is None
+    assert Cluster.from_json(legacy, older_layout=True).device_peak_flops_by_dtype is None
 
 
 def test_a_bad_peak_in_a_file_names_the_field(tmp_path) -> None:

@@ -10,8 +10,8 @@ import command  # tests/command.py
 import numpy as np
 import pytest
 
-from tapas.planning.calibrate import (FitError, fit_collectives, fit_compute, fit_gamma,
-                                      fit_linear, profiled_cluster)
+from tapas.execution.calibration.fitting import (FitError, fit_collectives, fit_compute, fit_gamma,
+                                                 fit_linear, profiled_cluster)
 from tapas.planning.cluster import Cluster, ClusterFileError, Link
 from tapas.planning.cost import DEFAULT_EPSILON, DEFAULT_GAMMA, CostOptions, ring_factor
 from tapas.sharding.placements import Collective
@@ -267,7 +267,7 @@ def test_resolve_presets_and_files(tmp_path):
 
 
 def test_parse_sizes():
-    from tapas.planning.calibrate import parse_sizes
+    from tapas.execution.calibration.fitting import parse_sizes
     assert parse_sizes("1KiB:16KiB") == [1024, 4096, 16384]
     assert parse_sizes("64KiB, 4 MiB,4096") == [4096, 65536, 4 * 2 ** 20]
     with pytest.raises(ValueError, match="at least two"):
@@ -445,7 +445,7 @@ def test_search_costs_with_the_clusters_profiled_coefficients(tmp_path):
 
 
 def synthetic_profile():
-    from tapas.planning.calibrate import GammaFit, Profile
+    from tapas.execution.calibration.fitting import GammaFit, Profile
     eps = {"AR": 1.0, "AG": 0.7, "RS": 2.0, "A2A": 3.0}
     fits = fit_collectives(synthetic_rows(4, 1.5e-4, 1.2e-9, eps), 4)
     trial = {"empty": 1.0, "comm": 11.0, "compute": 21.0, "both": 26.0, "bytes": 2 ** 20,

@@ -1,4 +1,4 @@
-"""tapas.execution.reconstruct: single-device replay equals the model; whole-model sharded plans on
+"""tapas.execution.program.reconstruct: single-device replay equals the model; whole-model sharded plans on
 simulated shards equal one device, and run exactly the collectives the plan predicts."""
 
 import dataclasses
@@ -10,8 +10,8 @@ import keras
 
 from tapas import capturing, models
 from tapas.sharding import patterns, placements
-from tapas.execution import audit, verify
-from tapas.execution import reconstruct as rc
+from tapas.execution.checking import audit, verify
+from tapas.execution.program import reconstruct as rc
 from tapas.planning.cost import Cluster
 from tapas.sharding.placements import Collective
 
@@ -78,7 +78,7 @@ def test_single_device_replay_equals_the_keras_model(build):
         np.testing.assert_array_equal(o1.numpy(), o2.numpy())  # the same ops: bit-identical
     else:
         # moe-tiny's attention: the replay keeps Grappler from fusing its scaled scores and
-        # causal mask into oneDNN's slow fused batch matmul (tapas/execution/replay.py), so
+        # causal mask into oneDNN's slow fused batch matmul (tapas/execution/program/replay.py), so
         # that sum is rounded in another order than in Keras's fused kernel
         assert model.name.startswith("gshard_moe"), [op.name for op in guarded]
         np.testing.assert_allclose(o1.numpy(), o2.numpy(), rtol=1e-5, atol=1e-5)
@@ -413,7 +413,7 @@ def test_a_cond_whose_branch_reads_a_variable_takes_its_value() -> None:
     x = keras.Input((4,), batch_size=2)
     model = keras.Model(x, keras.layers.Dense(4)(Gated()(x)))
     from tapas.execution import parallel
-    from tapas.execution.collectives import SimulatedCollectives
+    from tapas.execution.program.collectives import SimulatedCollectives
     trace = capturing.trace(model, tf.TensorSpec([2, 4]))
     graph = capturing.to_ir(trace)
     assert any(op.type in ("If", "StatelessIf") for n in graph.nodes for op in n.ops)

@@ -1,4 +1,4 @@
-"""tapas.execution.replay: Grappler options of the runtime's step functions
+"""tapas.execution.program.replay: Grappler options of the runtime's step functions
 (``graph_optimization``); ``replay_op`` itself is exercised by every reconstruction test
 (tests/test_reconstruct.py)."""
 
@@ -12,7 +12,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.eager import context
 
-from tapas.execution import replay
+from tapas.execution.program import replay
 
 RC = rewriter_config_pb2.RewriterConfig
 

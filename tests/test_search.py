@@ -453,8 +453,8 @@ def test_gradient_flow_prices_the_backward_collectives_the_runtime_runs():
     the priced backward collectives are the ones the collective audit predicts the training
     step runs; without it they are priced as the reshard table names them."""
     from tapas import models
-    from tapas.execution import audit
-    from tapas.execution.plan import Plan
+    from tapas.execution.checking import audit
+    from tapas.execution.program.plan import Plan
     from tapas.sharding.patterns import pattern_by_name
     import tapas
     entry = models.get("bert-tiny")

@@ -386,7 +386,7 @@ from tapas.execution import devices
 devices.setup_devices(2, "cpu")
 import report
 from tapas import capturing, models
-from tapas.execution import collectives
+from tapas.execution.program import collectives
 from tapas.sharding.patterns import patterns_for
 
 def collective_ops(pm):

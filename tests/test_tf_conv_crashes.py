@@ -1,5 +1,5 @@
 """scripts/tf_conv_crashes.py: the map of TensorFlow's crashing convolutions that TAPAS's
-replay works around (tapas/execution/replay.py, docs/tensorflow-notes.md)."""
+replay works around (tapas/execution/program/replay.py, docs/tensorflow-notes.md)."""
 
 import json
 import os

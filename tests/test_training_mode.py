@@ -1,4 +1,4 @@
-"""Training mode (tapas.execution.stateful): dropout and batch norm as ``model.fit`` runs them,
+"""Training mode (tapas.execution.program.stateful): dropout and batch norm as ``model.fit`` runs them,
 rebuilt exactly on N devices.
 
 In this process (no devices): the training-mode capture's GraphNodes get sharded patterns
@@ -30,9 +30,11 @@ import pytest
 import tensorflow as tf
 
 from tapas import capturing
-from tapas.execution import checker, parallel, reconstruct, verify
+from tapas.execution import parallel
+from tapas.execution.program import reconstruct
+from tapas.execution.checking import checker, verify
 from worker_main import run_worker  # tests/worker_main.py
-from tapas.execution.collectives import SimulatedCollectives
+from tapas.execution.program.collectives import SimulatedCollectives
 from tapas.sharding import patterns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -171,7 +173,7 @@ def test_random_plans_on_simulated_shards_equal_one_device(n: int) -> None:
     every variable write equal one device, with the dropout activation split in some; the
     collectives run are the predicted ones (none in the backward pass for a slice of batch
     norm's StopGradient of the mean, whose gradient TensorFlow drops)."""
-    from tapas.execution import audit
+    from tapas.execution.checking import audit
     trace = capturing.trace(mlp(), SPEC, training=True)
     graph = capturing.to_ir(trace)
     split_dropout = 0
@@ -234,7 +236,7 @@ def test_a_split_read_of_the_stopped_batch_mean_runs_no_backward_gather() -> Non
     """Random plan 15 on 2 shards reads batch norm's StopGradient of the mean split: the
     forward slices it and TensorFlow drops its gradient, so no backward all-gather may run
     (it did, outside the prediction, when the replayed StopGradient was on the tape)."""
-    from tapas.execution import audit
+    from tapas.execution.checking import audit
     from tapas.sharding.placements import Split, parse_placement
     trace = capturing.trace(mlp(), SPEC, training=True)
     graph = capturing.to_ir(trace)

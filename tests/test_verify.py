@@ -1,4 +1,4 @@
-"""tapas.execution.verify's diagnosis of an ill-conditioned reference
+"""tapas.execution.checking.verify's diagnosis of an ill-conditioned reference
 (``reference_sensitivity``): on well- and ill-conditioned Keras models, the model left as
 it was, the note in `tapas train`'s verify table, and ParallelModel.verify end to end on 2
 logical devices (in a subprocess: logical devices are set once per process)."""
@@ -28,7 +28,7 @@ def _sin_model(keras: Any, frequency: float) -> Any:
 
 def _sensitivity(model: Any, training: bool = False) -> dict[str, Any]:
     import keras
-    from tapas.execution.verify import reference_sensitivity
+    from tapas.execution.checking.verify import reference_sensitivity
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4,) + tuple(model.inputs[0].shape[1:])).astype("float32")
     y = rng.standard_normal((4, 1)).astype("float32")
@@ -41,7 +41,7 @@ def test_a_gradient_zero_but_for_rounding_is_judged_at_the_scale_of_the_others()
     largest magnitude of the same kind: Hugging Face BERT's attention key bias has a
     gradient that is zero but for rounding (1e-9 against 6e-10 on one device, the other
     gradients about 3), which failed a correct plan; a real difference still fails."""
-    from tapas.execution.verify import Comparison, Difference
+    from tapas.execution.checking.verify import Comparison, Difference
     key_bias = Difference("gradient of 'key/bias'", 1.05e-9, 6.1e-10)
     kernel = Difference("gradient of 'key/kernel'", 2e-7, 3.0)
     output = Difference("output 0 'y'", 1e-7, 2.0)

@@ -234,8 +234,8 @@ def first_step_against_one_device(model: Any, spec: Any, x: Any, y: Any, plan_se
     devices and the loss of the same graph replayed on one device with the same draws
     (step 0), whether the draws repeat for a step and change with it, and what verify
     says."""
-    from tapas.execution import reconstruct
-    from tapas.execution.collectives import SimulatedCollectives
+    from tapas.execution.program import reconstruct
+    from tapas.execution.program.collectives import SimulatedCollectives
     trace = capturing.trace(model, spec, training=True)
     graph = capturing.to_ir(trace)
     single = reconstruct.Program(trace, graph, reconstruct.Plan.replicated(graph, 1))

@@ -70,7 +70,7 @@ class Trace:
     pins: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # placeholder op name -> a model variable the graph reads that is no weight: the
     # state of a Keras SeedGenerator (dropout in training mode), read and advanced by the
-    # step (tapas.execution.stateful)
+    # step (tapas.execution.program.stateful)
     states: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # placeholder op name -> the path of that state, unique as weight paths are
     # (:func:`state_paths`)

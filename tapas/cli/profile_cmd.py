@@ -1,5 +1,5 @@
 """``tapas profile``: measure this machine's collectives and compute and write a cluster
-file for the cost model (``tapas.execution.profiling``).
+file for the cost model (``tapas.execution.calibration.profiling``).
 
 In:  ``--devices`` (or ``--workers``), ``--sizes``, ``--repeats``, ``--out``, ``--plot``,
      ``--gamma``, ``--elementwise``, ``--widths``, ``--json_out``.
@@ -46,12 +46,12 @@ FLAG_NAMES = ('devices', 'workers', 'sizes', 'repeats', 'out', 'plot', 'gamma', 
 
 def cmd_profile() -> dict[str, Any]:
     """Measure the collectives and compute of --devices devices, fit the cost model, write
-    the cluster file (tapas.execution.profiling)."""
+    the cluster file (tapas.execution.calibration.profiling)."""
     from absl import logging
     # tf.distribute logs every collective at INFO, tf.function each new point's trace at
     # WARNING (every size is a new function, on purpose)
     logging.set_verbosity(logging.ERROR)
-    from tapas.execution import profiling
+    from tapas.execution.calibration import profiling
     try:
         sizes = None if FLAGS.sizes is None else profiling.parse_sizes(FLAGS.sizes)
     except ValueError as e:

@@ -95,8 +95,9 @@ def _flags_cluster() -> Any:
     except (TypeError, ValueError) as e:
         raise app.UsageError(f"--cluster={FLAGS.cluster} --nodes={FLAGS.nodes} "
                              f"--devices_per_node={FLAGS.devices_per_node}: {e}") from None
-    from tapas.execution.communication_scale import check_communication_scale
-    from tapas.execution.compute_scale import check_compute_scale, check_elementwise_scale
+    from tapas.execution.calibration.communication_scale import check_communication_scale
+    from tapas.execution.calibration.compute_scale import (check_compute_scale,
+                                                           check_elementwise_scale)
     for name, check in (("compute_scale", check_compute_scale),
                         ("elementwise_scale", check_elementwise_scale),
                         ("communication_scale", check_communication_scale)):
@@ -116,7 +117,7 @@ def _flags_cluster() -> Any:
             raise app.UsageError(f"--kernel_times={FLAGS.kernel_times} with --meshes/--mesh "
                                  "is not supported (kernels are keyed by the 1-D patterns' "
                                  "local shapes): leave one of them out")
-        from tapas.execution.kernels import check_kernel_times
+        from tapas.execution.calibration.kernels import check_kernel_times
         try:
             check_kernel_times(FLAGS.kernel_times, FLAGS.cluster, cluster.num_devices)
         except ValueError as e:
@@ -199,8 +200,8 @@ def _search_options(cluster: Any, loaded: LoadedModel, graph: Any) -> tuple[Any,
     ``--elementwise_scale`` (given factors, or measured here by one calibration:
     'measure') and ``--kernel_times`` (a file, or the kernels of ``graph``'s patterns timed
     here: 'measure'); None for the search's defaults."""
-    from tapas.execution.compute_scale import (calibrate_compute, resolve_compute_scale,
-                                               resolve_elementwise_scale)
+    from tapas.execution.calibration.compute_scale import (calibrate_compute, resolve_compute_scale,
+                                                           resolve_elementwise_scale)
     from tapas.planning.cost import CostOptions
     if FLAGS.compute_scale is None and FLAGS.kernel_times is None and \
             FLAGS.elementwise_scale is None:
@@ -208,7 +209,7 @@ def _search_options(cluster: Any, loaded: LoadedModel, graph: Any) -> tuple[Any,
     changes: dict[str, Any] = {}
     if FLAGS.kernel_times is not None:
         from tapas.execution.devices import make_strategy
-        from tapas.execution.kernels import resolve_kernel_times
+        from tapas.execution.calibration.kernels import resolve_kernel_times
         save_to = (os.path.splitext(FLAGS.out)[0] + "_kernels.json" if FLAGS.out
                    else os.path.join("out", "kernel_times.json"))
         changes["kernel_times"] = resolve_kernel_times(
@@ -256,8 +257,8 @@ def _communication_options(cluster: Any, loaded: LoadedModel, graph: Any, option
     data-parallel plan: 'measure') when it is given."""
     if FLAGS.communication_scale is None:
         return options, None
-    from tapas.execution.communication_scale import (calibrate_communication,
-                                                     resolve_communication_scale)
+    from tapas.execution.calibration.communication_scale import (calibrate_communication,
+                                                                 resolve_communication_scale)
     from tapas.planning.cost import CostOptions
     base = CostOptions.for_cluster(cluster) if options is None else options
 

@@ -172,7 +172,7 @@ class TensorBoardScalars(keras.callbacks.Callback):
 
     def _collective_bytes(self) -> int | None:
         """The global bytes of the collectives in one training step (the traced step's
-        audit, ``tapas.execution.audit``, plus the loss's own), or None before a trace."""
+        audit, ``tapas.execution.checking.audit``, plus the loss's own), or None before a trace."""
         rt = getattr(getattr(self.model, "parallel_model", None), "runtime", None)
         if rt is None or "train_step" not in rt.audits:
             return None

@@ -53,6 +53,7 @@ import tensorflow as tf
 from absl import logging
 
 from tapas.execution import checkpoints, inputs
+from tapas.execution.training import compiled_loss, metrics
 from tapas.execution.callbacks import (CALLBACK_STATE, REFUSED_CALLBACKS, CallbackModel,
                                        TensorBoardScalars, callback_states, check_callbacks,
                                        restore_callback_states)
@@ -62,7 +63,6 @@ from tapas.execution.fit_checkpoints import (FIT_STATE, FitState, callback_array
                                              list_checkpoints, restore_checkpoint,
                                              save_checkpoint, save_paused,
                                              usable_checkpoint)
-from tapas.execution.metrics import Scores, keras_order
 from tapas.execution.runtime import StepError
 
 __all__ = ["fit", "evaluate", "predict", "CallbackModel", "TensorBoardScalars", "FitState",
@@ -114,11 +114,11 @@ def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
     weights). With compiled metrics, as Keras: ``[loss, metric...]`` in Keras's order, or
     a dict of every log with ``return_dict=True`` (also without metrics)."""
     ev = pm.for_inference()
-    scores = Scores.of(pm.model)
+    scores = metrics.Scores.of(pm.model)
     logs = _validate(ev, _Data(ev, x, y, batch_size, shuffle=False, seed=0,
                                what="evaluate data", sample_weight=sample_weight), steps,
                      scores)
-    return logs if return_dict else keras_order(logs, scores)
+    return logs if return_dict else metrics.keras_order(logs, scores)
 
 
 def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:
@@ -227,7 +227,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     history = cbs._history
     history.resumed_from = state.path if source is not None else None   # (after skips)
     stream = _Stream(data, state.pass_index, state.pass_position)
-    scores = Scores.of(pm.model)   # the compiled metrics, on the global batch (Keras's)
+    scores = metrics.Scores.of(pm.model)   # the compiled metrics, on the global batch (Keras's)
     rt.set_step_values(scores is not None)
     if scores is not None:
         scores.load(state.metrics)
@@ -323,7 +323,7 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                       **(scores.results() if scores is not None else {})}
         if val is not None:
             val_logs = _validate(pm.for_inference(), val, validation_steps,
-                                 Scores.of(pm.model))
+                                 metrics.Scores.of(pm.model))
             epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
         state.epoch, state.step_in_epoch = epoch + 1, 0
@@ -443,7 +443,7 @@ def _split_validation(validation_data: Any) -> tuple[Any, Any, Any]:
                                                                     (tuple, list)) else ""))
 
 
-def _validate(pm: Any, val: _Data, steps: int | None, scores: Scores | None = None
+def _validate(pm: Any, val: _Data, steps: int | None, scores: metrics.Scores | None = None
               ) -> dict[str, float]:
     """The logs of a pass over ``val``: the mean loss, and the metrics of ``scores``
     updated with every global batch (Keras's ``test_step``)."""

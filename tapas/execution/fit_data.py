@@ -21,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tapas.execution import compiled_loss, inputs
+from tapas.execution import inputs
+from tapas.execution.training import compiled_loss
 from tapas.sharding.placements import Split
 
 

@@ -8,7 +8,7 @@ In:  a Keras model, its input specs (static ``tf.TensorSpec`` s: one, a list, a 
      ``tf.distribute`` strategy, e.g. ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``),
      the model's Keras optimizer (default: the compiled one, else SGD; or an instance,
      name or config dict, ``learning_rate`` replacing its rate; the user's object is never
-     built or changed: ``tapas.execution.keras_optimizer``) and a loss.
+     built or changed: ``tapas.execution.training.keras_optimizer``) and a loss.
 Out: :class:`ParallelModel` with ``train_step(x, y)``, ``fit(...)`` (Keras-style, with
      callbacks, checkpoints and resume: ``tapas.execution.fit``), ``predict(x)``,
      ``evaluate(x, y)``,
@@ -21,7 +21,7 @@ Out: :class:`ParallelModel` with ``train_step(x, y)``, ``fit(...)`` (Keras-style
 
 Pipeline: capture (``tapas.capturing.trace``) -> strategy (given, or ``tapas.search`` on a
 cluster of N devices) -> checks (the strategy fits this graph and this device count; every
-split divides) -> ``tapas.execution.reconstruct.Program`` -> ``tapas.execution.runtime.Runtime``.
+split divides) -> ``tapas.execution.program.reconstruct.Program`` -> ``tapas.execution.runtime.Runtime``.
 
 Logical CPU devices must be configured before TensorFlow runs any op, so call
 ``tapas.execution.devices.setup_devices(N)`` before building the Keras model (the ``tapas train``
@@ -44,12 +44,13 @@ import tensorflow as tf
 from absl import logging
 
 from tapas import capturing
-from tapas.execution import inputs, materialize, regularizers, runtime, verify
-from tapas.execution.compiled_loss import output_losses
-from tapas.execution import keras_optimizer
-from tapas.execution.keras_optimizer import check_supported, resolve_optimizer
+from tapas.execution import inputs, materialize, runtime
+from tapas.execution.training import keras_optimizer, regularizers
+from tapas.execution.checking import verify
+from tapas.execution.training.compiled_loss import output_losses
+from tapas.execution.training.keras_optimizer import check_supported, resolve_optimizer
 from tapas.execution.devices import make_strategy
-from tapas.execution.audit import AuditReport, predicted_comm_list
+from tapas.execution.checking.audit import AuditReport, predicted_comm_list
 from tapas.planning.cost import Cluster
 
 __all__ = ["parallelize", "ParallelModel", "random_plan", "loss_object"]
@@ -65,7 +66,7 @@ def matching_plan(graph: Any, num_devices: int, program: Any,
     whose patterns keeps its weights (e.g. Dense and batch norm fused into one GraphNode
     in inference mode: ``Runtime.sharing`` then keeps a copy of those weights).
     Reconstruction reshards between any two choices, so the plan is valid."""
-    from tapas.execution import reconstruct
+    from tapas.execution.program import reconstruct
     from tapas.planning.strategy import graph_digest
     from tapas.sharding import patterns
     from tapas.sharding.placements import parse_placement
@@ -94,7 +95,7 @@ def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7,
     import random
 
     from tapas.sharding import patterns
-    from tapas.execution import reconstruct
+    from tapas.execution.program import reconstruct
     from tapas.planning.strategy import graph_digest
     rng = random.Random(seed)
     chosen = {}
@@ -142,7 +143,7 @@ class ParallelModel:
                                      or getattr(self.program, "states", None)):
             return self
         if self._inference is None:
-            from tapas.execution import reconstruct
+            from tapas.execution.program import reconstruct
             start = time.perf_counter()
             timings: dict[str, float] = {}
             trace, graph = _capture(self.model, self.row_inputs, False, timings)
@@ -265,7 +266,7 @@ class ParallelModel:
         hyper-parameters) and the weights and losses after them. Trains ``self.model`` as
         the reference; needs a fresh ParallelModel (no step taken yet). ``on_step(step,
         loss, keras_loss, seconds of the parallel step)`` is called after each step
-        (``tapas.execution.verify.verify_with_keras``)."""
+        (``tapas.execution.checking.verify.verify_with_keras``)."""
         return verify.verify_with_keras(self, self.inputs.flatten(x), y, steps, on_step)
 
 
@@ -275,7 +276,7 @@ def loss_object(loss: Any) -> Any:
     Loss class of the same name (``MeanSquaredError``); ``None`` stays ``None``."""
     import keras
 
-    from tapas.execution import keras2
+    from tapas.execution.training import keras2
     loss = keras2.loss(loss)   # a Keras 2 (tf_keras) loss object: its Keras 3 twin
     if loss is None or isinstance(loss, keras.losses.Loss):
         return loss
@@ -336,7 +337,7 @@ def _capture(model: Any, signature: Any, training: bool,
 def _bind(strategy: Any, graph: Any, n: int) -> Any:
     """``strategy`` (a path, a Strategy or a Plan) checked against ``graph`` and bound to it;
     ValueError or ReconstructError when it was made for another graph."""
-    from tapas.execution import reconstruct
+    from tapas.execution.program import reconstruct
     from tapas.planning import search as search_mod
     if isinstance(strategy, str):
         return search_mod.Strategy.load(strategy, graph, num_devices=n)
@@ -354,7 +355,7 @@ def _fitting_mode(model: Any, signature: Any, strategy: Any, n: int, training: b
     """(training, trace, graph, bound strategy): the given mode, or with ``training=None``
     training mode if the strategy fits its graph, else inference mode if it fits that one
     (a strategy searched on ``tapas.capture``'s default graph), with a warning."""
-    from tapas.execution import reconstruct
+    from tapas.execution.program import reconstruct
     modes = [training] if training is not None else [True, False]
     if isinstance(strategy, str):   # unreadable in either mode: said once, naming the file
         from tapas.planning import search as search_mod
@@ -428,7 +429,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     """Capture ``model``, choose or check the strategy, reconstruct and place it on devices.
 
     ``strategy``: a ``tapas.planning.search.Strategy``, the path of one saved as JSON, a
-    ``tapas.execution.reconstruct.Plan`` (patterns chosen by hand), or ``None`` to search on
+    ``tapas.execution.program.reconstruct.Plan`` (patterns chosen by hand), or ``None`` to search on
     ``cluster`` (default ``Cluster.loopback_cpu(N)``; ``search_options`` go to
     ``tapas.search``, which prices ``loss``'s collectives unless they say otherwise).
     ``devices``/``distribute_strategy``: see the module docstring.
@@ -448,11 +449,11 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``graph_optimization``: Grappler's options when the step functions are first called:
     ``"lean"`` (one round of passes; on CPU-only devices without the layout and memory
     optimizers, which change nothing there; the first step about a third faster on T5) or
-    ``"default"`` (TensorFlow's configuration); ``tapas.execution.replay.graph_optimization``.
+    ``"default"`` (TensorFlow's configuration); ``tapas.execution.program.replay.graph_optimization``.
     ``training``: which graph the program runs, as ``model(x, training=...)`` would. True
     (the default, as ``model.fit``): the training-mode graph, with dropout drawing the
     single-device mask and batch norm normalising with the global batch's statistics and
-    updating its moving statistics (``tapas.execution.stateful``); the ParallelModel's
+    updating its moving statistics (``tapas.execution.program.stateful``); the ParallelModel's
     ``train_step``, ``predict`` and ``verify`` then run in training mode and advance the
     dropout seeds and moving statistics, as a Keras call with ``training=True`` does
     (``evaluate`` and fit's validation run in inference mode, as Keras's do:
@@ -463,8 +464,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     and ``tapas search``'s default) and does not fit the training graph (dropout or batch
     norm make them differ): then the inference graph, with a warning saying so.
     """
-    from tapas.execution import reconstruct
-    from tapas.execution.replay import check_graph_optimization
+    from tapas.execution.program import reconstruct
+    from tapas.execution.program.replay import check_graph_optimization
     check_graph_optimization(graph_optimization)   # before any work
     optimizer = _resolved_optimizer(model, optimizer, learning_rate)
     compiled_loss = loss is None and getattr(model, "loss", None) is not None

@@ -1,13 +1,13 @@
 """Runtime: train and run a per-replica program under ``tf.distribute`` (paper 4.5).
 
-In:  a *per-replica program* (``tapas.execution.reconstruct.Program``, or any object with the same
+In:  a *per-replica program* (``tapas.execution.program.reconstruct.Program``, or any object with the same
      protocol, below), a ``tf.distribute`` strategy over N devices
-     (``tapas.execution.devices``), a Keras optimizer (``tapas.execution.keras_optimizer``)
+     (``tapas.execution.devices``), a Keras optimizer (``tapas.execution.training.keras_optimizer``)
      and a Keras loss.
 Out: :class:`Runtime`, which holds every weight as per-device shards and runs training steps,
      ``predict``, checkpoints, and writes the global weights back into the Keras model.
 
-The program protocol (``docs/sharding.md``; ``tapas.execution.reconstruct`` implements it)::
+The program protocol (``docs/sharding.md``; ``tapas.execution.program.reconstruct`` implements it)::
 
     program.num_devices                     # N
     program.weight_layouts                  # {path: layout: .placement .global_shape .trainable}
@@ -61,7 +61,7 @@ How it maps onto TensorFlow:
 * Training mode (a graph captured with ``training=True``): the program reads dropout's seed
   from the runtime's replicated copy of each Keras ``SeedGenerator`` state
   (``stateful.StateStore``) and returns its variable writes (the advanced seed, batch
-  norm's moving statistics: ``tapas.execution.stateful``); they are assigned with the
+  norm's moving statistics: ``tapas.execution.program.stateful``); they are assigned with the
   weights after the step (all or nothing). ``evaluate`` and ``predict`` run the same graph
   and assign its writes too, as a Keras call with ``training=True`` does.
 * Checkpoints: ``tf.train.Checkpoint`` of the shards, slots and step counter, one file per
@@ -82,21 +82,22 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
-from tapas.execution import (checkpoints, compiled_loss, loss_collectives, losses,
-                             regularizers, replay, stateful, step_outputs)
-from tapas.execution import gathering, shards
-from tapas.execution import step_reductions as reductions
-from tapas.execution.collectives import (Audit, KeyedCollectives, KeyedGroup,
-                                         ReplicaContextCollectives)
+from tapas.execution import checkpoints, shards
+from tapas.execution.program import replay, stateful
+from tapas.execution.program.collectives import (Audit, KeyedCollectives, KeyedGroup,
+                                                 ReplicaContextCollectives)
+from tapas.execution.training import (compiled_loss, gathering, loss_collectives, losses,
+                                      regularizers, step_outputs)
+from tapas.execution.training import step_reductions as reductions
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
-from tapas.execution.plan import WeightLayout
+from tapas.execution.program.plan import WeightLayout
 from tapas.sharding.placements import Partial, Replica, Split, parse_placement
 
 __all__ = ["Runtime", "StepError"]
 
 # Keras loss reductions the runtime reproduces (no sample weights): a sum, or a sum / count
 _REDUCTIONS = frozenset({"sum", "sum_over_batch_size", "mean", "mean_with_sample_weight"})
-# the output activations whose logits a program hands to the loss (tapas.execution.reconstruct:
+# the output activations whose logits a program hands to the loss (tapas.execution.program.reconstruct:
 # LOGIT_ACTIVATIONS), recomputed after the logits are gathered for the loss
 _ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
     "Softmax": tf.nn.softmax, "Sigmoid": tf.math.sigmoid}
@@ -166,7 +167,7 @@ class Runtime:
     value (NumPy); ``input_specs`` are the ``tf.TensorSpec`` s of the program's inputs.
     ``collectives(function)`` makes the program's collectives object inside a replica while
     ``function`` ("train_step", "predict", "evaluate") is traced (default:
-    ``tapas.execution.reconstruct.ReplicaContextCollectives`` recording into ``audits[function]``).
+    ``tapas.execution.program.reconstruct.ReplicaContextCollectives`` recording into ``audits[function]``).
 
     ``mesh_rows`` > 1 runs a 2-D mesh (``tapas.planning.mesh``): the strategy's replicas form
     ``mesh_rows`` rows of ``program.num_devices`` devices (replica r is row r // cols,
@@ -329,7 +330,7 @@ class Runtime:
                              "device count")
 
     def _default_collectives(self, function: str) -> Any:
-        from tapas.execution import reconstruct
+        from tapas.execution.program import reconstruct
         if function not in self.audits:
             self.audits[function] = reconstruct.Audit()
         return reconstruct.ReplicaContextCollectives(audit=self.audits[function])
@@ -662,7 +663,7 @@ class Runtime:
 
     # -- training -------------------------------------------------------------------------
 
-    # the model's weight regularizers (tapas.execution.regularizers.plan_regularizers)
+    # the model's weight regularizers (tapas.execution.training.regularizers.plan_regularizers)
     regularization: list = []
 
     def _grads(self, r: _Replica, xs: tuple, y: Any, weights: dict, states: dict) -> tuple:
@@ -801,7 +802,7 @@ class Runtime:
 
     def _call(self, key: str, fn: Callable, *args: Any) -> Any:
         """Run one tf.function, timing its first call (the trace), under the runtime's
-        Grappler options (:func:`tapas.execution.replay.graph_optimization`)."""
+        Grappler options (:func:`tapas.execution.program.replay.graph_optimization`)."""
         first = key not in self.trace_seconds
         self._tracing = key
         start = time.perf_counter()

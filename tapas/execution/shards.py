@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution import regularizers, stateful
-from tapas.execution.plan import WeightLayout
+from tapas.execution.program import stateful
+from tapas.execution.training import regularizers
+from tapas.execution.program.plan import WeightLayout
 from tapas.sharding.placements import Replica, Split, parse_placement
 
 __all__ = ["make_shards", "cut", "share"]

@@ -66,24 +66,24 @@ class TrainOptions:
     # (made for COLS devices on one row's graph) inside each row; "ROWSxCOLS:experts" also
     # splits the MoE experts over the rows (tapas.planning.experts)
     mesh: str | None = None
-    # Grappler's options for the step functions (tapas.execution.replay.graph_optimization)
+    # Grappler's options for the step functions (tapas.execution.program.replay.graph_optimization)
     graph_optimization: str = "lean"
     # search: a factor on every plan's compute, or "measure" (the model's own, timed on the
-    # run's devices first: tapas.execution.compute_scale); None: the cluster's rates
+    # run's devices first: tapas.execution.calibration.compute_scale); None: the cluster's rates
     compute_scale: str | None = None
     # search: every contraction and convolution priced by its kernel's measured time, "measure"
-    # (the model's kernels timed on the run's devices first: tapas.execution.kernels) or a
+    # (the model's kernels timed on the run's devices first: tapas.execution.calibration.kernels) or a
     # file an earlier measure wrote; None: the cluster's rates
     kernel_times: str | None = None
     # search: a factor on every collective's cost, or "measure" (the model's own, its
     # data-parallel plan timed with and without its collectives on the run's devices first:
-    # tapas.execution.communication_scale; one process only); None: the profiled constants
+    # tapas.execution.calibration.communication_scale; one process only); None: the profiled constants
     communication_scale: str | None = None
 
     def keras_optimizer(self) -> Any:
         """``--optimizer`` as ``tapas.parallelize`` takes it: None (the model's compiled
         one), a name, or the config read from a JSON file (ValueError if unreadable)."""
-        from tapas.execution.keras_optimizer import optimizer_from_flag
+        from tapas.execution.training.keras_optimizer import optimizer_from_flag
         return optimizer_from_flag("--optimizer", self.optimizer)
 
     @property
@@ -252,7 +252,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     ``--compute_scale=measure`` calibration, the ``--kernel_times`` and the
     ``--communication_scale=measure`` calibration (None without them)."""
     from tapas import models
-    from tapas.execution import parallel, reconstruct
+    import tapas.execution.parallel as parallel, tapas.execution.program.reconstruct as reconstruct
     from tapas.planning.cost import Cluster
     n = distribute.num_replicas_in_sync
     mesh = _mesh(opts, n)
@@ -344,7 +344,7 @@ def _check_compute_scale(opts: TrainOptions) -> None:
     """``--compute_scale`` against the other options, without measuring anything: checked
     with the other options, before ``--workers`` are launched, so a wrong value fails once,
     at once."""
-    from tapas.execution.compute_scale import check_compute_scale
+    from tapas.execution.calibration.compute_scale import check_compute_scale
     if opts.strategy:
         raise TrainError(f"--compute_scale={opts.compute_scale} prices the search, and "
                          f"--strategy={opts.strategy} skips it: leave one of them out")
@@ -360,7 +360,7 @@ def _compute_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluste
     """``--compute_scale``: the factor and, for 'measure', its calibration (the model's
     replicated step timed at the batch and at batch / N on the run's devices, against the
     compute the search prices with ``changes``: the measured kernels, if any)."""
-    from tapas.execution.compute_scale import calibrate_compute, resolve_compute_scale
+    from tapas.execution.calibration.compute_scale import calibrate_compute, resolve_compute_scale
     from tapas.planning.cost import CostOptions
     if rows > 1:
         raise TrainError(f"--compute_scale with --mesh={opts.mesh} is not supported: the "
@@ -398,7 +398,7 @@ def _check_one_dimensional_search(opts: TrainOptions, flag: str, why_not_mesh: s
 def _check_kernel_times(opts: TrainOptions) -> None:
     """``--kernel_times`` against the other options, without measuring anything (before
     ``--workers`` are launched): it prices the search, on the 1-D program."""
-    from tapas.execution.kernels import check_kernel_times
+    from tapas.execution.calibration.kernels import check_kernel_times
     _check_one_dimensional_search(opts, "kernel_times",
                                   "kernels are keyed by the 1-D patterns' local shapes")
     n = opts.workers * opts.devices_per_worker if opts.workers else opts.devices
@@ -413,7 +413,7 @@ def _kernel_times(opts: TrainOptions, model: Any, specs: Any, cluster: Any, dist
     """``--kernel_times``: the file's times, or the kernels of the model's patterns timed on
     the run's devices ('measure'; written to out/kernel_times.json by the chief)."""
     from tapas import capturing
-    from tapas.execution.kernels import resolve_kernel_times
+    from tapas.execution.calibration.kernels import resolve_kernel_times
     n = distribute.num_replicas_in_sync
     if cluster.num_devices != n:   # (--mesh was refused before: one row)
         raise TrainError(f"--kernel_times: the cluster has {cluster.num_devices} devices, the "
@@ -434,7 +434,7 @@ def _check_communication_scale(opts: TrainOptions) -> None:
     """``--communication_scale`` against the other options, without measuring anything
     (before ``--workers`` are launched): it prices the search of the 1-D program, and
     'measure' runs the plan without its collectives, which worker processes cannot."""
-    from tapas.execution.communication_scale import check_communication_scale
+    from tapas.execution.calibration.communication_scale import check_communication_scale
     _check_one_dimensional_search(opts, "communication_scale",
                                   "the factor is measured on the 1-D program")
     try:
@@ -455,8 +455,8 @@ def _communication_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, 
     """``--communication_scale``: the factor and, for 'measure', its calibration (the
     model's data-parallel plan timed with and without its collectives on the run's
     devices, priced with the search's other options ``changes``)."""
-    from tapas.execution.communication_scale import (calibrate_communication,
-                                                     resolve_communication_scale)
+    from tapas.execution.calibration.communication_scale import (calibrate_communication,
+                                                                 resolve_communication_scale)
     from tapas.planning.cost import CostOptions
     n = distribute.num_replicas_in_sync
 
@@ -482,13 +482,13 @@ def _communication_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, 
 
 
 def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
-    from tapas.execution import audit
+    from tapas.execution.checking import audit
     return audit.say_mesh_audit(pm, mesh_text, say)
 
 
 def column_audit(pm: Any, mesh: Any, sparse: bool = False) -> tuple[dict, dict]:
-    """``tapas.execution.audit.column_audit`` (the mesh columns' collectives, ran and priced)."""
-    from tapas.execution import audit
+    """``tapas.execution.checking.audit.column_audit`` (the mesh columns' collectives, ran and priced)."""
+    from tapas.execution.checking import audit
     return audit.column_audit(pm, mesh, sparse)
 
 

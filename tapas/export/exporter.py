@@ -192,11 +192,11 @@ def predicted_collectives(strategy: Strategy, graph: Graph, mesh: Mesh,
                           options: CostOptions, cluster: Cluster | None = None
                           ) -> list[dict[str, Any]]:
     """The collectives a training step of ``strategy`` runs (the TAPAS audit's prediction,
-    ``tapas.execution.audit.predicted_comm_list``), grouped by (kind, phase, tensor,
+    ``tapas.execution.checking.audit.predicted_comm_list``), grouped by (kind, phase, tensor,
     bytes) with their count and seconds each under the cost model; on a mesh with rows,
     the data-parallel gradient all-reduce of every trainable weight's local shard over the
     column, priced on ``cluster`` (the whole mesh's; default :func:`_whole_cluster`)."""
-    from tapas.execution.audit import predicted_comm_list
+    from tapas.execution.checking.audit import predicted_comm_list
     n = strategy.num_devices
     weights = {w.placeholder + ":0" for w in graph.weights}
     rows: Counter = Counter()

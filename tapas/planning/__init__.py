@@ -1,5 +1,5 @@
 """Stages 3b and 4, planning: sharding patterns + a cluster -> the best Strategy (pure, no TF;
-the measurements that calibrate a cluster are :mod:`tapas.execution.profiling`).
+the measurements that calibrate a cluster are :mod:`tapas.execution.calibration.profiling`).
 
 In:  a :class:`tapas.ir.Graph`, its :class:`tapas.mining.FoldedGraph`, the patterns of
      :mod:`tapas.sharding` and a :class:`tapas.planning.cluster.Cluster`.
@@ -10,7 +10,7 @@ Out: a :class:`tapas.planning.search.Strategy`: one pattern per GraphNode, the r
   (:mod:`tapas.planning.hardware`: the presets' constants and their sources).
 * :mod:`tapas.planning.cost`: the overlap-aware alpha-beta costs, compute and memory.
 * :mod:`tapas.planning.precision`: the dtype each FLOP and byte is priced in (mixed precision).
-* :mod:`tapas.planning.calibrate`: fitting alpha, beta, epsilon, gamma to measurements.
+* :mod:`tapas.execution.calibration.fitting`: fitting alpha, beta, epsilon, gamma to measurements.
 * :mod:`tapas.planning.table`: every GraphNode's patterns summarised and costed; edge costs.
 * :mod:`tapas.planning.frontier`: the enumeration engine (DP over frontiers of placements).
 * :mod:`tapas.planning.explore`: enumeration with early stopping, gp (per template) and es.

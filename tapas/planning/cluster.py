@@ -317,10 +317,11 @@ class Cluster:
             f.write("\n")
 
     @classmethod
-    def from_json(cls, d: Any, where: str = "cluster JSON") -> Cluster:
-        """The cluster of a ``to_json`` object; ``ClusterFileError`` names ``where`` and the
-        field when a field is missing or wrong."""
-        return _cluster_from_json(d, where)
+    def from_json(cls, d: Any, where: str = "cluster JSON", *, older_layout: bool = False
+                  ) -> Cluster:
+        """A ``to_json`` object's cluster (ClusterFileError names ``where`` and the field);
+        ``older_layout``: also old strategy files' (:func:`_older_layout`)."""
+        return _cluster_from_json(d, where, older_layout)
 
     @classmethod
     def load(cls, path: str) -> Cluster:
@@ -507,8 +508,10 @@ class _Fields:
         return gamma, rate, widths
 
 
-def _cluster_from_json(d: Any, where: str) -> Cluster:
+def _cluster_from_json(d: Any, where: str, older_layout: bool = False) -> Cluster:
     """``Cluster.from_json``: every field checked, errors naming ``where`` and the field."""
+    if older_layout and isinstance(d, dict) and "format" not in d:
+        return _older_layout(d)
     if not isinstance(d, dict):
         raise ClusterFileError(f"{where}: must be a JSON object, got {type(d).__name__}; "
                                "write it with `tapas profile --out=...` or Cluster.save")
@@ -536,6 +539,15 @@ def _cluster_from_json(d: Any, where: str) -> Cluster:
                    device_memory=memory, device_peak_flops=flops, sources=sources,
                    epsilon=epsilon, gamma=gamma, device_elementwise_rate=rate,
                    device_width_efficiency=widths, device_peak_flops_by_dtype=peaks)
+
+
+def _older_layout(d: Mapping[str, Any]) -> Cluster:
+    """The cluster of a strategy file written before the cluster file existed: no
+    ``format``, links as ``[bandwidth, latency, name]``, profiled fields absent."""
+    return Cluster(d["name"], d["num_nodes"], d["devices_per_node"], Link(*d["intra"]),
+                   Link(*d["inter"]), d["device_memory"], d["device_peak_flops"],
+                   d.get("sources", {}), d.get("epsilon"), d.get("gamma"),
+                   d.get("device_elementwise_rate"), d.get("device_width_efficiency"))
 
 
 def _peaks_field(d: Mapping[str, Any], fail: Callable[[str, str], Exception]

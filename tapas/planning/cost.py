@@ -155,8 +155,9 @@ class CostOptions:
     # cluster without it: every width at ``device_peak_flops``
     gemm_width: bool = True
     # plan level (beyond the paper, "MC"): every plan's compute time times this factor,
-    # measured for one model by ``tapas.execution.profiling.calibrate_compute`` (that model's
-    # own training step at two batch sizes against what this model prices for them: the
+    # measured for one model by
+    # ``tapas.execution.calibration.compute_scale.calibrate_compute`` (that model's own
+    # training step at two batch sizes against what this model prices for them: the
     # compute its ops cost beyond the profiled rates, which a cluster file cannot know);
     # 1.0: the rates as profiled
     compute_scale: float = 1.0
@@ -170,13 +171,13 @@ class CostOptions:
     elementwise_scale: float = 1.0
     # plan level (beyond the paper, "K"; with memory_bound): the measured training-step time
     # of each kernel a pattern's contractions and convolutions run on one device
-    # (``tapas.execution.kernels.measure_kernels`` for one model: its ops at their local
+    # (``tapas.execution.calibration.kernels.measure_kernels`` for one model: its ops at their local
     # shapes under every pattern), in place of their FLOPs (or elements) at the rates; a
     # kernel not measured keeps the rates. None: the rates for every op
     kernel_times: KernelTimes | None = None
     # plan level (beyond the paper, "CS"): every collective's cost (latency and
     # transmission) times this factor, measured for one model by
-    # ``tapas.execution.communication_scale.calibrate_communication`` (that model's
+    # ``tapas.execution.calibration.communication_scale.calibrate_communication`` (that model's
     # data-parallel step with and without its collectives against what this model prices
     # for them: the profile's alpha and beta are measured on chains of collectives that wait
     # on each other, a step's collectives are not); 1.0: the constants as profiled
@@ -218,13 +219,13 @@ class CostOptions:
                              "finite number >= 0 (2.0: backward costs twice the forward pass)")
         _check_scale("compute_scale", self.compute_scale,
                      "1.0: compute at the cluster's profiled rates; "
-                     "tapas.execution.compute_scale.calibrate_compute measures it")
+                     "tapas.execution.calibration.compute_scale.calibrate_compute measures it")
         _check_scale("elementwise_scale", self.elementwise_scale,
                      "1.0: memory-bound ops at the cluster's profiled elementwise rate; "
                      "ComputeCalibration.elementwise_scale measures it")
         _check_scale("communication_scale", self.communication_scale,
                      "1.0: collectives at the cluster's profiled alpha and beta; "
-                     "tapas.execution.communication_scale.calibrate_communication "
+                     "tapas.execution.calibration.communication_scale.calibrate_communication "
                      "measures it")
         if self.activation_communication_scale is not None and (
                 isinstance(self.activation_communication_scale, bool) or
@@ -234,12 +235,12 @@ class CostOptions:
             raise ValueError(f"activation_communication_scale="
                              f"{self.activation_communication_scale!r}: must be a finite "
                              "number > 0, or None (communication_scale for every collective; "
-                             "tapas.execution.communication_scale.calibrate_communication "
+                             "tapas.execution.calibration.communication_scale.calibrate_communication "
                              "measures it)")
         if self.kernel_times is not None and not isinstance(self.kernel_times, KernelTimes):
             raise TypeError(f"kernel_times={self.kernel_times!r}: must be a "
                             "tapas.planning.kernel_times.KernelTimes (measured by "
-                            "tapas.execution.kernels.measure_kernels) or None")
+                            "tapas.execution.calibration.kernels.measure_kernels) or None")
         check_precision(self.precision)
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise ValueError(f"optimizer={self.optimizer!r} is unknown: use one of "

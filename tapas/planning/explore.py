@@ -453,7 +453,7 @@ def weight_reshard_terms(graph: Graph, table: PatternTable, patterns: Sequence[i
                          edges: EdgeCoster) -> list[CostTerm]:
     """The collectives that move a weight read in several placements: stored as its first
     reader (in GraphNode order) wants it, resharded once per other placement wanted (with
-    the gradient's conjugate), as the runtime runs it (``tapas.execution.audit``). Only
+    the gradient's conjugate), as the runtime runs it (``tapas.execution.checking.audit``). Only
     GraphNodes that read the weight count (``Graph.readers``)."""
     stored: dict[str, Any] = {}
     seen: set[tuple[str, str]] = set()

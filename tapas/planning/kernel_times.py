@@ -1,6 +1,7 @@
 """Measured training-step times of the kernels patterns run (``CostOptions.kernel_times``).
 
-In:  ``{kernel key: seconds}`` as ``tapas.execution.kernels.measure_kernels`` measures them
+In:  ``{kernel key: seconds}`` as
+     ``tapas.execution.calibration.kernels.measure_kernels`` measures them
      (``tapas.sharding.patterns.kernels.kernel_key``: an op's type, dtype, local operand
      shapes and attributes), or the JSON file it writes.
 Out: :class:`KernelTimes` -- the lookup the cost model prices a pattern's contractions and
@@ -101,7 +102,7 @@ def priced(uses: Sequence[Any], times: KernelTimes | None, dense_flops: float,
 def graph_kernels(graph: Any, num_devices: int, patterns_fn: Any = None) -> dict[str, int]:
     """Every kernel key the patterns of ``graph``'s GraphNodes on ``num_devices`` devices
     run, with how many (GraphNode, pattern) pairs run it: what
-    ``tapas.execution.kernels.measure_kernels`` has to time for a search of this graph.
+    ``tapas.execution.calibration.kernels.measure_kernels`` has to time for a search of this graph.
     ``patterns_fn`` as ``tapas.planning.table.pattern_table`` takes it (default: every
     valid pattern, ``tapas.sharding.patterns.patterns_for``)."""
     if patterns_fn is None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tapas.ir import Graph
 from tapas.planning import report
-from tapas.planning.cluster import Cluster, Link
+from tapas.planning.cluster import Cluster
 from tapas.planning.cost import MemoryEstimate
 from tapas.planning.table import PatternTable
 from tapas.sharding.patterns import patterns_for
@@ -102,18 +102,6 @@ class Alternative:
         return Alternative(d["name"], d["cost"], d["communication"], d["compute"], d["memory"],
                            d["fits"], {int(k): v for k, v in d["changes"].items()},
                            d.get("description", ""), d.get("error", ""))
-
-
-def _cluster_from_json(d: Mapping[str, Any]) -> Cluster:
-    """The strategy's cluster: ``Cluster.to_json``'s object (the cluster file's one codec),
-    or the older layout of strategy files (links as ``[bandwidth, latency, name]``, no
-    ``format``; the profiled coefficients absent from the oldest)."""
-    if "format" in d:
-        return Cluster.from_json(d, "strategy's cluster")
-    return Cluster(d["name"], d["num_nodes"], d["devices_per_node"], Link(*d["intra"]),
-                   Link(*d["inter"]), d["device_memory"], d["device_peak_flops"],
-                   d.get("sources", {}), d.get("epsilon"), d.get("gamma"),
-                   d.get("device_elementwise_rate"), d.get("device_width_efficiency"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,7 +279,8 @@ def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
     return Strategy(
         graph_name=d["graph_name"], graph_digest=d["graph_digest"],
         num_nodes=d["num_nodes"], num_devices=d["num_devices"],
-        cluster=_cluster_from_json(d["cluster"]), mode=d["mode"],
+        cluster=Cluster.from_json(d["cluster"], "strategy's cluster", older_layout=True),
+        mode=d["mode"],
         patterns=tuple(d["patterns"]),
         edges=tuple(EdgeReshard.from_json(e) for e in d["edges"]),
         input_placements=dict(d["input_placements"]),

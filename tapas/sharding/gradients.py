@@ -10,7 +10,7 @@ Out: :class:`GradientFlow`: the tensors computed from a gradient source (``forwa
 TensorFlow only runs the backward of a value that lies on a path from a source (a
 trainable weight, or a float input when input gradients are asked for) to the loss, and
 never through an op without a gradient (``ArgMax``, comparisons, ``Shape``...). The
-collective audit (``tapas.execution.audit``) uses this to leave out backward collectives
+collective audit (``tapas.execution.checking.audit``) uses this to leave out backward collectives
 that the program never runs.
 """
 
@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Collection, Sequence
 
 from tapas import ir
+from tapas.sharding.rules.plumbing import RANDOM, STATEFUL_RANDOM
 
 __all__ = ["GradientFlow", "gradient_flow", "differentiable", "NO_GRADIENT", "NONE_GRADIENT"]
 
@@ -27,13 +28,19 @@ __all__ = ["GradientFlow", "gradient_flow", "differentiable", "NO_GRADIENT", "NO
 # outputs are watched and a collective after them runs its backward half (keras-hub
 # D-FINE's sampling offsets go through Floor), but nothing flows back to their inputs
 NONE_GRADIENT = frozenset({"Floor", "Ceil", "Round", "Rint"})
-# ops through which no gradient flows back to any input (``Sign`` is not one: its gradient
-# is zeros, which the backward computes and passes on)
+# ops through which no gradient flows back to any input: TensorFlow registers them
+# ``NotDifferentiable`` (comparisons, shape queries, ``OneHot``, ``Range``, ``LinSpace``,
+# the random ops), registers no gradient for them (``IsNan``, bool ops, the random ops'
+# key-counter ops), or registers one that returns None (``ArgMax``, :data:`NONE_GRADIENT`)
+# or raises (``PreventGradient``). ``Sign`` is not one: its gradient is zeros, which the
+# backward computes and passes on. The one list for the whole package (the propagation's
+# gradient records, the gradient flow, the runtime and the audit); tests/test_gradients.py
+# checks it against TensorFlow's gradient registry.
 NO_GRADIENT = frozenset({
     "ArgMax", "ArgMin", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
     "StopGradient", "PreventGradient", "Shape", "ShapeN", "Size", "Rank", "ZerosLike",
-    "OnesLike", "IsFinite", "IsNan", "IsInf", "LogicalAnd", "LogicalOr",
-    "LogicalNot"}) | NONE_GRADIENT
+    "OnesLike", "IsFinite", "IsNan", "IsInf", "LogicalAnd", "LogicalOr", "LogicalNot",
+    "OneHot", "Range", "LinSpace", *RANDOM, *STATEFUL_RANDOM}) | NONE_GRADIENT
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The training loss of a placed output: how it is computed and what it moves (pure, no TF).
 
-The runtime (``tapas.execution.losses``) computes the loss where the model's output lies,
+The runtime (``tapas.execution.training.losses``) computes the loss where the model's output lies,
 and the search prices the collectives that costs (``CostOptions.loss``): both read the plan
 from here, so the audit's prediction for the loss and the search's price are one number.
 

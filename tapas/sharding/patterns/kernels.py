@@ -10,8 +10,8 @@ Out: :func:`kernel_key` -- one string that names the kernel a device runs for th
 Why: the cost model prices these ops by FLOPs (or elements) at a profiled rate, and the
 rate of a kernel depends on its shapes far beyond what a width table captures
 (``docs/cost.md``, "Measured kernels"). A key identifies exactly the computation a device does, so
-``tapas.execution.kernels`` can time each one on the devices (forward and both gradients)
-and ``tapas.planning.cost.compute_time`` can price it by its measured time instead
+``tapas.execution.calibration.kernels`` can time each one on the devices (forward and both
+gradients) and ``tapas.planning.cost.compute_time`` can price it by its measured time instead
 (``CostOptions.kernel_times``, ``"K"`` in ``docs/cost.md``).
 
 This module imports no TensorFlow.

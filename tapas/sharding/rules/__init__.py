@@ -9,8 +9,8 @@ Out: :func:`spec_for` -- an :class:`OpSpec`, a label per axis of every input and
 **Adding the sharding rule of a new TF op**: write a function ``(OpInfo, OpContext) ->
 OpSpec`` in the module of its op family (or reuse one there) and add the op type to
 :data:`RULES` below; if the op passes no gradient to its inputs, add it to
-:data:`NO_GRAD_OPS` too. A rule raises ``ValueError`` when it cannot read the op's
-attributes or constants. The modules:
+``tapas.sharding.gradients.NO_GRADIENT`` too. A rule raises ``ValueError`` when it cannot
+read the op's attributes or constants. The modules:
 
 ===============================  ===========================================================
 :mod:`~.spec`                    ``OpSpec``, ``OpContext`` and the label helpers
@@ -63,7 +63,7 @@ from tapas.sharding.rules import (conv, elementwise, gather, matmul, norm, plumb
 from tapas.sharding.rules.spec import OpContext, OpSpec, Rule
 
 __all__ = ["OpSpec", "OpContext", "Rule", "RULES", "spec_for", "CONTRACTION_OPS",
-           "NO_GRAD_OPS", "STATEFUL_RANDOM"]
+           "STATEFUL_RANDOM"]
 
 STATEFUL_RANDOM = plumbing.STATEFUL_RANDOM
 
@@ -136,15 +136,6 @@ RULES: dict[str, Rule] = {
 
 # contractions: the ops whose labels the attention and MoE families split one by one
 CONTRACTION_OPS = frozenset({"MatMul", *matmul.BATCH_MATMUL, "Einsum"})
-
-# ops whose outputs carry no gradient to their inputs
-NO_GRAD_OPS = frozenset({"StopGradient", "PreventGradient", "Shape", "ShapeN", "Size", "Rank",
-                         "ZerosLike", "OnesLike", "ArgMax", "ArgMin", "Less", "LessEqual",
-                         "Greater", "GreaterEqual", "Equal", "NotEqual", "OneHot", "Floor",
-                         "Ceil", "Round", "Rint", "Sign", "IsNan", "IsInf", "IsFinite",
-                         "LogicalNot", "LogicalAnd", "LogicalOr", *plumbing.RANDOM,
-                         *plumbing.STATEFUL_RANDOM})
-
 
 def spec_for(op: OpInfo, ctx: OpContext) -> OpSpec | str:
     """The spec of ``op``, or why there is none."""

@@ -8,7 +8,7 @@ Out: its :class:`~tapas.sharding.rules.spec.OpSpec`. A shape query reads only th
      a variable read and IdentityN pass placements through. A stateless random draw
      (dropout's mask in training mode) reads only meta operands (shape, key, counter,
      algorithm) and yields its *global* value, replicated: consumers that split it slice
-     it locally, so every device sees the single-device draw (``tapas.execution.stateful``).
+     it locally, so every device sees the single-device draw (``tapas.execution.program.stateful``).
      A variable write (``AssignVariableOp``: a Keras seed generator's state, batch norm's
      moving statistics) needs its value whole on every device and the variable replicated.
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from tapas.ir import OpInfo, TensorInfo
 from tapas.sharding import rules
+from tapas.sharding.gradients import NO_GRADIENT
 from tapas.sharding.patterns.pattern import Rewrite
 from tapas.sharding.patterns.propagation.flops import (DENSE_KINDS, gemm_width, op_elements,
                                                         op_flops, volume, width_bucket)
@@ -352,7 +353,7 @@ def _output_placement(fw: Forward, op: OpInfo, spec: rules.OpSpec, j: int,
 def _record_gradients(fw: Forward, k: int, op: OpInfo, spec: rules.OpSpec,
                       in_pl: Sequence[Placement], split: _OpSplit) -> None:
     """Which outputs carry a gradient, and what the op does to each input's gradient."""
-    if op.type in rules.NO_GRAD_OPS:
+    if op.type in NO_GRADIENT:
         return
     for t in op.outputs:
         if t.dtype in FLOAT_DTYPES and any(x in fw.needs_grad for _, x in split.data):

@@ -6,7 +6,7 @@ In:  a Keras model compiled with ``metrics=`` and/or ``weighted_metrics=`` (stri
      global values: the model's outputs, the targets and the sample weights, gathered to
      the host, and with several outputs each one's unweighted loss
      (``Runtime.step_values``, kept when ``Runtime.set_step_values(True)``:
-     ``tapas.execution.step_outputs``).
+     ``tapas.execution.training.step_outputs``).
 Out: :class:`Scores`: Keras's ``CompileMetrics`` built from the model's compile
      configuration with fresh copies of its metric objects (so the Keras model's own
      metrics are never touched), updated with the global ``y``, ``y_pred`` and sample
@@ -30,7 +30,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from tapas.execution.compiled_loss import loss_names
+from tapas.execution.training.compiled_loss import loss_names
 
 __all__ = ["Scores", "keras_order"]
 

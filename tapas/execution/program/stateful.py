@@ -16,7 +16,7 @@ How training mode stays equal to the single-device Keras model:
   ``SeedGenerator`` holds this step. The program reads the same state, and the random op
   (whose rule, ``tapas.sharding.rules.plumbing.random``, leaves its output replicated) is
   replayed with the *global* shape: every device draws the single-device mask and the ops
-  that split the activation slice it locally (``reconstruct._Run._slice_broadcast``). The
+  that split the activation slice it locally (``local_ops.LocalOps._slice_broadcast``). The
   mask of a split activation is therefore exactly the single-device mask's slice, with no
   communication; each device computes the whole mask (its flops and memory, N times the
   share of a split activation). The state advances by the replayed write, as in Keras.
@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution.collectives import local_slice
-from tapas.execution.plan import ReconstructError
+from tapas.execution.program.collectives import local_slice
+from tapas.execution.program.plan import ReconstructError
 from tapas.sharding.placements import Placement, Replica, Split
 
 __all__ = ["RANDOM_OPS", "WRITE_OPS", "StateInfo", "states_of", "check_writes", "Writes",
@@ -215,7 +215,7 @@ class StateStore:
 
 
 def read_state(run: Any, path: str, op: Any = None) -> list:
-    """A seed state's local values in the replay ``run`` (a ``reconstruct._Run``) as the
+    """A seed state's local values in the replay ``run`` (a ``run.Run``) as the
     traced program's op ``op`` (a read or a write of it) sees them: the value of the last
     write before ``op`` in the program, else the caller's variable, else the traced model's
     own variable. The replay runs GraphNode by GraphNode, not in program order: keras-hub

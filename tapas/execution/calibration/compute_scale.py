@@ -150,7 +150,7 @@ def calibrate_compute(model: Any, input_spec: Any = None, *, cluster: Any,
     (default ``CostOptions.for_cluster(cluster)``)."""
     from tapas.execution import inputs, parallel
     from tapas.execution.devices import make_strategy
-    from tapas.execution.plan import Plan
+    from tapas.execution.program.plan import Plan
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or \
             isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"steps={steps!r}, repeats={repeats!r}: each must be an int >= 1 "

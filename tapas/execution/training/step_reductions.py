@@ -17,8 +17,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tapas.execution.collectives import Audit, CommRecord
-from tapas.execution.keras_optimizer import ShardedOptimizer, WeightInfo
+from tapas.execution.program.collectives import Audit, CommRecord
+from tapas.execution.training.keras_optimizer import ShardedOptimizer, WeightInfo
 from tapas.sharding.placements import Collective, Split
 
 __all__ = ["all_finite", "dp_grad", "dp_record", "dp_sum", "make_optimizer", "sum_squares"]
@@ -26,7 +26,8 @@ __all__ = ["all_finite", "dp_grad", "dp_record", "dp_sum", "make_optimizer", "su
 
 def make_optimizer(rt: Any, optimizer: Any, learning_rate: float | None,
                    keras_variables: Mapping[str, Any]) -> ShardedOptimizer:
-    """The Keras optimizer on this layout's shards (``tapas.execution.keras_optimizer``)."""
+    """The Keras optimizer on this layout's shards
+    (``tapas.execution.training.keras_optimizer``)."""
     if isinstance(optimizer, ShardedOptimizer):
         return optimizer
     return ShardedOptimizer(optimizer, [

@@ -241,7 +241,7 @@ def regularized(rt: Any, r: Any, share: tf.Tensor, partial: bool,
     replica's part of the model's weight regularization losses (``rt.regularization``,
     :func:`replica_value`); the collectives it adds go to ``rt.regularizer_comms``
     (function, kind, global bytes), once per trace."""
-    from tapas.execution.collectives import local_slice
+    from tapas.execution.program.collectives import local_slice
 
     def record(kind: str, nbytes: int) -> None:
         if r.records:

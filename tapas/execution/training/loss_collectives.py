@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution import losses
-from tapas.execution.collectives import local_slice
+from tapas.execution.program.collectives import local_slice
+from tapas.execution.training import losses
 
 __all__ = ["all_gather", "all_reduce", "gather_for_loss", "vocab_parallel"]
 

@@ -112,7 +112,7 @@ def outputs_loss(rt: Any, r: Any, outs: list, y: Any) -> tuple[Any, bool]:
     another's is the full loss on every replica, the full ones count 1/N in value with
     their gradient kept (``regularizers.value_scale``). With ``rt.keep_step_values``,
     each output's unweighted global loss goes to ``r.notes["output_losses"]``."""
-    from tapas.execution.regularizers import value_scale
+    from tapas.execution.training.regularizers import value_scale
     k = len(rt.output_losses or [None])
     weights_of = rt.loss_weights or [None] * k
     if k == 1:

@@ -1,6 +1,7 @@
 """Equivalence with the single-device model: a sharded program against one device.
 
-In:  either a traced model, its :class:`tapas.ir.Graph`, a ``tapas.execution.reconstruct.Plan``
+In:  either a traced model, its :class:`tapas.ir.Graph`, a
+     ``tapas.execution.program.reconstruct.Plan``
      and global input arrays (:func:`compare_with_single_device`: the plan simulated on N
      shards in one process), or a ``tapas.execution.parallel.ParallelModel`` and a batch
      (:func:`verify_with_keras`: the runtime on its devices against the Keras model).
@@ -21,13 +22,13 @@ import tensorflow as tf
 
 from tapas import ir
 from tapas.capturing.tracing import states_by_path, weights_by_path
-from tapas.execution import keras_reference
-from tapas.execution.keras_reference import reference_loss, reference_sensitivity
-from tapas.execution.collectives import Audit, CommRecord, SimulatedCollectives
+from tapas.execution.checking import keras_reference
+from tapas.execution.checking.keras_reference import reference_loss, reference_sensitivity
+from tapas.execution.program.collectives import Audit, CommRecord, SimulatedCollectives
 from tapas.sharding.gradients import NO_GRADIENT
 from tapas.sharding.placements import Placement, Split
 
-__all__ = ["Difference", "Comparison", "compare_with_single_device", "compare_nested", "compare",
+__all__ = ["Difference", "Comparison", "compare_with_single_device", "compare",
            "verify_with_keras", "RTOL", "ATOL_FACTOR"]
 
 RTOL = 1e-5
@@ -98,8 +99,8 @@ def compare_with_single_device(trace: Any, graph: ir.Graph, plan: Any,
     the full loss of a replicated output and its own share of a split one, so the sharded
     gradients must equal the single-device ones exactly (up to float rounding).
     """
-    from tapas.execution.plan import Plan
-    from tapas.execution.reconstruct import Program
+    from tapas.execution.program.plan import Plan
+    from tapas.execution.program.reconstruct import Program
     prog = Program(trace, graph, plan)
     single = Program(trace, graph, Plan.replicated(graph, 1))
     rng = np.random.default_rng(seed)
@@ -208,122 +209,6 @@ def _reference_run(case: _Case, single: Any) -> Any:
         return outs, grads, writes
 
     return reference()
-
-
-def compare_nested(trace: Any, graph: ir.Graph, plan: Any, inputs: Sequence[Any], rows: int,
-                   seed: int = 0) -> Comparison:
-    """:func:`compare_with_single_device` on a ``rows x N`` mesh with nested experts
-    (``tapas.planning.experts``), all ``rows * N`` replicas simulated in one program:
-    ``plan`` (for N devices) runs in every row with its collectives within the row, the
-    expert region's tokens exchanged over the columns, each expert weight cut into the rows
-    on axis 0 and every other weight whole in each row (its gradient summed over the rows,
-    as the data-parallel all-reduce does). Each row takes its share of every input and
-    output along the batch: axis 1 (the groups) of a tensor crossing the region's boundary
-    (``[E, G, ...]``), axis 0 otherwise. ``graph`` may be one expert GraphNode's
-    (the 2-D pattern checker) or a whole model's: ``graph`` is one row's, and ``inputs``
-    are the arrays over the whole mesh (each row's share along its row axis)."""
-    from tapas.execution.collectives import GroupedSimulatedCollectives
-    from tapas.execution.plan import Plan
-    from tapas.execution.reconstruct import Program
-    prog = Program(trace, graph, plan, expert_rows=rows)
-    n, region = prog.num_devices, prog.region
-    in_axis = [1 if t.name in region.boundary else 0 for t in graph.inputs]
-    out_axis = [1 if t.name in region.boundary else 0 for t in graph.outputs]
-    rng = np.random.default_rng(seed)
-    values, paths, trainable, arrays, floats = _weights_and_inputs(trace, prog, graph, inputs)
-
-    def over_mesh(shape: Sequence[int], axis: int) -> list[int]:
-        return [d * rows if a == axis else d for a, d in enumerate(shape)]
-
-    coeffs = tuple(rng.standard_normal(over_mesh(t.shape, a)).astype(t.dtype)
-                   if t.dtype.startswith("float") else None
-                   for t, a in zip(graph.outputs, out_axis))
-    replicas = [divmod(r, n) for r in range(rows * n)]     # (row, column)
-
-    def cut(value: np.ndarray, row_axis: int | None, plc: Placement, i: int, j: int) -> Any:
-        if row_axis is not None:
-            value = Split(row_axis).shard(value, rows, i)
-        return tf.constant(plc.shard(value, n, j))
-
-    def row_axis_of(path: str) -> int | None:
-        return prog.weight_layouts[path].row_axis
-
-    audit = Audit()
-
-    @tf.function(autograph=False)
-    def sharded():
-        row = GroupedSimulatedCollectives([[i * n + j for j in range(n)]
-                                           for i in range(rows)], audit)
-        column = GroupedSimulatedCollectives([[i * n + j for i in range(rows)]
-                                              for j in range(n)], audit)
-        local_w = {p: [cut(values[p], row_axis_of(p), prog.weight_layouts[p].placement, i, j)
-                       for i, j in replicas] for p in paths}
-        local_x = [[cut(x, in_axis[k], prog.input_placements[k], i, j) for i, j in replicas]
-                   for k, x in enumerate(arrays)]
-        with tf.GradientTape() as tape:
-            tape.watch([w for p in paths for w in local_w[p]])
-            tape.watch([x for k in floats for x in local_x[k]])
-            outs = prog(local_x, local_w, row, column=column)
-            loss = tf.constant(0.0)
-            for k, c in enumerate(coeffs):
-                if c is None:
-                    continue
-                plc = prog.output_placements[k]
-                for (i, j), o in zip(replicas, outs[k]):
-                    share = plc.shard(Split(out_axis[k]).shard(c, rows, i), n, j)
-                    loss += tf.cast(tf.reduce_sum(o * share), tf.float32)
-        grads = tape.gradient(loss, ([local_w[p] for p in trainable],
-                                     [local_x[k] for k in floats]),
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return outs, grads
-
-    s_outs, (s_wg, s_xg) = sharded()
-    # the reference: the single-device graph on each row's share, the rows' outputs and
-    # input gradients side by side, their weight gradients summed (the rows' losses add up)
-    single = Program(trace, graph, Plan.replicated(graph, 1))
-    per_row = [_reference_run(_Case(prog, values, paths, trainable,
-                                    tuple(Split(a).shard(x, rows, i)
-                                          for a, x in zip(in_axis, arrays)), floats,
-                                    tuple(None if c is None else Split(a).shard(c, rows, i)
-                                          for a, c in zip(out_axis, coeffs))), single)
-               for i in range(rows)]
-    def dense(x: Any) -> np.ndarray:   # (an embedding's gradient is IndexedSlices)
-        return np.asarray(tf.convert_to_tensor(x))
-
-    r_outs = [np.concatenate([dense(r[0][k]) for r in per_row], axis=out_axis[k])
-              for k in range(len(graph.outputs))]
-    r_wg = [np.sum([dense(r[1][0][q]) for r in per_row], axis=0)
-            for q in range(len(trainable))]
-    r_xg = [np.concatenate([dense(r[1][1][q]) for r in per_row], axis=in_axis[k])
-            for q, k in enumerate(floats)]
-
-    def whole(locals_: Sequence[Any], plc: Placement, row_axis: int | None) -> np.ndarray:
-        """The global value from every replica's part: each row's from its columns, then
-        the rows concatenated on ``row_axis`` (None: summed, a gradient of a weight every
-        row holds)."""
-        per_row = []
-        for i in range(rows):
-            parts = [np.asarray(tf.convert_to_tensor(locals_[i * n + j]), np.float64)
-                     for j in range(n)]
-            per_row.append(np.concatenate(parts, axis=plc.axis) if isinstance(plc, Split)
-                           else parts[0])
-        return np.concatenate(per_row, axis=row_axis) if row_axis is not None \
-            else np.sum(per_row, axis=0)
-
-    def diff(what: str, got: np.ndarray, ref: Any) -> Difference:
-        ref = np.asarray(tf.convert_to_tensor(ref), np.float64)
-        return Difference(what, float(np.max(np.abs(got - ref))) if ref.size else 0.0,
-                          float(np.max(np.abs(ref))) if ref.size else 0.0)
-
-    diffs = [diff(f"output {k} '{graph.outputs[k].name}'",
-                  whole(so, prog.output_placements[k], out_axis[k]), ro)
-             for k, (so, ro) in enumerate(zip(s_outs, r_outs))]
-    diffs += [diff(f"gradient of '{p}'", whole(sg, prog.weight_layouts[p].placement,
-                                                row_axis_of(p)), rg)
-              for p, sg, rg in zip(trainable, s_wg, r_wg)]
-    diffs += [diff(f"gradient of input {k}", whole(sg, prog.input_placements[k], in_axis[k]),
-                   rg) for k, sg, rg in zip(floats, s_xg, r_xg)]
-    return Comparison(tuple(diffs), audit.records)
 
 
 def _difference(what: str, locals_: Sequence[Any], ref: Any, plc: Placement) -> Difference:
@@ -440,7 +325,7 @@ def verify_with_keras(pm: Any, xs: list, y: Any, steps: int = 3,
             "function with other random numbers. Verify with training=False (the same "
             "model, no random draws), check the plan in training mode against the graph "
             "replayed on one device with the same draws "
-            "(tapas.execution.verify.compare_with_single_device; scripts/equivalence.py "
+            "(tapas.execution.checking.verify.compare_with_single_device; scripts/equivalence.py "
             "--modes=training does so), or build the model with Keras 3 layers (their "
             "dropout draws from seed states, which verify replays)")
     if int(rt.iterations.numpy()) != 0:
@@ -580,8 +465,8 @@ def intermediate_values(trace: Any, graph: ir.Graph, inputs: Sequence[Any],
     (one array per graph input) with its current weights, on one device. Variants (a
     TensorList handle between GraphNodes: keras-hub RWKV-7's TensorArray) have no array
     value and are left out."""
-    from tapas.execution.plan import Plan
-    from tapas.execution.reconstruct import Program
+    from tapas.execution.program.plan import Plan
+    from tapas.execution.program.reconstruct import Program
     prog = Program(trace, graph, Plan.replicated(graph, 1))
     variants = {t.name for n in graph.nodes for t in n.outputs if t.dtype == "variant"}
     names = [n for n in dict.fromkeys(names) if n not in variants]

@@ -31,7 +31,7 @@ from typing import Any
 import tensorflow as tf
 
 from tapas.execution.devices import process_count
-from tapas.execution.profiling import _Timer
+from tapas.execution.calibration.timing import Timer
 from tapas.planning.kernel_times import KernelTimes
 from tapas.sharding.patterns.kernels import parse_kernel_key
 
@@ -108,7 +108,7 @@ def measure_kernels(keys: Iterable[str], strategy: tf.distribute.Strategy, *,
 def _measure(keys: list[str], strategy: tf.distribute.Strategy, repeats: int, copies: int,
              progress: Progress | None) -> KernelTimes:
     say = progress or (lambda line: None)
-    timer = _Timer(strategy, sync=process_count() > 1)
+    timer = Timer(strategy, sync=process_count() > 1)
     seconds: dict[str, float] = {}
     failed: dict[str, str] = {}
     start = time.perf_counter()
@@ -142,7 +142,7 @@ def _measure(keys: list[str], strategy: tf.distribute.Strategy, repeats: int, co
     say(f"kernels: {len(seconds)} of {len(keys)} timed, {len(failed)} left to the rates "
         f"({time.perf_counter() - start:.0f} s)")
     return KernelTimes(seconds, strategy.num_replicas_in_sync, failed,
-                       source=f"tapas.execution.kernels.measure_kernels(repeats={repeats}, "
+                       source=f"tapas.execution.calibration.kernels.measure_kernels(repeats={repeats}, "
                               f"copies={copies})")
 
 
@@ -162,8 +162,8 @@ def check_kernel_times(value: str, cluster_name: str, num_devices: int) -> Kerne
         return None
     path = str(value)
     if not os.path.isfile(path):
-        raise ValueError(f"no such file: give 'measure' or the kernel-times JSON an earlier "
-                         f"--kernel_times=measure wrote")
+        raise ValueError(f"no such file {path!r}: give 'measure' or the kernel-times JSON an "
+                         "earlier --kernel_times=measure wrote")
     try:
         times = KernelTimes.load(path)
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -10,7 +10,8 @@ Out: a :class:`LinearFit` per primitive (``t = intercept + slope * x`` with
      beta, epsilon relative to all-reduce), gamma from overlap timings (:func:`fit_gamma`),
      the two compute rates from training steps of reference blocks (:func:`fit_compute`)
      and a profiled :class:`tapas.planning.cluster.Cluster` (:func:`profiled_cluster`);
-     :class:`Profile`, what ``tapas profile`` (``tapas.execution.profiling``, the TensorFlow
+     :class:`Profile`, what ``tapas profile``
+     (``tapas.execution.calibration.profiling``, the TensorFlow
      side) returns: its table, the cluster file and the residual plot (matplotlib, when
      installed); :func:`parse_sizes` for ``--sizes``.
 
@@ -346,7 +347,7 @@ def profiled_cluster(name: str, fits: Mapping[Collective, CollectiveFit], device
         "device_peak_flops": f"{measured}: float32 matmul FLOP/s per device, all devices "
                              "computing at once",
         "epsilon": f"{measured}: each primitive's fit slope / the all-reduce's, as the "
-                   "runtime implements it (tapas/execution/collectives.py)",
+                   "runtime implements it (tapas/execution/program/collectives.py)",
         "gamma": (f"{measured}: visible fraction of an all-reduce launched beside independent "
                   "compute" if gamma is not None else
                   f"not measured: CostOptions' prior {DEFAULT_GAMMA}"),

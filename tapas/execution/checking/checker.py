@@ -11,7 +11,8 @@ Out: :func:`check_node_patterns` -- every ShardingPattern ``tapas.sharding.patte
      may give an expert GraphNode); :func:`check_plan` -- the same for a
      whole-model plan; :func:`synthetic_inputs` -- valid inputs for a captured graph.
 
-A pattern the search may choose must be buildable: one that :mod:`tapas.execution.reconstruct`
+A pattern the search may choose must be buildable: one that
+:mod:`tapas.execution.program.reconstruct`
 refuses (``ReconstructError``, or TensorFlow refusing a replayed op) is reported as
 "cannot be rebuilt", so the checker catches patterns that are valid on paper and fail at
 ``tapas.parallelize`` (docs/sharding.md, *the pattern checker*).
@@ -26,8 +27,8 @@ import numpy as np
 import tensorflow as tf
 
 from tapas import ir
-from tapas.execution import audit, verify
-from tapas.execution.plan import Plan, ReconstructError
+from tapas.execution.checking import audit, nested, verify
+from tapas.execution.program.plan import Plan, ReconstructError
 from tapas.sharding import patterns
 
 __all__ = ["synthetic_inputs", "check_node_patterns", "check_nested_patterns", "check_plan",
@@ -73,7 +74,7 @@ def check_node_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.nda
     """(number checked, failure messages) for every pattern of every GraphNode of ``graph``
     (the first GraphNode of each signature: identical nodes have identical patterns).
     ``values`` holds the value of every GraphNode input
-    (:func:`tapas.execution.verify.intermediate_values`). GraphNodes joined by variants (a
+    (:func:`tapas.execution.checking.verify.intermediate_values`). GraphNodes joined by variants (a
     TensorArray's list handle, which has no value to feed or compare) are checked together:
     each pattern of one of them with the others replicated."""
     failures: list[str] = []
@@ -127,9 +128,9 @@ def check_nested_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.n
     (``tapas.planning.experts.nested_patterns``; the first GraphNode of each signature),
     rebuilt alone with its experts cut over the rows, the tokens exchanged over the columns
     and the pattern in each row, all ``rows * num_devices`` replicas simulated
-    (``tapas.execution.verify.compare_nested``), against the GraphNode on one device run on
+    (``tapas.execution.checking.nested.compare_nested``), against the GraphNode on one device run on
     each row's share. ``values``: every GraphNode input's value in one row's graph
-    (:func:`tapas.execution.verify.intermediate_values`); the other rows get fresh random
+    (:func:`tapas.execution.checking.verify.intermediate_values`); the other rows get fresh random
     tokens (floats) or copies (integers), so that rows differ."""
     from tapas.planning import experts
     region = experts.ExpertRegion.of(graph, rows)
@@ -156,7 +157,7 @@ def check_nested_patterns(trace: Any, graph: ir.Graph, values: Mapping[str, np.n
             checked += 1
             label = f"{_describe(node, pat, num_devices)} on {rows}x{num_devices}:experts"
             try:
-                cmp = verify.compare_nested(trace, sub, Plan(num_devices, {0: pat}), args,
+                cmp = nested.compare_nested(trace, sub, Plan(num_devices, {0: pat}), args,
                                             rows)
             except BUILD_ERRORS as err:
                 failures.append(f"{label}: cannot be rebuilt: {type(err).__name__}: {err}")
@@ -176,7 +177,7 @@ def _check_one(trace: Any, graph: ir.Graph, plan: Plan, args: Sequence[Any], rto
         return f"cannot be rebuilt: {type(err).__name__}: {err}"
     if not cmp.ok(rtol=rtol, atol=atol):
         return f"largest difference {cmp.worst}"
-    from tapas.execution.reconstruct import Program
+    from tapas.execution.program.reconstruct import Program
     # the gradients the check computes: of every float input but one the model stops
     # (batch norm's StopGradient of the mean, read by the variance GraphNode)
     sources = {t.name for t in graph.inputs

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tapas.execution.collectives import gather_values
+from tapas.execution.program.collectives import gather_values
 from tapas.sharding.placements import Split
 
 __all__ = ["global_values"]

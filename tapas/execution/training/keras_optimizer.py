@@ -33,7 +33,7 @@ from keras.src.backend.common import global_state
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 
-from tapas.execution import keras2
+from tapas.execution.training import keras2
 
 __all__ = ["ShardedOptimizer", "WeightInfo", "check_supported", "optimizer_from_flag",
            "resolve_optimizer", "slot_count"]

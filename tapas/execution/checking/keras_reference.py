@@ -102,7 +102,7 @@ def reference_loss(rt: Any, model: Any, y: Any, out: Any) -> tf.Tensor:
     loss (``keras.losses.Loss.__call__``) times its loss weight, summed, plus
     ``model.losses`` (the weight regularizers, read inside the caller's tape), as Keras's
     ``compute_loss``."""
-    from tapas.execution.compiled_loss import output_targets
+    from tapas.execution.training.compiled_loss import output_targets
     losses = rt.output_losses or [rt.loss]
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     ys = output_targets(y, rt.output_names or ["output"] * len(losses)) \

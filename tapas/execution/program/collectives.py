@@ -302,7 +302,7 @@ class GroupedSimulatedCollectives(Collectives):
     local list holds all replicas, ``groups`` lists the positions of each group (a mesh
     row, or a mesh column), and each collective runs as :class:`SimulatedCollectives`
     inside every group. ``num_devices`` is the group size; a replica's id is its index in
-    its group. For the 2-D pattern checker (``tapas.execution.verify.compare_nested``)."""
+    its group. For the 2-D pattern checker (``tapas.execution.checking.nested.compare_nested``)."""
 
     def __init__(self, groups: Sequence[Sequence[int]], audit: Audit | None = None) -> None:
         sizes = {len(g) for g in groups}

@@ -28,8 +28,8 @@ import statistics
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from tapas.execution.compute_scale import (check_measured_factor, paired_difference,
-                                           resolve_measured_factor, time_pairs)
+from tapas.execution.calibration.compute_scale import (check_measured_factor, paired_difference,
+                                                       resolve_measured_factor, time_pairs)
 
 __all__ = ["CommunicationCalibration", "ActivationCalibration", "calibrate_communication",
            "without_communication", "scale_from_pairs", "with_activation", "solve_factors",
@@ -136,7 +136,7 @@ def without_communication() -> Iterator[None]:
     processes the workers' steps would no longer meet."""
     import tensorflow as tf
 
-    from tapas.execution import collectives as c
+    from tapas.execution.program import collectives as c
 
     def local_sum(self: Any, xs: list) -> list:
         return [x + tf.zeros([], x.dtype) if x.dtype != tf.bool else tf.identity(x)
@@ -272,7 +272,7 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
     from tapas import capturing
     from tapas.execution import inputs, parallel
     from tapas.execution.devices import make_strategy, process_count
-    from tapas.execution.plan import Plan
+    from tapas.execution.program.plan import Plan
     from tapas.planning.strategy import graph_digest
     from tapas.sharding.patterns import pattern_by_name
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or \
@@ -414,7 +414,7 @@ def scale_from_pairs(num_devices: int, full: list[float], local: list[float],
 def check_communication_scale(value: Any, cluster_name: str) -> float | None:
     """``--communication_scale`` checked without measuring anything: the factor, or None
     for ``"measure"`` (a preset ``cluster_name`` refused:
-    ``tapas.execution.compute_scale.check_measured_factor``)."""
+    ``tapas.execution.calibration.compute_scale.check_measured_factor``)."""
     return check_measured_factor(value, cluster_name, "communication_scale", "0.6",
                                  "alpha and beta")
 

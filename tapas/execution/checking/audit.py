@@ -1,8 +1,8 @@
 """The collective audit: what a plan predicts a training step runs, against what it ran.
 
-In:  a plan (a ``tapas.execution.plan.Plan``, or a ``tapas.planning.search.Strategy``
+In:  a plan (a ``tapas.execution.program.plan.Plan``, or a ``tapas.planning.search.Strategy``
      with its resharding edges) and its :class:`tapas.ir.Graph`; the
-     :class:`tapas.execution.collectives.CommRecord` s an ``Audit`` recorded.
+     :class:`tapas.execution.program.collectives.CommRecord` s an ``Audit`` recorded.
 Out: the predicted ``tapas.sharding.placements.Comm`` s (:func:`predicted_comm_list`), the
      same as ``CommRecord`` s for a ``Program`` (:func:`program_comms`), the differences as
      readable lines (:func:`compare_audit`) and the report of a ``ParallelModel``
@@ -26,8 +26,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from tapas import ir
-from tapas.execution.collectives import Audit, CommRecord
-from tapas.execution.plan import Plan
+from tapas.execution.program.collectives import Audit, CommRecord
+from tapas.execution.program.plan import Plan
 from tapas.sharding.gradients import NO_GRADIENT, GradientFlow, differentiable, gradient_flow
 from tapas.sharding import placements
 from tapas.sharding.placements import Collective, parse_placement
@@ -47,7 +47,7 @@ class AuditReport:
     collectives the runtime ran to compute the loss as ``(kind, global bytes)`` (an
     all-gather of class-split logits, or the vocabulary-parallel cross-entropy's two small
     ones) and ``predicted_loss`` those its loss plan predicts
-    (``tapas.execution.losses.plan_loss``).
+    (``tapas.execution.training.losses.plan_loss``).
     """
 
     measured: Mapping[tuple[str, str], int]
@@ -152,7 +152,8 @@ def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
 
 def program_comms(prog: Any, strategy: Any = None, *,
                   input_gradients: bool | Collection[str] = False) -> list[CommRecord]:
-    """:func:`predicted_comm_list` of a ``tapas.execution.reconstruct.Program`` (its plan, or
+    """:func:`predicted_comm_list` of a ``tapas.execution.program.reconstruct.Program``
+    (its plan, or
     the Strategy it was built from, with the Strategy's resharding edges), as the
     ``CommRecord`` s its ``Audit`` records (compare them with :func:`compare_audit`)."""
     comms = predicted_comm_list(prog.plan if strategy is None else strategy, prog.graph,
