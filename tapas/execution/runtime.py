@@ -87,8 +87,7 @@ from tapas.execution.program import replay, stateful
 from tapas.execution.program.collectives import (Audit, KeyedCollectives, KeyedGroup,
                                                  ReplicaContextCollectives)
 from tapas.execution.training import (compiled_loss, gathering, loss_collectives, losses,
-                                      regularizers, step_outputs)
-from tapas.execution.training import step_reductions as reductions
+                                      regularizers, step_outputs, step_reductions as reductions)
 from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
 from tapas.execution.program.plan import WeightLayout
 from tapas.sharding.placements import Partial, Replica, Split, parse_placement

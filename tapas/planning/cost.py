@@ -155,11 +155,9 @@ class CostOptions:
     # cluster without it: every width at ``device_peak_flops``
     gemm_width: bool = True
     # plan level (beyond the paper, "MC"): every plan's compute time times this factor,
-    # measured for one model by
-    # ``tapas.execution.calibration.compute_scale.calibrate_compute`` (that model's own
-    # training step at two batch sizes against what this model prices for them: the
-    # compute its ops cost beyond the profiled rates, which a cluster file cannot know);
-    # 1.0: the rates as profiled
+    # measured for one model by ``tapas.execution.calibration.compute_scale.
+    # calibrate_compute`` (its own step at two batch sizes against what this model prices
+    # for them: what its ops cost beyond the profiled rates); 1.0: the rates as profiled
     compute_scale: float = 1.0
     # plan level (beyond the paper, "E"; with memory_bound): the memory-bound ops' time (their
     # elements at ``Cluster.device_elementwise_rate``) times this factor, measured for one
@@ -171,14 +169,14 @@ class CostOptions:
     elementwise_scale: float = 1.0
     # plan level (beyond the paper, "K"; with memory_bound): the measured training-step time
     # of each kernel a pattern's contractions and convolutions run on one device
-    # (``tapas.execution.calibration.kernels.measure_kernels`` for one model: its ops at their local
-    # shapes under every pattern), in place of their FLOPs (or elements) at the rates; a
+    # (``tapas.execution.calibration.kernels.measure_kernels`` for one model: its ops at
+    # their local shapes under every pattern), in place of their FLOPs (or elements) at the rates; a
     # kernel not measured keeps the rates. None: the rates for every op
     kernel_times: KernelTimes | None = None
     # plan level (beyond the paper, "CS"): every collective's cost (latency and
     # transmission) times this factor, measured for one model by
-    # ``tapas.execution.calibration.communication_scale.calibrate_communication`` (that model's
-    # data-parallel step with and without its collectives against what this model prices
+    # ``tapas.execution.calibration.communication_scale.calibrate_communication`` (that
+    # model's data-parallel step with and without its collectives against what this model prices
     # for them: the profile's alpha and beta are measured on chains of collectives that wait
     # on each other, a step's collectives are not); 1.0: the constants as profiled
     communication_scale: float = 1.0
