@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from tapas import ir
 
@@ -100,14 +101,112 @@ def gradient_flow(graph: ir.Graph, *,
                   input_gradients: bool | Collection[str] = False) -> GradientFlow:
     """The gradient flow of a training step over ``graph``: sources are the trainable
     weights, and the float graph inputs too when ``input_gradients`` is True (or the graph
-    inputs it names, when it is a collection of tensor names)."""
-    order = _topological([op for node in graph.nodes for op in node.ops])
+    inputs it names, when it is a collection of tensor names).
+
+    Walked GraphNode by GraphNode, each node's ops evaluated once per signature and
+    boundary state (:func:`_flow_by_node`: a deep stack's layers share one evaluation);
+    where some op reads a tensor of a later GraphNode, over all ops at once."""
     sources = {w.placeholder + ":0" for w in graph.weights if w.trainable}
     if input_gradients is True:
         sources |= {t.name for t in graph.inputs if t.dtype.startswith("float")}
     elif input_gradients:
         sources |= set(input_gradients)
-    forward, backward = _forward(order, sources), _backward(graph, order)
+    flows = _flow_by_node(graph, sources)
+    if flows is None:
+        order = _topological([op for node in graph.nodes for op in node.ops])
+        flows = _forward(order, sources), _backward(graph, order)
+    forward, backward = flows
     needed = {name for name in forward if name in backward}
     needed |= {w.path for w in graph.weights if w.trainable and w.placeholder + ":0" in needed}
     return GradientFlow(frozenset(forward), frozenset(backward), frozenset(needed))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Positions in the ops of the GraphNodes of one signature: every op output (op, k),
+    the inputs read from outside the node (op, j), and the ops in a topological order."""
+
+    outputs: tuple[tuple[int, int], ...]
+    boundary: tuple[tuple[int, int], ...]
+    order: tuple[int, ...]
+
+    @staticmethod
+    def of(node: ir.GraphNode) -> _Layout:
+        local = {t.name for op in node.ops for t in op.outputs}
+        index = {id(op): i for i, op in enumerate(node.ops)}
+        return _Layout(
+            tuple((i, k) for i, op in enumerate(node.ops) for k in range(len(op.outputs))),
+            tuple((i, j) for i, op in enumerate(node.ops)
+                  for j, name in enumerate(op.inputs) if name not in local),
+            tuple(index[id(op)] for op in _topological(node.ops)))
+
+
+def _flow_by_node(graph: ir.Graph, sources: set[str]
+                  ) -> tuple[set[str], set[str]] | None:
+    """``_forward`` and ``_backward`` of ``graph``, evaluated per GraphNode in graph order:
+    a node's reached tensors depend only on its structure and on which of the tensors it
+    reads from outside are reached (forward), and which of its outputs are reached from
+    outside (backward), so those evaluations are memoized by (signature, that state).
+    None when some op reads a tensor made by a later GraphNode (or its own, from outside
+    the node's ops' order): the whole-graph walk is then needed."""
+    layouts: dict[tuple[str, int], _Layout] = {}
+    keys: list[tuple[str, int]] = []
+    producer: dict[str, int] = {}
+    for node in graph.nodes:
+        key = (node.signature or f"#{node.id}", len(node.ops))
+        if key not in layouts:
+            layouts[key] = _Layout.of(node)
+        keys.append(key)
+        for op in node.ops:
+            for t in op.outputs:
+                producer[t.name] = node.id
+    for node, key in zip(graph.nodes, keys):
+        for i, j in layouts[key].boundary:
+            if producer.get(node.ops[i].inputs[j], -1) >= node.id:
+                return None
+    forward = set(sources)
+    memo: dict[tuple[Any, ...], Any] = {}
+    for node, key in zip(graph.nodes, keys):
+        lay, ops = layouts[key], node.ops
+        state = (key, tuple(ops[i].inputs[j] in forward for i, j in lay.boundary),
+                 tuple(ops[i].outputs[k].name in sources for i, k in lay.outputs))
+        if state not in memo:
+            memo[state] = _node_forward(node, lay, state[1], state[2])
+        forward.update(ops[i].outputs[k].name for i, k in memo[state])
+    backward = {t.name for t in graph.outputs}
+    memo = {}
+    for node, key in zip(reversed(graph.nodes), reversed(keys)):
+        lay, ops = layouts[key], node.ops
+        state = ("b", key, tuple(ops[i].outputs[k].name in backward for i, k in lay.outputs))
+        if state not in memo:
+            memo[state] = _node_backward(node, lay, state[2])
+        outs, reads = memo[state]
+        backward.update(ops[i].outputs[k].name for i, k in outs)
+        backward.update(ops[i].inputs[j] for i, j in reads)
+    return forward, backward
+
+
+def _node_forward(node: ir.GraphNode, lay: _Layout, boundary: tuple[bool, ...],
+                  local_sources: tuple[bool, ...]) -> tuple[tuple[int, int], ...]:
+    """The positions of ``node``'s op outputs reached forward (``_forward`` on its ops)."""
+    reached = {node.ops[i].inputs[j] for (i, j), r in zip(lay.boundary, boundary) if r}
+    reached |= {node.ops[i].outputs[k].name for (i, k), s in zip(lay.outputs, local_sources)
+                if s}
+    reached = _forward([node.ops[i] for i in lay.order], reached)
+    return tuple((i, k) for i, k in lay.outputs if node.ops[i].outputs[k].name in reached)
+
+
+def _node_backward(node: ir.GraphNode, lay: _Layout, outside: tuple[bool, ...]
+                   ) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+    """The positions of ``node``'s op outputs and outside reads reached backward
+    (``_backward`` on its ops, its outputs reached from outside as ``outside`` says)."""
+    reached = {node.ops[i].outputs[k].name for (i, k), r in zip(lay.outputs, outside) if r}
+    live: set[int] = set()
+    for i in reversed(lay.order):
+        op = node.ops[i]
+        if op.type not in NO_GRADIENT and any(t.name in reached and differentiable(t.dtype)
+                                              for t in op.outputs):
+            reached |= set(op.inputs)
+            live.add(i)
+    return (tuple((i, k) for i, k in lay.outputs if node.ops[i].outputs[k].name in reached),
+            tuple((i, j) for i, j in lay.boundary if i in live))
