@@ -174,7 +174,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         comm_tensors[key] = [[(getattr(c, "phase", "fwd") == "bwd", getattr(c, "tensor", None))
                               for c in p.comms] for p in pats]
     if gradients is not None:
-        names: dict[str, list[str]] = {}   # the first GraphNode's tensor names, per signature
+        names: dict[str, Any] = {}   # the first GraphNode's tensor positions, per signature
         infos = [_gradients_only(graph, node, infos[v], first_of, comm_tensors, gradients,
                                  names) for v, node in enumerate(graph.nodes)]
     infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
@@ -195,20 +195,43 @@ def gradient_tensors(graph: Graph) -> frozenset[str] | None:
     return gradient_flow(graph).needed
 
 
-def _tensor_names(node: GraphNode) -> list[str]:
-    """The names a pattern's collectives can be on, in an order two GraphNodes of one
-    signature share: the inputs, every op's outputs, the weights' tensors."""
-    return ([t.name for t in node.inputs] + [t.name for op in node.ops for t in op.outputs]
-            + [f"{w.placeholder}:0" for w in node.weights])
+def _tensor_at(node: GraphNode, where: tuple[int, ...]) -> str:
+    """The name at a position :func:`_where` gave (in another GraphNode of the signature)."""
+    if where[0] == 0:
+        return node.inputs[where[1]].name
+    if where[0] == 1:
+        return node.ops[where[1]].outputs[where[2]].name
+    return f"{node.weights[where[1]].placeholder}:0"
+
+
+def _counts(node: GraphNode) -> tuple[int, int, int]:
+    """How many inputs, op outputs and weights ``node`` has."""
+    return len(node.inputs), sum(len(op.outputs) for op in node.ops), len(node.weights)
+
+
+def _where(node: GraphNode, names: set[str]) -> dict[str, tuple[int, ...]]:
+    """Where each of ``names`` is in ``node``: an input (0, i), op i's output k (1, i, k),
+    weight i's tensor (2, i); the last of these places, in that order, where it appears
+    (a placeholder op's output is also its weight's tensor)."""
+    places = ([(t.name, (0, i)) for i, t in enumerate(node.inputs)]
+              + [(t.name, (1, i, k)) for i, op in enumerate(node.ops)
+                 for k, t in enumerate(op.outputs)]
+              + [(f"{w.placeholder}:0", (2, i)) for i, w in enumerate(node.weights)])
+    where: dict[str, tuple[int, ...]] = {}
+    for name, place in places:
+        if name in names:
+            where[name] = place
+    return where
 
 
 def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
                     first_of: dict[str, int], comm_tensors: dict[str, list],
-                    gradients: frozenset[str], names: dict[str, list[str]]
+                    gradients: frozenset[str], names: dict[str, Any]
                     ) -> tuple[PatternInfo, ...]:
     """``row`` (``node``'s patterns) without the backward collectives on tensors whose
     gradient is never computed (not in ``gradients``). A row shared with the first GraphNode
-    of the signature names that node's tensors: they are mapped to ``node``'s by position."""
+    of the signature names that node's tensors: they are mapped to ``node``'s by position
+    (found once per signature)."""
     key = node.signature or f"#{node.id}"
     tensors = comm_tensors[key]
     if not any(bwd for comms in tensors for bwd, _ in comms):
@@ -217,11 +240,12 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
     rename: dict[str, str] = {}
     if first.id != node.id:
         if key not in names:
-            names[key] = _tensor_names(first)
-        mine, theirs = _tensor_names(node), names[key]
-        if len(mine) != len(theirs):
+            wanted = {name for comms in tensors for bwd, name in comms if bwd and name}
+            names[key] = (_where(first, wanted), _counts(first))
+        where, counts = names[key]
+        if _counts(node) != counts:
             return row      # not the same structure after all: price every collective
-        rename = dict(zip(theirs, mine))
+        rename = {name: _tensor_at(node, place) for name, place in where.items()}
     out = []
     for info, comms in zip(row, tensors):
         # (the terms are the pattern's comms in order; the loss's are added later)
