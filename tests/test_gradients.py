@@ -127,6 +127,13 @@ def test_the_memoized_flow_per_graph_node_equals_the_walk_over_all_ops(monkeypat
         detached = {p for p in paths if not p.startswith("block")}
         assert detached and not detached & flow.needed     # behind the stop_gradient
         assert paths - detached <= flow.needed
+    # a source made by an op with inputs (an inner tensor): the walk over all ops answers
+    inner = next(t.name for n in graph.nodes[len(graph.nodes) // 2:] for op in n.ops
+                 if op.inputs for t in op.outputs if t.dtype == "float32")
+    assert gradients._flow_by_node(graph, {inner}) is None
+    flow = gradient_flow(graph, input_gradients=[inner])
+    assert (flow.forward, flow.backward) == _flow_over_all_ops(graph, {inner} | {
+        w.placeholder + ":0" for w in graph.weights if w.trainable})
     signatures = [n.signature for n in graph.nodes]
     repeated = {s for s in signatures if signatures.count(s) > 1}
     assert repeated, [n.name for n in graph.nodes]

@@ -189,7 +189,7 @@ def gradient_tensors(graph: Graph) -> frozenset[str] | None:
     ``graph`` computes (``tapas.sharding.gradients.gradient_flow``), or None when the graph
     does not show where its weights are read (a GraphNode IR written by hand, whose ops
     leave out the weights' reads): then nothing is known to go without a gradient."""
-    read = {name for node in graph.nodes for op in node.ops for name in op.inputs}
+    read = set().union(*[op.inputs for node in graph.nodes for op in node.ops])
     if any(f"{w.placeholder}:0" not in read for w in graph.weights if w.trainable):
         return None
     return gradient_flow(graph).needed
