@@ -174,7 +174,8 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         comm_tensors[key] = [[(getattr(c, "phase", "fwd") == "bwd", getattr(c, "tensor", None))
                               for c in p.comms] for p in pats]
     if gradients is not None:
-        names: dict[str, Any] = {}   # the first GraphNode's tensor positions, per signature
+        # the first GraphNode's tensor positions per signature (and, at None, the terms kept)
+        names: dict[Any, Any] = {}
         infos = [_gradients_only(graph, node, infos[v], first_of, comm_tensors, gradients,
                                  names) for v, node in enumerate(graph.nodes)]
     infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
@@ -205,8 +206,9 @@ def _tensor_at(node: GraphNode, where: tuple[int, ...]) -> str:
 
 
 def _counts(node: GraphNode) -> tuple[int, int, int]:
-    """How many inputs, op outputs and weights ``node`` has."""
-    return len(node.inputs), sum(len(op.outputs) for op in node.ops), len(node.weights)
+    """How many inputs, ops and weights ``node`` has (with its signature: how many tensors
+    a collective can be on, each op's outputs being part of the signature)."""
+    return len(node.inputs), len(node.ops), len(node.weights)
 
 
 def _where(node: GraphNode, names: set[str]) -> dict[str, tuple[int, ...]]:
@@ -226,7 +228,7 @@ def _where(node: GraphNode, names: set[str]) -> dict[str, tuple[int, ...]]:
 
 def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
                     first_of: dict[str, int], comm_tensors: dict[str, list],
-                    gradients: frozenset[str], names: dict[str, Any]
+                    gradients: frozenset[str], names: dict[Any, Any]
                     ) -> tuple[PatternInfo, ...]:
     """``row`` (``node``'s patterns) without the backward collectives on tensors whose
     gradient is never computed (not in ``gradients``). A row shared with the first GraphNode
@@ -247,18 +249,21 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
             return row      # not the same structure after all: price every collective
         rename = {name: _tensor_at(node, place) for name, place in where.items()}
     out = []
+    kept_terms = names.setdefault(None, {})   # (terms, dropped) -> (kept terms, seconds)
     for info, comms in zip(row, tensors):
         # (the terms are the pattern's comms in order; the loss's are added later)
-        drop = {k for k, (bwd, name) in enumerate(comms)
-                if bwd and name is not None and rename.get(name, name) not in gradients}
+        drop = frozenset(k for k, (bwd, name) in enumerate(comms) if bwd and name is not None
+                         and rename.get(name, name) not in gradients)
         if not drop or len(comms) != len(info.comm_terms):
             out.append(info)
             continue
-        terms = tuple(t for k, t in enumerate(info.comm_terms) if k not in drop)
+        memo = (id(info.comm_terms), drop)   # a signature's rows share their terms
+        if memo not in kept_terms:
+            terms = tuple(t for k, t in enumerate(info.comm_terms) if k not in drop)
+            kept_terms[memo] = (terms, math.fsum(t.total for t in terms), info.comm_terms)
         kept = object.__new__(PatternInfo)
         kept.__dict__.update(info.__dict__)
-        kept.__dict__["comm_terms"] = terms
-        kept.__dict__["comm_time"] = math.fsum(t.total for t in terms)
+        kept.__dict__["comm_terms"], kept.__dict__["comm_time"] = kept_terms[memo][:2]
         out.append(kept)
     return tuple(out)
 
