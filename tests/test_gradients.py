@@ -142,3 +142,68 @@ def test_the_no_gradient_ops_with_a_registered_gradient_return_none_and_sign_ret
         tape.watch(x)
         y = tf.sign(x)
     assert tape.gradient(y, x).numpy().tolist() == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def _flow_over_all_ops(graph, sources):
+    """The whole-graph walk, every op at once in one topological order."""
+    from tapas.sharding import gradients
+    order = gradients._topological([op for node in graph.nodes for op in node.ops])
+    return gradients._forward(order, sources), gradients._backward(graph, order)
+
+
+def test_the_memoized_flow_per_graph_node_equals_the_walk_over_all_ops(monkeypatch):
+    """The flow is evaluated once per GraphNode signature and boundary state: on a stack of
+    identical layers whose first computes a bias that every later layer reads (and with
+    input gradients, and a layer without gradient through it), it is the walk over all
+    ops, and the repeated layers are evaluated once, not once per layer."""
+    import keras
+
+    from tapas.sharding import gradients
+
+    class Block(keras.layers.Layer):
+        def __init__(self, first, **kw):
+            super().__init__(**kw)
+            self.first = first
+            self.dense = keras.layers.Dense(8)
+            self.norm = keras.layers.LayerNormalization()
+            self.bias = keras.layers.Dense(8) if first else None
+
+        def call(self, x, bias=None):
+            if self.first:
+                bias = self.bias(keras.ops.ones((2, 8)))
+            return self.norm(x + self.dense(x) + bias), bias
+
+    x_in = keras.Input((8,), batch_size=2)
+    x, bias = x_in, None
+    for i in range(6):
+        x, bias = Block(i == 0, name=f"block{i}")(x, bias)
+    x = x + keras.ops.stop_gradient(keras.layers.Dense(8)(x))
+    model = keras.Model(x_in, x)
+    graph = capturing.capture(model)
+    calls = []
+    real = gradients._node_forward
+    monkeypatch.setattr(gradients, "_node_forward",
+                        lambda *a: calls.append(a[0].signature) or real(*a))
+    for input_gradients in (False, True):
+        flow = gradient_flow(graph, input_gradients=input_gradients)
+        sources = {w.placeholder + ":0" for w in graph.weights if w.trainable}
+        if input_gradients:
+            sources |= {t.name for t in graph.inputs if t.dtype.startswith("float")}
+        forward, backward = _flow_over_all_ops(graph, sources)
+        assert (flow.forward, flow.backward) == (forward, backward)
+        paths = {w.path for w in graph.weights if w.trainable}
+        detached = {p for p in paths if not p.startswith("block")}
+        assert detached and not detached & flow.needed     # behind the stop_gradient
+        assert paths - detached <= flow.needed
+    # a source made by an op with inputs (an inner tensor): the walk over all ops answers
+    inner = next(t.name for n in graph.nodes[len(graph.nodes) // 2:] for op in n.ops
+                 if op.inputs for t in op.outputs if t.dtype == "float32")
+    assert gradients._flow_by_node(graph, {inner}) is None
+    flow = gradient_flow(graph, input_gradients=[inner])
+    assert (flow.forward, flow.backward) == _flow_over_all_ops(graph, {inner} | {
+        w.placeholder + ":0" for w in graph.weights if w.trainable})
+    signatures = [n.signature for n in graph.nodes]
+    repeated = {s for s in signatures if signatures.count(s) > 1}
+    assert repeated, [n.name for n in graph.nodes]
+    assert len(calls) < 2 * len(graph.nodes), (len(calls), len(graph.nodes))
+    assert all(calls.count(s) < 2 * signatures.count(s) for s in repeated)

@@ -481,21 +481,36 @@ def plan_memory(graph: Graph, table: PatternTable, patterns: Sequence[int],
     size), its gradient and optimizer state, and every GraphNode's outputs."""
     options = table.options if options is None else options
     n = table.num_devices
+    readers = graph.readers
+    # a deep stack's layers hold weights of a few shapes in the same placements (the
+    # table's rows share their Placement objects): their local sizes are computed once
+    sizes: dict[tuple[int, Any, str], float] = {}
     weights: dict[str, tuple[float, bool]] = {}
     act = 0.0
     for node in graph.nodes:
         info = table.infos[node.id][patterns[node.id]]
         for w, (_, pl) in zip(node.weights, info.weights):
-            if not graph.reads(node.id, w.path):
+            if node.id not in readers.get(w.path, ()):
                 continue
-            b = pl.local_bytes(w.shape, priced_dtype(w.dtype, options.precision, True), n)
-            if w.path not in weights or weights[w.path][0] < b:
+            key = (id(pl), w.shape, w.dtype)
+            b = sizes.get(key)
+            if b is None:
+                b = sizes[key] = pl.local_bytes(
+                    w.shape, priced_dtype(w.dtype, options.precision, True), n)
+            held = weights.get(w.path)
+            if held is None or held[0] < b:
                 weights[w.path] = (b, w.trainable)
         act += info.memory.activations
-    mem = MemoryEstimate(activations=act)
+    each: dict[tuple[float, bool], MemoryEstimate] = {}
+    total = [0.0, 0.0, 0.0]     # summed in the order MemoryEstimate.__add__ would
     for b, trainable in weights.values():
-        mem = mem + cost_lib.weight_memory(b, trainable, options)
-    return mem
+        m = each.get((b, trainable))
+        if m is None:
+            m = each[(b, trainable)] = cost_lib.weight_memory(b, trainable, options)
+        total[0] += m.weights
+        total[1] += m.gradients
+        total[2] += m.optimizer
+    return MemoryEstimate(total[0], total[1], total[2], act)
 
 
 def memory_lower_bound(graph: Graph, table: PatternTable,

@@ -174,7 +174,8 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         comm_tensors[key] = [[(getattr(c, "phase", "fwd") == "bwd", getattr(c, "tensor", None))
                               for c in p.comms] for p in pats]
     if gradients is not None:
-        names: dict[str, list[str]] = {}   # the first GraphNode's tensor names, per signature
+        # the first GraphNode's tensor positions per signature (and, at None, the terms kept)
+        names: dict[Any, Any] = {}
         infos = [_gradients_only(graph, node, infos[v], first_of, comm_tensors, gradients,
                                  names) for v, node in enumerate(graph.nodes)]
     infos = [_only_replicate(row) if v in constant else row for v, row in enumerate(infos)]
@@ -189,26 +190,50 @@ def gradient_tensors(graph: Graph) -> frozenset[str] | None:
     ``graph`` computes (``tapas.sharding.gradients.gradient_flow``), or None when the graph
     does not show where its weights are read (a GraphNode IR written by hand, whose ops
     leave out the weights' reads): then nothing is known to go without a gradient."""
-    read = {name for node in graph.nodes for op in node.ops for name in op.inputs}
+    read = set().union(*[op.inputs for node in graph.nodes for op in node.ops])
     if any(f"{w.placeholder}:0" not in read for w in graph.weights if w.trainable):
         return None
     return gradient_flow(graph).needed
 
 
-def _tensor_names(node: GraphNode) -> list[str]:
-    """The names a pattern's collectives can be on, in an order two GraphNodes of one
-    signature share: the inputs, every op's outputs, the weights' tensors."""
-    return ([t.name for t in node.inputs] + [t.name for op in node.ops for t in op.outputs]
-            + [f"{w.placeholder}:0" for w in node.weights])
+def _tensor_at(node: GraphNode, where: tuple[int, ...]) -> str:
+    """The name at a position :func:`_where` gave (in another GraphNode of the signature)."""
+    if where[0] == 0:
+        return node.inputs[where[1]].name
+    if where[0] == 1:
+        return node.ops[where[1]].outputs[where[2]].name
+    return f"{node.weights[where[1]].placeholder}:0"
+
+
+def _counts(node: GraphNode) -> tuple[int, int, int]:
+    """How many inputs, ops and weights ``node`` has (with its signature: how many tensors
+    a collective can be on, each op's outputs being part of the signature)."""
+    return len(node.inputs), len(node.ops), len(node.weights)
+
+
+def _where(node: GraphNode, names: set[str]) -> dict[str, tuple[int, ...]]:
+    """Where each of ``names`` is in ``node``: an input (0, i), op i's output k (1, i, k),
+    weight i's tensor (2, i); the last of these places, in that order, where it appears
+    (a placeholder op's output is also its weight's tensor)."""
+    places = ([(t.name, (0, i)) for i, t in enumerate(node.inputs)]
+              + [(t.name, (1, i, k)) for i, op in enumerate(node.ops)
+                 for k, t in enumerate(op.outputs)]
+              + [(f"{w.placeholder}:0", (2, i)) for i, w in enumerate(node.weights)])
+    where: dict[str, tuple[int, ...]] = {}
+    for name, place in places:
+        if name in names:
+            where[name] = place
+    return where
 
 
 def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
                     first_of: dict[str, int], comm_tensors: dict[str, list],
-                    gradients: frozenset[str], names: dict[str, list[str]]
+                    gradients: frozenset[str], names: dict[Any, Any]
                     ) -> tuple[PatternInfo, ...]:
     """``row`` (``node``'s patterns) without the backward collectives on tensors whose
     gradient is never computed (not in ``gradients``). A row shared with the first GraphNode
-    of the signature names that node's tensors: they are mapped to ``node``'s by position."""
+    of the signature names that node's tensors: they are mapped to ``node``'s by position
+    (found once per signature)."""
     key = node.signature or f"#{node.id}"
     tensors = comm_tensors[key]
     if not any(bwd for comms in tensors for bwd, _ in comms):
@@ -217,24 +242,28 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
     rename: dict[str, str] = {}
     if first.id != node.id:
         if key not in names:
-            names[key] = _tensor_names(first)
-        mine, theirs = _tensor_names(node), names[key]
-        if len(mine) != len(theirs):
+            wanted = {name for comms in tensors for bwd, name in comms if bwd and name}
+            names[key] = (_where(first, wanted), _counts(first))
+        where, counts = names[key]
+        if _counts(node) != counts:
             return row      # not the same structure after all: price every collective
-        rename = dict(zip(theirs, mine))
+        rename = {name: _tensor_at(node, place) for name, place in where.items()}
     out = []
+    kept_terms = names.setdefault(None, {})   # (terms, dropped) -> (kept terms, seconds)
     for info, comms in zip(row, tensors):
         # (the terms are the pattern's comms in order; the loss's are added later)
-        drop = {k for k, (bwd, name) in enumerate(comms)
-                if bwd and name is not None and rename.get(name, name) not in gradients}
+        drop = frozenset(k for k, (bwd, name) in enumerate(comms) if bwd and name is not None
+                         and rename.get(name, name) not in gradients)
         if not drop or len(comms) != len(info.comm_terms):
             out.append(info)
             continue
-        terms = tuple(t for k, t in enumerate(info.comm_terms) if k not in drop)
+        memo = (id(info.comm_terms), drop)   # a signature's rows share their terms
+        if memo not in kept_terms:
+            terms = tuple(t for k, t in enumerate(info.comm_terms) if k not in drop)
+            kept_terms[memo] = (terms, math.fsum(t.total for t in terms), info.comm_terms)
         kept = object.__new__(PatternInfo)
         kept.__dict__.update(info.__dict__)
-        kept.__dict__["comm_terms"] = terms
-        kept.__dict__["comm_time"] = math.fsum(t.total for t in terms)
+        kept.__dict__["comm_terms"], kept.__dict__["comm_time"] = kept_terms[memo][:2]
         out.append(kept)
     return tuple(out)
 

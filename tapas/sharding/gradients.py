@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from tapas import ir
 from tapas.sharding.rules.plumbing import RANDOM, STATEFUL_RANDOM
@@ -107,14 +108,131 @@ def gradient_flow(graph: ir.Graph, *,
                   input_gradients: bool | Collection[str] = False) -> GradientFlow:
     """The gradient flow of a training step over ``graph``: sources are the trainable
     weights, and the float graph inputs too when ``input_gradients`` is True (or the graph
-    inputs it names, when it is a collection of tensor names)."""
-    order = _topological([op for node in graph.nodes for op in node.ops])
+    inputs it names, when it is a collection of tensor names).
+
+    Walked GraphNode by GraphNode, each node's ops evaluated once per signature and
+    boundary state (:func:`_flow_by_node`: a deep stack's layers share one evaluation);
+    where some op reads a tensor of a later GraphNode, over all ops at once."""
     sources = {w.placeholder + ":0" for w in graph.weights if w.trainable}
     if input_gradients is True:
         sources |= {t.name for t in graph.inputs if t.dtype.startswith("float")}
     elif input_gradients:
         sources |= set(input_gradients)
-    forward, backward = _forward(order, sources), _backward(graph, order)
-    needed = {name for name in forward if name in backward}
+    flows = _flow_by_node(graph, sources)
+    if flows is None:
+        order = _topological([op for node in graph.nodes for op in node.ops])
+        flows = _forward(order, sources), _backward(graph, order)
+    forward, backward = flows
+    needed = forward & backward
     needed |= {w.path for w in graph.weights if w.trainable and w.placeholder + ":0" in needed}
     return GradientFlow(frozenset(forward), frozenset(backward), frozenset(needed))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Positions in the ops of the GraphNodes of one signature: every op output (op, k),
+    the inputs read from outside the node (op, j), the ops in a topological order, the
+    outputs of ops without inputs (where a weight's handle is made) and the op outputs
+    that are the node's ``outputs``."""
+
+    outputs: tuple[tuple[int, int], ...]
+    boundary: tuple[tuple[int, int], ...]
+    order: tuple[int, ...]
+    roots: tuple[tuple[int, int], ...]
+    declared: tuple[tuple[int, int], ...]
+
+    @staticmethod
+    def of(node: ir.GraphNode) -> _Layout:
+        at = {t.name: (i, k) for i, op in enumerate(node.ops) for k, t in enumerate(op.outputs)}
+        index = {id(op): i for i, op in enumerate(node.ops)}
+        return _Layout(
+            tuple(at.values()),
+            tuple((i, j) for i, op in enumerate(node.ops)
+                  for j, name in enumerate(op.inputs) if name not in at),
+            tuple(index[id(op)] for op in _topological(node.ops)),
+            tuple((i, k) for (i, k) in at.values() if not node.ops[i].inputs),
+            tuple(at[t.name] for t in node.outputs if t.name in at))
+
+
+def _flow_by_node(graph: ir.Graph, sources: set[str]
+                  ) -> tuple[set[str], set[str]] | None:
+    """``_forward`` and ``_backward`` of ``graph``, evaluated per GraphNode in graph order:
+    a node's reached tensors depend only on its structure and on which of the tensors it
+    reads from outside are reached (forward), and which of its outputs are reached from
+    outside (backward), so those evaluations are memoized by (signature, that state).
+    None when some op reads a tensor made by a later GraphNode, or a source is made by an
+    op with inputs: the whole-graph walk is then needed."""
+    layouts: dict[tuple[str, int], _Layout] = {}
+    keys: list[tuple[str, int]] = []
+    for node in graph.nodes:
+        key = (node.signature or f"#{node.id}", len(node.ops))
+        if key not in layouts:
+            layouts[key] = _Layout.of(node)
+        keys.append(key)
+    producer = {t.name: node.id for node in graph.nodes for op in node.ops for t in op.outputs}
+    read_outside: dict[int, list[str]] = {}   # per GraphNode: its tensors read by others
+    for node, key in zip(graph.nodes, keys):
+        for i, j in layouts[key].boundary:
+            name = node.ops[i].inputs[j]
+            made = producer.get(name, -1)
+            if made >= node.id:
+                return None
+            read_outside.setdefault(made, []).append(name)
+    for t in graph.outputs:
+        read_outside.setdefault(producer.get(t.name, -1), []).append(t.name)
+    forward = set(sources)
+    memo: dict[tuple[Any, ...], Any] = {}
+    found = 0
+    for node, key in zip(graph.nodes, keys):
+        lay, ops = layouts[key], node.ops
+        state = (key, tuple(ops[i].inputs[j] in forward for i, j in lay.boundary),
+                 tuple(ops[i].outputs[k].name in sources for i, k in lay.roots))
+        found += sum(state[2])
+        if state not in memo:
+            memo[state] = _node_forward(node, lay, state[1], state[2])
+        forward.update(ops[i].outputs[k].name for i, k in memo[state])
+    if found != sum(1 for name in sources if name in producer):
+        return None
+    backward = {t.name for t in graph.outputs}
+    memo = {}
+    for node, key in zip(reversed(graph.nodes), reversed(keys)):
+        lay, ops = layouts[key], node.ops
+        declared = [ops[i].outputs[k].name for i, k in lay.declared]
+        # only its outputs read by others (or graph outputs) can be reached from outside
+        extra = () if set(read_outside.get(node.id, ())).issubset(declared) else \
+            tuple(ops[i].outputs[k].name in backward for i, k in lay.outputs)
+        state = (key, tuple(name in backward for name in declared), extra)
+        if state not in memo:
+            memo[state] = _node_backward(node, lay, tuple(
+                ops[i].outputs[k].name in backward for i, k in lay.outputs))
+        outs, reads = memo[state]
+        backward.update(ops[i].outputs[k].name for i, k in outs)
+        backward.update(ops[i].inputs[j] for i, j in reads)
+    return forward, backward
+
+
+def _node_forward(node: ir.GraphNode, lay: _Layout, boundary: tuple[bool, ...],
+                  local_sources: tuple[bool, ...]) -> tuple[tuple[int, int], ...]:
+    """The positions of ``node``'s op outputs reached forward (``_forward`` on its ops;
+    ``local_sources``: which of ``lay.roots`` are sources)."""
+    reached = {node.ops[i].inputs[j] for (i, j), r in zip(lay.boundary, boundary) if r}
+    reached |= {node.ops[i].outputs[k].name for (i, k), s in zip(lay.roots, local_sources)
+                if s}
+    reached = _forward([node.ops[i] for i in lay.order], reached)
+    return tuple((i, k) for i, k in lay.outputs if node.ops[i].outputs[k].name in reached)
+
+
+def _node_backward(node: ir.GraphNode, lay: _Layout, outside: tuple[bool, ...]
+                   ) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+    """The positions of ``node``'s op outputs and outside reads reached backward
+    (``_backward`` on its ops, its outputs reached from outside as ``outside`` says)."""
+    reached = {node.ops[i].outputs[k].name for (i, k), r in zip(lay.outputs, outside) if r}
+    live: set[int] = set()
+    for i in reversed(lay.order):
+        op = node.ops[i]
+        if op.type not in NO_GRADIENT and any(t.name in reached and differentiable(t.dtype)
+                                              for t in op.outputs):
+            reached |= set(op.inputs)
+            live.add(i)
+    return (tuple((i, k) for i, k in lay.outputs if node.ops[i].outputs[k].name in reached),
+            tuple((i, j) for i, j in lay.boundary if i in live))
