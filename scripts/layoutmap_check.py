@@ -107,7 +107,7 @@ def build(name: str) -> tuple[Any, ...]:
 
 # ---- phase 1: export (TensorFlow backend) -----------------------------------------------
 
-def export(names: list[str], out_dir: str) -> None:
+def export(names: list[str], out_dir: str, outputs: str = "split") -> None:
     import tensorflow as tf
 
     from tapas import capturing
@@ -128,10 +128,12 @@ def export(names: list[str], out_dir: str) -> None:
         graph = capturing.capture(model, specs, training=True, name=name)
         strategy = search(graph, cluster=cluster, loss=loss)
         options = CostOptions.for_cluster(cluster, loss=LossSpec.of(loss))
-        layout = export_layout(strategy, graph, options=options)
+        layout = export_layout(strategy, graph, options=options, layers=model,
+                               outputs=outputs)
         layout.save(os.path.join(out_dir, f"{name}.json"))
         strategy.save(os.path.join(out_dir, f"{name}.strategy.json"))
         print(f"{name}: {len(graph.nodes)} GraphNodes, {len(layout.layouts)} weights split, "
+              f"{len(layout.outputs)} layer outputs pinned, "
               f"{len(layout.replicated)} replicated, {len(layout.unexpressed)} pattern "
               f"group(s) unpinned, {time.perf_counter() - start:.1f} s", flush=True)
 
@@ -277,7 +279,10 @@ def _check_model(name: str, layout: Any, cluster: Any, steps: int, timed: int
     single, t_single = _train(model, inputs, targets, loss, steps, timed)
     row: dict[str, Any] = {"model": name, "params": model.count_params(),
                            "weights_split": len(layout.layouts),
-                           "weights_replicated": len(layout.replicated)}
+                           "weights_replicated": len(layout.replicated),
+                           "outputs_pinned": len(layout.outputs),
+                           "outputs_split": sum(any(a is not None for a in axes)
+                                                for axes in layout.outputs.values())}
     unknown = [p for p in layout.weights if p not in {v.path for v in model.weights}]
     row["layout_paths_missing_from_model"] = unknown
     runs = {"layoutmap": keras.distribution.ModelParallel(
@@ -368,12 +373,14 @@ def main() -> None:
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "out", "layoutmap"))
     parser.add_argument("--result", default=os.path.join(ROOT, "benchmarks", "results",
                                                          "layoutmap_check.json"))
+    parser.add_argument("--outputs", default="split", choices=["split", "all", "none"],
+                        help="layer outputs to pin (export): the split ones, all, none")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--timed", type=int, default=5)
     args = parser.parse_args()
     names = [n for n in args.models.split(",") if n]
     if args.phase == "export":
-        export(names, args.out_dir)
+        export(names, args.out_dir, args.outputs)
     else:
         check(names, args.out_dir, args.result, args.steps, args.timed)
 
