@@ -338,3 +338,19 @@ def test_auto_named_layers_get_their_own_output():
     assert placements == {first.path: "S2", second.path: "R"}, (paths, placements)
     for key, hits in check_keys(layouts, paths, [w.path for w in model.weights]).items():
         assert hits == [key]
+
+
+def test_layers_returning_several_tensors_get_no_output_key():
+    """Keras applies an output layout to the whole call result; on a tuple the JAX backend
+    fails while the functional model is built, so such layers are left out."""
+    from tapas.export import layer_paths
+    keras.backend.clear_session()
+    inp = keras.Input((16,), name="x")
+    inner = keras.Model(inp, [keras.layers.Dense(8, name="a")(inp),
+                              keras.layers.Dense(4, name="b")(inp)], name="two")
+    outer_in = keras.Input((16,), name="y")
+    first, _ = inner(outer_in)
+    model = keras.Model(outer_in, keras.layers.Dense(2, name="c")(first))
+    paths = layer_paths(model)
+    assert "two" not in paths and "c" in paths
+    assert layer_paths(["p", "q/r"]) == ["p", "q/r"] and layer_paths(len) == []

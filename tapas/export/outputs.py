@@ -41,11 +41,15 @@ _NOT_OUTPUTS = {"ReadVariableOp", "Placeholder", "Const", "VarHandleOp", "Shape"
 
 
 def layer_paths(model: Any) -> list[str]:
-    """``layer.path`` of every layer inside ``model`` (not the model itself), the strings
-    of a list or tuple of paths, or none (anything else, e.g. a ``tf.function``)."""
+    """``layer.path`` of every layer inside ``model`` (not the model itself) whose calls
+    return one tensor (a layout on a tuple or dict of outputs fails in Keras: the JAX
+    backend device-puts the structure when the functional model is built), the strings of
+    a list or tuple of paths, or none (anything else, e.g. a ``tf.function``)."""
     if hasattr(model, "_flatten_layers"):
         return [layer.path for layer in model._flatten_layers(include_self=False)
-                if getattr(layer, "path", None)]
+                if getattr(layer, "path", None) and all(
+                    len(getattr(node, "outputs", ())) <= 1
+                    for node in getattr(layer, "_inbound_nodes", ()))]
     return [str(p) for p in model] if isinstance(model, (list, tuple)) else []
 
 
