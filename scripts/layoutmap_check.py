@@ -107,7 +107,7 @@ def build(name: str) -> tuple[Any, ...]:
 
 # ---- phase 1: export (TensorFlow backend) -----------------------------------------------
 
-def export(names: list[str], out_dir: str, outputs: str = "split") -> None:
+def export(names: list[str], out_dir: str, outputs: str = "all") -> None:
     import tensorflow as tf
 
     from tapas import capturing
@@ -373,8 +373,8 @@ def main() -> None:
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "out", "layoutmap"))
     parser.add_argument("--result", default=os.path.join(ROOT, "benchmarks", "results",
                                                          "layoutmap_check.json"))
-    parser.add_argument("--outputs", default="split", choices=["split", "all", "none"],
-                        help="layer outputs to pin (export): the split ones, all, none")
+    parser.add_argument("--outputs", default="all", choices=["all", "split", "none"],
+                        help="layer outputs to pin (export): all, the split ones, none")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--timed", type=int, default=5)
     args = parser.parse_args()

@@ -280,12 +280,12 @@ def test_hlo_collectives_of_a_compiled_cpu_program():
 def test_split_layer_outputs_are_pinned_by_their_layer_path(planned):
     from tapas.export import check_keys, layer_paths
     model, graph, strategy, options, _ = planned
-    layout = export_layout(strategy, graph, options=options, layers=model)
+    layout = export_layout(strategy, graph, options=options, layers=model, outputs="split")
     # the Megatron block leaves the first Dense's (ReLU'd) output split on its hidden axis;
-    # the second's is all-reduced (replicated): only the split one is pinned by default
+    # the second's is all-reduced (replicated): "split" pins only the split one
     assert {k: tuple(v) for k, v in layout.outputs.items()} == {
         "up/output": (None, None, "model")}
-    everything = export_layout(strategy, graph, options=options, layers=model, outputs="all")
+    everything = export_layout(strategy, graph, options=options, layers=model)
     assert {k: tuple(v) for k, v in everything.outputs.items()} == {
         "up/output": (None, None, "model"), "down/output": (None, None, None),
         "norm/output": (None, None, None), "head/output": (None, None, None)}

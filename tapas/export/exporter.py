@@ -229,12 +229,12 @@ def _whole_cluster(strategy: Strategy, mesh: Mesh) -> Cluster:
 def export_layout(strategy: Strategy, graph: Graph, mesh: Any = None,
                   options: CostOptions | None = None, mode: str = "gp",
                   cluster: Cluster | None = None, layers: Any = None,
-                  outputs: str = "split") -> LayoutExport:
+                  outputs: str = "all") -> LayoutExport:
     """The LayoutExport of ``strategy`` on ``graph`` (see the module docstring); ``cluster``
     is the whole mesh's (it prices the data-parallel all-reduces over the rows; default:
     each row on its own nodes). ``layers``: the Keras model (or its layer paths) whose
-    layer outputs to pin (:mod:`tapas.export.outputs`; ``outputs``: ``"split"`` the split
-    ones, ``"all"`` replicated ones too, ``"none"``); None pins no output. On a mesh with
+    layer outputs to pin (:mod:`tapas.export.outputs`; ``outputs``: ``"all"`` split and
+    replicated, ``"split"`` the split ones only, ``"none"``); None pins no output. On a mesh with
     rows no output is pinned (an activation's rows split is Keras's batch axis)."""
     strategy = strategy.bind(graph)
     mesh = _mesh(mesh, strategy)
@@ -265,5 +265,5 @@ def export_layout(strategy: Strategy, graph: Graph, mesh: Any = None,
 def layout_map(strategy: Strategy, graph: Graph, mesh: Any = None,
                devices: Any = None, layers: Any = None) -> Any:
     """The ``keras.distribution.LayoutMap`` of ``strategy`` (``export_layout(...)
-    .to_keras(devices)``; ``layers``: the model, to pin its split layer outputs)."""
+    .to_keras(devices)``; ``layers``: the model, to pin its layer outputs)."""
     return export_layout(strategy, graph, mesh, layers=layers).to_keras(devices)

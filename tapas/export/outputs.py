@@ -4,12 +4,12 @@ the layout its distribution gives that key; ``ModelParallel`` looks it up in its
 
 In:  a Strategy bound to its ``tapas.ir.Graph``, the Keras layer paths of the model
      (``layer.path`` of ``model._flatten_layers()``; :func:`layer_paths` reads them from a
-     model) and which placements to emit (``"split"``: only split activations; ``"all"``:
-     replicated ones too).
+     model) and which placements to emit (``"all"``: split and replicated activations;
+     ``"split"``: split ones only).
 Out: :func:`output_layouts` -> (key -> axes, layer path -> placement, layer path -> why it
-     got no entry).
-Raises: nothing; a layer whose output cannot be found in the graph, or found ambiguously,
-     is skipped with the reason.
+     got no entry); :func:`check_keys` (which strings each key fullmatches).
+Raises: ``ValueError`` for an unknown ``emit``; a layer whose output cannot be found in the
+     graph, or found ambiguously, is skipped with the reason, never guessed.
 
 How a layer is found: on the TensorFlow backend each Keras name scope is a TF name scope,
 made unique by TF (``up`` entered twice is ``up_1``), so a layer call is the op-name scope
@@ -134,7 +134,7 @@ def _axes(placement: Any, rank: int, model_axis: str) -> tuple[Any, ...] | None:
 
 
 def output_layouts(strategy: Strategy, graph: Graph, paths: Iterable[str],
-                   emit: str = "split", model_axis: str = "model"
+                   emit: str = "all", model_axis: str = "model"
                    ) -> tuple[dict[str, tuple[Any, ...]], dict[str, str], dict[str, str]]:
     """(key -> axes, layer path -> placement, layer path -> why skipped); see the module
     docstring. ``emit``: ``"split"`` or ``"all"``."""
