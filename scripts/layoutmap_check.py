@@ -5,7 +5,8 @@ collectives TAPAS predicts.
 Two phases, two virtual environments (the JAX one is optional, never a dependency of tapas):
 
   # 1. TensorFlow venv: capture, search (one V100 node of 8, training-mode graph, the loss
-  #    priced) and export every model's layout to out/layoutmap/NAME.json
+  #    priced) and export every model's layout (weights and, --outputs=all|split|none,
+  #    layer outputs) to out/layoutmap/NAME.json
   python scripts/layoutmap_check.py export
   # 2. JAX venv (scripts/baselines/setup.sh, plus `pip install keras-hub==0.32.0`), 8 CPU
   #    devices: train 3 steps on one device, under the exported layout and under
