@@ -208,8 +208,12 @@ def test_cli_exports_and_costs_an_edited_layout(saved, tmp_path):
                   "--format=keras-layoutmap", f"--out={out}")
     assert r.returncode == 0, r.stderr
     assert "3 weight(s) split over 'model', 5 replicated" in r.stdout
+    assert "4 layer output(s) pinned" in r.stdout
     d = json.loads(out.read_text())
     assert {k: tuple(v) for k, v in d["layouts"].items()} == SPLIT
+    # the loaded model's layer outputs, by their paths (the split one and the replicated)
+    assert d["outputs"]["up/output"] == [None, None, "model"]
+    assert d["outputs"]["head/output"] == [None, None, None]
     d["layouts"]["down/kernel"] = [None, "model"]
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(d))
