@@ -5,7 +5,8 @@ collectives TAPAS predicts.
 Two phases, two virtual environments (the JAX one is optional, never a dependency of tapas):
 
   # 1. TensorFlow venv: capture, search (one V100 node of 8, training-mode graph, the loss
-  #    priced) and export every model's layout to out/layoutmap/NAME.json
+  #    priced) and export every model's layout (weights and, --outputs=all|split|none,
+  #    layer outputs) to out/layoutmap/NAME.json
   python scripts/layoutmap_check.py export
   # 2. JAX venv (scripts/baselines/setup.sh, plus `pip install keras-hub==0.32.0`), 8 CPU
   #    devices: train 3 steps on one device, under the exported layout and under
@@ -107,7 +108,7 @@ def build(name: str) -> tuple[Any, ...]:
 
 # ---- phase 1: export (TensorFlow backend) -----------------------------------------------
 
-def export(names: list[str], out_dir: str) -> None:
+def export(names: list[str], out_dir: str, outputs: str = "all") -> None:
     import tensorflow as tf
 
     from tapas import capturing
@@ -128,10 +129,12 @@ def export(names: list[str], out_dir: str) -> None:
         graph = capturing.capture(model, specs, training=True, name=name)
         strategy = search(graph, cluster=cluster, loss=loss)
         options = CostOptions.for_cluster(cluster, loss=LossSpec.of(loss))
-        layout = export_layout(strategy, graph, options=options)
+        layout = export_layout(strategy, graph, options=options, layers=model,
+                               outputs=outputs)
         layout.save(os.path.join(out_dir, f"{name}.json"))
         strategy.save(os.path.join(out_dir, f"{name}.strategy.json"))
         print(f"{name}: {len(graph.nodes)} GraphNodes, {len(layout.layouts)} weights split, "
+              f"{len(layout.outputs)} layer outputs pinned, "
               f"{len(layout.replicated)} replicated, {len(layout.unexpressed)} pattern "
               f"group(s) unpinned, {time.perf_counter() - start:.1f} s", flush=True)
 
@@ -277,7 +280,10 @@ def _check_model(name: str, layout: Any, cluster: Any, steps: int, timed: int
     single, t_single = _train(model, inputs, targets, loss, steps, timed)
     row: dict[str, Any] = {"model": name, "params": model.count_params(),
                            "weights_split": len(layout.layouts),
-                           "weights_replicated": len(layout.replicated)}
+                           "weights_replicated": len(layout.replicated),
+                           "outputs_pinned": len(layout.outputs),
+                           "outputs_split": sum(any(a is not None for a in axes)
+                                                for axes in layout.outputs.values())}
     unknown = [p for p in layout.weights if p not in {v.path for v in model.weights}]
     row["layout_paths_missing_from_model"] = unknown
     runs = {"layoutmap": keras.distribution.ModelParallel(
@@ -368,12 +374,14 @@ def main() -> None:
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "out", "layoutmap"))
     parser.add_argument("--result", default=os.path.join(ROOT, "benchmarks", "results",
                                                          "layoutmap_check.json"))
+    parser.add_argument("--outputs", default="all", choices=["all", "split", "none"],
+                        help="layer outputs to pin (export): all, the split ones, none")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--timed", type=int, default=5)
     args = parser.parse_args()
     names = [n for n in args.models.split(",") if n]
     if args.phase == "export":
-        export(names, args.out_dir)
+        export(names, args.out_dir, args.outputs)
     else:
         check(names, args.out_dir, args.result, args.steps, args.timed)
 

@@ -208,8 +208,12 @@ def test_cli_exports_and_costs_an_edited_layout(saved, tmp_path):
                   "--format=keras-layoutmap", f"--out={out}")
     assert r.returncode == 0, r.stderr
     assert "3 weight(s) split over 'model', 5 replicated" in r.stdout
+    assert "4 layer output(s) pinned" in r.stdout
     d = json.loads(out.read_text())
     assert {k: tuple(v) for k, v in d["layouts"].items()} == SPLIT
+    # the loaded model's layer outputs, by their paths (the split one and the replicated)
+    assert d["outputs"]["up/output"] == [None, None, "model"]
+    assert d["outputs"]["head/output"] == [None, None, None]
     d["layouts"]["down/kernel"] = [None, "model"]
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(d))
@@ -273,3 +277,84 @@ def test_hlo_collectives_of_a_compiled_cpu_program():
     assert diff["matched"] == 1 and [(d["compiled"], d["predicted"]) for d in
                                      diff["differences"]] == [(1, 2)]
     assert diff["difference_seconds"] < 0      # one all-reduce fewer than predicted
+
+
+# ---- layer-output layouts ("<layer path>/output") -----------------------------------------
+
+def test_split_layer_outputs_are_pinned_by_their_layer_path(planned):
+    from tapas.export import check_keys, layer_paths
+    model, graph, strategy, options, _ = planned
+    layout = export_layout(strategy, graph, options=options, layers=model, outputs="split")
+    # the Megatron block leaves the first Dense's (ReLU'd) output split on its hidden axis;
+    # the second's is all-reduced (replicated): "split" pins only the split one
+    assert {k: tuple(v) for k, v in layout.outputs.items()} == {
+        "up/output": (None, None, "model")}
+    everything = export_layout(strategy, graph, options=options, layers=model)
+    assert {k: tuple(v) for k, v in everything.outputs.items()} == {
+        "up/output": (None, None, "model"), "down/output": (None, None, None),
+        "norm/output": (None, None, None), "head/output": (None, None, None)}
+    # each key matches its own layer's output and nothing else (no weight, no other layer)
+    paths = layer_paths(model)
+    for key, hits in check_keys(everything.outputs, paths,
+                                [w.path for w in model.weights]).items():
+        assert hits == [key], (key, hits)
+    lm = everything.to_keras(DEVICES)
+    assert tuple(lm["up/output"].axes) == (None, None, "model")
+    assert lm["up/kernel"] is not None and lm["up"] is None
+    # the weights' layouts are the same as without outputs
+    assert dict(everything.layouts) == dict(planned[4].layouts)
+    assert export_layout(strategy, graph, options=options, layers=model,
+                         outputs="none").outputs == {}
+
+
+def test_layer_outputs_survive_json_and_python_round_trip(planned, tmp_path):
+    model, graph, strategy, options, _ = planned
+    layout = export_layout(strategy, graph, options=options, layers=model, outputs="all")
+    layout.save(str(tmp_path / "o.json"))
+    layout.save(str(tmp_path / "o.py"))
+    assert load_layout(str(tmp_path / "o.json")) == layout
+    from_py = load_layout(str(tmp_path / "o.py"))
+    assert dict(from_py.outputs) == dict(layout.outputs) and len(layout.outputs) == 4
+    lm = runpy.run_path(str(tmp_path / "o.py"))["layout_map"](DEVICES)
+    assert tuple(lm["up/output"].axes) == (None, None, "model")
+    assert tuple(lm["head/output"].axes) == (None, None, None)
+    # output keys are not weights: the weights read back alone
+    assert placements_from_layouts(from_py, {w.path: len(w.shape) for w in graph.weights})[
+        "up/kernel"] == "S1"
+
+
+def test_auto_named_layers_get_their_own_output():
+    """Keras names layers dense, dense_1, ...; TF makes a re-entered scope unique with the
+    same suffix (dense -> dense_1): the weights read in a scope decide whose it is."""
+    from tapas.export import check_keys, layer_paths, output_layouts
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((32, 512), name="x")
+    first = keras.layers.Dense(2048, activation="relu")
+    second = keras.layers.Dense(512)
+    model = keras.Model(inp, second(first(inp)))
+    graph = capturing.capture(model, [tf.TensorSpec((8, 32, 512), tf.float32, name="x")],
+                              training=True)
+    strategy = search(graph, cluster=Cluster.resolve("v100", 1, 8),
+                      loss=keras.losses.MeanSquaredError())
+    paths = layer_paths(model)
+    layouts, placements, _ = output_layouts(strategy, graph, paths, "all")
+    assert placements == {first.path: "S2", second.path: "R"}, (paths, placements)
+    for key, hits in check_keys(layouts, paths, [w.path for w in model.weights]).items():
+        assert hits == [key]
+
+
+def test_layers_returning_several_tensors_get_no_output_key():
+    """Keras applies an output layout to the whole call result; on a tuple the JAX backend
+    fails while the functional model is built, so such layers are left out."""
+    from tapas.export import layer_paths
+    keras.backend.clear_session()
+    inp = keras.Input((16,), name="x")
+    inner = keras.Model(inp, [keras.layers.Dense(8, name="a")(inp),
+                              keras.layers.Dense(4, name="b")(inp)], name="two")
+    outer_in = keras.Input((16,), name="y")
+    first, _ = inner(outer_in)
+    model = keras.Model(outer_in, keras.layers.Dense(2, name="c")(first))
+    paths = layer_paths(model)
+    assert "two" not in paths and "c" in paths
+    assert layer_paths(["p", "q/r"]) == ["p", "q/r"] and layer_paths(len) == []

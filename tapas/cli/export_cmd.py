@@ -130,7 +130,7 @@ def cmd_export() -> dict[str, Any]:
     options = CostOptions.for_cluster(strategy.cluster, loss=_loss_spec(loaded.loss))
     try:
         layout = export_layout(strategy, graph, mesh, options, mode=FLAGS.mode,
-                               cluster=cluster)
+                               cluster=cluster, layers=loaded.model)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     report: dict[str, Any] = {"model": graph.name, "layout": layout.to_json()}
@@ -167,7 +167,8 @@ def _say(layout: Any) -> None:
     rows, cols = layout.mesh_shape
     print(f"'{layout.model}' on a {rows}x{cols} DeviceMesh {tuple(layout.axis_names)}: "
           f"{len(layout.layouts)} weight(s) split over '{layout.axis_names[1]}', "
-          f"{len(layout.replicated)} replicated (no entry)")
+          f"{len(layout.replicated)} replicated (no entry), {len(layout.outputs)} layer "
+          "output(s) pinned")
     for key, axes in list(layout.layouts.items())[:8]:
         print(f"  {key}: {tuple(axes)}")
     if len(layout.layouts) > 8:

@@ -40,6 +40,7 @@ from tapas.planning.search import plan_with_weights
 from tapas.planning.strategy import Strategy
 from tapas.sharding.placements import parse_placement
 from tapas.export.layouts import LayoutExport, Unexpressed, axes_for, placements_from_layouts
+from tapas.export.outputs import layer_paths, output_layouts
 
 __all__ = ["export_layout", "layout_map", "cost_layout", "LayoutCost", "stored_placements"]
 
@@ -227,10 +228,14 @@ def _whole_cluster(strategy: Strategy, mesh: Mesh) -> Cluster:
 
 def export_layout(strategy: Strategy, graph: Graph, mesh: Any = None,
                   options: CostOptions | None = None, mode: str = "gp",
-                  cluster: Cluster | None = None) -> LayoutExport:
+                  cluster: Cluster | None = None, layers: Any = None,
+                  outputs: str = "all") -> LayoutExport:
     """The LayoutExport of ``strategy`` on ``graph`` (see the module docstring); ``cluster``
     is the whole mesh's (it prices the data-parallel all-reduces over the rows; default:
-    each row on its own nodes)."""
+    each row on its own nodes). ``layers``: the Keras model (or its layer paths) whose
+    layer outputs to pin (:mod:`tapas.export.outputs`; ``outputs``: ``"all"`` split and
+    replicated, ``"split"`` the split ones only, ``"none"``); None pins no output. On a mesh with
+    rows no output is pinned (an activation's rows split is Keras's batch axis)."""
     strategy = strategy.bind(graph)
     mesh = _mesh(mesh, strategy)
     stored = stored_placements(strategy, graph)
@@ -244,17 +249,21 @@ def export_layout(strategy: Strategy, graph: Graph, mesh: Any = None,
         weights[w.path] = stored[w.path]
     opts = _options(strategy, graph, options)
     cost = cost_layout(strategy, graph, stored, opts, mode)
+    pinned: dict[str, Any] = {}
+    if layers is not None and outputs != "none" and mesh.rows == 1:
+        pinned = output_layouts(strategy, graph, layer_paths(layers), outputs)[0]
     return LayoutExport(
         strategy.graph_name, strategy.graph_digest, strategy.cluster.name,
         (mesh.rows, mesh.cols), layouts, weights, tuple(replicated),
         _unexpressed(graph, strategy, stored, cost),
         {"strategy": cost.strategy_total, "layout_map": cost.total,
          "difference": cost.difference},
-        tuple(predicted_collectives(strategy, graph, mesh, opts, cluster)))
+        tuple(predicted_collectives(strategy, graph, mesh, opts, cluster)),
+        outputs=pinned)
 
 
 def layout_map(strategy: Strategy, graph: Graph, mesh: Any = None,
-               devices: Any = None) -> Any:
+               devices: Any = None, layers: Any = None) -> Any:
     """The ``keras.distribution.LayoutMap`` of ``strategy`` (``export_layout(...)
-    .to_keras(devices)``)."""
-    return export_layout(strategy, graph, mesh).to_keras(devices)
+    .to_keras(devices)``; ``layers``: the model, to pin its layer outputs)."""
+    return export_layout(strategy, graph, mesh, layers=layers).to_keras(devices)

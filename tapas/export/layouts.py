@@ -82,7 +82,8 @@ class LayoutExport:
     ``replicated`` (paths left out: Keras replicates them), what the layouts cannot pin
     (``unexpressed``), the costs (``cost``: ``strategy``, ``layout_map`` and their
     ``difference``, seconds per step) and the collectives the plan predicts
-    (``predicted``: kind, phase, tensor, bytes, seconds, count)."""
+    (``predicted``: kind, phase, tensor, bytes, seconds, count), and the layer outputs
+    it pins (``outputs``: ``"<layer path>/output"`` key -> axes)."""
 
     model: str
     graph_digest: str
@@ -96,6 +97,8 @@ class LayoutExport:
     predicted: tuple[Mapping[str, Any], ...] = ()
     axis_names: tuple[str, str] = (BATCH_AXIS, MODEL_AXIS)
     batch_dim_name: str = BATCH_AXIS
+    # layer-output layouts: "<layer path>/output" key -> axes (tapas.export.outputs)
+    outputs: Mapping[str, Axes] = dataclasses.field(default_factory=dict)
 
     @property
     def num_devices(self) -> int:
@@ -109,7 +112,7 @@ class LayoutExport:
         mesh = keras.distribution.DeviceMesh(tuple(self.mesh_shape), list(self.axis_names),
                                              devices)
         layout_map = keras.distribution.LayoutMap(mesh)
-        for key, axes in self.layouts.items():
+        for key, axes in {**self.layouts, **self.outputs}.items():
             layout_map[key] = tuple(axes)
         return layout_map
 
@@ -120,6 +123,7 @@ class LayoutExport:
                 "mesh": {"shape": list(self.mesh_shape), "axis_names": list(self.axis_names)},
                 "batch_dim_name": self.batch_dim_name,
                 "layouts": {k: list(v) for k, v in self.layouts.items()},
+                "outputs": {k: list(v) for k, v in self.outputs.items()},
                 "weights": dict(self.weights), "replicated": list(self.replicated),
                 "unexpressed": [u.to_json() for u in self.unexpressed],
                 "cost": dict(self.cost), "predicted_collectives": [dict(p) for p in
@@ -141,7 +145,8 @@ class LayoutExport:
             tuple(d.get("replicated", ())),
             tuple(Unexpressed.from_json(u) for u in d.get("unexpressed", ())),
             dict(d.get("cost", {})), tuple(d.get("predicted_collectives", ())),
-            tuple(mesh["axis_names"]), d.get("batch_dim_name", BATCH_AXIS))
+            tuple(mesh["axis_names"]), d.get("batch_dim_name", BATCH_AXIS),
+            {k: tuple(v) for k, v in d.get("outputs", {}).items()})
 
     # ---- Python source ------------------------------------------------------------------
     def to_python(self) -> str:
@@ -149,11 +154,13 @@ class LayoutExport:
         ``AXIS_NAMES``, ``LAYOUTS`` (literals: read back by :func:`load_layout` without
         running the file) and ``device_mesh``/``layout_map``/``distribution(devices=None)``."""
         rows = "\n".join(f"    {k!r}: {tuple(v)!r}," for k, v in self.layouts.items())
+        outs = "\n".join(f"    {k!r}: {tuple(v)!r}," for k, v in self.outputs.items())
         gaps = "".join(f"#   GraphNodes {', '.join(str(i) for i, _ in u.nodes)}: TAPAS chose "
                        f"{u.chosen}, the layouts give {u.emitted}\n" for u in self.unexpressed)
         return f'''"""Keras 3 distribution layout of '{self.model}' exported by TAPAS ({FORMAT}).
 
 Weights TAPAS splits over the '{MODEL_AXIS}' mesh axis; every other weight is replicated.
+OUTPUT_LAYOUTS: the layer outputs the plan pins (keys "<layer path>/output").
 Use: keras.distribution.set_distribution(distribution()) before building the model
 (KERAS_BACKEND=jax). Cost model ({self.cluster}): {_cost_text(self.cost)}.
 """
@@ -167,6 +174,9 @@ BATCH_DIM_NAME = {self.batch_dim_name!r}
 LAYOUTS = {{
 {rows}
 }}
+OUTPUT_LAYOUTS = {{
+{outs}
+}}
 
 
 def device_mesh(devices=None):
@@ -175,7 +185,7 @@ def device_mesh(devices=None):
 
 def layout_map(devices=None):
     layouts = keras.distribution.LayoutMap(device_mesh(devices))
-    for key, axes in LAYOUTS.items():
+    for key, axes in {{**LAYOUTS, **OUTPUT_LAYOUTS}}.items():
         layouts[key] = axes
     return layouts
 
@@ -210,7 +220,7 @@ def _shape(value: Any, where: str) -> tuple[int, int]:
 def load_layout(path: str) -> LayoutExport:
     """A layout written by ``save``: the JSON, or the Python module's ``MESH_SHAPE``,
     ``AXIS_NAMES`` and ``LAYOUTS`` literals (read with ``ast.literal_eval``; the file is
-    not run). The Python form keeps only the mesh and the layouts."""
+    not run). The Python form keeps only the mesh, the layouts and ``OUTPUT_LAYOUTS``."""
     try:
         with open(path) as f:
             text = f.read()
@@ -235,7 +245,7 @@ def _from_python(text: str, path: str) -> LayoutExport:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
                     isinstance(node.targets[0], ast.Name) and \
                     node.targets[0].id in ("MESH_SHAPE", "AXIS_NAMES", "LAYOUTS",
-                                           "BATCH_DIM_NAME"):
+                                           "BATCH_DIM_NAME", "OUTPUT_LAYOUTS"):
                 found[node.targets[0].id] = ast.literal_eval(node.value)
     except (SyntaxError, ValueError) as e:
         raise ValueError(f"layout file {path}: cannot read its literals ({e}): MESH_SHAPE, "
@@ -247,7 +257,9 @@ def _from_python(text: str, path: str) -> LayoutExport:
     return LayoutExport("", "", "", _shape(list(found["MESH_SHAPE"]), path),
                         {k: tuple(v) for k, v in found["LAYOUTS"].items()}, {},
                         axis_names=tuple(found["AXIS_NAMES"]),
-                        batch_dim_name=found.get("BATCH_DIM_NAME", BATCH_AXIS))
+                        batch_dim_name=found.get("BATCH_DIM_NAME", BATCH_AXIS),
+                        outputs={k: tuple(v) for k, v in
+                                 found.get("OUTPUT_LAYOUTS", {}).items()})
 
 
 def key_matches(keys: Iterable[str], paths: Iterable[str]) -> dict[str, list[str]]:
