@@ -98,7 +98,9 @@ def check_materialize() -> dict:
     """A model built lazily (tapas.execution.materialize; eagerly with ``eager``) and
     parallelized over the workers, under RLIMIT_DATA = this process's VmData now +
     ``limit_mib`` when given: two SGD steps, then the checkpoint written to ``dir`` (each
-    worker its shards; the parent reassembles them and compares them with Keras)."""
+    worker its shards; the parent reassembles them and compares them with Keras). With
+    ``restore``: that checkpoint restored under this run's layout (``plan_seed``), then one
+    step."""
     import resource
 
     from tapas.capturing import capture
@@ -118,7 +120,7 @@ def check_materialize() -> dict:
     stages["built"] = _vm_data()
     spec = tf.TensorSpec([8, width], name="x")
     n = strategy.num_replicas_in_sync
-    plan = parallel.random_plan(capture(model, spec), n, 0, p_shard=1.0,
+    plan = parallel.random_plan(capture(model, spec), n, JOB.get("plan_seed", 0), p_shard=1.0,
                                 patterns_fn=_splitting_weights)
     pm = parallel.parallelize(model, spec, plan, distribute_strategy=strategy,
                               optimizer=keras.optimizers.SGD(0.01),
@@ -127,6 +129,14 @@ def check_materialize() -> dict:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, width)).astype("float32")
     y = rng.standard_normal((8, 8)).astype("float32")
+    if JOB.get("restore"):   # the checkpoint of another run, under this run's layout
+        how = pm.restore(JOB["restore"])
+        stages["restored"] = _vm_data()
+        return {"how": how, "step": int(pm.runtime.iterations.numpy()),
+                "loss": pm.train_step(x, y), "stages": stages,
+                "placements": {p: str(s.placement) for p, s in pm.runtime.specs.items()},
+                "peak_rss": memory.peak_rss_bytes(),
+                "limit": resource.getrlimit(resource.RLIMIT_DATA)[0]}
     losses = [pm.train_step(x, y) for _ in range(2)]
     stages["trained"] = _vm_data()
     rt = pm.runtime

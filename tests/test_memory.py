@@ -140,7 +140,9 @@ def test_workers_under_a_limit_below_the_whole_models_weights_train_and_verify(t
     MiB): built lazily, each worker creates only its shards (every kernel split), trains 2
     SGD steps and writes its checkpoint; the shards reassembled equal Keras's model trained
     the same way on one device, and so do the losses. The same limit stops a worker that
-    builds the model eagerly. (RLIMIT_DATA counts reserved memory: TensorFlow's CPU
+    builds the model eagerly. The checkpoint is then restored by 4 workers under another
+    layout and the same limit (resharded slice by slice), and their next step's loss
+    equals Keras's. (RLIMIT_DATA counts reserved memory: TensorFlow's CPU
     allocator reserves regions of doubling size, so the limit must leave room above what
     the worker touches; docs/running.md, "Models larger than one process".)"""
     import keras
@@ -179,6 +181,20 @@ def test_workers_under_a_limit_below_the_whole_models_weights_train_and_verify(t
     from tapas import capturing
     for path, w in capturing.weights_by_path(model).items():
         np.testing.assert_allclose(got[path], w.numpy(), rtol=1e-5, atol=1e-6, err_msg=path)
+
+    # the checkpoint resharded under the same limit: another random layout, restored
+    # shard by shard, then the third step's loss equals Keras's
+    restored = [_ok(r["materialize"]) for r in run_worker(
+        WORKER, {**job, "plan_seed": 3, "restore": str(tmp_path / "ck")}, workers=4,
+        timeout_s=240)]
+    third = float(model.train_on_batch(x, y))
+    moved = [p for p in restored[0]["placements"]
+             if p.endswith("kernel") and restored[0]["placements"][p] != runs[0]["placements"][p]]
+    assert moved, "the new layout keeps every kernel's split: no reshard was tested"
+    for r in restored:
+        assert r["how"] == "resharded" and r["step"] == 2, r
+        assert r["limit"] - r["stages"]["start"] < weights
+        np.testing.assert_allclose(r["loss"], third, rtol=1e-5)
 
 
 # ---- slice-wise resharding (tapas.execution.reshard) ---------------------------------------
