@@ -4,9 +4,12 @@ code, stdout, stderr) without checking it, so a test can assert on a failure's m
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,3 +21,40 @@ def run_tapas(*args: str, timeout: float = 300,
     return subprocess.run([sys.executable, "-m", "tapas.cli", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env))
+
+
+def worker_pid(parent: int, index: int) -> int | None:
+    """The pid of the ``tapas train --workers`` launcher's worker ``index`` (a child of
+    ``parent`` whose TF_CONFIG names that task), or None while it is not started."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except (OSError, ValueError, IndexError):
+            continue
+        cfg = env.get(b"TF_CONFIG")
+        if cfg and json.loads(cfg)["task"]["index"] == index:
+            return int(entry)
+    return None
+
+
+def kill_worker_after_first_checkpoint(proc: subprocess.Popen, checkpoint_dir: str,
+                                       wait_s: float, index: int = 1) -> float:
+    """SIGKILL worker ``index`` of the launcher ``proc`` (a process the test started) once
+    ``checkpoint_dir`` holds a checkpoint (or ``wait_s`` passed); the time of the kill.
+    Fails when the job ended before it."""
+    from tapas.execution import fit
+    deadline = time.monotonic() + wait_s
+    while not fit.list_checkpoints(str(checkpoint_dir)) and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    victim = worker_pid(proc.pid, index)
+    assert victim is not None and proc.poll() is None, "the job ended before the kill"
+    os.kill(victim, signal.SIGKILL)
+    return time.monotonic()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 
 import keras
-import numpy as np
 import pytest
-from keras import layers, ops
+from keras import layers
 
 import tapas
 from tapas.ir import Kind
@@ -25,13 +26,9 @@ from tapas.planning.search import search
 from tapas.planning.table import pattern_table
 
 
-class _Interaction(layers.Layer):
-    def call(self, feats):
-        x = ops.stack(feats, axis=1)
-        z = ops.matmul(x, ops.transpose(x, (0, 2, 1)))
-        n = len(feats)
-        pairs = np.array([i * n + j for i in range(n) for j in range(i)], dtype="int32")
-        return ops.take(ops.reshape(z, (-1, n * n)), pairs, axis=1)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+from wide_models import DotInteraction as _Interaction  # noqa: E402  (the benchmark's layer)
 
 
 def _dlrm(tables: int, blocks: int = 0) -> tapas.Graph:

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 
 from tests import command
-from tests.test_fit import _two_input_model, _worker_pid
+from tests.test_fit import _two_input_model
 from tests.test_memory import _reassembled
 
 EPOCHS, BATCHES = 4, 5   # 42 examples: 5 batches of 8 an epoch
@@ -51,13 +49,7 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=command.ROOT)
     try:
-        deadline = time.monotonic() + 150
-        while not fit.list_checkpoints(str(ck)) and proc.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.02)
-        victim = _worker_pid(proc.pid, 1)
-        assert victim is not None and proc.poll() is None, "the job ended before the kill"
-        os.kill(victim, signal.SIGKILL)   # a process this test started (via the launcher)
+        command.kill_worker_after_first_checkpoint(proc, ck, 150)
         out, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:

@@ -19,6 +19,7 @@ import os
 import keras
 import pytest
 
+import command  # tests/command.py
 from tapas.execution import fit
 from worker_main import run_worker  # tests/worker_main.py
 
@@ -236,27 +237,6 @@ def _tapas_train(*args: str) -> dict:
     return {"out": proc.stdout, "err": proc.stderr}
 
 
-def _worker_pid(parent: int, index: int) -> int | None:
-    """The pid of the launcher's worker ``index`` (a child of ``parent`` whose TF_CONFIG
-    names that task), or None while it is not started."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != parent:
-                continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-        except (OSError, ValueError, IndexError):
-            continue
-        cfg = env.get(b"TF_CONFIG")
-        if cfg and json.loads(cfg)["task"]["index"] == index:
-            return int(entry)
-    return None
-
-
 def _variables(directory) -> dict:
     """Every variable of a checkpoint directory, over its per-worker files."""
     import tensorflow as tf
@@ -274,7 +254,6 @@ def test_killed_worker_then_resume_equals_an_uninterrupted_run(tmp_path) -> None
     SIGKILL once a checkpoint exists: the run exits non-zero within 60 s naming it. The
     same command with --resume finishes; its step losses, the final checkpoint's every
     variable and the step and batch counts equal a 2-device run without interruption."""
-    import signal
     import subprocess
     import sys
     import time
@@ -298,14 +277,7 @@ def test_killed_worker_then_resume_equals_an_uninterrupted_run(tmp_path) -> None
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
     try:
-        deadline = time.monotonic() + 120
-        while not fit.list_checkpoints(str(ck)) and proc.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.02)
-        victim = _worker_pid(proc.pid, 1)
-        assert victim is not None and proc.poll() is None, "the job ended before the kill"
-        os.kill(victim, signal.SIGKILL)   # a process this test started (via the launcher)
-        killed = time.monotonic()
+        killed = command.kill_worker_after_first_checkpoint(proc, ck, 120)
         out, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
