@@ -286,3 +286,14 @@ def test_train_command_measures_the_factor_before_its_search(tmp_path) -> None:
                              "--strategy=random:0", "--compute_scale=2")
     assert both.returncode != 0 and "--strategy=random:0 skips it" in both.stdout + both.stderr
     assert "launching 2 workers" not in both.stdout
+
+
+@pytest.mark.parametrize("steps, repeats", [(0, 2), (5, True), (2.5, 1)])
+def test_both_calibrations_refuse_bad_pair_counts_before_anything_runs(steps, repeats) -> None:
+    """``steps``/``repeats`` that are not ints >= 1 are named, with what they count, before
+    a strategy is made or the model touched (``model=None`` is never read)."""
+    from tapas.execution.calibration.communication_scale import calibrate_communication
+    from tapas.execution.calibration.compute_scale import calibrate_compute
+    for calibrate in (calibrate_compute, calibrate_communication):
+        with pytest.raises(ValueError, match=r"each must be an int >= 1 \(timed pairs"):
+            calibrate(None, cluster=None, steps=steps, repeats=repeats)

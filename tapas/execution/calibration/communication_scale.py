@@ -275,10 +275,8 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
     from tapas.execution.program.plan import Plan
     from tapas.planning.strategy import graph_digest
     from tapas.sharding.patterns import pattern_by_name
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or \
-            isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"steps={steps!r}, repeats={repeats!r}: each must be an int >= 1 "
-                         "(timed pairs = steps x repeats; 10 is enough on an idle machine)")
+    from tapas.execution.calibration.timing import check_pairs
+    check_pairs(steps, repeats)
     say = progress or (lambda _msg: None)
     strategy = distribute_strategy or make_strategy(devices)
     n = _replicas(strategy, cluster, process_count())

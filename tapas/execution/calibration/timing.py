@@ -18,7 +18,16 @@ import tensorflow as tf
 from tapas.execution.program.collectives import Audit, ReplicaContextCollectives
 from tapas.sharding.placements import Collective
 
-__all__ = ["Timer", "run_collective", "MIN_POINT_SECONDS", "EXTRA_REPEATS"]
+__all__ = ["Timer", "run_collective", "check_pairs", "MIN_POINT_SECONDS", "EXTRA_REPEATS"]
+
+
+def check_pairs(steps: Any, repeats: Any) -> None:
+    """ValueError unless ``steps`` and ``repeats`` (a calibration's timed pairs) are ints
+    >= 1."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or \
+            isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"steps={steps!r}, repeats={repeats!r}: each must be an int >= 1 "
+                         "(timed pairs = steps x repeats; 10 is enough on an idle machine)")
 # a point's timed rounds continue past ``repeats`` (up to EXTRA_REPEATS x) until they took
 # MIN_POINT_SECONDS: the small messages, whose calls take milliseconds, get more chances
 MIN_POINT_SECONDS = 0.4
