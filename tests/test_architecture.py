@@ -64,8 +64,6 @@ MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 600, 300, 80
 SIZE_EXCEPTIONS: dict[str, int] = {
     "tapas/execution/fit.py::fit": 155,
     "tapas/execution/parallel.py::parallelize": 108,
-    "tapas/execution/runtime.py": 1014,
-    "tapas/execution/runtime.py::Runtime": 853,
     "tapas/execution/train.py::_parallelize": 93,
 }
 

@@ -1,0 +1,168 @@
+"""The :class:`Runtime` (the package docstring says how it maps onto TensorFlow).
+
+In:  a per-replica program, a ``tf.distribute`` strategy, the global initial weights, the
+     input specs, a Keras optimizer and loss.
+Out: :class:`Runtime`: its shards, optimizer slots and seed states made on the local
+     devices; the step, inference, global values and checkpoints come from the classes it
+     mixes in (``step``, ``inference``, ``loss``, ``distribute``, ``replicas``, ``values``).
+Raises ``ValueError`` when the program's device count, inputs or splits do not fit the
+strategy's replicas or the input specs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tapas.execution import shards
+from tapas.execution.devices import claim_collective_keys, local_replica_ids, task_id
+from tapas.execution.program import replay, stateful
+from tapas.execution.runtime.distribute import InputDistribution
+from tapas.execution.runtime.inference import Inference
+from tapas.execution.runtime.loss import LossPlanning
+from tapas.execution.runtime.replicas import ReplicaCalls
+from tapas.execution.runtime.step import TrainingStep
+from tapas.execution.runtime.values import GlobalValues
+from tapas.execution.training import losses, regularizers, step_reductions as reductions
+from tapas.sharding.placements import Replica, parse_placement
+
+__all__ = ["Runtime"]
+
+
+class Runtime(TrainingStep, Inference, LossPlanning, InputDistribution, ReplicaCalls,
+              GlobalValues):
+    """Shards, training step, ``predict`` and checkpoints of one program under one strategy.
+
+    ``initial_weights`` maps every weight path of ``program.weight_layouts`` to its global
+    value (NumPy); ``input_specs`` are the ``tf.TensorSpec`` s of the program's inputs.
+    ``collectives(function)`` makes the program's collectives object inside a replica while
+    ``function`` ("train_step", "predict", "evaluate") is traced (default:
+    ``tapas.execution.program.reconstruct.ReplicaContextCollectives`` recording into ``audits[function]``).
+
+    ``mesh_rows`` > 1 runs a 2-D mesh (``tapas.planning.mesh``): the strategy's replicas form
+    ``mesh_rows`` rows of ``program.num_devices`` devices (replica r is row r // cols,
+    column r % cols); each row runs the program on its share of the batch (axis 0 of every
+    input and target cut into the rows; ``input_specs`` are one row's), with its collectives
+    over the row's devices, and every trainable weight's gradient is all-reduced over the
+    column (data parallelism across the rows). ``num_devices`` stays the program's (a row's)
+    device count; ``num_replicas`` is the strategy's.
+    """
+
+    # several outputs (compiled_loss.output_losses, set by parallelize): a loss per output,
+    # Keras's loss weights, the output names; None: ``loss`` for the one output
+    output_losses: list | None = None
+    loss_weights: list | None = None
+    output_names: list | None = None
+
+    # the model's weight regularizers (tapas.execution.training.regularizers.plan_regularizers)
+    regularization: list = []
+
+    # whether the training step and forward_loss also return the global outputs, targets
+    # and sample weights (``step_values``: what metrics are computed from); set_step_values
+    keep_step_values = False
+    step_values: tuple | None = None
+
+    def __init__(self, program: Any, strategy: tf.distribute.Strategy,
+                 initial_weights: Mapping[str, np.ndarray], input_specs: Sequence[tf.TensorSpec],
+                 *, optimizer: Any = "sgd", loss: Any = None,
+                 collectives: Callable[[str], Any] | None = None, mesh_rows: int = 1,
+                 graph_optimization: str = "lean", learning_rate: float | None = None,
+                 keras_variables: Mapping[str, Any] | None = None) -> None:
+        self.graph_optimization = replay.check_graph_optimization(graph_optimization)
+        # Grappler keeps the layout and memory optimizers for accelerators (replay)
+        self._accelerators = any("CPU" not in d.upper().rsplit("/", 1)[-1]
+                                 for d in strategy.extended.worker_devices)
+        self.program, self.strategy = program, strategy
+        self.num_replicas = int(strategy.num_replicas_in_sync)
+        self.num_devices = int(program.num_devices)
+        self.rows = int(mesh_rows)
+        if self.rows < 1 or self.num_devices * self.rows != self.num_replicas:
+            raise ValueError(f"the program was built for {program.num_devices} devices"
+                             + (f" per row of a {self.rows}-row mesh" if self.rows > 1 else "")
+                             + f" but the strategy has {self.num_replicas} replicas; rebuild "
+                             "one of them so that the device counts match")
+        claim_collective_keys(strategy)
+        self.loss = loss
+        self.audits: dict[str, Any] = {}
+        self.dp_audits: dict[str, Any] = {}   # the mesh columns' gradient all-reduces
+        self._tracing = ""
+        self._collectives = collectives or self._default_collectives
+        self.row_specs = list(input_specs)
+        self.input_specs = [self._global_spec(s) for s in self.row_specs]
+        self.input_placements = [parse_placement(p) for p in program.input_placements]
+        self.output_placements, self.call_loss_placements = regularizers.split_outputs(program)
+        if len(self.input_placements) != len(self.input_specs):
+            raise ValueError(f"the program has {len(self.input_placements)} inputs but "
+                             f"{len(self.input_specs)} input specs were given")
+        for spec, p in zip(self.row_specs, self.input_placements):
+            self._check_divisible(f"input '{spec.name}'", tuple(spec.shape), p)
+        self.local_replicas = local_replica_ids(strategy)
+        self.task_id = task_id(strategy)
+        devices = list(strategy.extended.worker_devices)
+        self._device = dict(zip(self.local_replicas, devices))
+        # the layouts (with the values' dtypes) and each local replica's shards, one
+        # weight's global value at a time (tapas.execution.shards)
+        self.specs, self._vars = shards.make_shards(self, initial_weights)
+        self.paths = list(self.specs)
+        self.trainable_paths = [p for p in self.paths if self.specs[p].trainable]
+        self.optimizer = reductions.make_optimizer(self, optimizer, learning_rate,
+                                                   keras_variables or {})
+        self._init_optimizer_state(devices[0])
+        self.states = stateful.StateStore(getattr(program, "states", {}), strategy,
+                                          {r: self._device[r] for r in self.local_replicas})
+        self._mesh_keys = self._claim_mesh_keys() if self.rows > 1 else None
+        self._dist_vars = strategy.experimental_distribute_values_from_function(
+            lambda ctx: self._vars[ctx.replica_id_in_sync_group])
+        self._dist_slots = strategy.experimental_distribute_values_from_function(
+            lambda ctx: self._slots[ctx.replica_id_in_sync_group])
+        # autograph off: the replayed program has no Python control flow on tensors, and
+        # converting every function it calls doubled the first step's tracing time
+        # (t5-tiny, 2 devices: 125 s -> 70 s on a loaded 2-core machine, same losses)
+        self._train_fn = tf.function(self._train_step, autograph=False)
+        self._predict_fn = tf.function(self._predict, autograph=False)
+        self.trace_seconds: dict[str, float] = {}
+        self.graphs: dict[str, tf.Graph] = {}   # traced functions' graphs, by function
+        # collectives the runtime adds for the loss: (function, kind, global bytes)
+        self.loss_comms: list[tuple[str, str, int]] = []
+        self.loss_plan: losses.LossPlan | None = None   # set for each batch's targets
+        self.weight_placement: Any = Replica()           # and its sample weights
+
+    def _init_optimizer_state(self, first_device: str) -> None:
+        """The optimizer slots of every local replica's shards; on the first device the
+        step counter, the learning rate (a variable, so that a callback changes it without
+        tracing again; float32 as Keras's) and the optimizer's own replicated variables
+        (Nadam's u_product, the loss scale and its counter), by name."""
+        values = {p: self.optimizer.initial_slots(p) for p in self.trainable_paths}
+        self._slots: dict[int, dict[str, dict[str, tf.Variable]]] = {}
+        for r in self.local_replicas:
+            with tf.device(self._device[r]):
+                self._slots[r] = {p: {name: tf.Variable(v, trainable=False,
+                                                        name=f"{name}{k}_r{r}")
+                                      for name, v in values[p].items()}
+                                  for k, p in enumerate(self.trainable_paths)}
+        with tf.device(first_device):
+            self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+            self.opt_state = {k: tf.Variable(v, trainable=False, name=f"opt_{k}")
+                              for k, v in self.optimizer.initial_state().items()}
+            self.learning_rate = tf.Variable(float(self.optimizer.learning_rate),
+                                             dtype=tf.float32, trainable=False,
+                                             name="learning_rate")
+
+    def sharing(self, program: Any, input_specs: Sequence[tf.TensorSpec]) -> Runtime:
+        """A runtime that runs another program of the same model (e.g. its inference-mode
+        graph) on *this* runtime's weights (``shards.share``)."""
+        return shards.share(self, program, input_specs)
+
+    def refresh(self) -> None:
+        """Re-cut the ``resynced`` weights from the source runtime's current values (a
+        runtime made by :meth:`sharing`; every worker must call it: it gathers)."""
+        source = getattr(self, "source", None)
+        if source is None or not self.resynced:
+            return
+        values = source._global(source._vars, self.resynced)
+        for r in self.local_replicas:
+            for p in self.resynced:
+                self._vars[r][p].assign(self._cut(self.specs[p], values[p], r))

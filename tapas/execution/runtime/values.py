@@ -1,0 +1,94 @@
+"""Global values of the runtime's shards: read, written, saved and restored.
+
+In:  the runtime's shard variables and optimizer slots, or global NumPy values.
+Out: ``GlobalValues``, mixed into :class:`tapas.execution.runtime.Runtime`: every weight's
+     and slot's global value (reassembled from the shards), global values cut into this
+     layout and assigned, the weights written into the Keras model, checkpoints
+     (``tapas.execution.checkpoints``).
+Raises ``ValueError`` when the Keras model lacks one of the runtime's weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tapas.capturing.tracing import weights_by_path
+from tapas.execution import checkpoints, shards
+from tapas.execution.program.plan import WeightLayout
+from tapas.execution.training import gathering
+
+__all__ = ["GlobalValues"]
+
+
+class GlobalValues:
+    """Global values and checkpoints, for :class:`~tapas.execution.runtime.Runtime`."""
+
+    def _j(self, replica: int) -> int:
+        """The shard index (mesh column) of a replica."""
+        return replica % self.num_devices
+
+    def _cut(self, spec: WeightLayout, value: np.ndarray, replica: int) -> np.ndarray:
+        """Replica ``replica``'s part of the global ``value`` (``shards.cut``)."""
+        return shards.cut(self, spec, value, replica)
+
+    def _global(self, tensors: Mapping[int, Mapping[str, tf.Variable]],
+                paths: Sequence[str]) -> dict[str, np.ndarray]:
+        return gathering.global_values(self, tensors, paths)
+
+    def global_weights(self) -> dict[str, np.ndarray]:
+        """Every weight's global value, reassembled from the shards."""
+        return self._global(self._vars, self.paths)
+
+    def global_slots(self) -> dict[str, dict[str, np.ndarray]]:
+        """Every optimizer slot's global value: ``{slot name: {path: value}}``."""
+        return {k: self._global({r: {p: s[p][k] for p in s} for r, s in self._slots.items()},
+                                self.trainable_paths)
+                for k in self.optimizer.slot_names}
+
+    def set_global_weights(self, values: Mapping[str, np.ndarray],
+                           slots: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> None:
+        """Cut global values into this layout's shards and assign them."""
+        for r in self.local_replicas:
+            for p, v in values.items():
+                self._vars[r][p].assign(self._cut(self.specs[p], v, r))
+            for k, per_path in (slots or {}).items():
+                for p, v in per_path.items():
+                    self._slots[r][p][k].assign(
+                        self._cut(self.specs[p], v, r))
+
+    def finalize_variable_values(self) -> None:
+        """Keras's ``finalize_variable_values`` at the end of ``fit``: with ``use_ema`` the
+        weights become their moving averages (the "average" slots); else nothing."""
+        if not self.optimizer.use_ema:
+            return
+        for r in self.local_replicas:
+            for p in self.trainable_paths:
+                self._vars[r][p].assign(self._slots[r][p]["average"])
+
+    def to_keras(self, model: Any) -> Any:
+        """Write the global weights into the single-device Keras ``model`` (matched by
+        weight path), gathered and assigned one weight at a time; returns ``model``."""
+        by_path = weights_by_path(model)
+        missing = [p for p in self.paths if p not in by_path]
+        if missing:
+            raise ValueError(f"the Keras model has no weight {missing[0]!r} (and "
+                             f"{len(missing) - 1} more): is it the model this runtime was "
+                             "built from?")
+        for p in self.paths:
+            by_path[p].assign(self._global(self._vars, [p])[p])
+        return model
+
+    def save(self, path: str) -> str:
+        """Write shards, optimizer slots and the step counter under directory ``path``
+        (``tapas.execution.checkpoints.save``)."""
+        return checkpoints.save(self, path)
+
+    def restore(self, path: str) -> str:
+        """Load a checkpoint written by :meth:`save`: directly when the layout is this one,
+        else by reassembling each weight and slot from the old shards and cutting it again
+        (``tapas.execution.checkpoints.restore``). Returns "direct" or "resharded"."""
+        return checkpoints.restore(self, path)
