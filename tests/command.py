@@ -23,6 +23,30 @@ def run_tapas(*args: str, timeout: float = 300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env))
 
 
+def run_tapas_each(*command_lines: list[str], timeout: float = 300,
+                   **env: str) -> list[subprocess.CompletedProcess[str]]:
+    """Each of ``command_lines`` (the arguments after ``tapas``) run as ``tapas`` runs it, one
+    after another in one subprocess (tests/cli_batch.py: TensorFlow imported once, each
+    line's flags reset first): for command lines refused before any work, whose tests
+    would otherwise pay a process start each. Logical devices are set once per process: lines
+    that get as far as making devices must ask for the same count. Per line, a
+    CompletedProcess as run_tapas's (its ``args`` begin with "tapas")."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        lines, results = os.path.join(d, "lines.json"), os.path.join(d, "results.json")
+        with open(lines, "w") as f:
+            json.dump([list(c) for c in command_lines], f)
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "cli_batch.py"),
+                               lines, results], capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env))
+        assert proc.returncode == 0 and os.path.exists(results), proc.stderr[-3000:]
+        with open(results) as f:
+            got = json.load(f)
+    return [subprocess.CompletedProcess(["tapas", *c], r["returncode"], r["stdout"],
+                                        r["stderr"]) for c, r in zip(command_lines, got)]
+
+
 def worker_pid(parent: int, index: int) -> int | None:
     """The pid of the ``tapas train --workers`` launcher's worker ``index`` (a child of
     ``parent`` whose TF_CONFIG names that task), or None while it is not started."""

@@ -5,10 +5,10 @@ dead), edge shapes equal TensorFlow's static shapes, every weight is accounted f
 """
 
 import collections
-import os
 import re
 
 import keras
+import matrix  # tests/matrix.py
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -359,7 +359,7 @@ UNUSED_BY_FAMILY = {"bert": {"pooler/kernel", "pooler/bias"}}
 # Presets whose blocks a smaller preset of the CI slice already has: a wider classifier head
 # (resnet*-10k ... -400k), the same block repeated more times (t5-large-depthN, resnet101/152,
 # moe-1.3b/2.4b, bert-large, llama-1b, t5-base) or a pinned twin (*-tapas of a large model).
-# Capturing them took 7 of the suite's minutes; TAPAS_ALL_PRESETS=1 captures every preset.
+# Capturing them took 7 of the suite's minutes; TAPAS_FULL_MATRIX=1 captures every preset.
 _SAME_BLOCKS_AS_A_SMALLER = re.compile(
     r"resnet\d+-(10k|100k|250k|400k)|resnet(101|152)-1k|t5-large-depth\d+|"
     r"t5-large-masked-depth(12|24|48)|moe-(1\.3b|2\.4b)(-tapas)?|t5-large-tapas|bert-large|"
@@ -368,7 +368,7 @@ _SAME_BLOCKS_AS_A_SMALLER = re.compile(
 
 def _capture_presets() -> list[str]:
     from tapas import models
-    if os.environ.get("TAPAS_ALL_PRESETS"):
+    if matrix.full():
         return models.names()
     return [n for n in models.names() if not _SAME_BLOCKS_AS_A_SMALLER.fullmatch(n)]
 
@@ -377,7 +377,7 @@ def _capture_presets() -> list[str]:
 def test_every_zoo_preset_captures_with_every_weight(name):
     """Issue 2: capture works on every zoo preset, every weight accounted for (batch 1,
     zero-initialised weights: the structure is what capture reads). CI captures one preset
-    per block structure (above); ``TAPAS_ALL_PRESETS=1 bash scripts/test.sh -k
+    per block structure (above); ``bash scripts/test_full.sh -k
     every_zoo_preset`` captures all of them."""
     import gc
     from tapas import models

@@ -57,18 +57,19 @@ def test_models_lists_the_zoo():
 
 
 def test_unknown_command_and_model_are_usage_errors():
-    proc = run_tapas("frobnicate", check=False)
-    assert proc.returncode != 0 and "usage: tapas" in proc.stderr
-    proc = run_tapas("inspect", "--model=t5-lage", check=False)
-    assert proc.returncode != 0 and "t5-large" in proc.stderr
-    proc = run_tapas("inspect", "--model=/no/such/model.keras", check=False)
-    assert proc.returncode != 0 and "no such file" in proc.stderr
-    proc = run_tapas("train", "--model=/no/such/model.keras", "--devices=1", check=False)
-    assert proc.returncode != 0 and "no such file" in proc.stderr
+    # refused before any work: one process runs them all (command.run_tapas_each)
+    unknown, typo, missing, missing_train, workers = command.run_tapas_each(
+        ["frobnicate"], ["inspect", "--model=t5-lage"],
+        ["inspect", "--model=/no/such/model.keras"],
+        ["train", "--model=/no/such/model.keras", "--devices=1"],
+        ["train", "--model=t5-lage", "--workers=2"])
+    assert unknown.returncode != 0 and "usage: tapas" in unknown.stderr
+    assert typo.returncode != 0 and "t5-large" in typo.stderr
+    assert missing.returncode != 0 and "no such file" in missing.stderr
+    assert missing_train.returncode != 0 and "no such file" in missing_train.stderr
     # with --workers: refused before any worker is launched, not once per worker
-    proc = run_tapas("train", "--model=t5-lage", "--workers=2", check=False)
-    assert proc.returncode != 0 and "t5-large" in proc.stderr, proc.stderr[-2000:]
-    assert "launching" not in proc.stdout and "worker 1" not in proc.stderr
+    assert workers.returncode != 0 and "t5-large" in workers.stderr, workers.stderr[-2000:]
+    assert "launching" not in workers.stdout and "worker 1" not in workers.stderr
     from tapas.execution import train
     with pytest.raises(train.TrainError, match="no such file"):
         train.train(train.TrainOptions(model="/no/such/model.keras", workers=2))
@@ -127,26 +128,32 @@ def test_search_prints_layer_table_references_timings_and_writes_strategy(tmp_pa
 
 
 def test_each_command_help_lists_its_own_flags_and_exits_0():
-    proc = run_tapas("train", "--help")
-    out = proc.stdout
+    train, search, inspect, overview, unknown, bare = command.run_tapas_each(
+        ["train", "--help"], ["search", "--help"], ["inspect", "--help"], ["--help"],
+        ["frobnicate", "--help"], [])
+    out = train.stdout
+    assert train.returncode == 0
     for flag in ("--devices=<int>", "--steps=<int>", "--strategy=<string>", "--[no]resume",
                  "--optimizer=<string>", "--checkpoint_dir=<string>"):
         assert flag in out, flag
     assert "--top=" not in out and "--graph_out=" not in out and "--nodes=" not in out
     assert "continue from the newest whole checkpoint" in out   # the flag's help text
-    out = run_tapas("search", "--help").stdout
+    out = search.stdout
     assert "--nodes=<int>" in out and "--devices_per_node=<int>" in out
     assert "--steps=" not in out and "--checkpoint_dir=" not in out
-    out = run_tapas("inspect", "--help").stdout
+    out = inspect.stdout
     assert "--top=<int>  (default: 10)" in out and "--graph_out=<string>" in out
     # every flag a command lists is one absl defines (no stale names)
-    for command in cli.COMMANDS:
-        text = cli.command_help(command)
-        assert text.count("\n  --") == len(cli._MODULES[command].FLAG_NAMES)
-    out = run_tapas("--help").stdout
+    for name in cli.COMMANDS:
+        text = cli.command_help(name)
+        assert text.count("\n  --") == len(cli._MODULES[name].FLAG_NAMES)
+    out = overview.stdout
+    assert overview.returncode == 0
     assert all(f"  {c}" in out for c in cli.COMMANDS) and "tapas COMMAND --help" in out
-    proc = run_tapas("frobnicate", "--help", check=False)
-    assert proc.returncode == 1 and "unknown command 'frobnicate'" in proc.stderr
+    assert unknown.returncode == 1 and "unknown command 'frobnicate'" in unknown.stderr
+    # bare: points at the help that exists
+    assert bare.returncode == 1 and "`tapas COMMAND --help` lists a command's flags" in \
+        bare.stderr
     proc = run_tapas(check=False)   # bare: points at the help that exists
     assert proc.returncode == 1 and "`tapas COMMAND --help` lists a command's flags" in \
         proc.stderr

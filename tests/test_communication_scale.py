@@ -289,16 +289,16 @@ def test_search_command_takes_a_communication_scale(tmp_path) -> None:
     assert cal["plan"] == "data-parallel" and cal["pairs"] == 10 and cal["num_devices"] == 4
     assert r["communication_scale"] == cal["communication_scale"]
     assert r["activation_communication_scale"] == cal["activation_communication_scale"]
-    for flags, words in (
-            (["--cluster=v100", "--communication_scale=measure"],
-             "is a preset, not this machine"),
-            ([f"--cluster={EPYC}", "--communication_scale=fast"], "is not a number"),
-            ([f"--cluster={EPYC}", "--communication_scale=0"], "must be a finite number"),
-            (["--mesh=2x2", "--communication_scale=measure"],
-             "with --meshes/--mesh is not supported")):
-        bad = command.run_tapas("search", "--model=t5-tiny", *flags)
-        assert bad.returncode != 0 and words in bad.stdout + bad.stderr, (flags, bad.stdout)
-        assert "measuring the model's" not in bad.stdout
+    refusals = ((["--cluster=v100", "--communication_scale=measure"],
+                 "is a preset, not this machine"),
+                ([f"--cluster={EPYC}", "--communication_scale=fast"], "is not a number"),
+                ([f"--cluster={EPYC}", "--communication_scale=0"], "must be a finite number"),
+                (["--mesh=2x2", "--communication_scale=measure"],
+                 "with --meshes/--mesh is not supported"))
+    bad = command.run_tapas_each(*(["search", "--model=t5-tiny", *f] for f, _ in refusals))
+    for (flags, words), proc in zip(refusals, bad):
+        assert proc.returncode != 0 and words in proc.stdout + proc.stderr, (flags, proc.stdout)
+        assert "measuring the model's" not in proc.stdout
 
 
 
@@ -318,14 +318,16 @@ def test_train_command_takes_a_communication_scale(tmp_path) -> None:
     r = json.loads(report.read_text())
     assert r["communication_calibration"]["plan"] == "data-parallel"
     assert r["communication_scale"] == r["communication_calibration"]["communication_scale"]
-    for flags, words in (
-            (["--devices=2", "--strategy=random:0", "--communication_scale=0.5"],
-             "--strategy=random:0 skips it"),
-            (["--devices=4", "--mesh=2x2", "--communication_scale=0.5"],
-             "with --mesh=2x2 is not supported"),
-            (["--workers=2", f"--cluster={EPYC}", "--communication_scale=measure"],
-             "which worker processes cannot"),
-            (["--devices=4", "--communication_scale=measure"], "is a preset, not this machine")):
-        bad = command.run_tapas("train", "--model=t5-tiny", "--steps=1", *flags)
-        assert bad.returncode != 0 and words in bad.stdout + bad.stderr, (flags, bad.stdout)
-        assert "measuring the model's" not in bad.stdout and "launching" not in bad.stdout
+    refusals = ((["--devices=2", "--strategy=random:0", "--communication_scale=0.5"],
+                 "--strategy=random:0 skips it"),
+                (["--devices=4", "--mesh=2x2", "--communication_scale=0.5"],
+                 "with --mesh=2x2 is not supported"),
+                (["--workers=2", f"--cluster={EPYC}", "--communication_scale=measure"],
+                 "which worker processes cannot"),
+                (["--devices=4", "--communication_scale=measure"],
+                 "is a preset, not this machine"))
+    bad = command.run_tapas_each(*(["train", "--model=t5-tiny", "--steps=1", *f]
+                                   for f, _ in refusals))
+    for (flags, words), proc in zip(refusals, bad):
+        assert proc.returncode != 0 and words in proc.stdout + proc.stderr, (flags, proc.stdout)
+        assert "measuring the model's" not in proc.stdout and "launching" not in proc.stdout

@@ -194,18 +194,15 @@ def test_search_command_takes_a_compute_scale(tmp_path) -> None:
                               "--compute_scale=2.5", f"--json_out={report}")
     assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
     assert json.loads(report.read_text())["compute_scale"] == 2.5
-    for value, words in (("0", "compute_scale=0.0: must be a finite number > 0"),
-                         ("fast", "--compute_scale=fast")):
-        bad = command.run_tapas("search", "--model=t5-tiny", f"--cluster={cluster}",
-                                f"--compute_scale={value}")
-        assert bad.returncode != 0 and words in bad.stdout + bad.stderr
-    mesh = command.run_tapas("search", "--model=t5-tiny", "--mesh=2x2", "--compute_scale=2")
-    assert mesh.returncode != 0 and "with --meshes/--mesh is not supported" in (
-        mesh.stdout + mesh.stderr)
-    preset = command.run_tapas("search", "--model=t5-tiny", "--cluster=v100",
-                               "--compute_scale=measure")
-    assert preset.returncode != 0
-    assert "is a preset, not this machine" in preset.stdout + preset.stderr
+    refusals = (
+        ((f"--cluster={cluster}", "--compute_scale=0"),
+         "compute_scale=0.0: must be a finite number > 0"),
+        ((f"--cluster={cluster}", "--compute_scale=fast"), "--compute_scale=fast"),
+        (("--mesh=2x2", "--compute_scale=2"), "with --meshes/--mesh is not supported"),
+        (("--cluster=v100", "--compute_scale=measure"), "is a preset, not this machine"))
+    bad = command.run_tapas_each(*(["search", "--model=t5-tiny", *a] for a, _ in refusals))
+    for (args, words), proc in zip(refusals, bad):
+        assert proc.returncode != 0 and words in proc.stdout + proc.stderr, args
 
 
 def test_search_command_takes_an_elementwise_scale(tmp_path) -> None:
@@ -233,18 +230,19 @@ def test_search_command_takes_an_elementwise_scale(tmp_path) -> None:
     assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
     assert "measuring" not in given.stdout
     assert json.loads(report.read_text())["elementwise_scale"] == 3.0
-    for args, words in (([f"--cluster={cluster}", "--elementwise_scale=0"],
-                         "elementwise_scale=0.0: must be a finite number > 0"),
-                        ([f"--cluster={cluster}", "--elementwise_scale=fast"],
-                         "--elementwise_scale=fast"),
-                        (["--mesh=2x2", "--elementwise_scale=2"],
-                         "with --meshes/--mesh is not supported"),
-                        (["--cluster=v100", "--elementwise_scale=measure"],
-                         "is a preset, not this machine")):
-        bad = command.run_tapas("search", "--model=t5-tiny", *args)
-        assert bad.returncode != 0 and words in bad.stdout + bad.stderr, args
-    train = command.run_tapas("train", "--model=t5-tiny", "--devices=2", "--steps=1",
-                              "--elementwise_scale=2")
+    refusals = (([f"--cluster={cluster}", "--elementwise_scale=0"],
+                 "elementwise_scale=0.0: must be a finite number > 0"),
+                ([f"--cluster={cluster}", "--elementwise_scale=fast"],
+                 "--elementwise_scale=fast"),
+                (["--mesh=2x2", "--elementwise_scale=2"],
+                 "with --meshes/--mesh is not supported"),
+                (["--cluster=v100", "--elementwise_scale=measure"],
+                 "is a preset, not this machine"))
+    *bad, train = command.run_tapas_each(
+        *(["search", "--model=t5-tiny", *args] for args, _ in refusals),
+        ["train", "--model=t5-tiny", "--devices=2", "--steps=1", "--elementwise_scale=2"])
+    for (args, words), proc in zip(refusals, bad):
+        assert proc.returncode != 0 and words in proc.stdout + proc.stderr, args
     assert train.returncode != 0
     assert "prices `tapas search` only" in train.stdout + train.stderr
 
@@ -269,21 +267,20 @@ def test_train_command_measures_the_factor_before_its_search(tmp_path) -> None:
     r = json.loads(report.read_text())
     assert r["compute_calibration"]["batches"][0] == 4 * r["compute_calibration"]["batches"][1]
     assert r["compute_scale"] == r["compute_calibration"]["compute_scale"] > 0
-    refused = command.run_tapas("train", "--model=t5-tiny", "--devices=2", "--steps=1",
-                                "--strategy=random:0", "--compute_scale=2")
+    refused, nan, early, both = command.run_tapas_each(
+        ["train", "--model=t5-tiny", "--devices=2", "--steps=1", "--strategy=random:0",
+         "--compute_scale=2"],
+        ["train", "--model=t5-tiny", "--devices=2", "--steps=1", "--compute_scale=many"],
+        ["train", "--model=t5-tiny", "--workers=2", "--steps=1", "--compute_scale=measure"],
+        ["train", "--model=t5-tiny", "--workers=2", "--steps=1", "--strategy=random:0",
+         "--compute_scale=2"])
     assert refused.returncode != 0
     assert "--strategy=random:0 skips it" in refused.stdout + refused.stderr
-    nan = command.run_tapas("train", "--model=t5-tiny", "--devices=2", "--steps=1",
-                            "--compute_scale=many")
     assert nan.returncode != 0 and "'many' is not a number" in nan.stdout + nan.stderr
     # across worker processes the value is checked before any worker is launched
-    early = command.run_tapas("train", "--model=t5-tiny", "--workers=2", "--steps=1",
-                              "--compute_scale=measure")
     assert early.returncode != 0
     assert "is a preset, not this machine" in early.stdout + early.stderr
     assert "launching 2 workers" not in early.stdout
-    both = command.run_tapas("train", "--model=t5-tiny", "--workers=2", "--steps=1",
-                             "--strategy=random:0", "--compute_scale=2")
     assert both.returncode != 0 and "--strategy=random:0 skips it" in both.stdout + both.stderr
     assert "launching 2 workers" not in both.stdout
 

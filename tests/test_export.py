@@ -26,7 +26,7 @@ from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions
 from tapas.planning.search import search
 from tapas.sharding.losses import LossSpec
-from tests.command import run_tapas
+from tests.command import run_tapas, run_tapas_each
 
 DEVICES = [f"cpu:{i}" for i in range(8)]
 SPLIT = {"up/kernel": (None, "model"), "up/bias": ("model",), "down/kernel": ("model", None)}
@@ -228,18 +228,20 @@ def test_cli_exports_and_costs_an_edited_layout(saved, tmp_path):
 
 
 def test_cli_help_and_bad_flags(tmp_path):
-    r = run_tapas("export", "--help")
-    assert r.returncode == 0 and "--pin_from" in r.stdout and "--format" in r.stdout
-    r = run_tapas("export", "--model=bert-tiny", "--out=layout.txt")
-    assert r.returncode == 1 and "end the path with one of them" in r.stderr
-    r = run_tapas("export", "--model=bert-tiny", f"--out={tmp_path}/l.json",
-                  f"--strategy={tmp_path}/none.json")
-    assert r.returncode == 1 and "--strategy=" in r.stderr and "no such file" in r.stderr
-    r = run_tapas("export", "--model=bert-tiny")
-    assert r.returncode == 1 and "--out is required" in r.stderr
-    r = run_tapas("export", "--model=bert-tiny", f"--out={tmp_path}/l.json", "--mesh=2x4",
-                  "--devices_per_node=4")
-    assert r.returncode == 1 and "--mesh=2x4 has 8 devices, the cluster 4" in r.stderr
+    helped, txt, missing, no_out, mesh = run_tapas_each(
+        ["export", "--help"], ["export", "--model=bert-tiny", "--out=layout.txt"],
+        ["export", "--model=bert-tiny", f"--out={tmp_path}/l.json",
+         f"--strategy={tmp_path}/none.json"],
+        ["export", "--model=bert-tiny"],
+        ["export", "--model=bert-tiny", f"--out={tmp_path}/l.json", "--mesh=2x4",
+         "--devices_per_node=4"])
+    assert helped.returncode == 0 and "--pin_from" in helped.stdout and "--format" in \
+        helped.stdout
+    assert txt.returncode == 1 and "end the path with one of them" in txt.stderr
+    assert missing.returncode == 1 and "--strategy=" in missing.stderr and \
+        "no such file" in missing.stderr
+    assert no_out.returncode == 1 and "--out is required" in no_out.stderr
+    assert mesh.returncode == 1 and "--mesh=2x4 has 8 devices, the cluster 4" in mesh.stderr
 
 
 # ---- reading a compiled program's collectives (scripts/layoutmap_check.py; no JAX here) ----

@@ -230,23 +230,26 @@ def test_search_command_takes_kernel_times(tmp_path) -> None:
                                 timeout=400)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert json.loads(report.read_text())["kernel_times"]["seconds"] == dict(times.seconds)
-    refused = command.run_tapas("train", "--model=t5-tiny", "--devices=2", "--steps=1",
-                                "--strategy=random:0", f"--kernel_times={saved}")
-    assert refused.returncode != 0
-    assert "--strategy=random:0 skips it" in refused.stdout + refused.stderr
     two = tmp_path / "two.json"
     KernelTimes(dict(times.seconds), 2).save(str(two))
-    for flags, words in (
+    refusals = (
             (["--cluster=v100", "--kernel_times=measure"], "is a preset, not this machine"),
             (["--cluster=v100", f"--kernel_times={saved}"], "is a preset, not this machine"),
             ([f"--cluster={cluster}", "--kernel_times=no/such.json"], "no such file"),
             ([f"--cluster={cluster}", f"--kernel_times={two}"],
              "timed on 2 devices, the cluster has 4"),
             (["--mesh=2x2", "--kernel_times=measure"],
-             "with --meshes/--mesh is not supported")):
-        bad = command.run_tapas("search", "--model=t5-tiny", *flags)
-        assert bad.returncode != 0 and words in bad.stdout + bad.stderr, (flags, bad.stdout)
-        assert "timing the" not in bad.stdout
+             "with --meshes/--mesh is not supported"))
+    # refused before any work: one process runs them all
+    refused, *bad = command.run_tapas_each(
+        ["train", "--model=t5-tiny", "--devices=2", "--steps=1", "--strategy=random:0",
+         f"--kernel_times={saved}"],
+        *(["search", "--model=t5-tiny", *flags] for flags, _ in refusals))
+    assert refused.returncode != 0
+    assert "--strategy=random:0 skips it" in refused.stdout + refused.stderr
+    for (flags, words), proc in zip(refusals, bad):
+        assert proc.returncode != 0 and words in proc.stdout + proc.stderr, (flags, proc.stdout)
+        assert "timing the" not in proc.stdout
 
 
 def test_the_pure_modules_run_their_examples_and_import_no_tensorflow() -> None:

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 import pytest
-from command import run_tapas  # tests/command.py
+from command import run_tapas, run_tapas_each  # tests/command.py
 
 from tapas.ir import Graph
 from tapas.planning import mesh as M
@@ -200,12 +200,12 @@ def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
     assert report["workers"] == 2 and report["devices"] == 4
     assert report["audit"]["matches"] and report["audit"]["measured"], report["audit"]
     assert report["mesh"]["matches"] and report["mesh"]["ep_all_to_alls"] == 4
-    alone = run_tapas("train", "--model=t5-tiny", "--devices=4", "--devices_per_worker=2")
+    alone, bad, rows = run_tapas_each(
+        ["train", "--model=t5-tiny", "--devices=4", "--devices_per_worker=2"],
+        ["train", "--model=t5-tiny", "--devices=4", "--mesh=3x2"],
+        ["train", "--model=t5-tiny", "--devices=4", "--batch_size=2", "--mesh=4x1"])
     assert alone.returncode == 1 and "--devices_per_worker=2: it sets the devices of each " \
         "process of --workers=K" in alone.stderr, alone.stderr[-2000:]
-    bad = run_tapas("train", "--model=t5-tiny", "--devices=4", "--mesh=3x2")
     assert bad.returncode == 1 and "--mesh=3x2 has 6 devices but the run has 4" in bad.stderr
-    rows = run_tapas("train", "--model=t5-tiny", "--devices=4", "--batch_size=2",
-                     "--mesh=4x1")
     assert rows.returncode == 1, rows.stderr[-2000:]
     assert "does not split into 4 mesh rows" in rows.stderr and "[2, 16]" in rows.stderr

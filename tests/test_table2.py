@@ -11,6 +11,7 @@ import statistics
 import subprocess
 import sys
 
+import matrix  # tests/matrix.py
 import pytest
 
 from tapas.planning import ranking
@@ -92,20 +93,24 @@ def test_ranking_module_imports_no_tensorflow() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+#: Table 2's script end to end: a zoo preset in CI; with TAPAS_FULL_MATRIX=1 also a
+#: keras.applications model (tapas.models.corpus) whose kernels are convolutions
+TABLE2_MODELS = matrix.pick(("t5-tiny",), ("t5-tiny", "keras-mobilenet"))
+
+
 def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
-    """A zoo preset and a keras.applications model (tapas.models.corpus), each model's
-    plans built first and timed round-robin (a plan far slower than the fastest dropped
-    after --drop_after rounds; the first plan built twice); then --recost reproduces the
-    table."""
+    """TABLE2_MODELS, each model's plans built first and timed round-robin (a plan far
+    slower than the fastest dropped after --drop_after rounds; the first plan built twice);
+    then --recost reproduces the table."""
     out = tmp_path / "t2"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"),
-         "--models=t5-tiny,keras-mobilenet", "--top_k=1", "--steps=2", "--repeats=1",
+         "--models=" + ",".join(TABLE2_MODELS), "--top_k=1", "--steps=2", "--repeats=1",
          "--batch_size=8", "--rounds=3", "--drop_after=2",
          f"--out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[t5-tiny 1/" in proc.stdout and "[keras-mobilenet 1/" in proc.stdout
+    assert all(f"[{model} 1/" in proc.stdout for model in TABLE2_MODELS)
     d = json.loads((out / "table2.json").read_text())
     assert set(d["table"]) == {"baseline", "+CF", "+CF+GO", "+CF+GO+EC", "+CF+GO+EC+WR",
                                "+CF+GO+EC+WR+L", "+CF+GO+EC+WR+L+MB",
@@ -116,11 +121,11 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                                "+CF+GO+EC+WR+L+MB+W+K+CS+CA+E"}
     assert d["interleave"] is True and d["rounds"] == 3
     # the first plan of each model built twice and timed in the same rounds
-    assert set(d["twins"]) == {"t5-tiny", "keras-mobilenet"}
+    assert set(d["twins"]) == set(TABLE2_MODELS)
     assert "one plan built twice, per model: median gap" in proc.stdout
     # each model's kernels were timed first: every contraction and convolution of its
     # patterns at their local shapes, and the search pricing them adds its top plans (K#1)
-    assert set(d["kernel_times"]) == {"t5-tiny", "keras-mobilenet"}
+    assert set(d["kernel_times"]) == set(TABLE2_MODELS)
     for model, k in d["kernel_times"].items():
         assert k["num_devices"] == 4 and len(k["seconds"]) >= 4 and not k["failed"]
         assert {json.loads(key)["op"] for key in k["seconds"]} >= (
@@ -131,7 +136,7 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
         assert any(name.startswith("K#") for r in d["runs"] if r["model"] == model
                    for name in r["plan"].split("/"))
     # each model's compute factor was measured first (the replicated step at 8 and 2)
-    assert set(d["calibrations"]) == {"t5-tiny", "keras-mobilenet"}
+    assert set(d["calibrations"]) == set(TABLE2_MODELS)
     for model, cal in d["calibrations"].items():
         assert cal["batches"] == [8, 2] and cal["pairs"] == 2 and min(cal["measured_s"]) > 0
         assert f"[{model}] replicated step on 4 devices: batch 8" in proc.stdout
@@ -146,7 +151,7 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                 assert (mc > w) == (cal["compute_scale"] > 1.0)
     # ... and its communication factor (its data-parallel plan with and without its
     # collectives), which scales every collective of the row +CS
-    assert set(d["communication_calibrations"]) == {"t5-tiny", "keras-mobilenet"}
+    assert set(d["communication_calibrations"]) == set(TABLE2_MODELS)
     for model, cal in d["communication_calibrations"].items():
         assert cal["plan"] == "data-parallel" and cal["pairs"] == 2 and cal["collectives"] > 0
         assert "batch" in cal["patterns"] and min(cal["measured_s"]) > 0
@@ -215,7 +220,7 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
                 - rep[0]["predicted_s"]["+CF+GO+EC+WR+L+MB+W+K+CS+CA"]) == pytest.approx(
                     (e - 1) * el_b)
         assert any(name.startswith("E#") for r in runs for name in r["plan"].split("/"))
-    for model in ("t5-tiny", "keras-mobilenet"):
+    for model in TABLE2_MODELS:
         runs = [r for r in d["runs"] if r["model"] == model]
         assert not [r for r in runs if "error" in r], runs
         assert len(runs) >= 2      # the top plan and data parallel / replicate, merged
@@ -252,8 +257,8 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
         ranks = list(t["ranks"].values())
         taus = [x for x in t["taus"].values() if x is not None]
         assert t["tau"] == (pytest.approx(sum(taus) / len(taus)) if taus else None)
-        assert t["acc@1"] == pytest.approx(sum(r == 1 for r in ranks) / 2)
-        assert t["mrr"] == pytest.approx(sum(1 / r for r in ranks) / 2)
+        assert t["acc@1"] == pytest.approx(sum(r == 1 for r in ranks) / len(TABLE2_MODELS))
+        assert t["mrr"] == pytest.approx(sum(1 / r for r in ranks) / len(TABLE2_MODELS))
         assert (out / f"table2_scatter_{row.strip('+').replace('+', '_')}.png").stat().st_size \
             > 1000
     # --recost: the same runs re-costed without measuring again give the same table
@@ -292,6 +297,7 @@ def test_table2_script_on_a_tiny_slice(tmp_path: pathlib.Path) -> None:
     assert r3["table"]["+CF+GO+EC+WR+L+MB+W"] == d["table"]["+CF+GO+EC+WR+L+MB+W"]
 
 
+@matrix.only_in_full_matrix   # the interleaved timing above runs the same script
 def test_table2_script_one_plan_after_another(tmp_path: pathlib.Path) -> None:
     """--nointerleave: each plan built and timed in turn, every step paired with a step of
     the replicated plan kept built beside it (the earlier runs' method)."""
@@ -321,10 +327,23 @@ def test_table2_script_one_plan_after_another(tmp_path: pathlib.Path) -> None:
         strict_ties=True) >= row["ranks"]["t5-tiny"]
 
 
+def test_table2_script_refuses_a_cluster_of_another_size(tmp_path: pathlib.Path) -> None:
+    """--workers=2 with a cluster file of 4 devices is refused naming the command that makes
+    the right one."""
+    wrong = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--workers=2",
+         "--cluster=benchmarks/results/cluster_cpu4.json", "--models=moe-tiny",
+         f"--out={tmp_path / 'x'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode != 0
+    assert "has 4 devices but the run has 2" in wrong.stdout + wrong.stderr
+    assert "tapas profile --workers=2" in wrong.stdout + wrong.stderr
+
+
+@matrix.only_in_full_matrix   # worker processes train and verify in tests/test_runtime.py
 def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     """--workers=2: the second cluster, two MultiWorkerMirroredStrategy processes on
-    127.0.0.1 costed with a `tapas profile --workers=2` file; worker 0 writes the table; a
-    cluster file of the wrong size is refused naming the command that makes the right one."""
+    127.0.0.1 costed with a `tapas profile --workers=2` file; worker 0 writes the table."""
     out = tmp_path / "t2w"
     cluster = ROOT / "benchmarks" / "results" / "cluster_workers2.json"
     proc = subprocess.run(
@@ -345,14 +364,6 @@ def test_table2_script_on_worker_processes(tmp_path: pathlib.Path) -> None:
     # timed round-robin; no plan dropped (each worker would decide on its own timings)
     assert all(r["rounds"] == len(r["times_s"]) == 2 and r["paired_s"] > 0 for r in runs)
     assert set(d["table"]["+CF+GO+EC"]["ranks"]) == {"moe-tiny"}
-    wrong = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "table2_cost_model.py"), "--workers=2",
-         "--cluster=benchmarks/results/cluster_cpu4.json", "--models=moe-tiny",
-         f"--out={tmp_path / 'x'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert wrong.returncode != 0
-    assert "has 4 devices but the run has 2" in wrong.stdout + wrong.stderr
-    assert "tapas profile --workers=2" in wrong.stdout + wrong.stderr
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -424,6 +435,7 @@ def test_without_communication_takes_the_collectives_out_of_the_step() -> None:
     assert all(float(x) > 0 for x in losses.split()[1:]), losses
 
 
+@matrix.only_in_full_matrix   # its collective-free step: test_without_communication_...
 def test_table2_decompose_sets_measured_parts_beside_the_model(tmp_path: pathlib.Path) -> None:
     """--decompose: every plan also timed without its collectives; its measured compute
     and communication beside the model's, the summary and the two-panel PNG; --recost

@@ -9,14 +9,17 @@ import json
 import keras
 import pytest
 
-from command import run_tapas   # tests/command.py
+from command import run_tapas, run_tapas_each   # tests/command.py
+
+
+# batch 16: at the default 4, batch norm over a handful of values makes the model's own
+# gradients sensitive beyond verify's float32 tolerance (docs/running.md)
+TRAIN = ("train", "--model=resnet-tiny", "--devices=2", "--steps=2", "--batch_size=16",
+         "--strategy=random:1", "--verify")
 
 
 def _train(*flags: str):
-    # batch 16: at the default 4, batch norm over a handful of values makes the model's own
-    # gradients sensitive beyond verify's float32 tolerance (docs/running.md)
-    return run_tapas("train", "--model=resnet-tiny", "--devices=2", "--steps=2",
-                     "--batch_size=16", "--strategy=random:1", "--verify", *flags, timeout=400)
+    return run_tapas(*TRAIN, *flags, timeout=400)
 
 
 def test_default_is_the_compiled_optimizer_and_verifies():
@@ -42,17 +45,18 @@ def test_optimizer_by_name_and_by_config_file(tmp_path):
 
 
 def test_bad_optimizers_are_refused_with_their_cause(tmp_path):
-    proc = _train("--optimizer=nosuch")
-    assert proc.returncode != 0
-    assert "optimizer 'nosuch' is not a Keras optimizer" in proc.stdout + proc.stderr
     broken = tmp_path / "bad.json"
     broken.write_text('{"class_name": "Adam", "config": ')
-    proc = _train(f"--optimizer={broken}")
-    assert proc.returncode != 0
-    assert f"--optimizer={broken}: not valid JSON" in proc.stdout + proc.stderr
-    proc = _train("--optimizer=adafactor")
-    assert proc.returncode != 0
-    assert "Adafactor cannot run on weight shards" in proc.stdout + proc.stderr
+    # refused before any step: one process runs them all (command.run_tapas_each)
+    nosuch, bad_json, adafactor = run_tapas_each(
+        [*TRAIN, "--optimizer=nosuch"], [*TRAIN, f"--optimizer={broken}"],
+        [*TRAIN, "--optimizer=adafactor"], timeout=400)
+    assert nosuch.returncode != 0
+    assert "optimizer 'nosuch' is not a Keras optimizer" in nosuch.stdout + nosuch.stderr
+    assert bad_json.returncode != 0
+    assert f"--optimizer={broken}: not valid JSON" in bad_json.stdout + bad_json.stderr
+    assert adafactor.returncode != 0
+    assert "Adafactor cannot run on weight shards" in adafactor.stdout + adafactor.stderr
 
 
 def test_the_search_counts_the_compiled_optimizers_slots():
