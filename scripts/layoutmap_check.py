@@ -8,22 +8,27 @@ Two phases, two virtual environments (the JAX one is optional, never a dependenc
   #    priced) and export every model's layout (weights and, --outputs=all|split|none,
   #    layer outputs) to out/layoutmap/NAME.json
   python scripts/layoutmap_check.py export
-  # 2. JAX venv (scripts/baselines/setup.sh, plus `pip install keras-hub==0.32.0`), 8 CPU
-  #    devices: train 3 steps on one device, under the exported layout and under
-  #    DataParallel; compare losses (rtol 1e-5), the variables' shardings, the compiled train
-  #    step's collectives with the prediction; time the steps; write
+  # 2. JAX venv (scripts/baselines/setup.sh, plus `pip install keras-hub==0.32.0`): XLA's
+  #    automatic sharding solved for a described TPU topology of 8 chips
+  #    (scripts/layoutmap_autoshard.py: out/layoutmap/NAME.auto.json)
+  .venv-xla/bin/python scripts/layoutmap_autoshard.py
+  # 3. JAX venv, 8 CPU devices: train 3 steps on one device, under the exported layout,
+  #    under DataParallel and under XLA auto-sharding's layouts; compare losses (rtol 1e-5),
+  #    the variables' shardings, the compiled train step's collectives with the prediction;
+  #    time the plans in interleaved rounds (one step of each per round); write
   #    benchmarks/results/layoutmap_check.json
   .venv-xla/bin/python scripts/layoutmap_check.py check
 
-``scripts/layoutmap_check.sh`` runs both. Models: the zoo's t5-small and bert-base widths at
+``scripts/layoutmap_check.sh`` runs all three. Models: the zoo's t5-small and bert-base widths at
 2 layers, sequence 64, vocabulary 8192 (the presets' depth and vocabulary cut so that a step
 runs in seconds on CPU), and keras-hub's BERT, GPT-2 and Llama backbones built from configs
 of the same widths (random weights, nothing downloaded), batch 8.
 
-XLA's automatic sharding is not run here: on the CPU backend jax accepts AUTO shardings but
-does not run the pass (every input comes back replicated, /work/shared/BASELINES.md), and on
-the described TPU topology it compiles but nothing executes, so it has no step time on
-these devices (docs/export.md).
+XLA's automatic sharding does not run on the CPU backend (jax accepts AUTO shardings there
+and returns them replicated, /work/shared/BASELINES.md), so its plan here is the weight and
+input layouts the pass chose for the TPU topology, laid out on the CPU devices with Keras's
+``ModelParallel`` (scripts/layoutmap_autoshard.py); GSPMD propagates everything else.
+A model without a solve file runs without that plan.
 """
 
 from __future__ import annotations
@@ -214,29 +219,27 @@ def compare(ran: list[dict[str, Any]], predicted: list[dict[str, Any]],
             "difference_seconds": sum(d["seconds"] for d in diffs)}
 
 
-def _train(model: Any, inputs: Any, targets: Any, loss: Any, steps: int, timed: int
-           ) -> tuple[list[float], float]:
+def _fit(model: Any, inputs: Any, targets: Any, loss: Any, steps: int) -> tuple[list[float], Any]:
+    """Compile ``model`` (SGD 0.01), train ``steps`` steps; the losses and the function Keras
+    jitted for its train step (to lower it again)."""
     import keras
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss=loss)
+    before = len(_JITTED)
     losses = [float(model.train_on_batch(inputs, targets)) for _ in range(steps)]
-    times = []
-    for _ in range(timed):
-        start = time.perf_counter()
-        model.train_on_batch(inputs, targets)
-        times.append(time.perf_counter() - start)
-    return losses, statistics.median(times)
+    return losses, _JITTED[-1] if len(_JITTED) > before else None
 
 
-def _compiled_step(model: Any, inputs: Any, targets: Any) -> str:
+def _compiled_step(model: Any, jitted: Any, inputs: Any, targets: Any) -> str:
     """The HLO text of the train step Keras compiled for ``model`` (its jitted
-    ``train_step``, lowered with the model's current state and the distributed batch)."""
+    ``train_step``, lowered with the model's current state and the distributed batch; call
+    it in the model's distribution scope)."""
     import keras.src.backend.jax.trainer as trainer
     model.jax_state_sync()
     state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
                                  optimizer_variables=True, metrics_variables=True,
                                  purge_model_variables=False)
     data = trainer._distribute_data((inputs, targets, None))
-    return _JITTED[-1].lower(state, data).compile().as_text()
+    return jitted.lower(state, data).compile().as_text()
 
 
 _JITTED: list[Any] = []
@@ -270,53 +273,170 @@ def _sharding_mismatches(model: Any, layout: Any) -> list[str]:
     return bad
 
 
-def _check_model(name: str, layout: Any, cluster: Any, steps: int, timed: int
-                 ) -> dict[str, Any]:
+def _auto_parallel(auto: Any, devices: Any) -> Any:
+    """XLA auto-sharding's layouts (``layoutmap_autoshard.auto_layout``) as a Keras
+    distribution: ``ModelParallel`` with its weights' LayoutMap, whose ``get_data_layout``
+    gives each input the solver's layout (by shape) instead of a batch split."""
+    import keras
+    from layoutmap_autoshard import layout_export
+
+    class AutoParallel(keras.distribution.ModelParallel):
+        def get_data_layout(self, data_shape: Any) -> Any:
+            axes = auto["data_layouts"].get(tuple(data_shape))
+            if axes is None:
+                raise ValueError(f"no XLA auto-sharding layout for an input of shape "
+                                 f"{tuple(data_shape)} (solved: {list(auto['data_layouts'])})"
+                                 ": re-run scripts/layoutmap_autoshard.py for this model")
+            return keras.distribution.TensorLayout(axes, self.device_mesh)
+
+    export = layout_export("auto", auto["solved"], len(devices))
+    return export, AutoParallel(layout_map=export.to_keras(devices), batch_dim_name="batch")
+
+
+def _plans(layout: Any, auto: Any) -> dict[str, tuple[Any, Any]]:
+    """label -> (distribution or None for one device, the LayoutExport its weights follow)."""
     import jax
     import keras
+    plans = {"single": (None, None),
+             "layoutmap": (keras.distribution.ModelParallel(
+                 layout_map=layout.to_keras(jax.devices()), batch_dim_name="batch"), layout),
+             "data_parallel": (keras.distribution.DataParallel(devices=jax.devices()), None)}
+    if auto is not None:
+        export, distribution = _auto_parallel(auto, jax.devices())
+        plans["xla_auto"] = (distribution, export)
+    return plans
+
+
+def _collective_summary(ran: list[dict[str, Any]]) -> dict[str, Any]:
+    kinds = Counter(r["kind"] for r in ran)
+    return {"count": len(ran), "by_kind": dict(sorted(kinds.items())),
+            "bytes": sum(r["bytes"] for r in ran)}
+
+
+def _auto_row(auto: Any, hlo: str) -> dict[str, Any]:
+    """What XLA auto-sharding chose and what its layouts compiled to, on the TPU topology
+    (the solver's own program) and on the CPU devices (GSPMD's propagation from them)."""
+    solved, cpu = auto["solved"], hlo_collectives(hlo)
+    tpu = solved["tpu_collectives"]
+    common = Counter((c["kind"], c["bytes"]) for c in cpu) & \
+        Counter((c["kind"], c["bytes"]) for c in tpu)
+    return {"weights_split": len(auto["layouts"]), "weights_replicated":
+            len(auto["replicated"]), "data": {k: list(v) if v else None
+                                              for k, v in auto["data"].items()},
+            "unmapped": auto["unmapped"], "solve_compile_s": solved["compile_s"],
+            "memory_budget": solved["memory_budget"], "topology": solved["topology"],
+            "collectives_cpu": _collective_summary(cpu),
+            "collectives_tpu": _collective_summary(tpu),
+            "collectives_cpu_also_in_tpu": sum(common.values())}
+
+
+def _time_rounds(models: dict[str, Any], plans: dict[str, Any], rounds: int
+                 ) -> dict[str, list[float]]:
+    """One train step of each plan per round, the plans interleaved (round-robin), so that
+    the machine's load changes hit every plan alike: label -> seconds per round."""
+    import contextlib
+
+    times: dict[str, list[float]] = {label: [] for label in models}
+    for _ in range(rounds):
+        for label, (model, inputs, targets) in models.items():
+            distribution = plans[label][0]
+            with distribution.scope() if distribution else contextlib.nullcontext():
+                start = time.perf_counter()
+                model.train_on_batch(inputs, targets)
+                times[label].append(time.perf_counter() - start)
+    return times
+
+
+def _ratios(times: dict[str, list[float]]) -> dict[str, float]:
+    """Median over rounds of each round's step-time ratio (exported over the others, XLA
+    auto-sharding over DataParallel)."""
+    pairs = [("layoutmap", "data_parallel"), ("layoutmap", "xla_auto"),
+             ("xla_auto", "data_parallel"), ("layoutmap", "single")]
+    return {f"{a}_over_{b}": statistics.median(x / y for x, y in zip(times[a], times[b]))
+            for a, b in pairs if a in times and b in times}
+
+
+def _check_model(name: str, layout: Any, auto: Any, cluster: Any, steps: int, rounds: int
+                 ) -> dict[str, Any]:
+    """One model's row: every plan built from the same weights, trained ``steps`` steps
+    (losses against one device's), the exported and XLA-auto train steps compiled (their
+    collectives), then timed in ``rounds`` interleaved rounds."""
+    import contextlib
+
+    import keras
     keras.backend.clear_session()
-    model, inputs, targets, loss, _ = build(name)
-    weights = model.get_weights()
-    single, t_single = _train(model, inputs, targets, loss, steps, timed)
-    row: dict[str, Any] = {"model": name, "params": model.count_params(),
-                           "weights_split": len(layout.layouts),
+    weights = build(name)[0].get_weights()
+    row: dict[str, Any] = {"model": name, "weights_split": len(layout.layouts),
                            "weights_replicated": len(layout.replicated),
                            "outputs_pinned": len(layout.outputs),
                            "outputs_split": sum(any(a is not None for a in axes)
-                                                for axes in layout.outputs.values())}
-    unknown = [p for p in layout.weights if p not in {v.path for v in model.weights}]
-    row["layout_paths_missing_from_model"] = unknown
-    runs = {"layoutmap": keras.distribution.ModelParallel(
-        layout_map=layout.to_keras(jax.devices()), batch_dim_name="batch"),
-        "data_parallel": keras.distribution.DataParallel(devices=jax.devices())}
-    row["losses"] = {"single": single}
-    row["step_seconds"] = {"single": t_single}
-    for label, distribution in runs.items():
+                                                for axes in layout.outputs.values()),
+                           "losses": {}, "sharding_mismatches": {}}
+    plans, models, hlo = _plans(layout, auto), {}, {}
+    for label, (distribution, export) in plans.items():
         keras.backend.clear_session()
-        with distribution.scope():
+        with distribution.scope() if distribution else contextlib.nullcontext():
             model, inputs, targets, loss, _ = build(name)
             model.set_weights(weights)
-            if label == "layoutmap":
-                row["sharding_mismatches"] = _sharding_mismatches(model, layout)
-            losses, seconds = _train(model, inputs, targets, loss, steps, timed)
-            if label == "layoutmap":
-                hlo = _compiled_step(model, inputs, targets)
-        row["losses"][label] = losses
-        row["step_seconds"][label] = seconds
+            if export is not None:
+                row["sharding_mismatches"][label] = _sharding_mismatches(model, export)
+            row["losses"][label], jitted = _fit(model, inputs, targets, loss, steps)
+            if export is not None:
+                hlo[label] = _compiled_step(model, jitted, inputs, targets)
+        models[label] = (model, inputs, targets)
+        row["params"] = model.count_params()
+    single = row["losses"]["single"]
+    for label, losses in row["losses"].items():
         row[f"{label}_max_rel_loss_diff"] = max(abs(a - b) / abs(b)
                                                 for a, b in zip(losses, single))
         row[f"{label}_losses_equal"] = all(abs(a - b) <= RTOL * abs(b)
                                            for a, b in zip(losses, single))
-    row["collectives"] = compare(hlo_collectives(hlo), list(layout.predicted), cluster)
-    s = row["step_seconds"]
-    row["ratio_layoutmap_over_data_parallel"] = s["layoutmap"] / s["data_parallel"]
-    row["ratio_layoutmap_over_single"] = s["layoutmap"] / s["single"]
+    unknown = [p for p in layout.weights if p not in {v.path for v in model.weights}]
+    row["layout_paths_missing_from_model"] = unknown
+    row["collectives"] = compare(hlo_collectives(hlo["layoutmap"]), list(layout.predicted),
+                                 cluster)
+    if auto is not None:
+        row["xla_auto"] = _auto_row(auto, hlo["xla_auto"])
+    times = _time_rounds(models, plans, rounds)
+    row["step_seconds_rounds"] = times
+    row["step_seconds"] = {k: statistics.median(v) for k, v in times.items()}
+    row["ratios"] = _ratios(times)
     row["cost_model"] = dict(layout.cost)
     row["unexpressed"] = [u.to_json() for u in layout.unexpressed]
     return row
 
 
-def check(names: list[str], out_dir: str, result: str, steps: int, timed: int) -> None:
+def _load_auto(out_dir: str, name: str) -> Any:
+    """The XLA auto-sharding solve of ``name`` laid out for Keras, or None when
+    ``scripts/layoutmap_autoshard.py`` wrote none (then the row has no such column)."""
+    from layoutmap_autoshard import auto_layout
+    path = os.path.join(out_dir, f"{name}.auto.json")
+    if not os.path.exists(path):
+        print(f"{name}: no {path}: XLA auto-sharding left out (run "
+              "scripts/layoutmap_autoshard.py)", flush=True)
+        return None
+    with open(path) as f:
+        solved = json.load(f)
+    return dict(auto_layout(solved, DEVICES), solved=solved)
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    c, s, r = row["collectives"], row["step_seconds"], row["ratios"]
+    auto = row.get("xla_auto")
+    print(f"{row['model']}: losses equal {row['layoutmap_losses_equal']} (max rel "
+          f"{row['layoutmap_max_rel_loss_diff']:.2e}), shardings off "
+          f"{sum(map(len, row['sharding_mismatches'].values()))}, collectives compiled "
+          f"{c['compiled']} predicted {c['predicted']} matched {c['matched']} (difference "
+          f"{c['difference_seconds'] * 1e3:+.3f} ms); step s " + ", ".join(
+              f"{k} {v:.2f}" for k, v in s.items()) + "; ratios " + ", ".join(
+              f"{k} {v:.2f}" for k, v in r.items())
+          + (f"; XLA auto: losses equal {row['xla_auto_losses_equal']}, "
+             f"{auto['weights_split']} weights split, data {auto['data']}, collectives CPU "
+             f"{auto['collectives_cpu']['count']} TPU {auto['collectives_tpu']['count']}"
+             if auto else ""), flush=True)
+
+
+def check(names: list[str], out_dir: str, result: str, steps: int, rounds: int) -> None:
     import jax
     import keras
 
@@ -331,40 +451,40 @@ def check(names: list[str], out_dir: str, result: str, steps: int, timed: int) -
     rows = []
     for name in names:
         start = time.perf_counter()
-        row = _check_model(name, load_layout(os.path.join(out_dir, f"{name}.json")), cluster,
-                           steps, timed)
+        row = _check_model(name, load_layout(os.path.join(out_dir, f"{name}.json")),
+                           _load_auto(out_dir, name), cluster, steps, rounds)
         row["check_seconds"] = time.perf_counter() - start
         rows.append(row)
-        c = row["collectives"]
-        print(f"{name}: losses equal {row['layoutmap_losses_equal']} (max rel "
-              f"{row['layoutmap_max_rel_loss_diff']:.2e}), shardings off "
-              f"{len(row['sharding_mismatches'])}, collectives compiled {c['compiled']} "
-              f"predicted {c['predicted']} matched {c['matched']} (difference "
-              f"{c['difference_seconds'] * 1e3:+.3f} ms), step layoutmap "
-              f"{row['step_seconds']['layoutmap'] * 1e3:.1f} ms, data parallel "
-              f"{row['step_seconds']['data_parallel'] * 1e3:.1f} ms, one device "
-              f"{row['step_seconds']['single'] * 1e3:.1f} ms", flush=True)
+        _print_row(row)
     _table(rows)
+    previous = {}
+    if os.path.exists(result):
+        with open(result) as f:
+            previous = json.load(f).get("other_runs", {})
     with open(result, "w") as f:
         json.dump({"jax": jax.__version__, "keras": keras.__version__, "batch": BATCH,
                    "seq": SEQ, "vocab": VOCAB, "devices": DEVICES, "cluster": CLUSTER,
-                   "steps": steps, "timed_steps": timed, "rtol": RTOL, "models": rows},
-                  f, indent=1)
+                   "steps": steps, "rounds": rounds, "rtol": RTOL, "models": rows,
+                   "other_runs": previous}, f, indent=1)
     print(f"written {result}")
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
-    print("| model | split / replicated | losses equal (max rel) | collectives compiled / "
-          "predicted / matched | layoutmap ms | DataParallel ms | one device ms | "
-          "layoutmap / DP |")
+    print("| model | losses equal: exported / XLA auto | collectives compiled / predicted / "
+          "matched | XLA auto collectives CPU / TPU | step s: exported / DP / XLA auto / one "
+          "device | exported / DP | exported / XLA auto | XLA auto / DP |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        c, s = r["collectives"], r["step_seconds"]
-        print(f"| {r['model']} | {r['weights_split']} / {r['weights_replicated']} | "
-              f"{r['layoutmap_losses_equal']} ({r['layoutmap_max_rel_loss_diff']:.1e}) | "
-              f"{c['compiled']} / {c['predicted']} / {c['matched']} | "
-              f"{s['layoutmap'] * 1e3:.0f} | {s['data_parallel'] * 1e3:.0f} | "
-              f"{s['single'] * 1e3:.0f} | {r['ratio_layoutmap_over_data_parallel']:.2f} |")
+        c, s, q, a = r["collectives"], r["step_seconds"], r["ratios"], r.get("xla_auto")
+        print(f"| {r['model']} | {r['layoutmap_losses_equal']} / "
+              f"{r.get('xla_auto_losses_equal', '-')} | {c['compiled']} / {c['predicted']} / "
+              f"{c['matched']} | " + (f"{a['collectives_cpu']['count']} / "
+                                      f"{a['collectives_tpu']['count']}" if a else "-")
+              + " | " + " / ".join(f"{s[k]:.2f}" if k in s else "-" for k in
+                                   ("layoutmap", "data_parallel", "xla_auto", "single"))
+              + " | " + " | ".join(f"{q[k]:.2f}" if k in q else "-" for k in
+                                   ("layoutmap_over_data_parallel", "layoutmap_over_xla_auto",
+                                    "xla_auto_over_data_parallel")) + " |")
 
 
 def main() -> None:
@@ -377,13 +497,14 @@ def main() -> None:
     parser.add_argument("--outputs", default="all", choices=["all", "split", "none"],
                         help="layer outputs to pin (export): all, the split ones, none")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--timed", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="timed rounds (check): one step of each plan per round")
     args = parser.parse_args()
     names = [n for n in args.models.split(",") if n]
     if args.phase == "export":
         export(names, args.out_dir, args.outputs)
     else:
-        check(names, args.out_dir, args.result, args.steps, args.timed)
+        check(names, args.out_dir, args.result, args.steps, args.rounds)
 
 
 if __name__ == "__main__":

@@ -246,11 +246,11 @@ def test_cli_help_and_bad_flags(tmp_path):
 
 # ---- reading a compiled program's collectives (scripts/layoutmap_check.py; no JAX here) ----
 
-def _check_script():
+def _check_script(name: str = "layoutmap_check"):
     import importlib.util
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "scripts", "layoutmap_check.py")
-    spec = importlib.util.spec_from_file_location("layoutmap_check", path)
+                        "scripts", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -360,3 +360,35 @@ def test_layers_returning_several_tensors_get_no_output_key():
     paths = layer_paths(model)
     assert "two" not in paths and "c" in paths
     assert layer_paths(["p", "q/r"]) == ["p", "q/r"] and layer_paths(len) == []
+
+
+# ---- XLA auto-sharding's layouts as a Keras layout (scripts/layoutmap_autoshard.py) --------
+
+def test_xla_auto_layouts_become_a_keras_layout():
+    """A solve's shardings (ways per axis, as the TPU compile reports them) laid out on a
+    (1, 8) mesh: a weight split 8 ways on one axis keys that axis on "model", an unsplit one
+    gets no key, each input keeps its own axis (the sequence here), and what a 1-D layout
+    cannot say (a 2 x 4 split, two inputs of one shape split differently, an updated weight
+    returned in another layout) is listed, not silently changed."""
+    script = _check_script("layoutmap_autoshard")
+    w = lambda shape, ways: {"shape": shape, "ways": ways}
+    solved = {"weights": {"up/kernel": w([512, 2048], [1, 8]), "up/bias": w([2048], [8]),
+                          "norm/gamma": w([512], [1]), "odd/kernel": w([64, 64], [2, 4]),
+                          "down/kernel": w([2048, 512], [8, 1])},
+              "updated": {"down/kernel": w([2048, 512], [1, 8])},
+              "inputs": {"tokens": w([8, 64], [1, 8]), "mask": w([8, 64], [8, 1]),
+                         "targets": w([8, 64, 512], [1, 1, 8])}}
+    t = script.auto_layout(solved, 8)
+    assert t["mesh_shape"] == (1, 8)
+    assert t["layouts"] == {"up/kernel": (None, "model"), "up/bias": ("model",),
+                            "down/kernel": ("model", None)}
+    assert t["weights"] == {"up/kernel": "S1", "up/bias": "S0", "down/kernel": "S0"}
+    assert t["replicated"] == ("norm/gamma", "odd/kernel")
+    assert t["data_layouts"] == {(8, 64): (None, "model"),
+                                 (8, 64, 512): (None, None, "model")}
+    assert t["data"]["mask"] == ("model", None)
+    assert set(t["unmapped"]) == {"odd/kernel", "input mask", "updated down/kernel"}
+    assert "2 x 4 ways" in t["unmapped"]["odd/kernel"]
+    layout_map = script.layout_export("m", solved, 8).to_keras(DEVICES)
+    assert tuple(layout_map["up/kernel"].axes) == (None, "model")
+    assert layout_map["norm/gamma"] is None
