@@ -44,6 +44,7 @@ class LaunchError(RuntimeError):
 
     worker: int | None = None
     returncode: int | None = None
+    outputs: dict[int, str] = {}   # every worker's output so far, when one exited non-zero
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +111,7 @@ def launch(argv: Callable[[int], Sequence[str]], num_workers: int, *, timeout_s:
                                         f"{proc.returncode}; the other workers were stopped. "
                                         f"Its output ends:\n{_tail(results[i].output)}")
                     error.worker, error.returncode = i, proc.returncode
+                    error.outputs = {k: _read(log) for k, (_, log, _) in procs.items()}
                     raise error
             if len(results) < len(procs):
                 if time.monotonic() > deadline:
