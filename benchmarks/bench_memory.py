@@ -2,7 +2,7 @@
 
     python benchmarks/bench_memory.py [--model=t5-small] [--workers=1,2,4]
         [--budget_gib=1.8] [--baseline=t5-tiny] [--steps=2] [--json_out=PATH]
-    python benchmarks/bench_memory.py --phases [--model=t5-small] [--steps=3]
+    python benchmarks/bench_memory.py --phases [--tf_peak] [--model=t5-small] [--steps=3]
 
 For each worker count K, ``tapas train --model=MODEL --workers=K --steps=STEPS
 --memory_budget_gib=BUDGET/K`` (the search made to fit the model's training state into K
@@ -14,7 +14,8 @@ overhead (the peak RSS of ``--baseline``, a tiny model, on one worker, minus its
 prediction) plus the model's largest single weight (what materialization holds at once).
 Prints a table and writes JSON (default ``benchmarks/results/bench_memory_<model>.json``).
 ``--phases``: where a worker's memory goes, in one process on one device: the resident set
-after each phase (JSON ``bench_memory_phases_<model>.json``).
+after each phase, with ``--tf_peak`` also the bytes TensorFlow's tensors hold (JSON
+``bench_memory_phases_<model>.json``).
 """
 
 from __future__ import annotations
@@ -74,20 +75,33 @@ def _rss_mib() -> tuple[float, float]:
     return got["VmRSS"], got["VmHWM"]
 
 
-def phases(model: str, budget: float, steps: int) -> list[dict]:
+def phases(model: str, budget: float, steps: int, tf_peak: bool) -> list[dict]:
     """One process, one device: the resident set after each phase of ``tapas train`` (TF
     started, the lazy build, capture, search, the shards, the optimizer slots, each step),
-    sampled by wrapping the functions that do them."""
+    sampled by wrapping the functions that do them. ``tf_peak``: TensorFlow's CPU
+    allocator made a BFC allocator (``TF_CPU_ALLOCATOR_USE_BFC``), whose bytes in use by
+    tensors (now and at their peak) are reported beside the resident set."""
+    if tf_peak:
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"   # before TensorFlow starts
     from tapas.execution import devices
     devices.setup_devices(1)
+    import tensorflow as tf
+
     from tapas import models
     from tapas.execution import materialize, parallel, shards
     rows: list[dict] = []
 
     def mark(name: str) -> None:
         rss, hwm = _rss_mib()
-        rows.append({"phase": name, "rss_mib": round(rss, 1), "peak_mib": round(hwm, 1)})
-        print(f"{name:>24} {rss:>9.1f} {hwm:>9.1f}", flush=True)
+        row = {"phase": name, "rss_mib": round(rss, 1), "peak_mib": round(hwm, 1)}
+        if tf_peak:
+            info = tf.config.experimental.get_memory_info("CPU:0")
+            row.update(tensors_mib=round(info["current"] / MIB, 1),
+                       tensors_peak_mib=round(info["peak"] / MIB, 1))
+        rows.append(row)
+        print(f"{name:>24} {rss:>9.1f} {hwm:>9.1f}" + (
+            f" {row['tensors_mib']:>12.1f} {row['tensors_peak_mib']:>13.1f}" if tf_peak
+            else ""), flush=True)
 
     def wrapped(module: object, name: str) -> None:
         original = getattr(module, name)
@@ -98,7 +112,8 @@ def phases(model: str, budget: float, steps: int) -> list[dict]:
             return out
         setattr(module, name, call)
 
-    print(f"{'phase':>24} {'RSS MiB':>9} {'peak MiB':>9}")
+    print(f"{'phase':>24} {'RSS MiB':>9} {'peak MiB':>9}"
+          + (f" {'tensors MiB':>12} {'tensors peak':>13}" if tf_peak else ""))
     mark("tensorflow started")
     entry = models.get(model)
     keras_model = materialize.build_lazily(lambda: entry.build(seed=0))
@@ -127,14 +142,17 @@ def main() -> None:
     parser.add_argument("--json_out", default=None)
     parser.add_argument("--phases", action="store_true",
                         help="instead: the resident set after each phase, one process")
+    parser.add_argument("--tf_peak", action="store_true",
+                        help="with --phases: TensorFlow's tensor bytes too (BFC allocator)")
     args = parser.parse_args()
     if args.phases:
-        rows = phases(args.model, args.budget_gib, args.steps)
+        rows = phases(args.model, args.budget_gib, args.steps, args.tf_peak)
         out = args.json_out or os.path.join(ROOT, "benchmarks", "results",
                                             f"bench_memory_phases_{args.model}.json")
         with open(out, "w") as f:
             json.dump({"model": args.model, "budget_gib": args.budget_gib, "rows": rows,
-                       "date": datetime.date.today().isoformat()}, f, indent=1)
+                       "tf_peak": args.tf_peak, "date": datetime.date.today().isoformat()},
+                      f, indent=1)
         print(f"wrote {out}")
         return
     base = _train(args.baseline, 1, args.steps, None)["memory"]
