@@ -96,7 +96,9 @@ def launch(argv: Callable[[int], Sequence[str]], num_workers: int, *, timeout_s:
     try:
         for i in start:
             worker_env = {**os.environ, **(env or {}), "TF_CONFIG": tf_config_for(ports, i)}
-            log = tempfile.TemporaryFile(mode="w+")
+            # append mode: reading it while the worker writes (a lost one's peers) never
+            # moves where the worker writes
+            log = tempfile.TemporaryFile(mode="a+")
             proc = subprocess.Popen(list(argv(i)), env=worker_env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=_die_with(os.getpid()))
