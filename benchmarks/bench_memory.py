@@ -2,6 +2,7 @@
 
     python benchmarks/bench_memory.py [--model=t5-small] [--workers=1,2,4]
         [--budget_gib=1.8] [--baseline=t5-tiny] [--steps=2] [--json_out=PATH]
+    python benchmarks/bench_memory.py --phases [--tf_peak] [--model=t5-small] [--steps=3]
 
 For each worker count K, ``tapas train --model=MODEL --workers=K --steps=STEPS
 --memory_budget_gib=BUDGET/K`` (the search made to fit the model's training state into K
@@ -12,6 +13,9 @@ process. The bound each worker should stay within: the prediction plus the runti
 overhead (the peak RSS of ``--baseline``, a tiny model, on one worker, minus its own
 prediction) plus the model's largest single weight (what materialization holds at once).
 Prints a table and writes JSON (default ``benchmarks/results/bench_memory_<model>.json``).
+``--phases``: where a worker's memory goes, in one process on one device: the resident set
+after each phase, with ``--tf_peak`` also the bytes TensorFlow's tensors hold (JSON
+``bench_memory_phases_<model>.json``).
 """
 
 from __future__ import annotations
@@ -61,6 +65,73 @@ def _largest_weight(model: str) -> int:
     return max(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in built.weights)
 
 
+def _rss_mib() -> tuple[float, float]:
+    """(VmRSS, VmHWM) of this process in MiB."""
+    got = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                got[line[:5]] = int(line.split()[1]) / 1024.0
+    return got["VmRSS"], got["VmHWM"]
+
+
+def phases(model: str, budget: float, steps: int, tf_peak: bool) -> list[dict]:
+    """One process, one device: the resident set after each phase of ``tapas train`` (TF
+    started, the lazy build, capture, search, the shards, the optimizer slots, each step),
+    sampled by wrapping the functions that do them. ``tf_peak``: TensorFlow's CPU
+    allocator made a BFC allocator (``TF_CPU_ALLOCATOR_USE_BFC``), whose bytes in use by
+    tensors (now and at their peak) are reported beside the resident set."""
+    if tf_peak:
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"   # before TensorFlow starts
+    from tapas.execution import devices
+    devices.setup_devices(1)
+    import tensorflow as tf
+
+    from tapas import models
+    from tapas.execution import materialize, parallel, shards
+    rows: list[dict] = []
+
+    def mark(name: str) -> None:
+        rss, hwm = _rss_mib()
+        row = {"phase": name, "rss_mib": round(rss, 1), "peak_mib": round(hwm, 1)}
+        if tf_peak:
+            info = tf.config.experimental.get_memory_info("CPU:0")
+            row.update(tensors_mib=round(info["current"] / MIB, 1),
+                       tensors_peak_mib=round(info["peak"] / MIB, 1))
+        rows.append(row)
+        print(f"{name:>24} {rss:>9.1f} {hwm:>9.1f}" + (
+            f" {row['tensors_mib']:>12.1f} {row['tensors_peak_mib']:>13.1f}" if tf_peak
+            else ""), flush=True)
+
+    def wrapped(module: object, name: str) -> None:
+        original = getattr(module, name)
+
+        def call(*args: object, **kwargs: object) -> object:
+            out = original(*args, **kwargs)
+            mark(name.strip("_"))
+            return out
+        setattr(module, name, call)
+
+    print(f"{'phase':>24} {'RSS MiB':>9} {'peak MiB':>9}"
+          + (f" {'tensors MiB':>12} {'tensors peak':>13}" if tf_peak else ""))
+    mark("tensorflow started")
+    entry = models.get(model)
+    keras_model = materialize.build_lazily(lambda: entry.build(seed=0))
+    mark("lazy build")
+    for module, name in ((parallel, "_capture"), (parallel, "_search"),
+                         (shards, "make_shards"), (shards, "make_slots")):
+        wrapped(module, name)
+    xs, y = entry.synthetic_batch(None)
+    pm = parallel.parallelize(keras_model, list(entry.input_spec(None)), devices=1,
+                              optimizer=entry.keras_optimizer(), loss=entry.keras_loss(),
+                              search_options={"memory_budget": budget * 2**30})
+    mark("parallelize")
+    for k in range(steps):
+        pm.train_step(list(xs), y)
+        mark(f"step {k + 1}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="t5-small")
@@ -69,7 +140,21 @@ def main() -> None:
     parser.add_argument("--baseline", default="t5-tiny")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--json_out", default=None)
+    parser.add_argument("--phases", action="store_true",
+                        help="instead: the resident set after each phase, one process")
+    parser.add_argument("--tf_peak", action="store_true",
+                        help="with --phases: TensorFlow's tensor bytes too (BFC allocator)")
     args = parser.parse_args()
+    if args.phases:
+        rows = phases(args.model, args.budget_gib, args.steps, args.tf_peak)
+        out = args.json_out or os.path.join(ROOT, "benchmarks", "results",
+                                            f"bench_memory_phases_{args.model}.json")
+        with open(out, "w") as f:
+            json.dump({"model": args.model, "budget_gib": args.budget_gib, "rows": rows,
+                       "tf_peak": args.tf_peak, "date": datetime.date.today().isoformat()},
+                      f, indent=1)
+        print(f"wrote {out}")
+        return
     base = _train(args.baseline, 1, args.steps, None)["memory"]
     overhead = base["workers"][0]["peak_rss_bytes"] - base["workers"][0]["predicted_bytes"]
     largest = _largest_weight(args.model)
@@ -80,17 +165,21 @@ def main() -> None:
           f"{'bound MiB':>10} {'within':>7} {'seconds':>8}")
     for k in [int(w) for w in args.workers.split(",")]:
         budget = args.budget_gib / k
+        report = None
         for _ in range(4):   # no plan within the budget: 25 % more, said in the JSON
             try:
                 report = _train(args.model, k, args.steps, budget)
                 break
             except RuntimeError as e:
                 if "no strategy fits the memory budget" not in str(e):
-                    raise
+                    error = str(e)[-1500:]   # (e.g. killed for memory): said, and on
+                    break
                 budget *= 1.25
-        else:
-            raise RuntimeError(f"no plan of {args.model} on {k} devices within "
-                               f"{budget:.2f} GiB")
+                error = f"no plan on {k} devices within {budget:.2f} GiB"
+        if report is None:
+            rows.append({"workers": k, "error": error, "budget_gib": budget})
+            print(f"{k:>7} failed: {error[-300:]}")
+            continue
         for w in report["memory"]["workers"]:
             bound = w["predicted_bytes"] + overhead + largest
             row = {"workers": k, "worker": w["worker"], "predicted_bytes": w["predicted_bytes"],

@@ -99,8 +99,8 @@ def check_materialize() -> dict:
     parallelized over the workers, under RLIMIT_DATA = this process's VmData now +
     ``limit_mib`` when given: two SGD steps, then the checkpoint written to ``dir`` (each
     worker its shards; the parent reassembles them and compares them with Keras). With
-    ``restore``: that checkpoint restored under this run's layout (``plan_seed``), then one
-    step."""
+    ``restore``: that checkpoint restored under this run's layout (``plan_seed``; with
+    ``direct``, the shards created from its slices, never initialized), then one step."""
     import resource
 
     from tapas.capturing import capture
@@ -124,7 +124,8 @@ def check_materialize() -> dict:
                                 patterns_fn=_splitting_weights)
     pm = parallel.parallelize(model, spec, plan, distribute_strategy=strategy,
                               optimizer=keras.optimizers.SGD(0.01),
-                              loss=keras.losses.MeanSquaredError())
+                              loss=keras.losses.MeanSquaredError(),
+                              weights_from=JOB.get("restore") if JOB.get("direct") else None)
     stages["sharded"] = _vm_data()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, width)).astype("float32")
@@ -159,7 +160,8 @@ def _reshard_model() -> tuple:
     plan = parallel.random_plan(capture(model, spec), strategy.num_replicas_in_sync,
                                 JOB["seed"], p_shard=1.0, patterns_fn=_splitting_weights)
     pm = parallel.parallelize(model, spec, plan, distribute_strategy=strategy,
-                              optimizer="adam", loss=keras.losses.MeanSquaredError())
+                              optimizer="adam", loss=keras.losses.MeanSquaredError(),
+                              weights_from=JOB["dir"] if JOB.get("direct") else None)
     return pm
 
 
@@ -179,7 +181,8 @@ def check_reshard_save() -> dict:
 
 
 def check_reshard_restore() -> dict:
-    """The checkpoint of ``check_reshard_save`` restored under another layout: the bytes
+    """The checkpoint of ``check_reshard_save`` restored under another layout (with
+    ``direct``, the shards created from it: ``parallelize(weights_from=...)``): the bytes
     this process read, its replicas and layout, and whether every weight and slot equals
     the saved global value."""
     pm = _reshard_model()

@@ -1,11 +1,15 @@
 """``tapas train --workers=K --elastic``: a worker killed mid-epoch, the job restarts by
 itself on the workers that remain from the newest checkpoint (resharded for them, the plan
-drawn again for the new device count) and reaches the requested step count."""
+drawn again for the new device count) and reaches the requested step count; the log and
+the report say which steps are redone, and the weights it resumed with are the
+checkpoint's."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -50,7 +54,15 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=command.ROOT)
     try:
         command.kill_worker_after_first_checkpoint(proc, ck, 150)
+        head = ""   # up to the restart's line, which names the checkpoint it resumes from
+        while "elastic:" not in head and (line := proc.stdout.readline()):
+            head += line
+        resumed = re.search(r"restarting on 2 workers from (\S+) \(step", head)
+        assert resumed, head[-3000:]
+        shutil.copytree(resumed.group(1), tmp_path / "at_resume" / os.path.basename(
+            resumed.group(1)))   # before the restarted job's newer checkpoints replace it
         out, _ = proc.communicate(timeout=240)
+        out = head + out
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -58,11 +70,17 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
     assert proc.returncode == 0, out[-4000:]
     assert "elastic: worker 1 lost (exit code -9); restarting on 2 workers from" in out, out
     report = json.loads(out_json.read_text())
-    assert report["elastic"] == [{"lost_worker": 1, "exit_code": -9, "workers": 2}]
-    assert report["workers"] == 2 and report["step"] == EPOCHS * BATCHES
-    assert len(report["history"]["loss"]) == EPOCHS
     start = int(os.path.basename(report["resumed_from"]).split("-")[1])
     assert 3 <= start < EPOCHS * BATCHES
+    (restart,) = report["elastic"]
+    redone = restart.pop("redone_steps")
+    assert restart == {"lost_worker": 1, "exit_code": -9, "workers": 2, "resumed_step": start}
+    # the log says which steps the lost job had finished after the checkpoint
+    assert redone == list(range(start + 1, start + 1 + len(redone)))
+    assert (f"(step {start}; steps {start + 1} to {redone[-1]}, done before the loss, are "
+            "redone)" if redone else f"(step {start}; no step after it was finished)") in out
+    assert report["workers"] == 2 and report["step"] == EPOCHS * BATCHES
+    assert len(report["history"]["loss"]) == EPOCHS
     assert len(report["losses"]) == EPOCHS * BATCHES - start   # nothing skipped
     # TensorBoard: 3 workers from step 0, 2 (and one restart) from the resume point
     scalars = _scalars(tmp_path / "tb")
@@ -79,3 +97,12 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
     assert sorted(ours) == sorted(theirs)
     for k in ours:
         np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    # the weights at the resume point are the checkpoint's: the checkpoint resumed by one
+    # process on 2 devices (the same plan) ends with the elastic job's weights
+    at = tmp_path / "at_resume"
+    proc = command.run_tapas("train", *common, "--devices=2", f"--checkpoint_dir={at}",
+                             "--resume")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    again = _reassembled(at / os.path.basename(fit.latest_checkpoint(str(at))))
+    for k in ours:
+        np.testing.assert_allclose(ours[k], again[k], rtol=1e-6, atol=1e-7, err_msg=k)

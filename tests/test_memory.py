@@ -195,6 +195,16 @@ def test_workers_under_a_limit_below_the_whole_models_weights_train_and_verify(t
         assert r["how"] == "resharded" and r["step"] == 2, r
         assert r["limit"] - r["stages"]["start"] < weights
         np.testing.assert_allclose(r["loss"], third, rtol=1e-5)
+    # on 2 workers, each holding half the weights: with its shards created from the
+    # checkpoint's slices (never initialized first, parallelize(weights_from=...)) a worker
+    # restores under the same limit (initialized first, it died under it)
+    direct = [_ok(r["materialize"]) for r in run_worker(
+        WORKER, {**job, "plan_seed": 3, "restore": str(tmp_path / "ck"), "direct": True},
+        workers=2, timeout_s=240)]
+    for r in direct:
+        assert r["how"] == "resharded" and r["step"] == 2, r
+        assert r["limit"] - r["stages"]["start"] < weights
+        np.testing.assert_allclose(r["loss"], third, rtol=1e-5)
 
 
 # ---- slice-wise resharding (tapas.execution.reshard) ---------------------------------------
@@ -218,7 +228,8 @@ def _expected_read(old: dict, new: dict) -> int:
 
 def test_a_reshard_restore_reads_only_the_slices_each_process_needs(tmp_path):
     """A checkpoint written on 4 devices (one process, every kernel split, one Adam step),
-    restored by 2 worker processes under another random layout: every weight and slot
+    restored by 2 worker processes under another random layout, into initialized shards
+    and into shards created from the checkpoint (``weights_from``): every weight and slot
     equals the saved value, and each process read exactly the old shards that overlap its
     own shards (half the checkpoint for a weight split on the same axis), less than the
     whole checkpoint."""
@@ -228,6 +239,10 @@ def test_a_reshard_restore_reads_only_the_slices_each_process_needs(tmp_path):
                            )[0]["reshard_save"])
     runs = [_ok(r["reshard_restore"]) for r in
             run_worker(WORKER, {**job, "seed": 2, "checks": ["reshard_restore"]}, workers=2)]
+    # the shards created from the checkpoint's slices (parallelize(weights_from=...)),
+    # never initialized: the same reads, and the same values
+    runs += [_ok(r["reshard_restore"]) for r in run_worker(
+        WORKER, {**job, "seed": 2, "direct": True, "checks": ["reshard_restore"]}, workers=2)]
     whole = sum(4 * int(np.prod(s)) * (1 + (len(runs[0]["slots"]) if p in
                                              runs[0]["trainable"] else 0))
                 for p, s in runs[0]["shapes"].items())

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 
 __all__ = ["CHECKPOINT_META", "MANIFEST", "layout", "save", "restore", "write_manifest",
-           "damage", "prepare_directory", "checkpoint_bytes", "check_space", "agree", "CheckpointWriteError",
+           "damage", "prepare_directory", "shard_keys", "checkpoint_bytes", "check_space", "agree", "CheckpointWriteError",
            "CheckpointDamagedError", "CheckpointDirectoryError"]
 
 CHECKPOINT_META = "tapas-checkpoint.json"
@@ -264,7 +264,8 @@ def restore(rt: Any, path: str) -> str:
             and [w["path"] for w in meta["weights"]] == rt.paths
             and len(meta.get("states", [])) == len(rt.states.paths)
             and os.path.exists(os.path.join(path, f"task{rt.task_id}.index")))
-    if same:
+    if same:   # (shards made from it too: read again, one tensor at a time)
+        rt.weights_source = None
         _checkpoint(rt).read(os.path.join(path, f"task{rt.task_id}")) \
             .assert_existing_objects_matched()
         return "direct"
@@ -272,17 +273,35 @@ def restore(rt: Any, path: str) -> str:
     return "resharded"
 
 
-def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
-    readers = [tf.train.load_checkpoint(os.path.join(path, f[:-len(".index")]))
-               for f in sorted(os.listdir(path)) if f.endswith(".index")]
+def shard_keys(path: str) -> dict[str, Any]:
+    """``{key: reader}`` of every tensor in the per-worker files of checkpoint ``path``."""
     keys: dict[str, Any] = {}
-    for reader in readers:
-        for key in reader.get_variable_to_shape_map():
-            keys[key] = reader
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".index"):
+            reader = tf.train.load_checkpoint(os.path.join(path, f[:-len(".index")]))
+            for key in reader.get_variable_to_shape_map():
+                keys[key] = reader
+    return keys
+
+
+def _made_from(rt: Any, path: str) -> int | None:
+    """The bytes read to create ``rt``'s shards from checkpoint ``path``
+    (``reshard.CheckpointWeights``), or None when they were not made from it."""
+    source = getattr(rt, "weights_source", None)
+    if source is None or os.path.realpath(source.path) != os.path.realpath(path):
+        return None
+    return int(source.read_bytes)
+
+
+def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
+    keys = shard_keys(path)
     n_old = int(meta["num_devices"])   # a mesh row's devices
     from tapas.execution import reshard   # each process reads only the old shards it needs
     same_opt = _same_optimizer(meta, rt)
-    rt.restore_read_bytes = reshard.restore_shards(rt, meta, keys, same_opt, path)
+    made = _made_from(rt, path)   # shards created from this checkpoint: only the rest
+    rt.weights_source = None      # (once: a later restore of it reads the weights again)
+    rt.restore_read_bytes = reshard.restore_shards(rt, meta, keys, same_opt, path,
+                                                   weights=made is None) + (made or 0)
     values = {}
     for k, p in _state_order(rt, meta, path).items():
         key = next((key for r in range(n_old)   # replicated: any replica's copy

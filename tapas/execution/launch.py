@@ -44,6 +44,7 @@ class LaunchError(RuntimeError):
 
     worker: int | None = None
     returncode: int | None = None
+    outputs: dict[int, str] = {}   # every worker's output so far, when one exited non-zero
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,9 @@ def launch(argv: Callable[[int], Sequence[str]], num_workers: int, *, timeout_s:
     try:
         for i in start:
             worker_env = {**os.environ, **(env or {}), "TF_CONFIG": tf_config_for(ports, i)}
-            log = tempfile.TemporaryFile(mode="w+")
+            # append mode: reading it while the worker writes (a lost one's peers) never
+            # moves where the worker writes
+            log = tempfile.TemporaryFile(mode="a+")
             proc = subprocess.Popen(list(argv(i)), env=worker_env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=_die_with(os.getpid()))
@@ -110,6 +113,7 @@ def launch(argv: Callable[[int], Sequence[str]], num_workers: int, *, timeout_s:
                                         f"{proc.returncode}; the other workers were stopped. "
                                         f"Its output ends:\n{_tail(results[i].output)}")
                     error.worker, error.returncode = i, proc.returncode
+                    error.outputs = {k: _read(log) for k, (_, log, _) in procs.items()}
                     raise error
             if len(results) < len(procs):
                 if time.monotonic() > deadline:

@@ -35,6 +35,7 @@ command does)::
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -419,13 +420,45 @@ def _search(graph: Any, n: int, cluster: Cluster | None, search_options: Any,
     return strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
 
 
+def _mesh_rows(mesh: Any, replicas: int) -> tuple[Any, int]:
+    """(the Mesh of ``mesh`` or None, its rows: 1 without one), checked against the
+    strategy's ``replicas``."""
+    if mesh is None:
+        return None, 1
+    from tapas.planning.mesh import Mesh
+    mesh = mesh if isinstance(mesh, Mesh) else Mesh.parse(mesh)
+    if mesh.num_devices != replicas:
+        raise ValueError(f"mesh {mesh} has {mesh.num_devices} devices but the program runs "
+                         f"on {replicas}: choose rows x cols = {replicas}")
+    return mesh, mesh.rows
+
+
+def _weight_source(model: Any, program: Any, weights_from: str | None) -> Any:
+    """Where the runtime's shards come from: the model's values, computed one weight at a
+    time (``materialize.weight_values``), or the slices of checkpoint ``weights_from``
+    (``reshard.CheckpointWeights``: no weight initialized, none held whole unless its
+    layout holds it whole); a directory of checkpoints gives its newest whole one."""
+    if weights_from is None:
+        return materialize.weight_values(model, program.weight_layouts)
+    from tapas.execution import checkpoints, fit_checkpoints, reshard
+    path = weights_from
+    if not os.path.exists(os.path.join(path, checkpoints.CHECKPOINT_META)):
+        path, _ = fit_checkpoints.usable_checkpoint(weights_from)
+        if path is None:
+            raise FileNotFoundError(f"weights_from={weights_from}: neither a checkpoint "
+                                    f"({checkpoints.CHECKPOINT_META}) nor a directory with "
+                                    "a whole one; give a checkpoint written by save or fit")
+    return reshard.CheckpointWeights(path)
+
+
 def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                 devices: int | None = None,
                 distribute_strategy: tf.distribute.Strategy | None = None,
                 optimizer: Any = None, learning_rate: float | None = None,
                 loss: Any = None, training: bool | None = None, cluster: Cluster | None = None,
                 search_options: Mapping[str, Any] | None = None,
-                mesh: Any = None, graph_optimization: str = "lean") -> ParallelModel:
+                mesh: Any = None, graph_optimization: str = "lean",
+                weights_from: str | None = None) -> ParallelModel:
     """Capture ``model``, choose or check the strategy, reconstruct and place it on devices.
 
     ``strategy``: a ``tapas.planning.search.Strategy``, the path of one saved as JSON, a
@@ -463,6 +496,9 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     training mode, unless ``strategy`` was made on the inference graph (``tapas.capture``'s
     and ``tapas search``'s default) and does not fit the training graph (dropout or batch
     norm make them differ): then the inference graph, with a warning saying so.
+    ``weights_from``: a checkpoint (or a directory of them: the newest whole one) the shards
+    are created from, slice by slice (``_weight_source``), for a ``restore``/``fit(resume=
+    True)`` of it that follows; by default the model's values, one weight at a time.
     """
     from tapas.execution.program import reconstruct
     from tapas.execution.program.replay import check_graph_optimization
@@ -479,14 +515,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     if devices is not None and devices != replicas:
         raise ValueError(f"devices={devices} but distribute_strategy has {replicas} replicas; "
                          "give one of them or make them agree")
-    rows = 1
-    if mesh is not None:
-        from tapas.planning.mesh import Mesh
-        mesh = mesh if isinstance(mesh, Mesh) else Mesh.parse(mesh)
-        if mesh.num_devices != replicas:
-            raise ValueError(f"mesh {mesh} has {mesh.num_devices} devices but the program runs "
-                             f"on {replicas}: choose rows x cols = {replicas}")
-        rows = mesh.rows
+    mesh, rows = _mesh_rows(mesh, replicas)
     n = replicas // rows   # the devices of one row (all of them in 1-D)
     expert_rows = rows if mesh is not None and mesh.experts else 1
     global_signature = inputs.InputSignature.of(model, input_spec)
@@ -516,13 +545,12 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
             "norm normalises with its row's statistics (as Keras's unsynchronised batch norm "
             "under tf.distribute); the program is then not the single-device model's, and "
             "verify reports the difference. For exact equivalence run training=False.", mesh)
-    loss = per_output[0]
-    variables = capturing.weights_by_path(model)
-    values = materialize.weight_values(model, program.weight_layouts)   # read one at a time
     start = time.perf_counter()
-    rt = runtime.Runtime(program, distribute_strategy, values, trace.input_specs,
-                         optimizer=optimizer, loss=loss, keras_variables=variables,
-                         mesh_rows=rows, graph_optimization=graph_optimization)
+    rt = runtime.Runtime(program, distribute_strategy, _weight_source(model, program,
+                                                                      weights_from),
+                         trace.input_specs, optimizer=optimizer, loss=per_output[0],
+                         keras_variables=capturing.weights_by_path(model), mesh_rows=rows,
+                         graph_optimization=graph_optimization)
     _model_losses(rt, model, trace, per_output, loss_weights, output_names)
     timings["shard"] = time.perf_counter() - start
     return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,

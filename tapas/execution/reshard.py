@@ -22,7 +22,7 @@ import numpy as np
 
 from tapas.sharding.placements import Partial, Placement, parse_placement
 
-__all__ = ["restore_shards", "box"]
+__all__ = ["restore_shards", "box", "CheckpointWeights"]
 
 Box = tuple[tuple[int, int], ...]
 
@@ -73,14 +73,13 @@ def _old_shards(w: Mapping[str, Any], k: int, suffix: str, meta: Mapping[str, An
     return out
 
 
-def _fill(rt: Any, path: str, targets: dict[int, Any], olds: list[tuple[str, Box]],
-          keys: Mapping[str, Any], where: str) -> int:
-    """Each local replica's shard of ``path`` assembled from the old shards that overlap
-    it, read one at a time; assigned to ``targets[replica]``; the bytes read."""
+def _assemble(rt: Any, spec: Any, replicas: Any, olds: list[tuple[str, Box]],
+              keys: Mapping[str, Any], where: str) -> tuple[dict[int, np.ndarray], int]:
+    """Each of ``replicas``' shards of the weight laid out as ``spec``, assembled from the
+    old shards that overlap it, read one at a time; and the bytes read."""
     from tapas.execution.checkpoints import CheckpointDamagedError
-    spec = rt.specs[path]
     wants = {r: box(spec.global_shape, spec.placement, rt.num_devices, r % rt.num_devices,
-                    spec.row_axis, rt.rows, r // rt.num_devices) for r in targets}
+                    spec.row_axis, rt.rows, r // rt.num_devices) for r in replicas}
     parts = {r: np.empty([hi - lo for lo, hi in b], dtype=spec.dtype) for r, b in wants.items()}
     read = 0
     for key, have in olds:
@@ -95,22 +94,73 @@ def _fill(rt: Any, path: str, targets: dict[int, Any], olds: list[tuple[str, Box
         for r, region in hits.items():
             parts[r][_local(region, wants[r])] = old[_local(region, have)]
         del old
+    return parts, read
+
+
+def _fill(rt: Any, path: str, targets: dict[int, Any], olds: list[tuple[str, Box]],
+          keys: Mapping[str, Any], where: str) -> int:
+    """Each local replica's shard of ``path`` (:func:`_assemble`) assigned to
+    ``targets[replica]``; the bytes read."""
+    parts, read = _assemble(rt, rt.specs[path], targets, olds, keys, where)
     for r, var in targets.items():
-        var.assign(parts[r])
+        var.assign(parts.pop(r))
     return read
 
 
 def restore_shards(rt: Any, meta: Mapping[str, Any], keys: Mapping[str, Any],
-                   same_optimizer: bool, where: str) -> int:
-    """Every weight of ``rt`` (and its slots when ``same_optimizer``) restored from the
-    overlapping old shards (module docstring); returns the bytes read."""
+                   same_optimizer: bool, where: str, weights: bool = True) -> int:
+    """Every weight of ``rt`` (unless ``weights`` is False: its shards were made from this
+    checkpoint, :class:`CheckpointWeights`) and, when ``same_optimizer``, its slots,
+    restored from the overlapping old shards (module docstring); returns the bytes read."""
     read = 0
     for k, w in enumerate(meta["weights"]):
         path = w["path"]
-        read += _fill(rt, path, {r: rt._vars[r][path] for r in rt.local_replicas},
-                      _old_shards(w, k, "", meta), keys, where)
+        if weights:
+            read += _fill(rt, path, {r: rt._vars[r][path] for r in rt.local_replicas},
+                          _old_shards(w, k, "", meta), keys, where)
         if path in rt.trainable_paths and same_optimizer:
             for s in rt.optimizer.slot_names:
                 read += _fill(rt, path, {r: rt._slots[r][path][s] for r in rt.local_replicas},
                               _old_shards(w, k, f"_{s}", meta), keys, where)
     return read
+
+
+class CheckpointWeights:
+    """The weights of the checkpoint at ``path`` as a source of shards for
+    ``tapas.execution.shards.make_shards``: each local replica's shard of a weight is
+    assembled from the old shards that overlap it (:func:`_assemble`), so the runtime's
+    shards are created from the checkpoint directly, never initialized first and never
+    whole unless the new layout holds them whole. ``read_bytes`` counts what was read."""
+
+    def __init__(self, path: str) -> None:
+        import json
+        import os
+
+        from tapas.execution import checkpoints
+        with open(os.path.join(path, checkpoints.CHECKPOINT_META)) as f:
+            self.meta = json.load(f)
+        self.path, self.read_bytes = path, 0
+        self.keys = checkpoints.shard_keys(path)
+        self._index = {w["path"]: k for k, w in enumerate(self.meta["weights"])}
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._index
+
+    def shape(self, path: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.meta["weights"][self._index[path]]["shape"])
+
+    def dtype(self, path: str) -> str:
+        w = self.meta["weights"][self._index[path]]
+        if "dtype" in w:
+            return str(w["dtype"])
+        key = f"r0/w{self._index[path]}/.ATTRIBUTES/VARIABLE_VALUE"
+        return self.keys[key].get_variable_to_dtype_map()[key].name
+
+    def shard_parts(self, rt: Any, spec: Any) -> dict[int, np.ndarray]:
+        """Each local replica's shard of the weight laid out as ``spec``."""
+        k = self._index[spec.path]
+        parts, read = _assemble(rt, spec, rt.local_replicas,
+                                _old_shards(self.meta["weights"][k], k, "", self.meta),
+                                self.keys, self.path)
+        self.read_bytes += read
+        return parts

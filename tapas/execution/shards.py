@@ -1,22 +1,27 @@
-"""A runtime's weight shards, made one weight at a time from the weights' global values.
+"""A runtime's weight shards, made one weight at a time from the weights' global values or
+from a checkpoint's slices.
 
 In:  a ``Runtime`` being built (its program's weight layouts, mesh rows, device count,
      local replicas and their devices) and ``initial_weights``: a mapping ``{path: global
      value}``, read once per weight (``tapas.execution.materialize.weight_values`` computes
-     each value on reading, so at most one whole weight exists at a time).
+     each value on reading, so at most one whole weight exists at a time), or a shard
+     source (``tapas.execution.reshard.CheckpointWeights``: each replica's part assembled
+     from a checkpoint's slices, no weight initialized or held whole).
 Out: :func:`make_shards` returns the layouts (``WeightLayout`` with the values' dtypes and
      local shapes) and, per local replica, ``{path: tf.Variable}`` of its shard;
+     :func:`make_slots` the optimizer slots of the shards, one weight at a time;
      :func:`cut` is a replica's part of one global value; :func:`share` a runtime for
      another program of the same model on the same shard variables.
-Raises: ValueError naming the weight when a value is missing, of another shape than the
-     program's, cut over another number of mesh rows, or not divisible by its placement.
+Raises: ValueError naming the weight when a value is missing (or the checkpoint lacks it),
+     of another shape than the program's, cut over another number of mesh rows, or not
+     divisible by its placement.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +32,7 @@ from tapas.execution.training import regularizers
 from tapas.execution.program.plan import WeightLayout
 from tapas.sharding.placements import Replica, Split, parse_placement
 
-__all__ = ["make_shards", "cut", "share"]
+__all__ = ["make_shards", "make_slots", "cut", "share"]
 
 
 def cut(rt: Any, spec: WeightLayout, value: np.ndarray, replica: int) -> np.ndarray:
@@ -39,44 +44,78 @@ def cut(rt: Any, spec: WeightLayout, value: np.ndarray, replica: int) -> np.ndar
     return spec.placement.shard(value, rt.num_devices, replica % rt.num_devices)
 
 
-def _layout(rt: Any, path: str, layout: Any, value: np.ndarray) -> WeightLayout:
-    shape = tuple(int(d) for d in layout.global_shape)
-    if tuple(value.shape) != shape:
-        raise ValueError(f"weight '{path}': initial value has shape {list(value.shape)}, "
-                         f"the program expects {list(shape)}")
+def _layout(rt: Any, path: str, layout: Any, shape: tuple[int, ...], dtype: Any
+            ) -> WeightLayout:
+    want = tuple(int(d) for d in layout.global_shape)
+    if tuple(shape) != want:
+        raise ValueError(f"weight '{path}': initial value has shape {list(shape)}, "
+                         f"the program expects {list(want)}")
+    shape = want
     row_axis = getattr(layout, "row_axis", None)
     if row_axis is not None and (rt.rows != layout.rows or shape[row_axis] % rt.rows):
         raise ValueError(f"weight '{path}' of shape {list(shape)} is cut into "
                          f"{layout.rows} mesh rows on axis {row_axis} but the runtime "
                          f"has {rt.rows} rows: build the program for this mesh")
     placement = parse_placement(layout.placement)
-    spec = WeightLayout(path, shape, tf.as_dtype(value.dtype).name, placement,
+    spec = WeightLayout(path, shape, tf.as_dtype(dtype).name, placement,
                         (), bool(layout.trainable), row_axis, rt.rows)
     rt._check_divisible(f"weight '{path}'", spec.row_shape, placement)
     return dataclasses.replace(spec, local_shape=placement.local_shape(spec.row_shape,
                                                                        rt.num_devices))
 
 
-def make_shards(rt: Any, initial_weights: Mapping[str, Any]
+def _parts(rt: Any, path: str, layout: Any, source: Any
+           ) -> tuple[WeightLayout, Callable[[int], np.ndarray]]:
+    """A weight's layout and a function giving a local replica's part: from a shard
+    source (``source.shard_parts``: a checkpoint's slices) or cut from the global value."""
+    if path not in source:
+        raise ValueError(f"no initial value for weight '{path}'" + (
+            f": the checkpoint {source.path} holds no such weight (it was written for "
+            "another model)" if hasattr(source, "shard_parts") else ""))
+    if hasattr(source, "shard_parts"):
+        spec = _layout(rt, path, layout, source.shape(path), source.dtype(path))
+        return spec, source.shard_parts(rt, spec).pop
+    value = np.asarray(source[path])
+    spec = _layout(rt, path, layout, value.shape, value.dtype)
+    # a copy: TensorFlow may keep a NumPy view's buffer, which is the whole value's
+    return spec, lambda r: np.array(cut(rt, spec, value, r), copy=True)
+
+
+def make_shards(rt: Any, initial_weights: Any
                 ) -> tuple[dict[str, WeightLayout], dict[int, dict[str, tf.Variable]]]:
-    """Every weight of ``rt.program.weight_layouts``, in order: its global value read once,
-    checked, cut into each local replica's shard variable (named ``w<k>_r<replica>`` on the
-    replica's device), and dropped before the next weight is read."""
+    """Every weight of ``rt.program.weight_layouts``, in order: its local replicas' parts
+    made (its global value read once, checked and cut; or, from a shard source such as
+    ``tapas.execution.reshard.CheckpointWeights``, assembled from the slices it holds),
+    each put into the replica's shard variable (named ``w<k>_r<replica>`` on the replica's
+    device), and dropped before the next weight. A shard source is kept as
+    ``rt.weights_source`` (its restore then reads only the rest)."""
     specs: dict[str, WeightLayout] = {}
     shards: dict[int, dict[str, tf.Variable]] = {r: {} for r in rt.local_replicas}
     for k, (path, layout) in enumerate(rt.program.weight_layouts.items()):
-        if path not in initial_weights:
-            raise ValueError(f"no initial value for weight '{path}'")
-        value = np.asarray(initial_weights[path])
-        spec = specs[path] = _layout(rt, path, layout, value)
+        spec, part = _parts(rt, path, layout, initial_weights)
+        specs[path] = spec
         for r in rt.local_replicas:
-            # a copy: TensorFlow may keep a NumPy view's buffer, which is the whole value's
-            part = np.array(cut(rt, spec, value, r), copy=True)
             with tf.device(rt._device[r]):
-                shards[r][path] = tf.Variable(part, trainable=spec.trainable,
+                shards[r][path] = tf.Variable(part(r), trainable=spec.trainable,
                                               name=f"w{k}_r{r}")
-        del value, part
+        del part   # (and the global value it holds)
+    rt.weights_source = initial_weights if hasattr(initial_weights, "shard_parts") else None
     return specs, shards
+
+
+def make_slots(rt: Any) -> dict[int, dict[str, dict[str, tf.Variable]]]:
+    """Per local replica, ``{path: {slot name: tf.Variable}}`` of every trainable weight's
+    optimizer slots (named ``<slot><k>_r<replica>``), one weight's initial values made at a
+    time (all of them at once held every slot twice while the variables copied them)."""
+    slots: dict[int, dict[str, dict[str, tf.Variable]]] = {r: {} for r in rt.local_replicas}
+    for k, path in enumerate(rt.trainable_paths):
+        values = rt.optimizer.initial_slots(path)
+        for r in rt.local_replicas:
+            with tf.device(rt._device[r]):
+                slots[r][path] = {name: tf.Variable(v, trainable=False, name=f"{name}{k}_r{r}")
+                                  for name, v in values.items()}
+        del values
+    return slots
 
 
 def share(rt: Any, program: Any, input_specs: Sequence[tf.TensorSpec]) -> Any:

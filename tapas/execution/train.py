@@ -323,11 +323,11 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
            else ""))
     try:
         pm = parallel.parallelize(model, specs, strategy, distribute_strategy=distribute,
-                                  optimizer=opts.keras_optimizer(),
-                                  learning_rate=opts.learning_rate,
-                                  loss=loss, cluster=cluster, training=opts.training,
-                                  search_options=search_options, mesh=opts.mesh,
-                                  graph_optimization=opts.graph_optimization)
+                                  optimizer=opts.keras_optimizer(), mesh=opts.mesh,
+                                  learning_rate=opts.learning_rate, loss=loss, cluster=cluster,
+                                  training=opts.training, search_options=search_options,
+                                  graph_optimization=opts.graph_optimization,
+                                  weights_from=_resumed(opts))
     except (ValueError, reconstruct.ReconstructError) as e:
         raise TrainError(str(e)) from None
     timings.update(pm.timings)
@@ -338,6 +338,15 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != 'replicate')} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
     return pm, name, xs, y, calibration, changes.get("kernel_times"), comm
+
+
+def _resumed(opts: TrainOptions) -> str | None:
+    """The checkpoint a ``--resume`` job restores (the newest whole one in
+    ``--checkpoint_dir``), which its shards are then created from, or None."""
+    if not (opts.resume and opts.checkpoint_dir) or opts.verify:
+        return None
+    from tapas.execution import fit_checkpoints
+    return fit_checkpoints.usable_checkpoint(opts.checkpoint_dir)[0]
 
 
 def _check_compute_scale(opts: TrainOptions) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 from typing import Any
@@ -69,22 +70,53 @@ def _lost(e: Any) -> bool:
     return getattr(e, "returncode", 0) is not None and getattr(e, "returncode", 0) < 0
 
 
-def _restart(opts: Any, e: Any, workers: int, strategy: str | None) -> str | None:
+def _last_step(output: str) -> int | None:
+    """The last step the chief printed (its step lines: epoch, step, loss, seconds), or
+    None."""
+    output = output.split("\nmemory (", 1)[0]   # (the memory table's rows look alike)
+    steps = [int(m.group(1)) for m in _STEP_LINE.finditer(output)]
+    return steps[-1] if steps else None
+
+
+_STEP_LINE = re.compile(r"^\s*\d+\s+(\d+)\s+\S+\s+\d+\.\d+\s*$", re.MULTILINE)
+
+
+def _redone(e: Any, newest: str | None) -> tuple[str, int, int | None]:
+    """Which steps the restart redoes: those after the newest checkpoint's step, up to the
+    last one the chief printed before the loss; (the words, the checkpoint's step, that
+    last step or None)."""
+    from tapas.execution import fit as fit_mod
+    done = 0
+    if newest:
+        with open(os.path.join(newest, fit_mod.FIT_STATE)) as f:
+            done = int(json.load(f)["step"])
+    last = _last_step((getattr(e, "outputs", None) or {}).get(0, ""))
+    where = f"from {newest}" if newest else "from the beginning (no checkpoint was written yet)"
+    if last is None or last <= done:
+        return f"{where} (step {done}; no step after it was finished)", done, None
+    return (f"{where} (step {done}; steps {done + 1} to {last}, done before the loss, are "
+            "redone)", done, last)
+
+
+def _restart(opts: Any, e: Any, workers: int, strategy: str | None
+             ) -> tuple[str | None, dict[str, Any]]:
     """Say what ``--elastic`` does after ``e`` lost a worker: the job again on one worker
     fewer, from the newest checkpoint, its plan searched again; returns the strategy flag
-    for the new cluster (a Strategy file was made for the old device count)."""
+    for the new cluster (a Strategy file was made for the old device count) and the
+    restart's record."""
     from tapas.execution import fit as fit_mod
     newest = fit_mod.latest_checkpoint(opts.checkpoint_dir)
     if strategy and not strategy.startswith("random:"):
         strategy = None
-    how = (f"from {newest} (the steps after it are redone)" if newest
-           else "from the beginning (no checkpoint was written yet)")
+    how, done, last = _redone(e, newest)
     plan = ("a random plan for" if strategy else "a plan searched again for")
     print(f"\nelastic: worker {getattr(e, 'worker', '?')} lost (exit code "
           f"{getattr(e, 'returncode', '?')}); restarting on {workers} workers {how}, with "
           f"{plan} {workers * opts.devices_per_worker} devices and the checkpoint resharded",
           flush=True)
-    return strategy
+    return strategy, {"lost_worker": e.worker, "exit_code": e.returncode, "workers": workers,
+                      "resumed_step": done, "redone_steps": [] if last is None
+                      else list(range(done + 1, last + 1))}
 
 
 def launch_workers(opts: Any) -> dict[str, Any]:
@@ -104,17 +136,19 @@ def launch_workers(opts: Any) -> dict[str, Any]:
             print(f"launching {workers} workers on 127.0.0.1 (MultiWorkerMirroredStrategy)",
                   flush=True)
             try:
+                # unbuffered: a lost job's chief has printed every step it finished
+                env = {"PYTHONUNBUFFERED": "1"} if getattr(opts, "elastic", False) else {}
+                if restarts:
+                    env["TAPAS_ELASTIC_RESTARTS"] = str(len(restarts))
                 results = launch.launch(lambda i: argv, workers, timeout_s=opts.timeout_s,
-                                        env={"TAPAS_ELASTIC_RESTARTS": str(len(restarts))}
-                                        if restarts else None)
+                                        env=env or None)
                 break
             except launch.LaunchError as e:
                 if not (getattr(opts, "elastic", False) and _lost(e) and workers > 1):
                     raise
                 workers, resume = workers - 1, True
-                strategy = _restart(opts, e, workers, strategy)
-                restarts.append({"lost_worker": e.worker, "exit_code": e.returncode,
-                                 "workers": workers})
+                strategy, record = _restart(opts, e, workers, strategy)
+                restarts.append(record)
         print(results[0].output, end="")
         with open(report_path) as f:
             report = json.load(f)

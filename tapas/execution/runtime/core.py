@@ -135,14 +135,7 @@ class Runtime(TrainingStep, Inference, LossPlanning, InputDistribution, ReplicaC
         step counter, the learning rate (a variable, so that a callback changes it without
         tracing again; float32 as Keras's) and the optimizer's own replicated variables
         (Nadam's u_product, the loss scale and its counter), by name."""
-        values = {p: self.optimizer.initial_slots(p) for p in self.trainable_paths}
-        self._slots: dict[int, dict[str, dict[str, tf.Variable]]] = {}
-        for r in self.local_replicas:
-            with tf.device(self._device[r]):
-                self._slots[r] = {p: {name: tf.Variable(v, trainable=False,
-                                                        name=f"{name}{k}_r{r}")
-                                      for name, v in values[p].items()}
-                                  for k, p in enumerate(self.trainable_paths)}
+        self._slots = shards.make_slots(self)   # one weight's initial values at a time
         with tf.device(first_device):
             self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
             self.opt_state = {k: tf.Variable(v, trainable=False, name=f"opt_{k}")
