@@ -226,118 +226,169 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
                                        epochs=epochs, steps=steps_shown, model=view)
     history = cbs._history
     history.resumed_from = state.path if source is not None else None   # (after skips)
-    stream = _Stream(data, state.pass_index, state.pass_position)
-    scores = metrics.Scores.of(pm.model)   # the compiled metrics, on the global batch (Keras's)
-    rt.set_step_values(scores is not None)
-    if scores is not None:
-        scores.load(state.metrics)
-
-    def checkpoint(position: tuple[int, int] | None = None) -> None:
-        state.step = int(rt.iterations.numpy())
-        state.pass_index, state.pass_position = position or (stream.pass_index,
-                                                             stream.position)
-        state.learning_rate = float(rt.learning_rate.numpy())
-        state.history = {k: list(v) for k, v in history.history.items()}
-        state.epochs = list(history.epoch)
-        state.callbacks, arrays = callback_states(user_callbacks)
-        state.metrics = scores.state() if scores is not None else []
-        try:
-            save_checkpoint(pm, checkpoint_dir, state, keep, arrays)
-        except checkpoints.CheckpointWriteError as e:   # e.g. the directory gone read-only
-            save_paused(e, state.step, checkpoint_dir)
-        except _PEER_ERRORS as e:   # a worker lost during the save's barrier
-            if rt._all_local():
-                raise
-            raise _worker_lost(e, f"the checkpoint of step {state.step}",
-                               checkpoint_dir) from None
-
-    cbs.on_train_begin()
-    history.epoch, history.history = list(state.epochs), {k: list(v) for k, v in
-                                                          state.history.items()}
-    if source is not None:   # after on_train_begin reset them
-        restore_callback_states(user_callbacks, state.callbacks,
-                                callback_arrays(state.path), state.path)
+    loop = _Loop(pm, data, view, cbs, state, user_callbacks, checkpoint_dir=checkpoint_dir,
+                 checkpoint_every=checkpoint_every, keep=keep, steps_per_epoch=steps_per_epoch)
+    loop.begin(source)
     logs: dict[str, float] = {}
     epoch_logs: dict[str, float] | None = None
     for epoch in range(state.epoch, epochs):
-        if state.step_in_epoch == 0:
-            state.loss_sum, state.loss_count = 0.0, 0
-            if scores is not None:
-                scores.reset()
-            state.epoch_learning_rate = float(rt.learning_rate.numpy())
-            if steps_per_epoch is None:
-                stream.start_pass(epoch)
-            cbs.on_epoch_begin(epoch)
-        else:   # resumed in the middle of this epoch: its hooks again, then the saved rate
-            rt.learning_rate.assign(state.epoch_learning_rate)
-            cbs.on_epoch_begin(epoch)
-            rt.learning_rate.assign(state.learning_rate)
-        pending = False   # a step checkpoint is due: written once another step follows
-        while steps_per_epoch is None or state.step_in_epoch < steps_per_epoch:
-            position = (stream.pass_index, stream.position)
-            batch = stream.next(roll=steps_per_epoch is not None)
-            if batch is None:
-                break
-            if pending:   # (at the epoch's end, the epoch-end checkpoint takes its place)
-                checkpoint(position)
-                pending = False
-            cbs.on_train_batch_begin(state.step_in_epoch)
-            start = time.perf_counter()
-            failed: StepError | None = None
-            try:
-                loss = rt.train_step(batch[0], batch[1], worker_share=data.cut,
-                                     sample_weight=batch[2])
-            except StepError as e:
-                if "not finite" not in str(e):
-                    raise
-                failed, loss = e, math.nan
-            except _PEER_ERRORS as e:
-                if rt._all_local():
-                    raise
-                raise _worker_lost(e, f"step {int(rt.iterations.numpy()) + 1}",
-                                   checkpoint_dir) from None
-            seconds = time.perf_counter() - start
-            state.batches_consumed += 1
-            state.loss_sum += loss
-            state.loss_count += 1
-            state.step_in_epoch += 1
-            view.last_step = {"step": int(rt.iterations.numpy()), "loss": loss,
-                              "seconds": seconds, "examples": data.batch}
-            if scores is not None and failed is None:
-                scores.update(rt.step_values)
-            logs = {"loss": state.loss_sum / state.loss_count,
-                    **(scores.results() if scores is not None else {})}
-            cbs.on_train_batch_end(state.step_in_epoch - 1, dict(logs))
-            if failed is not None:
-                if view.stop_training:
-                    break
-                raise failed
-            pending = bool(checkpoint_every) and \
-                int(rt.iterations.numpy()) % checkpoint_every == 0
-            if view.stop_training:
-                break
-        if state.loss_count == 0:
-            raise ValueError(f"epoch {epoch + 1}: the data yielded no full global batch of "
-                             f"{data.batch}")
-        epoch_logs = {"loss": state.loss_sum / state.loss_count,
-                      **(scores.results() if scores is not None else {})}
-        if val is not None:
-            val_logs = _validate(pm.for_inference(), val, validation_steps,
-                                 metrics.Scores.of(pm.model))
-            epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
-        cbs.on_epoch_end(epoch, epoch_logs)
-        state.epoch, state.step_in_epoch = epoch + 1, 0
-        state.loss_sum, state.loss_count = 0.0, 0
-        if steps_per_epoch is None:
-            stream.start_pass(epoch + 1)
-        if checkpoint_dir:
-            checkpoint()
+        loop.begin_epoch(epoch)
+        logs = loop.train_epoch(logs)
+        epoch_logs = loop.end_epoch(epoch, val, validation_steps)
         if view.stop_training:
             break
     rt.finalize_variable_values()   # EMA: the weights become their averages, as Keras
     cbs.on_train_end(logs=epoch_logs or logs)
     _finish(pm, history, memory, chief, checkpoint_dir if backup and backup[3] else None)
     return history
+
+
+class _Loop:
+    """``fit``'s epochs and steps on one job's state (:class:`FitState`): the runtime's
+    steps, the callbacks' hooks, the running logs and metrics, and the checkpoints."""
+
+    def __init__(self, pm: Any, data: _Data, view: CallbackModel, cbs: Any, state: FitState,
+                 user_callbacks: list, *, checkpoint_dir: str | None,
+                 checkpoint_every: int | None, keep: int, steps_per_epoch: int | None) -> None:
+        self.pm, self.rt, self.data, self.view, self.cbs = pm, pm.runtime, data, view, cbs
+        self.history, self.state, self.user_callbacks = cbs._history, state, user_callbacks
+        self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, checkpoint_every
+        self.keep, self.steps_per_epoch = keep, steps_per_epoch
+        self.stream = _Stream(data, state.pass_index, state.pass_position)
+        # the compiled metrics, on the global batch (Keras's)
+        self.scores = metrics.Scores.of(pm.model)
+        self.rt.set_step_values(self.scores is not None)
+        if self.scores is not None:
+            self.scores.load(state.metrics)
+
+    def begin(self, source: str | None) -> None:
+        """``on_train_begin``, then the history and callback states resumed from ``source``
+        (after on_train_begin reset them)."""
+        state, history = self.state, self.history
+        self.cbs.on_train_begin()
+        history.epoch, history.history = list(state.epochs), {k: list(v) for k, v in
+                                                              state.history.items()}
+        if source is not None:
+            restore_callback_states(self.user_callbacks, state.callbacks,
+                                    callback_arrays(state.path), state.path)
+
+    def checkpoint(self, position: tuple[int, int] | None = None) -> None:
+        """Save the job's state (at the stream's ``position``: where the next batch starts)."""
+        rt, state, stream = self.rt, self.state, self.stream
+        state.step = int(rt.iterations.numpy())
+        state.pass_index, state.pass_position = position or (stream.pass_index,
+                                                             stream.position)
+        state.learning_rate = float(rt.learning_rate.numpy())
+        state.history = {k: list(v) for k, v in self.history.history.items()}
+        state.epochs = list(self.history.epoch)
+        state.callbacks, arrays = callback_states(self.user_callbacks)
+        state.metrics = self.scores.state() if self.scores is not None else []
+        try:
+            save_checkpoint(self.pm, self.checkpoint_dir, state, self.keep, arrays)
+        except checkpoints.CheckpointWriteError as e:   # e.g. the directory gone read-only
+            save_paused(e, state.step, self.checkpoint_dir)
+        except _PEER_ERRORS as e:   # a worker lost during the save's barrier
+            if rt._all_local():
+                raise
+            raise _worker_lost(e, f"the checkpoint of step {state.step}",
+                               self.checkpoint_dir) from None
+
+    def begin_epoch(self, epoch: int) -> None:
+        """A new epoch's running loss, metrics and data pass, and ``on_epoch_begin``; an
+        epoch resumed in its middle gets its hooks again, then the saved rate."""
+        rt, state = self.rt, self.state
+        if state.step_in_epoch == 0:
+            state.loss_sum, state.loss_count = 0.0, 0
+            if self.scores is not None:
+                self.scores.reset()
+            state.epoch_learning_rate = float(rt.learning_rate.numpy())
+            if self.steps_per_epoch is None:
+                self.stream.start_pass(epoch)
+            self.cbs.on_epoch_begin(epoch)
+        else:
+            rt.learning_rate.assign(state.epoch_learning_rate)
+            self.cbs.on_epoch_begin(epoch)
+            rt.learning_rate.assign(state.learning_rate)
+
+    def train_epoch(self, logs: dict[str, float]) -> dict[str, float]:
+        """The epoch's steps, until its data or ``steps_per_epoch`` run out or a callback
+        stops training; returns the last step's logs (``logs`` when there was none)."""
+        state, stream, every = self.state, self.stream, self.steps_per_epoch
+        pending = False   # a step checkpoint is due: written once another step follows
+        while every is None or state.step_in_epoch < every:
+            position = (stream.pass_index, stream.position)
+            batch = stream.next(roll=every is not None)
+            if batch is None:
+                break
+            if pending:   # (at the epoch's end, the epoch-end checkpoint takes its place)
+                self.checkpoint(position)
+                pending = False
+            logs, failed = self.step(batch)
+            if failed is not None:
+                if self.view.stop_training:
+                    break
+                raise failed
+            pending = bool(self.checkpoint_every) and \
+                int(self.rt.iterations.numpy()) % self.checkpoint_every == 0
+            if self.view.stop_training:
+                break
+        return logs
+
+    def step(self, batch: tuple) -> tuple[dict[str, float], StepError | None]:
+        """One training step with its batch hooks: (the running logs, the step's error
+        when its loss was not finite, which a callback may answer by stopping)."""
+        rt, state = self.rt, self.state
+        self.cbs.on_train_batch_begin(state.step_in_epoch)
+        start = time.perf_counter()
+        failed: StepError | None = None
+        try:
+            loss = rt.train_step(batch[0], batch[1], worker_share=self.data.cut,
+                                 sample_weight=batch[2])
+        except StepError as e:
+            if "not finite" not in str(e):
+                raise
+            failed, loss = e, math.nan
+        except _PEER_ERRORS as e:
+            if rt._all_local():
+                raise
+            raise _worker_lost(e, f"step {int(rt.iterations.numpy()) + 1}",
+                               self.checkpoint_dir) from None
+        seconds = time.perf_counter() - start
+        state.batches_consumed += 1
+        state.loss_sum += loss
+        state.loss_count += 1
+        state.step_in_epoch += 1
+        self.view.last_step = {"step": int(rt.iterations.numpy()), "loss": loss,
+                               "seconds": seconds, "examples": self.data.batch}
+        if self.scores is not None and failed is None:
+            self.scores.update(rt.step_values)
+        logs = {"loss": state.loss_sum / state.loss_count,
+                **(self.scores.results() if self.scores is not None else {})}
+        self.cbs.on_train_batch_end(state.step_in_epoch - 1, dict(logs))
+        return logs, failed
+
+    def end_epoch(self, epoch: int, val: _Data | None,
+                  validation_steps: int | None) -> dict[str, float]:
+        """The epoch's logs (with validation), ``on_epoch_end``, the next pass and the
+        epoch-end checkpoint; returns the logs."""
+        state, scores = self.state, self.scores
+        if state.loss_count == 0:
+            raise ValueError(f"epoch {epoch + 1}: the data yielded no full global batch of "
+                             f"{self.data.batch}")
+        epoch_logs = {"loss": state.loss_sum / state.loss_count,
+                      **(scores.results() if scores is not None else {})}
+        if val is not None:
+            val_logs = _validate(self.pm.for_inference(), val, validation_steps,
+                                 metrics.Scores.of(self.pm.model))
+            epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
+        self.cbs.on_epoch_end(epoch, epoch_logs)
+        state.epoch, state.step_in_epoch = epoch + 1, 0
+        state.loss_sum, state.loss_count = 0.0, 0
+        if self.steps_per_epoch is None:
+            self.stream.start_pass(epoch + 1)
+        if self.checkpoint_dir:
+            self.checkpoint()
+        return epoch_logs
 
 
 def _finish(pm: Any, history: Any, memory: bool, chief: bool, delete: str | None) -> None:

@@ -500,12 +500,33 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     are created from, slice by slice (``_weight_source``), for a ``restore``/``fit(resume=
     True)`` of it that follows; by default the model's values, one weight at a time.
     """
-    from tapas.execution.program import reconstruct
     from tapas.execution.program.replay import check_graph_optimization
     check_graph_optimization(graph_optimization)   # before any work
     optimizer = _resolved_optimizer(model, optimizer, learning_rate)
     compiled_loss = loss is None and getattr(model, "loss", None) is not None
     timings: dict[str, float] = {}
+    distribute_strategy, mesh, rows = _distribution(devices, distribute_strategy, mesh)
+    n = int(distribute_strategy.num_replicas_in_sync) // rows   # one row's devices (1-D: all)
+    expert_rows = rows if mesh is not None and mesh.experts else 1
+    global_signature = inputs.InputSignature.of(model, input_spec)
+    signature = global_signature.per_row(rows)
+    # the compiled loss: a Loss per output and Keras's loss weights (or ``loss`` given)
+    losses = output_losses(model, loss, to_object=loss_object)
+    training, trace, graph, strategy = _strategy_and_mode(
+        model, signature, strategy, n, training, cluster, search_options, expert_rows,
+        losses[0], optimizer, rows, timings)
+    program = _program(trace, graph, strategy, expert_rows, mesh, timings)
+    rt = _runtime(model, program, distribute_strategy, trace, optimizer, losses, rows,
+                  graph_optimization, weights_from, timings)
+    return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
+                         global_signature, compiled_loss=compiled_loss)
+
+
+def _distribution(devices: int | None, distribute_strategy: tf.distribute.Strategy | None,
+                  mesh: Any) -> tuple[tf.distribute.Strategy, Any, int]:
+    """(``distribute_strategy``, or a MirroredStrategy over ``devices`` local devices;
+    ``mesh`` parsed into a ``tapas.planning.mesh.Mesh``, or None; its rows, 1 without
+    one), refused with the fix when neither is given or the device counts disagree."""
     if distribute_strategy is None:
         if devices is None:
             raise ValueError("give devices=N (a MirroredStrategy over N local devices) or "
@@ -516,13 +537,17 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         raise ValueError(f"devices={devices} but distribute_strategy has {replicas} replicas; "
                          "give one of them or make them agree")
     mesh, rows = _mesh_rows(mesh, replicas)
-    n = replicas // rows   # the devices of one row (all of them in 1-D)
-    expert_rows = rows if mesh is not None and mesh.experts else 1
-    global_signature = inputs.InputSignature.of(model, input_spec)
-    signature = global_signature.per_row(rows)
-    # the compiled loss: a Loss per output and Keras's loss weights (or ``loss`` given)
-    per_output, loss_weights, output_names = output_losses(model, loss,
-                                                           to_object=loss_object)
+    return distribute_strategy, mesh, rows
+
+
+def _strategy_and_mode(model: Any, signature: Any, strategy: Any, n: int,
+                       training: bool | None, cluster: Cluster | None, search_options: Any,
+                       expert_rows: int, per_output: list, optimizer: Any, rows: int,
+                       timings: dict[str, float]) -> tuple[bool, Any, Any, Any]:
+    """(training, trace, graph, bound strategy): without ``strategy``, a search (timed as
+    "search") on the graph captured in ``training`` mode (default: training); else the
+    given strategy in the mode its graph fits (:func:`_fitting_mode`). Call losses a mesh
+    cannot count are refused before the search."""
     if strategy is None:
         training = True if training is None else training
         trace, graph = _capture(model, signature, training, timings)
@@ -530,21 +555,40 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         start = time.perf_counter()
         strategy = _search(graph, n, cluster, search_options, expert_rows, per_output, optimizer)
         timings["search"] = time.perf_counter() - start
-    else:
-        training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,
-                                                         training, timings)
-        _refuse_call_losses(trace, per_output, rows)
+        return training, trace, graph, strategy
+    training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,
+                                                     training, timings)
+    _refuse_call_losses(trace, per_output, rows)
+    return training, trace, graph, strategy
+
+
+def _program(trace: Any, graph: Any, strategy: Any, expert_rows: int, mesh: Any,
+             timings: dict[str, float]) -> Any:
+    """The per-replica program of ``strategy`` (a Strategy or a Plan), timed as
+    "reconstruct"; on a mesh with rows, a warning when dropout or batch norm make each row
+    differ from the single-device model."""
+    from tapas.execution.program import reconstruct
     start = time.perf_counter()
     plan = strategy if isinstance(strategy, reconstruct.Plan) else \
         reconstruct.Plan.from_strategy(strategy, graph)
     program = reconstruct.Program(trace, graph, plan, expert_rows=expert_rows)
     timings["reconstruct"] = time.perf_counter() - start
+    rows = 1 if mesh is None else mesh.rows
     if rows > 1 and (getattr(program, "states", None) or getattr(program, "has_writes", False)):
         logging.warning(
             "tapas.parallelize: on a %s mesh each row draws its own dropout masks and batch "
             "norm normalises with its row's statistics (as Keras's unsynchronised batch norm "
             "under tf.distribute); the program is then not the single-device model's, and "
             "verify reports the difference. For exact equivalence run training=False.", mesh)
+    return program
+
+
+def _runtime(model: Any, program: Any, distribute_strategy: tf.distribute.Strategy,
+             trace: Any, optimizer: Any, losses: tuple, rows: int, graph_optimization: str,
+             weights_from: str | None, timings: dict[str, float]) -> runtime.Runtime:
+    """The runtime of ``program`` on :func:`_weight_source`'s shards with the model's
+    ``losses`` (a Loss per output, the loss weights, the output names), timed as "shard"."""
+    per_output, loss_weights, output_names = losses
     start = time.perf_counter()
     rt = runtime.Runtime(program, distribute_strategy, _weight_source(model, program,
                                                                       weights_from),
@@ -553,5 +597,4 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
                          graph_optimization=graph_optimization)
     _model_losses(rt, model, trace, per_output, loss_weights, output_names)
     timings["shard"] = time.perf_counter() - start
-    return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
-                         global_signature, compiled_loss=compiled_loss)
+    return rt

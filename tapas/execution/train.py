@@ -26,6 +26,7 @@ import os
 import time
 from typing import Any
 
+from tapas.execution import train_calibration
 from tapas.execution.train_launch import write_json
 from tapas.execution.train_data import (TrainError, load_npz, load_tfrecord,  # noqa: F401
                                         save_tfrecord, tf_errors)   # (save_tfrecord: re-export)
@@ -100,12 +101,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     except preflight.PreflightError as e:
         raise TrainError(str(e)) from None
     _check_model_name(opts.model)
-    if opts.compute_scale is not None:
-        _check_compute_scale(opts)   # before workers are launched or a model is built
-    if opts.kernel_times is not None:
-        _check_kernel_times(opts)
-    if opts.communication_scale is not None:
-        _check_communication_scale(opts)
+    train_calibration.check_calibrations(opts)   # before workers start or a model is built
     if opts.workers and not os.environ.get("TF_CONFIG"):
         from tapas.execution.train_launch import launch_workers
         return launch_workers(opts)
@@ -116,7 +112,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     distribute = (devices.make_strategy(devices_per_worker=opts.devices_per_worker)
                   if devices.tf_config() else devices.make_strategy(opts.devices))
     timings["devices"] = time.perf_counter() - start
-    chief = _is_chief(distribute)
+    chief = train_calibration.is_chief(distribute)
     say = print if chief else (lambda *a, **k: None)
     pm, name, xs, y, calibration, kernels, comm = _parallelize(opts, distribute, timings, say)
     n = distribute.num_replicas_in_sync
@@ -251,24 +247,12 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     ``opts``; returns the ParallelModel, the model name, its synthetic batch (xs, y), the
     ``--compute_scale=measure`` calibration, the ``--kernel_times`` and the
     ``--communication_scale=measure`` calibration (None without them)."""
-    from tapas import models
     import tapas.execution.parallel as parallel, tapas.execution.program.reconstruct as reconstruct
     from tapas.planning.cost import Cluster
     n = distribute.num_replicas_in_sync
     mesh = _mesh(opts, n)
     rows = mesh.rows
-    name = opts.model or models.DEFAULT_MODEL
-    start = time.perf_counter()
-    _check_model_name(name)
-    if _is_path(name):
-        model, specs, xs, y, loss = _saved_model(name, opts.batch_size)
-        name = os.path.basename(name)
-    else:
-        entry = models.get(name)
-        model = _build_zoo(entry, opts)   # compiled as a user would; lazily if it can be
-        xs, y = entry.synthetic_batch(opts.batch_size)
-        xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
-    timings["build"] = time.perf_counter() - start
+    model, name, specs, xs, y, loss = _build_model(opts, timings)
     _check_npz(opts, model, specs, loss)   # before the capture and the search
 
     try:   # a preset name or a cluster file; one mesh row's devices
@@ -276,43 +260,10 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     except ValueError as e:
         raise TrainError(f"--cluster={opts.cluster}: {e}") from None
     strategy: Any = opts.strategy
-    search_options = ({} if opts.memory_budget_gib is None
-                      else {"memory_budget": opts.memory_budget_gib * 2**30})
-    calibration = None
-    changes: dict[str, Any] = {}
-    if opts.kernel_times is not None:
-        changes["kernel_times"] = _kernel_times(opts, model, specs, cluster, distribute, say)
-    if opts.compute_scale is not None:   # measured against the kernels' prices, if any
-        changes["compute_scale"], calibration = _compute_scale(opts, model, specs, loss,
-                                                               cluster, distribute, rows, say,
-                                                               dict(changes))
-    comm = None
-    if opts.communication_scale is not None:
-        changes["communication_scale"], comm = _communication_scale(
-            opts, model, specs, loss, cluster, distribute, changes, say)
-        if comm is not None and comm.activation_communication_scale is not None:
-            changes["activation_communication_scale"] = comm.activation_communication_scale
-    if changes:
-        from tapas.planning.cost import CostOptions
-        search_options["options"] = CostOptions.for_cluster(cluster, **changes)
+    search_options, calibration, changes, comm = train_calibration.search_options(
+        opts, model, specs, loss, cluster, distribute, rows, say)
     if strategy and strategy.startswith("random:"):
-        from tapas import capturing
-        from tapas.execution.inputs import InputSignature
-        try:   # one mesh row's graph (the whole batch in 1-D)
-            row = InputSignature.of(model, specs).per_row(rows)
-        except ValueError as e:
-            raise TrainError(f"--mesh={opts.mesh}: {e}") from None
-        graph = capturing.capture(model, row.spec_structure(),
-                                  training=opts.training is not False)
-        nested = None
-        if mesh.experts:   # the region may split neither experts nor groups
-            from tapas.planning import experts
-            try:
-                nested = experts.nested_patterns(graph, rows)
-            except experts.NestingError as e:
-                raise TrainError(f"--mesh={opts.mesh}: {e}") from None
-        strategy = parallel.random_plan(graph, n // rows, int(strategy.split(":", 1)[1]),
-                                        patterns_fn=nested)
+        strategy = _random_plan(opts, model, specs, mesh, n)
     elif strategy and not os.path.exists(strategy):
         raise TrainError(f"--strategy={strategy}: no such file (give a Strategy JSON from "
                          "`tapas search --out=...`, 'random:SEED', or leave it out to search)")
@@ -349,145 +300,48 @@ def _resumed(opts: TrainOptions) -> str | None:
     return fit_checkpoints.usable_checkpoint(opts.checkpoint_dir)[0]
 
 
-def _check_compute_scale(opts: TrainOptions) -> None:
-    """``--compute_scale`` against the other options, without measuring anything: checked
-    with the other options, before ``--workers`` are launched, so a wrong value fails once,
-    at once."""
-    from tapas.execution.calibration.compute_scale import check_compute_scale
-    if opts.strategy:
-        raise TrainError(f"--compute_scale={opts.compute_scale} prices the search, and "
-                         f"--strategy={opts.strategy} skips it: leave one of them out")
-    try:
-        check_compute_scale(opts.compute_scale, opts.cluster)
-    except ValueError as e:
-        raise TrainError(f"--compute_scale={opts.compute_scale}: {e}") from None
+def _build_model(opts: TrainOptions, timings: dict[str, float]
+                 ) -> tuple[Any, str, Any, Any, Any, Any]:
+    """(model, name, input specs, synthetic xs, y, Keras loss) of ``--model``: a zoo preset
+    (compiled as a user would) or a saved model's path; timed as "build"."""
+    from tapas import models
+    name = opts.model or models.DEFAULT_MODEL
+    start = time.perf_counter()
+    _check_model_name(name)
+    if _is_path(name):
+        model, specs, xs, y, loss = _saved_model(name, opts.batch_size)
+        name = os.path.basename(name)
+    else:
+        entry = models.get(name)
+        model = _build_zoo(entry, opts)   # compiled as a user would; lazily if it can be
+        xs, y = entry.synthetic_batch(opts.batch_size)
+        xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
+    timings["build"] = time.perf_counter() - start
+    return model, name, specs, xs, y, loss
 
 
-def _compute_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluster: Any,
-                   distribute: Any, rows: int, say: Any,
-                   changes: dict[str, Any] | None = None) -> tuple[float, Any]:
-    """``--compute_scale``: the factor and, for 'measure', its calibration (the model's
-    replicated step timed at the batch and at batch / N on the run's devices, against the
-    compute the search prices with ``changes``: the measured kernels, if any)."""
-    from tapas.execution.calibration.compute_scale import calibrate_compute, resolve_compute_scale
-    from tapas.planning.cost import CostOptions
-    if rows > 1:
-        raise TrainError(f"--compute_scale with --mesh={opts.mesh} is not supported: the "
-                         "factor is measured on the 1-D program; search without it, or "
-                         "run `tapas search --mesh` with --compute_scale and pass its "
-                         "--out as --strategy")
-
-    def measure() -> Any:
-        say(f"measuring the model's compute scale on {distribute.num_replicas_in_sync} "
-            "devices (--compute_scale=measure)")
-        cal = calibrate_compute(model, specs, cluster=cluster, distribute_strategy=distribute,
-                                loss=loss, training=opts.training is not False,
-                                options=CostOptions.for_cluster(cluster, **(changes or {})),
-                                progress=lambda msg: say(f"  {msg}"))
-        say(f"  {cal.describe()}")
-        return cal
-
-    try:
-        return resolve_compute_scale(opts.compute_scale, opts.cluster, measure)
-    except ValueError as e:
-        raise TrainError(f"--compute_scale={opts.compute_scale}: {e}") from None
-
-
-def _check_one_dimensional_search(opts: TrainOptions, flag: str, why_not_mesh: str) -> None:
-    """``--FLAG`` prices the search of the 1-D program: refused with ``--strategy`` (no
-    search) and ``--mesh`` (``why_not_mesh``)."""
-    if opts.strategy:
-        raise TrainError(f"--{flag}={getattr(opts, flag)} prices the search, and "
-                         f"--strategy={opts.strategy} skips it: leave one of them out")
-    if opts.mesh:
-        raise TrainError(f"--{flag} with --mesh={opts.mesh} is not supported: "
-                         f"{why_not_mesh}; search without it")
-
-
-def _check_kernel_times(opts: TrainOptions) -> None:
-    """``--kernel_times`` against the other options, without measuring anything (before
-    ``--workers`` are launched): it prices the search, on the 1-D program."""
-    from tapas.execution.calibration.kernels import check_kernel_times
-    _check_one_dimensional_search(opts, "kernel_times",
-                                  "kernels are keyed by the 1-D patterns' local shapes")
-    n = opts.workers * opts.devices_per_worker if opts.workers else opts.devices
-    try:
-        check_kernel_times(opts.kernel_times, opts.cluster, n)
-    except ValueError as e:
-        raise TrainError(f"--kernel_times={opts.kernel_times}: {e}") from None
-
-
-def _kernel_times(opts: TrainOptions, model: Any, specs: Any, cluster: Any, distribute: Any,
-                  say: Any) -> Any:
-    """``--kernel_times``: the file's times, or the kernels of the model's patterns timed on
-    the run's devices ('measure'; written to out/kernel_times.json by the chief)."""
+def _random_plan(opts: TrainOptions, model: Any, specs: Any, mesh: Any, n: int) -> Any:
+    """``--strategy=random:SEED``: a random plan on one mesh row's graph (the whole batch
+    in 1-D) in the run's mode; under ``:experts`` one that splits neither experts nor
+    groups in the expert region."""
+    import tapas.execution.parallel as parallel
     from tapas import capturing
-    from tapas.execution.calibration.kernels import resolve_kernel_times
-    n = distribute.num_replicas_in_sync
-    if cluster.num_devices != n:   # (--mesh was refused before: one row)
-        raise TrainError(f"--kernel_times: the cluster has {cluster.num_devices} devices, the "
-                         f"run {n}; give a cluster file profiled on {n} devices")
-    graph = (capturing.capture(model, specs, training=opts.training is not False)
-             if str(opts.kernel_times).strip().lower() == "measure" else None)
-    try:
-        return resolve_kernel_times(opts.kernel_times, graph, cluster, opts.cluster,
-                                    lambda _: distribute,
-                                    os.path.join("out", "kernel_times.json")
-                                    if _is_chief(distribute) else None,
-                                    progress=lambda msg: say(f"  {msg}"))
+    from tapas.execution.inputs import InputSignature
+    rows = mesh.rows
+    try:   # one mesh row's graph (the whole batch in 1-D)
+        row = InputSignature.of(model, specs).per_row(rows)
     except ValueError as e:
-        raise TrainError(f"--kernel_times={opts.kernel_times}: {e}") from None
-
-
-def _check_communication_scale(opts: TrainOptions) -> None:
-    """``--communication_scale`` against the other options, without measuring anything
-    (before ``--workers`` are launched): it prices the search of the 1-D program, and
-    'measure' runs the plan without its collectives, which worker processes cannot."""
-    from tapas.execution.calibration.communication_scale import check_communication_scale
-    _check_one_dimensional_search(opts, "communication_scale",
-                                  "the factor is measured on the 1-D program")
-    try:
-        measure = check_communication_scale(opts.communication_scale, opts.cluster) is None
-    except ValueError as e:
-        raise TrainError(f"--communication_scale={opts.communication_scale}: {e}") from None
-    if measure and (opts.workers or os.environ.get("TF_CONFIG")):
-        raise TrainError("--communication_scale=measure runs the model's data-parallel plan "
-                         "without its collectives, which worker processes cannot (their "
-                         "steps would no longer meet): measure it with `tapas search "
-                         "--communication_scale=measure` on one process's devices and pass "
-                         "the factor it prints")
-
-
-def _communication_scale(opts: TrainOptions, model: Any, specs: Any, loss: Any, cluster: Any,
-                         distribute: Any, changes: dict[str, Any], say: Any
-                         ) -> tuple[float, Any]:
-    """``--communication_scale``: the factor and, for 'measure', its calibration (the
-    model's data-parallel plan timed with and without its collectives on the run's
-    devices, priced with the search's other options ``changes``)."""
-    from tapas.execution.calibration.communication_scale import (calibrate_communication,
-                                                                 resolve_communication_scale)
-    from tapas.planning.cost import CostOptions
-    n = distribute.num_replicas_in_sync
-
-    def measure() -> Any:
-        if cluster.num_devices != n:
-            raise ValueError(f"the cluster has {cluster.num_devices} devices, the run {n}: "
-                             f"give a cluster file profiled on {n} devices")
-        say(f"measuring the model's communication scale on {n} devices "
-            "(--communication_scale=measure)")
-        cal = calibrate_communication(model, specs, cluster=cluster,
-                                      distribute_strategy=distribute, loss=loss,
-                                      training=opts.training is not False,
-                                      options=CostOptions.for_cluster(cluster, loss=loss,
-                                                                      **changes),
-                                      progress=lambda msg: say(f"  {msg}"))
-        say(f"  {cal.describe()}")
-        return cal
-
-    try:
-        return resolve_communication_scale(opts.communication_scale, opts.cluster, measure)
-    except ValueError as e:
-        raise TrainError(f"--communication_scale={opts.communication_scale}: {e}") from None
+        raise TrainError(f"--mesh={opts.mesh}: {e}") from None
+    graph = capturing.capture(model, row.spec_structure(), training=opts.training is not False)
+    nested = None
+    if mesh.experts:   # the region may split neither experts nor groups
+        from tapas.planning import experts
+        try:
+            nested = experts.nested_patterns(graph, rows)
+        except experts.NestingError as e:
+            raise TrainError(f"--mesh={opts.mesh}: {e}") from None
+    return parallel.random_plan(graph, n // rows, int(opts.strategy.split(":", 1)[1]),
+                                patterns_fn=nested)
 
 
 def _say_mesh_audit(pm: Any, mesh_text: str, say: Any) -> dict[str, Any]:
@@ -574,11 +428,6 @@ def _say_verify(check: dict[str, Any], say: Any) -> None:
             f"of operations, not a wrong plan (a larger batch, or --notraining, is better "
             f"conditioned)")
     say("verify: " + ("PASSED" if check["ok"] else "FAILED"))
-
-
-def _is_chief(distribute: Any) -> bool:
-    resolver = getattr(distribute, "cluster_resolver", None)
-    return resolver is None or not resolver.task_type or int(resolver.task_id or 0) == 0
 
 
 def _device_names(distribute: Any) -> list[str]:
