@@ -7,7 +7,7 @@
 For each worker count K, ``tapas train --model=MODEL --workers=K --steps=STEPS
 --memory_budget_gib=BUDGET/K`` (the search made to fit the model's training state into K
 devices, the budget raised by 25 % steps when no plan fits it; the zoo model built with its weights unallocated, each worker creating only its
-shards: ``tapas.execution.materialize``) and its memory report (``tapas.execution.memory``):
+shards: ``tapas.execution.runtime.materialize``) and its memory report (``tapas.execution.runtime.memory``):
 per worker the plan's predicted bytes for its device and the peak resident set of its
 process. The bound each worker should stay within: the prediction plus the runtime's fixed
 overhead (the peak RSS of ``--baseline``, a tiny model, on one worker, minus its own
@@ -59,7 +59,7 @@ def _largest_weight(model: str) -> int:
     import numpy as np
 
     from tapas import models
-    from tapas.execution import materialize
+    from tapas.execution.runtime import materialize
     entry = models.get(model)
     built = materialize.build_lazily(lambda: entry.build(seed=0))
     return max(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in built.weights)
@@ -83,12 +83,13 @@ def phases(model: str, budget: float, steps: int, tf_peak: bool) -> list[dict]:
     tensors (now and at their peak) are reported beside the resident set."""
     if tf_peak:
         os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"   # before TensorFlow starts
-    from tapas.execution import devices
+    from tapas.execution.runtime import devices
     devices.setup_devices(1)
     import tensorflow as tf
 
     from tapas import models
-    from tapas.execution import materialize, parallel, shards
+    from tapas.execution.runtime import materialize, shards
+    from tapas.execution.api import parallel
     rows: list[dict] = []
 
     def mark(name: str) -> None:

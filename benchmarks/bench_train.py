@@ -7,7 +7,7 @@
 In one process with ``--devices`` logical CPU devices: for each model, the single-device Keras
 training step (``tf.function``: forward, Keras loss, GradientTape, ``keras.optimizers.SGD``)
 and, for each strategy ("best": ``tapas.search`` on a V100 cluster of N devices;
-"random:SEED": ``tapas.execution.parallel.random_plan``), ``ParallelModel.train_step`` on the same
+"random:SEED": ``tapas.execution.api.parallel.random_plan``), ``ParallelModel.train_step`` on the same
 batch. Reports the median step time of ``--steps`` steps after the first, their ratio
 (parallel / single device), and the first step's time (tracing the replayed program and
 TensorFlow's first run of the graph) against the single-device first step, in wall time,
@@ -79,13 +79,13 @@ def main(argv: list[str]) -> None:
     if FLAGS.each_side_alone:
         _each_side_alone(sides)
         return
-    from tapas.execution import devices
+    from tapas.execution.runtime import devices
     devices.setup_devices(FLAGS.devices, "cpu")
     import keras
     import tensorflow as tf
 
     from tapas import capturing, models
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.planning.cost import Cluster
     logging.set_verbosity(logging.WARNING)
     n = FLAGS.devices

@@ -99,7 +99,7 @@ def plan_program(model: Any, entry: Any, graph: Any, patterns: Any, strategy: An
     ``input_spec``, ``synthetic_batch`` and ``keras_loss``; inference graph ``graph``)
     reconstructed with ``patterns`` (one pattern name per GraphNode) under ``strategy``,
     after one untimed ``train_step`` (tracing and the graph's first run)."""
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.program.plan import Plan
     from tapas.planning.strategy import graph_digest
     from tapas.sharding.patterns import pattern_by_name

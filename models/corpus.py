@@ -98,12 +98,12 @@ class CorpusEntry:
     def synthetic_batch(self, model: keras.Model, specs: Any, seed: int = 1
                         ) -> tuple[Any, Any]:
         """``(inputs, targets)`` for ``model`` (built by :meth:`build` with ``specs``): inputs
-        in the structure of ``specs`` (``tapas.execution.inputs.synthetic_batch``), targets
+        in the structure of ``specs`` (``tapas.execution.runtime.inputs.synthetic_batch``), targets
         for :meth:`loss`: class ids below 10, or standard normal values shaped like the one
         output (an unknown sequence length taken as :data:`SEQ`)."""
         import numpy as np
 
-        from tapas.execution import inputs
+        from tapas.execution.runtime import inputs
         rng = np.random.default_rng(seed)
         signature = inputs.InputSignature.of(model, specs)
         xs = inputs.synthetic_inputs(model, signature, seed)

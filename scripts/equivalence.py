@@ -10,7 +10,7 @@ bert-tiny, llama-tiny), every keras.applications family and keras-hub backbone o
 ``tapas.models.corpus`` (``--models=corpus``, ``zoo``, ``all`` or names). Plans: the searched
 strategy (a V100 node of N devices, with a memory budget of 70 % (else 85 %) of what the
 unconstrained search's plan needs, so that it shards: tiny models are cheapest replicated)
-and ``tapas.execution.parallel.random_plan`` with each seed. Each (model, devices,
+and ``tapas.execution.api.parallel.random_plan`` with each seed. Each (model, devices,
 plan) runs in a process of its own (logical devices are fixed per process, and a failed
 collective poisons its process), with a timeout; a case whose process dies of a signal is
 reported with the signal, the C library's message and the Python frames it was in. Levels:
@@ -127,7 +127,7 @@ def _build(name: str, batch: int | None = None) -> dict[str, Any]:
 
 def _plan(graph: Any, n: int, label: str) -> tuple[Any, str]:
     """The plan called ``label`` ("searched" or "random:SEED") and a note."""
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.program import reconstruct
     from tapas.planning import search
     from tapas.planning.cost import Cluster
@@ -339,7 +339,7 @@ def _float32_noise(built: dict[str, Any], initial: list, xs: Any, training: bool
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     """One (model, devices, plan) case: the levels asked for, or the pattern checker."""
-    from tapas.execution import devices
+    from tapas.execution.runtime import devices
     n = case["devices"]
     devices.setup_devices(n)
     import keras

@@ -261,7 +261,7 @@ def main(argv: list[str]) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)
     if FLAGS.measure:   # logical devices are fixed before TensorFlow's first op
-        from tapas.execution import devices
+        from tapas.execution.runtime import devices
         devices.setup_devices(FLAGS.measure_devices, "cpu")
     print(f"Figure 7: throughput of the plans, predicted on one node of {FLAGS.devices} "
           "V100s (cost model; no GPUs here)")

@@ -120,7 +120,7 @@ model that knew every plan's time from one run could do on another, i.e. the cei
 measurement noise leaves (``ceiling`` in the JSON; also with ``--recost``).
 
 ``--workers=K``: the same run on a second cluster, K processes on 127.0.0.1 under
-``MultiWorkerMirroredStrategy`` with one device each (``tapas.execution.launch`` starts
+``MultiWorkerMirroredStrategy`` with one device each (``tapas.execution.runtime.launch`` starts
 them with this command and always stops them). Every worker builds, searches and steps the
 same plans in the same order (the collectives keep them in step); worker 0's timings are
 the measurement and it alone writes ``--out``.
@@ -563,7 +563,7 @@ def graph_at(entry, batch: int, rows: int):
     axis divided as ``calibrate_compute`` divides it; a corpus model is built for one batch,
     so its specs at ``batch`` are the ones divided)."""
     from tapas import capturing
-    from tapas.execution.inputs import InputSignature
+    from tapas.execution.runtime.inputs import InputSignature
     model = entry.build(fast_init=True)
     small = InputSignature.of(model, _specs(entry, batch)).per_row(rows, "the calibration's "
                                                                     "second batch")
@@ -1162,7 +1162,7 @@ def main(argv: list[str]) -> None:
     if FLAGS.recost:
         recost_file(FLAGS.recost)
         return
-    from tapas.execution import devices
+    from tapas.execution.runtime import devices
     if FLAGS.workers:
         if FLAGS.communication_only:
             raise app.UsageError("--communication_only times plans without their "
@@ -1400,7 +1400,7 @@ def main(argv: list[str]) -> None:
 def launch_workers() -> None:
     """``--workers=K``: this command in K processes on 127.0.0.1 (module docstring); worker
     0's output is printed."""
-    from tapas.execution import launch
+    from tapas.execution.runtime import launch
     k = FLAGS.workers
     if k < 2:
         raise app.UsageError(f"--workers={k}: a cluster of processes needs at least 2")

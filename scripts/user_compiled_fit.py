@@ -92,7 +92,7 @@ def run_model(name: str, devices: int, epochs: int, seed: int | None) -> dict[st
     import numpy as np
 
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.models import corpus
     from tapas.sharding.placements import Split, parse_placement
     entry = corpus.get(name)
@@ -128,7 +128,7 @@ def run_model(name: str, devices: int, epochs: int, seed: int | None) -> dict[st
 
 def main(argv: list[str]) -> None:
     del argv
-    from tapas.execution import devices
+    from tapas.execution.runtime import devices
     devices.setup_devices(FLAGS.devices, "cpu")
     import keras
     keras.config.set_floatx(FLAGS.floatx)

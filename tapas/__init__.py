@@ -42,8 +42,8 @@ _LAZY = {
     "search": ("tapas.planning.search", "search"),
     "Strategy": ("tapas.planning.search", "Strategy"),
     "profile": ("tapas.execution.calibration.profiling", "profile"),
-    "parallelize": ("tapas.execution.parallel", "parallelize"),
-    "ParallelModel": ("tapas.execution.parallel", "ParallelModel"),
+    "parallelize": ("tapas.execution.api.parallel", "parallelize"),
+    "ParallelModel": ("tapas.execution.api.parallel", "ParallelModel"),
     "layers": ("tapas.layers", None),
     "DenseLayer": ("tapas.layers", "DenseLayer"),
 }

@@ -73,7 +73,7 @@ def kill_worker_after_first_checkpoint(proc: subprocess.Popen, checkpoint_dir: s
     """SIGKILL worker ``index`` of the launcher ``proc`` (a process the test started) once
     ``checkpoint_dir`` holds a checkpoint (or ``wait_s`` passed); the time of the kill.
     Fails when the job ended before it."""
-    from tapas.execution import fit
+    from tapas.execution.api import fit
     deadline = time.monotonic() + wait_s
     while not fit.list_checkpoints(str(checkpoint_dir)) and proc.poll() is None \
             and time.monotonic() < deadline:

@@ -35,7 +35,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tapas.execution import devices  # noqa: E402
+from tapas.execution.runtime import devices  # noqa: E402
 from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
 
 JOB = json.loads(sys.argv[1])
@@ -47,7 +47,8 @@ import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
 from tapas import capturing  # noqa: E402
-from tapas.execution import checkpoints, fit, parallel  # noqa: E402
+from tapas.execution.runtime import checkpoints  # noqa: E402
+from tapas.execution.api import fit, parallel  # noqa: E402
 
 B = 8
 SPEC = {"a": tf.TensorSpec([B, 6]), "b": tf.TensorSpec([B, 4])}

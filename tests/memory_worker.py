@@ -19,7 +19,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tapas.execution import devices  # noqa: E402
+from tapas.execution.runtime import devices  # noqa: E402
 from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
 
 # the job (a worker process); empty when the test imports this file for deep_mlp
@@ -40,7 +40,8 @@ def _mlp(width: int = 64) -> keras.Model:
 
 
 def check_report() -> dict:
-    from tapas.execution import memory, parallel
+    from tapas.execution.runtime import memory
+    from tapas.execution.api import parallel
     from tapas.capturing import capture
     model = _mlp()
     spec = tf.TensorSpec([8, 32], name="x")
@@ -95,7 +96,7 @@ def _splitting_weights(node, graph, n) -> list:
 
 
 def check_materialize() -> dict:
-    """A model built lazily (tapas.execution.materialize; eagerly with ``eager``) and
+    """A model built lazily (tapas.execution.runtime.materialize; eagerly with ``eager``) and
     parallelized over the workers, under RLIMIT_DATA = this process's VmData now +
     ``limit_mib`` when given: two SGD steps, then the checkpoint written to ``dir`` (each
     worker its shards; the parent reassembles them and compares them with Keras). With
@@ -104,7 +105,8 @@ def check_materialize() -> dict:
     import resource
 
     from tapas.capturing import capture
-    from tapas.execution import materialize, memory, parallel
+    from tapas.execution.runtime import materialize, memory
+    from tapas.execution.api import parallel
     strategy = devices.make_strategy(devices_per_worker=1) if devices.tf_config() \
         else devices.make_strategy(JOB["devices"])
     stages = {"start": _vm_data()}
@@ -151,7 +153,7 @@ def check_materialize() -> dict:
 
 def _reshard_model() -> tuple:
     from tapas.capturing import capture
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     strategy = devices.make_strategy(devices_per_worker=1) if devices.tf_config() \
         else devices.make_strategy(JOB["devices"])   # first: before any op
     keras.utils.set_random_seed(0)

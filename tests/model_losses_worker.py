@@ -46,7 +46,7 @@ from typing import Any, Callable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tapas.execution import devices  # noqa: E402
+from tapas.execution.runtime import devices  # noqa: E402
 from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
 
 JOB = json.loads(sys.argv[1])
@@ -61,7 +61,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tapas import capturing  # noqa: E402
-from tapas.execution import fit, parallel
+from tapas.execution.api import fit, parallel
 from tapas.execution.program import reconstruct  # noqa: E402
 from tapas.planning.strategy import graph_digest  # noqa: E402
 from tapas.sharding.placements import Split  # noqa: E402

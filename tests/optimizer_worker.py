@@ -21,7 +21,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tapas.execution import devices  # noqa: E402
+from tapas.execution.runtime import devices  # noqa: E402
 from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
 
 JOB = json.loads(sys.argv[1])
@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tapas import capturing  # noqa: E402
-from tapas.execution import parallel  # noqa: E402
+from tapas.execution.api import parallel  # noqa: E402
 from tapas.sharding.placements import Split, parse_placement  # noqa: E402
 
 N = JOB["devices"]

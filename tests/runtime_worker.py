@@ -29,7 +29,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tapas.execution import devices  # noqa: E402
+from tapas.execution.runtime import devices  # noqa: E402
 from worker_main import finish, run_checks  # noqa: E402  (tests/, this script's folder)
 from tapas.execution import runtime as rt  # noqa: E402
 
@@ -304,7 +304,7 @@ def check_bad_inputs(strategy: Any) -> dict[str, Any]:
     out["optimizer"] = attempt(lambda: make_runtime(strategy, model, "megatron", "adafactor"))
     # strategies searched for another device count / another model
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.planning import search
     from tapas.planning.cost import Cluster
     graph = capturing.capture(model, SPEC)
@@ -323,12 +323,12 @@ def check_bad_inputs(strategy: Any) -> dict[str, Any]:
 def check_zoo(strategy: Any) -> dict[str, Any]:
     """For each JOB['zoo'] entry {model, strategies, optimizer, training,
     graph_optimization}: parallelize the model with each strategy ("best": tapas.search on
-    a V100 cluster of N devices; "random:SEED": tapas.execution.parallel.random_plan) in the
+    a V100 cluster of N devices; "random:SEED": tapas.execution.api.parallel.random_plan) in the
     entry's mode (``training``, default False: the inference graph) and Grappler options
     (default "lean"; the key ends in "/default" for TensorFlow's) and verify it against the
     single-device Keras model."""
     from tapas import capturing, models
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.planning.cost import Cluster
     n = strategy.num_replicas_in_sync
     out: dict[str, Any] = {}
@@ -395,7 +395,7 @@ def _each_pattern_verified(strategy: Any, model: Any, in_shape: tuple, out_shape
     ``names``, else every one but ``replicate``), the rest replicated, one program after
     another in this process: ``{pattern: verify's outputs, loss, gradients, weights}``."""
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.program.plan import Plan
     from tapas.planning.strategy import graph_digest
     from tapas.sharding.patterns import patterns_for
@@ -491,7 +491,7 @@ def check_logits(strategy: Any) -> dict[str, Any]:
     the logits, and so must the reconstructed program (outputs, loss, gradients and weights
     after 3 steps against Keras), for replicated, batch-split and class-split outputs."""
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.program import reconstruct
     from tapas.sharding import patterns
     n = strategy.num_replicas_in_sync
@@ -555,7 +555,7 @@ def _moved_activation(strategy: Any, x: np.ndarray) -> dict[str, Any]:
     batch-split: predict works; training is refused with a clear error (the logits a Keras
     crossentropy needs are placed unlike the output)."""
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.program import reconstruct
     from tapas.sharding import patterns, placements
     n = strategy.num_replicas_in_sync
@@ -619,7 +619,7 @@ def check_property(strategy: Any) -> dict[str, Any]:
     from hypothesis import strategies as st
 
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     n = strategy.num_replicas_in_sync
     seen: list[str] = []
 
@@ -658,7 +658,7 @@ def check_programs(strategy: Any) -> dict[str, Any]:
     worker's own strategy object, and two MirroredStrategy objects made by hand (the second
     reuses the first one's collective keys and must be refused, naming the fix)."""
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     spec = tf.TensorSpec([BATCH, D_IN], tf.float32, "x")
     rng = np.random.RandomState(0)
     x, y = rng.randn(BATCH, D_IN).astype("float32"), rng.randn(BATCH, 4).astype("float32")
@@ -706,7 +706,7 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
     model's (``tapas.planning.mesh.gradient_all_reduce``: one per trainable weight, its local
     shard's bytes); a checkpoint of the mesh restored into a 1-D program of the same model."""
     from tapas import capturing, models
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.planning import mesh as mesh_lib
     out: dict[str, Any] = {}
     for entry in JOB["mesh"]:
@@ -750,7 +750,7 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
             history = pm.fit(twice, np.concatenate([y, y]), batch_size=len(y), epochs=1,
                              verbose=0).history
             rt = pm.runtime
-            from tapas.execution.train import column_audit
+            from tapas.execution.api.train import column_audit
             ran, priced = ({"|".join(k): v for k, v in d.items()}
                            for d in column_audit(pm, mesh))
             path = rt.save(os.path.join(JOB["dir"], f"mesh-{entry['mesh']}-{entry['seed']}"))

@@ -5,8 +5,8 @@ In:  the source of every ``tapas/**/*.py`` and ``models/*.py``, parsed with ``as
 Out: failures naming the module, the import or the oversized definition and the fix.
 
 The layer order (docs/architecture.md) is ``ir``/``progress`` < ``capturing`` < ``mining`` <
-``sharding`` < ``planning`` < ``layers`` < ``execution`` (``program`` < ``training`` < the
-rest) < ``models`` (the zoo) < ``cli``.
+``sharding`` < ``planning`` < ``layers`` < ``execution`` (``program`` < ``training`` <
+``runtime`` < the rest) < ``models`` (the zoo) < ``cli``.
 A module imports only modules of its own layer or a lower one, at module level, inside a
 function, under ``TYPE_CHECKING`` or through ``importlib.import_module("...")`` alike (a
 module named at run time is refused: it cannot be checked); ``tapas/__init__.py`` is the
@@ -39,12 +39,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tapas.planning",),
     ("tapas.layers",),
     # the execution floor, one package per concern (docs/architecture.md): the per-replica
-    # program, the model's training pieces on the shards, then the runtime (the flat
-    # modules until they move into a package of their own), checking and calibration,
-    # which use the runtime and which it uses
+    # program, the model's training pieces on the shards, the tf.distribute runtime, then
+    # the user API and jobs, checking and calibration, which use one another
     ("tapas.execution.program",),
     ("tapas.execution.training",),
-    ("tapas.execution", "tapas.execution.checking", "tapas.execution.calibration"),
+    ("tapas.execution.runtime",),
+    ("tapas.execution", "tapas.execution.api", "tapas.execution.checking",
+     "tapas.execution.calibration"),
     ("tapas.models",),
     ("tapas.export",),
     ("tapas.cli",),
@@ -53,7 +54,7 @@ FACADE = "tapas"   # tapas/__init__.py: re-exports the public entry points of ev
 
 # Imports against the layer order that stay until the importing module moves, with why.
 LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("tapas.execution.train", "tapas.models"):
+    ("tapas.execution.api.train", "tapas.models"):
         "tapas train builds zoo presets by name; goes when the job code moves under the CLI",
 }
 

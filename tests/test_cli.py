@@ -70,7 +70,7 @@ def test_unknown_command_and_model_are_usage_errors():
     # with --workers: refused before any worker is launched, not once per worker
     assert workers.returncode != 0 and "t5-large" in workers.stderr, workers.stderr[-2000:]
     assert "launching" not in workers.stdout and "worker 1" not in workers.stderr
-    from tapas.execution import train
+    from tapas.execution.api import train
     with pytest.raises(train.TrainError, match="no such file"):
         train.train(train.TrainOptions(model="/no/such/model.keras", workers=2))
 

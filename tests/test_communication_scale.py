@@ -208,7 +208,7 @@ def test_the_flag_value_is_a_factor_or_measure() -> None:
 
 _MEASURE = r"""
 import json
-from tapas.execution import devices
+from tapas.execution.runtime import devices
 devices.setup_devices(2, "cpu")
 import tapas
 from tapas import models

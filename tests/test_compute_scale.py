@@ -125,7 +125,7 @@ def test_a_larger_compute_scale_never_picks_a_plan_that_computes_more() -> None:
 
 _MEASURE = r"""
 import json, sys
-from tapas.execution import devices
+from tapas.execution.runtime import devices
 strategy = devices.make_strategy(2)
 import keras
 import tensorflow as tf

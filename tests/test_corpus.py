@@ -92,7 +92,7 @@ def test_hugging_face_mobilevit_with_lengths_unknown_to_the_trace_plans_and_rebu
     at reconstruction ("cannot cut dimension 1 of size None"): those placements are not
     offered, and a random plan on 2 simulated shards equals one device."""
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.checking import checker, verify
     model, specs = corpus.get("hf-mobilevit").build()
     trace = capturing.trace(model, specs)
@@ -112,7 +112,7 @@ def test_model_garden_sparse_mixer_runs_the_collectives_its_plans_predict():
     prediction had one (a reader counted as passing a gradient through any output):
     random plans on 2 simulated shards equal one device and run what they predict."""
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.program import reconstruct
     from tapas.execution.checking import audit, checker, verify
     model, specs = corpus.get("tfm-sparse-mixer").build()

@@ -1,4 +1,4 @@
-"""tapas.execution.devices: which process reports for a job, read from TF_CONFIG; local
+"""tapas.execution.runtime.devices: which process reports for a job, read from TF_CONFIG; local
 devices per worker."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tapas.execution import devices
+from tapas.execution.runtime import devices
 
 
 def _config(monkeypatch, cluster, task) -> None:

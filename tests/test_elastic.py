@@ -36,7 +36,7 @@ def _scalars(logdir) -> dict:
 
 
 def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
-    from tapas.execution import fit
+    from tapas.execution.api import fit
     model = _two_input_model()
     model.compile("sgd", "mse")
     model.save(tmp_path / "m.keras")

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tapas import capturing
-from tapas.execution import parallel
+from tapas.execution.api import parallel
 from tapas.execution.program import reconstruct
 from tapas.execution.checking import checker
 

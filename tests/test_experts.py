@@ -192,7 +192,7 @@ def test_keras_hub_moe_nested_matches_one_device(name: str) -> None:
 
     from models import corpus
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.checking import checker, nested, verify
     model, specs = corpus.get(name).build(batch=4)
     row = tf.nest.map_structure(lambda s: tf.TensorSpec([s.shape[0] // 2] + s.shape[1:],
@@ -241,12 +241,12 @@ def test_plans_that_cannot_nest_are_refused_with_the_reason(moe: Any) -> None:
 
 _HUB_NESTED = """
 import sys
-from tapas.execution import devices
+from tapas.execution.runtime import devices
 devices.setup_devices(4, "cpu")
 import tensorflow as tf
 from models import corpus
 from tapas import capturing
-from tapas.execution import parallel, train
+from tapas.execution.api import parallel, train
 from tapas.planning import experts as X
 from tapas.planning.mesh import Mesh
 entry = corpus.get(sys.argv[1])

@@ -161,7 +161,7 @@ def test_data_that_does_not_fit_the_model_is_refused_before_the_capture(tmp_path
 def test_tfrecord_data_that_does_not_fit_is_refused_before_the_capture(tmp_path):
     """The same checks on TFRecord files (``save_tfrecord``'s layout): a missing feature,
     a token id beyond the vocabulary in the first batch, and a file that is no TFRecord."""
-    from tapas.execution.train_data import save_tfrecord
+    from tapas.execution.api.train_data import save_tfrecord
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 512, (4, 16)).astype("int32")
     (tmp_path / "junk.tfrecord").write_bytes(b"not a record" * 10)
@@ -203,7 +203,7 @@ def test_the_launchers_workers_die_with_it(tmp_path):
     pids = tmp_path / "pids"
     worker = ("import os, sys, time; open(sys.argv[1] + str(os.getpid()), 'w').close(); "
               "time.sleep(120)")
-    code = ("import sys; from tapas.execution import launch; "
+    code = ("import sys; from tapas.execution.runtime import launch; "
             f"launch.launch(lambda i: [sys.executable, '-c', {worker!r}, {str(pids)!r} + '/'],"
             " 2, timeout_s=120)")
     pids.mkdir()
@@ -277,7 +277,7 @@ def test_a_sparse_or_ragged_batch_is_named_with_the_dense_fix():
     import keras
     import tensorflow as tf
 
-    from tapas.execution.inputs import InputSignature
+    from tapas.execution.runtime.inputs import InputSignature
     inp = keras.Input((5,), name="x", sparse=True)
     signature = InputSignature.of(keras.Model(inp, keras.layers.Dense(2)(inp)),
                                   tf.TensorSpec([4, 5], name="x"))

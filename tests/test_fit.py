@@ -1,4 +1,4 @@
-"""tapas.execution.fit: ``ParallelModel.fit`` equals Keras's ``Model.fit``, its checkpoints
+"""tapas.execution.api.fit: ``ParallelModel.fit`` equals Keras's ``Model.fit``, its checkpoints
 are atomic, and a resumed run equals an uninterrupted one exactly.
 
 In worker processes (tests/fit_worker.py, 2 logical CPU devices, a random plan that shards
@@ -20,7 +20,7 @@ import keras
 import pytest
 
 import command  # tests/command.py
-from tapas.execution import fit
+from tapas.execution.api import fit
 from worker_main import run_worker  # tests/worker_main.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,7 +91,7 @@ def test_a_lost_worker_ends_the_survivor_without_a_launcher(tmp_path) -> None:
     import sys
     import time
 
-    from tapas.execution import launch
+    from tapas.execution.runtime import launch
     ports = launch.free_ports(2)
     job = json.dumps({"devices": 2, "dir": str(tmp_path), "checks": ["long_fit"]})
     procs = []
@@ -311,7 +311,9 @@ def test_killed_worker_then_resume_equals_an_uninterrupted_run(tmp_path) -> None
 def test_npz_layout_is_checked_with_the_fix(tmp_path) -> None:
     import numpy as np
 
-    from tapas.execution import inputs, train
+    from tapas.execution.runtime import inputs
+
+    from tapas.execution.api import train
 
     import tensorflow as tf
     signature = inputs.InputSignature.of(_two_input_model(), {
@@ -334,7 +336,7 @@ def test_tapas_train_on_tfrecord_files_equals_keras_fit(tmp_path) -> None:
     the first's updates) equal Keras fit on the same examples in the same order."""
     import numpy as np
 
-    from tapas.execution import train
+    from tapas.execution.api import train
     model = _two_input_model()
     model.compile("sgd", "mse")
     model.save(tmp_path / "m.keras")
@@ -359,7 +361,9 @@ def test_tfrecord_layout_is_checked_with_the_fix(tmp_path) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from tapas.execution import inputs, train
+    from tapas.execution.runtime import inputs
+
+    from tapas.execution.api import train
     signature = inputs.InputSignature.of(_two_input_model(), {
         "a": tf.TensorSpec([8, 6]), "b": tf.TensorSpec([8, 4])})
 

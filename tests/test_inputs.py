@@ -1,9 +1,9 @@
-"""tapas.execution.inputs: a parallel model takes its batch in every form Keras accepts (one
+"""tapas.execution.runtime.inputs: a parallel model takes its batch in every form Keras accepts (one
 array, a list or tuple, a dict keyed by input name, the model's nested structure), and every
 input error names the input, what it should be and the fix.
 
 The multi-device checks run in worker processes (tests/inputs_worker.py: logical CPU devices
-are set once per process), started through ``tapas.execution.launch`` so they always end.
+are set once per process), started through ``tapas.execution.runtime.launch`` so they always end.
 The in-process tests need no devices: they build signatures and batches only.
 """
 
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tapas.execution import inputs
+from tapas.execution.runtime import inputs
 from worker_main import run_worker  # tests/worker_main.py
-from tapas.execution.parallel import loss_object
+from tapas.execution.api.parallel import loss_object
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "inputs_worker.py")

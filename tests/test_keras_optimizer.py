@@ -232,7 +232,7 @@ def test_fit_with_compiled_optimizer_equals_keras_fit_on_4_devices():
 def test_keras2_optimizers_and_losses_become_their_keras3_twins():
     import tf_keras
     from tapas.execution.training import keras2
-    from tapas.execution.parallel import loss_object
+    from tapas.execution.api.parallel import loss_object
     opt = resolve_optimizer(tf_keras.optimizers.Adam(3e-3, clipnorm=0.5, amsgrad=True))
     assert type(opt) is O.Adam and opt.clipnorm == 0.5 and opt.amsgrad
     assert np.isclose(float(opt.learning_rate), 3e-3)

@@ -152,7 +152,7 @@ def test_the_search_prices_measured_kernels() -> None:
 
 _MEASURE = """
 import json
-from tapas.execution import devices
+from tapas.execution.runtime import devices
 devices.setup_devices(2, "cpu")
 from tapas.execution.calibration.kernels import build_kernel, measure_kernels
 from tapas.ir import OpInfo, TensorInfo

@@ -245,7 +245,7 @@ def test_whole_layer_kinds_get_their_sharding_patterns():
 _PARALLEL_SCRIPT = r"""
 import json, sys
 import numpy as np
-from tapas.execution import devices
+from tapas.execution.runtime import devices
 devices.setup_devices(2)
 import keras, tensorflow as tf
 import tapas

@@ -57,7 +57,7 @@ def test_keras2_grouped_convolution_is_lowered_and_trains_on_shards(layer, shape
     for: PartitionedCall"). It is lowered as Keras 3's is; random plans on 2 simulated
     shards equal one device, gradients included; the method is restored after the trace."""
     import tf_keras as k2
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.checking import verify
     from tf_keras.src.layers.convolutional import base_conv
     original = base_conv.Conv.__dict__["_jit_compiled_convolution_op"]

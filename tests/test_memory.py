@@ -1,4 +1,4 @@
-"""Memory per device and per worker (tapas.execution.memory): the plan's prediction beside
+"""Memory per device and per worker (tapas.execution.runtime.memory): the plan's prediction beside
 the measured peak, from ``ParallelModel.memory_report``, fit's end and ``tapas train``."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _ok(result: dict) -> dict:
 def test_peak_rss_is_the_process_high_water_mark() -> None:
     import resource
 
-    from tapas.execution import memory
+    from tapas.execution.runtime import memory
     block = bytearray(64 * 2**20)   # touched: resident
     peak = memory.peak_rss_bytes()
     assert peak >= len(block)
@@ -69,7 +69,7 @@ def test_tapas_train_prints_every_workers_peak(tmp_path) -> None:
     assert sum(1 for ln in lines if len(ln) == 4 and ln[0] in "01" and ln[1] == "1") == 2
 
 
-# ---- sharded materialization (tapas.execution.materialize) ---------------------------------
+# ---- sharded materialization (tapas.execution.runtime.materialize) ---------------------------------
 
 def test_lazy_weights_equal_keras_own_build_and_are_never_allocated() -> None:
     """A model built by ``build_lazily`` allocates no weight (its process's resident set
@@ -80,7 +80,7 @@ def test_lazy_weights_equal_keras_own_build_and_are_never_allocated() -> None:
     import tensorflow as tf
 
     from tapas import capturing
-    from tapas.execution import materialize, memory
+    from tapas.execution.runtime import materialize, memory
 
     def build() -> keras.Model:
         x = keras.Input((64,), name="x")
@@ -148,7 +148,7 @@ def test_workers_under_a_limit_below_the_whole_models_weights_train_and_verify(t
     import keras
     import numpy as np
 
-    from tapas.execution import launch
+    from tapas.execution.runtime import launch
     weights = (FROZEN + DEPTH) * WIDTH * (WIDTH + 1) * 4 + (WIDTH + 1) * 8 * 4
     limit_mib = 0.85 * weights / MIB
     job = {"checks": ["materialize"], "dir": str(tmp_path / "ck"), "width": WIDTH,
@@ -207,7 +207,7 @@ def test_workers_under_a_limit_below_the_whole_models_weights_train_and_verify(t
         np.testing.assert_allclose(r["loss"], third, rtol=1e-5)
 
 
-# ---- slice-wise resharding (tapas.execution.reshard) ---------------------------------------
+# ---- slice-wise resharding (tapas.execution.runtime.reshard) ---------------------------------------
 
 def _expected_read(old: dict, new: dict) -> int:
     """The bytes of the old shards (4 devices) that overlap the new shards of one process's

@@ -545,7 +545,7 @@ def test_whole_moe_model_nested_plan_matches_one_device(seed):
     gradient equal the single-device graph run on each row's share."""
     import numpy as np
 
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.planning import experts
     t, g, _ = _captured("moe-tiny")
     plan = parallel.random_plan(g, 2, seed, patterns_fn=experts.nested_patterns(g, 2))

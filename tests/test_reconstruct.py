@@ -412,7 +412,7 @@ def test_a_cond_whose_branch_reads_a_variable_takes_its_value() -> None:
     keras.utils.set_random_seed(0)
     x = keras.Input((4,), batch_size=2)
     model = keras.Model(x, keras.layers.Dense(4)(Gated()(x)))
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.execution.program.collectives import SimulatedCollectives
     trace = capturing.trace(model, tf.TensorSpec([2, 4]))
     graph = capturing.to_ir(trace)
@@ -448,7 +448,7 @@ def test_a_nested_tf_function_call_is_differentiated() -> None:
     x = keras.Input((4,), batch_size=2)
     h = Helped()(keras.layers.Dense(8)(x))
     model = keras.Model(x, keras.layers.Dense(4)(h))
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     trace = capturing.trace(model, tf.TensorSpec([2, 4]))
     graph = capturing.to_ir(trace)
     assert any(op.type == "PartitionedCall" for n in graph.nodes for op in n.ops)

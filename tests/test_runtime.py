@@ -1,8 +1,8 @@
-"""tapas.execution.runtime, tapas.execution.parallel and tapas.execution.launch: multi-device training equals single-device
+"""tapas.execution.runtime, tapas.execution.api.parallel and tapas.execution.runtime.launch: multi-device training equals single-device
 Keras.
 
 Every multi-device check runs in a worker process (tests/runtime_worker.py: logical CPU
-devices are set once per process), started through ``tapas.execution.launch`` so that it is always
+devices are set once per process), started through ``tapas.execution.runtime.launch`` so that it is always
 ended (deadline, then kill of its own process group). One process runs many checks; the
 fixtures below are module-scoped so each device set starts once.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tapas.execution import launch
+from tapas.execution.runtime import launch
 from worker_main import run_worker  # tests/worker_main.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,7 +182,7 @@ def _assert_each_pattern_equal(result: dict[str, Any], patterns: set[str]) -> No
 
 
 def test_unknown_graph_optimization_is_refused_before_any_work() -> None:
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     with pytest.raises(ValueError, match=r"graph_optimization='fast': use one of \['lean', "
                                          r"'default'\]"):
         parallel.parallelize(object(), None, devices=2, graph_optimization="fast")

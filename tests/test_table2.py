@@ -393,7 +393,7 @@ def test_table2_flags_are_checked_before_any_work(flags, words) -> None:
 _INSTRUMENT = """
 import sys
 sys.path.insert(0, "benchmarks")
-from tapas.execution import devices
+from tapas.execution.runtime import devices
 devices.setup_devices(2, "cpu")
 import report
 from tapas import capturing, models

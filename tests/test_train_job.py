@@ -1,5 +1,5 @@
 """``tapas train`` jobs on the synthetic batch: ``--steps`` with ``--resume`` is the total
-the job reaches (tapas.execution.train_job.resumed_length), or the mismatch is said.
+the job reaches (tapas.execution.api.train_job.resumed_length), or the mismatch is said.
 
 moe-tiny's inference graph on 2 logical devices under a random plan, through the command
 as a user runs it (tests/command.py)."""
@@ -63,8 +63,8 @@ def test_a_total_epochs_cannot_lay_out_is_refused_with_the_fix(runs) -> None:
     """The checkpoint at step 8 ends epoch 2 (of 4 steps, then 4 more): --steps=3
     --epochs=4 (12 in all) cannot continue it in epochs of 3 steps; without --epochs a
     new epoch runs to the total; epochs of its own length continue as written."""
-    from tapas.execution import train_job
-    from tapas.execution.train_data import TrainError
+    from tapas.execution.api import train_job
+    from tapas.execution.api.train_data import TrainError
 
     said: list[str] = []
 

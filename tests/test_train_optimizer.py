@@ -65,7 +65,7 @@ def test_the_search_counts_the_compiled_optimizers_slots():
     (``CostOptions.optimizer_slots``, counted by ``keras_optimizer.slot_count``)."""
     import tensorflow as tf
     from tapas import capturing
-    from tapas.execution import parallel
+    from tapas.execution.api import parallel
     from tapas.planning.cost import CostOptions, weight_memory
 
     inp = keras.Input((8,))

@@ -30,7 +30,7 @@ import pytest
 import tensorflow as tf
 
 from tapas import capturing
-from tapas.execution import parallel
+from tapas.execution.api import parallel
 from tapas.execution.program import reconstruct
 from tapas.execution.checking import checker, verify
 from worker_main import run_worker  # tests/worker_main.py
@@ -281,7 +281,7 @@ def test_a_plan_of_the_inference_graph_runs_in_inference_mode_unless_told_otherw
     plan of the training graph runs in training mode. (`tapas search --out=s.json` then
     `tapas train --strategy=s.json` on a batch-norm model was refused before.)"""
     import tapas
-    from tapas.execution.parallel import random_plan
+    from tapas.execution.api.parallel import random_plan
     model = mlp()
     loss = keras.losses.MeanSquaredError()
     inference_plan = random_plan(capturing.capture(model, SPEC), 1, 0)

@@ -76,7 +76,7 @@ def test_an_ill_conditioned_model_is_flagged() -> None:
 
 
 def test_the_verify_table_names_the_reference_sensitivity() -> None:
-    from tapas.execution.train import _say_verify
+    from tapas.execution.api.train import _say_verify
     ok = {"max_abs_diff": 0.0, "scale": 1.0, "ok": True}
     check = {"ok": False, "mode": "training", "outputs": ok, "loss": ok,
              "gradients": {"max_abs_diff": 2e-3, "scale": 20.0, "ok": False, "worst": "k"},
@@ -104,12 +104,12 @@ def test_the_verify_table_names_the_reference_sensitivity() -> None:
 _SCRIPT = r"""
 import json
 import numpy as np
-from tapas.execution import devices
+from tapas.execution.runtime import devices
 devices.setup_devices(2)
 import keras, tensorflow as tf
 import tapas
 from tapas import capturing
-from tapas.execution import parallel
+from tapas.execution.api import parallel
 keras.utils.set_random_seed(0)
 x = keras.Input((6,), batch_size=4)
 h = keras.layers.Dense(4, use_bias=False)(x)

@@ -102,15 +102,15 @@ def load_model(name: str | None, batch_size: int | None = None,
         if not os.path.exists(name):
             raise app.UsageError(f"--model={name}: no such file; give a zoo name "
                                  f"({', '.join(models.names()[:4])}, ...) or a saved .keras path")
-        from tapas.execution import preflight
+        from tapas.execution.api import preflight
         try:
             preflight.check_model_file(name)
         except preflight.PreflightError as e:
             raise app.UsageError(str(e)) from None
         import keras
         import tensorflow as tf
-        from tapas.execution.inputs import keras_structure
-        from tapas.execution.parallel import training_loss
+        from tapas.execution.runtime.inputs import keras_structure
+        from tapas.execution.api.parallel import training_loss
         try:   # compiled: its loss is the one tapas train uses
             model = keras.saving.load_model(name)
         except Exception:  # noqa: BLE001  (a compile config Keras cannot rebuild here)

@@ -79,7 +79,7 @@ def _row_graph(graph: Any, trace: Any, loaded: Any, rows: int) -> Any:
     import tensorflow as tf
 
     from tapas import capturing
-    from tapas.execution.inputs import InputSignature
+    from tapas.execution.runtime.inputs import InputSignature
     batch = int(tf.nest.flatten(trace.input_specs)[0].shape[0])
     if batch % rows:
         raise app.UsageError(f"--mesh={FLAGS.mesh}: the batch {batch} does not split into "

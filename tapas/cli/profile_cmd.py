@@ -66,7 +66,7 @@ def cmd_profile() -> dict[str, Any]:
     plot = FLAGS.plot if FLAGS.plot is not None else os.path.splitext(out)[0] + "_residuals.png"
     if FLAGS.workers:
         return _profile_workers(out, plot)
-    from tapas.execution import devices
+    from tapas.execution.runtime import devices
     chief = devices.is_chief_process()
     result = profiling.profile(FLAGS.devices, sizes=sizes, repeats=FLAGS.repeats,
                                gamma=FLAGS.gamma, elementwise=FLAGS.elementwise,
@@ -91,7 +91,7 @@ def _profile_workers(out: str, plot: str) -> dict[str, Any]:
     """``tapas profile --workers=K``: the same command in K processes on 127.0.0.1 under
     MultiWorkerMirroredStrategy (one device each); worker 0 writes the cluster file, the
     plot and the JSON report; its output is printed; every worker is stopped on failure."""
-    from tapas.execution import launch
+    from tapas.execution.runtime import launch
     k = FLAGS.workers
     if k < 2:
         raise app.UsageError(f"--workers={k}: a collective needs at least 2 workers; use "

@@ -136,7 +136,7 @@ def cmd_search() -> dict[str, Any]:
     if any(measures) and FLAGS.cluster not in CLUSTER_PRESETS:
         # the cluster's devices, before the capture runs any TensorFlow op (logical CPU
         # devices are set once per process)
-        from tapas.execution.devices import setup_devices
+        from tapas.execution.runtime.devices import setup_devices
         setup_devices(cluster.num_devices)
     graph, trace, ir_s, loaded = capture_flags_model()
     capture_s = trace.seconds + ir_s
@@ -208,7 +208,7 @@ def _search_options(cluster: Any, loaded: LoadedModel, graph: Any) -> tuple[Any,
         return None, None
     changes: dict[str, Any] = {}
     if FLAGS.kernel_times is not None:
-        from tapas.execution.devices import make_strategy
+        from tapas.execution.runtime.devices import make_strategy
         from tapas.execution.calibration.kernels import resolve_kernel_times
         save_to = (os.path.splitext(FLAGS.out)[0] + "_kernels.json" if FLAGS.out
                    else os.path.join("out", "kernel_times.json"))
@@ -222,7 +222,7 @@ def _search_options(cluster: Any, loaded: LoadedModel, graph: Any) -> tuple[Any,
     def measure() -> Any:
         if measured:
             return measured[0]
-        from tapas.execution.devices import make_strategy
+        from tapas.execution.runtime.devices import make_strategy
         n = cluster.num_devices
         which = " and ".join(f"--{name}=measure" for name in ("compute_scale",
                                                                "elementwise_scale")
@@ -263,7 +263,7 @@ def _communication_options(cluster: Any, loaded: LoadedModel, graph: Any, option
     base = CostOptions.for_cluster(cluster) if options is None else options
 
     def measure() -> Any:
-        from tapas.execution.devices import make_strategy
+        from tapas.execution.runtime.devices import make_strategy
         n = cluster.num_devices
         print(f"measuring the model's communication scale on {n} devices "
               "(--communication_scale=measure)")
@@ -303,7 +303,7 @@ def _search_meshes(graph: ir.Graph, trace: Any, cluster: Any, loss: Any,
     import tensorflow as tf
 
     from tapas import capturing
-    from tapas.execution.inputs import InputSignature
+    from tapas.execution.runtime.inputs import InputSignature
     from tapas.planning import explore
     from tapas.planning import mesh as mesh_lib
     from tapas.planning import search as search_lib

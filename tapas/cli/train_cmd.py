@@ -1,8 +1,8 @@
 """``tapas train``: train ``--model`` under a tensor-parallel strategy
-(``tapas.execution.train``).
+(``tapas.execution.api.train``).
 
 In:  the model, devices, steps, strategy, optimizer and training-job flags (FLAG_NAMES).
-Out: the report ``tapas.execution.train.train`` returns (it writes ``--json_out`` itself).
+Out: the report ``tapas.execution.api.train.train`` returns (it writes ``--json_out`` itself).
 Raises: ``absl.app.UsageError`` for a flag train does not take; a failed run (a bad option
      found before it starts, a lost worker, verify failed) prints ``tapas train: <why>`` and
      exits 1.
@@ -38,7 +38,7 @@ flags.DEFINE_string("data", None, "train: an .npz of training data: one array pe
                     "input, named by input name (x for a one-input model), and the targets "
                     "y, the first axis counting examples; or .tfrecord file(s) (a glob or a "
                     "comma-separated list) of tf.train.Example records with the same "
-                    "features, each flattened (tapas.execution.train.save_tfrecord writes "
+                    "features, each flattened (tapas.execution.api.train.save_tfrecord writes "
                     "them); trained with ParallelModel.fit in global batches of "
                     "--batch_size (default: the model's synthetic batch).")
 flags.DEFINE_integer("epochs", None, "train: epochs (passes over --data; with the synthetic "
@@ -75,7 +75,7 @@ FLAG_NAMES = ('model', 'devices', 'steps', 'strategy', 'verify', 'batch_size', '
 
 
 def cmd_train() -> dict[str, Any]:
-    from tapas.execution import train
+    from tapas.execution.api import train
     if FLAGS.elementwise_scale is not None:
         raise app.UsageError(f"--elementwise_scale={FLAGS.elementwise_scale} prices `tapas "
                              "search` only: search with it (--out=s.json) and train that "

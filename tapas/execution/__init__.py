@@ -2,7 +2,7 @@
 
 In:  the traced model, its :class:`tapas.ir.Graph` and a
      :class:`tapas.planning.search.Strategy`.
-Out: :class:`tapas.execution.parallel.ParallelModel`: per-replica programs with real
+Out: :class:`tapas.execution.api.parallel.ParallelModel`: per-replica programs with real
      collectives, a training step under MirroredStrategy / MultiWorkerMirroredStrategy,
      checkpoints, the collective audit and the comparison with the single-device model.
 
@@ -17,11 +17,9 @@ One package per concern:
   (``verify``, ``keras_reference``), the collective audit, the pattern checker.
 * :mod:`tapas.execution.calibration`: ``tapas profile`` and one model's compute,
   communication and kernel timings, fitted into the cost model's constants.
-* the runtime and the user API, flat here until they get a package of their own:
-  :mod:`~tapas.execution.runtime` (shards and the training step under a tf.distribute
-  strategy), :mod:`~tapas.execution.devices`, :mod:`~tapas.execution.inputs`,
-  :mod:`~tapas.execution.checkpoints`, :mod:`~tapas.execution.parallel`
-  (``tapas.parallelize``, ``ParallelModel``), :mod:`~tapas.execution.fit`,
-  :mod:`~tapas.execution.train` and :mod:`~tapas.execution.launch` (``tapas train`` and
-  its loopback worker processes).
+* :mod:`tapas.execution.runtime`: the tf.distribute runtime: the ``Runtime`` (shards,
+  training step, inference, checkpoints), the devices and worker processes, the inputs.
+* :mod:`tapas.execution.api`: the user API and jobs on it: ``tapas.parallelize`` and
+  ``ParallelModel`` (``parallel``), ``fit`` with its callbacks and checkpoint directories,
+  and ``tapas train`` (``train`` and its data, measurements, job and worker launch).
 """

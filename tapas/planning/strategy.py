@@ -228,7 +228,7 @@ class Strategy:
                 text = f.read()
         except OSError as e:
             hint = ("; 'random:SEED' is the command line's form: in Python pass "
-                    "tapas.execution.parallel.random_plan(graph, N, SEED)"
+                    "tapas.execution.api.parallel.random_plan(graph, N, SEED)"
                     if str(path).startswith("random:") else "")
             raise ValueError(f"strategy file {path}: cannot read it ({e.strerror}): give the "
                              "path of a Strategy JSON written by `tapas search --out=...`"

@@ -270,8 +270,9 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
     (:func:`activation_plan`; its two programs are timed in the same rounds, so the
     measurement takes about twice as long); off: one factor for every collective."""
     from tapas import capturing
-    from tapas.execution import inputs, parallel
-    from tapas.execution.devices import make_strategy, process_count
+    from tapas.execution.runtime import inputs
+    from tapas.execution.api import parallel
+    from tapas.execution.runtime.devices import make_strategy, process_count
     from tapas.execution.program.plan import Plan
     from tapas.planning.strategy import graph_digest
     from tapas.sharding.patterns import pattern_by_name

@@ -148,8 +148,9 @@ def calibrate_compute(model: Any, input_spec: Any = None, *, cluster: Any,
     the compiled model's, or mean squared error). ``training``: the graph the plans will
     run (``tapas.parallelize``'s ``training``). ``options``: the pricing the search will use
     (default ``CostOptions.for_cluster(cluster)``)."""
-    from tapas.execution import inputs, parallel
-    from tapas.execution.devices import make_strategy
+    from tapas.execution.runtime import inputs
+    from tapas.execution.api import parallel
+    from tapas.execution.runtime.devices import make_strategy
     from tapas.execution.program.plan import Plan
     from tapas.execution.calibration.timing import check_pairs
     check_pairs(steps, repeats)

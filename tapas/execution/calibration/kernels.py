@@ -30,7 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tapas.execution.devices import process_count
+from tapas.execution.runtime.devices import process_count
 from tapas.execution.calibration.timing import Timer
 from tapas.planning.kernel_times import KernelTimes
 from tapas.sharding.patterns.kernels import parse_kernel_key

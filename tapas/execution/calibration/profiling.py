@@ -1,7 +1,7 @@
 """``tapas profile``: measure this machine's collectives and compute, fit the cost model.
 
 In:  a device count W (logical CPU devices, or the GPUs when at least W are present:
-     ``tapas.execution.devices.make_strategy``; or, in a process whose ``TF_CONFIG`` names
+     ``tapas.execution.runtime.devices.make_strategy``; or, in a process whose ``TF_CONFIG`` names
      K workers, the K workers' devices under ``MultiWorkerMirroredStrategy``: ``tapas
      profile --workers=K`` starts them on 127.0.0.1), message sizes, repeats.
 Out: a :class:`Profile`: one row per (primitive, size) measured, the fits of
@@ -39,7 +39,7 @@ from tapas.execution.calibration.fitting import (KIB, MIB, FitError, Profile, fi
                                                  fit_gamma, parse_sizes, profiled_cluster)
 from tapas.execution.calibration.timing import Timer, run_collective
 from tapas.execution.program.collectives import ReplicaContextCollectives
-from tapas.execution.devices import make_strategy, process_count
+from tapas.execution.runtime.devices import make_strategy, process_count
 from tapas.planning.cost import DEFAULT_GAMMA, ring_factor
 from tapas.sharding.placements import Collective
 

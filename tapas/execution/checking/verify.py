@@ -3,7 +3,7 @@
 In:  either a traced model, its :class:`tapas.ir.Graph`, a
      ``tapas.execution.program.reconstruct.Plan``
      and global input arrays (:func:`compare_with_single_device`: the plan simulated on N
-     shards in one process), or a ``tapas.execution.parallel.ParallelModel`` and a batch
+     shards in one process), or a ``tapas.execution.api.parallel.ParallelModel`` and a batch
      (:func:`verify_with_keras`: the runtime on its devices against the Keras model).
 Out: :class:`Comparison` (the largest difference of every output and gradient, and the
      collectives the simulated program recorded), or the ``verify`` report: per quantity

@@ -93,7 +93,7 @@ class Inference:
                      sample_weight: Any = None) -> float:
         """The global loss on the batch, forward only: no gradients, and the program's
         writes (advanced seeds, moving statistics) are not assigned, so nothing changes
-        (validation in ``tapas.execution.fit``; the graph is the program's mode).
+        (validation in ``tapas.execution.api.fit``; the graph is the program's mode).
         ``worker_share``: as for :meth:`train_step`."""
         if not hasattr(self, "_loss_fn"):
             self._loss_fn = tf.function(self._loss_only, autograph=False)

@@ -50,7 +50,7 @@ class ReplicaCalls:
         if launchers is None:
             raise ValueError("a mesh with rows needs a strategy that launches collectives per "
                              "device (MirroredStrategy or MultiWorkerMirroredStrategy with "
-                             "collective ops: tapas.execution.devices.make_strategy)")
+                             "collective ops: tapas.execution.runtime.devices.make_strategy)")
         counter = launchers[0]._collective_keys
         with counter._lock:
             base = counter._group_key
@@ -123,7 +123,7 @@ class ReplicaCalls:
             if len(keys) != 1:
                 raise RuntimeError(f"the devices' collective instance keys differ ({sorted(keys)}):"
                                    " a collective ran on some devices only; build a new "
-                                   "strategy (tapas.execution.devices.make_strategy)")
+                                   "strategy (tapas.execution.runtime.devices.make_strategy)")
             return keys.pop()
 
         options = first._options

@@ -150,6 +150,6 @@ class TrainingStep:
         try:
             loss = self._call("train_step", self._train_fn, dist_x, dist_y)
         except (tf.errors.InvalidArgumentError, tf.errors.CancelledError) as e:
-            from tapas.execution.step_errors import step_error
+            from tapas.execution.runtime.step_errors import step_error
             raise step_error(self, e, xs, y) from None
         return step_outputs.keep_values(self, loss)

@@ -4,7 +4,7 @@ In:  the runtime's shard variables and optimizer slots, or global NumPy values.
 Out: ``GlobalValues``, mixed into :class:`tapas.execution.runtime.Runtime`: every weight's
      and slot's global value (reassembled from the shards), global values cut into this
      layout and assigned, the weights written into the Keras model, checkpoints
-     (``tapas.execution.checkpoints``).
+     (``tapas.execution.runtime.checkpoints``).
 Raises ``ValueError`` when the Keras model lacks one of the runtime's weights.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.capturing.tracing import weights_by_path
-from tapas.execution import checkpoints, shards
+from tapas.execution.runtime import checkpoints, shards
 from tapas.execution.program.plan import WeightLayout
 from tapas.execution.training import gathering
 
@@ -84,11 +84,11 @@ class GlobalValues:
 
     def save(self, path: str) -> str:
         """Write shards, optimizer slots and the step counter under directory ``path``
-        (``tapas.execution.checkpoints.save``)."""
+        (``tapas.execution.runtime.checkpoints.save``)."""
         return checkpoints.save(self, path)
 
     def restore(self, path: str) -> str:
         """Load a checkpoint written by :meth:`save`: directly when the layout is this one,
         else by reassembling each weight and slot from the old shards and cutting it again
-        (``tapas.execution.checkpoints.restore``). Returns "direct" or "resharded"."""
+        (``tapas.execution.runtime.checkpoints.restore``). Returns "direct" or "resharded"."""
         return checkpoints.restore(self, path)

@@ -1,7 +1,7 @@
 """The global values of a step that the compiled metrics are computed from.
 
 In:  a :class:`tapas.execution.runtime.Runtime` with ``keep_step_values`` set
-     (``Runtime.set_step_values(True)``: ``tapas.execution.fit`` sets it when the model has
+     (``Runtime.set_step_values(True)``: ``tapas.execution.api.fit`` sets it when the model has
      compiled metrics or several outputs), and inside a replica body its local outputs,
      targets and sample weights.
 Out: ``Runtime.step_values`` after each ``train_step`` / ``forward_loss``: NumPy

@@ -1,7 +1,7 @@
 """Checks of ``tapas train``'s options and data made before any model is captured or any
 plan searched: each mistake found here costs a second, not a capture and a search.
 
-In:  the run's options (``tapas.execution.train.TrainOptions``); after the model is built,
+In:  the run's options (``tapas.execution.api.train.TrainOptions``); after the model is built,
      the model, its input specs and loss, and the ``--data`` ``.npz`` or TFRecord files.
 Out: nothing when everything fits; the run then proceeds as before. :func:`say_resume`
      prints which checkpoint ``--resume`` continues from, the damaged ones it skips, and
@@ -36,7 +36,7 @@ def _at_least_one(flag: str, value: int | None, fix: str) -> None:
 def check_options(opts: Any) -> None:
     """The counts, the combinations, the ``--data`` files, the strategy file and the
     checkpoint directory of ``opts``."""
-    from tapas.execution.train_data import data_files
+    from tapas.execution.api.train_data import data_files
     if opts.steps < 1:
         raise PreflightError(f"--steps={opts.steps}: need at least 1 step")
     if opts.is_job and opts.verify:
@@ -76,7 +76,7 @@ def check_options(opts: Any) -> None:
     if opts.strategy:
         check_strategy(opts.strategy)
     if opts.checkpoint_dir:
-        from tapas.execution import checkpoints
+        from tapas.execution.runtime import checkpoints
         try:
             checkpoints.prepare_directory(opts.checkpoint_dir)
         except checkpoints.CheckpointDirectoryError as e:
@@ -118,8 +118,8 @@ def check_npz(path: str, model: Any, specs: Any, loss: Any) -> None:
     (the targets' values per example; class ids within the classes)."""
     import numpy as np
 
-    from tapas.execution.inputs import InputSignature
-    from tapas.execution.train_data import load_npz
+    from tapas.execution.runtime.inputs import InputSignature
+    from tapas.execution.api.train_data import load_npz
     try:
         signature = InputSignature.of(model, specs)
     except ValueError:
@@ -154,8 +154,8 @@ def check_tfrecord(spec: str, model: Any, specs: Any, loss: Any) -> None:
     import keras
     import numpy as np
 
-    from tapas.execution.inputs import InputSignature
-    from tapas.execution.train_data import TrainError, load_tfrecord, tf_errors
+    from tapas.execution.runtime.inputs import InputSignature
+    from tapas.execution.api.train_data import TrainError, load_tfrecord, tf_errors
     try:
         signature = InputSignature.of(model, specs)
     except ValueError:
@@ -177,7 +177,7 @@ def check_tfrecord(spec: str, model: Any, specs: Any, loss: Any) -> None:
     except tf_errors() as e:
         raise PreflightError(f"--data={spec}: TensorFlow cannot read its records "
                              f"({type(e).__name__}: {str(e).splitlines()[0]}): write them "
-                             "with tapas.execution.train.save_tfrecord") from None
+                             "with tapas.execution.api.train.save_tfrecord") from None
     if x is None:
         return   # fewer examples than one batch: load_tfrecord's caller says so
     vocabulary = _largest_vocabulary(model)
@@ -249,7 +249,7 @@ def say_resume(opts: Any, say: Any) -> None:
     import json
     import sys
 
-    from tapas.execution import fit_checkpoints
+    from tapas.execution.api import fit_checkpoints
     found, skipped = fit_checkpoints.usable_checkpoint(opts.checkpoint_dir)
     for path, why in skipped:
         say(f"\nskipping the damaged checkpoint {path}: {why}")

@@ -119,7 +119,7 @@ def load_tfrecord(spec: str, pm: Any) -> Any:
         raise TrainError(f"--data={spec}: its records hold the features {sorted(example)}; "
                          f"the model's inputs are {pm.inputs.describe()} (per example) plus "
                          f"the targets 'y': missing {missing}, unexpected {extra} "
-                         "(tapas.execution.train.save_tfrecord writes the layout)")
+                         "(tapas.execution.api.train.save_tfrecord writes the layout)")
 
     def kind(feature: Any) -> tuple[Any, int]:
         which = feature.WhichOneof("kind")

@@ -1,9 +1,9 @@
-"""Training jobs on a :class:`tapas.execution.parallel.ParallelModel`: Keras-style ``fit``
+"""Training jobs on a :class:`tapas.execution.api.parallel.ParallelModel`: Keras-style ``fit``
 with Keras callbacks, periodic atomic checkpoints, resume, progress and TensorBoard scalars.
 
 In:  a ParallelModel; the data: NumPy arrays (one array, a list in the program's input
      order, a dict keyed by input name or the model's own structure, as
-     ``tapas.execution.inputs`` takes a batch) with targets ``y``, or a ``tf.data.Dataset``
+     ``tapas.execution.runtime.inputs`` takes a batch) with targets ``y``, or a ``tf.data.Dataset``
      of ``(x, y)`` *global* batches; epochs, ``steps_per_epoch``, validation data, Keras
      callbacks, and the checkpoint options (a directory, every K steps, how many to keep,
      resume).
@@ -11,7 +11,7 @@ Out: :func:`fit` returns a ``keras.callbacks.History`` (``loss`` per epoch, the 
      epoch's step losses as Keras logs it; ``val_loss`` with validation data; what
      callbacks add, e.g. ``learning_rate``); :func:`evaluate` the mean loss over the
      batches; :func:`predict` the outputs of every example; checkpoint directories ``<dir>/ckpt-<step>`` (the runtime's shards, optimizer
-     slots and step counter, ``tapas.execution.checkpoints``, plus ``tapas-fit.json``: epoch,
+     slots and step counter, ``tapas.execution.runtime.checkpoints``, plus ``tapas-fit.json``: epoch,
      step in the epoch, data position, batches consumed, learning rate, seed states, the
      epoch's running loss and the history so far).
 
@@ -52,13 +52,13 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tapas.execution import checkpoints, inputs
+from tapas.execution.runtime import checkpoints, inputs
 from tapas.execution.training import compiled_loss, metrics
-from tapas.execution.callbacks import (CALLBACK_STATE, REFUSED_CALLBACKS, CallbackModel,
+from tapas.execution.api.callbacks import (CALLBACK_STATE, REFUSED_CALLBACKS, CallbackModel,
                                        TensorBoardScalars, callback_states, check_callbacks,
                                        restore_callback_states)
-from tapas.execution.fit_data import _Data, _Stream, _global_batch
-from tapas.execution.fit_checkpoints import (FIT_STATE, FitState, callback_arrays,
+from tapas.execution.api.fit_data import _Data, _Stream, _global_batch
+from tapas.execution.api.fit_checkpoints import (FIT_STATE, FitState, callback_arrays,
                                              clean_temporaries, latest_checkpoint,
                                              list_checkpoints, restore_checkpoint,
                                              save_checkpoint, save_paused,
@@ -405,7 +405,7 @@ def _finish(pm: Any, history: Any, memory: bool, chief: bool, delete: str | None
 
 def _prepare_directory(rt: Any, checkpoint_dir: str) -> None:
     """The checkpoint directory made, checked writable with room for one checkpoint, and
-    cleared of a crashed save's temporaries (``tapas.execution.checkpoints``)."""
+    cleared of a crashed save's temporaries (``tapas.execution.runtime.checkpoints``)."""
     checkpoints.prepare_directory(checkpoint_dir)
     clean_temporaries(checkpoint_dir)
     checkpoints.check_space(checkpoint_dir, checkpoints.checkpoint_bytes(rt))

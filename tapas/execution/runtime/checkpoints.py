@@ -8,7 +8,7 @@ Out: :func:`save` writes one ``tf.train.Checkpoint`` file per process plus
      ``tapas-checkpoint.json`` (the layout, :func:`layout`); :func:`restore` reads them back,
      directly when the layout is the runtime's, else each local shard and slot from the
      parts of the old shards that overlap it, reading only those ("resharded",
-     ``tapas.execution.reshard``);
+     ``tapas.execution.runtime.reshard``);
      :func:`write_manifest` records every file's size and SHA-256 (``tapas-manifest.json``),
      :func:`damage` says what of a checkpoint directory no longer matches it (or None);
      :func:`prepare_directory` makes a checkpoint directory and proves it writable;
@@ -252,7 +252,7 @@ def _same_optimizer(meta: Mapping[str, Any], rt: Any) -> bool:
 def restore(rt: Any, path: str) -> str:
     """Load a checkpoint written by :func:`save` into ``rt``: directly when the layout is
     ``rt``'s, else each local shard and slot from the parts of the old shards that overlap
-    it, reading only those (``tapas.execution.reshard``; the bytes read are left in
+    it, reading only those (``tapas.execution.runtime.reshard``; the bytes read are left in
     ``rt.restore_read_bytes``). Returns "direct" or "resharded"."""
     meta = _read_meta(rt, path)
     old = {w["path"]: w for w in meta["weights"]}
@@ -296,7 +296,7 @@ def _made_from(rt: Any, path: str) -> int | None:
 def _restore_resharded(rt: Any, path: str, meta: Mapping[str, Any]) -> None:
     keys = shard_keys(path)
     n_old = int(meta["num_devices"])   # a mesh row's devices
-    from tapas.execution import reshard   # each process reads only the old shards it needs
+    from tapas.execution.runtime import reshard   # each process reads only the old shards it needs
     same_opt = _same_optimizer(meta, rt)
     made = _made_from(rt, path)   # shards created from this checkpoint: only the rest
     rt.weights_source = None      # (once: a later restore of it reads the weights again)

@@ -8,7 +8,7 @@ Out: :class:`WorkerResult` per worker (exit code, output), or :class:`LaunchErro
 :class:`JoinWatchdog` bounds how long a worker waits for the others to join.
 
 Each worker gets ``TF_CONFIG`` with a cluster of K free loopback ports and its own task
-index (``tapas.execution.devices.make_strategy`` reads it). Workers run in their own process groups;
+index (``tapas.execution.runtime.devices.make_strategy`` reads it). Workers run in their own process groups;
 when one fails, when the deadline passes, or when the caller is interrupted, every worker
 still running is terminated, then killed — only these processes, by their own ids. If the
 launcher itself dies (even by SIGKILL), the kernel kills its workers (Linux: the parent-death
@@ -226,7 +226,7 @@ class JoinWatchdog:
     """
 
     def __init__(self, cfg: Mapping, timeout_s: float) -> None:
-        code = ("import sys, json; from tapas.execution.launch import _watchdog_main; "
+        code = ("import sys, json; from tapas.execution.runtime.launch import _watchdog_main; "
                 "_watchdog_main(json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))")
         self._proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(dict(cfg)),
                                        str(timeout_s), str(os.getpid())])

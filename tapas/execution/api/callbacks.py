@@ -30,7 +30,7 @@ REFUSED_CALLBACKS: dict[str, str] = {
                        "atomic checkpoints with the optimizer state and the data position "
                        "(ParallelModel.save(dir) writes one; to_keras() gives the Keras model "
                        "to save)",
-    "TensorBoard": "fit(..., tensorboard=LOGDIR) or tapas.execution.fit.TensorBoardScalars"
+    "TensorBoard": "fit(..., tensorboard=LOGDIR) or tapas.execution.api.fit.TensorBoardScalars"
                    "(LOGDIR) (loss, step time, examples/s, learning rate)",
     "SwapEMAWeights": "it swaps a Keras model's variables; with use_ema the weights "
                       "become their moving averages at the end of fit, as Keras's",

@@ -1,5 +1,5 @@
 """``tapas train --workers=K``: the same command as K worker processes on 127.0.0.1 under
-``MultiWorkerMirroredStrategy`` (``tapas.execution.launch``: free ports, ``TF_CONFIG``,
+``MultiWorkerMirroredStrategy`` (``tapas.execution.runtime.launch``: free ports, ``TF_CONFIG``,
 deadline, clean-up of every worker), worker 0's output and report.
 
 In:  ``train.TrainOptions`` with ``workers`` > 0.
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Any
 
-from tapas.execution.train_data import TrainError
+from tapas.execution.api.train_data import TrainError
 
 __all__ = ["launch_workers", "write_json"]
 
@@ -85,7 +85,7 @@ def _redone(e: Any, newest: str | None) -> tuple[str, int, int | None]:
     """Which steps the restart redoes: those after the newest checkpoint's step, up to the
     last one the chief printed before the loss; (the words, the checkpoint's step, that
     last step or None)."""
-    from tapas.execution import fit as fit_mod
+    from tapas.execution.api import fit as fit_mod
     done = 0
     if newest:
         with open(os.path.join(newest, fit_mod.FIT_STATE)) as f:
@@ -104,7 +104,7 @@ def _restart(opts: Any, e: Any, workers: int, strategy: str | None
     fewer, from the newest checkpoint, its plan searched again; returns the strategy flag
     for the new cluster (a Strategy file was made for the old device count) and the
     restart's record."""
-    from tapas.execution import fit as fit_mod
+    from tapas.execution.api import fit as fit_mod
     newest = fit_mod.latest_checkpoint(opts.checkpoint_dir)
     if strategy and not strategy.startswith("random:"):
         strategy = None
@@ -126,7 +126,7 @@ def launch_workers(opts: Any) -> dict[str, Any]:
     the new device count, the plan searched again; ``--strategy=random:S`` draws one for
     it), until it finishes or one worker is left; ``report["elastic"]`` lists the
     restarts."""
-    from tapas.execution import launch
+    from tapas.execution.runtime import launch
     fd, report_path = tempfile.mkstemp(suffix=".json", prefix="tapas-train-")
     os.close(fd)
     workers, resume, strategy, restarts = opts.workers, opts.resume, opts.strategy, []
@@ -177,7 +177,7 @@ def _failed(opts: Any, e: Exception, report_path: str) -> None:
             write_json(opts.json_out, {**partial, "error": str(e)})
     hint = ""
     if opts.checkpoint_dir:
-        from tapas.execution import fit as fit_mod
+        from tapas.execution.api import fit as fit_mod
         newest = fit_mod.latest_checkpoint(opts.checkpoint_dir)
         hint = (f"\nto continue from the newest checkpoint ({newest}), run the same "
                 "command with --resume" if newest else

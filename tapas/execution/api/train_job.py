@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from tapas.execution.train_data import TrainError, load_npz, load_tfrecord, tf_errors
+from tapas.execution.api.train_data import TrainError, load_npz, load_tfrecord, tf_errors
 
 __all__ = ["run_steps", "run_job", "resumed_length"]
 
@@ -74,7 +74,7 @@ def resumed_length(opts: Any, say: Any) -> tuple[int, int] | None:
     progress, or a new one, up to the total, when ``--epochs`` is not given; with
     ``--epochs`` the total cannot be laid out in epochs of ``--steps`` steps from it, and
     that is a TrainError naming the checkpoint's step and epoch and the fix."""
-    from tapas.execution import fit_checkpoints
+    from tapas.execution.api import fit_checkpoints
     steps, epochs = opts.steps, opts.epochs or 1
     total = steps * epochs
     found, _ = fit_checkpoints.usable_checkpoint(opts.checkpoint_dir)
@@ -123,11 +123,11 @@ def run_job(opts: Any, pm: Any, xs: Any, y: Any, report: dict[str, Any], say: An
     synthetic batch (--steps steps per epoch; with --resume, the total of
     :func:`resumed_length`), checkpoints, resume, TensorBoard; the loss of every step, the
     epochs' losses and where it resumed into ``report``."""
-    from tapas.execution import fit as fit_mod
+    from tapas.execution.api import fit as fit_mod
     x, targets, steps_per_epoch = _load_data(opts, pm, xs, y)
     epochs = opts.epochs or 1
     if opts.resume:
-        from tapas.execution import preflight
+        from tapas.execution.api import preflight
         preflight.say_resume(opts, say)
         if not opts.data and opts.checkpoint_dir:
             length = resumed_length(opts, say)
@@ -159,7 +159,7 @@ def run_job(opts: Any, pm: Any, xs: Any, y: Any, report: dict[str, Any], say: An
 
 def _nothing_to_train(opts: Any, report: dict[str, Any], say: Any) -> None:
     """The report of a resumed job whose checkpoint already reached its total."""
-    from tapas.execution import fit_checkpoints
+    from tapas.execution.api import fit_checkpoints
     found, _ = fit_checkpoints.usable_checkpoint(opts.checkpoint_dir)
     with open(os.path.join(found, fit_checkpoints.FIT_STATE)) as f:
         state = fit_checkpoints.FitState.from_json(json.load(f), found)

@@ -77,7 +77,7 @@ def _assemble(rt: Any, spec: Any, replicas: Any, olds: list[tuple[str, Box]],
               keys: Mapping[str, Any], where: str) -> tuple[dict[int, np.ndarray], int]:
     """Each of ``replicas``' shards of the weight laid out as ``spec``, assembled from the
     old shards that overlap it, read one at a time; and the bytes read."""
-    from tapas.execution.checkpoints import CheckpointDamagedError
+    from tapas.execution.runtime.checkpoints import CheckpointDamagedError
     wants = {r: box(spec.global_shape, spec.placement, rt.num_devices, r % rt.num_devices,
                     spec.row_axis, rt.rows, r // rt.num_devices) for r in replicas}
     parts = {r: np.empty([hi - lo for lo, hi in b], dtype=spec.dtype) for r, b in wants.items()}
@@ -127,7 +127,7 @@ def restore_shards(rt: Any, meta: Mapping[str, Any], keys: Mapping[str, Any],
 
 class CheckpointWeights:
     """The weights of the checkpoint at ``path`` as a source of shards for
-    ``tapas.execution.shards.make_shards``: each local replica's shard of a weight is
+    ``tapas.execution.runtime.shards.make_shards``: each local replica's shard of a weight is
     assembled from the old shards that overlap it (:func:`_assemble`), so the runtime's
     shards are created from the checkpoint directly, never initialized first and never
     whole unless the new layout holds them whole. ``read_bytes`` counts what was read."""
@@ -136,7 +136,7 @@ class CheckpointWeights:
         import json
         import os
 
-        from tapas.execution import checkpoints
+        from tapas.execution.runtime import checkpoints
         with open(os.path.join(path, checkpoints.CHECKPOINT_META)) as f:
             self.meta = json.load(f)
         self.path, self.read_bytes = path, 0

@@ -11,7 +11,7 @@ Out: :func:`build_lazily` returns the model with every weight (``model.weights``
      ``numpy()``; an unallocated one's initializer, whose draws are those Keras's eager
      build makes for the same seed: a Keras initializer holds an integer seed, drawn when
      the layer is constructed, and draws statelessly from it), so the runtime holds one
-     whole weight at a time while it cuts the shards (``tapas.execution.shards``).
+     whole weight at a time while it cuts the shards (``tapas.execution.runtime.shards``).
      :func:`is_lazy` tells a model built so.
 Raises: ValueError naming the weight when an unallocated weight is read without its
      initializer (a model not built by :func:`build_lazily`).
@@ -77,7 +77,7 @@ class _Values(Mapping):
         init = getattr(v, "_initializer", None)
         if init is None:
             raise ValueError(f"weight '{path}' is unallocated and has no initializer: build "
-                             "the model with tapas.execution.materialize.build_lazily")
+                             "the model with tapas.execution.runtime.materialize.build_lazily")
         with tf.device("/cpu:0"):
             return np.asarray(init(tuple(v.shape), dtype=v.dtype))
 

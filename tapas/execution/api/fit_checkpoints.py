@@ -1,5 +1,5 @@
 """The checkpoints of a fit job: ``<dir>/ckpt-<step>`` directories, each the runtime's
-shards (``tapas.execution.checkpoints``), ``tapas-fit.json`` (:class:`FitState`), the
+shards (``tapas.execution.runtime.checkpoints``), ``tapas-fit.json`` (:class:`FitState`), the
 callbacks' arrays and a manifest of every file's size and SHA-256.
 
 In:  a ParallelModel, a checkpoint directory, a :class:`FitState`.
@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tapas.execution import checkpoints
+from tapas.execution.runtime import checkpoints
 
 __all__ = ["FitState", "FIT_STATE", "CALLBACK_ARRAYS", "list_checkpoints",
            "latest_checkpoint", "usable_checkpoint", "save_checkpoint", "restore_checkpoint",
@@ -69,7 +69,7 @@ class FitState:
         if not isinstance(d, dict) or d.get("format") != _FORMAT:
             got = d.get("format") if isinstance(d, dict) else type(d).__name__
             raise ValueError(f"{where}: format {got!r}, expected {_FORMAT!r}; "
-                             "was it written by tapas.execution.fit?")
+                             "was it written by tapas.execution.api.fit?")
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 

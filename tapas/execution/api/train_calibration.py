@@ -1,12 +1,12 @@
 """The cost-model measurements ``tapas train`` runs before its search.
 
-In:  :class:`tapas.execution.train.TrainOptions` (``--compute_scale``, ``--kernel_times``,
+In:  :class:`tapas.execution.api.train.TrainOptions` (``--compute_scale``, ``--kernel_times``,
      ``--communication_scale``, ``--memory_budget_gib``), the built model, its specs and
      loss, the run's cluster and ``tf.distribute`` strategy.
 Out: the options checked before anything is built (:func:`check_calibrations`), and the
      search's options with the measured constants (:func:`search_options`), with the
      calibrations made (``tapas.execution.calibration``).
-Raises :class:`tapas.execution.train_data.TrainError` naming the flag, the value and the fix.
+Raises :class:`tapas.execution.api.train_data.TrainError` naming the flag, the value and the fix.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from tapas.execution.train_data import TrainError
+from tapas.execution.api.train_data import TrainError
 
 if TYPE_CHECKING:
-    from tapas.execution.train import TrainOptions
+    from tapas.execution.api.train import TrainOptions
 
 __all__ = ["check_calibrations", "search_options", "is_chief"]
 

@@ -4,7 +4,7 @@ In:  :class:`TrainOptions` (a zoo model name, trained on its synthetic data, or 
      saved ``.keras`` model, trained on a random batch in its input structure with its
      compiled loss; devices, steps, strategy file / "random:SEED" / searched, optimizer,
      --verify, --workers); for a training job (``ParallelModel.fit``,
-     ``tapas.execution.fit``) the data (``--data=file.npz``: one array per model input,
+     ``tapas.execution.api.fit``) the data (``--data=file.npz``: one array per model input,
      named by input name, and the targets ``y``; or ``--data=file.tfrecord`` (files, a
      glob): ``tf.train.Example`` records with those features, :func:`load_tfrecord`;
      default the synthetic batch, ``--steps`` steps per epoch), ``--epochs``, ``--checkpoint_dir``, ``--checkpoint_every``,
@@ -15,7 +15,7 @@ Out: a report dict (printed as it goes): the strategy table, the loss of every s
      gradients, losses and weights against the single-device Keras model.
 
 ``workers=K`` re-runs this command as K processes on 127.0.0.1 under
-``MultiWorkerMirroredStrategy`` (``tapas.execution.launch``: free ports, ``TF_CONFIG``, deadline,
+``MultiWorkerMirroredStrategy`` (``tapas.execution.runtime.launch``: free ports, ``TF_CONFIG``, deadline,
 clean-up of every worker) and prints worker 0's report.
 """
 
@@ -26,9 +26,9 @@ import os
 import time
 from typing import Any
 
-from tapas.execution import train_calibration
-from tapas.execution.train_launch import write_json
-from tapas.execution.train_data import (TrainError, load_npz, load_tfrecord,  # noqa: F401
+from tapas.execution.api import train_calibration
+from tapas.execution.api.train_launch import write_json
+from tapas.execution.api.train_data import (TrainError, load_npz, load_tfrecord,  # noqa: F401
                                         save_tfrecord, tf_errors)   # (save_tfrecord: re-export)
 
 __all__ = ["TrainOptions", "train", "TrainError"]
@@ -53,7 +53,7 @@ class TrainOptions:
     # the training-mode graph (dropout, batch-norm updates); None: training mode unless the
     # --strategy file was searched on the inference graph (tapas.parallelize)
     training: bool | None = None
-    # a training job (ParallelModel.fit, tapas.execution.fit): any of these set
+    # a training job (ParallelModel.fit, tapas.execution.api.fit): any of these set
     data: str | None = None           # .npz: one array per input name, plus "y"; or
                                       # .tfrecord file(s) of tf.train.Example (load_tfrecord)
     epochs: int | None = None         # default 1; synthetic data: --steps steps per epoch
@@ -95,7 +95,7 @@ class TrainOptions:
 
 def train(opts: TrainOptions) -> dict[str, Any]:
     """Run ``tapas train`` (see the module docstring); returns the report."""
-    from tapas.execution import preflight
+    from tapas.execution.api import preflight
     try:   # counts, the strategy file, the checkpoint directory: before anything is built
         preflight.check_options(opts)
     except preflight.PreflightError as e:
@@ -103,9 +103,9 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     _check_model_name(opts.model)
     train_calibration.check_calibrations(opts)   # before workers start or a model is built
     if opts.workers and not os.environ.get("TF_CONFIG"):
-        from tapas.execution.train_launch import launch_workers
+        from tapas.execution.api.train_launch import launch_workers
         return launch_workers(opts)
-    from tapas.execution import devices
+    from tapas.execution.runtime import devices
     timings: dict[str, float] = {}
     start = time.perf_counter()
     # devices first: logical CPU devices must exist before TensorFlow runs any op
@@ -134,7 +134,7 @@ def train(opts: TrainOptions) -> dict[str, Any]:
         report["communication_calibration"] = None if comm is None else comm.to_json()
         report["activation_communication_scale"] = (None if comm is None
                                                     else comm.activation_communication_scale)
-    from tapas.execution import train_job
+    from tapas.execution.api import train_job
     from tapas.execution.runtime import StepError
     try:
         check = None if opts.is_job else train_job.run_steps(opts, pm, xs, y, report, say)
@@ -180,7 +180,7 @@ def _check_model_name(name: str | None) -> None:
         if not os.path.exists(name):
             raise TrainError(f"--model={name}: no such file; give a zoo name (tapas models) "
                              "or the path of a model saved with model.save('name.keras')")
-        from tapas.execution import preflight
+        from tapas.execution.api import preflight
         try:
             preflight.check_model_file(name)
         except preflight.PreflightError as e:
@@ -204,10 +204,10 @@ def _say_setup(pm: Any, opts: TrainOptions, say: Any) -> None:
 
 def _build_zoo(entry: Any, opts: TrainOptions) -> Any:
     """The zoo model compiled with its optimizer and loss (seed 0). Its weights are left
-    unallocated (``tapas.execution.materialize.build_lazily``: each worker then creates
+    unallocated (``tapas.execution.runtime.materialize.build_lazily``: each worker then creates
     only its shards) unless something runs the Keras model itself: ``--verify`` and the
     ``measure`` calibrations."""
-    from tapas.execution import materialize
+    from tapas.execution.runtime import materialize
     eager = opts.verify or any(v is not None for v in (opts.compute_scale, opts.kernel_times,
                                                          opts.communication_scale))
     if eager:
@@ -219,7 +219,7 @@ def _build_zoo(entry: Any, opts: TrainOptions) -> Any:
 
 def _check_npz(opts: TrainOptions, model: Any, specs: Any, loss: Any) -> None:
     """``--data`` against the model (``preflight.check_data``), as a TrainError."""
-    from tapas.execution.preflight import PreflightError, check_data
+    from tapas.execution.api.preflight import PreflightError, check_data
     try:
         check_data(opts.data, model, specs, loss)
     except PreflightError as e:
@@ -247,7 +247,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     ``opts``; returns the ParallelModel, the model name, its synthetic batch (xs, y), the
     ``--compute_scale=measure`` calibration, the ``--kernel_times`` and the
     ``--communication_scale=measure`` calibration (None without them)."""
-    import tapas.execution.parallel as parallel, tapas.execution.program.reconstruct as reconstruct
+    import tapas.execution.api.parallel as parallel, tapas.execution.program.reconstruct as reconstruct
     from tapas.planning.cost import Cluster
     n = distribute.num_replicas_in_sync
     mesh = _mesh(opts, n)
@@ -296,7 +296,7 @@ def _resumed(opts: TrainOptions) -> str | None:
     ``--checkpoint_dir``), which its shards are then created from, or None."""
     if not (opts.resume and opts.checkpoint_dir) or opts.verify:
         return None
-    from tapas.execution import fit_checkpoints
+    from tapas.execution.api import fit_checkpoints
     return fit_checkpoints.usable_checkpoint(opts.checkpoint_dir)[0]
 
 
@@ -324,9 +324,9 @@ def _random_plan(opts: TrainOptions, model: Any, specs: Any, mesh: Any, n: int) 
     """``--strategy=random:SEED``: a random plan on one mesh row's graph (the whole batch
     in 1-D) in the run's mode; under ``:experts`` one that splits neither experts nor
     groups in the expert region."""
-    import tapas.execution.parallel as parallel
+    import tapas.execution.api.parallel as parallel
     from tapas import capturing
-    from tapas.execution.inputs import InputSignature
+    from tapas.execution.runtime.inputs import InputSignature
     rows = mesh.rows
     try:   # one mesh row's graph (the whole batch in 1-D)
         row = InputSignature.of(model, specs).per_row(rows)
@@ -359,11 +359,13 @@ def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any,
     """A saved ``.keras`` model: (model, input specs in its structure with batch
     ``batch_size`` (default 8), a synthetic batch in that structure, targets, loss). The
     loss is the one the model was compiled with, mean squared error when it was saved
-    uncompiled (``tapas.execution.inputs.synthetic_batch`` says what the data are)."""
+    uncompiled (``tapas.execution.runtime.inputs.synthetic_batch`` says what the data are)."""
     import keras
     import tensorflow as tf
 
-    from tapas.execution import inputs, parallel
+    from tapas.execution.runtime import inputs
+
+    from tapas.execution.api import parallel
     try:
         import keras_hub  # noqa: F401  (registers its layers, which saved models name)
     except ImportError:

@@ -10,13 +10,13 @@ In:  a Keras model, its input specs (static ``tf.TensorSpec`` s: one, a list, a 
      name or config dict, ``learning_rate`` replacing its rate; the user's object is never
      built or changed: ``tapas.execution.training.keras_optimizer``) and a loss.
 Out: :class:`ParallelModel` with ``train_step(x, y)``, ``fit(...)`` (Keras-style, with
-     callbacks, checkpoints and resume: ``tapas.execution.fit``), ``predict(x)``,
+     callbacks, checkpoints and resume: ``tapas.execution.api.fit``), ``predict(x)``,
      ``evaluate(x, y)``,
      ``gradients(x, y)``, ``save(path)``, ``restore(path)``, ``to_keras()``, ``audit()``
      (the collectives of the reconstructed program against the strategy's prediction) and
      ``verify(...)`` (the
      single-device Keras model side by side). A batch ``x`` takes every form Keras
-     accepts for the model (``tapas.execution.inputs``: one array, a list in
+     accepts for the model (``tapas.execution.runtime.inputs``: one array, a list in
      ``model.inputs`` order, a dict keyed by input name, the model's own structure).
 
 Pipeline: capture (``tapas.capturing.trace``) -> strategy (given, or ``tapas.search`` on a
@@ -24,10 +24,10 @@ cluster of N devices) -> checks (the strategy fits this graph and this device co
 split divides) -> ``tapas.execution.program.reconstruct.Program`` -> ``tapas.execution.runtime.Runtime``.
 
 Logical CPU devices must be configured before TensorFlow runs any op, so call
-``tapas.execution.devices.setup_devices(N)`` before building the Keras model (the ``tapas train``
+``tapas.execution.runtime.devices.setup_devices(N)`` before building the Keras model (the ``tapas train``
 command does)::
 
-    tapas.execution.devices.setup_devices(4)
+    tapas.execution.runtime.devices.setup_devices(4)
     model = build_model()
     pm = tapas.parallelize(model, spec, devices=4)   # the compiled optimizer and loss
     pm.train_step(x, y)
@@ -45,12 +45,13 @@ import tensorflow as tf
 from absl import logging
 
 from tapas import capturing
-from tapas.execution import inputs, materialize, runtime
+from tapas.execution.runtime import inputs, materialize
+from tapas.execution import runtime
 from tapas.execution.training import keras_optimizer, regularizers
 from tapas.execution.checking import verify
 from tapas.execution.training.compiled_loss import output_losses
 from tapas.execution.training.keras_optimizer import check_supported, resolve_optimizer
-from tapas.execution.devices import make_strategy
+from tapas.execution.runtime.devices import make_strategy
 from tapas.execution.checking.audit import AuditReport, predicted_comm_list
 from tapas.planning.cost import Cluster
 
@@ -117,7 +118,7 @@ class ParallelModel:
                  signature: inputs.InputSignature | None = None,
                  compiled_loss: bool = False) -> None:
         self.model, self.trace, self.graph = model, trace, graph
-        # the model's inputs: names, specs, the structure Keras takes (tapas.execution.inputs)
+        # the model's inputs: names, specs, the structure Keras takes (tapas.execution.runtime.inputs)
         self.inputs = signature or inputs.InputSignature.of(model, trace.input_specs)
         # what a program of one mesh row is captured with (the global inputs in 1-D)
         self.row_inputs = self.inputs.per_row(rt.rows)
@@ -177,11 +178,11 @@ class ParallelModel:
         training-mode forward pass (``model(x, training=True)``) is ``runtime.predict``.
 
         Given a ``tf.data.Dataset`` or arrays of another number of examples: the outputs of
-        every example, a global batch at a time (``tapas.execution.fit.predict``)."""
+        every example, a global batch at a time (``tapas.execution.api.fit.predict``)."""
         rows = {np.shape(v)[0] if np.ndim(v) else -1 for v in tf.nest.flatten(x)} \
             if not isinstance(x, tf.data.Dataset) else set()
         if isinstance(x, tf.data.Dataset) or rows != {int(self.inputs.specs[0].shape[0])}:
-            from tapas.execution import fit as fit_mod
+            from tapas.execution.api import fit as fit_mod
             return fit_mod.predict(self, x, batch_size=batch_size, steps=steps)
         inference = self.for_inference()
         inference.runtime.refresh()
@@ -195,9 +196,9 @@ class ParallelModel:
         global batches of a ``tf.data.Dataset`` of (x, y[, sample_weight]) or of arrays of
         more examples (at most ``steps``), weighted by ``sample_weight``; forward only,
         nothing updated, in inference mode (``for_inference``: dropout off, batch norm's
-        moving statistics) on this program's weights (``tapas.execution.fit.evaluate``).
+        moving statistics) on this program's weights (``tapas.execution.api.fit.evaluate``).
         ``verify`` and ``runtime.evaluate`` check the program's own mode."""
-        from tapas.execution import fit as fit_mod
+        from tapas.execution.api import fit as fit_mod
         return fit_mod.evaluate(self, x, y, batch_size=batch_size, steps=steps,
                                 sample_weight=sample_weight, return_dict=return_dict)
 
@@ -209,8 +210,8 @@ class ParallelModel:
         global batch), ``epochs``, ``steps_per_epoch``, ``validation_data``,
         ``validation_steps``, ``callbacks``, ``initial_epoch``, ``shuffle``, ``seed``,
         ``verbose``, ``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume``,
-        ``resume_from``, ``tensorboard`` (``tapas.execution.fit.fit``)."""
-        from tapas.execution import fit as fit_mod
+        ``resume_from``, ``tensorboard`` (``tapas.execution.api.fit.fit``)."""
+        from tapas.execution.api import fit as fit_mod
         return fit_mod.fit(self, x, y, **kwargs)
 
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
@@ -237,8 +238,8 @@ class ParallelModel:
 
     def memory_report(self) -> Any:
         """The plan's predicted memory per device beside each worker's measured peak
-        (``tapas.execution.memory``; every worker must call it: it all-reduces)."""
-        from tapas.execution import memory
+        (``tapas.execution.runtime.memory``; every worker must call it: it all-reduces)."""
+        from tapas.execution.runtime import memory
         return memory.memory_report(self)
 
     def audit(self) -> AuditReport:
@@ -420,19 +421,6 @@ def _search(graph: Any, n: int, cluster: Cluster | None, search_options: Any,
     return strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
 
 
-def _mesh_rows(mesh: Any, replicas: int) -> tuple[Any, int]:
-    """(the Mesh of ``mesh`` or None, its rows: 1 without one), checked against the
-    strategy's ``replicas``."""
-    if mesh is None:
-        return None, 1
-    from tapas.planning.mesh import Mesh
-    mesh = mesh if isinstance(mesh, Mesh) else Mesh.parse(mesh)
-    if mesh.num_devices != replicas:
-        raise ValueError(f"mesh {mesh} has {mesh.num_devices} devices but the program runs "
-                         f"on {replicas}: choose rows x cols = {replicas}")
-    return mesh, mesh.rows
-
-
 def _weight_source(model: Any, program: Any, weights_from: str | None) -> Any:
     """Where the runtime's shards come from: the model's values, computed one weight at a
     time (``materialize.weight_values``), or the slices of checkpoint ``weights_from``
@@ -440,7 +428,8 @@ def _weight_source(model: Any, program: Any, weights_from: str | None) -> Any:
     layout holds it whole); a directory of checkpoints gives its newest whole one."""
     if weights_from is None:
         return materialize.weight_values(model, program.weight_layouts)
-    from tapas.execution import checkpoints, fit_checkpoints, reshard
+    from tapas.execution.runtime import checkpoints, reshard
+    from tapas.execution.api import fit_checkpoints
     path = weights_from
     if not os.path.exists(os.path.join(path, checkpoints.CHECKPOINT_META)):
         path, _ = fit_checkpoints.usable_checkpoint(weights_from)
@@ -536,8 +525,14 @@ def _distribution(devices: int | None, distribute_strategy: tf.distribute.Strate
     if devices is not None and devices != replicas:
         raise ValueError(f"devices={devices} but distribute_strategy has {replicas} replicas; "
                          "give one of them or make them agree")
-    mesh, rows = _mesh_rows(mesh, replicas)
-    return distribute_strategy, mesh, rows
+    if mesh is None:
+        return distribute_strategy, None, 1
+    from tapas.planning.mesh import Mesh
+    mesh = mesh if isinstance(mesh, Mesh) else Mesh.parse(mesh)
+    if mesh.num_devices != replicas:
+        raise ValueError(f"mesh {mesh} has {mesh.num_devices} devices but the program runs "
+                         f"on {replicas}: choose rows x cols = {replicas}")
+    return distribute_strategy, mesh, mesh.rows
 
 
 def _strategy_and_mode(model: Any, signature: Any, strategy: Any, n: int,

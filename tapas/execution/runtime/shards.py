@@ -3,9 +3,9 @@ from a checkpoint's slices.
 
 In:  a ``Runtime`` being built (its program's weight layouts, mesh rows, device count,
      local replicas and their devices) and ``initial_weights``: a mapping ``{path: global
-     value}``, read once per weight (``tapas.execution.materialize.weight_values`` computes
+     value}``, read once per weight (``tapas.execution.runtime.materialize.weight_values`` computes
      each value on reading, so at most one whole weight exists at a time), or a shard
-     source (``tapas.execution.reshard.CheckpointWeights``: each replica's part assembled
+     source (``tapas.execution.runtime.reshard.CheckpointWeights``: each replica's part assembled
      from a checkpoint's slices, no weight initialized or held whole).
 Out: :func:`make_shards` returns the layouts (``WeightLayout`` with the values' dtypes and
      local shapes) and, per local replica, ``{path: tf.Variable}`` of its shard;
@@ -85,7 +85,7 @@ def make_shards(rt: Any, initial_weights: Any
                 ) -> tuple[dict[str, WeightLayout], dict[int, dict[str, tf.Variable]]]:
     """Every weight of ``rt.program.weight_layouts``, in order: its local replicas' parts
     made (its global value read once, checked and cut; or, from a shard source such as
-    ``tapas.execution.reshard.CheckpointWeights``, assembled from the slices it holds),
+    ``tapas.execution.runtime.reshard.CheckpointWeights``, assembled from the slices it holds),
     each put into the replica's shard variable (named ``w<k>_r<replica>`` on the replica's
     device), and dropped before the next weight. A shard source is kept as
     ``rt.weights_source`` (its restore then reads only the rest)."""

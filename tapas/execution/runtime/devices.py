@@ -33,7 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tapas.execution import launch
+from tapas.execution.runtime import launch
 
 __all__ = ["setup_devices", "tf_config", "make_strategy", "local_replica_ids", "task_id",
            "claim_collective_keys"]
@@ -81,7 +81,7 @@ def setup_devices(num_devices: int, device_type: str = "auto") -> list[str]:
         raise RuntimeError(
             f"this process already initialised TensorFlow with {len(logical)} logical CPU "
             f"device(s), {num_devices} are needed: logical devices are fixed once per process. "
-            f"Call tapas.execution.devices.setup_devices({num_devices}) before any TensorFlow op, or run "
+            f"Call tapas.execution.runtime.devices.setup_devices({num_devices}) before any TensorFlow op, or run "
             "in a fresh process")
     return [d.name for d in logical[:num_devices]]
 
@@ -136,7 +136,7 @@ def make_strategy(num_devices: int | None = None, *, device_type: str = "auto",
     device per worker: :func:`_cpu_devices_per_worker`), and N is the number of workers
     times local devices; ``num_devices``, when given, must equal that N. If the
     cluster has not formed within ``join_timeout_s`` a watchdog prints which worker never
-    joined and ends this process (``tapas.execution.launch.JoinWatchdog``: TF holds the GIL while it
+    joined and ends this process (``tapas.execution.runtime.launch.JoinWatchdog``: TF holds the GIL while it
     waits, so nothing in this process can raise); ``collective_timeout_s`` bounds every
     collective afterwards (a worker dying).
     """
@@ -250,7 +250,7 @@ def claim_collective_keys(strategy: tf.distribute.Strategy) -> None:
         "like another tf.distribute strategy that already ran a parallel program in this "
         "process: their collectives would collide and TensorFlow would abort both "
         "('Collective instance ... expected type ...'). Pass devices=N (tapas gives each "
-        "strategy it makes its own keys: tapas.execution.devices.make_strategy), or create "
+        "strategy it makes its own keys: tapas.execution.runtime.devices.make_strategy), or create "
         "one strategy and pass that same object to every tapas.parallelize call")
 
 

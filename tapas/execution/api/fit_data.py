@@ -1,4 +1,4 @@
-"""The data of a fit job (``tapas.execution.fit``): arrays, a ``tf.data.Dataset`` of global
+"""The data of a fit job (``tapas.execution.api.fit``): arrays, a ``tf.data.Dataset`` of global
 batches or a dataset function, cut into this worker's shares of each global batch, pass by
 pass, and the position in them.
 
@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tapas.execution import inputs
+from tapas.execution.runtime import inputs
 from tapas.execution.training import compiled_loss
 from tapas.sharding.placements import Split
 
