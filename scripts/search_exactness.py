@@ -11,8 +11,9 @@ plans left out. Per model and device count it lists whether the plan is exact (t
 enumeration kept every frontier, or the beam cut only prefixes dearer than the plan) or
 beam-limited, with ``Strategy.bound`` (how far above the optimum the plan may be; none when
 a folded branch's own beam cut), the seconds, the plan's cost and the prefixes the beam cut.
-The printed table marks ``exact*`` a search whose beam cut only dearer prefixes. A search past ``--time_limit`` seconds is listed as ``timeout``; a model that raises as
-``error`` with its exception. The JSON is rewritten after every model, and models already
+The printed table marks ``exact*`` a search whose beam cut only dearer prefixes. A search
+past ``--time_limit`` seconds (wall clock) is listed as ``timeout``; a model that raises
+as ``error`` with its exception. The JSON is rewritten after every model, and models already
 in it are skipped (``--resume``), so a long run can be stopped and continued. Order: the
 zoo's tiny presets, the corpus (slow entries last), then the larger zoo presets.
 ``tests/test_search_exactness.py`` runs a slice of it.
