@@ -217,3 +217,38 @@ def test_a_branch_holding_a_join_folds_it_inside_its_own_enumeration():
     assert [p.cost for p in got.plans] == pytest.approx([p.cost for p in truth.plans],
                                                         rel=1e-12)
     assert got.lower == pytest.approx(got.best.cost)
+
+
+def test_tensors_no_choice_can_place_otherwise_never_enter_the_frontier(monkeypatch):
+    """t5-tiny-masked: its padding masks turned into attention biases (constant-filtered:
+    replicate only) leave their outputs fixed for their readers instead of in every
+    frontier state; the enumeration finds the same k best plans as with them in the
+    frontier, in es and gp, and its frontiers hold fewer tensors."""
+    from models import capture_preset
+    from tapas.planning import frontier
+    from tapas.planning.steps import good_order, node_steps
+    graph, _ = capture_preset("t5-tiny-masked")
+    cluster = Cluster.v100_ethernet(1, 4)
+    table = pattern_table(graph, 4, cluster, CostOptions.for_cluster(cluster))
+    assert table.constant
+    outs = {t.name for t in graph.outputs}
+    steps = node_steps(graph, good_order(graph, [n.id for n in graph.nodes]), table, None,
+                       0.0, lambda v, oi, t: t.name in outs)
+    settled = frontier.settle(steps, table)
+    gone = {k for s in steps for _, k in s.writes} - {k for s in settled for _, k in s.writes}
+    assert gone & {(v, 0) for v in table.constant}
+    assert all(len({i.outputs[k[1]] for i in table.infos[k[0]]}) == 1 for k in gone)
+    assert all(k in s.fixed for s in settled for k, _ in s.reads if k in gone)
+    assert all(k not in s.drops for s in settled for k in gone)
+    got = {}
+    real = frontier._keep_best
+    for name, fn in (("settled", frontier.settle), ("plain", lambda st, t: list(st))):
+        monkeypatch.setattr(frontier, "settle", fn)
+        seen: list[int] = []
+        monkeypatch.setattr(frontier, "_keep_best", lambda nxt, *a: (
+            seen.append(max((len(s) for s in nxt), default=0)), real(nxt, *a))[1])
+        plans = [[(p.patterns, p.cost) for p in ex.explore(graph, 4, cluster, mode=m).plans]
+                 for m in ("es", "gp")]
+        got[name] = (max(seen), plans)
+    assert got["settled"][1] == got["plain"][1]
+    assert got["settled"][0] < got["plain"][0]

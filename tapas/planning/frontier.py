@@ -35,7 +35,7 @@ from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable
 from tapas.sharding.placements import Placement
 
 __all__ = ["Step", "Run", "Counts", "SearchTimeout", "Allowed", "TieOptions", "Progress", "run",
-           "unwind", "State", "lower_bound"]
+           "unwind", "State", "lower_bound", "settle"]
 
 # a long enumeration reports progress this often (seconds)
 _PROGRESS_SECONDS = 2.0
@@ -347,6 +347,7 @@ def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
     state onto its renamed self, the remaining periods but the last are jumped over.
     """
     tally = _Tally()
+    steps = settle(steps, table)
     frontier: dict[State, list[tuple[float, Any]]] = {_EMPTY: [(0.0, None)]}
     next_report = time.perf_counter() + _PROGRESS_SECONDS
     by_start = {r.start + j * r.period: (r, j) for r in runs for j in range(r.count - 1)}
@@ -381,6 +382,46 @@ def run(steps: Sequence[Step], table: PatternTable, edges: EdgeCoster, k: int,
     counts = Counts(tally.generated, tally.pruned, tally.costed, tally.dominated,
                     tally.beamed, len(final), tally.resharded, tally.jumped)
     return final, counts, tally.exact, tally.cut_below
+
+
+def settle(steps: Sequence[Step], table: PatternTable) -> list[Step]:
+    """``steps`` with every tensor whose placement no choice can change taken out of the
+    frontier: a tensor read later in the problem (and dropped there: not a boundary
+    output the result reports) whose producer's options all give it the same placement
+    (a GraphNode with one pattern, or whose patterns differ only inside it; a template
+    instance whose candidates all place it alike). Its readers find it in ``fixed``. The
+    frontier held it with that one placement in every state, so the states correspond one
+    to one, with the same entries and costs, in the same order: the result is the same,
+    the frontiers smaller. A join's entries and the outputs of tied per-GraphNode steps
+    (whose options follow their template) stay."""
+    entries = {e for s in steps for e in s.entries}
+    dropped = {k for s in steps for k in s.drops}
+    settled: dict[Any, Placement] = {}
+    out: list[Step] = []
+    for step in steps:
+        if any(k in settled for k in step.drops) or any(k in settled for k, _ in step.reads):
+            step = dataclasses.replace(
+                step, drops=tuple(k for k in step.drops if k not in settled),
+                fixed={**step.fixed, **{k: settled[k] for k, _ in step.reads if k in settled}})
+        if step.infos is not None:
+            infos, picks = step.infos, range(len(step.infos))
+        elif step.tie is None and step.folded is None:
+            infos, picks = table.infos[step.node], [pi for pi, _ in step.options]
+        else:
+            out.append(step)
+            continue
+        new: dict[Any, Placement] = {}
+        for oi, key in step.writes:
+            if key in dropped and key not in entries:
+                placed = {infos[pi].outputs[oi] for pi in picks}
+                if len(placed) == 1:
+                    new[key] = placed.pop()
+        if new:
+            step = dataclasses.replace(step, writes=tuple(w for w in step.writes
+                                                          if w[1] not in new))
+            settled.update(new)
+        out.append(step)
+    return out
 
 
 def lower_bound(final: Sequence[tuple[float, Any, Any]], cut_below: float) -> float:
