@@ -33,19 +33,21 @@ import keras
 from keras import ops
 
 from tapas.capturing.grouping.raw import MARKER
+from tapas.sharding.patterns.pattern import (BATCH, COLUMN, COLUMN_ROW, HEADS, HIDDEN, IN_CHANNEL,
+                                             OUT_CHANNEL, REPLICATE, ROW, VOCAB)
 
 __all__ = ["DenseLayer", "Embedding", "MultiHeadAttention", "FeedForward", "LayerNorm",
            "Conv2D", "MoE", "MARKER", "PIN_NAMES", "TapasLayer"]
 
-# The pattern names each kind may be pinned to (an SRC expression is accepted as well).
+# The patterns each kind may be pinned to by name (an SRC expression is accepted as well).
 PIN_NAMES: dict[str, tuple[str, ...]] = {
-    "dense": ("replicate", "batch", "column", "row"),
-    "embedding": ("replicate", "batch", "vocab", "hidden"),
-    "attention": ("replicate", "batch", "heads"),
-    "feed-forward": ("replicate", "batch", "column-row"),
-    "norm": ("replicate", "batch"),
-    "conv": ("replicate", "batch", "out-channel", "in-channel"),
-    "moe": ("replicate", "batch"),
+    "dense": (REPLICATE, BATCH, COLUMN, ROW),
+    "embedding": (REPLICATE, BATCH, VOCAB, HIDDEN),
+    "attention": (REPLICATE, BATCH, HEADS),
+    "feed-forward": (REPLICATE, BATCH, COLUMN_ROW),
+    "norm": (REPLICATE, BATCH),
+    "conv": (REPLICATE, BATCH, OUT_CHANNEL, IN_CHANNEL),
+    "moe": (REPLICATE, BATCH),
 }
 
 

@@ -16,6 +16,7 @@ from command import run_tapas, run_tapas_each  # tests/command.py
 from tapas.ir import Graph
 from tapas.planning import mesh as M
 from tapas.planning.cost import Cluster, CostOptions, collective_cost
+from tapas.sharding.placements import Split
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,7 +74,7 @@ def test_gradient_all_reduce_is_one_backward_all_reduce_per_local_shard(mlp: Any
                      for b in sizes.values())
     assert len(replicated.terms) == 4 and math.isclose(replicated.total, want)
     assert all(t.backward and t.group_size == 2 for t in replicated.terms)
-    split = M.gradient_all_reduce(graph, {"up/kernel": "S1"}, mesh, c, opts)
+    split = M.gradient_all_reduce(graph, {"up/kernel": Split(1)}, mesh, c, opts)
     kernel = [t for t in split.terms if t.label == "dp up/kernel"][0]
     assert kernel.nbytes == sizes["up/kernel"] // 2
     assert M.gradient_all_reduce(graph, {}, M.Mesh(1, 4), c, opts).total == 0.0

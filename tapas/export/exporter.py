@@ -38,7 +38,7 @@ from tapas.planning.mesh import Mesh, gradient_all_reduce
 from tapas.planning.precision import resolve
 from tapas.planning.search import plan_with_weights
 from tapas.planning.strategy import Strategy
-from tapas.sharding.placements import parse_placement
+from tapas.sharding.placements import Placement, Replica, parse_placement
 from tapas.export.layouts import LayoutExport, Unexpressed, axes_for, placements_from_layouts
 from tapas.export.outputs import layer_paths, output_layouts
 
@@ -67,16 +67,16 @@ def _mesh(mesh: Any, strategy: Strategy) -> Mesh:
     return mesh
 
 
-def stored_placements(strategy: Strategy, graph: Graph) -> dict[str, str]:
+def stored_placements(strategy: Strategy, graph: Graph) -> dict[str, Placement]:
     """Weight path -> the placement the program stores it in (its first reader's), for
-    every weight of ``graph`` ("R" for one no GraphNode reads)."""
-    out: dict[str, str] = {}
+    every weight of ``graph`` (replicated for one no GraphNode reads)."""
+    out: dict[str, Placement] = {}
     for node in graph.nodes:
         pattern = strategy.pattern(node.id)
         for w in node.weights:
             if graph.reads(node.id, w.path) and w.path not in out:
-                out[w.path] = str(parse_placement(pattern.weights[w.path]))
-    return {w.path: out.get(w.path, "R") for w in graph.weights}
+                out[w.path] = pattern.weights[w.path]
+    return {w.path: out.get(w.path, Replica()) for w in graph.weights}
 
 
 def _options(strategy: Strategy, graph: Graph, options: CostOptions | None) -> CostOptions:
@@ -150,7 +150,7 @@ def cost_layout(strategy: Strategy, graph: Graph, placements: Mapping[str, str] 
     opts = _options(strategy, graph, options)
     given = plan_with_weights(graph, placements, cluster=strategy.cluster, options=opts,
                               mode=mode)
-    stored = stored_placements(strategy, graph)
+    stored = {path: str(p) for path, p in stored_placements(strategy, graph).items()}
     changed = {p: (stored[p], placements[p]) for p in placements if stored[p] != placements[p]}
     node_changes = {v: (strategy.patterns[v], name) for v, name in enumerate(given.patterns)
                     if name != strategy.patterns[v]}
@@ -164,7 +164,7 @@ def cost_layout(strategy: Strategy, graph: Graph, placements: Mapping[str, str] 
                       c.compute if same else float(strategy.cost["compute"]))
 
 
-def _unexpressed(graph: Graph, strategy: Strategy, stored: Mapping[str, str],
+def _unexpressed(graph: Graph, strategy: Strategy, stored: Mapping[str, Placement],
                  cost: LayoutCost) -> tuple[Unexpressed, ...]:
     """The GraphNodes whose pattern the weight layouts do not pin, grouped by (chosen,
     emitted) pattern and reason: a weight read here in another placement than it is
@@ -175,7 +175,7 @@ def _unexpressed(graph: Graph, strategy: Strategy, stored: Mapping[str, str],
         pattern = strategy.pattern(v)
         tied = [f"{w.path} ({pattern.weights[w.path]}, stored {stored[w.path]})"
                 for w in graph.nodes[v].weights if graph.reads(v, w.path)
-                and str(parse_placement(pattern.weights[w.path])) != stored[w.path]]
+                and pattern.weights[w.path] != stored[w.path]]
         why = (f"it reads {', '.join(tied)} in another layout than its first reader stores "
                "it, and a LayoutMap gives a weight one layout" if tied else
                "the two patterns place its weights alike and differ in activations, which "
@@ -246,7 +246,7 @@ def export_layout(strategy: Strategy, graph: Graph, mesh: Any = None,
             replicated.append(w.path)
             continue
         layouts[re.escape(w.path)] = axes
-        weights[w.path] = stored[w.path]
+        weights[w.path] = str(stored[w.path])
     opts = _options(strategy, graph, options)
     cost = cost_layout(strategy, graph, stored, opts, mode)
     pinned: dict[str, Any] = {}

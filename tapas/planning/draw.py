@@ -19,13 +19,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from tapas.ir import Graph
+from tapas.sharding.patterns.pattern import Family
+from tapas.sharding.placements import Replica
 
 __all__ = ["strategy_rows", "draw_strategy"]
 
-# a colour per pattern family (tapas.sharding.patterns.Family); others from _SPARE
-_COLOURS = {"replicate": "#cfcfcf", "batch": "#8fbc8f", "follow": "#aec7e8", "split": "#c49c94",
-            "column": "#1f77b4", "row": "#9467bd", "heads": "#ff7f0e", "hidden": "#2ca02c",
-            "expert": "#d62728"}
+# a colour per pattern family; others from _SPARE
+_COLOURS = {f.value: c for f, c in (
+    (Family.REPLICATE, "#cfcfcf"), (Family.BATCH, "#8fbc8f"), (Family.FOLLOW, "#aec7e8"),
+    (Family.SPLIT, "#c49c94"), (Family.COLUMN, "#1f77b4"), (Family.ROW, "#9467bd"),
+    (Family.HEADS, "#ff7f0e"), (Family.HIDDEN, "#2ca02c"), (Family.EXPERT, "#d62728"))}
 _SPARE = ["#17becf", "#bcbd22", "#e377c2", "#8c564b", "#7f7f7f"]
 
 
@@ -48,7 +51,7 @@ def strategy_rows(strategy: Any, graph: Graph, patterns: Sequence[str] | None = 
         if info is None:
             raise ValueError(f"GraphNode {v} '{node.name}' has no pattern {patterns[v]!r}")
         splits = [f"{'/'.join(path.split('/')[-2:])} {placement}/{n}"
-                  for path, placement in info.weights if str(placement) not in ("R", "")]
+                  for path, placement in info.weights if not isinstance(placement, Replica)]
         colls = [f"{t.kind.value} {'bwd' if t.backward else 'fwd'}" for t in info.comm_terms]
         family = info.family.value if info.family is not None else "other"
         return {"id": v, "kind": node.kind.value, "pattern": patterns[v], "family": family,

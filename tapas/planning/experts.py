@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tapas.ir import Graph, GraphNode, Kind, TensorInfo, WeightInfo
@@ -43,7 +43,7 @@ from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostBreakdown, CostOptions, MemoryEstimate, collective_cost, \
     weight_memory
 from tapas.planning.precision import priced_dtype
-from tapas.sharding.placements import Split, parse_placement
+from tapas.sharding.placements import Placement, Replica, Split
 
 __all__ = ["ExpertRegion", "NestingError", "row_view", "nested_patterns", "allowed_pattern",
            "column_all_to_all", "expert_memory_saving"]
@@ -225,12 +225,10 @@ def allowed_pattern(pattern: Any, node: GraphNode, region: ExpertRegion) -> str:
     placed += list(zip((t.name for t in node.outputs), pattern.outputs))
     placed += list(getattr(pattern, "tensors", {}).items())
     for name, p in placed:
-        p = parse_placement(p)
         if isinstance(p, Split) and p.axis <= 1 and name in region.activations:
             return (f"it splits '{name}' on axis {p.axis} (the "
                     f"{'expert' if p.axis == 0 else 'group'} axis the all-to-all moves)")
     for path, p in getattr(pattern, "weights", {}).items():
-        p = parse_placement(p)
         if isinstance(p, Split) and p.axis == 0:
             return f"it splits weight '{path}' on axis 0 (the experts, split over the rows)"
     return ""
@@ -274,8 +272,7 @@ def column_all_to_all(graph: Graph, pattern_of: Callable[[int], Any], rows: int,
             for k, u in enumerate(side):
                 if u.name == t.name and placement is None:
                     pat = pattern_of(n.id)
-                    placement = parse_placement((pat.inputs if where == "entry"
-                                                 else pat.outputs)[k])
+                    placement = (pat.inputs if where == "entry" else pat.outputs)[k]
         nbytes = int(placement.local_bytes(t.shape, priced_dtype(t.dtype, options.precision),
                                            cols))
         for backward in (False, True):
@@ -285,7 +282,7 @@ def column_all_to_all(graph: Graph, pattern_of: Callable[[int], Any], rows: int,
     return CostBreakdown(tuple(terms))
 
 
-def expert_memory_saving(graph: Graph, weight_placements: dict[str, str], rows: int,
+def expert_memory_saving(graph: Graph, weight_placements: Mapping[str, Placement], rows: int,
                          cols: int, options: CostOptions | None = None) -> MemoryEstimate:
     """Bytes per device the nesting saves: each expert weight (with its gradient and
     optimizer state) is held by one row in ``rows`` instead of by every row."""
@@ -294,7 +291,7 @@ def expert_memory_saving(graph: Graph, weight_placements: dict[str, str], rows: 
     for w in graph.weights:
         if w.path not in region.weights:
             continue
-        p = parse_placement(weight_placements.get(w.path, "R") or "R")
+        p = weight_placements.get(w.path, Replica())
         local = p.local_bytes(w.shape, priced_dtype(w.dtype, options and options.precision,
                                                     weight=True), cols)
         saved = saved + weight_memory(local * (1 - 1 / rows), w.trainable, options)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tapas.ir import Graph, dtype_bytes
@@ -44,6 +44,7 @@ from tapas.planning.cost import CostBreakdown, CostOptions, collective_cost
 from tapas.planning.experts import ExpertRegion, NestingError, column_all_to_all, \
     expert_memory_saving, nested_patterns
 from tapas.planning.precision import priced_dtype
+from tapas.sharding.placements import Placement, Replica
 
 __all__ = ["Mesh", "MeshResult", "MeshSearch", "mesh_shapes", "row_cluster", "column_nodes",
            "gradient_all_reduce", "column_collectives", "search_meshes"]
@@ -102,6 +103,9 @@ class Mesh:
         return Mesh(int(parts[0]), int(parts[1]), suffix == "experts")
 
 
+_R = Replica()
+
+
 def mesh_shapes(num_devices: int) -> list[Mesh]:
     """Every factorisation rows x cols of ``num_devices``, by increasing rows."""
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
@@ -137,7 +141,7 @@ def column_nodes(cluster: Cluster, mesh: Mesh) -> int:
     return len({(i * mesh.cols) // n for i in range(mesh.rows)})
 
 
-def gradient_all_reduce(graph: Graph, weight_placements: dict[str, str], mesh: Mesh,
+def gradient_all_reduce(graph: Graph, weight_placements: Mapping[str, Placement], mesh: Mesh,
                         cluster: Cluster, options: CostOptions | None = None) -> CostBreakdown:
     """The data-parallel all-reduce of every trainable weight's local gradient over the
     ``rows`` devices of a column: the local shard (the weight over ``cols`` when the row's
@@ -153,14 +157,14 @@ def gradient_all_reduce(graph: Graph, weight_placements: dict[str, str], mesh: M
         if not w.trainable or w.path in split:
             continue
         nbytes = w.num_elements * dtype_bytes(priced_dtype(w.dtype, options.precision, True))
-        if w.path in weight_placements and weight_placements[w.path] not in ("R", ""):
+        if not isinstance(weight_placements.get(w.path, _R), Replica):
             nbytes = -(-nbytes // mesh.cols)
         terms.append(collective_cost("AR", int(nbytes), mesh.rows, cluster, options,
                                      backward=True, nodes=nodes, label=f"dp {w.path}"))
     return CostBreakdown(tuple(terms))
 
 
-def column_collectives(graph: Graph, weight_placements: dict[str, str], mesh: Mesh,
+def column_collectives(graph: Graph, weight_placements: Mapping[str, Placement], mesh: Mesh,
                        cluster: Cluster, pattern_of: Callable[[int], Any] | None = None,
                        options: CostOptions | None = None) -> CostBreakdown:
     """Every collective over a mesh column: :func:`gradient_all_reduce` and, on a mesh with

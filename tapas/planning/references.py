@@ -20,9 +20,10 @@ from tapas.ir import Graph, GraphNode, Kind
 from tapas.planning.frontier import Allowed
 from tapas.planning.steps import per_graph
 from tapas.planning.table import PatternInfo
-from tapas.sharding.patterns.pattern import Family
+from tapas.sharding.patterns.pattern import REPLICATE, Family
 
-__all__ = ["REFERENCE_PLANS", "reference_filter", "node_roles", "applicable_references"]
+__all__ = ["REFERENCE_PLANS", "reference_filter", "node_roles", "applicable_references",
+           "DATA_PARALLEL", "REPLICATED"]
 
 _ATTENTION_KINDS = (Kind.ATTENTION_SCORE, Kind.ATTENTION_CONTEXT)
 
@@ -94,6 +95,11 @@ _ROLE_FAMILIES: Mapping[str, tuple[Family, ...]] = {
     "expert": (Family.EXPERT,),
     "attention-core": (Family.HEADS, Family.FOLLOW)}
 
+# the two plans every graph has: its GraphNodes all data parallel, or all replicated (the
+# plan named after the pattern family it keeps)
+DATA_PARALLEL = "data-parallel"
+REPLICATED = str(REPLICATE)
+
 # plan name -> description; the predicate is built by reference_filter
 REFERENCE_PLANS: Mapping[str, str] = {
     "megatron": "Megatron-style: attention split on heads (Q/K/V column, O row), FFN "
@@ -101,9 +107,9 @@ REFERENCE_PLANS: Mapping[str, str] = {
     "ffn-only": "FFN column then row, attention replicated (the paper's T5 finding)",
     "mha-only": "attention split on heads, FFN replicated",
     "expert": "MoE experts split on the expert dimension, attention and FFN replicated",
-    "data-parallel": "every GraphNode split on the batch dimension (weights replicated, "
-                     "gradient all-reduce)",
-    "replicate": "every GraphNode replicated (no communication, no saving)",
+    DATA_PARALLEL: "every GraphNode split on the batch dimension (weights replicated, "
+                   "gradient all-reduce)",
+    REPLICATED: "every GraphNode replicated (no communication, no saving)",
 }
 
 
@@ -117,9 +123,9 @@ def reference_filter(plan: str, graph: Graph) -> Allowed:
     def allowed(node: GraphNode, pattern: PatternInfo) -> bool:
         role = roles[node.id]
         family = pattern.family
-        if plan == "replicate":
+        if plan == REPLICATED:
             return family is Family.REPLICATE
-        if plan == "data-parallel":
+        if plan == DATA_PARALLEL:
             return pattern.data_parallel
         if pattern.data_parallel:
             return False
@@ -143,4 +149,4 @@ def applicable_references(roles: Sequence[str]) -> list[str]:
         names += ["mha-only"]
     if "expert" in present:
         names.append("expert")
-    return names + ["data-parallel", "replicate"]
+    return names + [DATA_PARALLEL, REPLICATED]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tapas.ir import Graph
 from tapas.planning.table import PatternTable
+from tapas.sharding.patterns.pattern import Family
 
 if TYPE_CHECKING:
     from tapas.planning.strategy import Alternative, EdgeReshard, Strategy
@@ -140,7 +141,8 @@ def _layer_table(s: Strategy, graph: Graph, table: PatternTable | None, max_rows
             colls = [f"{t.kind.value} {'bwd' if t.backward else 'fwd'}" for t in info.comm_terms]
         colls += [f"{k} (reshard {e.src_placement}->{e.dst_placement})"
                   for e in incoming.get(node.id, []) for k in e.kinds]
-        trivial = (s.patterns[node.id] == "replicate" and not node.weights and not colls)
+        trivial = (s.patterns[node.id].family is Family.REPLICATE and not node.weights
+                   and not colls)
         if trivial or shown >= max_rows:
             hidden += 1
             continue

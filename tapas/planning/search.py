@@ -46,13 +46,13 @@ from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, PlanCost
 from tapas.planning.frontier import Allowed, Progress
 from tapas.planning.precision import check_precision, graph_precision, resolve
-from tapas.planning.references import (REFERENCE_PLANS, applicable_references, node_roles,
-                                       reference_filter)
+from tapas.planning.references import (DATA_PARALLEL, REFERENCE_PLANS, applicable_references,
+                                       node_roles, reference_filter)
 from tapas.planning.strategy import Alternative, EdgeReshard, Strategy, graph_digest
 from tapas.planning.table import EdgeCoster, PatternsFn, PatternTable, ReshardFn, pattern_table
 from tapas.sharding.losses import LossSpec
-from tapas.sharding.patterns.pattern import Family
-from tapas.sharding.placements import Replica
+from tapas.sharding.patterns.pattern import Family, PatternId
+from tapas.sharding.placements import Placement, Replica
 
 if TYPE_CHECKING:
     from tapas.mining import FoldedGraph
@@ -289,8 +289,8 @@ def _reference(runner: _Runner, name: str, xopts: ex.ExploreOptions, best: ex.Pl
         return unavailable(str(e))
     plan, pc, _ = runner.evaluate(r.best)
     infos = runner.table.infos
-    if name == "data-parallel" and not any(infos[v][p].data_parallel
-                                           for v, p in enumerate(plan.patterns)):
+    if name == DATA_PARALLEL and not any(infos[v][p].data_parallel
+                                         for v, p in enumerate(plan.patterns)):
         return unavailable(f"no GraphNode splits its batch over {runner.cluster.num_devices} "
                            "devices (batch size not divisible?)")
     return _alternative(name, runner.table, plan, pc, best, budget, REFERENCE_PLANS[name])
@@ -303,7 +303,7 @@ class GivenWeightsPlan:
     no pattern of theirs offers (left free, with why)."""
 
     cost: PlanCost
-    patterns: tuple[str, ...]
+    patterns: tuple[PatternId, ...]
     unmapped: Mapping[str, str]
 
 
@@ -411,21 +411,21 @@ def _edge_reshards(graph: Graph, edges: EdgeCoster, resharded: Sequence[ex.Resha
         tensor = graph.nodes[dst].inputs[j]
         kinds = tuple(f"{tm.kind.value} {'bwd' if tm.backward else 'fwd'}"
                       for tm in edges.terms(tensor, have, want))
-        out.append(EdgeReshard(src, dst, j, tensor.name, str(have), str(want), kinds))
+        out.append(EdgeReshard(src, dst, j, tensor.name, have, want, kinds))
     return tuple(out)
 
 
 def _boundary_placements(graph: Graph, infos: Sequence[ex.PatternInfo]
-                         ) -> tuple[dict[str, str], dict[str, str]]:
-    """The placements (short form) of the graph inputs and outputs in the chosen plan."""
+                         ) -> tuple[dict[str, Placement], dict[str, Placement]]:
+    """The placements of the graph inputs and outputs in the chosen plan."""
     prod = {t.name: (node.id, i) for node in graph.nodes for i, t in enumerate(node.outputs)}
 
-    def placed(tensors: Sequence[TensorInfo]) -> dict[str, str]:
+    def placed(tensors: Sequence[TensorInfo]) -> dict[str, Placement]:
         out = {}
         for t in tensors:
             p = prod.get(t.name)
             if p is not None:
-                out[t.name] = str(infos[p[0]].outputs[p[1]])
+                out[t.name] = infos[p[0]].outputs[p[1]]
         return out
     return placed(graph.inputs), placed(graph.outputs)
 
@@ -531,10 +531,9 @@ def _unruled_notes(graph: Graph) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _weight_splits(infos: Sequence[ex.PatternInfo]) -> dict[str, str]:
-    """Weight path -> placement (short form) of every weight the chosen plan does not
-    replicate."""
-    return {path: str(pl) for info in infos for path, pl in info.weights
+def _weight_splits(infos: Sequence[ex.PatternInfo]) -> dict[str, Placement]:
+    """Weight path -> placement of every weight the chosen plan does not replicate."""
+    return {path: pl for info in infos for path, pl in info.weights
             if not isinstance(pl, Replica)}
 
 

@@ -1,8 +1,9 @@
 """The Strategy: what the search chose, and its JSON file format.
 
-In:  the search's result (one pattern name per GraphNode, the resharded edges, the boundary
-     and weight placements as short strings, the cost, memory, alternatives, reference plans,
-     counts and timings), or a JSON file written by :meth:`Strategy.save`.
+In:  the search's result (one pattern id per GraphNode, the resharded edges, the boundary
+     and weight placements, the cost, memory, alternatives, reference plans, counts and
+     timings), or a JSON file written by :meth:`Strategy.save` (names and placements are
+     written as text there and parsed back only here: ValueError names what is unreadable).
 Out: :class:`Strategy` (frozen): ``save``/``load``/``to_json``/``from_json`` (format
      ``tapas.search.Strategy/1``), ``check``/``bind`` against a graph (``graph_digest``),
      and what reconstruction reads: ``pattern(node_id)`` (the full ShardingPattern) and
@@ -26,9 +27,9 @@ from tapas.planning import report
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import MemoryEstimate
 from tapas.planning.table import PatternTable
-from tapas.sharding.patterns import patterns_for
-from tapas.sharding.patterns.pattern import ShardingPattern
-from tapas.sharding.placements import Comm, parse_placement, reshard
+from tapas.sharding.patterns import pattern_by_id
+from tapas.sharding.patterns.pattern import PatternId, ShardingPattern
+from tapas.sharding.placements import Comm, Placement, parse_placement, reshard
 
 __all__ = ["Strategy", "EdgeReshard", "Alternative", "graph_digest"]
 
@@ -52,34 +53,36 @@ def graph_digest(graph: Graph) -> str:
 class EdgeReshard:
     """A resharding between two GraphNodes: input ``input_index`` of GraphNode ``dst`` reads
     ``tensor`` from GraphNode ``src`` in placement ``src_placement`` and needs
-    ``dst_placement`` (short forms, as in the JSON). ``comms`` are the
+    ``dst_placement`` (written in their short forms in the JSON). ``comms`` are the
     ``tapas.sharding.placements.Comm``s (recomputed from the graph)."""
 
     src: int
     dst: int
     input_index: int
     tensor: str
-    src_placement: str
-    dst_placement: str
+    src_placement: Placement
+    dst_placement: Placement
     kinds: tuple[str, ...] = ()      # e.g. ("AG fwd",) for display
     comms: tuple[Comm, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"src": self.src, "dst": self.dst, "input_index": self.input_index,
-                "tensor": self.tensor, "from": self.src_placement, "to": self.dst_placement,
+                "tensor": self.tensor, "from": str(self.src_placement),
+                "to": str(self.dst_placement),
                 "collectives": list(self.kinds)}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> EdgeReshard:
-        return EdgeReshard(d["src"], d["dst"], d["input_index"], d["tensor"], d["from"],
-                           d["to"], tuple(d.get("collectives", ())))
+        return EdgeReshard(d["src"], d["dst"], d["input_index"], d["tensor"],
+                           parse_placement(d["from"]), parse_placement(d["to"]),
+                           tuple(d.get("collectives", ())))
 
 
 @dataclasses.dataclass(frozen=True)
 class Alternative:
     """A ranked alternative or a reference plan: its name, cost (seconds per step),
     memory per device, whether it fits the budget, and the GraphNodes whose pattern differs
-    from the chosen strategy (``{node id: pattern name}``)."""
+    from the chosen strategy (``{node id: pattern id}``)."""
 
     name: str
     cost: float
@@ -87,27 +90,28 @@ class Alternative:
     compute: float
     memory: float
     fits: bool
-    changes: Mapping[int, str]
+    changes: Mapping[int, PatternId]
     description: str = ""
     error: str = ""           # a reference plan that could not be built: why
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "cost": self.cost, "communication": self.communication,
                 "compute": self.compute, "memory": self.memory, "fits": self.fits,
-                "changes": {str(k): v for k, v in self.changes.items()},
+                "changes": {str(k): str(v) for k, v in self.changes.items()},
                 "description": self.description, "error": self.error}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Alternative:
         return Alternative(d["name"], d["cost"], d["communication"], d["compute"], d["memory"],
-                           d["fits"], {int(k): v for k, v in d["changes"].items()},
+                           d["fits"], {int(k): PatternId.parse(v) for k, v in d["changes"].items()},
                            d.get("description", ""), d.get("error", ""))
 
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
     """The result of ``tapas.search`` (:func:`tapas.planning.search.search`).
-    ``patterns[node_id]`` is the name of the chosen ShardingPattern of each GraphNode."""
+    ``patterns[node_id]`` is the id of the chosen ShardingPattern of each GraphNode; the
+    boundary and weight placements are ``tapas.sharding.placements`` placements."""
 
     graph_name: str
     graph_digest: str
@@ -115,10 +119,10 @@ class Strategy:
     num_devices: int
     cluster: Cluster
     mode: str
-    patterns: tuple[str, ...]
+    patterns: tuple[PatternId, ...]
     edges: tuple[EdgeReshard, ...]
-    input_placements: Mapping[str, str]
-    output_placements: Mapping[str, str]
+    input_placements: Mapping[str, Placement]
+    output_placements: Mapping[str, Placement]
     cost: Mapping[str, Any]              # PlanCost.to_json() + "per_template"
     memory: MemoryEstimate
     memory_budget: float
@@ -129,7 +133,7 @@ class Strategy:
     templates: tuple[tuple[int, str, tuple[tuple[int, ...], ...]], ...] = ()
     exact: bool = True
     notes: tuple[str, ...] = ()
-    weight_placements: Mapping[str, str] = dataclasses.field(default_factory=dict)  # splits
+    weight_placements: Mapping[str, Placement] = dataclasses.field(default_factory=dict)  # splits
     # the Keras dtype policy the costs were priced in (tapas.planning.precision; "" in
     # files written before it was recorded)
     precision: str = ""
@@ -181,9 +185,9 @@ class Strategy:
             raise IndexError(f"node_id={node_id}: the graph has GraphNodes 0.."
                              f"{len(graph.nodes) - 1}")
         node = graph.nodes[node_id]
-        for p in patterns_for(node, graph, self.num_devices):
-            if p.name == self.patterns[node_id]:
-                return p
+        found = pattern_by_id(node, graph, self.num_devices, self.patterns[node_id])
+        if found is not None:
+            return found
         raise ValueError(f"GraphNode {node_id} '{node.name}' has no pattern "
                          f"{self.patterns[node_id]!r} on {self.num_devices} devices any more "
                          "(tapas.sharding.patterns changed?): search again")
@@ -196,8 +200,7 @@ class Strategy:
         out = []
         for e in self.edges:
             t = graph.nodes[e.dst].inputs[e.input_index]
-            comms = reshard(parse_placement(e.src_placement), parse_placement(e.dst_placement),
-                            t.shape or (), t.dtype, t.name)
+            comms = reshard(e.src_placement, e.dst_placement, t.shape or (), t.dtype, t.name)
             out.append(dataclasses.replace(e, comms=comms))
         return tuple(out)
 
@@ -258,9 +261,9 @@ def _strategy_json(s: Strategy) -> dict[str, Any]:
         "format": _FORMAT, "graph_name": s.graph_name, "graph_digest": s.graph_digest,
         "num_nodes": s.num_nodes, "num_devices": s.num_devices,
         "cluster": s.cluster.to_json(), "mode": s.mode,
-        "patterns": list(s.patterns), "edges": [e.to_json() for e in s.edges],
-        "input_placements": dict(s.input_placements),
-        "output_placements": dict(s.output_placements),
+        "patterns": [str(p) for p in s.patterns], "edges": [e.to_json() for e in s.edges],
+        "input_placements": _texts(s.input_placements),
+        "output_placements": _texts(s.output_placements),
         "cost": dict(s.cost), "memory": s.memory.to_json(),
         "memory_budget": s.memory_budget,
         "alternatives": [a.to_json() for a in s.alternatives],
@@ -268,7 +271,7 @@ def _strategy_json(s: Strategy) -> dict[str, Any]:
         "timings": dict(s.timings), "counts": dict(s.counts),
         "templates": [[t, name, [list(i) for i in insts]] for t, name, insts in s.templates],
         "exact": s.exact, "notes": list(s.notes),
-        "weight_placements": dict(s.weight_placements), "precision": s.precision,
+        "weight_placements": _texts(s.weight_placements), "precision": s.precision,
         **({} if s.bound is None else {"bound": s.bound})}
 
 
@@ -281,10 +284,10 @@ def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
         num_nodes=d["num_nodes"], num_devices=d["num_devices"],
         cluster=Cluster.from_json(d["cluster"], "strategy's cluster", older_layout=True),
         mode=d["mode"],
-        patterns=tuple(d["patterns"]),
+        patterns=tuple(PatternId.parse(p) for p in d["patterns"]),
         edges=tuple(EdgeReshard.from_json(e) for e in d["edges"]),
-        input_placements=dict(d["input_placements"]),
-        output_placements=dict(d["output_placements"]), cost=dict(d["cost"]),
+        input_placements=_placed(d["input_placements"]),
+        output_placements=_placed(d["output_placements"]), cost=dict(d["cost"]),
         memory=MemoryEstimate.from_json(d["memory"]), memory_budget=d["memory_budget"],
         alternatives=tuple(Alternative.from_json(a) for a in d["alternatives"]),
         references=tuple(Alternative.from_json(a) for a in d["references"]),
@@ -292,5 +295,13 @@ def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
         templates=tuple((t, name, tuple(tuple(i) for i in insts))
                         for t, name, insts in d.get("templates", ())),
         exact=d.get("exact", True), notes=tuple(d.get("notes", ())),
-        weight_placements=dict(d.get("weight_placements", {})),
+        weight_placements=_placed(d.get("weight_placements", {})),
         precision=d.get("precision", ""), bound=d.get("bound"))
+
+
+def _texts(placed: Mapping[str, Placement]) -> dict[str, str]:
+    return {k: str(p) for k, p in placed.items()}
+
+
+def _placed(texts: Mapping[str, str]) -> dict[str, Placement]:
+    return {k: parse_placement(p) for k, p in texts.items()}

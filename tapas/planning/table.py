@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tapas.sharding.gradients import gradient_flow
@@ -39,14 +39,15 @@ from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.planning.precision import priced_dtype
 from tapas.sharding import losses
 from tapas.sharding.patterns import patterns_for
-from tapas.sharding.patterns.pattern import Family
+from tapas.sharding.patterns.pattern import REPLICATE, Family, PatternId
 from tapas.sharding.placements import Placement, Replica, parse_placement, reshard
 
 __all__ = ["PatternInfo", "PatternTable", "pattern_table", "constant_nodes", "EdgeCoster",
            "PatternsFn", "ReshardFn", "gradient_tensors"]
 
 # PatternsFn(node, graph, num_devices) -> the node's ShardingPatterns (or objects with the
-# same fields: name, inputs, outputs, weights, comms, flops, family, data_parallel)
+# same fields: name, inputs, outputs, weights, comms, flops, family, data_parallel; their
+# placements may be written as text, "S1", and are read once, into PatternInfo)
 PatternsFn = Callable[[GraphNode, Graph, int], Sequence[Any]]
 # ReshardFn(src placement, dst placement, tensor) -> tuple of Comm-like objects; raises
 # ValueError when no collective turns src into dst
@@ -57,7 +58,7 @@ ReshardFn = Callable[[Placement, Placement, TensorInfo], Sequence[Any]]
 class PatternInfo:
     """What the search needs of one ShardingPattern of one GraphNode."""
 
-    name: str
+    name: PatternId
     family: Family | None                     # the kind of parallelism (reference plans)
     data_parallel: bool                       # splits the batch axis (data parallelism)
     inputs: tuple[Placement, ...]
@@ -83,9 +84,9 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
                                      label=f"{node.name} [{pattern.name}] {c.tensor}",
                                      weights=weights)
                   for c in pattern.comms)
-    outputs = tuple(parse_placement(p) for p in pattern.outputs)
-    weights = tuple((w.path, parse_placement(pattern.weights.get(w.path, Replica())))
-                    for w in node.weights)
+    outputs = _placed(pattern.outputs)
+    weights = tuple(zip((w.path for w in node.weights),
+                        _placed(pattern.weights.get(w.path, _R) for w in node.weights)))
     mem = MemoryEstimate()
     precision = options.precision
     for w, (_, pl) in zip(node.weights, weights):
@@ -98,8 +99,8 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
     dense = getattr(pattern, "dense_flops", None)
     elements = float(getattr(pattern, "elements", 0.0) or 0.0)
     return PatternInfo(
-        name=pattern.name, family=pattern.family, data_parallel=bool(pattern.data_parallel),
-        inputs=tuple(parse_placement(p) for p in pattern.inputs),
+        name=_pattern_id(pattern), family=pattern.family,
+        data_parallel=bool(pattern.data_parallel), inputs=_placed(pattern.inputs),
         outputs=outputs, weights=weights, comm_terms=terms,
         comm_time=math.fsum(t.total for t in terms),
         compute_time=cost_lib.compute_time(
@@ -109,6 +110,22 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
             dense_by_dtype=getattr(pattern, "dense_by_dtype", None)),
         flops=flops, memory=mem,
         note=getattr(pattern, "note", ""))
+
+
+_R = Replica()
+
+
+def _placed(placements: Iterable[Any]) -> tuple[Placement, ...]:
+    """A pattern's placements as placement objects (a ``PatternsFn`` may write "S1")."""
+    return tuple(parse_placement(p) for p in placements)
+
+
+def _pattern_id(pattern: Any) -> PatternId:
+    """A pattern's typed id (a ``PatternsFn`` may name its patterns by plain strings)."""
+    name = pattern.name
+    if isinstance(name, PatternId):
+        return name
+    return PatternId.parse(name) if pattern.family is None else PatternId(name, pattern.family)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +184,7 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
         if not pats:
             raise ValueError(f"patterns_for returned no pattern for GraphNode {node.id} "
                              f"'{node.name}' ({node.kind.value}): every kind must at least "
-                             "offer 'replicate'")
+                             f"offer {REPLICATE!r}")
         first_of[key] = node.id
         infos.append(tuple(_summarize(node, p, num_devices, cluster, options) for p in pats))
         weight_placements[key] = [[pl for _, pl in info.weights] for info in infos[-1]]

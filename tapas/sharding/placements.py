@@ -227,6 +227,7 @@ def parse_placement(text: str | Placement) -> Placement:
 class Comm:
     """One collective of kind ``kind`` on tensor ``tensor`` (global ``shape``, ``dtype``).
 
+    ``src`` and ``dst`` may be given in their short forms ("S1"): they are parsed here.
     ``phase`` "fwd": applied to the tensor right after the op producing it, before any
     consumer reads it. ``phase`` "bwd": applied to the *gradient* of the tensor (``src`` and
     ``dst`` are then the placements of the gradient). ``axis`` is the split axis of an
@@ -247,6 +248,8 @@ class Comm:
             raise ValueError(f"Comm phase {self.phase!r} for '{self.tensor}': use 'fwd' or 'bwd'")
         object.__setattr__(self, "kind", Collective.parse(self.kind))
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "src", parse_placement(self.src))
+        object.__setattr__(self, "dst", parse_placement(self.dst))
 
     @property
     def num_elements(self) -> int:
@@ -272,8 +275,7 @@ class Comm:
     def from_json(d: dict[str, object]) -> Comm:
         return Comm(Collective.parse(str(d["kind"])), str(d["tensor"]),
                     tuple(d["shape"]),  # type: ignore[arg-type]
-                    str(d["dtype"]), parse_placement(str(d["src"])),
-                    parse_placement(str(d["dst"])), str(d["phase"]),
+                    str(d["dtype"]), str(d["src"]), str(d["dst"]), str(d["phase"]),
                     None if d.get("axis") is None else int(d["axis"]))  # type: ignore[arg-type]
 
 
@@ -297,9 +299,11 @@ def reshard(src: Placement, dst: Placement, shape: Sequence[int], dtype: str,
     partial; that is the consumer's business (a pattern's own backward comm), not a
     resharding.
     """
-    src, dst = parse_placement(src), parse_placement(dst)
     shape = tuple(int(d) for d in shape)
     for p in (src, dst):
+        if not isinstance(p, (Split, Replica, Partial)):
+            raise TypeError(f"resharding '{tensor}': {p!r} is not a placement; pass Split(axis), "
+                            "Replica() or Partial() (parse_placement reads the short forms)")
         if isinstance(p, Split) and p.axis >= len(shape):
             raise ValueError(f"placement {p} of '{tensor}' names axis {p.axis}, but the tensor "
                              f"has rank {len(shape)} (shape {shape})")

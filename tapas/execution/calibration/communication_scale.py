@@ -30,6 +30,7 @@ from typing import Any
 
 from tapas.execution.calibration.compute_scale import (check_measured_factor, paired_difference,
                                                        resolve_measured_factor, time_pairs)
+from tapas.planning.references import DATA_PARALLEL, REPLICATED
 
 __all__ = ["CommunicationCalibration", "ActivationCalibration", "calibrate_communication",
            "without_communication", "scale_from_pairs", "with_activation", "solve_factors",
@@ -164,7 +165,7 @@ def data_parallel_patterns(graph: Any, cluster: Any, options: Any = None,
     from tapas.planning.search import search
     s = strategy or search(graph, cluster=cluster, top_k=1, loss=loss, options=options)
     for alt in s.references:
-        if alt.name == "data-parallel" and not alt.error:
+        if alt.name == DATA_PARALLEL and not alt.error:
             return tuple(alt.changes.get(v, p) for v, p in enumerate(s.patterns))
     raise ValueError(f"the graph {graph.name!r} has no data-parallel plan (no GraphNode "
                      "splits on the batch): its collectives cannot be calibrated this way; "
@@ -215,7 +216,7 @@ def activation_plan(graph: Any, cluster: Any, options: Any = None, loss: Any = N
               for i, a in enumerate(s.alternatives[:top_k - 1])]
     plans += [(a.name, tuple(a.changes.get(v, p) for v, p in enumerate(s.patterns)))
               for a in s.references
-              if not a.error and a.name not in ("data-parallel", "replicate")]
+              if not a.error and a.name not in (DATA_PARALLEL, REPLICATED)]
     chosen, seen = None, set()
     for name, patterns in plans:
         if patterns in seen:
@@ -296,7 +297,7 @@ def calibrate_communication(model: Any, input_spec: Any = None, *, cluster: Any,
     parts, count = predicted_parts(graph, patterns, cluster, options)
     second = (activation_plan(graph, cluster, options, loss, strategy=found) if activation
               else None)
-    plans = [("data-parallel", patterns)] + ([second[:2]] if second is not None else [])
+    plans = [(DATA_PARALLEL, patterns)] + ([second[:2]] if second is not None else [])
     programs = []
     for name, names in plans:
         chosen = {node.id: pattern_by_name(node, graph, n, names[node.id])
@@ -377,7 +378,7 @@ def with_activation(cal: CommunicationCalibration, plan: str, patterns: Sequence
 
 
 def scale_from_pairs(num_devices: int, full: list[float], local: list[float],
-                     predicted: float, collectives: int, plan: str = "data-parallel",
+                     predicted: float, collectives: int, plan: str = DATA_PARALLEL,
                      patterns: Sequence[str] = (),
                      parts: tuple[float, float] | None = None) -> CommunicationCalibration:
     """The calibration from paired step times (``full[i]`` as the plan runs, ``local[i]``

@@ -107,10 +107,11 @@ def _replicated(graph: Any, num_devices: int, cluster: Any, options: Any,
     """The replicated program's priced compute with ``compute_scale`` 1 and the memory-bound
     ops' time times ``elementwise_scale``."""
     from tapas.planning.table import pattern_table
+    from tapas.sharding.patterns.pattern import REPLICATE
     options = dataclasses.replace(options, compute_scale=1.0,
                                   elementwise_scale=elementwise_scale)
     table = pattern_table(graph, num_devices, cluster, options)
-    return math.fsum(table.infos[n.id][table.index(n.id, "replicate")].compute_time
+    return math.fsum(table.infos[n.id][table.index(n.id, REPLICATE)].compute_time
                      for n in graph.nodes)
 
 

@@ -30,7 +30,7 @@ from tapas.execution.program.collectives import Audit, CommRecord
 from tapas.execution.program.plan import Plan
 from tapas.sharding.gradients import NO_GRADIENT, GradientFlow, differentiable, gradient_flow
 from tapas.sharding import placements
-from tapas.sharding.placements import Collective, parse_placement
+from tapas.sharding.placements import Collective
 
 __all__ = ["AuditReport", "predicted_comm_list", "program_comms", "compare_audit"]
 
@@ -226,9 +226,8 @@ def _readers(plan: Any, graph: ir.Graph) -> dict[tuple[str, str], list]:
     out: dict[tuple[str, str], list] = {}
     for node in graph.nodes:
         pat = plan.pattern(node)
-        wants = {t.name: str(parse_placement(p)) for t, p in zip(node.inputs, pat.inputs)}
-        wants.update({w.placeholder + ":0": str(parse_placement(pat.weights[w.path]))
-                      for w in node.weights})
+        wants = {t.name: str(p) for t, p in zip(node.inputs, pat.inputs)}
+        wants.update({w.placeholder + ":0": str(pat.weights[w.path]) for w in node.weights})
         for op in node.ops:
             for name in op.inputs:
                 if name in wants:
@@ -244,18 +243,17 @@ def _plan_reshards(plan: Any, graph: ir.Graph) -> list[_Tagged]:
     place: dict[str, Any] = {}
     for node in graph.nodes:
         for t, p in zip(node.outputs, plan.pattern(node).outputs):
-            place[t.name] = parse_placement(p)
+            place[t.name] = p
     stored: dict[str, Any] = {}
     seen: set[tuple[str, str]] = set()
     comms: list[_Tagged] = []
     for node in graph.nodes:
         pat = plan.pattern(node)
-        wanted = [(t.name, t.shape, t.dtype, parse_placement(p))
-                  for t, p in zip(node.inputs, pat.inputs)]
+        wanted = [(t.name, t.shape, t.dtype, p) for t, p in zip(node.inputs, pat.inputs)]
         for w in node.weights:
             if not graph.reads(node.id, w.path):
                 continue   # a weight-side output it consumes as an input (Graph.readers)
-            p = parse_placement(pat.weights[w.path])
+            p = pat.weights[w.path]
             stored.setdefault(w.path, p)
             wanted.append((w.path, w.shape, w.dtype, p))
         for name, shape, dtype, want in wanted:
@@ -327,7 +325,7 @@ def column_audit(pm: Any, mesh: Any, sparse: bool = False) -> tuple[dict, dict]:
     rt = pm.runtime
     ran = {(r.kind.value, r.tensor, r.phase): r.bytes
            for r in rt.dp_audits["train_step"].records} if "train_step" in rt.dp_audits else {}
-    placements = {p: str(s.placement) for p, s in rt.specs.items()}
+    placements = {p: s.placement for p, s in rt.specs.items()}
     cluster = Cluster.v100_ethernet(mesh.rows, mesh.cols)   # shape only: bytes are priced
     patterns = {n.id: pm.program.plan.pattern(n) for n in pm.graph.nodes}
     priced = {}

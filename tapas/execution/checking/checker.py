@@ -196,7 +196,8 @@ def check_plan(trace: Any, graph: ir.Graph, plan: Plan, inputs: Sequence[Any],
     differs; ``worst``: the largest relative difference as text). Tolerance: ``atol``
     times the largest magnitude of the quantity (for gradients: of any gradient, as
     ``ParallelModel.verify``) plus ``rtol`` times its own."""
-    sharded = sum(1 for p in plan.patterns.values() if getattr(p, "name", "") != "replicate")
+    sharded = sum(1 for p in plan.patterns.values()
+                  if getattr(p, "name", "") != patterns.REPLICATE)
     try:
         cmp = verify.compare_with_single_device(trace, graph, plan, inputs)
     except BUILD_ERRORS as err:

@@ -25,11 +25,11 @@ from tapas import ir
 from tapas.execution.program import replay, stateful
 from tapas.execution.program.collectives import local_slice
 from tapas.execution.program.plan import ReconstructError
-from tapas.sharding import placements, rules
+from tapas.sharding import rules
 from tapas.sharding.patterns import Rewrite
 from tapas.sharding.placements import Partial, Placement, Replica, Split
 
-__all__ = ["LocalOps", "STATEFUL_RANDOM", "as_placement"]
+__all__ = ["LocalOps", "STATEFUL_RANDOM"]
 
 # op type -> index of the input that holds the op's output shape (a Slice's size: its kept
 # axes are whole, so a split one takes the local size)
@@ -47,11 +47,6 @@ _CONCATS = frozenset({"ConcatV2", "Concat"})
 # contractions: a replicated operand that has the label the other operands split is sliced
 # locally on it (the propagation's ("slice", axis): a constant state in a batched matmul)
 _CONTRACTIONS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
-
-
-def as_placement(p: Any) -> Placement:
-    """A pattern's placement, parsed when it is still a string."""
-    return placements.parse_placement(p) if isinstance(p, str) else p
 
 
 class LocalOps:

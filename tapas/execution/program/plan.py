@@ -15,6 +15,7 @@ from typing import Any
 
 from tapas import ir
 from tapas.sharding import placements
+from tapas.sharding.patterns.pattern import REPLICATE
 from tapas.sharding.placements import Placement, Replica
 
 __all__ = ["ReconstructError", "NodeSharding", "replicated", "Plan", "WeightLayout"]
@@ -31,6 +32,7 @@ class NodeSharding:
 
     ``tensors`` may omit op outputs whose placement follows from their local shape;
     it must name the output of every shape-carrying op (``Reshape``, ...) that is split.
+    Placements may be written in their short forms (``"S1"``): they are parsed here, once.
     """
 
     name: str
@@ -41,11 +43,19 @@ class NodeSharding:
     comms: tuple[placements.Comm, ...] = ()
     rewrites: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        parse = placements.parse_placement
+        for field in ("inputs", "outputs"):
+            object.__setattr__(self, field, tuple(parse(p) for p in getattr(self, field)))
+        for field in ("weights", "tensors"):
+            object.__setattr__(self, field,
+                               {k: parse(p) for k, p in getattr(self, field).items()})
+
 
 def replicated(node: ir.GraphNode) -> NodeSharding:
     """The all-``R`` sharding of ``node``: every device computes the whole node."""
     r = Replica()
-    return NodeSharding("replicate", tuple(r for _ in node.inputs),
+    return NodeSharding(REPLICATE, tuple(r for _ in node.inputs),
                         tuple(r for _ in node.outputs), {w.path: r for w in node.weights})
 
 

@@ -59,7 +59,6 @@ from tapas.execution.program.collectives import (Audit, Collectives, CommRecord,
                                                  ReplicaContextCollectives,
                                                  SimulatedCollectives)
 from tapas.execution.program.local_ops import STATEFUL_RANDOM
-from tapas.execution.program.local_ops import as_placement as _place
 from tapas.execution.program.plan import NodeSharding, Plan, ReconstructError, WeightLayout
 from tapas.execution.program.run import Run
 from tapas.sharding.patterns import Rewrite
@@ -172,17 +171,17 @@ class Program:
                     f"{label}: the pattern places {len(pat.inputs)} input(s) and "
                     f"{len(pat.outputs)} output(s), the node has {len(node.inputs)} and "
                     f"{len(node.outputs)}: the plan was made for another graph")
-            checks = [(t.name, t.shape, _place(p)) for t, p in zip(node.inputs, pat.inputs)]
-            checks += [(t.name, t.shape, _place(p)) for t, p in zip(node.outputs, pat.outputs)]
+            checks = [(t.name, t.shape, p) for t, p in zip(node.inputs, pat.inputs)]
+            checks += [(t.name, t.shape, p) for t, p in zip(node.outputs, pat.outputs)]
             for w in node.weights:
                 if w.path not in pat.weights:
                     raise ReconstructError(f"{label} has no placement for weight '{w.path}': "
                                            "every weight of the node needs one (R or S(axis))")
-                checks.append((w.path, w.shape, _place(pat.weights[w.path])))
+                checks.append((w.path, w.shape, pat.weights[w.path]))
             for name, p in getattr(pat, "tensors", {}).items():
                 info = self._info.get(name)
                 if info is not None and info.dtype != "resource":  # a weight's handle
-                    checks.append((name, info.shape, _place(p)))
+                    checks.append((name, info.shape, p))
             for name, shape, p in checks:
                 if isinstance(p, Split):
                     if shape is None or p.axis >= len(shape):
@@ -211,7 +210,7 @@ class Program:
         for node, w in readers + listed:   # a weight no GraphNode reads: its first lister
             if w.path in layouts:
                 continue
-            p = _place(self.plan.pattern(node).weights[w.path])
+            p = self.plan.pattern(node).weights[w.path]
             layouts[w.path] = WeightLayout(w.path, tuple(w.shape), w.dtype, p,
                                            p.local_shape(w.shape, self.num_devices),
                                            w.trainable)
@@ -230,11 +229,11 @@ class Program:
             for node in self.graph.nodes:  # the producer's placement
                 for k, t in enumerate(node.outputs):
                     if t.name == name:
-                        found = _place(self.plan.pattern(node).outputs[k])
+                        found = self.plan.pattern(node).outputs[k]
             for node in self.graph.nodes:  # else (a sub-graph input) the first consumer's
                 for k, t in enumerate(node.inputs):
                     if found is None and t.name == name:
-                        found = _place(self.plan.pattern(node).inputs[k])
+                        found = self.plan.pattern(node).inputs[k]
             out.append(found if found is not None else Replica())
         return tuple(out)
 

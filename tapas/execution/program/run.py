@@ -21,8 +21,7 @@ import tensorflow as tf
 from tapas import ir
 from tapas.execution.program import stateful
 from tapas.execution.program.collectives import Collectives
-from tapas.execution.program.local_ops import (_CALLS, _RESOURCE_GATHERS, LocalOps,
-                                               as_placement as _place)
+from tapas.execution.program.local_ops import _CALLS, _RESOURCE_GATHERS, LocalOps
 from tapas.execution.program.plan import ReconstructError
 from tapas.sharding import placements
 from tapas.sharding.gradients import NO_GRADIENT
@@ -203,11 +202,11 @@ class Run(Resharding, LocalOps):
         self._weight_reads(node, s)
         into_region = self.p.region is not None and node.id in self.p.region.nodes
         for k, t in enumerate(node.inputs):
-            want = _place(pat.inputs[k])
+            want = pat.inputs[k]
             s.view[t.name] = self._edge(t.name, want, into_region)
             s.vplace[t.name] = want
             self._apply_bwd(t.name, s.view, s.vplace, s.fwd, s.bwd)
-        s.tensors = {name: _place(pl) for name, pl in getattr(pat, "tensors", {}).items()}
+        s.tensors = dict(getattr(pat, "tensors", {}))
         s.rewrites = getattr(pat, "rewrites", {})
         for op in node.ops:
             if op.type == "Placeholder":
@@ -221,7 +220,7 @@ class Run(Resharding, LocalOps):
             elif op.outputs:   # (NoOp and other control-only ops have none)
                 self._op(op, node, s)
         for k, t in enumerate(node.outputs):
-            want = _place(pat.outputs[k])
+            want = pat.outputs[k]
             if t.name not in s.view:
                 raise ReconstructError(f"{s.label}: output '{t.name}' was not produced")
             if s.vplace[t.name] != want:
@@ -293,17 +292,17 @@ class Run(Resharding, LocalOps):
         for j, out in enumerate(op.outputs):
             vals, plc = vals_per_out[j]
             comms = s.fwd.get(out.name, [])
-            pre = _place(comms[0].src) if comms else s.tensors.get(out.name)
+            pre = comms[0].src if comms else s.tensors.get(out.name)
             vals, plc = self._conform(vals, plc, pre, out, label, op)
             for c in comms:
-                if _place(c.src) != plc:
+                if c.src != plc:
                     raise ReconstructError(
                         f"{label}: forward {c.kind.value} on '{out.name}' expects it "
                         f"placed {c.src}, the op yields {plc}")
                 partial_grad = any(b.kind == Collective.REDUCE_SCATTER
                                    for b in s.bwd.get(out.name, []))
-                vals = self.reshard(vals, plc, _place(c.dst), out.name, partial_grad)
-                plc = _place(c.dst)
+                vals = self.reshard(vals, plc, c.dst, out.name, partial_grad)
+                plc = c.dst
             view[out.name], vplace[out.name] = vals, plc
             self._apply_bwd(out.name, view, vplace, s.fwd, s.bwd)
 
@@ -311,8 +310,8 @@ class Run(Resharding, LocalOps):
         for c in bwd.get(name, []):
             conj = []
             for f in fwd.get(name, []):
-                conj += [b for b in placements.reshard(_place(f.src), _place(f.dst), f.shape,
-                                                       f.dtype, name) if b.phase == "bwd"]
+                conj += [b for b in placements.reshard(f.src, f.dst, f.shape, f.dtype, name)
+                         if b.phase == "bwd"]
             if any(b.kind == c.kind and b.axis == c.axis for b in conj) or (
                     c.kind == Collective.REDUCE_SCATTER and
                     any(f.kind == Collective.ALL_GATHER for f in fwd.get(name, []))):
@@ -326,7 +325,7 @@ class Run(Resharding, LocalOps):
             if c.kind == Collective.ALL_REDUCE:
                 view[name] = self.coll.all_reduce_grad(view[name], label, shape, dtype)
             elif c.kind == Collective.ALL_GATHER and isinstance(vplace[name], Replica):
-                axis = c.axis if c.axis is not None else _place(c.src).axis
+                axis = c.axis if c.axis is not None else c.src.axis
                 view[name] = self.coll.scatter(view[name], axis, label, shape, dtype)
                 vplace[name] = Split(axis)
             else:
@@ -361,6 +360,6 @@ class Run(Resharding, LocalOps):
         """(local values, placement) of the weight whose resource is ``handle``, as the
         pattern places it (the step's last write of it, if a GraphNode wrote it)."""
         path = self.p._weight_of_ph[handle.split(":")[0]]
-        want = _place(pat.weights[path])
+        want = pat.weights[path]
         written = self.writes.read(path, want)
         return (written if written is not None else self._read_weight(path, want)), want

@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from tapas.execution.program.collectives import local_slice
 from tapas.execution.program.plan import ReconstructError
+from tapas.sharding.patterns.pattern import REPLICATE
 from tapas.sharding.placements import Placement, Replica, Split
 
 __all__ = ["RANDOM_OPS", "WRITE_OPS", "StateInfo", "states_of", "check_writes", "Writes",
@@ -167,7 +168,7 @@ class Writes:
                     f"{label}: op '{op.name}' writes '{path}', stored {want} across the "
                     f"devices, with a value placed {plc}: a write needs its value whole (R) "
                     "or placed as the variable is stored; choose a pattern for this "
-                    "GraphNode that leaves the value replicated (e.g. 'replicate')")
+                    f"GraphNode that leaves the value replicated (e.g. {REPLICATE!r})")
             vals = [local_slice(v, want.axis, self.n, r) for v, r in zip(vals, self.rids)]
         if op.type == "AssignAddVariableOp":
             vals = [c + v for c, v in zip(current, vals)]

@@ -38,7 +38,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tapas.sharding.placements import Replica, Split, parse_placement
+from tapas.sharding.placements import Replica, Split
 
 __all__ = ["Term", "plan_regularizers", "replica_value", "regularized", "split_outputs",
            "with_call_losses", "value_scale", "predicted_comms", "predicted_call_loss_comms",
@@ -197,7 +197,7 @@ def replica_value(terms: list[Term], weights: Mapping[str, tf.Tensor], *, partia
 def split_outputs(program: Any) -> tuple[list, list]:
     """(placements of the model's outputs, placements of the losses its call adds): the
     program's outputs end with the call losses (``ir.Graph.call_losses``)."""
-    every = [parse_placement(p) for p in program.output_placements]
+    every = list(program.output_placements)
     n = len(every) - getattr(getattr(program, "graph", None), "call_losses", 0)
     return every[:n], every[n:]
 

@@ -3,7 +3,8 @@
 In:  a :class:`tapas.ir.GraphNode`, its :class:`tapas.ir.Graph` and the number of devices N.
 Out: :func:`patterns_for` -- the valid :class:`ShardingPattern` s of the node, in a stable
      order, ``replicate`` first; :func:`explain` -- why a named pattern is invalid;
-     :func:`pattern_by_name`.
+     :func:`pattern_by_name` (a name given as text) and :func:`pattern_by_id` (a typed
+     :class:`PatternId`, e.g. from a Strategy).
 
 The pipeline of this package, one module each:
 
@@ -47,14 +48,16 @@ from typing import Any
 
 from tapas.ir import Graph, GraphNode
 from tapas.sharding.patterns import cache, families
-from tapas.sharding.patterns.pattern import Family, PatternSeed, Rewrite, ShardingPattern
+from tapas.sharding.patterns.pattern import (REPLICATE, Family, PatternId, PatternSeed, Rewrite,
+                                             ShardingPattern)
 from tapas.sharding.patterns.pins import PinError, apply_pin
 from tapas.sharding.patterns.propagation import Invalid, propagate
 from tapas.sharding.patterns.seeds import REGISTRY, SeedContext, register, replicate_seed
 from tapas.sharding.placements import Replica
 
-__all__ = ["ShardingPattern", "PatternSeed", "Family", "Rewrite", "register", "REGISTRY",
-           "patterns_for", "explain", "pattern_by_name", "clear_cache", "Invalid",
+__all__ = ["ShardingPattern", "PatternSeed", "PatternId", "Family", "Rewrite", "register",
+           "REGISTRY", "REPLICATE",
+           "patterns_for", "explain", "pattern_by_name", "pattern_by_id", "clear_cache", "Invalid",
            "PinError"]
 
 _ = families  # imported to fill the registry
@@ -79,7 +82,7 @@ def _seeds(node: GraphNode, ctx: SeedContext,
     """``replicate`` and every family's seeds for ``node``. A family function that fails
     for an unexpected reason is recorded in ``failed`` (when given) and skipped."""
     seeds = [replicate_seed(node)]
-    names = {"replicate"}
+    names = {REPLICATE}
     for fn in REGISTRY[node.kind]:
         try:
             proposed = list(fn(node, ctx))
@@ -108,7 +111,7 @@ def _compute(node: GraphNode, ctx: SeedContext) -> list[ShardingPattern]:
     failed: list[str] = []
     for seed in _seeds(node, ctx, failed):
         try:
-            if seed.name == "replicate":
+            if seed.family is Family.REPLICATE:
                 pat = propagate(node, ctx.index, ctx.num_devices, seed, replicate_unknown=True)
             else:
                 pat = ctx.trial(seed)
@@ -127,7 +130,7 @@ def _compute(node: GraphNode, ctx: SeedContext) -> list[ShardingPattern]:
     if not failed:
         return out
     note = f"pattern(s) {', '.join(failed)} could not be built and were left out"
-    if not out or out[0].name != "replicate":
+    if not out or out[0].family is not Family.REPLICATE:
         out.insert(0, bare_replicate(node))
     out[0] = dataclasses.replace(out[0], note=note)
     return out
@@ -138,11 +141,11 @@ def bare_replicate(node: GraphNode) -> ShardingPattern:
     no collective (what the node does on one device, on each of them)."""
     r = Replica()
     return ShardingPattern(
-        name="replicate", inputs=tuple(r for _ in node.inputs),
+        name=REPLICATE, inputs=tuple(r for _ in node.inputs),
         outputs=tuple(r for _ in node.outputs), weights={w.path: r for w in node.weights},
         tensors={t.name: r for op in node.ops for t in op.outputs}, comms=(), rewrites={},
         expr=f"{''.join(p.capitalize() for p in node.kind.value.split('-'))}(R(X))", flops=0.0,
-        family=Family.REPLICATE)
+        family=REPLICATE.family)
 
 
 def patterns_for(node: GraphNode, graph: Graph, num_devices: int) -> list[ShardingPattern]:
@@ -177,6 +180,16 @@ def pattern_by_name(node: GraphNode, graph: Graph, num_devices: int,
     raise ValueError(explain(node, graph, num_devices, name))
 
 
+def pattern_by_id(node: GraphNode, graph: Graph, num_devices: int,
+                  pattern_id: PatternId) -> ShardingPattern | None:
+    """The valid pattern of ``node`` whose id is ``pattern_id`` (family and variant), or
+    None when it has none (a strategy from an older pattern stage)."""
+    for p in patterns_for(node, graph, num_devices):
+        if p.name == pattern_id and p.family is pattern_id.family:
+            return p
+    return None
+
+
 def explain(node: GraphNode, graph: Graph, num_devices: int, name: str) -> str:
     """Why pattern ``name`` is not a valid pattern of ``node`` on ``num_devices`` devices
     (or that it is valid)."""
@@ -189,7 +202,7 @@ def explain(node: GraphNode, graph: Graph, num_devices: int, name: str) -> str:
                 f"{name!r}; its candidates are: {', '.join(s.name for s in seeds)}")
     try:
         pat = propagate(node, ctx.index, num_devices, seed,
-                        replicate_unknown=(seed.name == "replicate"))
+                        replicate_unknown=(seed.family is Family.REPLICATE))
     except Invalid as e:
         return (f"pattern {name!r} of GraphNode '{node.name}' is invalid on {num_devices} "
                 f"devices: {e}")

@@ -3,8 +3,11 @@
 In:  nothing (definitions).
 Out: :class:`ShardingPattern` (one parallel implementation of one GraphNode, see
      docs/sharding.md), :class:`PatternSeed` (which input/weight splits a family wants
-     tried), :class:`Rewrite` (a local program an op needs instead of its own) and
-     :class:`Family` (what kind of parallelism a pattern is).
+     tried), :class:`Rewrite` (a local program an op needs instead of its own),
+     :class:`Family` (what kind of parallelism a pattern is) and :class:`PatternId` (a
+     pattern's typed id: its family and variant, written as its name), with the ids the
+     families name their patterns by (``REPLICATE``, ``BATCH``, ``ROW``, ...).
+     :meth:`PatternId.parse` raises ValueError for a name no family uses.
 
 This module imports no TensorFlow.
 """
@@ -19,7 +22,9 @@ from typing import Any
 from tapas.sharding.patterns.kernels import KernelUse
 from tapas.sharding.placements import Comm, Placement, Replica, Split
 
-__all__ = ["Family", "Rewrite", "ShardingPattern", "PatternSeed"]
+__all__ = ["Family", "Rewrite", "ShardingPattern", "PatternSeed", "PatternId", "REPLICATE",
+           "BATCH", "FOLLOW", "SPLIT", "ROW", "COLUMN", "IN_CHANNEL", "OUT_CHANNEL", "VOCAB",
+           "HIDDEN", "HEADS", "COLUMN_ROW", "EXPERT"]
 
 
 class Rewrite(str, enum.Enum):
@@ -57,6 +62,68 @@ class Family(str, enum.Enum):
         return self.value
 
 
+class PatternId(str):
+    """A pattern's id: its :class:`Family` and its variant within the family, written as
+    the pattern's name (``row``, ``in-channel``, ``follow-S1``, ``row-2``).
+
+    The name is the variant: a family's patterns on one GraphNode differ by it (``vocab``
+    and ``row`` are both :attr:`Family.ROW` on an embedding). It is a ``str`` the way
+    :class:`Family` is, so it compares, hashes and is written to JSON as the name; code
+    asks :attr:`family` instead of comparing names. :meth:`parse` reads a name at the
+    JSON and command-line boundary."""
+
+    family: Family
+
+    def __new__(cls, name: str, family: Family) -> PatternId:
+        self = super().__new__(cls, name)
+        self.family = Family(family)
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return PatternId, (str(self), self.family)
+
+    @property
+    def variant(self) -> str:
+        return str(self)
+
+    def numbered(self, suffix: Any) -> PatternId:
+        """Another variant of this id's family: ``follow`` -> ``follow-S1``, ``row`` ->
+        ``row-2``."""
+        return PatternId(f"{self}-{suffix}", self.family)
+
+    @staticmethod
+    def parse(name: str | PatternId) -> PatternId:
+        """The id written ``name``: one of the bases below, or one followed by ``-suffix``
+        (the longest base that fits); ValueError naming the bases when none does."""
+        if isinstance(name, PatternId):
+            return name
+        for base in _BY_LENGTH:
+            if name == base or name.startswith(base + "-"):
+                return PatternId(name, base.family)
+        raise ValueError(f"pattern name {name!r} belongs to no pattern family: a name is "
+                         f"one of {', '.join(_NAMED)}, optionally followed by "
+                         "'-<variant>' (e.g. 'follow-S1', 'row-2')")
+
+
+# The names the families give their patterns (tapas.sharding.patterns.families).
+REPLICATE = PatternId("replicate", Family.REPLICATE)
+BATCH = PatternId("batch", Family.BATCH)
+FOLLOW = PatternId("follow", Family.FOLLOW)          # written follow-S<axis>
+SPLIT = PatternId("split", Family.SPLIT)             # written split-<input placements>
+ROW = PatternId("row", Family.ROW)
+IN_CHANNEL = PatternId("in-channel", Family.ROW)     # a convolution's row
+VOCAB = PatternId("vocab", Family.ROW)               # an embedding table's row
+COLUMN = PatternId("column", Family.COLUMN)
+OUT_CHANNEL = PatternId("out-channel", Family.COLUMN)
+HIDDEN = PatternId("hidden", Family.HIDDEN)
+HEADS = PatternId("heads", Family.HEADS)
+COLUMN_ROW = PatternId("column-row", Family.COLUMN_ROW)
+EXPERT = PatternId("expert", Family.EXPERT)
+_NAMED = (REPLICATE, BATCH, FOLLOW, SPLIT, ROW, IN_CHANNEL, VOCAB, COLUMN, OUT_CHANNEL, HIDDEN,
+          HEADS, COLUMN_ROW, EXPERT)
+_BY_LENGTH = sorted(_NAMED, key=len, reverse=True)     # column-row before column
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardingPattern:
     """One parallel implementation of one GraphNode on N devices (docs/sharding.md).
@@ -68,7 +135,7 @@ class ShardingPattern:
     ``X1``... are ``node.inputs`` and ``W``/``W0``, ``W1``... ``node.weights``.
     """
 
-    name: str
+    name: PatternId            # a plain str only for a probe (family None)
     inputs: tuple[Placement, ...]
     outputs: tuple[Placement, ...]
     weights: Mapping[str, Placement]
@@ -97,6 +164,8 @@ class ShardingPattern:
     def __post_init__(self) -> None:
         if self.family is not None:
             object.__setattr__(self, "family", Family(self.family))
+            if not isinstance(self.name, PatternId) or self.name.family is not self.family:
+                object.__setattr__(self, "name", PatternId(self.name, self.family))
         object.__setattr__(self, "rewrites",
                            {k: Rewrite(v) for k, v in self.rewrites.items()})
 
@@ -141,12 +210,17 @@ class PatternSeed:
     (by path; the others are inferred: replicated, or split where every use of them is
     split on one axis) and, for source nodes (graph inputs), of the outputs.
 
-    ``family`` is the kind of parallelism the seed function proposes; it is carried into
-    the pattern. Only a *probe* -- a seed a family tries to learn what a split does, and
-    never returns (``tapas.sharding.patterns.families.shared_seeds.weight_seeds``) -- has none."""
+    ``family`` is the kind of parallelism the seed function proposes (by default the
+    family of ``name``, a :class:`PatternId`); it is carried into the pattern. Only a
+    *probe* -- a seed a family tries to learn what a split does, and never returns
+    (``tapas.sharding.patterns.families.shared_seeds.weight_seeds``) -- has none."""
 
-    name: str
+    name: PatternId | str
     inputs: tuple[Placement, ...]
     weights: Mapping[str, Placement] = dataclasses.field(default_factory=dict)
     outputs: tuple[Placement, ...] | None = None
     family: Family | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.family is None and isinstance(self.name, PatternId):
+            object.__setattr__(self, "family", self.name.family)

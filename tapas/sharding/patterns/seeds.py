@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tapas.ir import Graph, GraphNode, Kind
-from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import REPLICATE, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.propagation import GraphIndex, Invalid, propagate
 from tapas.sharding.placements import Placement, Replica, Split
 
@@ -90,7 +90,7 @@ def register(*kinds: Kind) -> Callable[[SeedFn], SeedFn]:
 
 def replicate_seed(node: GraphNode) -> PatternSeed:
     """Everything replicated (an input GraphNode's outputs too): valid for every kind."""
-    return PatternSeed("replicate", tuple(Replica() for _ in node.inputs),
+    return PatternSeed(REPLICATE, tuple(Replica() for _ in node.inputs),
                        {w.path: Replica() for w in node.weights},
                        tuple(Replica() for _ in node.outputs) if node.kind is Kind.INPUT
-                       else None, family=Family.REPLICATE)
+                       else None)

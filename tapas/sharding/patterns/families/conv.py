@@ -18,12 +18,13 @@ from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind, WeightInfo
 from tapas.sharding.patterns.families.shared_seeds import batch_seed, dedupe_names, weight_seeds
-from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import (IN_CHANNEL, OUT_CHANNEL, PatternId, PatternSeed,
+                                             ShardingPattern)
 from tapas.sharding.patterns.seeds import SeedContext, register
 
 
-def conv_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
-    return ("in-channel", Family.ROW) if pat.fwd_comms else ("out-channel", Family.COLUMN)
+def conv_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> PatternId:
+    return IN_CHANNEL if pat.fwd_comms else OUT_CHANNEL
 
 
 @register(Kind.CONV)

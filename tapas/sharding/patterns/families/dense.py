@@ -23,12 +23,12 @@ from collections.abc import Iterable
 from tapas.ir import GraphNode, Kind, WeightInfo
 from tapas.sharding.patterns.families.shared_seeds import (
     batch_seed, dedupe_names, follow_seeds, weight_seeds)
-from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import COLUMN, ROW, PatternId, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext, register
 
 
-def dense_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
-    return ("row", Family.ROW) if pat.fwd_comms else ("column", Family.COLUMN)
+def dense_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> PatternId:
+    return ROW if pat.fwd_comms else COLUMN
 
 
 @register(Kind.DENSE, Kind.MATMUL)

@@ -19,14 +19,15 @@ from collections.abc import Iterable
 from tapas.ir import GraphNode, Kind, WeightInfo
 from tapas.sharding.patterns.families.shared_seeds import (
     batch_seed, dedupe_names, follow_seeds, weight_seeds)
-from tapas.sharding.patterns.pattern import Family, PatternSeed, Rewrite, ShardingPattern
+from tapas.sharding.patterns.pattern import (HIDDEN, ROW, VOCAB, PatternId, PatternSeed, Rewrite,
+                                             ShardingPattern)
 from tapas.sharding.patterns.seeds import SeedContext, register
 
 
-def embedding_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
+def embedding_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> PatternId:
     if Rewrite.VOCAB_GATHER in pat.rewrites.values():
-        return "vocab", Family.ROW
-    return ("row", Family.ROW) if pat.fwd_comms else ("hidden", Family.HIDDEN)
+        return VOCAB
+    return ROW if pat.fwd_comms else HIDDEN
 
 
 @register(Kind.EMBEDDING)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tapas.ir import GraphNode, Kind
-from tapas.sharding.patterns.pattern import Family, PatternSeed
+from tapas.sharding.patterns.pattern import BATCH, PatternSeed
 from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.placements import Replica, Split
 
@@ -22,6 +22,6 @@ from tapas.sharding.placements import Replica, Split
 def input_patterns(node: GraphNode, ctx: SeedContext) -> Iterable[PatternSeed]:
     if not node.outputs or not all(t.shape for t in node.outputs):
         return []
-    return [PatternSeed("batch", tuple(Replica() for _ in node.inputs),
-                        outputs=tuple(Split(0) for _ in node.outputs), family=Family.BATCH)]
+    return [PatternSeed(BATCH, tuple(Replica() for _ in node.inputs),
+                        outputs=tuple(Split(0) for _ in node.outputs))]
 

@@ -22,14 +22,14 @@ from tapas.ir import GraphNode, Kind, WeightInfo
 from tapas.sharding.patterns.families.dense import dense_role
 from tapas.sharding.patterns.families.shared_seeds import (
     batch_seed, dedupe_names, follow_seeds, weight_seeds)
-from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import EXPERT, PatternId, PatternSeed, ShardingPattern
 from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.placements import Split
 
 
-def expert_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> tuple[str, Family]:
+def expert_role(w: WeightInfo, axis: int, pat: ShardingPattern) -> PatternId:
     if axis == 0 and any(isinstance(p, Split) for p in pat.inputs) and not pat.fwd_comms:
-        return "expert", Family.EXPERT
+        return EXPERT
     return dense_role(w, axis, pat)
 
 

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 
 from tapas.ir import GraphNode, OpInfo, TensorInfo, WeightInfo
 from tapas.sharding import rules
-from tapas.sharding.patterns.pattern import Family, PatternSeed, ShardingPattern
+from tapas.sharding.patterns.pattern import (BATCH, FOLLOW, HEADS, SPLIT, PatternId, PatternSeed,
+                                             ShardingPattern)
 from tapas.sharding.patterns.seeds import SeedContext
 from tapas.sharding.placements import Placement, Replica, Split
 
@@ -44,7 +45,7 @@ def batch_seed(ctx: SeedContext) -> list[PatternSeed]:
     ins = ctx.split_all(0)
     if not any(isinstance(p, Split) for p in ins):
         return []
-    return [PatternSeed("batch", ins, family=Family.BATCH)]
+    return [PatternSeed(BATCH, ins)]
 
 
 def follow_seeds(ctx: SeedContext) -> list[PatternSeed]:
@@ -57,7 +58,7 @@ def follow_seeds(ctx: SeedContext) -> list[PatternSeed]:
     for a in range(1, rank):
         pl = ctx.split_all(a)
         if any(isinstance(p, Split) for p in pl):
-            seeds.append(PatternSeed(f"follow-S{a}", pl, family=Family.FOLLOW))
+            seeds.append(PatternSeed(FOLLOW.numbered(f"S{a}"), pl))
     return seeds
 
 
@@ -72,14 +73,14 @@ def _input_choices(node: GraphNode) -> Iterator[tuple[Placement, ...]]:
         break
 
 
-Role = Callable[[WeightInfo, int, ShardingPattern], tuple[str, Family]]
+Role = Callable[[WeightInfo, int, ShardingPattern], PatternId]
 
 
 def weight_seeds(ctx: SeedContext, role_of: Role, min_rank: int = 2) -> list[PatternSeed]:
     """For every trainable weight of rank >= ``min_rank`` and each of its axes: the input
     placement (all replicated, or the first float input split on one axis) whose pattern on
     one device is valid with the fewest collectives, named and given a family by
-    ``role_of(weight, axis, pattern on one device)``."""
+    ``role_of(weight, axis, pattern on one device)`` (a :class:`PatternId`)."""
     one = unit(ctx)
     seeds: list[PatternSeed] = []
     for w in ctx.node.weights:
@@ -95,8 +96,7 @@ def weight_seeds(ctx: SeedContext, role_of: Role, min_rank: int = 2) -> list[Pat
                     best = (len(pat.comms), ins, pat)
             if best is not None:
                 _, ins, pat = best
-                name, family = role_of(w, a, pat)
-                seeds.append(PatternSeed(name, ins, {w.path: Split(a)}, family=family))
+                seeds.append(PatternSeed(role_of(w, a, pat), ins, {w.path: Split(a)}))
     return dedupe_names(seeds)
 
 
@@ -123,12 +123,12 @@ def label_seeds(ctx: SeedContext, heads: bool) -> list[PatternSeed]:
                   and lab in (spec.outputs[0] or ()))
         first = spec.inputs[0] or ()
         if in_all and first and first[0] == lab:
-            name, family = "batch", Family.BATCH
+            name = BATCH
         elif in_all and heads:
-            name, family = "heads", Family.HEADS
+            name = HEADS
         else:
-            name, family = "split-" + "-".join(str(p) for p in pl), Family.SPLIT
-        seeds.append(PatternSeed(name, pl, family=family))
+            name = SPLIT.numbered("-".join(str(p) for p in pl))
+        seeds.append(PatternSeed(name, pl))
     return dedupe_names(seeds)
 
 
@@ -172,5 +172,6 @@ def dedupe_names(seeds: list[PatternSeed]) -> list[PatternSeed]:
     for s in seeds:
         k = seen.get(s.name, 0) + 1
         seen[s.name] = k
-        out.append(s if k == 1 else dataclasses.replace(s, name=f"{s.name}-{k}"))
+        out.append(s if k == 1 else dataclasses.replace(s, name=PatternId(f"{s.name}-{k}",
+                                                                           s.family)))
     return out

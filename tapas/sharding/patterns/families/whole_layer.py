@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tapas.ir import GraphNode, Kind
-from tapas.sharding.patterns.pattern import Family, PatternSeed
+from tapas.sharding.patterns.pattern import BATCH, COLUMN_ROW, HEADS, PatternSeed
 from tapas.sharding.patterns.seeds import SeedContext, register
 from tapas.sharding.placements import Placement, Replica, Split
 
@@ -40,9 +40,9 @@ def _batch(node: GraphNode, ctx: SeedContext) -> PatternSeed:
     on it; the others (a ``[1, heads, q, k]`` bias) replicated."""
     sizes = [t.shape[0] for t in node.inputs if t.shape]
     batch = max(sizes, default=1)
-    return PatternSeed("batch", tuple(
+    return PatternSeed(BATCH, tuple(
         Split(0) if batch > 1 and t.shape and t.shape[0] == batch else Replica()
-        for t in node.inputs), family=Family.BATCH)
+        for t in node.inputs))
 
 
 @register(Kind.ATTENTION)
@@ -62,7 +62,7 @@ def attention_seeds(node: GraphNode, ctx: SeedContext) -> Iterator[PatternSeed]:
     # inputs: query, value (when given) replicated; a rank-4 score bias split on heads
     inputs = tuple(Split(1) if len(t.shape or ()) == 4 and (t.shape or (0, 0))[1] > 1
                    else Replica() for t in node.inputs)
-    yield PatternSeed("heads", inputs, weights, family=Family.HEADS)
+    yield PatternSeed(HEADS, inputs, weights)
 
 
 @register(Kind.FEED_FORWARD)
@@ -79,8 +79,7 @@ def feed_forward_seeds(node: GraphNode, ctx: SeedContext) -> Iterator[PatternSee
             weights[path] = Split(0)
         elif name == "wo_bias":
             weights[path] = Replica()
-    yield PatternSeed("column-row", tuple(Replica() for _ in node.inputs), weights,
-                      family=Family.COLUMN_ROW)
+    yield PatternSeed(COLUMN_ROW, tuple(Replica() for _ in node.inputs), weights)
 
 
 @register(Kind.MOE)
