@@ -28,6 +28,7 @@ from typing import Any
 
 from tapas.execution.api import train_calibration
 from tapas.execution.api.train_launch import write_json
+from tapas.sharding.patterns.pattern import REPLICATE
 from tapas.execution.api.train_data import (TrainError, load_npz, load_tfrecord,  # noqa: F401
                                         save_tfrecord, tf_errors)   # (save_tfrecord: re-export)
 
@@ -286,7 +287,7 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     if not isinstance(pm.strategy, reconstruct.Plan):
         say(pm.strategy.summary(pm.graph))
     sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
-    say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != 'replicate')} of "
+    say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != REPLICATE)} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
     return pm, name, xs, y, calibration, changes.get("kernel_times"), comm
 

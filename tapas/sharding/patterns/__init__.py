@@ -56,9 +56,8 @@ from tapas.sharding.patterns.seeds import REGISTRY, SeedContext, register, repli
 from tapas.sharding.placements import Replica
 
 __all__ = ["ShardingPattern", "PatternSeed", "PatternId", "Family", "Rewrite", "register",
-           "REGISTRY", "REPLICATE",
-           "patterns_for", "explain", "pattern_by_name", "pattern_by_id", "clear_cache", "Invalid",
-           "PinError"]
+           "REGISTRY", "REPLICATE", "patterns_for", "explain", "pattern_by_name",
+           "pattern_by_id", "clear_cache", "Invalid", "PinError"]
 
 _ = families  # imported to fill the registry
 

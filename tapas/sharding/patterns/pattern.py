@@ -105,20 +105,25 @@ class PatternId(str):
                          "'-<variant>' (e.g. 'follow-S1', 'row-2')")
 
 
-# The names the families give their patterns (tapas.sharding.patterns.families).
-REPLICATE = PatternId("replicate", Family.REPLICATE)
-BATCH = PatternId("batch", Family.BATCH)
-FOLLOW = PatternId("follow", Family.FOLLOW)          # written follow-S<axis>
-SPLIT = PatternId("split", Family.SPLIT)             # written split-<input placements>
-ROW = PatternId("row", Family.ROW)
+def _named_as(family: Family) -> PatternId:
+    return PatternId(family.value, family)
+
+
+# The names the families give their patterns (tapas.sharding.patterns.families): most are
+# their family's; a row or column split has its layer's own name on some kinds.
+REPLICATE = _named_as(Family.REPLICATE)
+BATCH = _named_as(Family.BATCH)
+FOLLOW = _named_as(Family.FOLLOW)                    # written follow-S<axis>
+SPLIT = _named_as(Family.SPLIT)                      # written split-<input placements>
+ROW = _named_as(Family.ROW)
 IN_CHANNEL = PatternId("in-channel", Family.ROW)     # a convolution's row
 VOCAB = PatternId("vocab", Family.ROW)               # an embedding table's row
-COLUMN = PatternId("column", Family.COLUMN)
+COLUMN = _named_as(Family.COLUMN)
 OUT_CHANNEL = PatternId("out-channel", Family.COLUMN)
-HIDDEN = PatternId("hidden", Family.HIDDEN)
-HEADS = PatternId("heads", Family.HEADS)
-COLUMN_ROW = PatternId("column-row", Family.COLUMN_ROW)
-EXPERT = PatternId("expert", Family.EXPERT)
+HIDDEN = _named_as(Family.HIDDEN)
+HEADS = _named_as(Family.HEADS)
+COLUMN_ROW = _named_as(Family.COLUMN_ROW)
+EXPERT = _named_as(Family.EXPERT)
 _NAMED = (REPLICATE, BATCH, FOLLOW, SPLIT, ROW, IN_CHANNEL, VOCAB, COLUMN, OUT_CHANNEL, HIDDEN,
           HEADS, COLUMN_ROW, EXPERT)
 _BY_LENGTH = sorted(_NAMED, key=len, reverse=True)     # column-row before column
