@@ -16,7 +16,8 @@ import tapas
 from tapas import models
 from tapas.sharding import patterns
 from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
-from tapas.sharding.patterns import Family, PatternSeed, explain, pattern_by_name, patterns_for
+from tapas.sharding.patterns import (Family, PatternId, PatternSeed, explain, pattern_by_name,
+                                     patterns_for)
 from tapas.sharding.placements import Partial, Replica, Split
 
 R, P = Replica(), Partial()
@@ -318,6 +319,23 @@ def test_every_zoo_pattern_has_a_family_and_data_parallel_means_the_batch_split(
             if head in ("batch", "follow", "split", "heads", "hidden", "expert", "replicate"):
                 assert p.family.value == head, (node.name, p.name)
     assert {Family.REPLICATE, Family.BATCH} <= families
+
+
+@pytest.mark.parametrize("name", ["t5-tiny", "moe-tiny", "resnet-tiny"])
+def test_pattern_names_are_typed_ids_read_back_from_their_text(name: str) -> None:
+    """Every pattern's name is a PatternId carrying the pattern's family; its text (what a
+    Strategy file holds) parses back to an equal id of the same family."""
+    g = _capture(name)
+    for node in g.nodes:
+        for p in patterns_for(node, g, 2):
+            assert isinstance(p.name, PatternId) and p.name.family is p.family, p.name
+            back = PatternId.parse(str(p.name))
+            assert back == p.name and back.family is p.family, (node.name, p.name)
+            assert patterns.pattern_by_id(node, g, 2, back) is not None
+    assert PatternId.parse("column-row").family is Family.COLUMN_ROW
+    assert PatternId.parse("column-2").family is Family.COLUMN
+    with pytest.raises(ValueError, match="'diagonal' belongs to no pattern family"):
+        PatternId.parse("diagonal")
 
 
 def test_families_of_weight_splits_follow_what_the_split_does() -> None:

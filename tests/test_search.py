@@ -254,6 +254,34 @@ def test_megatron_mlp_cost_from_the_real_patterns(mlp_graph):
     assert all(e.comms for e in s.edge_comms)
 
 
+def test_strategy_holds_typed_ids_and_placements_and_writes_them_as_text(mlp_graph):
+    """Inside the program a Strategy holds PatternIds (family + variant) and placement
+    objects; its JSON holds their names and short forms, parsed back to equal typed values;
+    a name of no family is refused at load, naming the file's pattern."""
+    from tapas.sharding.patterns import Family, PatternId
+    from tapas.sharding.placements import Replica, Split
+    g = mlp_graph
+    s = search.search(g, cluster=Cluster.v100_ethernet(1, N), mode="es",
+                      options=CostOptions(compute=False))
+    d = json.loads(s.dumps())
+    for v, pid in enumerate(s.patterns):
+        assert isinstance(pid, PatternId) and s.pattern(v).family is pid.family
+        assert d["patterns"][v] == pid.variant and type(d["patterns"][v]) is str
+    assert s.weight_placements and all(isinstance(p, Split)
+                                       for p in s.weight_placements.values())
+    assert d["weight_placements"] == {k: str(p) for k, p in s.weight_placements.items()}
+    assert all(isinstance(p, (Split, Replica)) for p in
+               (*s.input_placements.values(), *s.output_placements.values()))
+    again = Strategy.from_json(d, g)
+    assert again.patterns == s.patterns and again.weight_placements == s.weight_placements
+    assert [p.family for p in again.patterns] == [p.family for p in s.patterns]
+    assert again.dumps() == s.dumps()
+    d["patterns"][0] = "diagonal"
+    with pytest.raises(ValueError, match="'diagonal' belongs to no pattern family"):
+        Strategy.from_json(d, g)
+    assert {p.family for p in s.patterns} <= set(Family)
+
+
 def test_search_accepts_a_keras_model():
     import keras
     import tensorflow as tf

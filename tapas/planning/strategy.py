@@ -284,7 +284,7 @@ def _strategy_from_json(d: Mapping[str, Any]) -> Strategy:
         num_nodes=d["num_nodes"], num_devices=d["num_devices"],
         cluster=Cluster.from_json(d["cluster"], "strategy's cluster", older_layout=True),
         mode=d["mode"],
-        patterns=tuple(PatternId.parse(p) for p in d["patterns"]),
+        patterns=_pattern_ids(d["patterns"]),
         edges=tuple(EdgeReshard.from_json(e) for e in d["edges"]),
         input_placements=_placed(d["input_placements"]),
         output_placements=_placed(d["output_placements"]), cost=dict(d["cost"]),
@@ -305,3 +305,14 @@ def _texts(placed: Mapping[str, Placement]) -> dict[str, str]:
 
 def _placed(texts: Mapping[str, str]) -> dict[str, Placement]:
     return {k: parse_placement(p) for k, p in texts.items()}
+
+
+def _pattern_ids(names: list[str]) -> tuple[PatternId, ...]:
+    out = []
+    for v, name in enumerate(names):
+        try:
+            out.append(PatternId.parse(name))
+        except ValueError as e:
+            raise ValueError(f"GraphNode {v}: {e}; search again to write a strategy of the "
+                             "current pattern families") from None
+    return tuple(out)
