@@ -71,17 +71,16 @@ def matching_plan(graph: Any, num_devices: int, program: Any,
     from tapas.execution.program import reconstruct
     from tapas.planning.strategy import graph_digest
     from tapas.sharding import patterns
-    from tapas.sharding.placements import parse_placement
     names = dict(names or {})
     layouts = program.weight_layouts
     chosen = {}
     for node in graph.nodes:
         pats = patterns.patterns_for(node, graph, num_devices)
         fits = [p for p in pats
-                if all(w.path not in layouts or parse_placement(p.weights[w.path])
-                       == parse_placement(layouts[w.path].placement) for w in node.weights)]
+                if all(w.path not in layouts or p.weights[w.path] == layouts[w.path].placement
+                       for w in node.weights)]
         same = [p for p in fits if p.name == names.get(node.name)]
-        replicate = [p for p in pats if p.name == "replicate"]
+        replicate = [p for p in pats if p.family is patterns.Family.REPLICATE]
         rest = fits if node.weights and fits else replicate or fits or pats
         chosen[node.id] = (same or rest)[0]
     return reconstruct.Plan(num_devices, chosen, graph_digest=graph_digest(graph))
@@ -104,7 +103,7 @@ def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7,
     patterns_fn = patterns.patterns_for if patterns_fn is None else patterns_fn
     for node in graph.nodes:
         pats = patterns_fn(node, graph, num_devices)
-        sharded = [p for p in pats if p.name != "replicate"]
+        sharded = [p for p in pats if p.name != patterns.REPLICATE]
         pool = sharded if sharded and rng.random() < p_shard else pats
         chosen[node.id] = rng.choice(pool)
     return reconstruct.Plan(num_devices, chosen, graph_digest=graph_digest(graph))

@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tapas.sharding.placements import Partial, Split, parse_placement
+from tapas.sharding.placements import Partial, Placement, Split
 
 # Keras loss reductions the runtime reproduces (no sample weights): a sum, or a sum / count
 _REDUCTIONS = frozenset({"sum", "sum_over_batch_size", "mean", "mean_with_sample_weight"})
@@ -72,8 +72,7 @@ def _spec(a: Any) -> Any:
     return a
 
 
-def _axis(placement: Any) -> int | None:
-    p = parse_placement(placement)
+def _axis(p: Placement) -> int | None:
     if isinstance(p, Partial):
         raise ValueError("a weight, input or output cannot be placed P (partial sums): "
                          "patterns reduce their partial sums inside the node")

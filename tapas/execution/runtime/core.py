@@ -92,7 +92,7 @@ from tapas.execution.runtime.replicas import ReplicaCalls
 from tapas.execution.runtime.step import TrainingStep
 from tapas.execution.runtime.values import GlobalValues
 from tapas.execution.training import losses, regularizers, step_reductions as reductions
-from tapas.sharding.placements import Replica, parse_placement
+from tapas.sharding.placements import Replica
 
 __all__ = ["Runtime"]
 
@@ -157,7 +157,7 @@ class Runtime(TrainingStep, Inference, LossPlanning, InputDistribution, ReplicaC
         self._collectives = collectives or self._default_collectives
         self.row_specs = list(input_specs)
         self.input_specs = [self._global_spec(s) for s in self.row_specs]
-        self.input_placements = [parse_placement(p) for p in program.input_placements]
+        self.input_placements = list(program.input_placements)
         self.output_placements, self.call_loss_placements = regularizers.split_outputs(program)
         if len(self.input_placements) != len(self.input_specs):
             raise ValueError(f"the program has {len(self.input_placements)} inputs but "

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapas.execution.runtime.base import _axis
-from tapas.sharding.placements import Split, parse_placement
+from tapas.sharding.placements import Placement, Split
 
 __all__ = ["InputDistribution"]
 
@@ -77,13 +77,13 @@ class InputDistribution:
 
         return self.strategy.experimental_distribute_values_from_function(value_fn)
 
-    def worker_share(self, placement: Any, shape: Sequence[int]) -> tuple[int, int, int] | None:
+    def worker_share(self, placement: Placement, shape: Sequence[int]
+                     ) -> tuple[int, int, int] | None:
         """The part of a global tensor of ``shape`` placed ``placement`` that this worker's
         replicas read: ``(axis, start, stop)`` along the split axis, or None for the whole
         tensor (a replicated tensor, or every replica in this process). The replicas of a
         worker are consecutive (``devices.local_replica_ids``), so the share is one
         contiguous slab: what a worker's input pipeline has to produce."""
-        placement = parse_placement(placement)
         if self._all_local():
             return None
         if self.rows > 1:   # the rows of this worker, along axis 0

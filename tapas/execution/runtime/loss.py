@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tapas.execution.runtime.base import _ACTIVATIONS, _REDUCTIONS, _Replica
 from tapas.execution.training import compiled_loss, loss_collectives, losses
+from tapas.sharding.patterns.pattern import REPLICATE
 from tapas.sharding.placements import Replica, Split
 
 __all__ = ["LossPlanning"]
@@ -118,7 +119,7 @@ class LossPlanning:
                 f"the output (placed {p}): a Keras crossentropy computes from those logits, "
                 "so the runtime cannot train this plan (predict works); choose a pattern for "
                 "the last GraphNode without a collective after the activation, e.g. the "
-                "searched one or 'replicate'")
+                f"searched one or {REPLICATE!r}")
         if plan.method == "vocab-parallel":
             per_example = loss_collectives.vocab_parallel(self, r, out, y, loss_fn)
         else:

@@ -30,7 +30,7 @@ import tensorflow as tf
 from tapas.execution.program import stateful
 from tapas.execution.training import regularizers
 from tapas.execution.program.plan import WeightLayout
-from tapas.sharding.placements import Replica, Split, parse_placement
+from tapas.sharding.placements import Replica, Split
 
 __all__ = ["make_shards", "make_slots", "cut", "share"]
 
@@ -56,7 +56,7 @@ def _layout(rt: Any, path: str, layout: Any, shape: tuple[int, ...], dtype: Any
         raise ValueError(f"weight '{path}' of shape {list(shape)} is cut into "
                          f"{layout.rows} mesh rows on axis {row_axis} but the runtime "
                          f"has {rt.rows} rows: build the program for this mesh")
-    placement = parse_placement(layout.placement)
+    placement = layout.placement
     spec = WeightLayout(path, shape, tf.as_dtype(dtype).name, placement,
                         (), bool(layout.trainable), row_axis, rt.rows)
     rt._check_divisible(f"weight '{path}'", spec.row_shape, placement)
@@ -133,7 +133,7 @@ def share(rt: Any, program: Any, input_specs: Sequence[tf.TensorSpec]) -> Any:
         if path not in rt.specs:
             raise ValueError(f"weight '{path}' of the other program is not one of this "
                              "runtime's: the programs come from different models")
-        spec, placement = rt.specs[path], parse_placement(layout.placement)
+        spec, placement = rt.specs[path], layout.placement
         if placement != spec.placement:
             rt._check_divisible(f"weight '{path}'", spec.row_shape, placement)
             other.specs[path] = dataclasses.replace(
@@ -151,7 +151,7 @@ def share(rt: Any, program: Any, input_specs: Sequence[tf.TensorSpec]) -> Any:
         lambda ctx: other._vars[ctx.replica_id_in_sync_group])
     other.program, other.row_specs = program, list(input_specs)
     other.input_specs = [rt._global_spec(s) for s in other.row_specs]
-    other.input_placements = [parse_placement(p) for p in program.input_placements]
+    other.input_placements = list(program.input_placements)
     other.output_placements, other.call_loss_placements = regularizers.split_outputs(program)
     if rt._collectives == rt._default_collectives:   # record into its own audits
         other._collectives = other._default_collectives
