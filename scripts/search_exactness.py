@@ -34,15 +34,21 @@ from absl import app, flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-flags.DEFINE_list("devices", ["2", "4", "8"], "Device counts (one V100 node each).")
-flags.DEFINE_list("models", None, "Only these models (corpus entry or zoo preset names).")
-flags.DEFINE_list("zoo", ["all"], "Zoo presets: all, none or a list of names.")
-flags.DEFINE_enum("corpus", "all", ["all", "none"], "Search the corpus entries or not.")
-flags.DEFINE_string("library", None, "Only corpus entries of this library.")
-flags.DEFINE_float("time_limit", 120.0, "Seconds per search before it is listed as timeout.")
-flags.DEFINE_string("graph_cache", None, "Directory for captured graphs (JSON).")
-flags.DEFINE_string("json_out", "out/search_exactness.json", "Where to write the results.")
-flags.DEFINE_bool("resume", True, "Skip the models already in --json_out.")
+
+def _define_flags() -> None:
+    """The script's flags, defined when it runs (importing it, as its test does, next to
+    tapas.cli, whose flags share names, defines none)."""
+    flags.DEFINE_list("devices", ["2", "4", "8"], "Device counts (one V100 node each).")
+    flags.DEFINE_list("models", None, "Only these models (corpus entry or zoo preset names).")
+    flags.DEFINE_list("zoo", ["all"], "Zoo presets: all, none or a list of names.")
+    flags.DEFINE_enum("corpus", "all", ["all", "none"], "Search the corpus entries or not.")
+    flags.DEFINE_string("library", None, "Only corpus entries of this library.")
+    flags.DEFINE_float("time_limit", 120.0, "Seconds per search before it is listed as timeout.")
+    flags.DEFINE_string("graph_cache", None, "Directory for captured graphs (JSON).")
+    flags.DEFINE_string("json_out", "out/search_exactness.json", "Where to write the results.")
+    flags.DEFINE_bool("resume", True, "Skip the models already in --json_out.")
+
+
 FLAGS = flags.FLAGS
 
 
@@ -183,4 +189,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

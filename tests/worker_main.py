@@ -29,12 +29,14 @@ def run_checks(checks: Mapping[str, Callable[..., dict[str, Any]]], names: Itera
 
 
 def run_worker(script: str, job: dict[str, Any], workers: int = 1, timeout_s: float = 300.0,
-               start: list[int] | None = None) -> list[dict[str, dict[str, Any]]]:
+               start: list[int] | None = None,
+               env: dict[str, str] | None = None) -> list[dict[str, dict[str, Any]]]:
     """Run ``script`` with ``job`` on ``workers`` processes (``tapas.execution.runtime.launch``:
-    killed on time-out or when one fails); per worker, its results by check name."""
+    killed on time-out or when one fails; ``env`` added to their environment); per worker,
+    its results by check name."""
     from tapas.execution.runtime import launch
     results = launch.launch(lambda i: [sys.executable, script, json.dumps(job)], workers,
-                            timeout_s=timeout_s, start=start)
+                            timeout_s=timeout_s, start=start, env=env)
     out = []
     for r in results:
         checks = {}
