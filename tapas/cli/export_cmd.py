@@ -179,6 +179,11 @@ def _say(layout: Any) -> None:
     for u in layout.unexpressed:
         names = ", ".join(f"{i} '{n}'" for i, n in u.nodes[:4])
         more = f" and {len(u.nodes) - 4} more" if len(u.nodes) > 4 else ""
+        if u.kind == "activations":
+            alts = ", ".join(f"{a!r} ({c * 1e3:+.4f} ms)" for a, c in u.alternatives[:3])
+            print(f"  activations open: GraphNode(s) {names}{more}: TAPAS chose "
+                  f"{u.chosen!r}, GSPMD's propagation may take {alts}")
+            continue
         print(f"  not pinned: GraphNode(s) {names}{more}: TAPAS chose {u.chosen!r}, the "
               f"layouts give {u.emitted!r}")
     kinds: Counter = Counter()

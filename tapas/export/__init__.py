@@ -6,7 +6,8 @@ In:  a ``Strategy`` and the ``tapas.ir.Graph`` it was searched on (``tapas.searc
 Out: :func:`export_layout` (a :class:`LayoutExport`: mesh, layouts, what they cannot pin
      and its cost, the predicted collectives), :func:`layout_map` (the Keras ``LayoutMap``),
      :func:`load_layout`, :func:`cost_layout` (the round trip), :func:`key_matches`,
-     :func:`output_layouts` (the layer outputs the plan pins, ``"<layer path>/output"``).
+     :func:`output_layouts` (the layer outputs the plan pins, ``"<layer path>/output"``),
+     :func:`open_patterns` (the GraphNodes whose pattern those pins leave open).
 Raises: ``ValueError`` (see :mod:`tapas.export.exporter` and :mod:`tapas.export.layouts`).
 This package imports no TensorFlow; Keras only to build a ``LayoutMap``.
 """
@@ -15,8 +16,10 @@ from tapas.export.exporter import (LayoutCost, cost_layout, export_layout, layou
                                    stored_placements)
 from tapas.export.layouts import (LayoutExport, Unexpressed, key_matches, load_layout,
                                   placements_from_layouts)
-from tapas.export.outputs import check_keys, layer_paths, output_layouts
+from tapas.export.open_nodes import open_patterns
+from tapas.export.outputs import check_keys, layer_paths, output_layouts, pinned_outputs
 
 __all__ = ["LayoutExport", "LayoutCost", "Unexpressed", "export_layout", "layout_map",
            "cost_layout", "load_layout", "key_matches", "placements_from_layouts",
-           "stored_placements", "output_layouts", "layer_paths", "check_keys"]
+           "stored_placements", "output_layouts", "layer_paths", "check_keys",
+           "pinned_outputs", "open_patterns"]

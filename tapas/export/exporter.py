@@ -20,7 +20,11 @@ propagation. What it cannot pin is found with the cost model: the cheapest plan 
 weights are placed as exported (``tapas.planning.search.plan_with_weights``) is compared
 with the strategy GraphNode by GraphNode; where they differ the export lists the
 GraphNodes, the pattern TAPAS chose, the one the weight layouts imply, and the cost of the
-difference (seconds per step).
+difference (seconds per step). The activations the map leaves open (GraphNodes whose
+pattern the weight layouts, the pinned layer outputs and the model inputs do not determine,
+with what GSPMD's propagation may take instead and its cost) are found by
+:func:`tapas.export.open_nodes.open_patterns` and listed beside them
+(``Unexpressed.kind == "activations"``).
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ from tapas.planning.mesh import Mesh, gradient_all_reduce
 from tapas.planning.precision import resolve
 from tapas.planning.search import plan_with_weights
 from tapas.planning.strategy import Strategy
+from tapas.planning.table import EdgeCoster, pattern_table
 from tapas.sharding.placements import Placement, Replica, parse_placement
 from tapas.export.layouts import LayoutExport, Unexpressed, axes_for, placements_from_layouts
-from tapas.export.outputs import layer_paths, output_layouts
+from tapas.export.open_nodes import open_patterns
+from tapas.export.outputs import layer_paths, output_layouts, pinned_outputs
 
 __all__ = ["export_layout", "layout_map", "cost_layout", "LayoutCost", "stored_placements"]
 
@@ -250,12 +256,19 @@ def export_layout(strategy: Strategy, graph: Graph, mesh: Any = None,
     opts = _options(strategy, graph, options)
     cost = cost_layout(strategy, graph, stored, opts, mode)
     pinned: dict[str, Any] = {}
+    tensors: dict[str, Placement] = {}
     if layers is not None and outputs != "none" and mesh.rows == 1:
-        pinned = output_layouts(strategy, graph, layer_paths(layers), outputs)[0]
+        paths = layer_paths(layers)
+        pinned = output_layouts(strategy, graph, paths, outputs)[0]
+        tensors = pinned_outputs(strategy, graph, paths, outputs)
+    table = pattern_table(graph, strategy.num_devices, strategy.cluster, opts)
+    edges = EdgeCoster(strategy.num_devices, strategy.cluster, opts,
+                       gradients=table.gradients)
+    gaps = _unexpressed(graph, strategy, stored, cost) + open_patterns(
+        strategy, graph, table, edges, stored, tensors, frozenset(cost.node_changes))
     return LayoutExport(
         strategy.graph_name, strategy.graph_digest, strategy.cluster.name,
-        (mesh.rows, mesh.cols), layouts, weights, tuple(replicated),
-        _unexpressed(graph, strategy, stored, cost),
+        (mesh.rows, mesh.cols), layouts, weights, tuple(replicated), gaps,
         {"strategy": cost.strategy_total, "layout_map": cost.total,
          "difference": cost.difference},
         tuple(predicted_collectives(strategy, graph, mesh, opts, cluster)),

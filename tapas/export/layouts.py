@@ -55,23 +55,29 @@ def axes_for(placement: str, rank: int) -> Axes | None:
 @dataclasses.dataclass(frozen=True)
 class Unexpressed:
     """GraphNodes whose chosen pattern the LayoutMap does not pin: ``nodes`` (ids and
-    names), the pattern TAPAS chose and the one the cheapest plan with only the exported
-    weight layouts would take (``emitted``), and what that costs per step (seconds, the
-    cost model's)."""
+    names), the pattern TAPAS chose, the one propagation may take instead (``emitted``:
+    the cheapest plan's with only the weight layouts, ``kind="weights"``; the cheapest
+    remaining pattern, ``kind="activations"``), why, and for ``"activations"`` every
+    pattern left open with the cost of taking it (``alternatives``: (pattern, seconds per
+    step against the strategy, the cost model's), cheapest first)."""
 
     nodes: tuple[tuple[int, str], ...]
     chosen: str
     emitted: str
     why: str
+    kind: str = "weights"
+    alternatives: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": [list(n) for n in self.nodes], "chosen": self.chosen,
-                "emitted": self.emitted, "why": self.why}
+                "emitted": self.emitted, "why": self.why, "kind": self.kind,
+                "alternatives": [list(a) for a in self.alternatives]}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Unexpressed:
         return Unexpressed(tuple((int(i), str(n)) for i, n in d["nodes"]), d["chosen"],
-                           d["emitted"], d["why"])
+                           d["emitted"], d["why"], d.get("kind", "weights"),
+                           tuple((str(a), float(c)) for a, c in d.get("alternatives", ())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +161,7 @@ class LayoutExport:
         running the file) and ``device_mesh``/``layout_map``/``distribution(devices=None)``."""
         rows = "\n".join(f"    {k!r}: {tuple(v)!r}," for k, v in self.layouts.items())
         outs = "\n".join(f"    {k!r}: {tuple(v)!r}," for k, v in self.outputs.items())
-        gaps = "".join(f"#   GraphNodes {', '.join(str(i) for i, _ in u.nodes)}: TAPAS chose "
-                       f"{u.chosen}, the layouts give {u.emitted}\n" for u in self.unexpressed)
+        gaps = "".join(f"#   {_gap_text(u)}\n" for u in self.unexpressed)
         return f'''"""Keras 3 distribution layout of '{self.model}' exported by TAPAS ({FORMAT}).
 
 Weights TAPAS splits over the '{MODEL_AXIS}' mesh axis; every other weight is replicated.
@@ -200,6 +205,15 @@ def distribution(devices=None):
         text = self.to_python() if str(path).endswith(".py") else self.dumps()
         with open(path, "w") as f:
             f.write(text)
+
+
+def _gap_text(u: Unexpressed) -> str:
+    nodes = ", ".join(str(i) for i, _ in u.nodes)
+    if u.kind != "activations":
+        return f"GraphNodes {nodes}: TAPAS chose {u.chosen}, the layouts give {u.emitted}"
+    alts = ", ".join(f"{a} {c * 1e3:+.4f} ms" for a, c in u.alternatives[:3])
+    return (f"GraphNodes {nodes}: TAPAS chose {u.chosen}, activations left open: "
+            f"propagation may take {alts}")
 
 
 def _cost_text(cost: Mapping[str, float]) -> str:

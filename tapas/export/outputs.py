@@ -7,7 +7,8 @@ In:  a Strategy bound to its ``tapas.ir.Graph``, the Keras layer paths of the mo
      model) and which placements to emit (``"all"``: split and replicated activations;
      ``"split"``: split ones only).
 Out: :func:`output_layouts` -> (key -> axes, layer path -> placement, layer path -> why it
-     got no entry); :func:`check_keys` (which strings each key fullmatches).
+     got no entry); :func:`pinned_outputs` (tensor name -> placement of the outputs those
+     entries pin); :func:`check_keys` (which strings each key fullmatches).
 Raises: ``ValueError`` for an unknown ``emit``; a layer whose output cannot be found in the
      graph, or found ambiguously, is skipped with the reason, never guessed.
 
@@ -33,7 +34,7 @@ from tapas.ir import Graph
 from tapas.planning.strategy import Strategy
 from tapas.sharding.placements import Replica, Split
 
-__all__ = ["output_layouts", "layer_paths", "check_keys", "OUTPUT_SUFFIX"]
+__all__ = ["output_layouts", "pinned_outputs", "layer_paths", "check_keys", "OUTPUT_SUFFIX"]
 
 OUTPUT_SUFFIX = "/output"
 _NOT_OUTPUTS = {"ReadVariableOp", "Placeholder", "Const", "VarHandleOp", "Shape", "Size",
@@ -133,18 +134,13 @@ def _axes(placement: Any, rank: int, model_axis: str) -> tuple[Any, ...] | None:
     return None
 
 
-def output_layouts(strategy: Strategy, graph: Graph, paths: Iterable[str],
-                   emit: str = "all", model_axis: str = "model"
-                   ) -> tuple[dict[str, tuple[Any, ...]], dict[str, str], dict[str, str]]:
-    """(key -> axes, layer path -> placement, layer path -> why skipped); see the module
-    docstring. ``emit``: ``"split"`` or ``"all"``."""
-    if emit not in ("split", "all"):
-        raise ValueError(f"emit={emit!r}: use 'split' (split activations only) or 'all'")
-    strategy = strategy.bind(graph)
-    paths = list(dict.fromkeys(paths))
+def _layer_calls(strategy: Strategy, graph: Graph, paths: Sequence[str]
+                 ) -> tuple[dict[str, list[tuple[Any, int, str]]], dict[str, str]]:
+    """(layer path -> (placement, rank, tensor name) of each of its calls' output, layer
+    path -> why it has no output entry)."""
     escaping, weights_in, producer = _scopes(graph)
     shapes = {t.name: t.shape for n in graph.nodes for op in n.ops for t in op.outputs}
-    calls: dict[str, list[Any]] = {}
+    calls: dict[str, list[tuple[Any, int, str]]] = {}
     skipped: dict[str, str] = {}
     for scope, tensors in escaping.items():
         path, why = _layer_of(scope, paths, weights_in.get(scope, set()))
@@ -155,7 +151,32 @@ def output_layouts(strategy: Strategy, graph: Graph, paths: Iterable[str],
             continue
         t = tensors[0]
         placed = _placement(strategy, graph, producer[t], t)
-        calls.setdefault(path, []).append((placed, len(shapes[t] or ())))
+        calls.setdefault(path, []).append((placed, len(shapes[t] or ()), t))
+    return calls, skipped
+
+
+def pinned_outputs(strategy: Strategy, graph: Graph, paths: Iterable[str],
+                   emit: str = "all") -> dict[str, Any]:
+    """Tensor name -> placement of every layer-output tensor that :func:`output_layouts`
+    pins (each call of a layer with an entry): what the exported map fixes of the
+    activations."""
+    strategy = strategy.bind(graph)
+    paths = list(dict.fromkeys(paths))
+    placements = output_layouts(strategy, graph, paths, emit)[1]
+    calls = _layer_calls(strategy, graph, paths)[0]
+    return {t: placed for path in placements for placed, _, t in calls[path]}
+
+
+def output_layouts(strategy: Strategy, graph: Graph, paths: Iterable[str],
+                   emit: str = "all", model_axis: str = "model"
+                   ) -> tuple[dict[str, tuple[Any, ...]], dict[str, str], dict[str, str]]:
+    """(key -> axes, layer path -> placement, layer path -> why skipped); see the module
+    docstring. ``emit``: ``"split"`` or ``"all"``."""
+    if emit not in ("split", "all"):
+        raise ValueError(f"emit={emit!r}: use 'split' (split activations only) or 'all'")
+    strategy = strategy.bind(graph)
+    paths = list(dict.fromkeys(paths))
+    calls, skipped = _layer_calls(strategy, graph, paths)
     layouts: dict[str, tuple[Any, ...]] = {}
     placements: dict[str, str] = {}
     for path in paths:
@@ -163,10 +184,11 @@ def output_layouts(strategy: Strategy, graph: Graph, paths: Iterable[str],
         if not got or path in skipped:
             skipped.setdefault(path, "no call of it found in the captured graph")
             continue
-        if len(set(got)) > 1:
-            skipped[path] = f"its calls are placed differently: {sorted({str(p) for p, _ in got})}"
+        if len({(p, r) for p, r, _ in got}) > 1:
+            skipped[path] = ("its calls are placed differently: "
+                             f"{sorted({str(p) for p, _, _ in got})}")
             continue
-        placed, rank = got[0]
+        placed, rank, _ = got[0]
         axes = _axes(placed, rank, model_axis)
         if axes is None:
             skipped[path] = (f"its output is placed {placed}: no layout form"

@@ -1,0 +1,175 @@
+"""The activations an exported LayoutMap leaves open: GraphNodes whose pattern the exported
+pins do not determine, what GSPMD's propagation may do there instead, and its cost.
+
+In:  a Strategy bound to its ``tapas.ir.Graph``, the ``PatternTable`` and ``EdgeCoster`` of
+     the strategy's cluster and cost options, the weight placements the map stores (path ->
+     placement, every weight: an unkeyed one is replicated) and the activations it pins
+     (tensor name -> placement: the layer outputs,
+     :func:`tapas.export.outputs.pinned_outputs`).
+Out: :func:`open_patterns` -> ``Unexpressed`` entries (``kind="activations"``), one per
+     group of GraphNodes with the same chosen pattern, reason and priced alternatives.
+Raises: nothing of its own (the pattern table's ``ValueError``).
+
+A pin fixes a tensor's placement: a weight's (every GraphNode reading it takes it as
+stored), a layer output's (``with_sharding_constraint`` on it), and a model input's
+(replicated over the model axis: Keras lays the data out on the batch axis only). A pattern
+*agrees* with the pins when it places every pinned tensor at its GraphNode (the weights it
+reads, the tensors it reads and writes) as pinned. Propagation, as GSPMD's: a GraphNode
+whose only agreeing pattern is the strategy's is pinned, and pins every tensor at its
+boundary as that pattern places it; repeated until nothing changes. Every other GraphNode
+is open: more than one pattern agrees (nothing fixes the choice), or none does (the pins
+around it disagree, e.g. a replicated residual beside a split layer output: a reshard is
+needed whichever pattern runs, and propagation chooses where), or only another one does.
+Each pattern left (the agreeing ones other than the strategy's; all others where none
+agrees) is priced as the strategy's plan with that GraphNode's pattern alone changed
+(``tapas.planning.explore.plan_cost``) minus the strategy's plan: its cost under the cost
+model, not GSPMD's program (which may also move several GraphNodes at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tapas.ir import Graph, Kind
+from tapas.planning.explore import plan_cost
+from tapas.planning.strategy import Strategy
+from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable
+from tapas.sharding.placements import Placement, Replica
+from tapas.export.layouts import Unexpressed
+
+__all__ = ["open_patterns", "agreeing"]
+
+
+def _boundary(graph: Graph, v: int, info: PatternInfo) -> list[tuple[str, Any, str]]:
+    """(tensor or weight path, placement, role) of everything at GraphNode ``v`` that
+    ``info`` places: the weights it reads (``"weight"``), its input and output tensors
+    (``"input"``, ``"output"``)."""
+    node = graph.nodes[v]
+    out = [(path, pl, "weight") for path, pl in info.weights if graph.reads(v, path)]
+    out += [(t.name, pl, "input") for t, pl in zip(node.inputs, info.inputs)]
+    out += [(t.name, pl, "output") for t, pl in zip(node.outputs, info.outputs)]
+    return out
+
+
+def _agrees(graph: Graph, v: int, info: PatternInfo, weights: Mapping[str, Placement],
+            tensors: Mapping[str, Placement]) -> bool:
+    """Whether ``info`` places every pinned weight and tensor at ``v`` as pinned; it may
+    read a replicated one as a slice (no collective in the forward pass: what GSPMD does
+    where a split operand meets a replicated one) when it also meets a split pin as
+    pinned."""
+    placed = [(p, (weights if role == "weight" else tensors).get(name), role)
+              for name, p, role in _boundary(graph, v, info)]
+    anchored = any(pin is not None and pin == p and not isinstance(pin, Replica)
+                   for p, pin, _ in placed)
+    return all(pin is None or pin == p or (anchored and role != "output"
+                                          and isinstance(pin, Replica))
+               for p, pin, role in placed)
+
+
+def agreeing(graph: Graph, table: PatternTable, v: int, weights: Mapping[str, Placement],
+             tensors: Mapping[str, Placement]) -> list[int]:
+    """The indices of GraphNode ``v``'s patterns that agree with the pins (``_agrees``)."""
+    return [i for i, info in enumerate(table.infos[v])
+            if _agrees(graph, v, info, weights, tensors)]
+
+
+def _propagate(graph: Graph, table: PatternTable, chosen: Sequence[int],
+               weights: Mapping[str, Placement], tensors: dict[str, Placement]
+               ) -> dict[int, list[int]]:
+    """GraphNode -> its agreeing patterns, for every GraphNode the pins leave open (see the
+    module docstring); ``tensors`` gains the pins propagation adds."""
+    pinned: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for v in range(len(graph.nodes)):
+            if v in pinned:
+                continue
+            if agreeing(graph, table, v, weights, tensors) == [chosen[v]]:
+                pinned.add(v)
+                changed = True
+                for name, pl, role in _boundary(graph, v, table.infos[v][chosen[v]]):
+                    if role != "weight":
+                        tensors.setdefault(name, pl)
+    return {v: agreeing(graph, table, v, weights, tensors)
+            for v in range(len(graph.nodes)) if v not in pinned}
+
+
+def _why(graph: Graph, table: PatternTable, v: int, chosen: int, agree: Sequence[int],
+         weights: Mapping[str, Placement], tensors: Mapping[str, Placement]) -> str:
+    if chosen in agree:
+        return (f"{len(agree)} of its patterns place every pinned tensor at it (its "
+                "weights, the layer outputs and what propagation fixes next to it) alike: "
+                "no key decides between them, GSPMD's propagation does")
+    off = [f"{name} ({role} pinned {pin}, TAPAS's pattern {p})"
+           for name, p, role in _boundary(graph, v, table.infos[v][chosen])
+           for pin in [(weights if role == "weight" else tensors).get(name)]
+           if pin is not None and pin != p][:2]
+    if not agree:
+        return ("the pinned tensors around it disagree (no pattern reads and writes them "
+                "all as pinned; " + "; ".join(off) + "): a reshard runs whichever pattern "
+                "it takes, and GSPMD's propagation chooses where")
+    names = ", ".join(f"'{table.infos[v][i].name}'" for i in agree)
+    return (f"the pins around it fit {names}, not TAPAS's pattern: " + "; ".join(off))
+
+
+def _priced(graph: Graph, table: PatternTable, edges: EdgeCoster, chosen: Sequence[int],
+            v: int, options: Sequence[int], base: float) -> tuple[tuple[str, float], ...]:
+    """(pattern, plan cost with it at ``v`` minus ``base``) per option, cheapest first;
+    an option whose edges cannot be resharded is left out."""
+    out = []
+    for i in options:
+        patterns = list(chosen)
+        patterns[v] = i
+        try:
+            total = plan_cost(graph, table, patterns, edges)[0].total
+        except ValueError:
+            continue
+        out.append((str(table.infos[v][i].name), total - base))
+    return tuple(sorted(out, key=lambda a: (a[1], a[0])))
+
+
+def open_patterns(strategy: Strategy, graph: Graph, table: PatternTable, edges: EdgeCoster,
+                  weights: Mapping[str, Placement], tensors: Mapping[str, Placement],
+                  skip: frozenset[int] | set[int] = frozenset()) -> tuple[Unexpressed, ...]:
+    """The open GraphNodes (module docstring) other than ``skip`` (those the weight
+    comparison lists already), grouped by chosen pattern, reason and priced patterns."""
+    strategy = strategy.bind(graph)
+    chosen = [table.index(v, strategy.patterns[v]) for v in range(len(graph.nodes))]
+    pins = dict(tensors)
+    for node in graph.nodes:
+        if node.kind == Kind.INPUT:
+            for t in node.outputs:
+                pins.setdefault(t.name, Replica())
+    left = _propagate(graph, table, chosen, weights, pins)
+    base = plan_cost(graph, table, chosen, edges)[0].total
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    prices: dict[tuple[Any, ...], tuple[tuple[str, float], ...]] = {}
+    whys: dict[tuple[Any, ...], str] = {}
+    for v, agree in left.items():
+        if v in skip:
+            continue
+        options = [i for i in (agree or range(len(table.infos[v]))) if i != chosen[v]]
+        priced = _priced(graph, table, edges, chosen, v, options, base)
+        if not priced:
+            continue
+        # grouped by the kind of reason (which of _why's three), not its tensor names
+        reason = (chosen[v] in agree, bool(agree))
+        key = (strategy.patterns[v], reason, tuple((a, round(c, 12)) for a, c in priced))
+        if key not in groups:
+            prices[key] = priced
+            whys[key] = _why(graph, table, v, chosen[v], agree, weights, pins)
+        groups.setdefault(key, []).append(v)
+    out = []
+    for key, nodes in sorted(groups.items(), key=lambda kv: kv[1][0]):
+        name, why = key[0], whys[key]
+        if len(nodes) > 1:
+            why += f" (named for GraphNode {nodes[0]}; {len(nodes) - 1} other(s) alike)"
+        best, cost = prices[key][0]
+        out.append(Unexpressed(
+            tuple((v, graph.nodes[v].name) for v in nodes), str(name), best,
+            f"{why}; cheapest instead: {best!r}, {cost * 1e3:+.4f} ms per step under the "
+            "cost model (the strategy's plan with this GraphNode's pattern alone changed)",
+            "activations", prices[key]))
+    return tuple(out)
