@@ -158,3 +158,31 @@ def test_a_block_fixed_by_its_weights_and_outputs_leaves_nothing_open():
     for layers in (model, None):
         layout = export_layout(strategy, graph, options=options, layers=layers)
         assert layout.unexpressed == ()
+
+
+def test_a_layer_output_inside_a_graphnode_pins_its_pattern():
+    """The bert-base preset (sequence 512, batch 8): the searched plan splits the MLM
+    decoder's logits over the batch (``batch``), and its layer output, produced inside the
+    decoder's GraphNode (the graph's output is an Identity after it), carries that split as
+    its `/output` key: the decoder is pinned by it, not listed; without the layer outputs
+    nothing reaches its batch split and it is listed, replicated the cheapest way left."""
+    import models
+    entry = models.get("bert-base")
+    model = entry.build(fast_init=True)
+    graph = capturing.capture(model, list(entry.input_spec(8)), training=True,
+                              name="bert-base")
+    cluster = Cluster.resolve("v100", 1, 8)
+    strategy = search(graph, cluster=cluster, loss=entry.keras_loss())
+    options = CostOptions.for_cluster(cluster, loss=LossSpec.of(entry.keras_loss()))
+    decoder = next(n for n in graph.nodes if n.name.endswith("mlm_decoder_1"))
+    assert strategy.patterns[decoder.id] == "batch", "the searched plan changed: the " \
+        "test expects the MLM decoder split over the batch"
+    from tapas.export import layer_paths, pinned_outputs
+    inside = {t.name for op in decoder.ops for t in op.outputs} - \
+        {t.name for t in decoder.outputs}
+    assert set(pinned_outputs(strategy, graph, layer_paths(model))) & inside
+    layout = export_layout(strategy, graph, options=options, layers=model)
+    assert layout.outputs["mlm_decoder/output"] == ("model", None, None)
+    assert decoder.id not in _open(layout)
+    bare = export_layout(strategy, graph, options=options)
+    assert _open(bare)[decoder.id].emitted == "replicate"

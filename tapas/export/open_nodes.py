@@ -36,30 +36,55 @@ from tapas.planning.explore import plan_cost
 from tapas.planning.strategy import Strategy
 from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable
 from tapas.sharding.placements import Placement, Replica
+from tapas.sharding.patterns import patterns_for
 from tapas.export.layouts import Unexpressed
+from tapas.export.outputs import forward_placement
 
 __all__ = ["open_patterns", "agreeing"]
 
 
-def _boundary(graph: Graph, v: int, info: PatternInfo) -> list[tuple[str, Any, str]]:
+Inner = Mapping[tuple[int, int], Sequence[tuple[str, Any]]]
+
+
+def _boundary(graph: Graph, v: int, info: PatternInfo, inner: Sequence[tuple[str, Any]] = ()
+              ) -> list[tuple[str, Any, str]]:
     """(tensor or weight path, placement, role) of everything at GraphNode ``v`` that
     ``info`` places: the weights it reads (``"weight"``), its input and output tensors
-    (``"input"``, ``"output"``)."""
+    (``"input"``, ``"output"``), and ``inner``: pinned tensors produced inside it (a layer
+    output that is not the GraphNode's), as it leaves them (``"output"``)."""
     node = graph.nodes[v]
     out = [(path, pl, "weight") for path, pl in info.weights if graph.reads(v, path)]
     out += [(t.name, pl, "input") for t, pl in zip(node.inputs, info.inputs)]
     out += [(t.name, pl, "output") for t, pl in zip(node.outputs, info.outputs)]
+    return out + [(name, pl, "output") for name, pl in inner]
+
+
+def _inner(graph: Graph, table: PatternTable, tensors: Mapping[str, Placement]) -> Inner:
+    """(GraphNode, pattern index) -> (tensor, placement the pattern leaves it in) of the
+    pinned tensors produced inside the GraphNode, not at its boundary."""
+    out: dict[tuple[int, int], list[tuple[str, Any]]] = {}
+    for node in graph.nodes:
+        boundary = {t.name for t in node.outputs}
+        names = [t.name for op in node.ops for t in op.outputs
+                 if t.name in tensors and t.name not in boundary]
+        if not names:
+            continue
+        by_name = {str(p.name): p for p in patterns_for(node, graph, table.num_devices)}
+        for i, info in enumerate(table.infos[node.id]):
+            pattern = by_name.get(str(info.name))
+            if pattern is not None:
+                out[(node.id, i)] = [(t, forward_placement(pattern, t)) for t in names]
     return out
 
 
 def _agrees(graph: Graph, v: int, info: PatternInfo, weights: Mapping[str, Placement],
-            tensors: Mapping[str, Placement]) -> bool:
+            tensors: Mapping[str, Placement], inner: Sequence[tuple[str, Any]] = ()) -> bool:
     """Whether ``info`` places every pinned weight and tensor at ``v`` as pinned; it may
     read a replicated one as a slice (no collective in the forward pass: what GSPMD does
     where a split operand meets a replicated one) when it also meets a split pin as
     pinned."""
     placed = [(p, (weights if role == "weight" else tensors).get(name), role)
-              for name, p, role in _boundary(graph, v, info)]
+              for name, p, role in _boundary(graph, v, info, inner)]
     anchored = any(pin is not None and pin == p and not isinstance(pin, Replica)
                    for p, pin, _ in placed)
     return all(pin is None or pin == p or (anchored and role != "output"
@@ -68,15 +93,17 @@ def _agrees(graph: Graph, v: int, info: PatternInfo, weights: Mapping[str, Place
 
 
 def agreeing(graph: Graph, table: PatternTable, v: int, weights: Mapping[str, Placement],
-             tensors: Mapping[str, Placement]) -> list[int]:
-    """The indices of GraphNode ``v``'s patterns that agree with the pins (``_agrees``)."""
+             tensors: Mapping[str, Placement], inner: Inner | None = None) -> list[int]:
+    """The indices of GraphNode ``v``'s patterns that agree with the pins (``_agrees``;
+    ``inner``: :func:`_inner`'s pinned tensors inside GraphNodes)."""
+    inner = inner or {}
     return [i for i, info in enumerate(table.infos[v])
-            if _agrees(graph, v, info, weights, tensors)]
+            if _agrees(graph, v, info, weights, tensors, inner.get((v, i), ()))]
 
 
 def _propagate(graph: Graph, table: PatternTable, chosen: Sequence[int],
-               weights: Mapping[str, Placement], tensors: dict[str, Placement]
-               ) -> dict[int, list[int]]:
+               weights: Mapping[str, Placement], tensors: dict[str, Placement],
+               inner: Inner) -> dict[int, list[int]]:
     """GraphNode -> its agreeing patterns, for every GraphNode the pins leave open (see the
     module docstring); ``tensors`` gains the pins propagation adds."""
     pinned: set[int] = set()
@@ -86,24 +113,26 @@ def _propagate(graph: Graph, table: PatternTable, chosen: Sequence[int],
         for v in range(len(graph.nodes)):
             if v in pinned:
                 continue
-            if agreeing(graph, table, v, weights, tensors) == [chosen[v]]:
+            if agreeing(graph, table, v, weights, tensors, inner) == [chosen[v]]:
                 pinned.add(v)
                 changed = True
                 for name, pl, role in _boundary(graph, v, table.infos[v][chosen[v]]):
                     if role != "weight":
                         tensors.setdefault(name, pl)
-    return {v: agreeing(graph, table, v, weights, tensors)
+    return {v: agreeing(graph, table, v, weights, tensors, inner)
             for v in range(len(graph.nodes)) if v not in pinned}
 
 
 def _why(graph: Graph, table: PatternTable, v: int, chosen: int, agree: Sequence[int],
-         weights: Mapping[str, Placement], tensors: Mapping[str, Placement]) -> str:
+         weights: Mapping[str, Placement], tensors: Mapping[str, Placement],
+         inner: Inner) -> str:
     if chosen in agree:
         return (f"{len(agree)} of its patterns place every pinned tensor at it (its "
                 "weights, the layer outputs and what propagation fixes next to it) alike: "
                 "no key decides between them, GSPMD's propagation does")
     off = [f"{name} ({role} pinned {pin}, TAPAS's pattern {p})"
-           for name, p, role in _boundary(graph, v, table.infos[v][chosen])
+           for name, p, role in _boundary(graph, v, table.infos[v][chosen],
+                                          inner.get((v, chosen), ()))
            for pin in [(weights if role == "weight" else tensors).get(name)]
            if pin is not None and pin != p][:2]
     if not agree:
@@ -142,7 +171,8 @@ def open_patterns(strategy: Strategy, graph: Graph, table: PatternTable, edges: 
         if node.kind == Kind.INPUT:
             for t in node.outputs:
                 pins.setdefault(t.name, Replica())
-    left = _propagate(graph, table, chosen, weights, pins)
+    inner = _inner(graph, table, pins)
+    left = _propagate(graph, table, chosen, weights, pins, inner)
     base = plan_cost(graph, table, chosen, edges)[0].total
     groups: dict[tuple[Any, ...], list[int]] = {}
     prices: dict[tuple[Any, ...], tuple[tuple[str, float], ...]] = {}
@@ -159,7 +189,7 @@ def open_patterns(strategy: Strategy, graph: Graph, table: PatternTable, edges: 
         key = (strategy.patterns[v], reason, tuple((a, round(c, 12)) for a, c in priced))
         if key not in groups:
             prices[key] = priced
-            whys[key] = _why(graph, table, v, chosen[v], agree, weights, pins)
+            whys[key] = _why(graph, table, v, chosen[v], agree, weights, pins, inner)
         groups.setdefault(key, []).append(v)
     out = []
     for key, nodes in sorted(groups.items(), key=lambda kv: kv[1][0]):

@@ -34,7 +34,7 @@ from tapas.ir import Graph
 from tapas.planning.strategy import Strategy
 from tapas.sharding.placements import Replica, Split
 
-__all__ = ["output_layouts", "pinned_outputs", "layer_paths", "check_keys", "OUTPUT_SUFFIX"]
+__all__ = ["output_layouts", "pinned_outputs", "forward_placement", "layer_paths", "check_keys", "OUTPUT_SUFFIX"]
 
 OUTPUT_SUFFIX = "/output"
 _NOT_OUTPUTS = {"ReadVariableOp", "Placeholder", "Const", "VarHandleOp", "Shape", "Size",
@@ -118,7 +118,12 @@ def _layer_of(scope: tuple[str, ...], paths: Sequence[str],
 
 
 def _placement(strategy: Strategy, graph: Graph, node_id: int, tensor: str) -> Any:
-    pattern = strategy.pattern(node_id)
+    return forward_placement(strategy.pattern(node_id), tensor)
+
+
+def forward_placement(pattern: Any, tensor: str) -> Any:
+    """The placement ``pattern`` (a ShardingPattern) leaves ``tensor`` in: its own, or the
+    destination of its forward collective on it; None if it places no such tensor."""
     placed = pattern.tensors.get(tensor)
     for comm in pattern.comms:
         if comm.phase == "fwd" and comm.tensor == tensor:
