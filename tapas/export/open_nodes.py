@@ -15,8 +15,9 @@ stored), a layer output's (``with_sharding_constraint`` on it), and a model inpu
 (replicated over the model axis: Keras lays the data out on the batch axis only). A pattern
 *agrees* with the pins when it places every pinned tensor at its GraphNode (the weights it
 reads, the tensors it reads and writes) as pinned. Propagation, as GSPMD's: a GraphNode
-whose only agreeing pattern is the strategy's is pinned, and pins every tensor at its
-boundary as that pattern places it; repeated until nothing changes. Every other GraphNode
+whose only agreeing pattern is the strategy's is pinned, and pins the tensors it writes as
+that pattern leaves them and those it reads as it reads them (where the strategy's producer
+leaves them so); repeated until nothing changes. Every other GraphNode
 is open: more than one pattern agrees (nothing fixes the choice), or none does (the pins
 around it disagree, e.g. a replicated residual beside a split layer output: a reshard is
 needed whichever pattern runs, and propagation chooses where), or only another one does.
@@ -105,7 +106,11 @@ def _propagate(graph: Graph, table: PatternTable, chosen: Sequence[int],
                weights: Mapping[str, Placement], tensors: dict[str, Placement],
                inner: Inner) -> dict[int, list[int]]:
     """GraphNode -> its agreeing patterns, for every GraphNode the pins leave open (see the
-    module docstring); ``tensors`` gains the pins propagation adds."""
+    module docstring); ``tensors`` gains the pins propagation adds: a pinned GraphNode's
+    outputs as it leaves them, and its inputs as it reads them where the strategy's
+    producer leaves them so (where the strategy itself reshards, the producer decides)."""
+    produced = {t.name: table.infos[u][chosen[u]].outputs[j]
+                for u, node in enumerate(graph.nodes) for j, t in enumerate(node.outputs)}
     pinned: set[int] = set()
     changed = True
     while changed:
@@ -117,7 +122,7 @@ def _propagate(graph: Graph, table: PatternTable, chosen: Sequence[int],
                 pinned.add(v)
                 changed = True
                 for name, pl, role in _boundary(graph, v, table.infos[v][chosen[v]]):
-                    if role != "weight":
+                    if role == "output" or (role == "input" and produced.get(name) == pl):
                         tensors.setdefault(name, pl)
     return {v: agreeing(graph, table, v, weights, tensors, inner)
             for v in range(len(graph.nodes)) if v not in pinned}
