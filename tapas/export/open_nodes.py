@@ -111,19 +111,22 @@ def _propagate(graph: Graph, table: PatternTable, chosen: Sequence[int],
     producer leaves them so (where the strategy itself reshards, the producer decides)."""
     produced = {t.name: table.infos[u][chosen[u]].outputs[j]
                 for u, node in enumerate(graph.nodes) for j, t in enumerate(node.outputs)}
+    touching: dict[str, list[int]] = {}        # tensor -> the GraphNodes reading or writing it
+    for node in graph.nodes:
+        for t in (*node.inputs, *node.outputs):
+            touching.setdefault(t.name, []).append(node.id)
     pinned: set[int] = set()
-    changed = True
-    while changed:
-        changed = False
-        for v in range(len(graph.nodes)):
-            if v in pinned:
-                continue
-            if agreeing(graph, table, v, weights, tensors, inner) == [chosen[v]]:
-                pinned.add(v)
-                changed = True
-                for name, pl, role in _boundary(graph, v, table.infos[v][chosen[v]]):
-                    if role == "output" or (role == "input" and produced.get(name) == pl):
-                        tensors.setdefault(name, pl)
+    work = list(range(len(graph.nodes)))[::-1]
+    while work:
+        v = work.pop()
+        if v in pinned or agreeing(graph, table, v, weights, tensors, inner) != [chosen[v]]:
+            continue
+        pinned.add(v)
+        for name, pl, role in _boundary(graph, v, table.infos[v][chosen[v]]):
+            if name not in tensors and (role == "output" or (
+                    role == "input" and produced.get(name) == pl)):
+                tensors[name] = pl
+                work.extend(u for u in touching.get(name, ()) if u not in pinned)
     return {v: agreeing(graph, table, v, weights, tensors, inner)
             for v in range(len(graph.nodes)) if v not in pinned}
 
