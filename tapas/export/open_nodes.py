@@ -8,7 +8,8 @@ In:  a Strategy bound to its ``tapas.ir.Graph``, the ``PatternTable`` and ``Edge
      :func:`tapas.export.outputs.pinned_outputs`).
 Out: :func:`open_patterns` -> ``Unexpressed`` entries (``kind="activations"``), one per
      group of GraphNodes with the same chosen pattern, reason and priced alternatives.
-Raises: nothing of its own (the pattern table's ``ValueError``).
+Raises: ``ValueError`` when the table (its cost options) lacks a pattern the strategy
+     chose, naming the GraphNode.
 
 A pin fixes a tensor's placement: a weight's (every GraphNode reading it takes it as
 stored), a layer output's (``with_sharding_constraint`` on it), and a model input's
@@ -173,7 +174,12 @@ def open_patterns(strategy: Strategy, graph: Graph, table: PatternTable, edges: 
     """The open GraphNodes (module docstring) other than ``skip`` (those the weight
     comparison lists already), grouped by chosen pattern, reason and priced patterns."""
     strategy = strategy.bind(graph)
-    chosen = [table.index(v, strategy.patterns[v]) for v in range(len(graph.nodes))]
+    try:
+        chosen = [table.index(v, strategy.patterns[v]) for v in range(len(graph.nodes))]
+    except KeyError as e:
+        raise ValueError(f"{e.args[0]}: the pattern table of these cost options lacks the "
+                         "strategy's pattern; export with the cost options the strategy "
+                         "was searched with") from None
     pins = dict(tensors)
     for node in graph.nodes:
         if node.kind == Kind.INPUT:
