@@ -34,6 +34,7 @@ from typing import Any
 from tapas.ir import Graph
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, comm_cost
+from tapas.planning.devicemesh import MODEL
 from tapas.planning.mesh import Mesh, gradient_all_reduce
 from tapas.planning.precision import resolve
 from tapas.planning.search import plan_with_weights
@@ -202,13 +203,14 @@ def predicted_collectives(strategy: Strategy, graph: Graph, mesh: Mesh,
     weights = {w.placeholder + ":0" for w in graph.weights}
     rows: Counter = Counter()
     seconds: dict[tuple, float] = {}
+    row_axis = strategy.cluster.axis(n, name=MODEL)   # the row's mesh axis, as searched
     for c in predicted_comm_list(strategy, graph):
         key = (c.kind.value, c.phase, c.tensor, int(c.bytes), n)
         rows[key] += 1
-        seconds[key] = comm_cost(c, n, strategy.cluster, options, weights=weights).total
+        seconds[key] = comm_cost(c, row_axis, options, weights=weights).total
     split = stored_placements(strategy, graph)
     whole = _whole_cluster(strategy, mesh) if cluster is None else cluster
-    for term in gradient_all_reduce(graph, split, mesh, whole, options).terms:
+    for term in gradient_all_reduce(graph, split, mesh.on(whole), options).terms:
         key = ("AR", "bwd", term.label.removeprefix("dp "), int(term.nbytes), mesh.rows)
         rows[key] += 1
         seconds[key] = term.total
