@@ -172,8 +172,11 @@ MESH_CASES = [{"model": "moe-tiny", "mesh": "2x2", "seed": 3, "optimizer": "adam
               {"model": "keras-mobilenet-v2", "mesh": "2x2", "seed": 0, "optimizer": "sgd"},
               # nested expert + tensor: the experts over the rows, the searched (seed -1) plan
               # of the row inside (tapas.planning.experts); a random row plan of it is
-              # test_experts.test_cli_train_nested_experts_verified's
-              {"model": "moe-tiny", "mesh": "2x2:experts", "seed": -1, "optimizer": "adam"}]
+              # test_experts.test_cli_train_nested_experts_verified's. The mesh is made on a
+              # cluster of 2 nodes (Cluster.mesh), so parallelize searches the row on its
+              # row's cluster (one node of 2 V100s)
+              {"model": "moe-tiny", "mesh": "2x2:experts", "seed": -1, "optimizer": "adam",
+               "nodes": 2}]
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +216,8 @@ def test_dp_x_tp_mesh_trains_equal_to_keras(case: dict[str, Any], mesh_runs: dic
     assert run["predict"]["ok"], run["predict"]   # batched predict, then fit, on the mesh
     assert len(run["fit_losses"]) == 1 and math.isfinite(run["fit_losses"][0])
     assert run["restore"] == "resharded" and run["restored_equal"]
+    if case.get("nodes"):
+        assert run["search_cluster"] == "v100-ethernet/1x2"
 
 
 def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:
