@@ -98,9 +98,9 @@ def zero2(graph, strategy, cluster) -> dict:
         if not w.trainable:
             continue
         nbytes = w.num_elements * dtype_bytes(w.dtype)
-        saved += collective_cost("AR", nbytes, n, cluster, opts, backward=True).total
-        added += (collective_cost("RS", nbytes, n, cluster, opts, backward=True).total
-                  + collective_cost("AG", nbytes, n, cluster, opts, backward=False).total)
+        saved += collective_cost("AR", nbytes, cluster.axis(n), opts, backward=True).total
+        added += (collective_cost("RS", nbytes, cluster.axis(n), opts, backward=True).total
+                  + collective_cost("AG", nbytes, cluster.axis(n), opts, backward=False).total)
         grads += nbytes
         optimizer += 2 * nbytes          # Adam: two moments
     comm = dp.communication - saved + added

@@ -209,7 +209,7 @@ def compare(ran: list[dict[str, Any]], predicted: list[dict[str, Any]],
         kind, nbytes = key
         price = (0.0 if kind == "CP" else
                  collective_cost(kind if kind != "A2A" else "A2A", nbytes if kind != "A2A"
-                                 else nbytes // DEVICES, DEVICES, cluster).total)
+                                 else nbytes // DEVICES, cluster.axis(DEVICES)).total)
         diffs.append({"kind": kind, "bytes": nbytes, "compiled": got[key],
                       "predicted": want[key],
                       "seconds": (got[key] - want[key]) * price})

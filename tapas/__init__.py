@@ -6,8 +6,9 @@ The pipeline, one subpackage per stage (paper section 4; docs/architecture.md):
 2. mine        ``tapas.mining``: Graph -> FoldedGraph (unique repeated subgraphs)
 3. shard       ``tapas.sharding``: placements, SRC expressions, the sharding patterns of
                every GraphNode
-4. plan        ``tapas.planning``: cluster S(m, n) and overlap-aware alpha-beta costs,
-               enumeration (gp / es) -> Strategy
+4. plan        ``tapas.planning``: cluster S(m, n), its device meshes (``tapas.Mesh``:
+               a data and a model axis, each with its link), overlap-aware alpha-beta
+               costs, enumeration (gp / es) -> Strategy
 5. execute     ``tapas.execution``: Strategy -> per-replica TF program with collectives,
                trained under tf.distribute (``tapas.parallelize``, ``tapas train``)
 
@@ -41,6 +42,7 @@ _LAZY = {
     "FoldedGraph": ("tapas.mining", "FoldedGraph"),
     "search": ("tapas.planning.search", "search"),
     "Strategy": ("tapas.planning.search", "Strategy"),
+    "Mesh": ("tapas.planning.devicemesh", "Mesh"),
     "profile": ("tapas.execution.calibration.profiling", "profile"),
     "parallelize": ("tapas.execution.api.parallel", "parallelize"),
     "ParallelModel": ("tapas.execution.api.parallel", "ParallelModel"),

@@ -713,6 +713,10 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
         key = f"{entry['model']}/{entry['mesh']}/{entry['seed']}/{entry['optimizer']}"
         try:
             mesh = mesh_lib.Mesh.parse(entry["mesh"])
+            if entry.get("nodes"):   # the mesh on a V100 cluster: the search takes its row's
+                from tapas.planning.cluster import Cluster
+                mesh = mesh.on(Cluster.v100_ethernet(entry["nodes"],
+                                                     mesh.num_devices // entry["nodes"]))
             if entry["model"].startswith("keras-"):   # keras.applications (models.corpus)
                 from models import corpus
                 c = corpus.get(entry["model"])
@@ -769,6 +773,8 @@ def check_mesh(strategy: Any) -> dict[str, Any]:
                                              pm.program.plan.pattern(n).name != "replicate"),
                         "row_split": sorted(p for p, s in rt.specs.items()
                                             if s.row_axis is not None),
+                        "search_cluster": getattr(getattr(pm.strategy, "cluster", None),
+                                                  "name", None),
                         "restore": how, "restored_equal": all(
                             np.array_equal(restored[p], weights[p]) for p in weights)}
         except Exception as err:  # reported per entry

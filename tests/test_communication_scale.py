@@ -36,14 +36,14 @@ def test_the_factor_must_be_a_positive_number(bad) -> None:
 
 def test_the_factor_scales_every_collectives_latency_and_transmission() -> None:
     c = Cluster.loopback_cpu(4)
-    one = cost.collective_cost("AR", 1 << 20, 4, c, CostOptions.for_cluster(c))
-    half = cost.collective_cost("AR", 1 << 20, 4, c,
+    one = cost.collective_cost("AR", 1 << 20, c.axis(4), CostOptions.for_cluster(c))
+    half = cost.collective_cost("AR", 1 << 20, c.axis(4),
                                 CostOptions.for_cluster(c, communication_scale=0.5))
     assert one.latency > 0 and one.transmission > 0
     assert half.latency == pytest.approx(0.5 * one.latency)
     assert half.transmission == pytest.approx(0.5 * one.transmission)
     # a group of one device runs no collective, whatever the factor
-    assert cost.collective_time("AR", 1 << 20, 1, c,
+    assert cost.collective_time("AR", 1 << 20, c.axis(1),
                                 CostOptions(communication_scale=3.0)) == 0.0
 
 
@@ -114,10 +114,10 @@ def test_weight_gradients_and_activations_get_their_own_factor() -> None:
         assert costs[1].comms.by_role()["activation"] == pytest.approx(0.25 * pa)
         assert costs[1].compute == pytest.approx(costs[0].compute)
     # a weight's backward collective is a gradient's; the same on an activation is not
-    term = cost.comm_cost(_Comm("AR", 1 << 20, "bwd", "w:0"), 4, c,
+    term = cost.comm_cost(_Comm("AR", 1 << 20, "bwd", "w:0"), c.axis(4),
                           CostOptions(communication_scale=0.5,
                                       activation_communication_scale=2.0), weights={"w:0"})
-    other = cost.comm_cost(_Comm("AR", 1 << 20, "bwd", "x:0"), 4, c,
+    other = cost.comm_cost(_Comm("AR", 1 << 20, "bwd", "x:0"), c.axis(4),
                            CostOptions(communication_scale=0.5,
                                        activation_communication_scale=2.0), weights={"w:0"})
     assert term.gradient and not other.gradient

@@ -54,14 +54,14 @@ def test_loopback_preset_is_documented() -> None:
     c = Cluster.loopback_cpu(4)
     assert c.num_devices == 4 and c.num_nodes == 1
     assert "measured by benchmarks/measure_collectives.py on" in c.source("intra.bandwidth")
-    assert c.group(4).link == c.intra
+    assert c.axis(4).link == c.intra
 
 
 # ---- Megatron MLP: column-parallel then row-parallel, 1 node of 8 V100 -------------------
 
 def megatron_mlp(cluster: Cluster, options: CostOptions) -> CostBreakdown:
-    fwd = collective_cost("AR", ACT, 8, cluster, options, backward=False, label="g")
-    bwd = collective_cost("AR", ACT, 8, cluster, options, backward=True, label="f")
+    fwd = collective_cost("AR", ACT, cluster.axis(8), options, backward=False, label="g")
+    bwd = collective_cost("AR", ACT, cluster.axis(8), options, backward=True, label="f")
     return CostBreakdown() + fwd + bwd
 
 
@@ -113,14 +113,14 @@ def test_vanilla_options_are_plain_alpha_beta(node: Cluster) -> None:
 
 def test_data_parallel_gradient_all_reduce(node: Cluster) -> None:
     weight = H * 4 * H * FP32 + 4 * H * FP32          # kernel [H, 4H] + bias [4H]
-    term = collective_cost(Collective.ALL_REDUCE, weight, 8, node, backward=True)
+    term = collective_cost(Collective.ALL_REDUCE, weight, node.axis(8), backward=True)
     expected_trans = NVLINK_BETA * 1.75 * weight * GAMMA * EPS["AR"]
     assert close(term.transmission, expected_trans)
     assert close(term.latency, NVLINK_ALPHA * 8)
     bd = CostBreakdown([term])
     assert bd.by_direction()["forward"] == 0.0
     assert close(bd.by_direction()["backward"], NVLINK_ALPHA * 8 + expected_trans)
-    no_overlap = collective_cost("AR", weight, 8, node, CostOptions(gradient_overlap=False),
+    no_overlap = collective_cost("AR", weight, node.axis(8), CostOptions(gradient_overlap=False),
                                  backward=True)
     assert close(no_overlap.transmission, expected_trans / GAMMA)
 
@@ -129,8 +129,8 @@ def test_data_parallel_gradient_all_reduce(node: Cluster) -> None:
 
 def test_column_parallel_all_gather_reduce_scatter(node: Cluster) -> None:
     out = B * S * 4 * H * FP32                        # gathered output [B*S, 4H]
-    ag = collective_cost("all_gather", out, 8, node)
-    rs = collective_cost("RS", out, 8, node, backward=True)
+    ag = collective_cost("all_gather", out, node.axis(8))
+    rs = collective_cost("RS", out, node.axis(8), backward=True)
     f = 7 / 8
     assert close(ag.transmission, NVLINK_BETA * f * out * EPS["AG"])
     assert close(rs.transmission, NVLINK_BETA * f * out * GAMMA * EPS["RS"])
@@ -142,13 +142,13 @@ def test_column_parallel_all_gather_reduce_scatter(node: Cluster) -> None:
     assert close(sum(kinds.values()), bd.total)
     # an all-gather moves half the bytes of an all-reduce of the same N
     plain = CostOptions(latency=False, collective_efficiency=False)
-    assert close(2 * collective_time("AG", out, 8, node, plain),
-                 collective_time("AR", out, 8, node, plain))
+    assert close(2 * collective_time("AG", out, node.axis(8), plain),
+                 collective_time("AR", out, node.axis(8), plain))
 
 
 def test_all_to_all_convention(node: Cluster) -> None:
     buf = 3 * 2**20
-    t = collective_cost("A2A", buf, 8, node)
+    t = collective_cost("A2A", buf, node.axis(8))
     assert close(t.transmission, NVLINK_BETA * 7 / 8 * buf * EPS["A2A"])
 
 
@@ -157,19 +157,19 @@ def test_all_to_all_convention(node: Cluster) -> None:
 def test_group_spanning_nodes_pays_ethernet() -> None:
     two = Cluster.v100_ethernet(num_nodes=2)
     assert two.num_devices == 16
-    g16 = two.group(16)
+    g16 = two.axis(16)
     assert g16.spans_nodes and g16.nodes == 2 and g16.link == two.inter
-    g8 = two.group(8)
+    g8 = two.axis(8)
     assert not g8.spans_nodes and g8.link == two.intra
-    t16 = collective_cost("AR", ACT, 16, two)
+    t16 = collective_cost("AR", ACT, two.axis(16))
     assert close(t16.latency, ETH_ALPHA * 16)
     assert close(t16.transmission, ETH_BETA * 2 * 15 / 16 * ACT * EPS["AR"])
     assert t16.nodes == 2
-    t8 = collective_cost("AR", ACT, 8, two)
+    t8 = collective_cost("AR", ACT, two.axis(8))
     assert close(t8.latency, NVLINK_ALPHA * 8)
     assert close(t8.transmission, NVLINK_BETA * 1.75 * ACT)
     # the same 8 workers spread over both nodes pay Ethernet
-    t8x2 = collective_cost("AR", ACT, 8, two, nodes=2)
+    t8x2 = collective_cost("AR", ACT, two.axis(8, 2))
     assert close(t8x2.transmission, ETH_BETA * 1.75 * ACT) and t8x2.nodes == 2
     assert t8x2.total > 10 * t8.total > 0
 
@@ -177,11 +177,11 @@ def test_group_spanning_nodes_pays_ethernet() -> None:
 def test_group_placement_errors() -> None:
     two = Cluster.v100_ethernet(num_nodes=2)
     with pytest.raises(ValueError, match=r"size=17: .* only 16 devices"):
-        two.group(17)
+        two.axis(17)
     with pytest.raises(ValueError, match=r"nodes=1: a group of 16 .* 2 to 2 nodes"):
-        two.group(16, nodes=1)
+        two.axis(16, nodes=1)
     with pytest.raises(ValueError, match=r"size=0"):
-        two.group(0)
+        two.axis(0)
 
 
 # ---- W = 1, validation --------------------------------------------------------------------
@@ -189,14 +189,14 @@ def test_group_placement_errors() -> None:
 @pytest.mark.parametrize("kind", list(Collective))
 def test_single_worker_costs_zero(node: Cluster, kind: Collective) -> None:
     for backward in (False, True):
-        t = collective_cost(kind, 2**30, 1, node, backward=backward)
+        t = collective_cost(kind, 2**30, node.axis(1), backward=backward)
         assert t.latency == 0.0 and t.transmission == 0.0 and t.total == 0.0
-    assert collective_time(kind, 2**30, 1, node) == 0.0
+    assert collective_time(kind, 2**30, node.axis(1)) == 0.0
     assert ring_factor(kind, 1) == 0.0
 
 
 def test_zero_bytes_pays_latency_only(node: Cluster) -> None:
-    t = collective_cost("AR", 0, 8, node)
+    t = collective_cost("AR", 0, node.axis(8))
     assert t.transmission == 0.0 and close(t.latency, NVLINK_ALPHA * 8)
 
 
@@ -252,9 +252,9 @@ def test_invalid_options_messages(node: Cluster) -> None:
     with pytest.raises(TypeError, match=r"latency='yes'"):
         CostOptions(latency="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"collective 'broadcast' is unknown"):
-        collective_cost("broadcast", 10, 2, node)
+        collective_cost("broadcast", 10, node.axis(2))
     with pytest.raises(ValueError, match=r"nbytes=-1"):
-        collective_cost("AR", -1, 2, node)
+        collective_cost("AR", -1, node.axis(2))
     # a primitive left out of epsilon gets 1
     opts = CostOptions(epsilon={"AR": 0.5})
     assert opts.epsilon_for("A2A") == 1.0 and opts.epsilon_for("all_reduce") == 0.5
@@ -270,8 +270,8 @@ def test_collective_parse_names() -> None:
 
 
 def test_breakdown_is_frozen_and_addable(node: Cluster) -> None:
-    a = collective_cost("AR", 1024, 8, node)
-    b = collective_cost("AG", 1024, 8, node, backward=True)
+    a = collective_cost("AR", 1024, node.axis(8))
+    b = collective_cost("AG", 1024, node.axis(8), backward=True)
     bd = CostBreakdown([a]) + [b]
     assert len(bd) == 2 and list(bd) == [a, b]
     assert close((bd + CostBreakdown([a])).total, 2 * a.total + b.total)
@@ -302,8 +302,8 @@ def _cluster(link: Link, devices: int) -> Cluster:
 def test_monotone_in_bytes(kind, link, n1, n2, w, backward) -> None:
     c = _cluster(link, 64)
     lo, hi = sorted((n1, n2))
-    assert collective_time(kind, lo, w, c, backward=backward) <= \
-        collective_time(kind, hi, w, c, backward=backward)
+    assert collective_time(kind, lo, c.axis(w), backward=backward) <= \
+        collective_time(kind, hi, c.axis(w), backward=backward)
 
 
 @settings(max_examples=200, deadline=None)
@@ -313,7 +313,7 @@ def test_monotone_in_group_size(kind, link, n, w1, w2, latency) -> None:
     c = _cluster(link, 64)
     opts = CostOptions(latency=latency)
     lo, hi = sorted((w1, w2))
-    assert collective_time(kind, n, lo, c, opts) <= collective_time(kind, n, hi, c, opts)
+    assert collective_time(kind, n, c.axis(lo), opts) <= collective_time(kind, n, c.axis(hi), opts)
 
 
 def test_module_doctest():
@@ -412,8 +412,8 @@ def test_compute_scale_multiplies_every_compute_pricing(node: Cluster) -> None:
                          2.5 * cost.compute_time(3e9, cluster, base, **args))
     assert cost.compute_time(3e9, node, CostOptions(compute=False, compute_scale=3.0)) == 0.0
     # communication is not scaled
-    assert cost.collective_cost("AR", 1 << 20, 4, node, CostOptions(compute_scale=3.0)) == \
-        cost.collective_cost("AR", 1 << 20, 4, node, CostOptions())
+    assert cost.collective_cost("AR", 1 << 20, node.axis(4), CostOptions(compute_scale=3.0)) == \
+        cost.collective_cost("AR", 1 << 20, node.axis(4), CostOptions())
     for bad in (0.0, -1.0, float("inf"), float("nan"), True, "2"):
         with pytest.raises(ValueError, match=r"compute_scale=.*must be a finite number > 0"):
             CostOptions(compute_scale=bad)  # type: ignore[arg-type]

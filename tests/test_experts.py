@@ -116,11 +116,11 @@ def test_column_collectives_priced_by_hand(moe: Any) -> None:
     graph = moe(2)
     cluster = Cluster.v100_ethernet(2, 2)
     options = CostOptions.for_cluster(cluster)
-    mesh = M.Mesh(2, 2, True)
-    row = search(graph, cluster=M.row_cluster(cluster, mesh), options=options,
+    mesh = cluster.mesh(2, 2, experts=True)
+    row = search(graph, cluster=mesh.row_cluster, options=options,
                  patterns_fn=X.nested_patterns(graph, 2))
     region = X.ExpertRegion.of(graph, 2)
-    terms = X.column_all_to_all(graph, row.pattern, 2, 2, cluster, 2, options).terms
+    terms = X.column_all_to_all(graph, row.pattern, mesh, options).terms
     want = []
     for t, side in ((region.entries[0], "inputs"), (region.exits[0], "outputs")):
         node = next(n for n in graph.nodes if n.id in region.nodes
@@ -128,15 +128,16 @@ def test_column_collectives_priced_by_hand(moe: Any) -> None:
         k = [u.name for u in getattr(node, side)].index(t.name)
         placement = parse_placement(getattr(row.pattern(node.id), side)[k])
         nbytes = int(placement.local_bytes(t.shape, t.dtype, 2))
-        want += [collective_cost("A2A", nbytes, 2, cluster, options, backward=b, nodes=2,
+        want += [collective_cost("A2A", nbytes, cluster.axis(2, 2, name="data"), options,
+                                 backward=b,
                                  label=f"ep {t.name}") for b in (False, True)]
     assert list(terms) == want
     placements = dict(row.weight_placements)
-    dp = M.gradient_all_reduce(graph, placements, mesh, cluster, options)
-    plain = M.gradient_all_reduce(graph, placements, M.Mesh(2, 2), cluster, options)
+    dp = M.gradient_all_reduce(graph, placements, mesh, options)
+    plain = M.gradient_all_reduce(graph, placements, cluster.mesh(2, 2), options)
     assert {t.label for t in plain.terms} - {t.label for t in dp.terms} == \
         {f"dp {w}" for w in region.weights}
-    both = M.column_collectives(graph, placements, mesh, cluster, row.pattern, options)
+    both = M.column_collectives(graph, placements, mesh, row.pattern, options)
     assert len(both.terms) == len(dp.terms) + 4
     saved = X.expert_memory_saving(graph, placements, 2, 2, options)
     by_hand = sum((weight_memory(parse_placement(placements.get(w.path, "R") or "R")

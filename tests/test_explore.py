@@ -189,8 +189,8 @@ def test_megatron_mlp_cost_is_one_forward_and_one_backward_all_reduce(cluster):
     res = run(g, cluster, opts=ExploreOptions(top_k=64), cost_options=opts)
     megatron = next(p for p in res.plans if names(res, g, p) == ("replicate", "column", "row"))
     act = B * H * FP32
-    expected = (collective_cost("AR", act, N, cluster, opts, backward=False).total
-                + collective_cost("AR", act, N, cluster, opts, backward=True).total)
+    expected = (collective_cost("AR", act, cluster.axis(N), opts, backward=False).total
+                + collective_cost("AR", act, cluster.axis(N), opts, backward=True).total)
     # by hand: alpha' W + beta 2(W-1)/W N eps, twice, the backward one with gamma
     lat, beta = cluster.intra.latency * N, cluster.intra.beta
     by_hand = 2 * lat + beta * 2 * (N - 1) / N * act * (1 + opts.gamma) * opts.epsilon["AR"]
@@ -210,13 +210,13 @@ def test_reshard_allowed_makes_row_then_row_valid_at_a_cost(cluster):
                                       EdgeCoster(N, cluster, opts, fake_reshard))
     # x (R) -> row wants S1: free slice forward, all-gather of the gradient backward
     x = B * H * FP32
-    ag_bwd = collective_cost("AG", x, N, cluster, opts, backward=True).total
+    ag_bwd = collective_cost("AG", x, cluster.axis(N), opts, backward=True).total
     assert [(s, d, have, want) for s, d, _, have, want in resharded] == [
         (0, 1, Replica(), Split(1)), (1, 2, Replica(), Split(1))]
     assert math.isclose(pc.total, rr.cost, rel_tol=1e-12)
-    ar_fwd = lambda nbytes: collective_cost("AR", nbytes, N, cluster, opts).total  # noqa: E731
+    ar_fwd = lambda nbytes: collective_cost("AR", nbytes, cluster.axis(N), opts).total  # noqa: E731
     assert math.isclose(rr.cost, ar_fwd(B * F * FP32) + ar_fwd(B * H * FP32)
-                        + ag_bwd + collective_cost("AG", B * F * FP32, N, cluster, opts,
+                        + ag_bwd + collective_cost("AG", B * F * FP32, cluster.axis(N), opts,
                                                    backward=True).total, rel_tol=1e-12)
 
 
@@ -226,7 +226,7 @@ def test_data_parallel_layer_cost_is_the_weight_gradient_all_reduce(cluster):
     res = run(g, cluster, opts=ExploreOptions(top_k=64), cost_options=opts)
     dp = next(p for p in res.plans if names(res, g, p) == ("batch", "batch", "batch"))
     w = H * F * FP32
-    one = collective_cost("AR", w, N, cluster, opts, backward=True).total
+    one = collective_cost("AR", w, cluster.axis(N), opts, backward=True).total
     assert math.isclose(dp.cost, 2 * one, rel_tol=1e-12)
 
 
@@ -237,8 +237,8 @@ def test_column_then_gather_costs_an_all_gather(cluster):
     res = run(g, cluster, opts=ExploreOptions(top_k=64), cost_options=opts)
     plan = next(p for p in res.plans if names(res, g, p) == ("replicate", "column", "replicate"))
     y = B * F * FP32
-    expected = (collective_cost("AR", B * H * FP32, N, cluster, opts, backward=True).total
-                + collective_cost("AG", y, N, cluster, opts).total)
+    expected = (collective_cost("AR", B * H * FP32, cluster.axis(N), opts, backward=True).total
+                + collective_cost("AG", y, cluster.axis(N), opts).total)
     assert math.isclose(plan.cost, expected, rel_tol=1e-12)
 
 

@@ -158,6 +158,16 @@ def test_mesh_rows_add_the_data_parallel_all_reduces(planned):
     assert {p["tensor"]: p["bytes"] for p in grads}["head/kernel"] == 512 * 512 * 4
     with pytest.raises(ValueError, match="columns must be the strategy's 8 devices"):
         export_layout(strategy, graph, "2x4")
+    # a mesh made on a cluster prices its rows' all-reduces on that cluster's data axis
+    two_nodes = Cluster.v100_ethernet(2, 8)
+    bound = export_layout(strategy, graph, two_nodes.mesh(2, 8), options)
+    assert bound.predicted == export_layout(strategy, graph, "2x8", options,
+                                            cluster=two_nodes).predicted
+    one_node = Cluster.v100_ethernet(1, 16)
+    inside = export_layout(strategy, graph, one_node.mesh(2, 8), options)
+    seconds = {p["tensor"]: p["seconds"] for p in inside.predicted if p["group"] == 2}
+    assert seconds["up/kernel"] < {p["tensor"]: p["seconds"] for p in bound.predicted
+                                   if p["group"] == 2}["up/kernel"]   # NVLink, not Ethernet
 
 
 def test_tied_embedding_is_listed_with_why_and_cost():

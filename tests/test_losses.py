@@ -129,7 +129,7 @@ def test_search_with_the_loss_prices_the_vocab_parallel_head():
     assert graph.outputs[0].name in {t.name for t in graph.nodes[head].outputs}
     assert plain.patterns[head] == priced.patterns[head] == "column"
     out = graph.outputs[0]
-    extra = sum(cost_lib.collective_cost(cost_lib.Collective.parse(k), b, 8, cluster,
+    extra = sum(cost_lib.collective_cost(cost_lib.Collective.parse(k), b, cluster.axis(8),
                                          cost_lib.CostOptions.for_cluster(cluster)).total
                 for k, b in plan_loss(scce(), Split(2), out.shape, "float32", 2, 8).collectives)
     assert extra > 0

@@ -16,6 +16,7 @@ from command import run_tapas, run_tapas_each  # tests/command.py
 from tapas.ir import Graph
 from tapas.planning import mesh as M
 from tapas.planning.cost import Cluster, CostOptions, collective_cost
+from tapas.planning.devicemesh import DATA, MODEL
 from tapas.sharding.placements import Split
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,15 +38,41 @@ def test_shapes_parse_and_positions() -> None:
 
 def test_rows_stay_inside_a_node_and_columns_span_the_nodes() -> None:
     c = Cluster.v100_ethernet(2, 8)
-    assert M.row_cluster(c, M.Mesh(2, 8)).num_nodes == 1
-    assert M.row_cluster(c, M.Mesh(4, 4)).num_devices == 4
-    assert M.row_cluster(c, M.Mesh(1, 16)).num_nodes == 2
-    assert [M.column_nodes(c, m) for m in M.mesh_shapes(16)] == [1, 2, 2, 2, 2]
-    assert M.column_nodes(Cluster.v100_ethernet(1, 8), M.Mesh(4, 2)) == 1
+    assert c.mesh(2, 8).row_cluster.num_nodes == 1
+    assert c.mesh(4, 4).row_cluster.num_devices == 4
+    assert c.mesh(1, 16).row_cluster.num_nodes == 2 and c.mesh() == M.Mesh(1, 16)
+    assert [m.on(c).axis(DATA).nodes for m in M.mesh_shapes(16)] == [1, 2, 2, 2, 2]
+    assert Cluster.v100_ethernet(1, 8).mesh(4, 2).axis(DATA).nodes == 1
     with pytest.raises(ValueError, match="straddle nodes of 6"):
-        M.row_cluster(Cluster.v100_ethernet(2, 6), M.Mesh(3, 4))
+        Cluster.v100_ethernet(2, 6).mesh(3, 4)
     with pytest.raises(ValueError, match="2x4 mesh has 8 devices"):
-        M.row_cluster(c, M.Mesh(2, 4))
+        M.Mesh(2, 4).on(c)
+    with pytest.raises(ValueError, match="2x4 mesh has no cluster, so its 'data' axis"):
+        M.Mesh(2, 4).axis(DATA)
+
+
+def test_each_mesh_axis_carries_its_own_link() -> None:
+    """A row inside a node: its model axis pays NVLink, its column (over 2 nodes) Ethernet;
+    rows of whole nodes swap them; the 1-D mesh's model axis is the cluster's group."""
+    c = Cluster.v100_ethernet(2, 4)
+    m = c.mesh(2, 4)
+    data, model = m.axis(DATA), m.axis(MODEL)
+    assert (data.size, data.nodes, data.link, model.size, model.nodes, model.link) == \
+        (2, 2, c.inter, 4, 1, c.intra)
+    assert (data.alpha, data.beta) == (c.inter.latency, 1 / c.inter.bandwidth)
+    wide = c.mesh(1, 8)
+    assert wide.axis(MODEL) == c.axis(8, name=MODEL) and wide.axis(MODEL).link == c.inter
+    assert wide.axis(DATA).size == 1
+    one_node = Cluster.v100_ethernet(1, 8).mesh(4, 2)
+    assert one_node.axis(DATA).link == one_node.axis(MODEL).link == one_node.cluster.intra
+    with pytest.raises(ValueError, match="mesh axis 'batch' is unknown"):
+        m.axis("batch")
+    # pricing on an axis is pricing on its group of the cluster
+    opts = CostOptions.for_cluster(c)
+    assert collective_cost("AR", 1 << 20, data, opts) == \
+        collective_cost("AR", 1 << 20, c.axis(2, 2, name=DATA), opts)
+    with pytest.raises(TypeError, match="must be a MeshAxis"):
+        collective_cost("AR", 1 << 20, 2, opts)   # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -62,22 +89,37 @@ def mlp() -> Any:
                                            name=f"mlp{batch}")
 
 
+def test_runtime_takes_the_mesh_and_still_reads_mesh_rows() -> None:
+    """Runtime(mesh=...) takes the Mesh (or "RxC"); mesh_rows=R, the keyword before it,
+    reads as an R x cols mesh; the two must agree with the program's devices per row."""
+    from tapas.execution.runtime.core import _runtime_mesh
+    assert _runtime_mesh(None, None, 4) == M.Mesh(1, 4)
+    assert _runtime_mesh(None, 2, 4) == M.Mesh(2, 4)
+    c = Cluster.loopback_cpu(8)
+    assert _runtime_mesh(c.mesh(2, 4), None, 4).cluster is c
+    assert _runtime_mesh("2x4:experts", 2, 4) == M.Mesh(2, 4, True)
+    with pytest.raises(ValueError, match="mesh 2x4 does not match mesh_rows=4"):
+        _runtime_mesh("2x4", 4, 4)
+    with pytest.raises(ValueError, match="with cols = 2"):
+        _runtime_mesh(M.Mesh(2, 4), None, 2)
+
+
 def test_gradient_all_reduce_is_one_backward_all_reduce_per_local_shard(mlp: Any) -> None:
     graph: Graph = mlp(4)
     c = Cluster.v100_ethernet(2, 2)
     opts = CostOptions.for_cluster(c)
     mesh = M.Mesh(2, 2)
-    replicated = M.gradient_all_reduce(graph, {}, mesh, c, opts)
+    replicated = M.gradient_all_reduce(graph, {}, mesh.on(c), opts)
     sizes = {"up/kernel": 16 * 64 * 4, "up/bias": 64 * 4, "down/kernel": 64 * 16 * 4,
              "down/bias": 16 * 4}
-    want = math.fsum(collective_cost("AR", b, 2, c, opts, backward=True, nodes=2).total
+    want = math.fsum(collective_cost("AR", b, c.axis(2, 2), opts, backward=True).total
                      for b in sizes.values())
     assert len(replicated.terms) == 4 and math.isclose(replicated.total, want)
     assert all(t.backward and t.group_size == 2 for t in replicated.terms)
-    split = M.gradient_all_reduce(graph, {"up/kernel": Split(1)}, mesh, c, opts)
+    split = M.gradient_all_reduce(graph, {"up/kernel": Split(1)}, mesh.on(c), opts)
     kernel = [t for t in split.terms if t.label == "dp up/kernel"][0]
     assert kernel.nbytes == sizes["up/kernel"] // 2
-    assert M.gradient_all_reduce(graph, {}, M.Mesh(1, 4), c, opts).total == 0.0
+    assert M.gradient_all_reduce(graph, {}, c.mesh(1, 4), opts).total == 0.0
 
 
 def test_mesh_search_1xN_is_the_1d_search_and_rows_add_the_column_all_reduce(mlp: Any) -> None:
@@ -93,7 +135,7 @@ def test_mesh_search_1xN_is_the_1d_search_and_rows_add_the_column_all_reduce(mlp
     two = result.results[1]
     row = search(mlp(4), cluster=c.with_shape(1, 2))
     assert math.isclose(two.row_cost, row.total_cost)
-    dp = M.gradient_all_reduce(mlp(4), dict(row.weight_placements), M.Mesh(2, 2), c)
+    dp = M.gradient_all_reduce(mlp(4), dict(row.weight_placements), c.mesh(2, 2))
     assert math.isclose(two.dp_cost, dp.total) and two.dp_cost > 0
     assert result.best.total == min(r.total for r in result.results)
     table = result.summary()
@@ -130,8 +172,11 @@ MESH_CASES = [{"model": "moe-tiny", "mesh": "2x2", "seed": 3, "optimizer": "adam
               {"model": "keras-mobilenet-v2", "mesh": "2x2", "seed": 0, "optimizer": "sgd"},
               # nested expert + tensor: the experts over the rows, the searched (seed -1) plan
               # of the row inside (tapas.planning.experts); a random row plan of it is
-              # test_experts.test_cli_train_nested_experts_verified's
-              {"model": "moe-tiny", "mesh": "2x2:experts", "seed": -1, "optimizer": "adam"}]
+              # test_experts.test_cli_train_nested_experts_verified's. The mesh is made on a
+              # cluster of 2 nodes (Cluster.mesh), so parallelize searches the row on its
+              # row's cluster (one node of 2 V100s)
+              {"model": "moe-tiny", "mesh": "2x2:experts", "seed": -1, "optimizer": "adam",
+               "nodes": 2}]
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +216,8 @@ def test_dp_x_tp_mesh_trains_equal_to_keras(case: dict[str, Any], mesh_runs: dic
     assert run["predict"]["ok"], run["predict"]   # batched predict, then fit, on the mesh
     assert len(run["fit_losses"]) == 1 and math.isfinite(run["fit_losses"][0])
     assert run["restore"] == "resharded" and run["restored_equal"]
+    if case.get("nodes"):
+        assert run["search_cluster"] == "v100-ethernet/1x2"
 
 
 def test_tapas_train_mesh_across_two_workers(tmp_path: Any) -> None:

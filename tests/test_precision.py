@@ -44,7 +44,7 @@ def test_gpu_presets_carry_their_peaks_with_sources(name, f32, peaks, sources) -
         assert "datasheet" in c.source(f"device_peak_flops.{dtype}")
     for key in SOURCE_KEYS:
         assert c.sources.get(key), (name, key)
-    assert name in CLUSTER_PRESETS and c.group(16).link is c.inter
+    assert name in CLUSTER_PRESETS and c.axis(16).link is c.inter
 
 
 def test_v100_has_no_bfloat16_tensor_cores() -> None:
@@ -173,7 +173,7 @@ def _comm(dtype: str, tensor: str = "act:0", phase: str = "fwd") -> Comm:
 
 def test_collective_bytes_follow_the_tensor_dtype() -> None:
     c = Cluster.v100_ethernet()
-    f32, bf16 = comm_cost(_comm("float32"), 8, c), comm_cost(_comm("bfloat16"), 8, c)
+    f32, bf16 = comm_cost(_comm("float32"), c.axis(8)), comm_cost(_comm("bfloat16"), c.axis(8))
     assert (f32.nbytes, bf16.nbytes) == (64 * 1024 * 4, 64 * 1024 * 2)
     assert close(bf16.transmission * 2, f32.transmission)
 
@@ -181,12 +181,12 @@ def test_collective_bytes_follow_the_tensor_dtype() -> None:
 def test_the_override_reprices_activations_not_weights() -> None:
     c = Cluster.v100_ethernet()
     mixed = CostOptions(precision="mixed_bfloat16")
-    assert comm_cost(_comm("float32"), 8, c, mixed).nbytes == 64 * 1024 * 2
-    w = comm_cost(_comm("float32", "w:0", "bwd"), 8, c, mixed, weights={"w:0"})
+    assert comm_cost(_comm("float32"), c.axis(8), mixed).nbytes == 64 * 1024 * 2
+    w = comm_cost(_comm("float32", "w:0", "bwd"), c.axis(8), mixed, weights={"w:0"})
     assert w.nbytes == 64 * 1024 * 4 and w.gradient
     back = CostOptions(precision="float32")
-    assert comm_cost(_comm("bfloat16"), 8, c, back).nbytes == 64 * 1024 * 4
-    assert comm_cost(_comm("int32"), 8, c, mixed).nbytes == 64 * 1024 * 4
+    assert comm_cost(_comm("bfloat16"), c.axis(8), back).nbytes == 64 * 1024 * 4
+    assert comm_cost(_comm("int32"), c.axis(8), mixed).nbytes == 64 * 1024 * 4
     assert prec.priced_dtype("float16", "mixed_bfloat16") == "bfloat16"
     assert prec.priced_dtype("float16", "mixed_bfloat16", weight=True) == "float32"
     assert prec.priced_dtype("float64", "mixed_float16") == "float64"

@@ -121,7 +121,7 @@ def test_fit_collectives_recovers_alpha_beta_epsilon_and_makes_the_cluster():
     opts = CostOptions.for_cluster(cluster)
     for kind, e in eps.items():
         n = 3 * 2 ** 20
-        assert close(collective_time(kind, n, w, cluster, opts),
+        assert close(collective_time(kind, n, cluster.axis(w), opts),
                      alpha * w + beta * e * ring_factor(kind, w) * n, 1e-6)
 
 

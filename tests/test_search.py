@@ -78,7 +78,7 @@ def test_strategy_reports_costs_counts_timings_and_references():
     assert names == ["ffn-only", "data-parallel", "replicate"]
     # references cost what their patterns say, by hand:
     dp = next(r for r in s.references if r.name == "data-parallel")
-    w_ar = collective_cost("AR", H * F * FP32, N, s.cluster, CostOptions(compute=False),
+    w_ar = collective_cost("AR", H * F * FP32, s.cluster.axis(N), CostOptions(compute=False),
                            backward=True).total
     assert math.isclose(dp.cost, 6 * w_ar, rel_tol=1e-12)
     rep = next(r for r in s.references if r.name == "replicate")

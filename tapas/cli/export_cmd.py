@@ -102,9 +102,8 @@ def _strategy(graph: Any, cluster: Any, mesh: Any, loss: Any) -> Any:
             raise app.UsageError(f"--strategy={FLAGS.strategy}: {e}") from None
     sub = cluster
     if mesh is not None:
-        from tapas.planning.mesh import row_cluster
         try:
-            sub = row_cluster(cluster, mesh)
+            sub = mesh.on(cluster).row_cluster
         except ValueError as e:
             raise app.UsageError(f"--mesh={FLAGS.mesh}: {e}") from None
     print(f"searching ({FLAGS.mode}) '{graph.name}' on {sub.name} ({sub.num_devices} "

@@ -38,6 +38,7 @@ from typing import Any
 from tapas.ir import Graph
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, comm_cost
+from tapas.planning.devicemesh import MODEL
 from tapas.planning.mesh import Mesh, gradient_all_reduce
 from tapas.planning.precision import resolve
 from tapas.planning.search import plan_with_weights
@@ -202,19 +203,21 @@ def predicted_collectives(strategy: Strategy, graph: Graph, mesh: Mesh,
     ``tapas.execution.checking.audit.predicted_comm_list``), grouped by (kind, phase, tensor,
     bytes) with their count and seconds each under the cost model; on a mesh with rows,
     the data-parallel gradient all-reduce of every trainable weight's local shard over the
-    column, priced on ``cluster`` (the whole mesh's; default :func:`_whole_cluster`)."""
+    column, priced on ``cluster`` (the whole mesh's; default: the mesh's own, made by
+    ``cluster.mesh(rows, cols)``, else :func:`_whole_cluster`)."""
     from tapas.execution.checking.audit import predicted_comm_list
     n = strategy.num_devices
     weights = {w.placeholder + ":0" for w in graph.weights}
     rows: Counter = Counter()
     seconds: dict[tuple, float] = {}
+    row_axis = strategy.cluster.axis(n, name=MODEL)   # the row's mesh axis, as searched
     for c in predicted_comm_list(strategy, graph):
         key = (c.kind.value, c.phase, c.tensor, int(c.bytes), n)
         rows[key] += 1
-        seconds[key] = comm_cost(c, n, strategy.cluster, options, weights=weights).total
+        seconds[key] = comm_cost(c, row_axis, options, weights=weights).total
     split = stored_placements(strategy, graph)
-    whole = _whole_cluster(strategy, mesh) if cluster is None else cluster
-    for term in gradient_all_reduce(graph, split, mesh, whole, options).terms:
+    whole = cluster or mesh.cluster or _whole_cluster(strategy, mesh)
+    for term in gradient_all_reduce(graph, split, mesh.on(whole), options).terms:
         key = ("AR", "bwd", term.label.removeprefix("dp "), int(term.nbytes), mesh.rows)
         rows[key] += 1
         seconds[key] = term.total
@@ -238,7 +241,8 @@ def export_layout(strategy: Strategy, graph: Graph, mesh: Any = None,
                   outputs: str = "all") -> LayoutExport:
     """The LayoutExport of ``strategy`` on ``graph`` (see the module docstring); ``cluster``
     is the whole mesh's (it prices the data-parallel all-reduces over the rows; default:
-    each row on its own nodes). ``layers``: the Keras model (or its layer paths) whose
+    the cluster of a mesh made by ``cluster.mesh(rows, cols)``, else each row on its own
+    nodes). ``layers``: the Keras model (or its layer paths) whose
     layer outputs to pin (:mod:`tapas.export.outputs`; ``outputs``: ``"all"`` split and
     replicated, ``"split"`` the split ones only, ``"none"``); None pins no output. On a mesh with
     rows no output is pinned (an activation's rows split is Keras's batch axis)."""

@@ -3,13 +3,15 @@
 In:  a shape (``num_nodes`` nodes of ``devices_per_node`` devices), two ``Link``s (inside a
      node and between nodes, bandwidth in bytes/s and latency in s per hop), the memory and
      peak FLOP/s of one device, and where each constant comes from.
-Out: a frozen ``Cluster``: its ``num_devices`` (the 1-D mesh the search shards over), the
-     ``Group`` a collective of W workers runs on (and so the link its ring pays), and the
+Out: a frozen ``Cluster``: its ``num_devices``, the ``MeshAxis`` a collective of W workers
+     runs on (and so the link its ring pays), its device meshes (``Cluster.mesh(rows,
+     cols)``, ``tapas.planning.devicemesh``), and the
      presets ``Cluster.v100_ethernet`` (the paper's cluster), ``Cluster.gpu`` (V100, A100,
      H100 nodes, their constants in ``tapas.planning.hardware``), ``Cluster.loopback_cpu`` (this
      machine's logical CPU devices, measured) and ``Cluster.preset(name, m, n)`` by name
      (``CLUSTER_PRESETS``, the ``--cluster`` flag); ``Cluster.save``/``Cluster.load`` write
-     and read a versioned JSON file (what ``tapas profile`` writes), and
+     and read a versioned JSON file (what ``tapas profile`` writes; the codec is
+     ``tapas.planning.cluster_file``), and
      ``Cluster.resolve(spec, m, n)`` takes a preset name or such a file.
 
 A cluster may carry the cost model's coefficients measured on it (``epsilon`` per primitive
@@ -20,7 +22,7 @@ A group inside one node pays the intra-node link; one that spans nodes pays the 
 link (a ring is as slow as its slowest hop). ``tapas.planning.cost`` prices collectives on it.
 
 >>> c = Cluster.v100_ethernet(num_nodes=2, devices_per_node=4)
->>> c.name, c.num_devices, c.group(4).link.name, c.group(8).link.name
+>>> c.name, c.num_devices, c.axis(4).link.name, c.axis(8).link.name
 ('v100-ethernet/2x4', 8, 'nvlink2', 'ethernet-100g')
 
 This module imports no TensorFlow.
@@ -29,7 +31,6 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import types
@@ -43,7 +44,7 @@ from tapas.planning.widths import check_positive, width_efficiency
 from tapas.planning.widths import check_width_efficiency as _width_efficiency
 from tapas.sharding.placements import Collective
 
-__all__ = ["Link", "Group", "Cluster", "SOURCE_KEYS", "COEFFICIENT_SOURCE_KEYS", "PEAK_DTYPES",
+__all__ = ["Link", "MeshAxis", "Cluster", "SOURCE_KEYS", "COEFFICIENT_SOURCE_KEYS", "PEAK_DTYPES",
            "DTYPE_SOURCE_KEYS",
            "CLUSTER_PRESETS", "CLUSTER_FORMAT", "CLUSTER_VERSION", "ClusterFileError",
            "check_count", "check_positive"]
@@ -83,9 +84,12 @@ class Link:
 
 
 @dataclasses.dataclass(frozen=True)
-class Group:
-    """A group of ``size`` workers placed on ``nodes`` nodes, and the link its ring pays."""
+class MeshAxis:
+    """One axis of a device mesh (``tapas.planning.devicemesh``): a group of ``size`` devices
+    along it on ``nodes`` nodes, and the link its ring pays (``alpha`` s per hop, ``beta`` s
+    per byte): the intra-node link inside one node, the inter-node link across nodes."""
 
+    name: str
     size: int
     nodes: int
     link: Link
@@ -93,6 +97,16 @@ class Group:
     @property
     def spans_nodes(self) -> bool:
         return self.nodes > 1
+
+    @property
+    def alpha(self) -> float:
+        """Seconds per hop (the link's latency)."""
+        return self.link.latency
+
+    @property
+    def beta(self) -> float:
+        """Seconds per byte (1 / the link's bandwidth)."""
+        return self.link.beta
 
 
 # the constants each Cluster documents in ``sources``
@@ -103,7 +117,7 @@ COEFFICIENT_SOURCE_KEYS = ("epsilon", "gamma", "device_elementwise_rate",
                            "device_width_efficiency")
 # the peak of each dtype in ``device_peak_flops_by_dtype`` (optional in ``sources``)
 DTYPE_SOURCE_KEYS = tuple(f"device_peak_flops.{d}" for d in PEAK_DTYPES)
-_ALL_SOURCE_KEYS = SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS + DTYPE_SOURCE_KEYS
+ALL_SOURCE_KEYS = SOURCE_KEYS + COEFFICIENT_SOURCE_KEYS + DTYPE_SOURCE_KEYS
 
 # the cluster file: ``format`` names it, ``version`` its layout (Cluster.save / Cluster.load)
 CLUSTER_FORMAT = "tapas-cluster"
@@ -179,9 +193,9 @@ class Cluster:
                 raise TypeError(f"{field}={link!r}: must be a Link(bandwidth, latency)")
         check_positive("device_memory", self.device_memory, "bytes", "e.g. 32 * 2**30")
         check_positive("device_peak_flops", self.device_peak_flops, "FLOP/s", "e.g. 15.7e12")
-        unknown = sorted(set(self.sources) - set(_ALL_SOURCE_KEYS))
+        unknown = sorted(set(self.sources) - set(ALL_SOURCE_KEYS))
         if unknown:
-            raise ValueError(f"sources has unknown keys {unknown}: use {list(_ALL_SOURCE_KEYS)}")
+            raise ValueError(f"sources has unknown keys {unknown}: use {list(ALL_SOURCE_KEYS)}")
         object.__setattr__(self, "sources", types.MappingProxyType(dict(self.sources)))
         if self.epsilon is not None:
             if not isinstance(self.epsilon, Mapping):
@@ -253,16 +267,15 @@ class Cluster:
         if key in DTYPE_SOURCE_KEYS and key.split(".", 1)[1] not in \
                 (self.device_peak_flops_by_dtype or {}):
             return f"no peak given: {key.split('.', 1)[1]} priced at device_peak_flops"
-        if key not in _ALL_SOURCE_KEYS:
+        if key not in ALL_SOURCE_KEYS:
             raise KeyError(f"{key!r} is not a cluster constant: use one of "
-                           f"{list(_ALL_SOURCE_KEYS)}")
+                           f"{list(ALL_SOURCE_KEYS)}")
         return self.sources.get(key, "unspecified")
 
-    def group(self, size: int, nodes: int | None = None) -> Group:
-        """The group of ``size`` workers, filling a node before the next (or over ``nodes``).
-
-        A group inside one node pays ``intra``; one that spans nodes pays ``inter``.
-        """
+    def axis(self, size: int, nodes: int | None = None, name: str = "group") -> MeshAxis:
+        """The axis of ``size`` devices, filling a node before the next (or over ``nodes``):
+        a 1-D mesh's, or a group of workers'. Inside one node it pays ``intra``, across
+        nodes ``inter``. :meth:`mesh` names the axes of a 2-D mesh."""
         check_count("size", size, "a group has at least one worker")
         if size > self.num_devices:
             raise ValueError(f"size={size}: the cluster {self.name!r} has only "
@@ -276,7 +289,15 @@ class Cluster:
         if not fewest <= nodes <= most:
             raise ValueError(f"nodes={nodes}: a group of {size} on {self.name!r} lies on "
                              f"{fewest} to {most} nodes")
-        return Group(size=size, nodes=nodes, link=self.intra if nodes == 1 else self.inter)
+        return MeshAxis(name, size, nodes, self.intra if nodes == 1 else self.inter)
+
+    def mesh(self, rows: int = 1, cols: int | None = None, experts: bool = False) -> Any:
+        """The ``rows`` x ``cols`` device mesh on this cluster (``cols``: the devices / rows),
+        a ``tapas.planning.devicemesh.Mesh`` with a ``data`` axis over the rows and a
+        ``model`` axis in a row, each with its link; ``mesh()`` is the 1-D mesh."""
+        from tapas.planning.devicemesh import Mesh
+        check_count("rows", rows, "a mesh has at least one row")
+        return Mesh(rows, self.num_devices // rows if cols is None else cols, experts, self)
 
     def with_shape(self, num_nodes: int, devices_per_node: int) -> Cluster:
         """The same hardware with another shape."""
@@ -286,59 +307,29 @@ class Cluster:
     # ---- the cluster file -------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The cluster as the JSON object ``save`` writes (``format``, ``version``, fields)."""
-        return {"format": CLUSTER_FORMAT, "version": CLUSTER_VERSION, "name": self.name,
-                "num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node,
-                "intra": _link_json(self.intra), "inter": _link_json(self.inter),
-                "device_memory": self.device_memory,
-                "device_peak_flops": self.device_peak_flops,
-                "epsilon": None if self.epsilon is None else dict(self.epsilon),
-                "gamma": self.gamma, "device_elementwise_rate": self.device_elementwise_rate,
-                "device_width_efficiency": None if self.device_width_efficiency is None else
-                {str(k): v for k, v in self.device_width_efficiency.items()},
-                "device_peak_flops_by_dtype": None if self.device_peak_flops_by_dtype is None
-                else dict(self.device_peak_flops_by_dtype),
-                "sources": dict(self.sources)}
+        """The cluster as the JSON object ``save`` writes (``tapas.planning.cluster_file``)."""
+        from tapas.planning import cluster_file
+        return cluster_file.to_json(self)
 
     def save(self, path: str, extra: Mapping[str, Any] | None = None) -> None:
-        """Write the cluster to ``path`` as JSON (``to_json``); ``extra`` adds keys that
-        ``load`` skips (``tapas profile`` stores its measurements under ``"profile"``)."""
-        d = self.to_json()
-        for key in extra or {}:
-            if key in d:
-                raise ValueError(f"extra key {key!r} would overwrite the cluster field {key!r}; "
-                                 "put extra data under another key, e.g. 'profile'")
-        d.update(extra or {})
-        folder = os.path.dirname(path)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(d, f, indent=1)
-            f.write("\n")
+        """Write the cluster to ``path`` as JSON; ``extra`` adds keys that ``load`` skips
+        (``tapas profile`` stores its measurements under ``"profile"``)."""
+        from tapas.planning import cluster_file
+        cluster_file.save(self, path, extra)
 
     @classmethod
     def from_json(cls, d: Any, where: str = "cluster JSON", *, older_layout: bool = False
                   ) -> Cluster:
         """A ``to_json`` object's cluster (ClusterFileError names ``where`` and the field);
-        ``older_layout``: also old strategy files' (:func:`_older_layout`)."""
-        return _cluster_from_json(d, where, older_layout)
+        ``older_layout``: also old strategy files'."""
+        from tapas.planning import cluster_file
+        return cluster_file.from_json(d, where, older_layout)
 
     @classmethod
     def load(cls, path: str) -> Cluster:
         """Read a cluster file written by ``save`` (or ``tapas profile``)."""
-        try:
-            with open(path) as f:
-                text = f.read()
-        except OSError as e:
-            raise ClusterFileError(f"cluster file {path!r} cannot be read ({e.strerror}); give "
-                                   "the path of a file written by `tapas profile --out=...` "
-                                   "or Cluster.save") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ClusterFileError(f"cluster file {path!r} is not JSON ({e}); write it with "
-                                   "`tapas profile --out=...` or Cluster.save") from None
-        return _cluster_from_json(d, f"cluster file {path!r}")
+        from tapas.planning import cluster_file
+        return cluster_file.load(path)
 
     @classmethod
     def resolve(cls, spec: str, num_nodes: int | None = None,
@@ -415,152 +406,6 @@ class Cluster:
             raise ValueError(f"cluster preset {name!r} is unknown: use one of "
                              f"{sorted(CLUSTER_PRESETS)}")
         return CLUSTER_PRESETS[name]().with_shape(num_nodes, devices_per_node)
-
-
-def _link_json(link: Link) -> dict[str, Any]:
-    return {"name": link.name, "bandwidth": link.bandwidth, "latency": link.latency}
-
-
-class _Fields:
-    """The fields of a cluster file, each read and checked; errors name the file and field."""
-
-    def __init__(self, d: Mapping[str, Any], where: str) -> None:
-        self.d, self.where = d, where
-
-    def fail(self, field: str, problem: str) -> ClusterFileError:
-        return ClusterFileError(f"{self.where}: field {field!r} {problem}; re-create the file "
-                                "with `tapas profile --out=...` or Cluster.save, or fix that "
-                                "field")
-
-    def get(self, field: str, kind: tuple[type, ...], what: str,
-            obj: Mapping[str, Any] | None = None, prefix: str = "") -> Any:
-        obj = self.d if obj is None else obj
-        name = prefix + field
-        if field not in obj:
-            raise self.fail(name, f"is missing (it must be {what})")
-        value = obj[field]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise self.fail(name, f"is {value!r}, it must be {what}")
-        return value
-
-    def number(self, field: str, what: str, obj: Mapping[str, Any] | None = None,
-               prefix: str = "", zero_ok: bool = False) -> float:
-        value = float(self.get(field, (int, float), what, obj, prefix))
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-            raise self.fail(prefix + field, f"is {value!r}, it must be {what}")
-        return value
-
-    def link(self, field: str) -> Link:
-        obj = self.get(field, (dict,), "an object {name, bandwidth, latency}")
-        return Link(bandwidth=self.number("bandwidth", "a positive number of bytes/s", obj,
-                                          field + "."),
-                    latency=self.number("latency", "a number of seconds >= 0", obj,
-                                        field + ".", zero_ok=True),
-                    name=str(obj.get("name", field)))
-
-    def sources(self) -> dict[str, str]:
-        sources = self.d.get("sources", {})
-        if not isinstance(sources, dict) or not all(isinstance(v, str)
-                                                    for v in sources.values()):
-            raise self.fail("sources", "must be an object of strings (constant -> where it "
-                            "comes from)")
-        allowed = _ALL_SOURCE_KEYS
-        for key in sources:
-            if key not in allowed:
-                raise self.fail(f"sources.{key}",
-                                f"is not a cluster constant (use {list(allowed)})")
-        return sources
-
-    def epsilon(self) -> dict[str, Any] | None:
-        epsilon = self.d.get("epsilon")
-        if epsilon is not None:
-            if not isinstance(epsilon, dict):
-                raise self.fail("epsilon", f"is {epsilon!r}, it must be null or an object "
-                                "{primitive: factor}")
-            for key in epsilon:
-                try:
-                    Collective.parse(key)
-                except ValueError as e:
-                    raise self.fail(f"epsilon.{key}", str(e)) from None
-                self.number(key, "a positive factor", epsilon, "epsilon.")
-        return epsilon
-
-    def optional_rates(self) -> tuple[float | None, float | None, Any]:
-        """gamma, the elementwise rate and the width efficiency table (each may be null)."""
-        gamma = self.d.get("gamma")
-        if gamma is not None:
-            gamma = self.number("gamma", "a number in (0, 1]")
-            if gamma > 1:
-                raise self.fail("gamma", f"is {gamma!r}, it must be a number in (0, 1]")
-        rate = self.d.get("device_elementwise_rate")
-        if rate is not None:
-            rate = self.number("device_elementwise_rate",
-                               "null or a positive number of elements/s")
-        widths = self.d.get("device_width_efficiency")
-        if widths is not None:
-            if not isinstance(widths, dict) or not widths:
-                raise self.fail("device_width_efficiency", f"is {widths!r}, it must be null "
-                                "or an object {width: fraction of device_peak_flops}")
-            try:
-                widths = _width_efficiency(widths)
-            except ValueError as e:
-                raise self.fail("device_width_efficiency", str(e)) from None
-        return gamma, rate, widths
-
-
-def _cluster_from_json(d: Any, where: str, older_layout: bool = False) -> Cluster:
-    """``Cluster.from_json``: every field checked, errors naming ``where`` and the field."""
-    if older_layout and isinstance(d, dict) and "format" not in d:
-        return _older_layout(d)
-    if not isinstance(d, dict):
-        raise ClusterFileError(f"{where}: must be a JSON object, got {type(d).__name__}; "
-                               "write it with `tapas profile --out=...` or Cluster.save")
-    f = _Fields(d, where)
-    if d.get("format") != CLUSTER_FORMAT:
-        raise f.fail("format", f"is {d.get('format')!r}, expected {CLUSTER_FORMAT!r} (not a "
-                     "cluster file: a strategy or report JSON?)")
-    version = d.get("version")
-    if version != CLUSTER_VERSION:
-        raise f.fail("version", f"is {version!r}; this TAPAS reads version {CLUSTER_VERSION}")
-    name = f.get("name", (str,), "a string")
-    shape = {}
-    for field in ("num_nodes", "devices_per_node"):
-        shape[field] = f.get(field, (int,), "an int >= 1")
-        if shape[field] < 1:
-            raise f.fail(field, f"is {shape[field]}, it must be an int >= 1")
-    intra, inter = f.link("intra"), f.link("inter")
-    memory = f.number("device_memory", "a positive number of bytes")
-    flops = f.number("device_peak_flops", "a positive number of FLOP/s")
-    sources, epsilon = f.sources(), f.epsilon()
-    gamma, rate, widths = f.optional_rates()
-    peaks = _peaks_field(d, f.fail)
-    return Cluster(name=name, num_nodes=shape["num_nodes"],
-                   devices_per_node=shape["devices_per_node"], intra=intra, inter=inter,
-                   device_memory=memory, device_peak_flops=flops, sources=sources,
-                   epsilon=epsilon, gamma=gamma, device_elementwise_rate=rate,
-                   device_width_efficiency=widths, device_peak_flops_by_dtype=peaks)
-
-
-def _older_layout(d: Mapping[str, Any]) -> Cluster:
-    """The cluster of a strategy file written before the cluster file existed: no
-    ``format``, links as ``[bandwidth, latency, name]``, profiled fields absent."""
-    return Cluster(d["name"], d["num_nodes"], d["devices_per_node"], Link(*d["intra"]),
-                   Link(*d["inter"]), d["device_memory"], d["device_peak_flops"],
-                   d.get("sources", {}), d.get("epsilon"), d.get("gamma"),
-                   d.get("device_elementwise_rate"), d.get("device_width_efficiency"))
-
-
-def _peaks_field(d: Mapping[str, Any], fail: Callable[[str, str], Exception]
-                 ) -> dict[str, float] | None:
-    """A cluster file's ``device_peak_flops_by_dtype`` (absent from files written before it
-    existed: None), checked; ``fail(field, problem)`` makes the error."""
-    peaks = d.get("device_peak_flops_by_dtype")
-    if peaks is None:
-        return None
-    try:
-        return peaks_by_dtype(peaks)
-    except (TypeError, ValueError) as e:
-        raise fail("device_peak_flops_by_dtype", str(e)) from None
 
 
 def _shape_name(base: str, num_nodes: int, devices_per_node: int) -> str:

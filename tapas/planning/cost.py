@@ -1,9 +1,9 @@
 """Costs: collective primitives and their overlap-aware alpha-beta time, compute and memory.
 
-In:  a ``tapas.planning.cluster.Cluster`` (``num_nodes`` nodes of ``devices_per_node``
-     devices, an intra-node and an inter-node ``Link``), a collective kind
-     (``Collective``), a message size ``N`` in bytes, a group size ``W`` and
-     ``CostOptions`` (which terms of the model are on); at plan level, a pattern's
+In:  a ``MeshAxis`` (the axis of a ``tapas.planning.devicemesh.Mesh`` a collective runs
+     over: its size ``W``, the nodes it spans, its link's alpha and beta), a collective
+     kind (``Collective``), a message size ``N`` in bytes and ``CostOptions`` (which terms
+     of the model are on); at plan level, a pattern's
      ``Comm``s, forward FLOPs per device and bytes per device.
 Out: a ``CostTerm`` (one collective's latency and transmission time, in seconds),
      ``CostBreakdown`` (a sum of terms, by kind and by direction), compute seconds, a
@@ -26,9 +26,10 @@ backward-pass collective (gradient overlap; 1 in the forward pass or with
     reduce-scatter  RS   f =   (W - 1) / W    N = the tensor reduced (input, before scatter)
     all-to-all      A2A  f =   (W - 1) / W    N = each worker's buffer (input = output size)
 
-N is the largest per-worker tensor the collective touches. A group spanning nodes pays the
+N is the largest per-worker tensor the collective touches. An axis spanning nodes pays the
 inter-node link (a ring is as slow as its slowest hop), one inside a node the intra-node
-link; W = 1 costs 0. Latency is charged per collective (twice for one in each direction),
+link; W = 1 costs 0. The search prices on the mesh's ``model`` axis, the data-parallel
+gradient all-reduce and the expert all-to-alls on its ``data`` axis. Latency is charged per collective (twice for one in each direction),
 not scaled by gamma or epsilon (eq. 3 scales only the transmission term).
 
 Example (a made-up 1 GB/s, 1 us link; 4 workers all-reduce 1 MB in the forward pass):
@@ -36,10 +37,11 @@ Example (a made-up 1 GB/s, 1 us link; 4 workers all-reduce 1 MB in the forward p
 >>> link = Link(bandwidth=1e9, latency=1e-6)
 >>> c = Cluster("toy", num_nodes=1, devices_per_node=4, intra=link, inter=link,
 ...             device_memory=2**30, device_peak_flops=1e12)
->>> t = collective_cost("AR", 1_000_000, 4, c, CostOptions(collective_efficiency=False))
+>>> t = collective_cost("AR", 1_000_000, c.mesh().axis("model"),
+...                     CostOptions(collective_efficiency=False))
 >>> round(t.latency * 1e6, 3), round(t.transmission * 1e3, 3)   # 4 * 1 us; 1.5 MB / 1 GB/s
 (4.0, 1.5)
->>> collective_time("AR", 1_000_000, 1, c)                        # one worker: no communication
+>>> collective_time("AR", 1_000_000, c.axis(1))                   # one worker: no communication
 0.0
 
 Plan level (used by ``tapas.planning.table`` and ``tapas.planning.explore``; docs/search.md):
@@ -47,7 +49,7 @@ Plan level (used by ``tapas.planning.table`` and ``tapas.planning.explore``; doc
 size over W), ``compute_time`` a pattern's forward FLOPs per device as seconds of a training
 step, ``weight_memory`` / ``MemoryEstimate`` count bytes per device (weights, gradients,
 optimizer state, activations), ``PlanCost`` adds them up for a plan. ``Cluster``, ``Link``,
-``Group`` and the presets (``tapas.planning.cluster``) are re-exported here.
+``MeshAxis`` and the presets (``tapas.planning.cluster``) are re-exported here.
 
 This module imports no TensorFlow.
 """
@@ -60,7 +62,7 @@ import types
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Union
 
-from tapas.planning.cluster import (CLUSTER_PRESETS, SOURCE_KEYS, Cluster, Group, Link,
+from tapas.planning.cluster import (CLUSTER_PRESETS, SOURCE_KEYS, Cluster, Link, MeshAxis,
                                     check_count)
 from tapas.planning.kernel_times import KernelTimes, priced
 from tapas.planning.precision import check_precision, comm_bytes, dense_factor
@@ -69,7 +71,7 @@ from tapas.sharding.losses import LossSpec
 from tapas.sharding.placements import Collective
 
 __all__ = [
-    "Collective", "Link", "Cluster", "Group", "CostOptions", "CostTerm", "CostBreakdown",
+    "Collective", "Link", "Cluster", "MeshAxis", "CostOptions", "CostTerm", "CostBreakdown",
     "collective_cost", "collective_time", "ring_factor", "DEFAULT_EPSILON", "DEFAULT_GAMMA",
     "CLUSTER_PRESETS", "SOURCE_KEYS", "OPTIMIZER_SLOTS", "comm_cost", "compute_time",
     "MemoryEstimate", "weight_memory", "PlanCost",
@@ -405,51 +407,48 @@ class CostBreakdown:
         return "\n".join(lines)
 
 
-def collective_cost(kind: KindLike, nbytes: int, group_size: int, cluster: Cluster,
+def collective_cost(kind: KindLike, nbytes: int, axis: MeshAxis,
                     options: CostOptions | None = None, backward: bool = False,
-                    nodes: int | None = None, label: str = "",
-                    gradient: bool = False) -> CostTerm:
-    """The cost of one collective of ``nbytes`` bytes over ``group_size`` workers of ``cluster``.
-
-    ``nodes`` places the group on that many nodes (default: fill a node first); ``backward``
-    marks a backward-pass collective (gamma applies); ``gradient`` one that reduces a
-    weight's gradient (``CostOptions.communication_scale_for``). See the module docstring
-    for N's meaning.
-    """
+                    label: str = "", gradient: bool = False) -> CostTerm:
+    """The cost of one collective of ``nbytes`` bytes over ``axis`` (a ``MeshAxis``:
+    ``mesh.axis("model")``, ``mesh.axis("data")``, or ``cluster.axis(W)`` for a group of W).
+    ``backward`` marks a backward-pass collective (gamma applies); ``gradient`` one that
+    reduces a weight's gradient (``CostOptions.communication_scale_for``); N: module doc."""
     kind = Collective.parse(kind)
     options = CostOptions() if options is None else options
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
         raise TypeError(f"nbytes={nbytes!r}: must be an int number of bytes")
     if nbytes < 0:
         raise ValueError(f"nbytes={nbytes}: a message cannot have negative size")
-    group = cluster.group(group_size, nodes)
-    if group.size == 1:
-        return CostTerm(kind, nbytes, 1, group.nodes, bool(backward), 0.0, 0.0, label,
+    if not isinstance(axis, MeshAxis):
+        raise TypeError(f"axis={axis!r}: must be a MeshAxis, e.g. cluster.mesh(rows, cols)"
+                        ".axis('model') or cluster.axis(W) for a group of W devices")
+    if axis.size == 1:
+        return CostTerm(kind, nbytes, 1, axis.nodes, bool(backward), 0.0, 0.0, label,
                         bool(gradient))
     scale = options.communication_scale_for(bool(gradient))
-    latency = group.link.latency * group.size * scale if options.latency else 0.0
-    transmission = (group.link.beta * ring_factor(kind, group.size) * nbytes
+    latency = axis.alpha * axis.size * scale if options.latency else 0.0
+    transmission = (axis.beta * ring_factor(kind, axis.size) * nbytes
                     * options.gamma_for(backward) * options.epsilon_for(kind) * scale)
-    return CostTerm(kind, nbytes, group.size, group.nodes, bool(backward), latency, transmission,
+    return CostTerm(kind, nbytes, axis.size, axis.nodes, bool(backward), latency, transmission,
                     label, bool(gradient))
 
 
-def collective_time(kind: KindLike, nbytes: int, group_size: int, cluster: Cluster,
-                    options: CostOptions | None = None, backward: bool = False,
-                    nodes: int | None = None) -> float:
+def collective_time(kind: KindLike, nbytes: int, axis: MeshAxis,
+                    options: CostOptions | None = None, backward: bool = False) -> float:
     """Seconds for one collective: ``collective_cost(...).total``."""
-    return collective_cost(kind, nbytes, group_size, cluster, options, backward, nodes).total
+    return collective_cost(kind, nbytes, axis, options, backward).total
 
 
 # =========================================================================================
 # Plan level: a sharding pattern's collectives, compute time and memory
 # =========================================================================================
 
-def comm_cost(comm: object, group_size: int, cluster: Cluster,
-              options: CostOptions | None = None, label: str = "",
-              weights: Collection[str] = ()) -> CostTerm:
+def comm_cost(comm: object, axis: MeshAxis, options: CostOptions | None = None,
+              label: str = "", weights: Collection[str] = ()) -> CostTerm:
     """The cost of one ``tapas.sharding.placements.Comm`` (anything with ``kind``, ``bytes``
-    and ``phase``; ``dtype`` and ``tensor`` if it has them). ``comm.bytes`` is the global
+    and ``phase``; ``dtype`` and ``tensor`` if it has them) over ``axis`` (the search's:
+    the mesh's ``model`` axis, ``MeshAxis``). ``comm.bytes`` is the global
     tensor's size, N for AR, AG and RS (module doc; in ``options.precision``'s dtype with
     one: ``precision.comm_bytes``); an all-to-all's N is each worker's buffer, the global
     size over the group. ``phase`` ``"bwd"``: a backward collective (gamma applies).
@@ -463,8 +462,8 @@ def comm_cost(comm: object, group_size: int, cluster: Cluster,
     if phase not in ("fwd", "bwd"):
         raise ValueError(f"comm phase {phase!r}: must be 'fwd' or 'bwd'")
     if kind is Collective.ALL_TO_ALL:
-        nbytes = -(-nbytes // group_size)
-    return collective_cost(kind, nbytes, group_size, cluster, options, backward=phase == "bwd",
+        nbytes = -(-nbytes // axis.size)
+    return collective_cost(kind, nbytes, axis, options, backward=phase == "bwd",
                            label=label, gradient=phase == "bwd" and on_weight)
 
 

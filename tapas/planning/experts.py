@@ -11,7 +11,7 @@ then held once per column (no data-parallel gradient all-reduce for them), every
 weight once per row as in DP x TP.
 
 In:  a captured ``Graph`` of one mesh row (the model at batch B / rows) and the number of
-     rows; for pricing, the row's ``Strategy``, the mesh and the cluster.
+     rows; for pricing, the row's ``Strategy`` and the mesh on its cluster (``Mesh``).
 Out: :class:`ExpertRegion` (the GraphNodes that run on the exchanged tokens, the tensors
      crossing into and out of them, the weights split over the rows), :func:`row_view`
      (the row's graph as each device sees it inside the region: ``[E, G, ...]`` tensors
@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tapas.ir import Graph, GraphNode, Kind, TensorInfo, WeightInfo
-from tapas.planning.cluster import Cluster
+from tapas.planning.devicemesh import DATA, Mesh
 from tapas.planning.cost import CostBreakdown, CostOptions, MemoryEstimate, collective_cost, \
     weight_memory
 from tapas.planning.precision import priced_dtype
@@ -251,15 +251,16 @@ def nested_patterns(graph: Graph, rows: int, base: Callable[..., Sequence[Any]] 
     return patterns_fn
 
 
-def column_all_to_all(graph: Graph, pattern_of: Callable[[int], Any], rows: int, cols: int,
-                      cluster: Cluster, nodes: int, options: CostOptions | None = None
-                      ) -> CostBreakdown:
-    """The all-to-alls over a mesh column (``rows`` devices on ``nodes`` nodes): each entry
-    tensor forward (groups -> experts) and its conjugate in the backward pass, the same for
-    each exit tensor. N (each device's buffer) is the tensor's local part in the row, as
-    the consuming (entry) or producing (exit) GraphNode's pattern places it on ``cols``
-    devices; ``pattern_of(node_id)`` is the row strategy's pattern."""
-    options = CostOptions.for_cluster(cluster) if options is None else options
+def column_all_to_all(graph: Graph, pattern_of: Callable[[int], Any], mesh: Mesh,
+                      options: CostOptions | None = None) -> CostBreakdown:
+    """The all-to-alls over a column of ``mesh`` (a ``Mesh`` on its cluster: priced on its
+    data axis): each entry tensor forward (groups -> experts) and its conjugate in the
+    backward pass, the same for each exit tensor. N (each device's buffer) is the tensor's
+    local part in the row, as the consuming (entry) or producing (exit) GraphNode's
+    pattern places it on the mesh's ``cols`` devices; ``pattern_of(node_id)`` is the row
+    strategy's pattern."""
+    options = CostOptions.for_cluster(mesh.cluster) if options is None else options
+    rows, cols, axis = mesh.rows, mesh.cols, mesh.axis(DATA)
     region = ExpertRegion.of(graph, rows)
     terms = []
     for t, where in [(t, "entry") for t in region.entries] + \
@@ -276,8 +277,7 @@ def column_all_to_all(graph: Graph, pattern_of: Callable[[int], Any], rows: int,
         nbytes = int(placement.local_bytes(t.shape, priced_dtype(t.dtype, options.precision),
                                            cols))
         for backward in (False, True):
-            terms.append(collective_cost("A2A", nbytes, rows, cluster, options,
-                                         backward=backward, nodes=nodes,
+            terms.append(collective_cost("A2A", nbytes, axis, options, backward=backward,
                                          label=f"ep {t.name}"))
     return CostBreakdown(tuple(terms))
 

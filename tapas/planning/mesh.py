@@ -18,8 +18,9 @@ Out: :class:`MeshSearch`: for every mesh shape ``rows x cols`` with rows * cols 
      the column priced on the column's link (``ep_cost``), no column all-reduce for the
      expert weights, and their memory divided by the rows.
 
-Device r = i * cols + j sits in row i, column j, and devices fill a node before the next
-(``Cluster.group``): a row of cols <= n devices stays inside a node (NVLink), and a column
+The mesh type is ``tapas.planning.devicemesh.Mesh`` (re-exported here): device r = i * cols
++ j sits in row i, column j, and devices fill a node before the next; a row (its ``model``
+axis) of cols <= n devices stays inside a node (NVLink), and a column (its ``data`` axis)
 spans min(rows, m) nodes (Ethernet when m > 1). ``1 x N`` is the 1-D search (its data- and
 tensor-parallel patterns over all N devices, the collectives of the whole group); ``N x 1``
 is pure data parallelism (each device holds the whole model). A mesh prices what the
@@ -40,67 +41,15 @@ from typing import Any
 
 from tapas.ir import Graph, dtype_bytes
 from tapas.planning.cluster import Cluster
+from tapas.planning.devicemesh import DATA, Mesh
 from tapas.planning.cost import CostBreakdown, CostOptions, collective_cost
 from tapas.planning.experts import ExpertRegion, NestingError, column_all_to_all, \
     expert_memory_saving, nested_patterns
 from tapas.planning.precision import priced_dtype
 from tapas.sharding.placements import Placement, Replica
 
-__all__ = ["Mesh", "MeshResult", "MeshSearch", "mesh_shapes", "row_cluster", "column_nodes",
-           "gradient_all_reduce", "column_collectives", "search_meshes"]
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Mesh:
-    """``rows`` x ``cols`` devices: data parallel over the rows, tensor parallel in a row;
-    with ``experts`` (written ``RxC:experts``) also the experts of every MoE layer split
-    over the rows, each expert tensor parallel in its row (``tapas.planning.experts``)."""
-
-    rows: int
-    cols: int
-    experts: bool = False
-
-    def __post_init__(self) -> None:
-        for field in ("rows", "cols"):
-            v = getattr(self, field)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"mesh {field}={v!r}: must be a positive int")
-        if self.experts and self.rows < 2:
-            raise ValueError(f"mesh {self.rows}x{self.cols}:experts splits the experts over "
-                             "the rows: it needs at least 2 rows")
-
-    @property
-    def num_devices(self) -> int:
-        return self.rows * self.cols
-
-    def position(self, device: int) -> tuple[int, int]:
-        """(row, column) of device index ``device``."""
-        if not 0 <= device < self.num_devices:
-            raise ValueError(f"device {device} is not in a {self} mesh (0..{self.num_devices - 1})")
-        return divmod(device, self.cols)
-
-    def __str__(self) -> str:
-        return f"{self.rows}x{self.cols}" + (":experts" if self.experts else "")
-
-    @property
-    def plan(self) -> str:
-        """What runs on it, for tables: "DP x TP" or "EP x TP" (nested experts)."""
-        if self.rows == 1:
-            return "TP"
-        return "EP x TP" if self.experts else ("DP" if self.cols == 1 else "DP x TP")
-
-    @staticmethod
-    def parse(text: str) -> Mesh:
-        """``"2x4"`` -> Mesh(2, 4); ``"2x4:experts"`` -> Mesh(2, 4, experts=True)."""
-        shape, _, suffix = str(text).lower().partition(":")
-        parts = shape.split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"mesh {text!r}: write it ROWSxCOLS, e.g. 2x4 (or 2x4:experts "
-                             "for nested expert + tensor parallelism)")
-        if suffix not in ("", "experts"):
-            raise ValueError(f"mesh {text!r}: the only suffix is ':experts' (nested expert + "
-                             "tensor parallelism)")
-        return Mesh(int(parts[0]), int(parts[1]), suffix == "experts")
+__all__ = ["Mesh", "MeshResult", "MeshSearch", "mesh_shapes", "gradient_all_reduce",
+           "column_collectives", "search_meshes"]
 
 
 _R = Replica()
@@ -114,43 +63,17 @@ def mesh_shapes(num_devices: int) -> list[Mesh]:
             if num_devices % r == 0]
 
 
-def row_cluster(cluster: Cluster, mesh: Mesh) -> Cluster:
-    """The cluster one mesh row sees: ``cols`` devices inside one node, or whole nodes.
-
-    Raises ValueError when a row would straddle nodes (cols neither divides nor is a
-    multiple of the devices per node) or when the mesh is not the cluster's size."""
-    n = cluster.devices_per_node
-    if mesh.num_devices != cluster.num_devices:
-        raise ValueError(f"a {mesh} mesh has {mesh.num_devices} devices, the cluster "
-                         f"{cluster.name!r} {cluster.num_devices}: choose rows x cols = "
-                         f"{cluster.num_devices}")
-    if mesh.cols <= n:
-        if n % mesh.cols:
-            raise ValueError(f"a row of {mesh.cols} devices would straddle nodes of {n} "
-                             f"devices: use a row size that divides {n} or a multiple of it")
-        return cluster.with_shape(1, mesh.cols)
-    if mesh.cols % n:
-        raise ValueError(f"a row of {mesh.cols} devices is not a whole number of nodes of "
-                         f"{n} devices: use a row size that divides {n} or a multiple of it")
-    return cluster.with_shape(mesh.cols // n, n)
-
-
-def column_nodes(cluster: Cluster, mesh: Mesh) -> int:
-    """How many nodes the devices of one mesh column lie on."""
-    n = cluster.devices_per_node
-    return len({(i * mesh.cols) // n for i in range(mesh.rows)})
-
-
 def gradient_all_reduce(graph: Graph, weight_placements: Mapping[str, Placement], mesh: Mesh,
-                        cluster: Cluster, options: CostOptions | None = None) -> CostBreakdown:
+                        options: CostOptions | None = None) -> CostBreakdown:
     """The data-parallel all-reduce of every trainable weight's local gradient over the
-    ``rows`` devices of a column: the local shard (the weight over ``cols`` when the row's
-    strategy splits it, whole when it is replicated), a backward collective."""
-    options = CostOptions.for_cluster(cluster) if options is None else options
+    data axis of ``mesh`` (a ``Mesh`` on its cluster: the ``rows`` devices of a column): the
+    local shard (the weight over ``cols`` when the row's strategy splits it, whole when it
+    is replicated), a backward collective."""
+    options = CostOptions.for_cluster(mesh.cluster) if options is None else options
     terms = []
     if mesh.rows == 1:
         return CostBreakdown(())
-    nodes = column_nodes(cluster, mesh)
+    axis = mesh.axis(DATA)
     # nested experts: each row holds other experts, so their gradients are not summed
     split = set(ExpertRegion.of(graph, mesh.rows).weights) if mesh.experts else set()
     for w in graph.weights:
@@ -159,25 +82,24 @@ def gradient_all_reduce(graph: Graph, weight_placements: Mapping[str, Placement]
         nbytes = w.num_elements * dtype_bytes(priced_dtype(w.dtype, options.precision, True))
         if not isinstance(weight_placements.get(w.path, _R), Replica):
             nbytes = -(-nbytes // mesh.cols)
-        terms.append(collective_cost("AR", int(nbytes), mesh.rows, cluster, options,
-                                     backward=True, nodes=nodes, label=f"dp {w.path}"))
+        terms.append(collective_cost("AR", int(nbytes), axis, options, backward=True,
+                                     label=f"dp {w.path}"))
     return CostBreakdown(tuple(terms))
 
 
 def column_collectives(graph: Graph, weight_placements: Mapping[str, Placement], mesh: Mesh,
-                       cluster: Cluster, pattern_of: Callable[[int], Any] | None = None,
+                       pattern_of: Callable[[int], Any] | None = None,
                        options: CostOptions | None = None) -> CostBreakdown:
-    """Every collective over a mesh column: :func:`gradient_all_reduce` and, on a mesh with
-    nested experts, the expert all-to-alls (``tapas.planning.experts.column_all_to_all``;
-    ``pattern_of(node_id)`` is the row strategy's pattern). Terms are labelled
-    ``dp <weight path>`` and ``ep <tensor name>``."""
-    terms = gradient_all_reduce(graph, weight_placements, mesh, cluster, options).terms
+    """Every collective over a column of ``mesh`` (on its cluster; its data axis):
+    :func:`gradient_all_reduce` and, on a mesh with nested experts, the expert all-to-alls
+    (``tapas.planning.experts.column_all_to_all``; ``pattern_of(node_id)`` is the row
+    strategy's pattern). Terms are labelled ``dp <weight path>`` and ``ep <tensor name>``."""
+    terms = gradient_all_reduce(graph, weight_placements, mesh, options).terms
     if mesh.experts:
         if pattern_of is None:
             raise ValueError(f"a {mesh} mesh prices its expert all-to-alls on the row "
                              "strategy's patterns: give pattern_of")
-        terms += column_all_to_all(graph, pattern_of, mesh.rows, mesh.cols, cluster,
-                                   column_nodes(cluster, mesh), options).terms
+        terms += column_all_to_all(graph, pattern_of, mesh, options).terms
     return CostBreakdown(tuple(terms))
 
 
@@ -336,9 +258,10 @@ def _search_mesh(mesh: Mesh, graph_for: Callable[[int], Graph], batch: int, clus
     if batch % mesh.rows:
         return MeshResult(mesh, note=f"the batch {batch} does not split into {mesh.rows} rows")
     try:
-        sub = row_cluster(cluster, mesh)
+        mesh = mesh.on(cluster)
     except ValueError as e:
         return MeshResult(mesh, note=str(e))
+    sub = mesh.row_cluster
     graph = _row_graph(graph_for, mesh.rows, state)
     # the capture is reported with the first mesh of this row count that uses it
     reported = state.setdefault("reported", set())
@@ -359,15 +282,14 @@ def _search_mesh(mesh: Mesh, graph_for: Callable[[int], Graph], batch: int, clus
         kwargs["folded"] = state["folded"]
     strategy = search(graph, cluster=sub, options=options, **kwargs)
     placements = dict(strategy.weight_placements)
-    dp = gradient_all_reduce(graph, placements, mesh, cluster, options)
+    dp = gradient_all_reduce(graph, placements, mesh, options)
     memory = float(strategy.memory.total)
     ep = 0.0
     where = ("one node" if sub.num_nodes == 1 else f"{sub.num_nodes} nodes")
-    note = (f"rows on {where}, columns on {column_nodes(cluster, mesh)} node(s)"
+    note = (f"rows on {where}, columns on {mesh.axis(DATA).nodes} node(s)"
             if mesh.rows > 1 else f"1-D over {where}")
     if mesh.experts:
-        ep = column_all_to_all(graph, strategy.pattern, mesh.rows, mesh.cols, cluster,
-                               column_nodes(cluster, mesh), options).total
+        ep = column_all_to_all(graph, strategy.pattern, mesh, options).total
         memory -= expert_memory_saving(graph, placements, mesh.rows, mesh.cols,
                                        options).total
         note += f"; {ExpertRegion.of(graph).experts // mesh.rows} experts per row"

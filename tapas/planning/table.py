@@ -35,6 +35,7 @@ from tapas.sharding.gradients import gradient_flow
 from tapas.ir import Graph, GraphNode, Kind, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
+from tapas.planning.devicemesh import MODEL
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.planning.precision import priced_dtype
 from tapas.sharding import losses
@@ -80,7 +81,8 @@ class PatternInfo:
 def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
                options: CostOptions) -> PatternInfo:
     weights = {f"{w.placeholder}:0" for w in node.weights}
-    terms = tuple(cost_lib.comm_cost(c, n, cluster, options,
+    axis = cluster.axis(n, name=MODEL)   # the search's axis: the 1-D mesh's model axis
+    terms = tuple(cost_lib.comm_cost(c, axis, options,
                                      label=f"{node.name} [{pattern.name}] {c.tensor}",
                                      weights=weights)
                   for c in pattern.comms)
@@ -310,8 +312,8 @@ def _with_loss(graph: Graph, infos: list[tuple[PatternInfo, ...]], n: int, clust
         if not plan.collectives:
             row.append(info)
             continue
-        extra = tuple(cost_lib.comm_cost(_LossComm(kind, nbytes), n, cluster, options,
-                                         label=f"loss [{plan.method}] {out.name}")
+        extra = tuple(cost_lib.comm_cost(_LossComm(kind, nbytes), cluster.axis(n, name=MODEL),
+                                         options, label=f"loss [{plan.method}] {out.name}")
                       for kind, nbytes in plan.collectives)
         terms = info.comm_terms + extra
         row.append(dataclasses.replace(info, comm_terms=terms,
@@ -379,6 +381,7 @@ class EdgeCoster:
                  reshard_fn: ReshardFn | None = None, allow_reshard: bool = True,
                  gradients: frozenset[str] | None = None) -> None:
         self.n, self.cluster, self.options = num_devices, cluster, options
+        self.axis = cluster.axis(num_devices, name=MODEL)   # the 1-D mesh's model axis
         self.allow = allow_reshard
         # the tensors whose gradient is computed (PatternTable.gradients): the backward half
         # of a reshard of any other tensor never runs; None: every one is priced
@@ -414,7 +417,7 @@ class EdgeCoster:
         """The cost terms of those Comms (``weight``: ``tensor`` is a weight, its
         backward collectives reduce its gradient)."""
         names = (tensor.name,) if weight else ()
-        return tuple(cost_lib.comm_cost(c, self.n, self.cluster, self.options, label=label,
+        return tuple(cost_lib.comm_cost(c, self.axis, self.options, label=label,
                                         weights=names)
                      for c in self.comms(tensor, src, dst))
 

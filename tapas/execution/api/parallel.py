@@ -455,7 +455,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     ``tapas.search``, which prices ``loss``'s collectives unless they say otherwise).
     ``devices``/``distribute_strategy``: see the module docstring.
     ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
-    ``mesh``: ``"ROWSxCOLS"`` (or a ``tapas.planning.mesh.Mesh``) with rows x cols = N
+    ``mesh``: ``"ROWSxCOLS"`` (or a ``tapas.planning.devicemesh.Mesh``; one made by
+    ``cluster.mesh(rows, cols)`` searches on its row's cluster) with rows x cols = N
     runs a 2-D mesh: data parallel over the rows (each row takes its share of axis 0 of the
     batch; gradients all-reduced over the columns) and ``strategy`` (made for ``cols``
     devices on the graph of one row, at batch / rows: ``tapas search --mesh=RxC`` writes
@@ -494,6 +495,8 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     compiled_loss = loss is None and getattr(model, "loss", None) is not None
     timings: dict[str, float] = {}
     distribute_strategy, mesh, rows = _distribution(devices, distribute_strategy, mesh)
+    if cluster is None and mesh is not None and mesh.cluster is not None:
+        cluster = mesh.row_cluster   # a mesh on a cluster: its row's, as the search sees it
     n = int(distribute_strategy.num_replicas_in_sync) // rows   # one row's devices (1-D: all)
     expert_rows = rows if mesh is not None and mesh.experts else 1
     global_signature = inputs.InputSignature.of(model, input_spec)
@@ -504,7 +507,7 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
         model, signature, strategy, n, training, cluster, search_options, expert_rows,
         losses[0], optimizer, rows, timings)
     program = _program(trace, graph, strategy, expert_rows, mesh, timings)
-    rt = _runtime(model, program, distribute_strategy, trace, optimizer, losses, rows,
+    rt = _runtime(model, program, distribute_strategy, trace, optimizer, losses, mesh,
                   graph_optimization, weights_from, timings)
     return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
                          global_signature, compiled_loss=compiled_loss)
@@ -578,7 +581,7 @@ def _program(trace: Any, graph: Any, strategy: Any, expert_rows: int, mesh: Any,
 
 
 def _runtime(model: Any, program: Any, distribute_strategy: tf.distribute.Strategy,
-             trace: Any, optimizer: Any, losses: tuple, rows: int, graph_optimization: str,
+             trace: Any, optimizer: Any, losses: tuple, mesh: Any, graph_optimization: str,
              weights_from: str | None, timings: dict[str, float]) -> runtime.Runtime:
     """The runtime of ``program`` on :func:`_weight_source`'s shards with the model's
     ``losses`` (a Loss per output, the loss weights, the output names), timed as "shard"."""
@@ -587,7 +590,7 @@ def _runtime(model: Any, program: Any, distribute_strategy: tf.distribute.Strate
     rt = runtime.Runtime(program, distribute_strategy, _weight_source(model, program,
                                                                       weights_from),
                          trace.input_specs, optimizer=optimizer, loss=per_output[0],
-                         keras_variables=capturing.weights_by_path(model), mesh_rows=rows,
+                         keras_variables=capturing.weights_by_path(model), mesh=mesh,
                          graph_optimization=graph_optimization)
     _model_losses(rt, model, trace, per_output, loss_weights, output_names)
     timings["shard"] = time.perf_counter() - start

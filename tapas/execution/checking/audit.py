@@ -329,7 +329,7 @@ def column_audit(pm: Any, mesh: Any, sparse: bool = False) -> tuple[dict, dict]:
     cluster = Cluster.v100_ethernet(mesh.rows, mesh.cols)   # shape only: bytes are priced
     patterns = {n.id: pm.program.plan.pattern(n) for n in pm.graph.nodes}
     priced = {}
-    for t in mesh_lib.column_collectives(pm.graph, placements, mesh, cluster,
+    for t in mesh_lib.column_collectives(pm.graph, placements, mesh.on(cluster),
                                          patterns.__getitem__).terms:
         kind, name = t.label.split(" ", 1)
         if kind == "dp":

@@ -92,9 +92,22 @@ from tapas.execution.runtime.replicas import ReplicaCalls
 from tapas.execution.runtime.step import TrainingStep
 from tapas.execution.runtime.values import GlobalValues
 from tapas.execution.training import losses, regularizers, step_reductions as reductions
+from tapas.planning.devicemesh import Mesh
 from tapas.sharding.placements import Replica
 
 __all__ = ["Runtime"]
+
+
+def _runtime_mesh(mesh: Any, rows: int | None, cols: int) -> Mesh:
+    """The runtime's mesh: ``mesh`` (parsed from ``"RxC"``), else ``rows`` x ``cols``
+    (``mesh_rows``, the keyword before meshes were objects); refused when they disagree."""
+    if mesh is None:
+        return Mesh(1 if rows is None else int(rows), cols)
+    mesh = mesh if isinstance(mesh, Mesh) else Mesh.parse(mesh)
+    if (rows is not None and rows != mesh.rows) or mesh.cols != cols:
+        raise ValueError(f"mesh {mesh} does not match mesh_rows={rows} and the program's "
+                         f"{cols} devices per row: give the mesh alone, with cols = {cols}")
+    return mesh
 
 
 class Runtime(TrainingStep, Inference, LossPlanning, InputDistribution, ReplicaCalls,
@@ -107,8 +120,10 @@ class Runtime(TrainingStep, Inference, LossPlanning, InputDistribution, ReplicaC
     ``function`` ("train_step", "predict", "evaluate") is traced (default:
     ``tapas.execution.program.reconstruct.ReplicaContextCollectives`` recording into ``audits[function]``).
 
-    ``mesh_rows`` > 1 runs a 2-D mesh (``tapas.planning.mesh``): the strategy's replicas form
-    ``mesh_rows`` rows of ``program.num_devices`` devices (replica r is row r // cols,
+    ``mesh`` (a ``tapas.planning.devicemesh.Mesh`` or ``"RxC"``; default ``1 x N``, the
+    program's devices; ``mesh_rows=R`` is read as an ``R x N`` mesh) with rows > 1 runs a 2-D
+    mesh (``tapas.planning.mesh``): the strategy's replicas form its rows of
+    ``program.num_devices`` = cols devices (replica r is row r // cols,
     column r % cols); each row runs the program on its share of the batch (axis 0 of every
     input and target cut into the rows; ``input_specs`` are one row's), with its collectives
     over the row's devices, and every trainable weight's gradient is all-reduced over the
@@ -133,7 +148,8 @@ class Runtime(TrainingStep, Inference, LossPlanning, InputDistribution, ReplicaC
     def __init__(self, program: Any, strategy: tf.distribute.Strategy,
                  initial_weights: Mapping[str, np.ndarray], input_specs: Sequence[tf.TensorSpec],
                  *, optimizer: Any = "sgd", loss: Any = None,
-                 collectives: Callable[[str], Any] | None = None, mesh_rows: int = 1,
+                 collectives: Callable[[str], Any] | None = None, mesh: Any = None,
+                 mesh_rows: int | None = None,
                  graph_optimization: str = "lean", learning_rate: float | None = None,
                  keras_variables: Mapping[str, Any] | None = None) -> None:
         self.graph_optimization = replay.check_graph_optimization(graph_optimization)
@@ -143,7 +159,8 @@ class Runtime(TrainingStep, Inference, LossPlanning, InputDistribution, ReplicaC
         self.program, self.strategy = program, strategy
         self.num_replicas = int(strategy.num_replicas_in_sync)
         self.num_devices = int(program.num_devices)
-        self.rows = int(mesh_rows)
+        self.mesh = _runtime_mesh(mesh, mesh_rows, self.num_devices)
+        self.rows = self.mesh.rows
         if self.rows < 1 or self.num_devices * self.rows != self.num_replicas:
             raise ValueError(f"the program was built for {program.num_devices} devices"
                              + (f" per row of a {self.rows}-row mesh" if self.rows > 1 else "")
