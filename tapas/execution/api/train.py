@@ -252,9 +252,9 @@ def _parallelize(opts: TrainOptions, source: Any, distribute: Any, timings: dict
         raise TrainError(str(e)) from None
     timings.update(pm.timings)
     _say_setup(pm, opts, say)
-    if not isinstance(pm.strategy, reconstruct.Plan):
+    if pm.strategy is not None:   # searched or given: the search's report
         say(pm.strategy.summary(pm.graph))
-    sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
+    sharded = {node.id: pm.plan.pattern(node).name for node in pm.graph.nodes}
     say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != REPLICATE)} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
     return pm, name, xs, y, calibration, changes.get("kernel_times"), comm
