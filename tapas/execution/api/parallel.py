@@ -123,8 +123,7 @@ class ParallelModel:
         self.row_inputs = self.inputs.per_row(rt.rows)
         # the plan the program was rebuilt from (``tapas.execution.program.plan.Plan``)
         self.plan, self.program, self.runtime = plan, program, rt
-        self.timings = dict(timings)
-        self.training = training
+        self.timings, self.training = dict(timings), training
         self._inference: ParallelModel | None = None   # for_inference(), built on demand
         self.compiled_loss = compiled_loss   # it trains the loss the model is compiled with
 
@@ -134,9 +133,8 @@ class ParallelModel:
 
     @property
     def strategy(self) -> Any:
-        """The ``tapas.planning.search.Strategy`` the plan came from (searched here or
-        given), bound to :attr:`graph`; None for a plan chosen otherwise (``Plan``,
-        ``random_plan``)."""
+        """The ``tapas.planning.search.Strategy`` the plan came from (searched or given),
+        bound to :attr:`graph`; None for a plan chosen otherwise (``random_plan``, ...)."""
         return self.plan.strategy
 
     def for_inference(self) -> ParallelModel:
