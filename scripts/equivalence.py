@@ -144,7 +144,6 @@ def _plan(graph: Any, n: int, label: str) -> tuple[Any, str]:
             break
         except (ValueError, RuntimeError):
             continue
-    s = s.bind(graph) if getattr(s, "_graph", None) is None else s
     return reconstruct.Plan.from_strategy(s, graph), note
 
 

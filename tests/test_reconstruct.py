@@ -356,10 +356,16 @@ def test_searched_strategy_runs_and_matches_its_prediction():
     from tapas.planning import search
     strategy = search.search(g, cluster=Cluster.loopback_cpu(4))
     plan = rc.Plan.from_strategy(strategy, g)
+    # the one plan type: the Strategy rides along (bound to g) for its resharding edges
+    assert plan.strategy is not None and plan.strategy.graph_digest == plan.graph_digest
+    assert rc.Plan.of(plan, g) is plan and rc.Plan.of(strategy, g).patterns == plan.patterns
     cmp = verify.compare_with_single_device(t, g, plan, _inputs(specs))
     assert cmp.ok(rtol=1e-5, atol=1e-5), str(cmp.worst)
     prog = rc.Program(t, g, plan)
     assert audit.compare_audit(cmp.audit, audit.program_comms(prog, input_gradients=True)) == []
+    # the same patterns without the Strategy: the reshards between GraphNodes predicted
+    bare = rc.Program(t, g, dataclasses.replace(plan, strategy=None))
+    assert audit.compare_audit(cmp.audit, audit.program_comms(bare, input_gradients=True)) == []
 
 
 # ---- bad input ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """``tapas train``: train ``--model`` under a tensor-parallel strategy
-(``tapas.execution.api.train``).
+(``tapas.execution.api.train`` on the model ``tapas.cli.train_models`` resolves).
 
 In:  the model, devices, steps, strategy, optimizer and training-job flags (FLAG_NAMES).
 Out: the report ``tapas.execution.api.train.train`` returns (it writes ``--json_out`` itself).
@@ -75,6 +75,7 @@ FLAG_NAMES = ('model', 'devices', 'steps', 'strategy', 'verify', 'batch_size', '
 
 
 def cmd_train() -> dict[str, Any]:
+    from tapas.cli import train_models
     from tapas.execution.api import train
     if FLAGS.elementwise_scale is not None:
         raise app.UsageError(f"--elementwise_scale={FLAGS.elementwise_scale} prices `tapas "
@@ -99,7 +100,7 @@ def cmd_train() -> dict[str, Any]:
     from absl import logging
     logging.set_verbosity(logging.WARNING)   # tf.distribute logs every collective at INFO
     try:
-        return train.train(opts)
+        return train.train(opts, train_models.model_source(opts.model))
     except train.TrainError as e:
         # a failed run (a worker lost, verify failed), not a usage mistake: no flag listing
         print(f"tapas train: {e}", file=sys.stderr, flush=True)

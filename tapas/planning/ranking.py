@@ -117,8 +117,8 @@ def table_metrics(ranks: Mapping[str, int], k: int = 5) -> dict[str, float]:
 def pick_regret(medians: Sequence[float], predicted: Sequence[float]) -> float:
     """How much slower the plan the cost model picks runs than the fastest measured plan:
     ``medians[p] / min(medians) - 1`` for ``p`` the plan predicted cheapest (the worst
-    measured of several predicted equally cheap). 0 when the pick is the fastest; the
-    issue's bar is 0.10 (within 10 % of the best measured plan)."""
+    measured of several predicted equally cheap). 0 when the pick is the fastest; 0.10 is a
+    pick within 10 % of the best measured plan (the bar docs/paper.md's ranking counts)."""
     if len(predicted) != len(medians):
         raise ValueError(f"predicted has {len(predicted)} values but medians has "
                          f"{len(medians)}: give one prediction per measured plan")

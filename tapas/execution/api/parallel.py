@@ -112,7 +112,7 @@ def random_plan(graph: Any, num_devices: int, seed: int, p_shard: float = 0.7,
 class ParallelModel:
     """A Keras model reconstructed under a strategy and running on N devices."""
 
-    def __init__(self, model: Any, trace: Any, graph: Any, strategy: Any, program: Any,
+    def __init__(self, model: Any, trace: Any, graph: Any, plan: Any, program: Any,
                  rt: runtime.Runtime, timings: Mapping[str, float], training: bool,
                  signature: inputs.InputSignature | None = None,
                  compiled_loss: bool = False) -> None:
@@ -121,15 +121,21 @@ class ParallelModel:
         self.inputs = signature or inputs.InputSignature.of(model, trace.input_specs)
         # what a program of one mesh row is captured with (the global inputs in 1-D)
         self.row_inputs = self.inputs.per_row(rt.rows)
-        self.strategy, self.program, self.runtime = strategy, program, rt
-        self.timings = dict(timings)
-        self.training = training
+        # the plan the program was rebuilt from (``tapas.execution.program.plan.Plan``)
+        self.plan, self.program, self.runtime = plan, program, rt
+        self.timings, self.training = dict(timings), training
         self._inference: ParallelModel | None = None   # for_inference(), built on demand
         self.compiled_loss = compiled_loss   # it trains the loss the model is compiled with
 
     @property
     def num_devices(self) -> int:
         return self.runtime.num_devices
+
+    @property
+    def strategy(self) -> Any:
+        """The ``tapas.planning.search.Strategy`` the plan came from (searched or given),
+        bound to :attr:`graph`; None for a plan chosen otherwise (``random_plan``, ...)."""
+        return self.plan.strategy
 
     def for_inference(self) -> ParallelModel:
         """The ParallelModel that evaluates as Keras's ``evaluate`` and ``val_loss`` do: in
@@ -256,7 +262,7 @@ class ParallelModel:
             regularizers.predicted_comms(rt.regularization, rt.specs) + \
             regularizers.predicted_call_loss_comms(rt)
         return AuditReport.of(rt.audits["train_step"],
-                              predicted_comm_list(self.strategy, self.graph), loss, predicted)
+                              predicted_comm_list(self.plan, self.graph), loss, predicted)
 
     def verify(self, x: Any, y: Any, steps: int = 3,
                on_step: Any = None) -> dict[str, Any]:
@@ -336,24 +342,24 @@ def _capture(model: Any, signature: Any, training: bool,
 
 
 def _bind(strategy: Any, graph: Any, n: int) -> Any:
-    """``strategy`` (a path, a Strategy or a Plan) checked against ``graph`` and bound to it;
-    ValueError or ReconstructError when it was made for another graph."""
+    """The Plan of ``strategy`` (a path, a Strategy or a Plan) on ``graph``; ValueError or
+    ReconstructError when it was made for another graph or device count."""
     from tapas.execution.program import reconstruct
     from tapas.planning import search as search_mod
     if isinstance(strategy, str):
-        return search_mod.Strategy.load(strategy, graph, num_devices=n)
+        strategy = search_mod.Strategy.load(strategy, graph, num_devices=n)
     if isinstance(strategy, reconstruct.Plan):
         if strategy.num_devices != n:
             raise ValueError(f"the plan shards over {strategy.num_devices} devices but "
                              f"{n} were given")
         return strategy.for_graph(graph)
     strategy.check(graph, num_devices=n)
-    return strategy.bind(graph)
+    return reconstruct.Plan.from_strategy(strategy, graph)
 
 
 def _fitting_mode(model: Any, signature: Any, strategy: Any, n: int, training: bool | None,
                   timings: dict[str, float]) -> tuple[bool, Any, Any, Any]:
-    """(training, trace, graph, bound strategy): the given mode, or with ``training=None``
+    """(training, trace, graph, plan): the given mode, or with ``training=None``
     training mode if the strategy fits its graph, else inference mode if it fits that one
     (a strategy searched on ``tapas.capture``'s default graph), with a warning."""
     from tapas.execution.program import reconstruct
@@ -399,7 +405,7 @@ def _search(graph: Any, n: int, cluster: Cluster | None, search_options: Any,
     """``tapas.search`` of ``graph`` on ``cluster`` (default ``Cluster.loopback_cpu(n)``),
     pricing the loss the program will train with (one output's: the losses of several are
     not priced) and counting ``optimizer``'s slots in the memory estimate, unless
-    ``search_options`` say otherwise; the Strategy bound to ``graph``."""
+    ``search_options`` say otherwise; the Strategy."""
     from tapas.planning import search as search_mod
     cluster = cluster or Cluster.loopback_cpu(n)
     if cluster.num_devices != n:
@@ -416,8 +422,7 @@ def _search(graph: Any, n: int, cluster: Cluster | None, search_options: Any,
             cluster, optimizer_slots=keras_optimizer.slot_count(optimizer))
     if "loss" not in kwargs and (given is None or given.loss is None):
         kwargs["loss"] = per_output[0] if len(per_output) == 1 else None
-    strategy = search_mod.search(graph, cluster=cluster, **kwargs)
-    return strategy.bind(graph) if getattr(strategy, "_graph", None) is None else strategy
+    return search_mod.search(graph, cluster=cluster, **kwargs)
 
 
 def _weight_source(model: Any, program: Any, weights_from: str | None) -> Any:
@@ -450,11 +455,10 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     """Capture ``model``, choose or check the strategy, reconstruct and place it on devices.
 
     ``strategy``: a ``tapas.planning.search.Strategy``, the path of one saved as JSON, a
-    ``tapas.execution.program.reconstruct.Plan`` (patterns chosen by hand), or ``None`` to search on
+    ``tapas.execution.program.plan.Plan`` (patterns by hand), or ``None`` to search on
     ``cluster`` (default ``Cluster.loopback_cpu(N)``; ``search_options`` go to
     ``tapas.search``, which prices ``loss``'s collectives unless they say otherwise).
-    ``devices``/``distribute_strategy``: see the module docstring.
-    ``loss``: a ``keras.losses.Loss`` (default: the compiled model's loss).
+    ``devices``/``distribute_strategy``: module docstring. ``loss``: a Keras loss (or compiled).
     ``mesh``: ``"ROWSxCOLS"`` (or a ``tapas.planning.devicemesh.Mesh``; one made by
     ``cluster.mesh(rows, cols)`` searches on its row's cluster) with rows x cols = N
     runs a 2-D mesh: data parallel over the rows (each row takes its share of axis 0 of the
@@ -503,13 +507,13 @@ def parallelize(model: Any, input_spec: Any = None, strategy: Any = None, *,
     signature = global_signature.per_row(rows)
     # the compiled loss: a Loss per output and Keras's loss weights (or ``loss`` given)
     losses = output_losses(model, loss, to_object=loss_object)
-    training, trace, graph, strategy = _strategy_and_mode(
+    training, trace, graph, plan = _plan_and_mode(
         model, signature, strategy, n, training, cluster, search_options, expert_rows,
         losses[0], optimizer, rows, timings)
-    program = _program(trace, graph, strategy, expert_rows, mesh, timings)
+    program = _program(trace, graph, plan, expert_rows, mesh, timings)
     rt = _runtime(model, program, distribute_strategy, trace, optimizer, losses, mesh,
                   graph_optimization, weights_from, timings)
-    return ParallelModel(model, trace, graph, strategy, program, rt, timings, training,
+    return ParallelModel(model, trace, graph, plan, program, rt, timings, training,
                          global_signature, compiled_loss=compiled_loss)
 
 
@@ -537,14 +541,14 @@ def _distribution(devices: int | None, distribute_strategy: tf.distribute.Strate
     return distribute_strategy, mesh, mesh.rows
 
 
-def _strategy_and_mode(model: Any, signature: Any, strategy: Any, n: int,
-                       training: bool | None, cluster: Cluster | None, search_options: Any,
-                       expert_rows: int, per_output: list, optimizer: Any, rows: int,
-                       timings: dict[str, float]) -> tuple[bool, Any, Any, Any]:
-    """(training, trace, graph, bound strategy): without ``strategy``, a search (timed as
-    "search") on the graph captured in ``training`` mode (default: training); else the
-    given strategy in the mode its graph fits (:func:`_fitting_mode`). Call losses a mesh
-    cannot count are refused before the search."""
+def _plan_and_mode(model: Any, signature: Any, strategy: Any, n: int,
+                   training: bool | None, cluster: Cluster | None, search_options: Any,
+                   expert_rows: int, per_output: list, optimizer: Any, rows: int,
+                   timings: dict[str, float]) -> tuple[bool, Any, Any, Any]:
+    """(training, trace, graph, plan): without ``strategy``, a search (timed as "search")
+    on the graph captured in ``training`` mode (default: training), as a Plan; else the
+    given strategy's Plan in the mode its graph fits (:func:`_fitting_mode`). Call losses
+    a mesh cannot count are refused before the search."""
     if strategy is None:
         training = True if training is None else training
         trace, graph = _capture(model, signature, training, timings)
@@ -552,22 +556,21 @@ def _strategy_and_mode(model: Any, signature: Any, strategy: Any, n: int,
         start = time.perf_counter()
         strategy = _search(graph, n, cluster, search_options, expert_rows, per_output, optimizer)
         timings["search"] = time.perf_counter() - start
-        return training, trace, graph, strategy
-    training, trace, graph, strategy = _fitting_mode(model, signature, strategy, n,
-                                                     training, timings)
+        from tapas.execution.program import reconstruct
+        return training, trace, graph, reconstruct.Plan.from_strategy(strategy, graph)
+    training, trace, graph, plan = _fitting_mode(model, signature, strategy, n, training,
+                                                 timings)
     _refuse_call_losses(trace, per_output, rows)
-    return training, trace, graph, strategy
+    return training, trace, graph, plan
 
 
-def _program(trace: Any, graph: Any, strategy: Any, expert_rows: int, mesh: Any,
+def _program(trace: Any, graph: Any, plan: Any, expert_rows: int, mesh: Any,
              timings: dict[str, float]) -> Any:
-    """The per-replica program of ``strategy`` (a Strategy or a Plan), timed as
-    "reconstruct"; on a mesh with rows, a warning when dropout or batch norm make each row
-    differ from the single-device model."""
+    """The per-replica program of ``plan``, timed as "reconstruct"; on a mesh with rows, a
+    warning when dropout or batch norm make each row differ from the single-device
+    model."""
     from tapas.execution.program import reconstruct
     start = time.perf_counter()
-    plan = strategy if isinstance(strategy, reconstruct.Plan) else \
-        reconstruct.Plan.from_strategy(strategy, graph)
     program = reconstruct.Program(trace, graph, plan, expert_rows=expert_rows)
     timings["reconstruct"] = time.perf_counter() - start
     rows = 1 if mesh is None else mesh.rows

@@ -1,14 +1,16 @@
-"""``tapas train``: train a zoo model on its synthetic data under a tensor-parallel strategy.
+"""``tapas train``: train a model on its synthetic data under a tensor-parallel strategy.
 
-In:  :class:`TrainOptions` (a zoo model name, trained on its synthetic data, or the path of a
-     saved ``.keras`` model, trained on a random batch in its input structure with its
-     compiled loss; devices, steps, strategy file / "random:SEED" / searched, optimizer,
-     --verify, --workers); for a training job (``ParallelModel.fit``,
-     ``tapas.execution.api.fit``) the data (``--data=file.npz``: one array per model input,
-     named by input name, and the targets ``y``; or ``--data=file.tfrecord`` (files, a
-     glob): ``tf.train.Example`` records with those features, :func:`load_tfrecord`;
-     default the synthetic batch, ``--steps`` steps per epoch), ``--epochs``, ``--checkpoint_dir``, ``--checkpoint_every``,
-     ``--resume``, ``--tensorboard``.
+In:  the model's source (``tapas.execution.api.train_model``: a zoo preset, resolved by the
+     command line's ``tapas.cli.train_models``, trained on its synthetic data, or the path
+     of a saved ``.keras`` model, trained on a random batch in its input structure with its
+     compiled loss) and :class:`TrainOptions` (devices, steps, strategy file /
+     "random:SEED" / searched, optimizer, --verify, --workers); for a training job
+     (``ParallelModel.fit``, ``tapas.execution.api.fit``) the data (``--data=file.npz``:
+     one array per model input, named by input name, and the targets ``y``; or
+     ``--data=file.tfrecord`` (files, a glob): ``tf.train.Example`` records with those
+     features, :func:`load_tfrecord`; default the synthetic batch, ``--steps`` steps per
+     epoch), ``--epochs``, ``--checkpoint_dir``, ``--checkpoint_every``, ``--resume``,
+     ``--tensorboard``.
 Out: a report dict (printed as it goes): the strategy table, the loss of every step, step
      time and throughput, the first-step trace time, the collective audit against the
      strategy's prediction, and with ``verify`` the largest differences of outputs,
@@ -26,7 +28,7 @@ import os
 import time
 from typing import Any
 
-from tapas.execution.api import train_calibration
+from tapas.execution.api import train_calibration, train_model
 from tapas.execution.api.train_launch import write_json
 from tapas.sharding.patterns.pattern import REPLICATE
 from tapas.execution.api.train_data import (TrainError, load_npz, load_tfrecord,  # noqa: F401
@@ -94,14 +96,19 @@ class TrainOptions:
                     or self.resume or self.tensorboard)
 
 
-def train(opts: TrainOptions) -> dict[str, Any]:
-    """Run ``tapas train`` (see the module docstring); returns the report."""
+def train(opts: TrainOptions, source: Any = None) -> dict[str, Any]:
+    """Run ``tapas train`` (see the module docstring) on the model of ``source`` (a
+    ``train_model.ModelSource``: the command line's ``tapas.cli.train_models.model_source``
+    resolves zoo names; default ``opts.model`` as a saved model's path); returns the
+    report."""
     from tapas.execution.api import preflight
     try:   # counts, the strategy file, the checkpoint directory: before anything is built
         preflight.check_options(opts)
     except preflight.PreflightError as e:
         raise TrainError(str(e)) from None
-    _check_model_name(opts.model)
+    if source is None:
+        source = train_model.saved_model_source(opts.model)
+    source.check()
     train_calibration.check_calibrations(opts)   # before workers start or a model is built
     if opts.workers and not os.environ.get("TF_CONFIG"):
         from tapas.execution.api.train_launch import launch_workers
@@ -115,7 +122,8 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     timings["devices"] = time.perf_counter() - start
     chief = train_calibration.is_chief(distribute)
     say = print if chief else (lambda *a, **k: None)
-    pm, name, xs, y, calibration, kernels, comm = _parallelize(opts, distribute, timings, say)
+    pm, name, xs, y, calibration, kernels, comm = _parallelize(opts, source, distribute,
+                                                                   timings, say)
     n = distribute.num_replicas_in_sync
     workers = n // len(distribute.extended.worker_devices)
     report: dict[str, Any] = {"model": name, "devices": n, "workers": workers,
@@ -168,54 +176,12 @@ def train(opts: TrainOptions) -> dict[str, Any]:
     return report
 
 
-def _is_path(name: str) -> bool:
-    return name.endswith(".keras") or os.path.sep in name
-
-
-def _check_model_name(name: str | None) -> None:
-    """TrainError naming the choices when ``name`` is neither a zoo model nor a saved
-    model's path that exists."""
-    from tapas import models
-    name = name or models.DEFAULT_MODEL
-    if _is_path(name):
-        if not os.path.exists(name):
-            raise TrainError(f"--model={name}: no such file; give a zoo name (tapas models) "
-                             "or the path of a model saved with model.save('name.keras')")
-        from tapas.execution.api import preflight
-        try:
-            preflight.check_model_file(name)
-        except preflight.PreflightError as e:
-            raise TrainError(str(e)) from None
-        return
-    try:
-        models.get(name)
-    except ValueError as e:
-        raise TrainError(f"--model={name}: {e} (give a zoo name, which trains on the "
-                         "model's synthetic data, or the path of a saved .keras "
-                         "model)") from None
-
-
 def _say_setup(pm: Any, opts: TrainOptions, say: Any) -> None:
     """The optimizer and the graph's mode the run trains with."""
     say(f"optimizer: {pm.runtime.optimizer.summary()}"
         + (" (the model's compiled optimizer)" if opts.optimizer is None else ""))
     say("mode: " + ("training (dropout on, batch-norm moving statistics updated)" if pm.training
                     else "inference (dropout off, moving statistics fixed)"))
-
-
-def _build_zoo(entry: Any, opts: TrainOptions) -> Any:
-    """The zoo model compiled with its optimizer and loss (seed 0). Its weights are left
-    unallocated (``tapas.execution.runtime.materialize.build_lazily``: each worker then creates
-    only its shards) unless something runs the Keras model itself: ``--verify`` and the
-    ``measure`` calibrations."""
-    from tapas.execution.runtime import materialize
-    eager = opts.verify or any(v is not None for v in (opts.compute_scale, opts.kernel_times,
-                                                         opts.communication_scale))
-    if eager:
-        return entry.build_compiled(seed=0)
-    model = materialize.build_lazily(lambda: entry.build(seed=0))
-    model.compile(optimizer=entry.keras_optimizer(), loss=entry.keras_loss())
-    return model
 
 
 def _check_npz(opts: TrainOptions, model: Any, specs: Any, loss: Any) -> None:
@@ -242,10 +208,10 @@ def _mesh(opts: TrainOptions, n: int) -> Any:
     return mesh
 
 
-def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
+def _parallelize(opts: TrainOptions, source: Any, distribute: Any, timings: dict[str, float],
                  say: Any) -> tuple[Any, str, Any, Any, Any, Any, Any]:
-    """The zoo model built and parallelized under ``distribute`` with the strategy of
-    ``opts``; returns the ParallelModel, the model name, its synthetic batch (xs, y), the
+    """The model of ``source`` built and parallelized under ``distribute`` with the strategy
+    of ``opts``; returns the ParallelModel, the model name, its synthetic batch (xs, y), the
     ``--compute_scale=measure`` calibration, the ``--kernel_times`` and the
     ``--communication_scale=measure`` calibration (None without them)."""
     import tapas.execution.api.parallel as parallel, tapas.execution.program.reconstruct as reconstruct
@@ -253,7 +219,9 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
     n = distribute.num_replicas_in_sync
     mesh = _mesh(opts, n)
     rows = mesh.rows
-    model, name, specs, xs, y, loss = _build_model(opts, timings)
+    built = _build_model(source, opts, timings)
+    model, name, specs, xs, y, loss = (built.model, built.name, built.specs, built.xs,
+                                       built.y, built.loss)
     _check_npz(opts, model, specs, loss)   # before the capture and the search
 
     try:   # a preset name or a cluster file; one mesh row's devices
@@ -284,9 +252,9 @@ def _parallelize(opts: TrainOptions, distribute: Any, timings: dict[str, float],
         raise TrainError(str(e)) from None
     timings.update(pm.timings)
     _say_setup(pm, opts, say)
-    if not isinstance(pm.strategy, reconstruct.Plan):
+    if pm.strategy is not None:   # searched or given: the search's report
         say(pm.strategy.summary(pm.graph))
-    sharded = {node.id: pm.program.plan.pattern(node).name for node in pm.graph.nodes}
+    sharded = {node.id: pm.plan.pattern(node).name for node in pm.graph.nodes}
     say(f"\nreconstructed: {sum(1 for v in sharded.values() if v != REPLICATE)} of "
         f"{len(sharded)} GraphNodes sharded; {len(pm.runtime.paths)} weights")
     return pm, name, xs, y, calibration, changes.get("kernel_times"), comm
@@ -301,24 +269,12 @@ def _resumed(opts: TrainOptions) -> str | None:
     return fit_checkpoints.usable_checkpoint(opts.checkpoint_dir)[0]
 
 
-def _build_model(opts: TrainOptions, timings: dict[str, float]
-                 ) -> tuple[Any, str, Any, Any, Any, Any]:
-    """(model, name, input specs, synthetic xs, y, Keras loss) of ``--model``: a zoo preset
-    (compiled as a user would) or a saved model's path; timed as "build"."""
-    from tapas import models
-    name = opts.model or models.DEFAULT_MODEL
+def _build_model(source: Any, opts: TrainOptions, timings: dict[str, float]) -> Any:
+    """``source.build(opts)`` (a ``train_model.BuiltModel``), timed as "build"."""
     start = time.perf_counter()
-    _check_model_name(name)
-    if _is_path(name):
-        model, specs, xs, y, loss = _saved_model(name, opts.batch_size)
-        name = os.path.basename(name)
-    else:
-        entry = models.get(name)
-        model = _build_zoo(entry, opts)   # compiled as a user would; lazily if it can be
-        xs, y = entry.synthetic_batch(opts.batch_size)
-        xs, specs, loss = list(xs), list(entry.input_spec(opts.batch_size)), entry.keras_loss()
+    built = source.build(opts)
     timings["build"] = time.perf_counter() - start
-    return model, name, specs, xs, y, loss
+    return built
 
 
 def _random_plan(opts: TrainOptions, model: Any, specs: Any, mesh: Any, n: int) -> Any:
@@ -354,49 +310,6 @@ def column_audit(pm: Any, mesh: Any, sparse: bool = False) -> tuple[dict, dict]:
     """``tapas.execution.checking.audit.column_audit`` (the mesh columns' collectives, ran and priced)."""
     from tapas.execution.checking import audit
     return audit.column_audit(pm, mesh, sparse)
-
-
-def _saved_model(path: str, batch_size: int | None) -> tuple[Any, Any, Any, Any, Any]:
-    """A saved ``.keras`` model: (model, input specs in its structure with batch
-    ``batch_size`` (default 8), a synthetic batch in that structure, targets, loss). The
-    loss is the one the model was compiled with, mean squared error when it was saved
-    uncompiled (``tapas.execution.runtime.inputs.synthetic_batch`` says what the data are)."""
-    import keras
-    import tensorflow as tf
-
-    from tapas.execution.runtime import inputs
-
-    from tapas.execution.api import parallel
-    try:
-        import keras_hub  # noqa: F401  (registers its layers, which saved models name)
-    except ImportError:
-        pass
-    try:
-        model = keras.saving.load_model(path)
-    except Exception as e:  # Keras raises many types for a file it cannot read
-        raise TrainError(f"--model={path}: Keras cannot load it ({type(e).__name__}: "
-                         f"{str(e)[:300]}); save it with model.save('name.keras') and import "
-                         "the library that defines its custom layers") from None
-    batch = batch_size or 8
-    structure = inputs.keras_structure(model)
-    if structure is None:
-        raise TrainError(f"--model={path}: the model has no symbolic inputs (a subclassed "
-                         "model); save a functional or Sequential model built on keras.Input")
-    leaves = keras.tree.flatten(structure)
-    unknown = [(t.name, list(t.shape)) for t in leaves if None in tuple(t.shape)[1:]]
-    if unknown:
-        raise TrainError(f"--model={path}: input '{unknown[0][0]}' has shape {unknown[0][1]}; "
-                         "tapas train needs every dimension but the batch fixed: build the "
-                         "model with keras.Input(shape=(...)) of static size and save it again")
-    specs = keras.tree.pack_sequence_as(structure, [
-        tf.TensorSpec((batch,) + tuple(t.shape)[1:], t.dtype) for t in leaves])
-    try:
-        loss = parallel.training_loss(model)
-        signature = inputs.InputSignature.of(model, specs)
-        xs, y = inputs.synthetic_batch(model, signature, loss)
-    except ValueError as e:
-        raise TrainError(f"--model={path}: {e}") from None
-    return model, specs, xs, y, loss
 
 
 def _say_verify(check: dict[str, Any], say: Any) -> None:

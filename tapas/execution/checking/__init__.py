@@ -1,6 +1,6 @@
 """Checking a sharded program against what Keras/TF compute on one device.
 
-In:  a :class:`tapas.execution.program.plan.Plan` (or a Strategy), its per-replica program and the
+In:  a :class:`tapas.execution.program.plan.Plan`, its per-replica program and the
      single-device Keras model.
 Out: comparison reports and errors naming the first tensor that differs.
 

@@ -1,7 +1,8 @@
 """The collective audit: what a plan predicts a training step runs, against what it ran.
 
-In:  a plan (a ``tapas.execution.program.plan.Plan``, or a ``tapas.planning.search.Strategy``
-     with its resharding edges) and its :class:`tapas.ir.Graph`; the
+In:  a ``tapas.execution.program.plan.Plan`` (with the resharding edges of the
+     ``tapas.planning.search.Strategy`` it came from, if any; a Strategy is taken as its
+     ``Plan.from_strategy``) and its :class:`tapas.ir.Graph`; the
      :class:`tapas.execution.program.collectives.CommRecord` s an ``Audit`` recorded.
 Out: the predicted ``tapas.sharding.placements.Comm`` s (:func:`predicted_comm_list`), the
      same as ``CommRecord`` s for a ``Program`` (:func:`program_comms`), the differences as
@@ -11,7 +12,7 @@ Out: the predicted ``tapas.sharding.placements.Comm`` s (:func:`predicted_comm_l
      :func:`say_mesh_audit`).
 
 The prediction is every GraphNode pattern's ``comms``, plus the resharding between
-GraphNodes (a Strategy's ``edge_comms``, else where a consumer expects another placement
+GraphNodes (the plan's Strategy's ``edge_comms``, else where a consumer expects another placement
 than its producer gives), once per (tensor, wanted placement), plus the resharding of a
 weight read in another placement than it is stored (a tied embedding and LM head).
 TensorFlow never runs the backward of a value whose gradient nothing needs, and neither
@@ -124,20 +125,17 @@ class AuditReport:
 
 def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
                         input_gradients: bool | Collection[str] = False) -> list:
-    """The ``tapas.sharding.placements.Comm`` s a training step of ``strategy`` (a Strategy
-    or a Plan) runs on ``graph`` (see the module docstring); with ``input_gradients``, the
-    gradients with respect to the float graph inputs are computed too (or to the inputs
-    it names: ``tapas.sharding.gradients.gradient_flow``)."""
-    plan = strategy if isinstance(strategy, Plan) else None
-    if plan is None:
-        plan = Plan(strategy.num_devices,
-                                {node.id: strategy.pattern(node.id) for node in graph.nodes})
+    """The ``tapas.sharding.placements.Comm`` s a training step of ``strategy`` (a Plan, or
+    a Strategy: its ``Plan.from_strategy``) runs on ``graph`` (see the module docstring);
+    with ``input_gradients``, the gradients with respect to the float graph inputs are
+    computed too (or to the inputs it names: ``tapas.sharding.gradients.gradient_flow``)."""
+    plan = Plan.of(strategy, graph)
     flow = gradient_flow(graph, input_gradients=input_gradients)
     runs = [c for node in graph.nodes for c in plan.pattern(node).comms
             if _pattern_comm_runs(c, node, flow)]
     tagged: list[_Tagged] = []
-    if hasattr(strategy, "edge_comms"):
-        for e in strategy.edge_comms:
+    if plan.strategy is not None:   # the search's resharded edges
+        for e in plan.strategy.edge_comms:
             tensor = graph.nodes[e.dst].inputs[e.input_index].name
             tagged += [(c, (tensor, e.dst_placement)) for c in e.comms]
         # a weight read in two placements is stored as its first reader wants it and
@@ -150,14 +148,12 @@ def predicted_comm_list(strategy: Any, graph: ir.Graph, *,
     return runs + [c for c, key in tagged if _runs(c, key, flow, readers, graph)]
 
 
-def program_comms(prog: Any, strategy: Any = None, *,
+def program_comms(prog: Any, *,
                   input_gradients: bool | Collection[str] = False) -> list[CommRecord]:
-    """:func:`predicted_comm_list` of a ``tapas.execution.program.reconstruct.Program``
-    (its plan, or
-    the Strategy it was built from, with the Strategy's resharding edges), as the
+    """:func:`predicted_comm_list` of a ``tapas.execution.program.reconstruct.Program``'s
+    plan (with the resharding edges of the Strategy it came from, if any), as the
     ``CommRecord`` s its ``Audit`` records (compare them with :func:`compare_audit`)."""
-    comms = predicted_comm_list(prog.plan if strategy is None else strategy, prog.graph,
-                                input_gradients=input_gradients)
+    comms = predicted_comm_list(prog.plan, prog.graph, input_gradients=input_gradients)
     return [CommRecord(Collective.parse(c.kind), c.tensor, tuple(c.shape), c.dtype, c.phase,
                        c.axis) for c in comms]
 

@@ -1,8 +1,12 @@
 """The sharding plan a program is rebuilt from, and how its weights are stored.
 
-In:  the ShardingPattern of each GraphNode on N devices (from a ``tapas.planning.search``
-     Strategy, :meth:`Plan.from_strategy`, or hand-written as :class:`NodeSharding`).
-Out: :class:`Plan` (a pattern per GraphNode; nodes left out are replicated),
+In:  the ShardingPattern of each GraphNode on N devices: from a ``tapas.planning.search``
+     Strategy (:meth:`Plan.from_strategy`, the one place a Strategy becomes a Plan), chosen
+     by a generator (``tapas.execution.api.parallel.random_plan``, ...), or hand-written
+     as :class:`NodeSharding`.
+Out: :class:`Plan`, the one plan type the program, the runtime and the checks consume (a
+     pattern per GraphNode, nodes left out replicated; the Strategy it came from, if any,
+     for what only a search knows: cost, memory estimate, resharded edges, summary),
      :class:`WeightLayout` (one weight's global shape, placement and local shape) and
      :class:`ReconstructError`, raised when a plan cannot be rebuilt as a program.
 """
@@ -66,12 +70,15 @@ class Plan:
     ``patterns`` maps a GraphNode id to its ShardingPattern (or :class:`NodeSharding`);
     nodes left out are replicated. ``graph_digest`` (``tapas.planning.strategy.graph_digest``
     of the graph the patterns were chosen on, when known) lets :meth:`check_graph` say
-    plainly that a plan is applied to another graph.
+    plainly that a plan is applied to another graph. ``strategy`` is the
+    ``tapas.planning.strategy.Strategy`` the plan was made from (:meth:`from_strategy`),
+    bound to the plan's graph, or None for a plan chosen otherwise.
     """
 
     num_devices: int
     patterns: Mapping[int, Any]
     graph_digest: str | None = dataclasses.field(default=None, kw_only=True)
+    strategy: Any = dataclasses.field(default=None, kw_only=True, compare=False, repr=False)
 
     @staticmethod
     def replicated(graph: ir.Graph, num_devices: int = 1) -> Plan:
@@ -79,14 +86,19 @@ class Plan:
 
     @staticmethod
     def from_strategy(strategy: Any, graph: ir.Graph) -> Plan:
-        """The plan of a ``tapas.search`` Strategy: ``strategy.pattern(node_id)`` per node."""
-        if hasattr(strategy, "check"):  # names both graphs when the strategy is for another
-            strategy.check(graph)
-        if getattr(strategy, "_graph", graph) is None and hasattr(strategy, "bind"):
-            strategy = strategy.bind(graph)
-        n = int(getattr(strategy, "num_devices"))
-        return Plan(n, {node.id: strategy.pattern(node.id) for node in graph.nodes},
-                    graph_digest=getattr(strategy, "graph_digest", None))
+        """The plan of a ``tapas.search`` Strategy on ``graph``: ``strategy.pattern(node_id)``
+        per node, the strategy (bound to ``graph``) kept as :attr:`strategy`. ValueError
+        (naming both graphs) when the strategy was searched for another graph."""
+        strategy = strategy.bind(graph)   # checks the digest and the GraphNode count
+        return Plan(int(strategy.num_devices),
+                    {node.id: strategy.pattern(node.id) for node in graph.nodes},
+                    graph_digest=strategy.graph_digest, strategy=strategy)
+
+    @staticmethod
+    def of(plan: Any, graph: ir.Graph) -> Plan:
+        """``plan`` itself when it is a Plan, else the plan of a Strategy on ``graph``
+        (:meth:`from_strategy`): what a function taking either works on."""
+        return plan if isinstance(plan, Plan) else Plan.from_strategy(plan, graph)
 
     def pattern(self, node: ir.GraphNode) -> Any:
         p = self.patterns.get(node.id)
@@ -110,7 +122,8 @@ class Plan:
         chosen = {node.id: pattern_by_name(node, graph, self.num_devices,
                                            self.patterns[node.id].name)
                   for node in graph.nodes if node.id in self.patterns}
-        return Plan(self.num_devices, chosen, graph_digest=self.graph_digest)
+        return Plan(self.num_devices, chosen, graph_digest=self.graph_digest,
+                    strategy=None if self.strategy is None else self.strategy.bind(graph))
 
     def check_graph(self, graph: ir.Graph) -> None:
         """:class:`ReconstructError` when the plan was made for another graph: another

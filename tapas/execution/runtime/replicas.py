@@ -142,7 +142,7 @@ class ReplicaCalls:
         time as a function of (replica id, ordering token, tensors) with
         :class:`KeyedCollectives`, and each replica calls it on its device, so the Python
         replay, its gradients and TensorFlow's bookkeeping of the traced ops are done once,
-        not once per replica (the first step's time, issue 11). The calls are not inlined:
+        not once per replica (docs/internals.md, *Overhead*). The calls are not inlined:
         each device instantiates and optimises its own copy when the step first runs.
         Otherwise (see :meth:`_launchers`) the body is traced in each replica with the
         ``ReplicaContext``'s collectives."""
@@ -191,7 +191,7 @@ class ReplicaCalls:
         # out of line: each replica's call instantiates its own copy of the body on its
         # device, under the runtime's Grappler options (set again below: strategy.run calls
         # the replicas in threads of its own); Grappler then optimises N copies of the body
-        # one at a time instead of one graph holding all N (the first step, issue 11)
+        # one at a time instead of one graph holding all N (docs/internals.md, *Overhead*)
         fn = tf.function(traced, autograph=False,
                          experimental_attributes={"_noinline": True}).get_concrete_function(
             tf.TensorSpec([4], tf.int32), tf.TensorSpec([], tf.resource) if use_token else None,
