@@ -370,7 +370,7 @@ class ShardedOptimizer:
             return self._apply_scaled(values, grads, slots, state, iterations,
                                       learning_rate, sum_squares, all_finite)
         opt = self.opt
-        paths = list(self.templates)
+        paths = [p for p in self.templates if p in values]   # all, or one (apply_one)
         mapping = [(self.templates[p], values[p]) for p in paths]
         mapping += [(self.slots[p][k], slots[p][k]) for p in paths for k in self.slot_names]
         mapping += [(v, state[k]) for k, v in self.state.items()]
@@ -398,6 +398,48 @@ class ShardedOptimizer:
         new_state = {k: scope.get_current_value(v) for k, v in self.state.items()}
         new_state["step_taken"] = tf.constant(1, tf.int64)
         return new_values, new_slots, new_state
+
+    def decisions(self, values: Mapping[str, tf.Tensor], grads: Mapping[str, Any],
+                  slots: Mapping[str, Mapping[str, tf.Tensor]], state: Mapping[str, tf.Tensor],
+                  iterations: tf.Tensor, learning_rate: tf.Tensor, sum_squares: Callable,
+                  all_finite: Callable | None = None) -> dict[str, Any]:
+        """What the update decides over every weight at once, before any weight is
+        updated (arguments as :meth:`apply`): ``sums`` (the whole weights' sums of squares
+        of the gradients clipping reads, as ``sum_squares`` returned them) and ``finite``
+        (loss scaling: every replica's gradients finite), each only when the optimizer
+        uses it; empty otherwise. It runs :meth:`apply` and keeps only what its callbacks
+        returned: the new values it computes are not used, and a ``tf.function`` prunes
+        them. With these, :meth:`apply_one` updates one weight at a time."""
+        got: dict[str, Any] = {}
+        if self.loss_scale is None and not (self.opt.clipnorm or self.opt.global_clipnorm):
+            return got
+
+        def sums(local: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            got["sums"] = sum_squares(local)
+            return got["sums"]
+
+        def finite(ok: tf.Tensor) -> tf.Tensor:
+            got["finite"] = all_finite(ok)
+            return got["finite"]
+        self.apply(values, grads, slots, state, iterations, learning_rate, sums, finite)
+        return got
+
+    def apply_one(self, path: str, value: tf.Tensor, grad: Any,
+                  slots: Mapping[str, tf.Tensor], state: Mapping[str, tf.Tensor],
+                  iterations: tf.Tensor, learning_rate: tf.Tensor,
+                  decided: Mapping[str, Any]) -> tuple[tf.Tensor | None,
+                                                       dict[str, tf.Tensor],
+                                                       dict[str, tf.Tensor]]:
+        """:meth:`apply` for the weight ``path`` alone, given the :meth:`decisions` made
+        over every weight: (its new value or None where unchanged, its changed slots, the
+        new state: the same for every weight). Elementwise, as every supported update is,
+        so the weights one at a time equal the whole step."""
+        def sums(local: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            return decided["sums"]
+        new_values, new_slots, new_state = self.apply(
+            {path: value}, {path: grad}, {path: slots}, state, iterations, learning_rate,
+            sums, lambda ok: decided["finite"])
+        return new_values.get(path), new_slots.get(path, {}), new_state
 
     def _apply_scaled(self, values: Mapping[str, tf.Tensor], grads: Mapping[str, Any],
                       slots: Mapping[str, Mapping[str, tf.Tensor]],
@@ -470,9 +512,17 @@ class ShardedOptimizer:
             scope.add_update((accs[p], tf.where(is_update, tf.zeros_like(s), s)))
 
     def _ema(self, scope: Any, paths: list[str]) -> None:
-        """Keras's moving average of the weights, and its periodic overwrite."""
+        """Keras's moving average of the weights (of ``paths``), and its periodic
+        overwrite."""
         opt = self.opt
-        opt._update_model_variables_moving_average(opt._trainable_variables)
+        averages = opt._model_variables_moving_average
+        index = {id(t): i for i, t in enumerate(opt._trainable_variables)}
+        ts = [self.templates[p] for p in paths]
+        opt.__dict__["_model_variables_moving_average"] = [averages[index[id(t)]] for t in ts]
+        try:   # Keras pairs the variables it is given with its list of averages
+            opt._update_model_variables_moving_average(ts)
+        finally:
+            opt.__dict__["_model_variables_moving_average"] = averages
         if opt.ema_overwrite_frequency:
             now = tf.equal((opt.iterations + 1) % opt.ema_overwrite_frequency, 0)
             for p in paths:
@@ -530,7 +580,7 @@ def _clip(opt: Any, live: list[str], g: list[Any], sum_squares: Callable) -> lis
         return [_clip_by_norm(x, sq[p], opt.clipnorm) for p, x in zip(live, g)]
     if opt.global_clipnorm and opt.global_clipnorm > 0:
         sq = sum_squares({p: tf.reduce_sum(tf.square(_values(x))) for p, x in zip(live, g)})
-        norm = tf.sqrt(tf.add_n([sq[p] for p in live]))
+        norm = tf.sqrt(tf.add_n(list(sq.values())))   # every weight's (apply_one too)
         clip = tf.cast(opt.global_clipnorm, norm.dtype)
         scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
         scale = scale + (norm - norm)   # NaN for a non-finite norm, as Keras
