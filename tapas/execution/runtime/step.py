@@ -4,10 +4,10 @@ In:  a prepared batch (``loss.LossPlanning._prepare``) and the runtime's shards,
      seed states.
 Out: ``TrainingStep``, mixed into :class:`tapas.execution.runtime.Runtime`: the program's
      forward pass in a replica, the gradients of the global loss and what the Keras
-     optimizer's update decides over every weight (clipping's norms, loss scaling's finite
-     flag); once every replica's results exist and the loss is finite, the update of each
-     weight computed and assigned one weight at a time; ``train_step`` returns the global
-     loss.
+     optimizer's update decides over every weight (clipping's norms, loss scaling's
+     finite flag: ``weight_updates.decisions``); once every replica's results exist and
+     the loss is finite, the update of each weight computed and assigned one weight at a
+     time; ``train_step`` returns the global loss.
 Raises :class:`~tapas.execution.runtime.StepError` when a step fails (nothing changed).
 """
 
@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tapas.execution.runtime.base import _Replica
 from tapas.execution.training import (compiled_loss, regularizers, step_outputs,
-                                      step_reductions as reductions)
+                                      step_reductions as reductions, weight_updates)
 
 __all__ = ["TrainingStep"]
 
@@ -94,8 +94,9 @@ class TrainingStep:
         the sparse ones, writes, the optimizer's decisions over every weight)."""
         share, partial, grads, writes, outs = self._grads(r, xs, y, weights, states)
         grads = {p: g for p, g in zip(self.trainable_paths, grads) if g is not None}
-        decided = self.optimizer.decisions(
-            {p: weights[p] for p in self.trainable_paths}, grads, slots, *self._opt_inputs(),
+        decided = weight_updates.decisions(
+            self.optimizer, {p: weights[p] for p in self.trainable_paths}, grads, slots,
+            *self._opt_inputs(),
             lambda sums: reductions.sum_squares(self, r, sums),
             lambda ok: reductions.all_finite(self, r, ok))
         dense = {p: g for p, g in grads.items() if not isinstance(g, tf.IndexedSlices)}
@@ -126,8 +127,8 @@ class TrainingStep:
             with tf.control_dependencies(after):
                 old = {k: _read_like(slots[p][k], v) for k, v in self._slots[first][p].items()}
                 value = _read_like(weights[p], self._vars[first][p])
-                new, new_slots, new_state = self.optimizer.apply_one(
-                    p, value, g, old, state, iterations, lr, decided)
+                new, new_slots, new_state = weight_updates.apply_one(
+                    self.optimizer, p, value, g, old, state, iterations, lr, decided)
                 ops = [tf.raw_ops.AssignVariableOp(resource=slots[p][k], value=v)
                        for k, v in new_slots.items()]
                 if new is not None:

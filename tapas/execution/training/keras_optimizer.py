@@ -399,48 +399,6 @@ class ShardedOptimizer:
         new_state["step_taken"] = tf.constant(1, tf.int64)
         return new_values, new_slots, new_state
 
-    def decisions(self, values: Mapping[str, tf.Tensor], grads: Mapping[str, Any],
-                  slots: Mapping[str, Mapping[str, tf.Tensor]], state: Mapping[str, tf.Tensor],
-                  iterations: tf.Tensor, learning_rate: tf.Tensor, sum_squares: Callable,
-                  all_finite: Callable | None = None) -> dict[str, Any]:
-        """What the update decides over every weight at once, before any weight is
-        updated (arguments as :meth:`apply`): ``sums`` (the whole weights' sums of squares
-        of the gradients clipping reads, as ``sum_squares`` returned them) and ``finite``
-        (loss scaling: every replica's gradients finite), each only when the optimizer
-        uses it; empty otherwise. It runs :meth:`apply` and keeps only what its callbacks
-        returned: the new values it computes are not used, and a ``tf.function`` prunes
-        them. With these, :meth:`apply_one` updates one weight at a time."""
-        got: dict[str, Any] = {}
-        if self.loss_scale is None and not (self.opt.clipnorm or self.opt.global_clipnorm):
-            return got
-
-        def sums(local: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            got["sums"] = sum_squares(local)
-            return got["sums"]
-
-        def finite(ok: tf.Tensor) -> tf.Tensor:
-            got["finite"] = all_finite(ok)
-            return got["finite"]
-        self.apply(values, grads, slots, state, iterations, learning_rate, sums, finite)
-        return got
-
-    def apply_one(self, path: str, value: tf.Tensor, grad: Any,
-                  slots: Mapping[str, tf.Tensor], state: Mapping[str, tf.Tensor],
-                  iterations: tf.Tensor, learning_rate: tf.Tensor,
-                  decided: Mapping[str, Any]) -> tuple[tf.Tensor | None,
-                                                       dict[str, tf.Tensor],
-                                                       dict[str, tf.Tensor]]:
-        """:meth:`apply` for the weight ``path`` alone, given the :meth:`decisions` made
-        over every weight: (its new value or None where unchanged, its changed slots, the
-        new state: the same for every weight). Elementwise, as every supported update is,
-        so the weights one at a time equal the whole step."""
-        def sums(local: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            return decided["sums"]
-        new_values, new_slots, new_state = self.apply(
-            {path: value}, {path: grad}, {path: slots}, state, iterations, learning_rate,
-            sums, lambda ok: decided["finite"])
-        return new_values.get(path), new_slots.get(path, {}), new_state
-
     def _apply_scaled(self, values: Mapping[str, tf.Tensor], grads: Mapping[str, Any],
                       slots: Mapping[str, Mapping[str, tf.Tensor]],
                       state: Mapping[str, tf.Tensor], iterations: tf.Tensor,
