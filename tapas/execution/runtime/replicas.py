@@ -135,9 +135,8 @@ class ReplicaCalls:
                   finish: Callable | None = None, handles: bool = False) -> Any:
         """``strategy.run`` of ``body(r, *tensors)`` on every replica, where ``r`` is the
         replica's :class:`_Replica` and the tensors are the replica's local values of
-        ``args`` with every variable read (``handles``: every variable as its resource
-        handle, for a body that reads and assigns them itself); then, in the replica,
-        ``finish(result, *args)`` (with the variables themselves, to assign them) when given.
+        ``args`` with every variable read (``handles``: as its resource handle, for a body
+        that reads and assigns it); then, in the replica, ``finish(result, *args)``.
 
         Traced *once*: with the strategy's collective launchers the body is traced a single
         time as a function of (replica id, ordering token, tensors) with
