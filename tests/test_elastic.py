@@ -106,3 +106,72 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
     again = _reassembled(at / os.path.basename(fit.latest_checkpoint(str(at))))
     for k in ours:
         np.testing.assert_allclose(ours[k], again[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+def _kill_after_checkpoint_past(proc, ck, step: int, wait_s: float) -> None:
+    """SIGKILL worker 1 of the launcher ``proc`` once ``ck`` holds a checkpoint after
+    ``step`` (the restarted job's own)."""
+    import signal
+    import time
+
+    from tapas.execution.api import fit
+    deadline = time.monotonic() + wait_s
+    while proc.poll() is None and time.monotonic() < deadline and not any(
+            int(os.path.basename(c).split("-")[1]) > step
+            for c in fit.list_checkpoints(str(ck))):
+        time.sleep(0.02)
+    victim = command.worker_pid(proc.pid, 1)
+    assert victim is not None and proc.poll() is None, "the job ended before the kill"
+    os.kill(victim, signal.SIGKILL)
+
+
+def _read_until(proc, words: str, head: str) -> str:
+    while words not in head and (line := proc.stdout.readline()):
+        head += line
+    assert words in head, head[-3000:]
+    return head
+
+
+def test_elastic_waits_for_a_replacement_worker(tmp_path) -> None:
+    """``--elastic_wait_s``: after the first loss a replacement joins (a file in
+    CHECKPOINT_DIR/replacements) and the job goes on with 3 workers; after the second none
+    does within the wait, and it finishes on 2."""
+    from tapas.execution.api.train_launch import replacement_dir
+    model = _two_input_model()
+    model.compile("sgd", "mse")
+    model.save(tmp_path / "m.keras")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", a=rng.standard_normal((42, 6)).astype("float32"),
+             b=rng.standard_normal((42, 4)).astype("float32"),
+             y=rng.standard_normal((42, 3)).astype("float32"))
+    ck, out_json = tmp_path / "ck", tmp_path / "elastic.json"
+    argv = [sys.executable, "-m", "tapas.cli", "train", f"--model={tmp_path / 'm.keras'}",
+            f"--data={tmp_path / 'd.npz'}", "--strategy=random:0", f"--epochs={EPOCHS}",
+            "--workers=3", "--elastic", "--elastic_wait_s=8", f"--checkpoint_dir={ck}",
+            "--checkpoint_every=3", f"--json_out={out_json}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=command.ROOT)
+    try:
+        command.kill_worker_after_first_checkpoint(proc, ck, 150)
+        head = _read_until(proc, "elastic: waiting up to 8 s for a replacement", "")
+        (tmp_path / "standby").write_text("")
+        os.replace(tmp_path / "standby", os.path.join(replacement_dir(str(ck)), "standby"))
+        head = _read_until(proc, "launching 3 workers", head.split("elastic: waiting")[1])
+        first = int(re.search(r"restarting on 3 workers from \S+ \(step (\d+)", head).group(1))
+        _kill_after_checkpoint_past(proc, ck, first, 150)
+        out, _ = proc.communicate(timeout=240)
+        out = head + out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+    assert "elastic: a replacement joined after" in out, out[-4000:]
+    assert "elastic: no replacement within 8 s" in out, out[-4000:]
+    report = json.loads(out_json.read_text())
+    joined, alone = report["elastic"]
+    assert joined["workers"] == 3 and joined["replacement_after_s"] is not None
+    assert alone["workers"] == 2 and alone["replacement_after_s"] is None
+    assert alone["resumed_step"] > first
+    assert report["workers"] == 2 and report["step"] == EPOCHS * BATCHES
+    assert not os.listdir(replacement_dir(str(ck)))   # the replacement was taken

@@ -12,7 +12,7 @@ flags (``tapas.cli.common`` those several commands read).
                   [--meshes | --mesh=ROWSxCOLS]
                   [--draw=strategy.png]
     tapas train   --model=NAME --devices=N --steps=K [--strategy=s.json|random:SEED] [--verify]
-                  [--workers=K [--devices_per_worker=D] [--elastic]] [--optimizer=NAME|config.json]
+                  [--workers=K [--devices_per_worker=D] [--elastic [--elastic_wait_s=S]]] [--optimizer=NAME|config.json]
                   [--learning_rate=LR]
                   [--data=file.npz|file.tfrecord] [--epochs=E] [--checkpoint_dir=DIR]
                   [--checkpoint_every=K] [--resume] [--tensorboard=LOGDIR] [--mesh=ROWSxCOLS]

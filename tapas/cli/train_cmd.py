@@ -59,6 +59,10 @@ flags.DEFINE_boolean("elastic", False, "train: with --workers=K and --checkpoint
                      "that remain, from the newest checkpoint resharded for them, with a plan "
                      "searched again (--strategy=random:S: drawn again), until it reaches "
                      "its step count or one worker is left.")
+flags.DEFINE_float("elastic_wait_s", None, "train: with --elastic, after a worker is lost "
+                   "first wait up to this many seconds for a replacement worker (announced "
+                   "by creating a file in CHECKPOINT_DIR/replacements); one that joins "
+                   "keeps the worker count, else the job goes on with the others.")
 flags.DEFINE_string("tensorboard", None, "train: write TensorBoard scalars (loss, step time, "
                     "examples/s, learning rate) to this log directory.")
 
@@ -69,7 +73,8 @@ USAGE = ('tapas train --model=NAME --devices=N --steps=K [--strategy=s.json|rand
 #: the flags this command reads, in the order its help lists them
 FLAG_NAMES = ('model', 'devices', 'steps', 'strategy', 'verify', 'batch_size', 'training',
               'optimizer', 'learning_rate', 'data', 'epochs', 'checkpoint_dir',
-              'checkpoint_every', 'resume', 'elastic', 'tensorboard', 'workers', 'devices_per_worker',
+              'checkpoint_every', 'resume', 'elastic', 'elastic_wait_s', 'tensorboard',
+              'workers', 'devices_per_worker',
               'mesh', 'cluster', 'memory_budget_gib', 'compute_scale', 'kernel_times',
               'communication_scale', 'graph_optimization', 'json_out')
 
@@ -91,7 +96,7 @@ def cmd_train() -> dict[str, Any]:
                               training=FLAGS.training, data=FLAGS.data,
                               epochs=FLAGS.epochs, checkpoint_dir=FLAGS.checkpoint_dir,
                               checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume,
-                              elastic=FLAGS.elastic,
+                              elastic=FLAGS.elastic, elastic_wait_s=FLAGS.elastic_wait_s,
                               tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh,
                               graph_optimization=FLAGS.graph_optimization,
                               compute_scale=FLAGS.compute_scale,

@@ -57,6 +57,11 @@ def check_options(opts: Any) -> None:
         raise PreflightError("--elastic restarts a --workers=K job (K >= 2) on the workers "
                              "that remain from its newest checkpoint: give --workers=K and "
                              "--checkpoint_dir=DIR (and no --mesh, whose shape is fixed)")
+    wait = getattr(opts, "elastic_wait_s", None)
+    if wait is not None and (wait <= 0 or not getattr(opts, "elastic", False)):
+        raise PreflightError(f"--elastic_wait_s={wait:g}: it is how long an --elastic job "
+                             "waits for a replacement worker after a loss; give a positive "
+                             "number of seconds with --elastic, or leave it out")
     if opts.devices_per_worker < 1 or (opts.devices_per_worker > 1 and not opts.workers
                                        and not os.environ.get("TF_CONFIG")):
         raise PreflightError(f"--devices_per_worker={opts.devices_per_worker}: it sets the "

@@ -65,6 +65,7 @@ class TrainOptions:
     resume: bool = False              # continue from checkpoint_dir's newest checkpoint
     # workers: a worker lost restarts the job on the others from the newest checkpoint
     elastic: bool = False
+    elastic_wait_s: float | None = None   # elastic: first wait this long for a replacement
     tensorboard: str | None = None    # log directory for the scalars
     # a 2-D mesh "ROWSxCOLS" (tapas.planning.mesh): data parallel over the rows, the strategy
     # (made for COLS devices on one row's graph) inside each row; "ROWSxCOLS:experts" also

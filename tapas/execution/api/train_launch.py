@@ -15,11 +15,15 @@ import os
 import re
 import sys
 import tempfile
+import time
 from typing import Any
 
 from tapas.execution.api.train_data import TrainError
 
-__all__ = ["launch_workers", "write_json"]
+__all__ = ["launch_workers", "replacement_dir", "write_json"]
+
+#: under --checkpoint_dir: one file per replacement worker announced to --elastic_wait_s
+REPLACEMENTS = "replacements"
 
 
 def write_json(path: str, report: dict[str, Any]) -> None:
@@ -98,6 +102,32 @@ def _redone(e: Any, newest: str | None) -> tuple[str, int, int | None]:
             "redone)", done, last)
 
 
+def replacement_dir(checkpoint_dir: str) -> str:
+    """The directory where a replacement worker is announced: a file created in it (any
+    name) is one worker that joins an ``--elastic_wait_s`` job after a loss."""
+    return os.path.join(checkpoint_dir, REPLACEMENTS)
+
+
+def _await_replacement(opts: Any) -> float | None:
+    """Wait up to ``opts.elastic_wait_s`` for a replacement worker (a file in
+    :func:`replacement_dir`, taken by removing it); the seconds waited, or None."""
+    where = replacement_dir(opts.checkpoint_dir)
+    os.makedirs(where, exist_ok=True)
+    print(f"\nelastic: waiting up to {opts.elastic_wait_s:g} s for a replacement worker "
+          f"(one joins by creating a file in {where})", flush=True)
+    start = time.monotonic()
+    while True:
+        for name in sorted(os.listdir(where)):
+            try:
+                os.unlink(os.path.join(where, name))
+            except FileNotFoundError:   # taken meanwhile
+                continue
+            return time.monotonic() - start
+        if time.monotonic() - start >= opts.elastic_wait_s:
+            return None
+        time.sleep(0.2)
+
+
 def _restart(opts: Any, e: Any, workers: int, strategy: str | None
              ) -> tuple[str | None, dict[str, Any]]:
     """Say what ``--elastic`` does after ``e`` lost a worker: the job again on one worker
@@ -125,7 +155,8 @@ def launch_workers(opts: Any) -> dict[str, Any]:
     the workers that remain, with ``--resume`` from the newest checkpoint (resharded for
     the new device count, the plan searched again; ``--strategy=random:S`` draws one for
     it), until it finishes or one worker is left; ``report["elastic"]`` lists the
-    restarts."""
+    restarts. With ``opts.elastic_wait_s`` it first waits that long for a replacement
+    worker (:func:`replacement_dir`): one that joins keeps the worker count."""
     from tapas.execution.runtime import launch
     fd, report_path = tempfile.mkstemp(suffix=".json", prefix="tapas-train-")
     os.close(fd)
@@ -146,8 +177,17 @@ def launch_workers(opts: Any) -> dict[str, Any]:
             except launch.LaunchError as e:
                 if not (getattr(opts, "elastic", False) and _lost(e) and workers > 1):
                     raise
-                workers, resume = workers - 1, True
+                wait = getattr(opts, "elastic_wait_s", None)
+                waited = _await_replacement(opts) if wait else None
+                if wait:
+                    print("elastic: " + (f"a replacement joined after {waited:.1f} s"
+                                         if waited is not None else
+                                         f"no replacement within {wait:g} s"), flush=True)
+                workers, resume = workers - (waited is None), True
                 strategy, record = _restart(opts, e, workers, strategy)
+                if wait:
+                    record["replacement_after_s"] = (None if waited is None
+                                                     else round(waited, 1))
                 restarts.append(record)
         print(results[0].output, end="")
         with open(report_path) as f:

@@ -132,11 +132,11 @@ class ReplicaCalls:
                           next_key)
 
     def _replicas(self, body: Callable, args: tuple,
-                  finish: Callable | None = None) -> Any:
+                  finish: Callable | None = None, handles: bool = False) -> Any:
         """``strategy.run`` of ``body(r, *tensors)`` on every replica, where ``r`` is the
         replica's :class:`_Replica` and the tensors are the replica's local values of
-        ``args`` with every variable read; then, in the replica, ``finish(result, *args)``
-        (with the variables themselves, to assign them) when given.
+        ``args`` with every variable read (``handles``: as its resource handle, for a body
+        that reads and assigns it); then, in the replica, ``finish(result, *args)``.
 
         Traced *once*: with the strategy's collective launchers the body is traced a single
         time as a function of (replica id, ordering token, tensors) with
@@ -147,6 +147,7 @@ class ReplicaCalls:
         Otherwise (see :meth:`_launchers`) the body is traced in each replica with the
         ``ReplicaContext``'s collectives."""
         launchers = self._launchers()
+        read, spec = (_handles, _handle_spec) if handles else (_read, _spec)
         if launchers is None:
             def replica(*a: Any) -> Any:
                 coll = self._collectives(self._tracing)
@@ -156,7 +157,7 @@ class ReplicaCalls:
                 static = tf.get_static_value(rid) if isinstance(rid, tf.Tensor) else rid
                 r = _Replica(coll, ReplicaContextCollectives(self.num_devices), rid,
                              static is not None and int(static) == self.local_replicas[0])
-                result = body(r, *_read(a))
+                result = body(r, *read(a))
                 return finish(result, *a) if finish else result
             return self.strategy.run(self._on_device(replica), args=args)
 
@@ -195,7 +196,7 @@ class ReplicaCalls:
         fn = tf.function(traced, autograph=False,
                          experimental_attributes={"_noinline": True}).get_concrete_function(
             tf.TensorSpec([4], tf.int32), tf.TensorSpec([], tf.resource) if use_token else None,
-            *tf.nest.map_structure(_spec, first))
+            *tf.nest.map_structure(spec, first))
 
         def replica(*a: Any) -> Any:
             rid = int(tf.get_static_value(
@@ -207,7 +208,7 @@ class ReplicaCalls:
                 i, j = divmod(rid, self.num_devices)
                 ids = [j, i, mesh["rows"][i], mesh["cols"][j]]
             with replay.graph_optimization(self.graph_optimization, self._accelerators):
-                result = fn(tf.constant(ids, tf.int32), token, *_read(a))
+                result = fn(tf.constant(ids, tf.int32), token, *read(a))
             return finish(result, *a) if finish else result
         return self.strategy.run(self._on_device(replica), args=args)
 
@@ -221,3 +222,14 @@ class ReplicaCalls:
                 return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
             self._barrier_fn = tf.function(lambda: self.strategy.run(fn), autograph=False)
         self._barrier_fn()
+
+
+def _handles(args: Any) -> Any:
+    """``args`` with every variable as its resource handle."""
+    return tf.nest.map_structure(
+        lambda a: a.handle if isinstance(a, tf.Variable) else a, args)
+
+
+def _handle_spec(a: Any) -> Any:
+    """:func:`_spec`, a variable's being its resource handle's."""
+    return tf.TensorSpec([], tf.resource) if isinstance(a, tf.Variable) else _spec(a)

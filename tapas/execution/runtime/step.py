@@ -3,9 +3,11 @@
 In:  a prepared batch (``loss.LossPlanning._prepare``) and the runtime's shards, slots and
      seed states.
 Out: ``TrainingStep``, mixed into :class:`tapas.execution.runtime.Runtime`: the program's
-     forward pass in a replica, the gradients of the global loss, the Keras optimizer's
-     update computed on every replica, then assigned only once every replica's results
-     exist and the loss is finite; ``train_step`` returns the global loss.
+     forward pass in a replica, the gradients of the global loss and what the Keras
+     optimizer's update decides over every weight (clipping's norms, loss scaling's
+     finite flag: ``weight_updates.decisions``); once every replica's results exist and
+     the loss is finite, the update of each weight computed and assigned one weight at a
+     time; ``train_step`` returns the global loss.
 Raises :class:`~tapas.execution.runtime.StepError` when a step fails (nothing changed).
 """
 
@@ -16,10 +18,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tapas.execution.program import stateful
 from tapas.execution.runtime.base import _Replica
 from tapas.execution.training import (compiled_loss, regularizers, step_outputs,
-                                      step_reductions as reductions)
+                                      step_reductions as reductions, weight_updates)
 
 __all__ = ["TrainingStep"]
 
@@ -82,50 +83,77 @@ class TrainingStep:
         """The global output from a row's (concatenated over the rows on axis 0)."""
         return out if r.dp is None else r.dp.gather_value(out, 0)
 
+    def _opt_inputs(self) -> tuple:
+        """The optimizer's replicated state, step counter and learning rate, read."""
+        return ({k: v.read_value() for k, v in self.opt_state.items()},
+                self.iterations.read_value(), self.learning_rate.read_value())
+
     def _replica_compute(self, r: _Replica, xs: tuple, y: Any, weights: dict, slots: dict,
                          states: dict) -> tuple:
+        """(loss, gradients: {path: dense} and {path: (values, indices, dense_shape)} of
+        the sparse ones, writes, the optimizer's decisions over every weight)."""
         share, partial, grads, writes, outs = self._grads(r, xs, y, weights, states)
-        new_values, new_slots, new_state = self.optimizer.apply(
-            {p: weights[p] for p in self.trainable_paths},
-            dict(zip(self.trainable_paths, grads)), slots,
-            {k: v.read_value() for k, v in self.opt_state.items()},
-            self.iterations.read_value(), self.learning_rate.read_value(),
+        grads = {p: g for p, g in zip(self.trainable_paths, grads) if g is not None}
+        decided = weight_updates.decisions(
+            self.optimizer, {p: weights[p] for p in self.trainable_paths}, grads, slots,
+            *self._opt_inputs(),
             lambda sums: reductions.sum_squares(self, r, sums),
             lambda ok: reductions.all_finite(self, r, ok))
-        new: dict[str, dict[str, tf.Tensor]] = {p: {"value": v} for p, v in new_values.items()}
-        for p, upd in new_slots.items():
-            new.setdefault(p, {}).update(upd)
+        dense = {p: g for p, g in grads.items() if not isinstance(g, tf.IndexedSlices)}
+        sparse = {p: (g.values, g.indices, g.dense_shape) for p, g in grads.items()
+                  if isinstance(g, tf.IndexedSlices)}
         loss = self._dp_loss(r, r.values.sum_value(share) if partial else share)
-        return step_outputs.with_step_values(self, r, loss, outs, y), new, writes, new_state
+        return (step_outputs.with_step_values(self, r, loss, outs, y), (dense, sparse),
+                writes, decided)
 
-    def _replica_assign(self, new: dict, writes: dict, weights: dict, slots: dict,
-                        states: dict, deps: list[tf.Tensor]) -> tf.Tensor:
-        with tf.control_dependencies(deps):
-            ops = stateful.assign_writes(writes, weights, states)
-            for p, upd in new.items():   # plain resource writes (see _read)
-                for k, value in upd.items():
-                    var = weights[p] if k == "value" else slots[p][k]
-                    ops.append(tf.raw_ops.AssignVariableOp(resource=var.handle, value=value))
-        with tf.control_dependencies(ops):
-            return tf.constant(True)
+    def _replica_update(self, r: _Replica, grads: tuple, writes: dict, decided: dict,
+                        checks: list, weights: dict, slots: dict, states: dict) -> dict:
+        """After ``checks`` (the decision that the step is taken): the writes, then each
+        trainable weight's update computed and assigned one weight at a time (its new
+        value and slots exist only until assigned; ``weights``, ``slots``, ``states``
+        are resource handles); returns the optimizer's new state."""
+        dense, sparse = grads
+        state, iterations, lr = self._opt_inputs()
+        first = self.local_replicas[0]
+        after: list = list(checks)
+        with tf.control_dependencies(after):
+            after = [tf.raw_ops.AssignVariableOp(
+                resource=states[p] if p in states else weights[p], value=v)
+                for p, v in writes.items()] or after
+        new_state = {k: v for k, v in state.items()}
+        new_state["step_taken"] = tf.constant(1, tf.int64)
+        for p in self.trainable_paths:
+            g = dense.get(p, None if p not in sparse else tf.IndexedSlices(*sparse[p]))
+            with tf.control_dependencies(after):
+                old = {k: _read_like(slots[p][k], v) for k, v in self._slots[first][p].items()}
+                value = _read_like(weights[p], self._vars[first][p])
+                new, new_slots, new_state = weight_updates.apply_one(
+                    self.optimizer, p, value, g, old, state, iterations, lr, decided)
+                ops = [tf.raw_ops.AssignVariableOp(resource=slots[p][k], value=v)
+                       for k, v in new_slots.items()]
+                if new is not None:
+                    ops.append(tf.raw_ops.AssignVariableOp(resource=weights[p], value=new))
+            after = ops or after
+        with tf.control_dependencies(after):
+            return {k: tf.identity(v) for k, v in new_state.items()}
 
     def _train_step(self, xs: Any, y: Any) -> tf.Tensor:
         # the traced step's graph, for TensorBoard's graph tab (fit's tensorboard=)
         self.graphs["train_step"] = tf.compat.v1.get_default_graph()
-        loss, new, writes, state = self._replicas(
+        loss, grads, writes, decided = self._replicas(
             self._replica_compute, (xs, y, self._dist_vars, self._dist_slots, self.states.dist))
         loss, values = loss if isinstance(loss, tuple) else (loss, None)
         local = self.strategy.experimental_local_results
         local_losses = local(loss)
-        everything = tf.nest.flatten(local((new, writes, state)))
+        everything = tf.nest.flatten(local((grads, writes, decided)))
         with tf.control_dependencies(everything + list(local_losses)):
             checks = [tf.debugging.check_numerics(l, "tapas: the loss is not finite")
                       for l in local_losses]
-        done = self.strategy.run(self._on_device(self._replica_assign),
-                                 args=(new, writes, self._dist_vars, self._dist_slots,
-                                       self.states.dist, checks))
-        with tf.control_dependencies(local(done)):
-            taken = dict(local(state)[0])   # the same on every replica
+        state = self._replicas(self._replica_update, (
+            grads, writes, decided, checks, self._dist_vars, self._dist_slots,
+            self.states.dist), handles=True)
+        taken = dict(local(state)[0])   # the same on every replica
+        with tf.control_dependencies(tf.nest.flatten(local(state))):
             step_taken = taken.pop("step_taken")
             for k, v in taken.items():
                 self.opt_state[k].assign(v)
@@ -153,3 +181,11 @@ class TrainingStep:
             from tapas.execution.runtime.step_errors import step_error
             raise step_error(self, e, xs, y) from None
         return step_outputs.keep_values(self, loss)
+
+
+def _read_like(handle: tf.Tensor, variable: tf.Variable) -> tf.Tensor:
+    """The value of the variable ``handle`` points to, with ``variable``'s dtype and shape
+    (one replica's handle to a variable like another replica's ``variable``)."""
+    value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=variable.dtype)
+    value.set_shape(variable.shape)
+    return value

@@ -370,7 +370,7 @@ class ShardedOptimizer:
             return self._apply_scaled(values, grads, slots, state, iterations,
                                       learning_rate, sum_squares, all_finite)
         opt = self.opt
-        paths = list(self.templates)
+        paths = [p for p in self.templates if p in values]   # all, or one (apply_one)
         mapping = [(self.templates[p], values[p]) for p in paths]
         mapping += [(self.slots[p][k], slots[p][k]) for p in paths for k in self.slot_names]
         mapping += [(v, state[k]) for k, v in self.state.items()]
@@ -470,9 +470,17 @@ class ShardedOptimizer:
             scope.add_update((accs[p], tf.where(is_update, tf.zeros_like(s), s)))
 
     def _ema(self, scope: Any, paths: list[str]) -> None:
-        """Keras's moving average of the weights, and its periodic overwrite."""
+        """Keras's moving average of the weights (of ``paths``), and its periodic
+        overwrite."""
         opt = self.opt
-        opt._update_model_variables_moving_average(opt._trainable_variables)
+        averages = opt._model_variables_moving_average
+        index = {id(t): i for i, t in enumerate(opt._trainable_variables)}
+        ts = [self.templates[p] for p in paths]
+        opt.__dict__["_model_variables_moving_average"] = [averages[index[id(t)]] for t in ts]
+        try:   # Keras pairs the variables it is given with its list of averages
+            opt._update_model_variables_moving_average(ts)
+        finally:
+            opt.__dict__["_model_variables_moving_average"] = averages
         if opt.ema_overwrite_frequency:
             now = tf.equal((opt.iterations + 1) % opt.ema_overwrite_frequency, 0)
             for p in paths:
@@ -530,7 +538,7 @@ def _clip(opt: Any, live: list[str], g: list[Any], sum_squares: Callable) -> lis
         return [_clip_by_norm(x, sq[p], opt.clipnorm) for p, x in zip(live, g)]
     if opt.global_clipnorm and opt.global_clipnorm > 0:
         sq = sum_squares({p: tf.reduce_sum(tf.square(_values(x))) for p, x in zip(live, g)})
-        norm = tf.sqrt(tf.add_n([sq[p] for p in live]))
+        norm = tf.sqrt(tf.add_n(list(sq.values())))   # every weight's (apply_one too)
         clip = tf.cast(opt.global_clipnorm, norm.dtype)
         scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
         scale = scale + (norm - norm)   # NaN for a non-finite norm, as Keras
