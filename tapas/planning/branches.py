@@ -26,8 +26,10 @@ branches with p placements each costs b * p work instead of a frontier of p ** b
 The k best whole plans are the same as without folding (the k best of a sum of
 independent parts are among the sums of each part's k best).
 
-Only joins that fold at least two branches are folded (a single branch leaves the frontier
-as narrow as it was), and only when the frontier could outgrow the beam without it
+Joins that fold at least two branches are folded; a join with a single branch only when,
+without the fold, the branch's tensors could outgrow the beam beside tensors from outside
+it (:func:`_mixes`: the MoE block beside the block input and the residual its last add
+reads). Nothing is folded when the frontier could not outgrow the beam without it
 (:func:`frontier_bound`: the product, over the tensors live after a step, of the
 placements each may take): where the beam cannot cut, the plain enumeration is already
 exact and is left as it was, ties between equally cheap alternatives included.
