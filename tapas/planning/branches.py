@@ -280,10 +280,13 @@ def _live_ways(steps: Sequence[Step], table: PatternTable,
 def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edges: EdgeCoster,
                   k: int, max_states: int, deadline: float | None, allowed: Any,
                   penalty: float, tie_options: Mapping[int, Sequence[Any]] | None = None,
-                  ) -> tuple[list[Step], list[int], Folded]:
+                  single: bool = True) -> tuple[list[Step], list[int], Folded]:
     """``steps`` with their foldable branches folded into their joins; the indices of the
     steps kept (into ``steps``), and what was folded. Nothing is folded when the beam
-    cannot cut the plain enumeration (:func:`frontier_bound` at most ``max_states``)."""
+    cannot cut the plain enumeration (:func:`frontier_bound` at most ``max_states``).
+    Joins of one branch are folded only with ``single`` (not inside a branch's own
+    enumeration: kimm RegNetX's branches, each folded again once per placement of its
+    entries, took twice the CPU)."""
     if frontier_bound(steps, table, tie_options, max_states) <= max_states:
         return list(steps), list(range(len(steps))), Folded()
     eligible = {s.node for s in steps if s.tie is None and s.infos is None
@@ -293,9 +296,9 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
     fixed = frozenset(key for s in steps for key in s.fixed)
     position = {s.node: i for i, s in enumerate(steps)}
     found = find_branches(graph, eligible, table.constant, written, free, fixed,
-                          lambda join, members, folded: len(members) > 1 and _mixes(
+                          (lambda join, members, folded: len(members) > 1 and _mixes(
                               steps, members, position[join], folded, table, tie_options,
-                              max_states))
+                              max_states)) if single else None)
     for join in [j for j, bs in found.items() if len(_entries(bs)) > MAX_JOIN_ENTRIES]:
         del found[join]
     found = _without_lost_entries(found)
@@ -423,7 +426,7 @@ def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
         these = [dataclasses.replace(s, fixed={**s.fixed, **fixed}, free=s.free - set(fixed))
                  for s in steps] if fixed else steps
         these, _, inner = fold_branches(graph, these, table, edges, k, max_states, deadline,
-                                        allowed, penalty)
+                                        allowed, penalty, single=False)
         final, c, e, _ = run(these, table, edges, k, max_states, deadline)
         c, e = c + inner.counts, e and inner.exact
         counts, exact = counts + c, exact and e
