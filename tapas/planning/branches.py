@@ -285,8 +285,8 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
     steps kept (into ``steps``), and what was folded. Nothing is folded when the beam
     cannot cut the plain enumeration (:func:`frontier_bound` at most ``max_states``).
     Joins of one branch are folded only with ``single`` (not inside a branch's own
-    enumeration: kimm RegNetX's branches, each folded again once per placement of its
-    entries, took twice the CPU)."""
+    enumeration, which already runs once per placement of its entries: nesting them
+    multiplies those runs)."""
     if frontier_bound(steps, table, tie_options, max_states) <= max_states:
         return list(steps), list(range(len(steps))), Folded()
     eligible = {s.node for s in steps if s.tie is None and s.infos is None
