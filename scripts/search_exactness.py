@@ -56,7 +56,9 @@ def search_row(graph: Any, devices: int, time_limit: float | None,
                explore_options: Any = None) -> dict[str, Any]:
     """One gp search of ``graph`` on one V100 node of ``devices``: ``status`` (``exact``,
     ``beam-limited`` or ``timeout``), ``bound``, ``seconds``, ``cost_s``, ``beam`` (prefixes
-    the beam cut) and the notes that mention the beam."""
+    the beam cut) and the notes that mention the beam; ``cpu_s``, the CPU seconds of the
+    search (this process), and ``load``, the machine's 1-minute load average as it began
+    (wall-clock seconds on a shared machine are several times the CPU time)."""
     import dataclasses
 
     import tapas
@@ -64,15 +66,17 @@ def search_row(graph: Any, devices: int, time_limit: float | None,
     opts = explore_options or ExploreOptions()
     if time_limit is not None:
         opts = dataclasses.replace(opts, time_limit=time_limit)
-    start = time.perf_counter()
+    start, cpu, load = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     try:
         s = tapas.search(graph, cluster=tapas.Cluster.v100_ethernet(1, devices), mode="gp",
                          references=(), explore_options=opts)
     except SearchTimeout as e:
         return {"devices": devices, "status": "timeout", "bound": None,
-                "seconds": time.perf_counter() - start, "error": str(e)}
+                "seconds": time.perf_counter() - start,
+                "cpu_s": time.process_time() - cpu, "load": load, "error": str(e)}
     return {"devices": devices, "status": "exact" if s.exact else "beam-limited",
-            "bound": s.bound, "seconds": time.perf_counter() - start, "cost_s": s.total_cost,
+            "bound": s.bound, "seconds": time.perf_counter() - start,
+            "cpu_s": time.process_time() - cpu, "load": load, "cost_s": s.total_cost,
             "beam": s.counts.get("beam", 0),
             "notes": [n for n in s.notes if "beam" in n or "bound" in n]}
 
@@ -126,7 +130,8 @@ def _line(row: dict[str, Any]) -> str:
             tag += "*"        # the beam cut, but nothing cheaper than the plan
         if r["status"] == "beam-limited":
             tag += f" {r['bound']:.1%}" if r["bound"] is not None else " (no bound)"
-        cells.append(f"{r['devices']}: {tag} {r['seconds']:.1f}s")
+        cpu = f" (cpu {r['cpu_s']:.1f}s, load {r['load']:.0f})" if "cpu_s" in r else ""
+        cells.append(f"{r['devices']}: {tag} {r['seconds']:.1f}s{cpu}")
     return f"{row['model']:34s} {row['graph_nodes']:5d}  " + " | ".join(cells)
 
 
@@ -143,7 +148,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if r["status"] != "exact":
                 exceptions.append({"model": row["model"], "devices": r["devices"],
                                    "status": r["status"], "bound": r["bound"],
-                                   "seconds": round(r["seconds"], 2)})
+                                   "seconds": round(r["seconds"], 2),
+                                   **({"cpu_s": round(r["cpu_s"], 2), "load": r["load"]}
+                                      if "cpu_s" in r else {})})
     return {"models": len(rows), "searches": counts, "exceptions": exceptions}
 
 

@@ -26,8 +26,10 @@ branches with p placements each costs b * p work instead of a frontier of p ** b
 The k best whole plans are the same as without folding (the k best of a sum of
 independent parts are among the sums of each part's k best).
 
-Only joins that fold at least two branches are folded (a single branch leaves the frontier
-as narrow as it was), and only when the frontier could outgrow the beam without it
+Joins that fold at least two branches are folded; a join with a single branch only when,
+without the fold, the branch's tensors could outgrow the beam beside tensors from outside
+it (:func:`_mixes`: the MoE block beside the block input and the residual its last add
+reads). Nothing is folded when the frontier could not outgrow the beam without it
 (:func:`frontier_bound`: the product, over the tensors live after a step, of the
 placements each may take): where the beam cannot cut, the plain enumeration is already
 exact and is left as it was, ties between equally cheap alternatives included.
@@ -40,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tapas.ir import Graph, TensorInfo
@@ -83,42 +85,78 @@ MAX_ENTRIES = 2
 
 def find_branches(graph: Graph, eligible: set[int], constant: frozenset[int],
                   written: frozenset[Any] = frozenset(), free: frozenset[Any] = frozenset(),
-                  fixed: frozenset[Any] = frozenset()) -> dict[int, list[Branch]]:
+                  fixed: frozenset[Any] = frozenset(),
+                  single: Callable[[int, frozenset[int], frozenset[int]], bool] | None = None
+                  ) -> dict[int, list[Branch]]:
     """join GraphNode -> its foldable branches (see the module docstring), among the
     ``eligible`` GraphNodes (single untied steps); only joins with two branches or more.
     A branch may read tensors that other GraphNodes read too, as entries: keys some step
-    of the problem writes (``written``) or sets as their first reader (``free``)."""
+    of the problem writes (``written``) or sets as their first reader (``free``).
+
+    With ``single``, a second pass grows each branch to a fixed point (see :func:`_grow`)
+    and takes the joins with one branch that ``single(join, members, folded)`` accepts
+    (:func:`_mixes`): ``members``, the branch's GraphNodes the first pass does not fold
+    (``folded``) already; a first-pass join inside such a branch is folded inside it."""
     readers = consumers(graph)
     prod = producers(graph)
     outputs = {t.name for t in graph.outputs}
-    taken: set[int] = set()
-    found: dict[int, list[Branch]] = {}
 
     def read_only_by(v: int, allowed: set[int]) -> bool:
         return all(t.name not in outputs and set(readers.get(t.name, ())) <= allowed
                    for t in graph.nodes[v].outputs)
 
-    # the last joins first: a join whose branches hold other joins folds them whole (their
-    # own branches fold again inside the branch's enumeration)
-    for join in sorted(eligible, reverse=True):
-        if join in taken:          # inside another join's branch: folded with it
-            continue
-        branches: list[Branch] = []
-        for t in graph.nodes[join].inputs:
-            src = prod.get(t.name)
-            if src is None or src[0] == join or src[0] not in eligible or src[0] in taken \
-                    or src[0] in constant or any(src[0] in b.members for b in branches):
+    def search(patient: bool, folded: frozenset[int]) -> dict[int, list[Branch]]:
+        # the last joins first: a join whose branches hold other joins folds them whole
+        # (their own branches fold again inside the branch's enumeration)
+        taken: set[int] = set()
+        out: dict[int, list[Branch]] = {}
+        for join in sorted(eligible, reverse=True):
+            if join in taken:          # inside another join's branch: folded with it
                 continue
-            branch = _grow(graph, src[0], join, eligible, taken | {join}, constant,
-                           read_only_by, written | free, fixed)
-            if branch is not None:
-                branches.append(branch)
-        if len(branches) >= 2:
-            found[join] = branches
-            taken.add(join)        # a join stays a step: no later branch may take it
-            for b in branches:
-                taken |= b.members
+            branches: list[Branch] = []
+            for t in graph.nodes[join].inputs:
+                src = prod.get(t.name)
+                if src is None or src[0] == join or src[0] not in eligible \
+                        or src[0] in taken or src[0] in constant \
+                        or any(src[0] in b.members for b in branches):
+                    continue
+                branch = _grow(graph, src[0], join, eligible, taken | {join}, constant,
+                               read_only_by, written | free, fixed, patient)
+                if branch is not None:
+                    branches.append(branch)
+            if len(branches) >= 2 if not patient else \
+                    len(branches) == 1 and single is not None \
+                    and single(join, branches[0].members - folded, folded):
+                out[join] = branches
+                taken.add(join)        # a join stays a step: no later branch may take it
+                for b in branches:
+                    taken |= b.members
+        return out
+
+    found = search(False, frozenset())
+    if single is not None:
+        folded = frozenset(v for bs in found.values() for b in bs for v in b.members)
+        found = _with_single(found, search(True, folded))
     return _without_lost_entries(found)
+
+
+def _with_single(found: dict[int, list[Branch]], single: dict[int, list[Branch]]
+                 ) -> dict[int, list[Branch]]:
+    """``found`` with the one-branch joins of ``single`` added: a join of ``found`` whose
+    GraphNodes all lie inside such a branch is folded inside it (dropped here); a one-branch
+    join that overlaps a join of ``found`` otherwise is left out."""
+    out = dict(found)
+    for join, (branch,) in single.items():
+        inside = [j for j, bs in found.items()
+                  if {j, *(v for b in bs for v in b.members)} <= branch.members]
+        rest = [j for j, bs in found.items() if j not in inside
+                and {j, *(v for b in bs for v in b.members)} & (branch.members | {join})]
+        if rest:
+            continue
+        for j in inside:
+            del out[j]
+        out[join] = [branch]
+    return out
 
 
 def _without_lost_entries(found: dict[int, list[Branch]]) -> dict[int, list[Branch]]:
@@ -136,37 +174,48 @@ def _without_lost_entries(found: dict[int, list[Branch]]) -> dict[int, list[Bran
 
 def _grow(graph: Graph, start: int, join: int, eligible: set[int], taken: set[int],
           constant: frozenset[int], read_only_by: Any, known: frozenset[Any],
-          fixed: frozenset[Any] = frozenset()) -> Branch | None:
+          fixed: frozenset[Any] = frozenset(), patient: bool = False) -> Branch | None:
     """The branch of ``join`` ending at ``start``: ``start`` and every ancestor read only
     inside it; a tensor it reads that others read too is an entry if it is a ``known``
     key of the problem; None if it reads a graph input shared with others, or too many
-    entries."""
+    entries. A GraphNode met while another of its readers is not yet in is an entry at
+    once, or, ``patient``, taken in once every reader is (a fixed point: the gating of an
+    MoE layer, whose tensors are read by several of its GraphNodes)."""
     prod = producers(graph)
     readers = consumers(graph)
     members = {start}
     entries: dict[Any, TensorInfo] = {}
     if not read_only_by(start, {join}):
         return None
+    pending: dict[tuple[int, int], TensorInfo] = {}
     todo = [start]
     while todo:
-        v = todo.pop()
-        for t in graph.nodes[v].inputs:
-            src = prod.get(t.name)
-            if src is None:        # a graph input without an input GraphNode
-                continue           # (checked below, once every member is in)
-            q = src[0]
-            if q in members or q in constant or src in entries or ("x", t.name) in entries \
-                    or ("x", t.name) in fixed:    # a placement fixed for the whole problem
-                continue
-            if q in eligible and q not in taken and read_only_by(q, members | {join}):
-                members.add(q)
-                todo.append(q)
-            elif src in known and q not in taken:
-                entries[src] = t
-            elif ("x", t.name) in known:
-                entries[("x", t.name)] = t
-            else:
-                return None
+        while todo:
+            v = todo.pop()
+            for t in graph.nodes[v].inputs:
+                src = prod.get(t.name)
+                if src is None:        # a graph input without an input GraphNode
+                    continue           # (checked below, once every member is in)
+                q = src[0]
+                if q in members or q in constant or src in entries \
+                        or ("x", t.name) in entries \
+                        or ("x", t.name) in fixed:  # a placement fixed for the whole problem
+                    continue
+                if q in eligible and q not in taken and read_only_by(q, members | {join}):
+                    members.add(q)
+                    todo.append(q)
+                elif patient:
+                    pending.setdefault(src, t)
+                elif not _add_entry(entries, src, t, known, taken):
+                    return None
+        for src in sorted(pending, reverse=True):   # now read only inside: take it in
+            if src[0] not in members and src[0] in eligible and src[0] not in taken \
+                    and read_only_by(src[0], members | {join}):
+                members.add(src[0])
+                todo.append(src[0])
+    for src, t in pending.items():
+        if src[0] not in members and not _add_entry(entries, src, t, known, taken):
+            return None
     for v in members:
         for t in graph.nodes[v].inputs:
             if prod.get(t.name) is None and not set(readers.get(t.name, ())) <= members:
@@ -177,15 +226,42 @@ def _grow(graph: Graph, start: int, join: int, eligible: set[int], taken: set[in
     return Branch(frozenset(members), tuple(entries), tuple(entries.values()))
 
 
+def _add_entry(entries: dict[Any, TensorInfo], src: tuple[int, int], t: TensorInfo,
+               known: frozenset[Any], taken: set[int]) -> bool:
+    """Record the tensor ``t`` (output ``src``) a branch reads from outside as an entry;
+    False when it is no key of the problem (a branch cannot read it)."""
+    if src in known and src[0] not in taken:
+        entries[src] = t
+    elif ("x", t.name) in known:
+        entries[("x", t.name)] = t
+    else:
+        return False
+    return True
+
+
 def frontier_bound(steps: Sequence[Step], table: PatternTable,
                    tie_options: Mapping[int, Sequence[Any]] | None, cap: int) -> int:
     """An upper bound on the distinct frontiers the enumeration of ``steps`` can hold at
     once (counting stops above ``cap``): after each step, the product over the live keys
-    of the placements each may take (its producer's options' distinct outputs, the
-    distinct placements its readers want for a key set by its first reader, a template's
-    candidates for a tie)."""
-    ways: dict[Any, int] = {}
+    of the placements each may take (:func:`_live_ways`)."""
     worst = 1
+    for _, ways in _live_ways(steps, table, tie_options):
+        size = 1
+        for n in ways.values():
+            size *= n
+            if size > cap:
+                return size
+        worst = max(worst, size)
+    return worst
+
+
+def _live_ways(steps: Sequence[Step], table: PatternTable,
+               tie_options: Mapping[int, Sequence[Any]] | None
+               ) -> Iterator[tuple[Step, Mapping[Any, int]]]:
+    """Per step, the keys live after it, each with the placements it may take (its
+    producer's options' distinct outputs, the distinct placements its readers want for a
+    key set by its first reader, a template's candidates for a tie)."""
+    ways: dict[Any, int] = {}
     for step in steps:
         infos = step.infos if step.infos is not None else table.infos[step.node]
         picks = [pi for pi, _ in step.options] if step.infos is None else range(len(infos))
@@ -198,22 +274,19 @@ def frontier_bound(steps: Sequence[Step], table: PatternTable,
             ways[("tie", step.tie)] = len(tie_options[step.tie]) if tie_options else 1
         for key in step.drops + tuple(("tie", t) for t in step.release):
             ways.pop(key, None)
-        size = 1
-        for n in ways.values():
-            size *= n
-            if size > cap:
-                return size
-        worst = max(worst, size)
-    return worst
+        yield step, ways
 
 
 def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edges: EdgeCoster,
                   k: int, max_states: int, deadline: float | None, allowed: Any,
                   penalty: float, tie_options: Mapping[int, Sequence[Any]] | None = None,
-                  ) -> tuple[list[Step], list[int], Folded]:
+                  single: bool = True) -> tuple[list[Step], list[int], Folded]:
     """``steps`` with their foldable branches folded into their joins; the indices of the
     steps kept (into ``steps``), and what was folded. Nothing is folded when the beam
-    cannot cut the plain enumeration (:func:`frontier_bound` at most ``max_states``)."""
+    cannot cut the plain enumeration (:func:`frontier_bound` at most ``max_states``).
+    Joins of one branch are folded only with ``single`` (not inside a branch's own
+    enumeration, which already runs once per placement of its entries: nesting them
+    multiplies those runs)."""
     if frontier_bound(steps, table, tie_options, max_states) <= max_states:
         return list(steps), list(range(len(steps))), Folded()
     eligible = {s.node for s in steps if s.tie is None and s.infos is None
@@ -221,14 +294,17 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
     written = frozenset(key for s in steps for _, key in s.writes)
     free = frozenset(key for s in steps for key in s.free)
     fixed = frozenset(key for s in steps for key in s.fixed)
-    found = find_branches(graph, eligible, table.constant, written, free, fixed)
+    position = {s.node: i for i, s in enumerate(steps)}
+    found = find_branches(graph, eligible, table.constant, written, free, fixed,
+                          (lambda join, members, folded: len(members) > 1 and _mixes(
+                              steps, members, position[join], folded, table, tie_options,
+                              max_states)) if single else None)
     for join in [j for j, bs in found.items() if len(_entries(bs)) > MAX_JOIN_ENTRIES]:
         del found[join]
     found = _without_lost_entries(found)
     if not found:
         return list(steps), list(range(len(steps))), Folded()
     folded_nodes = {v for bs in found.values() for b in bs for v in b.members}
-    position = {s.node: i for i, s in enumerate(steps)}
     moved = _moved_drops(steps, found, position)
     counts, exact = Counts(), True
     out: list[Step] = []
@@ -260,6 +336,37 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
 
 # a join's branches may read this many shared tensors in all
 MAX_JOIN_ENTRIES = 3
+
+
+def _mixes(steps: Sequence[Step], members: frozenset[int], join_at: int,
+           skip: frozenset[int], table: PatternTable,
+           tie_options: Mapping[int, Sequence[Any]] | None, cap: int) -> bool:
+    """Whether, before the step at ``join_at``, the frontier may hold more than ``cap``
+    states with tensors of the branch ``members`` beside tensors from outside it (the
+    block input a whole layer reads and a template keeps to its end, the residual a join
+    adds back): the plain enumeration multiplies the branch's frontiers by the placements
+    of those others, and its beam may cut; the branch alone, enumerated once per placement
+    of its entries, does not. A branch never live beside another tensor (a chain), or
+    whose frontiers stay small, is left in place. The steps of ``skip`` (folded
+    already) are left out."""
+    inner: set[Any] = set()
+    started = False
+    for step, ways in _live_ways([s for s in steps[:join_at] if s.node not in skip], table,
+                                 tie_options):
+        if step.node in members:
+            started = True
+            inner.update(key for _, key in step.writes)
+        if not started:
+            continue
+        outer = mine = 1
+        for key, n in ways.items():
+            if key in inner:
+                mine *= n
+            else:
+                outer *= n
+        if outer > 1 and mine > 1 and outer * mine > cap:
+            return True
+    return False
 
 
 def _entries(branches: Sequence[Branch]) -> tuple[tuple[Any, TensorInfo], ...]:
@@ -319,7 +426,7 @@ def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
         these = [dataclasses.replace(s, fixed={**s.fixed, **fixed}, free=s.free - set(fixed))
                  for s in steps] if fixed else steps
         these, _, inner = fold_branches(graph, these, table, edges, k, max_states, deadline,
-                                        allowed, penalty)
+                                        allowed, penalty, single=False)
         final, c, e, _ = run(these, table, edges, k, max_states, deadline)
         c, e = c + inner.counts, e and inner.exact
         counts, exact = counts + c, exact and e
