@@ -128,6 +128,10 @@ def _input_name(tensor: Any) -> str:
 
 # families whose search takes minutes on 2 cores (NASNet: 508 GraphNodes, 11 templates)
 _SLOW = frozenset({"nasnet"})
+# in scripts/corpus.py's matrix, not the CI slice: a family of the same kind stays there
+# (inception-v3, efficientnet, resnet, mobilenet-v2 and -v3)
+_APPS_SCRIPT_ONLY = frozenset({"inception-resnet-v2", "efficientnetv2", "resnet-v2",
+                               "mobilenet"})
 
 
 def _applications() -> list[CorpusEntry]:
@@ -156,7 +160,7 @@ def _applications() -> list[CorpusEntry]:
             return ctor(weights=None, input_shape=(size, size, 3), classes=10)
         out.append(CorpusEntry(f"keras-{family}", "keras.applications",
                                f"keras.applications {family} (smallest variant), {size}x{size}, 10 classes",
-                               build, slow=family in _SLOW))
+                               build, slow=family in _SLOW, ci=family not in _APPS_SCRIPT_ONLY))
     return out
 
 
@@ -180,7 +184,9 @@ _NEW_2026_11_26 = ("bart", "whisper", "xlnet", "esm2", "gemma3", "llama3", "qwen
 # the backbones of _hub_backbones_2026_11_26: scripts only too
 _HUB_SCRIPT_ONLY = frozenset({"albert", "electra", "falcon", "gpt-neox", "opt", "bloom", "phi3",
                               "qwen3", "fnet", "roformer-v2", "xlm-roberta", "qwen-moe",
-                              "dinov2", *_NEW_2026_11_26})
+                              "dinov2", *_NEW_2026_11_26,
+                              # a family of the same kind stays in the slice (bert, llama)
+                              "roberta", "distilbert", "mistral"})
 
 
 # backbones whose one image input is an unnamed keras.Input: Keras itself takes no dict

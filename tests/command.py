@@ -27,9 +27,10 @@ def run_tapas_each(*command_lines: list[str], timeout: float = 300,
                    **env: str) -> list[subprocess.CompletedProcess[str]]:
     """Each of ``command_lines`` (the arguments after ``tapas``) run as ``tapas`` runs it, one
     after another in one subprocess (tests/cli_batch.py: TensorFlow imported once, each
-    line's flags reset first): for command lines refused before any work, whose tests
-    would otherwise pay a process start each. Logical devices are set once per process: lines
-    that get as far as making devices must ask for the same count. Per line, a
+    line's flags reset first): for command lines refused before any work, or short runs
+    on one device count, whose tests would otherwise pay a process start each (each line
+    builds its own model, seeded as ``tapas`` seeds it). Logical devices are set once per
+    process: lines that get as far as making devices must ask for the same count. Per line, a
     CompletedProcess as run_tapas's (its ``args`` begin with "tapas")."""
     import tempfile
     with tempfile.TemporaryDirectory() as d:

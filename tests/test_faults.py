@@ -147,11 +147,13 @@ def test_data_that_does_not_fit_the_model_is_refused_before_the_capture(tmp_path
               "the model takes [16] per example"),
              ({"decoder_input_ids": ids.astype("float32")}, "has dtype float32",
               "x.astype('int32')")]
-    for k, (change, *says) in enumerate(cases):
+    lines = []
+    for k, (change, *_) in enumerate(cases):
         path = tmp_path / f"d{k}.npz"
         np.savez(path, **{**good, **change})
-        proc = command.run_tapas("train", "--model=t5-tiny", "--devices=2",
-                                 "--strategy=random:0", f"--data={path}", timeout=120)
+        lines.append(["train", "--model=t5-tiny", "--devices=2", "--strategy=random:0",
+                      f"--data={path}"])
+    for (change, *says), proc in zip(cases, command.run_tapas_each(*lines, timeout=300)):
         err = _err(proc)
         for s in says:
             assert s in err, (change.keys(), err[-1500:])
@@ -169,12 +171,15 @@ def test_tfrecord_data_that_does_not_fit_is_refused_before_the_capture(tmp_path)
              (dict(encoder_input_ids=ids, decoder_input_ids=ids + 1000),
               "but the model's largest embedding has 512 rows"),
              (None, "TensorFlow cannot read its records")]
-    for k, (x, says) in enumerate(cases):
-        path = tmp_path / ("junk.tfrecord" if x is None else f"d{k}.tfrecord")
+    paths = []
+    for k, (x, _) in enumerate(cases):
+        paths.append(tmp_path / ("junk.tfrecord" if x is None else f"d{k}.tfrecord"))
         if x is not None:
-            save_tfrecord(str(path), x, ids)
-        proc = command.run_tapas("train", "--model=t5-tiny", "--devices=2",
-                                 "--strategy=random:0", f"--data={path}", timeout=120)
+            save_tfrecord(str(paths[-1]), x, ids)
+    procs = command.run_tapas_each(*(["train", "--model=t5-tiny", "--devices=2",
+                                      "--strategy=random:0", f"--data={p}"] for p in paths),
+                                   timeout=300)
+    for (_, says), path, proc in zip(cases, paths, procs):
         err = _err(proc)
         assert says in err and f"--data={path}" in err, err[-1500:]
         assert "reconstructed" not in proc.stdout   # refused before the capture

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from matrix import only_in_full_matrix  # tests/matrix.py
 from tapas.execution.runtime import launch
 from worker_main import run_worker  # tests/worker_main.py
 
@@ -310,12 +311,15 @@ def test_launch_stops_every_worker_on_failure() -> None:
                       timeout_s=1)
 
 
+@only_in_full_matrix
 def test_tapas_train_with_two_workers_verifies(tmp_path: Any) -> None:
     """`tapas train --workers=2`: two MultiWorkerMirroredStrategy processes, a random plan,
     SGD, verified against Keras, report as JSON; the workers are gone afterwards. In
     training mode (the default): resnet-tiny's batch norm normalises with the batch's
     statistics and updates its moving statistics, compared after the steps. The workers
-    get the command's flags (here TensorFlow's own Grappler options)."""
+    get the command's flags (here TensorFlow's own Grappler options). In the suite, plans
+    split across worker processes are verified by tests/test_memory.py (4 workers) and
+    test_mesh.py (2 workers, a 2x2 mesh with experts)."""
     import subprocess
     out = tmp_path / "train.json"
     proc = subprocess.run(
@@ -324,7 +328,7 @@ def test_tapas_train_with_two_workers_verifies(tmp_path: Any) -> None:
          "--graph_optimization=default", f"--json_out={out}"],
         capture_output=True, text=True, timeout=400, cwd=ROOT)
     report = json.loads(out.read_text()) if out.exists() else {}
-    assert report.get("graph_optimization") == "default", proc.stdout[-3000:]
+    assert report.get("graph_optimization") == "default", proc.stdout[-3000:] + proc.stderr[-3000:]
     check = report.get("verify", {})
     if proc.returncode != 0 and check and not check["ok"]:
         # The gradient of the first convolution (under batch norm in training mode, the

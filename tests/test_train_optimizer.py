@@ -9,7 +9,7 @@ import json
 import keras
 import pytest
 
-from command import run_tapas, run_tapas_each   # tests/command.py
+from command import run_tapas_each   # tests/command.py
 
 
 # batch 16: at the default 4, batch norm over a handful of values makes the model's own
@@ -18,30 +18,22 @@ TRAIN = ("train", "--model=resnet-tiny", "--devices=2", "--steps=2", "--batch_si
          "--strategy=random:1", "--verify")
 
 
-def _train(*flags: str):
-    return run_tapas(*TRAIN, *flags, timeout=400)
-
-
-def test_default_is_the_compiled_optimizer_and_verifies():
-    proc = _train()
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "optimizer: SGD(learning_rate=0.01" in proc.stdout
-    assert "(the model's compiled optimizer)" in proc.stdout
-    assert "verify: PASSED" in proc.stdout
-
-
-def test_optimizer_by_name_and_by_config_file(tmp_path):
-    proc = _train("--optimizer=adamw")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "optimizer: AdamW(learning_rate=0.001, weight_decay=0.004)" in proc.stdout
-    assert "verify: PASSED" in proc.stdout
+def test_default_named_and_config_file_optimizers_verify(tmp_path):
+    """The compiled optimizer by default, one by name and one from a JSON config, each
+    verified against Keras (one process runs the three: command.run_tapas_each)."""
     config = tmp_path / "opt.json"
     config.write_text(json.dumps(keras.optimizers.serialize(
         keras.optimizers.RMSprop(0.002, momentum=0.5, clipnorm=0.3))))
-    proc = _train(f"--optimizer={config}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "optimizer: RMSprop(learning_rate=0.002, clipnorm=0.3)" in proc.stdout
-    assert "verify: PASSED" in proc.stdout
+    runs = run_tapas_each(list(TRAIN), [*TRAIN, "--optimizer=adamw"],
+                          [*TRAIN, f"--optimizer={config}"], timeout=900)
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "verify: PASSED" in proc.stdout, proc.stdout[-3000:]
+    default, adamw, rmsprop = (proc.stdout for proc in runs)
+    assert "optimizer: SGD(learning_rate=0.01" in default
+    assert "(the model's compiled optimizer)" in default
+    assert "optimizer: AdamW(learning_rate=0.001, weight_decay=0.004)" in adamw
+    assert "optimizer: RMSprop(learning_rate=0.002, clipnorm=0.3)" in rmsprop
 
 
 def test_bad_optimizers_are_refused_with_their_cause(tmp_path):
