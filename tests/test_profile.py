@@ -7,6 +7,7 @@ import math
 import sys
 
 import command  # tests/command.py
+from matrix import only_in_full_matrix  # tests/matrix.py
 import numpy as np
 import pytest
 
@@ -347,6 +348,7 @@ def test_profile_writes_a_cluster_file_that_search_uses(tmp_path):
 
 
 
+@only_in_full_matrix   # test_profile_writes_a_cluster_file_that_search_uses profiles in the suite
 def test_profile_across_worker_processes(tmp_path):
     """`tapas profile --workers=2`: two MultiWorkerMirroredStrategy processes on 127.0.0.1;
     worker 0 writes the cluster file (2 nodes of 1 device, the fitted link between the
