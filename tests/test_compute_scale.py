@@ -180,27 +180,23 @@ def test_calibrate_compute_times_the_replicated_step_at_two_batches() -> None:
 
 def test_search_command_takes_a_compute_scale(tmp_path) -> None:
     """``tapas search --compute_scale``: a factor, or 'measure' (times the model on this
-    machine's devices: only against a cluster file profiled here, not a preset)."""
+    machine's devices: only against a cluster file profiled here, not a preset; the
+    measured run is test_search_command_takes_an_elementwise_scale's, which measures both).
+    The given factor and the refusals run in one process (command.run_tapas_each)."""
     report = tmp_path / "r.json"
     cluster = os.path.join(ROOT, "benchmarks", "results", "cluster_cpu4_2026-11-26_epyc.json")
-    ok = command.run_tapas("search", "--model=t5-tiny", "--batch_size=8", f"--cluster={cluster}",
-                           "--compute_scale=measure", f"--json_out={report}", timeout=400)
-    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
-    assert "measuring the model's compute scale on 4 devices" in ok.stdout
-    r = json.loads(report.read_text())
-    cal = r["compute_calibration"]
-    assert cal["num_devices"] == 4 and r["compute_scale"] == cal["compute_scale"] > 0
-    given = command.run_tapas("search", "--model=t5-tiny", f"--cluster={cluster}",
-                              "--compute_scale=2.5", f"--json_out={report}")
-    assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
-    assert json.loads(report.read_text())["compute_scale"] == 2.5
     refusals = (
         ((f"--cluster={cluster}", "--compute_scale=0"),
          "compute_scale=0.0: must be a finite number > 0"),
         ((f"--cluster={cluster}", "--compute_scale=fast"), "--compute_scale=fast"),
         (("--mesh=2x2", "--compute_scale=2"), "with --meshes/--mesh is not supported"),
         (("--cluster=v100", "--compute_scale=measure"), "is a preset, not this machine"))
-    bad = command.run_tapas_each(*(["search", "--model=t5-tiny", *a] for a, _ in refusals))
+    given, *bad = command.run_tapas_each(
+        ["search", "--model=t5-tiny", f"--cluster={cluster}", "--compute_scale=2.5",
+         f"--json_out={report}"], *(["search", "--model=t5-tiny", *a] for a, _ in refusals))
+    assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
+    assert "measuring" not in given.stdout
+    assert json.loads(report.read_text())["compute_scale"] == 2.5
     for (args, words), proc in zip(refusals, bad):
         assert proc.returncode != 0 and words in proc.stdout + proc.stderr, args
 
@@ -223,7 +219,7 @@ def test_search_command_takes_an_elementwise_scale(tmp_path) -> None:
     cal = r["compute_calibration"]
     assert cal["memory_bound_s"][0] > cal["memory_bound_s"][1] > 0
     assert r["elementwise_scale"] == cal["elementwise_scale"] > 0
-    assert r["compute_scale"] == cal["compute_scale"]
+    assert cal["num_devices"] == 4 and r["compute_scale"] == cal["compute_scale"] > 0
     assert r["kernel_times"] is not None
     given = command.run_tapas("search", "--model=t5-tiny", f"--cluster={cluster}",
                               "--elementwise_scale=3", f"--json_out={report}")
