@@ -35,8 +35,8 @@ def _scalars(logdir) -> dict:
     return out
 
 
-def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
-    from tapas.execution.api import fit
+def _save_model_and_data(tmp_path) -> None:
+    """The two-input model compiled with SGD as m.keras, 42 examples of its data as d.npz."""
     model = _two_input_model()
     model.compile("sgd", "mse")
     model.save(tmp_path / "m.keras")
@@ -44,6 +44,11 @@ def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
     np.savez(tmp_path / "d.npz", a=rng.standard_normal((42, 6)).astype("float32"),
              b=rng.standard_normal((42, 4)).astype("float32"),
              y=rng.standard_normal((42, 3)).astype("float32"))
+
+
+def test_elastic_job_survives_a_killed_worker(tmp_path) -> None:
+    from tapas.execution.api import fit
+    _save_model_and_data(tmp_path)
     common = [f"--model={tmp_path / 'm.keras'}", f"--data={tmp_path / 'd.npz'}",
               "--strategy=random:0", f"--epochs={EPOCHS}"]
     ck, out_json = tmp_path / "ck", tmp_path / "elastic.json"
@@ -137,13 +142,7 @@ def test_elastic_waits_for_a_replacement_worker(tmp_path) -> None:
     CHECKPOINT_DIR/replacements) and the job goes on with 3 workers; after the second none
     does within the wait, and it finishes on 2."""
     from tapas.execution.api.train_launch import replacement_dir
-    model = _two_input_model()
-    model.compile("sgd", "mse")
-    model.save(tmp_path / "m.keras")
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "d.npz", a=rng.standard_normal((42, 6)).astype("float32"),
-             b=rng.standard_normal((42, 4)).astype("float32"),
-             y=rng.standard_normal((42, 3)).astype("float32"))
+    _save_model_and_data(tmp_path)
     ck, out_json = tmp_path / "ck", tmp_path / "elastic.json"
     argv = [sys.executable, "-m", "tapas.cli", "train", f"--model={tmp_path / 'm.keras'}",
             f"--data={tmp_path / 'd.npz'}", "--strategy=random:0", f"--epochs={EPOCHS}",
