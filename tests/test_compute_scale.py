@@ -208,10 +208,25 @@ def test_search_command_takes_an_elementwise_scale(tmp_path) -> None:
     ``tapas train``."""
     report = tmp_path / "r.json"
     cluster = os.path.join(ROOT, "benchmarks", "results", "cluster_cpu4_2026-11-26_epyc.json")
-    ok = command.run_tapas("search", "--model=t5-tiny", "--batch_size=8", f"--cluster={cluster}",
-                           "--elementwise_scale=measure", "--compute_scale=measure",
-                           "--kernel_times=measure", f"--out={tmp_path / 's.json'}",
-                           f"--json_out={report}", timeout=500)
+    refusals = (([f"--cluster={cluster}", "--elementwise_scale=0"],
+                 "elementwise_scale=0.0: must be a finite number > 0"),
+                ([f"--cluster={cluster}", "--elementwise_scale=fast"],
+                 "--elementwise_scale=fast"),
+                (["--mesh=2x2", "--elementwise_scale=2"],
+                 "with --meshes/--mesh is not supported"),
+                (["--cluster=v100", "--elementwise_scale=measure"],
+                 "is a preset, not this machine"))
+    given_json = tmp_path / "given.json"
+    # one process: the measured search on 4 devices, the others stop before any device
+    ok, given, *bad, train = command.run_tapas_each(
+        ["search", "--model=t5-tiny", "--batch_size=8", f"--cluster={cluster}",
+         "--elementwise_scale=measure", "--compute_scale=measure", "--kernel_times=measure",
+         f"--out={tmp_path / 's.json'}", f"--json_out={report}"],
+        ["search", "--model=t5-tiny", f"--cluster={cluster}", "--elementwise_scale=3",
+         f"--json_out={given_json}"],
+        *(["search", "--model=t5-tiny", *args] for args, _ in refusals),
+        ["train", "--model=t5-tiny", "--devices=2", "--steps=1", "--elementwise_scale=2"],
+        timeout=500)
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
     assert ok.stdout.count("measuring the model's compute scale on 4 devices") == 1
     assert "(--compute_scale=measure and --elementwise_scale=measure)" in ok.stdout
@@ -221,26 +236,13 @@ def test_search_command_takes_an_elementwise_scale(tmp_path) -> None:
     assert r["elementwise_scale"] == cal["elementwise_scale"] > 0
     assert cal["num_devices"] == 4 and r["compute_scale"] == cal["compute_scale"] > 0
     assert r["kernel_times"] is not None
-    given = command.run_tapas("search", "--model=t5-tiny", f"--cluster={cluster}",
-                              "--elementwise_scale=3", f"--json_out={report}")
-    assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
-    assert "measuring" not in given.stdout
-    assert json.loads(report.read_text())["elementwise_scale"] == 3.0
-    refusals = (([f"--cluster={cluster}", "--elementwise_scale=0"],
-                 "elementwise_scale=0.0: must be a finite number > 0"),
-                ([f"--cluster={cluster}", "--elementwise_scale=fast"],
-                 "--elementwise_scale=fast"),
-                (["--mesh=2x2", "--elementwise_scale=2"],
-                 "with --meshes/--mesh is not supported"),
-                (["--cluster=v100", "--elementwise_scale=measure"],
-                 "is a preset, not this machine"))
-    *bad, train = command.run_tapas_each(
-        *(["search", "--model=t5-tiny", *args] for args, _ in refusals),
-        ["train", "--model=t5-tiny", "--devices=2", "--steps=1", "--elementwise_scale=2"])
     for (args, words), proc in zip(refusals, bad):
         assert proc.returncode != 0 and words in proc.stdout + proc.stderr, args
     assert train.returncode != 0
     assert "prices `tapas search` only" in train.stdout + train.stderr
+    assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
+    assert "measuring" not in given.stdout
+    assert json.loads(given_json.read_text())["elementwise_scale"] == 3.0
 
 
 def test_compute_calibration_is_a_frozen_record() -> None:
@@ -255,21 +257,21 @@ def test_train_command_measures_the_factor_before_its_search(tmp_path) -> None:
     refused, as is a factor that is not a number."""
     report = tmp_path / "train.json"
     cluster = os.path.join(ROOT, "benchmarks", "results", "cluster_cpu4_2026-11-26_epyc.json")
-    ok = command.run_tapas("train", "--model=t5-tiny", "--devices=4", "--steps=1",
-                           "--batch_size=8", f"--cluster={cluster}", "--compute_scale=measure",
-                           f"--json_out={report}", timeout=400)
-    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
-    assert "measuring the model's compute scale on 4 devices" in ok.stdout
-    r = json.loads(report.read_text())
-    assert r["compute_calibration"]["batches"][0] == 4 * r["compute_calibration"]["batches"][1]
-    assert r["compute_scale"] == r["compute_calibration"]["compute_scale"] > 0
-    refused, nan, early, both = command.run_tapas_each(
+    # one process: the refused lines stop before any device is made
+    ok, refused, nan, early, both = command.run_tapas_each(
+        ["train", "--model=t5-tiny", "--devices=4", "--steps=1", "--batch_size=8",
+         f"--cluster={cluster}", "--compute_scale=measure", f"--json_out={report}"],
         ["train", "--model=t5-tiny", "--devices=2", "--steps=1", "--strategy=random:0",
          "--compute_scale=2"],
         ["train", "--model=t5-tiny", "--devices=2", "--steps=1", "--compute_scale=many"],
         ["train", "--model=t5-tiny", "--workers=2", "--steps=1", "--compute_scale=measure"],
         ["train", "--model=t5-tiny", "--workers=2", "--steps=1", "--strategy=random:0",
-         "--compute_scale=2"])
+         "--compute_scale=2"], timeout=400)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    assert "measuring the model's compute scale on 4 devices" in ok.stdout
+    r = json.loads(report.read_text())
+    assert r["compute_calibration"]["batches"][0] == 4 * r["compute_calibration"]["batches"][1]
+    assert r["compute_scale"] == r["compute_calibration"]["compute_scale"] > 0
     assert refused.returncode != 0
     assert "--strategy=random:0 skips it" in refused.stdout + refused.stderr
     assert nan.returncode != 0 and "'many' is not a number" in nan.stdout + nan.stderr

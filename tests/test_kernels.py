@@ -206,30 +206,32 @@ def test_search_command_takes_kernel_times(tmp_path) -> None:
     import command  # tests/command.py
     cluster = os.path.join(ROOT, "benchmarks", "results", "cluster_cpu4_2026-11-26_epyc.json")
     out, report = tmp_path / "s.json", tmp_path / "r.json"
-    ok = command.run_tapas("search", "--model=t5-tiny", "--batch_size=8", f"--cluster={cluster}",
-                           "--kernel_times=measure", f"--out={out}", f"--json_out={report}",
-                           timeout=400)
+    saved, trained_json = tmp_path / "s_kernels.json", tmp_path / "t.json"
+    again_json = tmp_path / "a.json"
+    # measured, taken back by a search and by tapas train (a file: nothing measured again),
+    # in one process on 4 devices
+    ok, again, trained = command.run_tapas_each(
+        ["search", "--model=t5-tiny", "--batch_size=8", f"--cluster={cluster}",
+         "--kernel_times=measure", f"--out={out}", f"--json_out={report}"],
+        ["search", "--model=t5-tiny", "--batch_size=8", f"--cluster={cluster}",
+         f"--kernel_times={saved}", f"--json_out={again_json}"],
+        ["train", "--model=t5-tiny", "--devices=4", "--steps=1", "--batch_size=8",
+         f"--cluster={cluster}", f"--kernel_times={saved}", f"--json_out={trained_json}"],
+        timeout=500)
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
     assert "kernels of the model's patterns on 4 devices" in ok.stdout
-    saved = tmp_path / "s_kernels.json"
     assert f"kernel times written to {saved}" in ok.stdout
     times = KernelTimes.load(str(saved))
     assert times.num_devices == 4 and len(times) > 0 and not times.failed
     r = json.loads(report.read_text())
     assert r["kernel_times"]["seconds"] == dict(times.seconds)
-    again = command.run_tapas("search", "--model=t5-tiny", "--batch_size=8",
-                              f"--cluster={cluster}", f"--kernel_times={saved}",
-                              f"--json_out={report}")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "timing the" not in again.stdout
-    assert json.loads(report.read_text())["kernel_times"]["seconds"] == dict(times.seconds)
-    # tapas train searches with them too (a file here: nothing measured again)
-    trained = command.run_tapas("train", "--model=t5-tiny", "--devices=4", "--steps=1",
-                                "--batch_size=8", f"--cluster={cluster}",
-                                f"--kernel_times={saved}", f"--json_out={report}",
-                                timeout=400)
+    assert json.loads(again_json.read_text())["kernel_times"]["seconds"] == dict(times.seconds)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    assert json.loads(report.read_text())["kernel_times"]["seconds"] == dict(times.seconds)
+    assert "timing the" not in trained.stdout
+    assert json.loads(trained_json.read_text())["kernel_times"]["seconds"] == dict(
+        times.seconds)
     two = tmp_path / "two.json"
     KernelTimes(dict(times.seconds), 2).save(str(two))
     refusals = (
