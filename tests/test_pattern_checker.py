@@ -546,7 +546,7 @@ def test_the_nested_checker_catches_a_wrong_exchange():
     assert all("largest difference" in f and "2x2:experts" in f for f in failures), failures[:2]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", pick([0], [0, 1]))   # seed 1: TAPAS_FULL_MATRIX=1
 def test_whole_moe_model_nested_plan_matches_one_device(seed):
     """A random nested plan of the whole moe-tiny on a 2x2:experts mesh, simulated: each row
     runs its share of the batch, the expert region on exchanged tokens; outputs and every
