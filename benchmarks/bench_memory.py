@@ -15,7 +15,9 @@ prediction) plus the model's largest single weight (what materialization holds a
 Beside it, the same bound with the tiny model's overhead measured on the same number of
 workers (the multi-worker runtime's own: its server, collectives and their buffers), as
 ``bound_same_workers_bytes``.
-Prints a table and writes JSON (default ``benchmarks/results/bench_memory_<model>.json``).
+Prints a table and writes JSON (default ``benchmarks/results/bench_memory_<model>.json``,
+with the date, the CPU count, the 1-minute load average at the start and the end, and the
+workers' ``MALLOC_ARENA_MAX``: the launcher's default unless this environment sets one).
 ``--phases``: where a worker's memory goes, in one process on one device: the resident set
 after each phase, with ``--tf_peak`` also the bytes TensorFlow's tensors hold (JSON
 ``bench_memory_phases_<model>.json``).
@@ -166,7 +168,9 @@ def main() -> None:
                       f, indent=1)
         print(f"wrote {out}")
         return
+    from tapas.execution.runtime import launch
     counts = [int(w) for w in args.workers.split(",")]
+    load_before = os.getloadavg()
     overheads = {k: _overhead(args.baseline, k, args.steps) for k in sorted({1, *counts})}
     overhead = overheads[1]
     largest = _largest_weight(args.model)
@@ -216,7 +220,11 @@ def main() -> None:
                    "budget_gib": args.budget_gib, "overhead_bytes": overhead,
                    "overhead_bytes_by_workers": {str(k): v for k, v in overheads.items()},
                    "largest_weight_bytes": largest, "rows": rows,
-                   "date": datetime.date.today().isoformat(), "cpus": os.cpu_count()},
+                   "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+                   "load_average_1min": [round(load_before[0], 2),
+                                         round(os.getloadavg()[0], 2)],   # start, end
+                   "worker_env": {k: os.environ.get(k, v) for k, v in
+                                  launch.WORKER_ENV_DEFAULTS.items()}},
                   f, indent=1)
     print(f"wrote {out}")
 

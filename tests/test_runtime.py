@@ -311,6 +311,19 @@ def test_launch_stops_every_worker_on_failure() -> None:
                       timeout_s=1)
 
 
+def test_launch_limits_glibc_arenas_unless_the_caller_sets_it(monkeypatch: Any) -> None:
+    """Workers get ``MALLOC_ARENA_MAX=2`` (launch.WORKER_ENV_DEFAULTS); a value in the
+    caller's environment or in ``env`` is kept."""
+    script = "import os; print('arenas', os.environ.get('MALLOC_ARENA_MAX'))"
+    argv = lambda i: [sys.executable, "-c", script]  # noqa: E731
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert "arenas 2" in launch.launch(argv, 1, timeout_s=30)[0].output
+    assert "arenas 5" in launch.launch(argv, 1, timeout_s=30,
+                                       env={"MALLOC_ARENA_MAX": "5"})[0].output
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "16")
+    assert all("arenas 16" in r.output for r in launch.launch(argv, 2, timeout_s=30))
+
+
 @only_in_full_matrix
 def test_tapas_train_with_two_workers_verifies(tmp_path: Any) -> None:
     """`tapas train --workers=2`: two MultiWorkerMirroredStrategy processes, a random plan,

@@ -13,6 +13,8 @@ when one fails, when the deadline passes, or when the caller is interrupted, eve
 still running is terminated, then killed — only these processes, by their own ids. If the
 launcher itself dies (even by SIGKILL), the kernel kills its workers (Linux: the parent-death
 signal, set in each worker before it starts), so no worker trains on unsupervised.
+Each worker's environment also gets :data:`WORKER_ENV_DEFAULTS` (glibc's malloc limited to
+two arenas) wherever the caller's environment and ``env`` do not set those variables.
 This module imports no TensorFlow.
 """
 
@@ -32,7 +34,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["free_ports", "tf_config_for", "launch", "WorkerResult", "LaunchError",
-           "JoinWatchdog", "join_failure_message", "JOIN_TIMEOUT_EXIT"]
+           "JoinWatchdog", "join_failure_message", "JOIN_TIMEOUT_EXIT",
+           "WORKER_ENV_DEFAULTS"]
+
+#: set in a worker's environment unless the caller's environment or ``env`` sets it:
+#: glibc's malloc gives each thread that finds the others' arenas busy its own arena (up to
+#: 8 per core), and memory freed in one arena cannot serve an allocation in another, so a
+#: worker's ~100 TensorFlow and gRPC threads raise its peak (docs/running.md, *Memory*)
+WORKER_ENV_DEFAULTS = {"MALLOC_ARENA_MAX": "2"}
 
 #: exit code of a worker ended by its join watchdog
 JOIN_TIMEOUT_EXIT = 75
@@ -95,7 +104,8 @@ def launch(argv: Callable[[int], Sequence[str]], num_workers: int, *, timeout_s:
     deadline = time.monotonic() + timeout_s
     try:
         for i in start:
-            worker_env = {**os.environ, **(env or {}), "TF_CONFIG": tf_config_for(ports, i)}
+            worker_env = {**WORKER_ENV_DEFAULTS, **os.environ, **(env or {}),
+                          "TF_CONFIG": tf_config_for(ports, i)}
             # append mode: reading it while the worker writes (a lost one's peers) never
             # moves where the worker writes
             log = tempfile.TemporaryFile(mode="a+")
