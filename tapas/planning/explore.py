@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from tapas.ir import Graph, TensorInfo
 from tapas.planning import cost as cost_lib
+from tapas.planning.kept import resharded_bytes
 from tapas.planning.cluster import Cluster
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.planning.branches import Folded, chosen, fold_branches
@@ -478,7 +479,9 @@ def weight_reshard_terms(graph: Graph, table: PatternTable, patterns: Sequence[i
 def plan_memory(graph: Graph, table: PatternTable, patterns: Sequence[int],
                 options: CostOptions | None = None) -> MemoryEstimate:
     """Per-device memory of a plan: each weight once (a tied weight at its largest local
-    size), its gradient and optimizer state, and every GraphNode's outputs."""
+    size), its gradient and optimizer state, every GraphNode's outputs, and the resharded
+    inputs the backward pass keeps that are larger than their producer's shard
+    (``tapas.planning.kept.resharded_bytes``)."""
     options = table.options if options is None else options
     n = table.num_devices
     readers = graph.readers
@@ -501,6 +504,7 @@ def plan_memory(graph: Graph, table: PatternTable, patterns: Sequence[int],
             if held is None or held[0] < b:
                 weights[w.path] = (b, w.trainable)
         act += info.memory.activations
+    act += resharded_bytes(graph, table, patterns, producers(graph), options)
     each: dict[tuple[float, bool], MemoryEstimate] = {}
     total = [0.0, 0.0, 0.0]     # summed in the order MemoryEstimate.__add__ would
     for b, trainable in weights.values():

@@ -1,0 +1,113 @@
+"""The resharded inputs that a training step keeps for its backward pass.
+
+In:  a :class:`tapas.ir.Graph`, one GraphNode of it and one of its inputs (by index), and
+     the tensors whose gradient the step computes (``PatternTable.gradients``; None: not
+     known, every gradient counts as computed).
+Out: :func:`kept_for_backward`: whether the GraphNode's backward reads that input's value,
+     so that the step holds it from the forward pass until then. :func:`resharded_bytes`:
+     per device, the bytes of the resharded inputs a plan's step keeps that are larger
+     where the reader has them than where their producer made them (an all-gather's
+     output beside the producer's shard), for ``tapas.planning.explore.plan_memory``.
+
+An input is kept when an op of the GraphNode reads it (or a view of it: ``Reshape``,
+``Squeeze``, ``ExpandDims``, ``Identity``..., which share its buffer) and that op's
+gradient reads it (``tapas.sharding.rules``' ``linear``): an op linear in all its data
+inputs together (``Add``, ``Transpose``, ``Sum``, a one-input ``Reshape``) reads none; an
+op linear in the input but not jointly (``Mul``, ``MatMul``, a division's numerator)
+reads it for another input's gradient, so only when another data input gets one; an op
+not linear in it (``Square``, ``Rsqrt``, ``Softmax``, a division's denominator) reads it
+for its own gradient, so when one of the op's outputs gets one. An op without a rule is
+taken to read it. This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from tapas.ir import Graph, GraphNode, OpInfo
+from tapas.planning.precision import priced_dtype
+from tapas.sharding import rules
+from tapas.sharding.rules import shape as shape_rules
+
+__all__ = ["kept_for_backward", "resharded_bytes", "VIEW_OPS"]
+
+# ops whose output is a view of their first input's buffer (no copy): what reads the view
+# keeps the input
+VIEW_OPS = frozenset({"Reshape", *shape_rules.SQUEEZE, "Identity", "Snapshot",
+                      "EnsureShape", "StopGradient", "PreventGradient"})
+
+
+def _needed(name: str, gradients: Collection[str] | None) -> bool:
+    return gradients is None or name in gradients
+
+
+def _reads_for_gradient(op: OpInfo, name: str, shapes: Mapping[str, Any],
+                        gradients: Collection[str] | None) -> bool:
+    """Whether ``op``'s gradient reads its input ``name`` (see the module docstring)."""
+    inputs = [x for x in op.inputs if not x.startswith("^")]
+    spec = rules.spec_for(op, rules.OpContext(
+        tuple(shapes.get(x) for x in inputs), tuple(t.shape for t in op.outputs),
+        lambda i: None))
+    if isinstance(spec, str) or len(spec.inputs) != len(inputs):
+        return True     # no rule, or operands the rule does not describe: taken as read
+    data = [i for i, labels in enumerate(spec.inputs) if labels is not None]
+    if spec.linear == "all":
+        return False
+    for i in data:
+        if inputs[i] != name:
+            continue
+        if i in spec.linear:
+            if any(_needed(inputs[j], gradients) for j in data if j != i):
+                return True
+        elif any(_needed(t.name, gradients) for t in op.outputs):
+            return True
+    return False
+
+
+def kept_for_backward(graph: Graph, node: GraphNode, index: int,
+                      gradients: Collection[str] | None) -> bool:
+    """Whether ``node``'s backward reads the value of its input ``index``."""
+    shapes = {t.name: t.shape for t in node.inputs}
+    for op in node.ops:
+        for t in op.outputs:
+            shapes[t.name] = t.shape
+    for w in node.weights:
+        shapes.setdefault(f"{w.placeholder}:0", w.shape)
+    views = {node.inputs[index].name}
+    for op in node.ops:     # in the GraphNode's order: a view comes after what it views
+        read = [x for x in op.inputs if x in views]
+        if not read:
+            continue
+        if op.type in VIEW_OPS and op.inputs and op.inputs[0] in views:
+            views.update(t.name for t in op.outputs)
+            continue
+        if any(_reads_for_gradient(op, x, shapes, gradients) for x in set(read)):
+            return True
+    return False
+
+
+def resharded_bytes(graph: Graph, table: Any, patterns: Sequence[int],
+                    producers: Mapping[str, tuple[int, int]], options: Any) -> float:
+    """Bytes per device of the resharded inputs a plan's step keeps for the backward pass:
+    each input whose placement differs from its producer's output and whose local size
+    there is larger than the producer's shard (an all-gather's output, the whole tensor
+    on every device), at the reader's local size, when :func:`kept_for_backward`. The
+    producer's output is counted by the plan already; this is the second tensor."""
+    n = table.num_devices
+    total = 0.0
+    for node in graph.nodes:
+        info = table.infos[node.id][patterns[node.id]]
+        for j, (t, want) in enumerate(zip(node.inputs, info.inputs)):
+            src = producers.get(t.name)
+            if src is None or t.shape is None:
+                continue
+            have = table.infos[src[0]][patterns[src[0]]].outputs[src[1]]
+            if have is want or have == want:
+                continue
+            dtype = priced_dtype(t.dtype, options.precision)
+            b = want.local_bytes(t.shape, dtype, n)
+            if b > have.local_bytes(t.shape, dtype, n) and \
+                    kept_for_backward(graph, node, j, table.gradients):
+                total += b
+    return total

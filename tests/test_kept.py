@@ -1,0 +1,78 @@
+"""The resharded inputs a training step keeps for its backward pass
+(``tapas.planning.kept``) and their bytes in a plan's memory (``explore.plan_memory``)."""
+
+from __future__ import annotations
+
+import keras
+import pytest
+
+import tapas
+from tapas.planning import explore
+from tapas.planning.cost import Cluster
+from tapas.planning.kept import kept_for_backward
+from tapas.planning.table import gradient_tensors, pattern_table
+from tapas.sharding.placements import Replica, Split
+
+
+def _graph(trainable_last: bool = True) -> tapas.Graph:
+    keras.backend.clear_session()
+    inp = keras.Input((6, 8), batch_size=4)
+    h = keras.layers.Dense(16, name="first")(inp)
+    s = keras.layers.Add(name="add")([h, keras.layers.Dense(16, name="side")(inp)])
+    last = keras.layers.Dense(4, name="last")
+    last.trainable = trainable_last
+    import tensorflow as tf
+    return tapas.capture(keras.Model(inp, last(s)), [tf.TensorSpec((4, 6, 8), tf.float32)])
+
+
+def _node(graph: tapas.Graph, name: str) -> tapas.GraphNode:
+    """The GraphNode of Keras layer ``name`` (GraphNodes are named model/layer/op)."""
+    return next(n for n in graph.nodes if "/" in n.name and
+                n.name.split("/")[1].startswith(name))
+
+
+def test_a_matmul_keeps_its_input_for_a_trainable_kernel_an_add_keeps_none() -> None:
+    g = _graph()
+    grads = gradient_tensors(g)
+    last, add = _node(g, "last"), _node(g, "add")
+    assert kept_for_backward(g, last, 0, grads)
+    assert not any(kept_for_backward(g, add, j, grads) for j in range(len(add.inputs)))
+
+
+def test_a_frozen_kernel_needs_no_input_for_its_gradient() -> None:
+    """The last Dense frozen: its MatMul's backward computes only its input's gradient
+    (the output gradient times the kernel), which does not read the input."""
+    g = _graph(trainable_last=False)
+    assert not kept_for_backward(g, _node(g, "last"), 0, gradient_tensors(g))
+    # without the gradient flow every gradient counts as computed: kept
+    assert kept_for_backward(g, _node(g, "last"), 0, None)
+
+
+def test_plan_memory_counts_an_all_gathered_input_the_backward_keeps() -> None:
+    """The add's output split on its last axis and the last Dense reading it whole: the
+    all-gather's output (4 x 6 x 16 floats on each device) is counted beside the add's
+    shard; read split, nothing is added."""
+    g = _graph()
+    n = 2
+    table = pattern_table(g, n, Cluster.v100_ethernet(1, n))
+    add, last = _node(g, "add"), _node(g, "last")
+    base = [0] * len(g.nodes)     # every GraphNode's first pattern
+    split_add = next(i for i, p in enumerate(table.infos[add.id])
+                     if p.outputs[0] == Split(2))
+    whole = next(i for i, p in enumerate(table.infos[last.id]) if p.inputs[0] == Replica())
+    split = next(i for i, p in enumerate(table.infos[last.id]) if p.inputs[0] == Split(2))
+    producers = {t.name: p for p, node in enumerate(g.nodes) for t in node.outputs}
+    plans = {}
+    for name, k in (("whole", whole), ("split", split)):
+        plan = list(base)
+        plan[add.id] = split_add
+        plan[last.id] = k
+        for t in last.inputs[1:]:   # nothing else of the last Dense is resharded
+            assert t.name not in producers
+        plans[name] = plan
+    outputs = {name: sum(table.infos[v][p].memory.activations for v, p in enumerate(plan))
+               for name, plan in plans.items()}
+    act = {name: explore.plan_memory(g, table, plan).activations
+           for name, plan in plans.items()}
+    assert act["whole"] == pytest.approx(outputs["whole"] + 4 * 6 * 16 * 4)
+    assert act["split"] == pytest.approx(outputs["split"])
