@@ -35,17 +35,17 @@ def test_a_matmul_keeps_its_input_for_a_trainable_kernel_an_add_keeps_none() -> 
     g = _graph()
     grads = gradient_tensors(g)
     last, add = _node(g, "last"), _node(g, "add")
-    assert kept_for_backward(g, last, 0, grads)
-    assert not any(kept_for_backward(g, add, j, grads) for j in range(len(add.inputs)))
+    assert kept_for_backward(last, 0, grads)
+    assert not any(kept_for_backward(add, j, grads) for j in range(len(add.inputs)))
 
 
 def test_a_frozen_kernel_needs_no_input_for_its_gradient() -> None:
     """The last Dense frozen: its MatMul's backward computes only its input's gradient
     (the output gradient times the kernel), which does not read the input."""
     g = _graph(trainable_last=False)
-    assert not kept_for_backward(g, _node(g, "last"), 0, gradient_tensors(g))
+    assert not kept_for_backward(_node(g, "last"), 0, gradient_tensors(g))
     # without the gradient flow every gradient counts as computed: kept
-    assert kept_for_backward(g, _node(g, "last"), 0, None)
+    assert kept_for_backward(_node(g, "last"), 0, None)
 
 
 def test_plan_memory_counts_an_all_gathered_input_the_backward_keeps() -> None:

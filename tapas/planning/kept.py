@@ -65,8 +65,7 @@ def _reads_for_gradient(op: OpInfo, name: str, shapes: Mapping[str, Any],
     return False
 
 
-def kept_for_backward(graph: Graph, node: GraphNode, index: int,
-                      gradients: Collection[str] | None) -> bool:
+def kept_for_backward(node: GraphNode, index: int, gradients: Collection[str] | None) -> bool:
     """Whether ``node``'s backward reads the value of its input ``index``."""
     shapes = {t.name: t.shape for t in node.inputs}
     for op in node.ops:
@@ -108,6 +107,6 @@ def resharded_bytes(graph: Graph, table: Any, patterns: Sequence[int],
             dtype = priced_dtype(t.dtype, options.precision)
             b = want.local_bytes(t.shape, dtype, n)
             if b > have.local_bytes(t.shape, dtype, n) and \
-                    kept_for_backward(graph, node, j, table.gradients):
+                    kept_for_backward(node, j, table.gradients):
                 total += b
     return total
