@@ -267,12 +267,18 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
         if _counts(node) != counts:
             return row      # not the same structure after all: price every collective
         rename = {name: _tensor_at(node, place) for name, place in where.items()}
+    # (the terms are the pattern's comms in order; the loss's are added later)
+    drops = tuple(frozenset(k for k, (bwd, name) in enumerate(comms) if bwd and name is not None
+                            and rename.get(name, name) not in gradients) for comms in tensors)
+    # GraphNodes without weights share their signature's row: one copy per set of drops
+    shared = names.setdefault(("rows",), {}) if not node.weights else None
+    if shared is not None:
+        hit = shared.get((id(row), drops))
+        if hit is not None and hit[0] is row:
+            return hit[1]
     out = []
     kept_terms = names.setdefault(None, {})   # (terms, dropped) -> (kept terms, seconds)
-    for info, comms in zip(row, tensors):
-        # (the terms are the pattern's comms in order; the loss's are added later)
-        drop = frozenset(k for k, (bwd, name) in enumerate(comms) if bwd and name is not None
-                         and rename.get(name, name) not in gradients)
+    for info, comms, drop in zip(row, tensors, drops):
         if not drop or len(comms) != len(info.comm_terms):
             out.append(info)
             continue
@@ -284,6 +290,8 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
         kept.__dict__.update(info.__dict__)
         kept.__dict__["comm_terms"], kept.__dict__["comm_time"] = kept_terms[memo][:2]
         out.append(kept)
+    if shared is not None:
+        shared[(id(row), drops)] = (row, tuple(out))
     return tuple(out)
 
 
