@@ -286,8 +286,11 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
         if memo not in kept_terms:
             terms = tuple(t for k, t in enumerate(info.comm_terms) if k not in drop)
             kept_terms[memo] = (terms, math.fsum(t.total for t in terms), info.comm_terms)
-        kept = object.__new__(PatternInfo)
-        kept.__dict__.update(info.__dict__)
+        if node.weights and first.id != node.id:
+            kept = info    # this GraphNode's own copy (_with_weights): completed in place
+        else:
+            kept = object.__new__(PatternInfo)
+            kept.__dict__.update(info.__dict__)
         kept.__dict__["comm_terms"], kept.__dict__["comm_time"] = kept_terms[memo][:2]
         out.append(kept)
     if shared is not None:
