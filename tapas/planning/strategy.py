@@ -43,18 +43,23 @@ def graph_digest(graph: Graph) -> str:
     # the JSON text of [node..., sorted edges, inputs, outputs], each node's and shape's
     # text written once (a deep stack's layers repeat them)
     texts: dict[Any, str] = {}
-
-    def text(key: Any, value: Any) -> str:
-        out = texts.get(key)
-        if out is None:
-            out = texts[key] = json.dumps(value, separators=(",", ":"))
-        return out
-    parts = [text(key, [key[0], key[1], [list(s) for s in key[2]]]) for key in (
-        (n.signature, n.kind.value, tuple(tuple(t.shape or ()) for t in n.outputs))
-        for n in graph.nodes)]
-    edges = sorted((e.src, e.dst, list(e.tensor.shape or ())) for e in graph.edges)
-    parts.append("[" + ",".join(f"[{src},{dst},{text(tuple(shape), shape)}]"
-                                for src, dst, shape in edges) + "]")
+    shapes: dict[Any, str] = {}
+    parts = []
+    for n in graph.nodes:
+        key = (n.signature, n.kind.value, tuple([tuple(t.shape or ()) for t in n.outputs]))
+        text = texts.get(key)
+        if text is None:
+            text = texts[key] = json.dumps([key[0], key[1], [list(s) for s in key[2]]],
+                                           separators=(",", ":"))
+        parts.append(text)
+    edges = []
+    for src, dst, shape in sorted([(e.src, e.dst, list(e.tensor.shape or ()))
+                                   for e in graph.edges]):
+        text = shapes.get(tuple(shape))
+        if text is None:
+            text = shapes[tuple(shape)] = json.dumps(shape, separators=(",", ":"))
+        edges.append(f"[{src},{dst},{text}]")
+    parts.append("[" + ",".join(edges) + "]")
     parts.append(json.dumps([[list(t.shape or ()), t.dtype] for t in graph.inputs],
                             separators=(",", ":")))
     parts.append(json.dumps([[list(t.shape or ()), t.dtype] for t in graph.outputs],
