@@ -259,6 +259,7 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
         return row
     first = graph.nodes[first_of[key]]
     rename: dict[str, str] = {}
+    state: tuple[Any, ...] | None = None
     if first.id != node.id:
         if key not in names:
             wanted = {name for comms in tensors for bwd, name in comms if bwd and name}
@@ -266,10 +267,20 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
         where, counts = names[key]
         if _counts(node) != counts:
             return row      # not the same structure after all: price every collective
-        rename = {name: _tensor_at(node, place) for name, place in where.items()}
-    # (the terms are the pattern's comms in order; the loss's are added later)
-    drops = tuple(frozenset(k for k, (bwd, name) in enumerate(comms) if bwd and name is not None
-                            and rename.get(name, name) not in gradients) for comms in tensors)
+        renamed = [_tensor_at(node, place) for place in where.values()]
+        # the dropped collectives follow from which of those tensors get a gradient
+        state = (key, tuple([name in gradients for name in renamed]))
+        rename = dict(zip(where, renamed))
+    known = names.setdefault(("drops",), {})
+    drops = known.get(state) if state is not None else None
+    if drops is None:
+        # (the terms are the pattern's comms in order; the loss's are added later)
+        drops = tuple(frozenset(k for k, (bwd, name) in enumerate(comms)
+                                if bwd and name is not None
+                                and rename.get(name, name) not in gradients)
+                      for comms in tensors)
+        if state is not None:
+            known[state] = drops
     # GraphNodes without weights share their signature's row: one copy per set of drops
     shared = names.setdefault(("rows",), {}) if not node.weights else None
     if shared is not None:
