@@ -290,10 +290,10 @@ class Graph:
     def num_ops(self) -> int:
         return sum(len(n.ops) for n in self.nodes)
 
-    @property
+    @functools.cached_property
     def weights(self) -> tuple[WeightInfo, ...]:
         """Every weight the graph reads, once (a tied weight is listed by each GraphNode
-        that reads it, but once here)."""
+        that reads it, but once here; found once per graph: a search asks several times)."""
         seen: dict[str, WeightInfo] = {}
         for n in self.nodes:
             for w in n.weights:

@@ -76,3 +76,30 @@ def test_plan_memory_counts_an_all_gathered_input_the_backward_keeps() -> None:
            for name, plan in plans.items()}
     assert act["whole"] == pytest.approx(outputs["whole"] + 4 * 6 * 16 * 4)
     assert act["split"] == pytest.approx(outputs["split"])
+
+
+def test_plans_costed_from_another_plan_keep_the_same_memory() -> None:
+    """``plancost.plan_costs`` costs later plans from the first's terms: the kept
+    resharded inputs of each equal those of the plan costed on its own (the GraphNodes
+    whose pattern changed and their readers recomputed)."""
+    from tapas.planning import plancost
+    from tapas.planning.table import EdgeCoster
+    g = _graph()
+    n = 2
+    cluster = Cluster.v100_ethernet(1, n)
+    table = pattern_table(g, n, cluster)
+    add, last = _node(g, "add"), _node(g, "last")
+    split_add = next(i for i, p in enumerate(table.infos[add.id])
+                     if p.outputs[0] == Split(2))
+    whole = next(i for i, p in enumerate(table.infos[last.id]) if p.inputs[0] == Replica())
+    base = [0] * len(g.nodes)
+    gathered = list(base)
+    gathered[add.id], gathered[last.id] = split_add, whole
+    only_last = list(base)
+    only_last[last.id] = whole
+    plans = [base, gathered, only_last, list(gathered)]
+    edges = EdgeCoster(n, cluster, table.options)
+    together = plancost.plan_costs(g, table, plans, edges)
+    for plan, (cost, _) in zip(plans, together):
+        assert cost.memory == plancost.plan_memory(g, table, plan)
+    assert together[1][0].memory.activations > together[0][0].memory.activations

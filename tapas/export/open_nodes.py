@@ -24,7 +24,7 @@ around it disagree, e.g. a replicated residual beside a split layer output: a re
 needed whichever pattern runs, and propagation chooses where), or only another one does.
 Each pattern left (the agreeing ones other than the strategy's; all others where none
 agrees) is priced as the strategy's plan with that GraphNode's pattern alone changed
-(``tapas.planning.explore.plan_cost``) minus the strategy's plan: its cost under the cost
+(``tapas.planning.plancost.plan_cost``) minus the strategy's plan: its cost under the cost
 model, not GSPMD's program (which may also move several GraphNodes at once).
 """
 

@@ -62,20 +62,20 @@ class Index:
             self.lab.append(lid)
         out_pos = [{t.name: i for i, t in enumerate(nd.outputs)} for nd in graph.nodes]
         in_pos = [{t.name: i for i, t in enumerate(nd.inputs)} for nd in graph.nodes]
-        fwd: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
         real: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
         self.in_tensors: list[set[tuple[int, str]]] = [set() for _ in range(n)]
         self.out_tensors: list[set[tuple[int, str]]] = [set() for _ in range(n)]
         for e in graph.edges:
-            if e.src == e.dst:
+            src, dst, name = e.src, e.dst, e.tensor.name
+            if src == dst:
                 continue
-            port = (out_pos[e.src].get(e.tensor.name, -1), in_pos[e.dst].get(e.tensor.name, -1))
-            real[(e.src, e.dst)].add(port)
-            fwd[(e.src, e.dst)].add(port if match_ports else (0, 0))
-            self.in_tensors[e.dst].add((e.src, e.tensor.name))
-            self.out_tensors[e.src].add((e.dst, e.tensor.name))
+            real[(src, dst)].add((out_pos[src].get(name, -1), in_pos[dst].get(name, -1)))
+            self.in_tensors[dst].add((src, name))
+            self.out_tensors[src].add((dst, name))
         # (src, dst) -> the (output index, input index) pairs of the tensors src -> dst
         self.ports = {sd: tuple(sorted(p)) for sd, p in real.items()}
+        # the edge codes' pairs: the ports, or (0, 0) when ports are not matched
+        fwd = self.ports if match_ports else {sd: ((0, 0),) for sd in real}
         self.codes: list[tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]] = []
         code_ids: dict[Any, int] = {}
         self.rev: list[int] = []
@@ -89,11 +89,9 @@ class Index:
             return c
 
         self.adj: list[dict[int, int]] = [{} for _ in range(n)]
-        for (s, d) in sorted(set(fwd) | {(d, s) for s, d in fwd}):
-            if s > d:
-                continue
-            f = tuple(sorted(fwd.get((s, d), ())))
-            b = tuple(sorted(fwd.get((d, s), ())))
+        for (s, d) in sorted({(s, d) if s < d else (d, s) for s, d in fwd}):
+            f = fwd.get((s, d), ())
+            b = fwd.get((d, s), ())
             c_sd, c_ds = intern((f, b)), intern((b, f))
             self.rev[c_sd], self.rev[c_ds] = c_ds, c_sd
             self.adj[s][d] = c_sd

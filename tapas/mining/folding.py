@@ -378,6 +378,11 @@ def detect_layers(graph: Graph, nodes: Sequence[int] | None = None) -> int:
     best = (0, 1)          # (span = repetitions x period, repetitions)
     for p in range(1, w // 2 + 1):
         eq = a[:-p] == a[p:]
+        # a run of at most eq.sum() matches spans at most eq.sum() + p: when that is short
+        # of the best span, this period cannot win (a stack's many periods that are not
+        # its layer's end here)
+        if int(np.count_nonzero(eq)) + p < best[0]:
+            continue
         if not eq.any():
             continue
         # longest run of True in eq: seq[i:i+run+p] is periodic with period p

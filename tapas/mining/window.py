@@ -88,7 +88,10 @@ def find_runs(index: Index, nodes: Sequence[int], min_copies: int) -> list[Run]:
         eq = np.concatenate(([0], (seq[:-p] == seq[p:]).astype(np.int8), [0]))
         d = np.diff(eq)
         starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
-        for s, length in zip(starts, ends - starts):
+        lengths = ends - starts
+        # a stretch of length L holds L // p + 1 copies: only those of min_copies or more
+        keep = lengths >= (min_copies - 1) * p
+        for s, length in zip(starts[keep], lengths[keep]):
             r = int(length) // p + 1
             if r >= min_copies:
                 found.append((-r * p, p, int(s), r, int(length) % p))

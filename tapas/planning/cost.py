@@ -57,6 +57,7 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -356,8 +357,8 @@ class CostBreakdown:
     def __post_init__(self) -> None:
         object.__setattr__(self, "terms", tuple(self.terms))
 
-    @property
-    def total(self) -> float:
+    @functools.cached_property
+    def total(self) -> float:   # read for every ranking and report: summed once
         return math.fsum(t.total for t in self.terms)
 
     @property

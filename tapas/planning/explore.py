@@ -6,7 +6,8 @@ In:  a :class:`tapas.ir.Graph`, optionally its :class:`tapas.mining.FoldedGraph`
 Out: :class:`ExploreResult` -- the best whole-graph plans (one ShardingPattern index per
      GraphNode), ranked by the cost model, with the counts of what was enumerated and
      how long each phase took; :func:`plan_cost` and :func:`plan_memory`, the exact cost
-     and memory of one plan. ``tapas.search`` turns the best plan into a Strategy.
+     and memory of one plan (:mod:`tapas.planning.plancost`, re-exported here).
+     ``tapas.search`` turns the best plan into a Strategy.
 
 How it works (docs/search.md has the long version):
 
@@ -59,14 +60,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tapas.ir import Graph, TensorInfo
-from tapas.planning import cost as cost_lib
-from tapas.planning.kept import resharded_bytes
 from tapas.planning.cluster import Cluster
-from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
+from tapas.planning.cost import CostOptions
 from tapas.planning.branches import Folded, chosen, fold_branches
 from tapas.planning.frontier import (Allowed, Counts, Progress, SearchTimeout, Step, TieOptions,
                                      Run, lower_bound, run, unwind)
-from tapas.planning.precision import priced_dtype
+from tapas.planning.plancost import (Resharded, memory_lower_bound, node_memory, plan_cost,
+                                     plan_costs, plan_memory, weight_reshard_terms)
 from tapas.planning.steps import consumers, good_order, node_steps, producers
 from tapas.planning.stitch import stitch_steps
 from tapas.planning.table import (EdgeCoster, PatternInfo, PatternsFn, PatternTable, ReshardFn,
@@ -77,7 +77,8 @@ if TYPE_CHECKING:
     from tapas.mining import FoldedGraph, Template
 
 __all__ = [
-    "explore", "explore_template", "pattern_table", "plan_cost", "plan_memory", "node_memory",
+    "explore", "explore_template", "pattern_table", "plan_cost", "plan_costs", "plan_memory",
+    "node_memory", "memory_lower_bound", "weight_reshard_terms",
     "PatternInfo", "PatternTable", "EdgeCoster", "Counts", "Candidate", "TemplateResult",
     "Plan", "ExploreResult", "ExploreOptions", "SearchTimeout", "MODES", "Allowed",
     "PatternsFn", "ReshardFn", "Resharded",
@@ -85,8 +86,6 @@ __all__ = [
 
 MODES = ("gp", "es")
 
-# an edge that reshards: (src GraphNode, dst GraphNode, input index of dst, from, to)
-Resharded = tuple[int, int, int, Placement, Placement]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,141 +407,3 @@ def _renumbered(runs: Sequence[Run], kept: Sequence[int]) -> list[Run]:
     before it."""
     new_index = {old: new for new, old in enumerate(kept)}
     return [dataclasses.replace(r, start=new_index[r.start]) for r in runs]
-
-
-# =========================================================================================
-# Exact cost of a whole plan
-# =========================================================================================
-
-def plan_cost(graph: Graph, table: PatternTable, patterns: Sequence[int], edges: EdgeCoster,
-              ) -> tuple[cost_lib.PlanCost, list[Resharded]]:
-    """The exact cost of one whole-graph plan and its resharded edges.
-
-    Returns the PlanCost (every pattern's collectives, every edge's resharding collectives,
-    compute, memory) and the edges that reshard as ``(src, dst, input index, from, to)``.
-    Raises ValueError if an edge cannot be resharded.
-    """
-    edges = edges.for_table(table)
-    prod = producers(graph)
-    terms: list[CostTerm] = []
-    compute = 0.0
-    resharded: list[Resharded] = []
-    for node in graph.nodes:
-        info = table.infos[node.id][patterns[node.id]]
-        terms.extend(info.comm_terms)
-        compute += info.compute_time
-        for j, (t, want) in enumerate(zip(node.inputs, info.inputs)):
-            src = prod.get(t.name)
-            if src is None:
-                continue
-            have = table.infos[src[0]][patterns[src[0]]].outputs[src[1]]
-            if have is want or have == want:
-                continue
-            if not edges.allow:
-                raise ValueError(f"edge {src[0]} -> {node.id} ({t.name}): {have} != {want} "
-                                 "and resharding is off")
-            terms.extend(edges.terms(t, have, want,
-                                     label=f"reshard {t.name} {have}->{want} for {node.name}"))
-            resharded.append((src[0], node.id, j, have, want))
-    if table.options.weight_reshards:
-        terms.extend(weight_reshard_terms(graph, table, patterns, edges))
-    mem = plan_memory(graph, table, patterns)
-    return cost_lib.PlanCost(cost_lib.CostBreakdown(terms), compute, mem), resharded
-
-
-def weight_reshard_terms(graph: Graph, table: PatternTable, patterns: Sequence[int],
-                         edges: EdgeCoster) -> list[CostTerm]:
-    """The collectives that move a weight read in several placements: stored as its first
-    reader (in GraphNode order) wants it, resharded once per other placement wanted (with
-    the gradient's conjugate), as the runtime runs it (``tapas.execution.checking.audit``). Only
-    GraphNodes that read the weight count (``Graph.readers``)."""
-    stored: dict[str, Any] = {}
-    seen: set[tuple[str, str]] = set()
-    terms: list[CostTerm] = []
-    for node in graph.nodes:
-        info = table.infos[node.id][patterns[node.id]]
-        shapes = {w.path: w for w in node.weights if graph.reads(node.id, w.path)}
-        for path, want in info.weights:
-            if path not in shapes:
-                continue
-            have = stored.setdefault(path, want)
-            if have == want or (path, str(want)) in seen:
-                continue
-            seen.add((path, str(want)))
-            w = shapes[path]
-            terms.extend(edges.terms(TensorInfo(path, tuple(w.shape), w.dtype), have, want,
-                                     label=f"reshard weight {path} {have}->{want}",
-                                     weight=True))
-    return terms
-
-
-def plan_memory(graph: Graph, table: PatternTable, patterns: Sequence[int],
-                options: CostOptions | None = None) -> MemoryEstimate:
-    """Per-device memory of a plan: each weight once (a tied weight at its largest local
-    size), its gradient and optimizer state, every GraphNode's outputs, and the resharded
-    inputs the backward pass keeps that are larger than their producer's shard
-    (``tapas.planning.kept.resharded_bytes``)."""
-    options = table.options if options is None else options
-    n = table.num_devices
-    readers = graph.readers
-    # a deep stack's layers hold weights of a few shapes in the same placements (the
-    # table's rows share their Placement objects): their local sizes are computed once
-    sizes: dict[tuple[int, Any, str], float] = {}
-    weights: dict[str, tuple[float, bool]] = {}
-    act = 0.0
-    for node in graph.nodes:
-        info = table.infos[node.id][patterns[node.id]]
-        for w, (_, pl) in zip(node.weights, info.weights):
-            if node.id not in readers.get(w.path, ()):
-                continue
-            key = (id(pl), w.shape, w.dtype)
-            b = sizes.get(key)
-            if b is None:
-                b = sizes[key] = pl.local_bytes(
-                    w.shape, priced_dtype(w.dtype, options.precision, True), n)
-            held = weights.get(w.path)
-            if held is None or held[0] < b:
-                weights[w.path] = (b, w.trainable)
-        act += info.memory.activations
-    act += resharded_bytes(graph, table, patterns, producers(graph), options)
-    each: dict[tuple[float, bool], MemoryEstimate] = {}
-    total = [0.0, 0.0, 0.0]     # summed in the order MemoryEstimate.__add__ would
-    for b, trainable in weights.values():
-        m = each.get((b, trainable))
-        if m is None:
-            m = each[(b, trainable)] = cost_lib.weight_memory(b, trainable, options)
-        total[0] += m.weights
-        total[1] += m.gradients
-        total[2] += m.optimizer
-    return MemoryEstimate(total[0], total[1], total[2], act)
-
-
-def memory_lower_bound(graph: Graph, table: PatternTable,
-                       options: CostOptions | None = None) -> float:
-    """Bytes per device that no plan of ``table`` goes below: every GraphNode's outputs at
-    their smallest over its patterns, every weight at the largest over its readers of the
-    smallest local size each reader's patterns give it (the smallest parts need not come
-    from one plan, so this is a bound, not a plan's memory)."""
-    options = table.options if options is None else options
-    n = table.num_devices
-    act = 0.0
-    weights: dict[str, tuple[float, bool]] = {}
-    for node in graph.nodes:
-        infos = table.infos[node.id]
-        act += min(info.memory.activations for info in infos)
-        for k, w in enumerate(node.weights):
-            if not graph.reads(node.id, w.path):
-                continue
-            dtype = priced_dtype(w.dtype, options.precision, weight=True)
-            b = min(info.weights[k][1].local_bytes(w.shape, dtype, n) for info in infos)
-            if w.path not in weights or weights[w.path][0] < b:
-                weights[w.path] = (b, w.trainable)
-    mem = MemoryEstimate(activations=act)
-    for b, trainable in weights.values():
-        mem = mem + cost_lib.weight_memory(b, trainable, options)
-    return mem.total
-
-
-def node_memory(graph: Graph, table: PatternTable, patterns: Sequence[int]) -> list[float]:
-    """Bytes per device attributable to each GraphNode (its weights, untied, and outputs)."""
-    return [table.infos[v][patterns[v]].memory.total for v in range(len(graph.nodes))]

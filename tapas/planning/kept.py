@@ -4,10 +4,10 @@ In:  a :class:`tapas.ir.Graph`, one GraphNode of it and one of its inputs (by in
      the tensors whose gradient the step computes (``PatternTable.gradients``; None: not
      known, every gradient counts as computed).
 Out: :func:`kept_for_backward`: whether the GraphNode's backward reads that input's value,
-     so that the step holds it from the forward pass until then. :func:`resharded_bytes`:
-     per device, the bytes of the resharded inputs a plan's step keeps that are larger
+     so that the step holds it from the forward pass until then. :func:`node_resharded_bytes`:
+     per device, the bytes of the resharded inputs a GraphNode keeps that are larger
      where the reader has them than where their producer made them (an all-gather's
-     output beside the producer's shard), for ``tapas.planning.explore.plan_memory``.
+     output beside the producer's shard), for ``tapas.planning.plancost.plan_memory``.
 
 An input is kept when an op of the GraphNode reads it (or a view of it: ``Reshape``,
 ``Squeeze``, ``ExpandDims``, ``Identity``..., which share its buffer) and that op's
@@ -30,7 +30,7 @@ from tapas.planning.precision import priced_dtype
 from tapas.sharding import rules
 from tapas.sharding.rules import shape as shape_rules
 
-__all__ = ["kept_for_backward", "resharded_bytes", "VIEW_OPS"]
+__all__ = ["kept_for_backward", "node_resharded_bytes", "VIEW_OPS"]
 
 # ops whose output is a view of their first input's buffer (no copy): what reads the view
 # keeps the input
@@ -86,27 +86,27 @@ def kept_for_backward(node: GraphNode, index: int, gradients: Collection[str] | 
     return False
 
 
-def resharded_bytes(graph: Graph, table: Any, patterns: Sequence[int],
-                    producers: Mapping[str, tuple[int, int]], options: Any) -> float:
-    """Bytes per device of the resharded inputs a plan's step keeps for the backward pass:
-    each input whose placement differs from its producer's output and whose local size
-    there is larger than the producer's shard (an all-gather's output, the whole tensor
-    on every device), at the reader's local size, when :func:`kept_for_backward`. The
-    producer's output is counted by the plan already; this is the second tensor."""
+def node_resharded_bytes(node: GraphNode, table: Any, patterns: Sequence[int],
+                         producers: Mapping[str, tuple[int, int]], options: Any) -> float:
+    """Bytes per device of ``node``'s resharded inputs the step keeps for the backward
+    pass: each input whose placement differs from its producer's output and whose local
+    size there is larger than the producer's shard (an all-gather's output, the whole
+    tensor on every device), at the reader's local size, when :func:`kept_for_backward`.
+    The producer's output is counted by the plan already; this is the second tensor."""
     n = table.num_devices
+    info = table.infos[node.id][patterns[node.id]]
     total = 0.0
-    for node in graph.nodes:
-        info = table.infos[node.id][patterns[node.id]]
-        for j, (t, want) in enumerate(zip(node.inputs, info.inputs)):
-            src = producers.get(t.name)
-            if src is None or t.shape is None:
-                continue
-            have = table.infos[src[0]][patterns[src[0]]].outputs[src[1]]
-            if have is want or have == want:
-                continue
-            dtype = priced_dtype(t.dtype, options.precision)
-            b = want.local_bytes(t.shape, dtype, n)
-            if b > have.local_bytes(t.shape, dtype, n) and \
-                    kept_for_backward(node, j, table.gradients):
-                total += b
+    for j, (t, want) in enumerate(zip(node.inputs, info.inputs)):
+        src = producers.get(t.name)
+        if src is None or t.shape is None:
+            continue
+        have = table.infos[src[0]][patterns[src[0]]].outputs[src[1]]
+        if have is want or have == want:
+            continue
+        dtype = priced_dtype(t.dtype, options.precision)
+        b = want.local_bytes(t.shape, dtype, n)
+        if b > have.local_bytes(t.shape, dtype, n) and \
+                kept_for_backward(node, j, table.gradients):
+            total += b
     return total
+

@@ -48,6 +48,7 @@ from tapas.planning.frontier import Allowed, Progress
 from tapas.planning.precision import check_precision, graph_precision, resolve
 from tapas.planning.references import (DATA_PARALLEL, REFERENCE_PLANS, applicable_references,
                                        node_roles, reference_filter)
+from tapas.planning.steps import producers
 from tapas.planning.strategy import Alternative, EdgeReshard, Strategy, graph_digest
 from tapas.planning.table import EdgeCoster, PatternsFn, PatternTable, ReshardFn, pattern_table
 from tapas.sharding.losses import LossSpec
@@ -216,8 +217,13 @@ class _Runner:
                           allowed=allowed, progress=self.progress)
 
     def evaluate(self, plan: ex.Plan) -> Evaluated:
-        pc, resh = ex.plan_cost(self.graph, self.table, plan.patterns, self.edges)
-        return plan, pc, resh
+        return self.evaluate_all([plan])[0]
+
+    def evaluate_all(self, plans: Sequence[ex.Plan]) -> list[Evaluated]:
+        """The exact cost of each of ``plans`` (the later ones from the first's terms,
+        ``tapas.planning.plancost.plan_costs``: the top plans differ in few GraphNodes)."""
+        costed = ex.plan_costs(self.graph, self.table, [p.patterns for p in plans], self.edges)
+        return [(p, pc, resh) for p, (pc, resh) in zip(plans, costed)]
 
 
 def _validate(runner: _Runner, result: ex.ExploreResult, xopts: ex.ExploreOptions,
@@ -226,7 +232,7 @@ def _validate(runner: _Runner, result: ex.ExploreResult, xopts: ex.ExploreOption
     """The exact cost and memory of the top plans and those that fit ``budget``; when none
     does, explore again with a growing memory penalty. Returns the last result, its
     evaluated plans, the fitting ones and the number of penalty rounds."""
-    evaluated = [runner.evaluate(p) for p in result.plans]
+    evaluated = runner.evaluate_all(result.plans)
     fitting = [e for e in evaluated if e[1].memory.total <= budget]
     rounds = 0
     if fitting:
@@ -237,7 +243,7 @@ def _validate(runner: _Runner, result: ex.ExploreResult, xopts: ex.ExploreOption
     def penalised(factor: float) -> tuple[ex.ExploreResult, list[Evaluated], list[Evaluated]]:
         xo = dataclasses.replace(xopts, memory_penalty=max(scale, 1e-15) * factor)
         res = runner.explore(None, xo)
-        ev = [runner.evaluate(p) for p in res.plans]
+        ev = runner.evaluate_all(res.plans)
         return res, ev, [e for e in ev if e[1].memory.total <= budget]
     # a budget under what no plan goes below is refused after one exploration (memory all
     # but minimised, for the error's smallest plan) instead of six (keras-hub Qwen3.5-MoE:
@@ -418,7 +424,7 @@ def _edge_reshards(graph: Graph, edges: EdgeCoster, resharded: Sequence[ex.Resha
 def _boundary_placements(graph: Graph, infos: Sequence[ex.PatternInfo]
                          ) -> tuple[dict[str, Placement], dict[str, Placement]]:
     """The placements of the graph inputs and outputs in the chosen plan."""
-    prod = {t.name: (node.id, i) for node in graph.nodes for i, t in enumerate(node.outputs)}
+    prod = producers(graph)
 
     def placed(tensors: Sequence[TensorInfo]) -> dict[str, Placement]:
         out = {}
@@ -521,9 +527,14 @@ def _unruled_notes(graph: Graph) -> tuple[str, ...]:
     loop, an FFT, a linear-algebra op): it is replicated, whatever the plan."""
     from tapas.sharding.rules import RULES
     out = []
+    # a signature fixes the op types (tapas.ir.compute_signature): found once per signature
+    unruled: dict[tuple[str, int], list[str]] = {}
     for node in graph.nodes:
-        types = sorted({op.type for op in node.ops
-                        if op.type not in RULES and op.type != "Placeholder"})
+        key = (node.signature, len(node.ops))
+        types = unruled.get(key) if node.signature else None
+        if types is None:
+            types = unruled[key] = sorted({op.type for op in node.ops
+                                           if op.type not in RULES and op.type != "Placeholder"})
         if types:
             out.append(f"GraphNode {node.id} '{node.name}' ({node.kind.value}): its ops of "
                        f"type {', '.join(types)} have no sharding rule "

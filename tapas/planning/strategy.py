@@ -40,13 +40,31 @@ def graph_digest(graph: Graph) -> str:
     """A short hash of the graph's structure: node signatures and kinds, edges with their
     shapes (in any order), input and output shapes (not names: the same model captured
     twice matches, also when a dict of inputs is given in another key order)."""
-    parts: list[Any] = [[n.signature, n.kind.value, [list(t.shape or ()) for t in n.outputs]]
-                        for n in graph.nodes]
-    parts.append(sorted([e.src, e.dst, list(e.tensor.shape or ())] for e in graph.edges))
-    parts.append([[list(t.shape or ()), t.dtype] for t in graph.inputs])
-    parts.append([[list(t.shape or ()), t.dtype] for t in graph.outputs])
-    blob = json.dumps(parts, separators=(",", ":"))
-    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+    # the JSON text of [node..., sorted edges, inputs, outputs], each node's and shape's
+    # text written once (a deep stack's layers repeat them)
+    texts: dict[Any, str] = {}
+    shapes: dict[Any, str] = {}
+    parts = []
+    for n in graph.nodes:
+        key = (n.signature, n.kind.value, tuple([tuple(t.shape or ()) for t in n.outputs]))
+        text = texts.get(key)
+        if text is None:
+            text = texts[key] = json.dumps([key[0], key[1], [list(s) for s in key[2]]],
+                                           separators=(",", ":"))
+        parts.append(text)
+    edges = []
+    for src, dst, shape in sorted([(e.src, e.dst, list(e.tensor.shape or ()))
+                                   for e in graph.edges]):
+        text = shapes.get(tuple(shape))
+        if text is None:
+            text = shapes[tuple(shape)] = json.dumps(shape, separators=(",", ":"))
+        edges.append(f"[{src},{dst},{text}]")
+    parts.append("[" + ",".join(edges) + "]")
+    parts.append(json.dumps([[list(t.shape or ()), t.dtype] for t in graph.inputs],
+                            separators=(",", ":")))
+    parts.append(json.dumps([[list(t.shape or ()), t.dtype] for t in graph.outputs],
+                            separators=(",", ":")))
+    return hashlib.sha1(("[" + ",".join(parts) + "]").encode()).hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -259,6 +259,7 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
         return row
     first = graph.nodes[first_of[key]]
     rename: dict[str, str] = {}
+    state: tuple[Any, ...] | None = None
     if first.id != node.id:
         if key not in names:
             wanted = {name for comms in tensors for bwd, name in comms if bwd and name}
@@ -266,13 +267,29 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
         where, counts = names[key]
         if _counts(node) != counts:
             return row      # not the same structure after all: price every collective
-        rename = {name: _tensor_at(node, place) for name, place in where.items()}
+        renamed = [_tensor_at(node, place) for place in where.values()]
+        # the dropped collectives follow from which of those tensors get a gradient
+        state = (key, tuple([name in gradients for name in renamed]))
+        rename = dict(zip(where, renamed))
+    known = names.setdefault(("drops",), {})
+    drops = known.get(state) if state is not None else None
+    if drops is None:
+        # (the terms are the pattern's comms in order; the loss's are added later)
+        drops = tuple(frozenset(k for k, (bwd, name) in enumerate(comms)
+                                if bwd and name is not None
+                                and rename.get(name, name) not in gradients)
+                      for comms in tensors)
+        if state is not None:
+            known[state] = drops
+    # GraphNodes without weights share their signature's row: one copy per set of drops
+    shared = names.setdefault(("rows",), {}) if not node.weights else None
+    if shared is not None:
+        hit = shared.get((id(row), drops))
+        if hit is not None and hit[0] is row:
+            return hit[1]
     out = []
     kept_terms = names.setdefault(None, {})   # (terms, dropped) -> (kept terms, seconds)
-    for info, comms in zip(row, tensors):
-        # (the terms are the pattern's comms in order; the loss's are added later)
-        drop = frozenset(k for k, (bwd, name) in enumerate(comms) if bwd and name is not None
-                         and rename.get(name, name) not in gradients)
+    for info, comms, drop in zip(row, tensors, drops):
         if not drop or len(comms) != len(info.comm_terms):
             out.append(info)
             continue
@@ -280,10 +297,15 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
         if memo not in kept_terms:
             terms = tuple(t for k, t in enumerate(info.comm_terms) if k not in drop)
             kept_terms[memo] = (terms, math.fsum(t.total for t in terms), info.comm_terms)
-        kept = object.__new__(PatternInfo)
-        kept.__dict__.update(info.__dict__)
+        if node.weights and first.id != node.id:
+            kept = info    # this GraphNode's own copy (_with_weights): completed in place
+        else:
+            kept = object.__new__(PatternInfo)
+            kept.__dict__.update(info.__dict__)
         kept.__dict__["comm_terms"], kept.__dict__["comm_time"] = kept_terms[memo][:2]
         out.append(kept)
+    if shared is not None:
+        shared[(id(row), drops)] = (row, tuple(out))
     return tuple(out)
 
 

@@ -133,25 +133,38 @@ class _Layout:
     """Positions in the ops of the GraphNodes of one signature: every op output (op, k),
     the inputs read from outside the node (op, j), the ops in a topological order, the
     outputs of ops without inputs (where a weight's handle is made) and the op outputs
-    that are the node's ``outputs``."""
+    that are the node's ``outputs``; the last two also as indices into the node's op
+    outputs listed op by op (:func:`_output_names`)."""
 
     outputs: tuple[tuple[int, int], ...]
     boundary: tuple[tuple[int, int], ...]
     order: tuple[int, ...]
     roots: tuple[tuple[int, int], ...]
     declared: tuple[tuple[int, int], ...]
+    flat: dict[tuple[int, int], int]
+    flat_roots: tuple[int, ...]
+    flat_declared: tuple[int, ...]
 
     @staticmethod
     def of(node: ir.GraphNode) -> _Layout:
         at = {t.name: (i, k) for i, op in enumerate(node.ops) for k, t in enumerate(op.outputs)}
         index = {id(op): i for i, op in enumerate(node.ops)}
+        flat = {(i, k): x for x, (i, k) in enumerate(
+            (i, k) for i, op in enumerate(node.ops) for k in range(len(op.outputs)))}
+        roots = tuple((i, k) for (i, k) in at.values() if not node.ops[i].inputs)
+        declared = tuple(at[t.name] for t in node.outputs if t.name in at)
         return _Layout(
             tuple(at.values()),
             tuple((i, j) for i, op in enumerate(node.ops)
                   for j, name in enumerate(op.inputs) if name not in at),
             tuple(index[id(op)] for op in _topological(node.ops)),
-            tuple((i, k) for (i, k) in at.values() if not node.ops[i].inputs),
-            tuple(at[t.name] for t in node.outputs if t.name in at))
+            roots, declared, flat, tuple(flat[p] for p in roots),
+            tuple(flat[p] for p in declared))
+
+
+def _output_names(node: ir.GraphNode) -> list[str]:
+    """``node``'s op outputs, op by op (what :attr:`_Layout.flat` indexes)."""
+    return [t.name for op in node.ops for t in op.outputs]
 
 
 def _flow_by_node(graph: ir.Graph, sources: set[str]
@@ -169,11 +182,17 @@ def _flow_by_node(graph: ir.Graph, sources: set[str]
         if key not in layouts:
             layouts[key] = _Layout.of(node)
         keys.append(key)
-    producer = {t.name: node.id for node in graph.nodes for op in node.ops for t in op.outputs}
+    # per GraphNode: its op outputs (by _Layout.flat) and the tensors it reads from outside
+    # (by _Layout.boundary), named once for both walks
+    names = [_output_names(node) for node in graph.nodes]
+    reads = [[node.ops[i].inputs[j] for i, j in layouts[key].boundary]
+             for node, key in zip(graph.nodes, keys)]
+    producer: dict[str, int] = {}
+    for node, made in zip(graph.nodes, names):
+        producer.update(dict.fromkeys(made, node.id))
     read_outside: dict[int, list[str]] = {}   # per GraphNode: its tensors read by others
-    for node, key in zip(graph.nodes, keys):
-        for i, j in layouts[key].boundary:
-            name = node.ops[i].inputs[j]
+    for node, outside in zip(graph.nodes, reads):
+        for name in outside:
             made = producer.get(name, -1)
             if made >= node.id:
                 return None
@@ -183,31 +202,35 @@ def _flow_by_node(graph: ir.Graph, sources: set[str]
     forward = set(sources)
     memo: dict[tuple[Any, ...], Any] = {}
     found = 0
-    for node, key in zip(graph.nodes, keys):
-        lay, ops = layouts[key], node.ops
-        state = (key, tuple(ops[i].inputs[j] in forward for i, j in lay.boundary),
-                 tuple(ops[i].outputs[k].name in sources for i, k in lay.roots))
+    for node, key, made, outside in zip(graph.nodes, keys, names, reads):
+        lay = layouts[key]
+        state = (key, tuple(map(forward.__contains__, outside)),
+                 tuple([made[x] in sources for x in lay.flat_roots]))
         found += sum(state[2])
         if state not in memo:
-            memo[state] = _node_forward(node, lay, state[1], state[2])
-        forward.update(ops[i].outputs[k].name for i, k in memo[state])
+            memo[state] = tuple(lay.flat[p] for p in
+                                _node_forward(node, lay, state[1], state[2]))
+        forward.update(map(made.__getitem__, memo[state]))
     if found != sum(1 for name in sources if name in producer):
         return None
     backward = {t.name for t in graph.outputs}
     memo = {}
-    for node, key in zip(reversed(graph.nodes), reversed(keys)):
-        lay, ops = layouts[key], node.ops
-        declared = [ops[i].outputs[k].name for i, k in lay.declared]
+    for node, key, made, outside in zip(reversed(graph.nodes), reversed(keys), reversed(names),
+                                        reversed(reads)):
+        lay = layouts[key]
+        declared = [made[x] for x in lay.flat_declared]
         # only its outputs read by others (or graph outputs) can be reached from outside
         extra = () if set(read_outside.get(node.id, ())).issubset(declared) else \
-            tuple(ops[i].outputs[k].name in backward for i, k in lay.outputs)
-        state = (key, tuple(name in backward for name in declared), extra)
+            tuple(made[lay.flat[p]] in backward for p in lay.outputs)
+        state = (key, tuple(map(backward.__contains__, declared)), extra)
         if state not in memo:
-            memo[state] = _node_backward(node, lay, tuple(
-                ops[i].outputs[k].name in backward for i, k in lay.outputs))
-        outs, reads = memo[state]
-        backward.update(ops[i].outputs[k].name for i, k in outs)
-        backward.update(ops[i].inputs[j] for i, j in reads)
+            outs, live = _node_backward(node, lay, tuple(
+                made[lay.flat[p]] in backward for p in lay.outputs))
+            at = {p: x for x, p in enumerate(lay.boundary)}
+            memo[state] = (tuple(lay.flat[p] for p in outs), tuple(at[p] for p in live))
+        outs, live = memo[state]
+        backward.update(map(made.__getitem__, outs))
+        backward.update(map(outside.__getitem__, live))
     return forward, backward
 
 
