@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from tapas.ir import Graph, TensorInfo
@@ -140,7 +140,7 @@ class _First:
         for v in range(diff[0], len(graph.nodes)):
             c += table.infos[v][patterns[v]].compute_time
         return _costed(graph, table, patterns, self.edges, segments, resharded, c,
-                       self.memory.other(patterns, diff))
+                       self.memory.other(patterns, diff, touched))
 
 
 def _costed(graph: Graph, table: PatternTable, patterns: Sequence[int], edges: EdgeCoster,
@@ -197,7 +197,6 @@ class _Memory:
     before: list[tuple[float, float, float]]
     each: dict[tuple[float, bool], MemoryEstimate]
     kept: list[float]                # per GraphNode, its kept resharded inputs' bytes
-    sources: list[frozenset[int]]    # per GraphNode, the GraphNodes making its inputs
     estimate: MemoryEstimate
 
     @staticmethod
@@ -229,22 +228,21 @@ class _Memory:
         prod = producers(graph)
         kept = [node_resharded_bytes(node, table, patterns, prod, options)
                 for node in graph.nodes]
-        sources = [frozenset(prod[t.name][0] for t in node.inputs if t.name in prod)
-                   for node in graph.nodes]
         each: dict[tuple[float, bool], MemoryEstimate] = {}
         before, total = _weight_sums(list(weights.values()), (0.0, 0.0, 0.0), each, options)
         return _Memory(graph, table, options, patterns, sizes, acts, weights,
-                       {p: i for i, p in enumerate(weights)}, before, each, kept, sources,
+                       {p: i for i, p in enumerate(weights)}, before, each, kept,
                        MemoryEstimate(total[0], total[1], total[2], act + sum(kept)))
 
-    def other(self, patterns: Sequence[int], diff: Sequence[int]) -> MemoryEstimate:
+    def other(self, patterns: Sequence[int], diff: Sequence[int],
+              touched: Collection[int]) -> MemoryEstimate:
         """The memory of ``patterns``, which differ from this plan at GraphNodes ``diff``
-        (ascending)."""
+        (ascending); ``touched``: those GraphNodes and the ones reading their outputs."""
         graph, table = self.graph, self.table
         act = self.acts[diff[0]]
         for v in range(diff[0], len(graph.nodes)):
             act += table.infos[v][patterns[v]].memory.activations
-        act += self._kept(patterns, diff)
+        act += self._kept(patterns, touched)
         readers = graph.readers
         paths = {w.path for v in diff for w in graph.nodes[v].weights
                  if v in readers.get(w.path, ())}
@@ -262,15 +260,14 @@ class _Memory:
         _, total = _weight_sums(tail, self.before[start], self.each, self.options)
         return MemoryEstimate(total[0], total[1], total[2], act)
 
-    def _kept(self, patterns: Sequence[int], diff: Sequence[int]) -> float:
+    def _kept(self, patterns: Sequence[int], touched: Collection[int]) -> float:
         """The kept resharded inputs' bytes of ``patterns``: recomputed for the GraphNodes
-        in ``diff`` and their readers, summed in GraphNode order as :meth:`of` sums them."""
-        changed, prod = set(diff), producers(self.graph)
-        kept = list(self.kept)
-        for v, node in enumerate(self.graph.nodes):
-            if v in changed or not self.sources[v].isdisjoint(changed):
-                kept[v] = node_resharded_bytes(node, self.table, patterns, prod,
-                                               self.options)
+        ``touched`` (those whose pattern differs and their readers), summed in GraphNode
+        order as :meth:`of` sums them."""
+        prod, kept = producers(self.graph), list(self.kept)
+        for v in touched:
+            kept[v] = node_resharded_bytes(self.graph.nodes[v], self.table, patterns, prod,
+                                           self.options)
         return sum(kept)
 
     def _held(self, path: str, patterns: Sequence[int]) -> tuple[float, bool]:
