@@ -45,7 +45,7 @@ def summary(s: Strategy, graph: Graph | None, table: PatternTable | None,
              f"backward {_t(c['backward'])}) + compute {_t(c['compute'])}",
              "by kind   " + (", ".join(f"{k} {_t(v)}"
                                        for k, v in c["by_kind"].items()) or "none"),
-             f"memory    {s.memory} (budget {s.memory_budget / _GIB:.2f} GiB)"]
+             f"memory    {s.memory} (budget {s.memory_budget / _GIB:.3f} GiB)"]
     per_t = c.get("per_template", {})
     if per_t:
         lines.append("per unit  " + ", ".join(f"{k} {_t(v)}" for k, v in per_t.items()))
