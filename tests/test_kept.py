@@ -103,3 +103,50 @@ def test_plans_costed_from_another_plan_keep_the_same_memory() -> None:
     for plan, (cost, _) in zip(plans, together):
         assert cost.memory == plancost.plan_memory(g, table, plan)
     assert together[1][0].memory.activations > together[0][0].memory.activations
+
+
+def test_the_search_charges_the_memory_penalty_on_a_kept_input_a_reshard_grows() -> None:
+    """Under a memory penalty, a step's ``kept`` holds the penalty for each input its
+    reader keeps (the last Dense's, not the add's), and the frontier charges it on the
+    bytes an all-gather grows that input to: the penalty times 4 x 6 x 16 floats where the
+    last Dense reads the add's split output whole, nothing where it reads it split."""
+    from tapas.planning import frontier
+    from tapas.planning.steps import node_steps
+    from tapas.planning.table import EdgeCoster
+    g = _graph()
+    n, penalty = 2, 1e-3
+    cluster = Cluster.v100_ethernet(1, n)
+    table = pattern_table(g, n, cluster)
+    edges = EdgeCoster(n, cluster, table.options, gradients=table.gradients)
+    add, last = _node(g, "add"), _node(g, "last")
+    order = [v.id for v in g.nodes]
+    steps = {s.node: s for s in node_steps(g, order, table, None, penalty, lambda *a: True)}
+    assert steps[last.id].kept[0] == penalty and not any(steps[add.id].kept)
+    assert node_steps(g, order, table, None, 0.0, lambda *a: True)[0].kept == ()
+    step = steps[last.id]
+    whole = next(p for p in table.infos[last.id] if p.inputs[0] == Replica())
+    split = next(p for p in table.infos[last.id] if p.inputs[0] == Split(2))
+    state = {key: Split(2) for key, _ in step.reads}
+    plain = frontier.Step(**{**step.__dict__, "kept": ()})
+    for info, grown in ((whole, 4 * 6 * 16 * 4), (split, 0)):
+        charged = frontier._match_inputs(step, info, state, edges, 0.0)
+        uncharged = frontier._match_inputs(plain, info, state, edges, 0.0)
+        assert charged is not None and uncharged is not None
+        assert charged[0] == pytest.approx(uncharged[0] + penalty * grown)
+
+
+@pytest.mark.parametrize("mode", ["gp", "es"])
+def test_a_budget_met_only_by_trading_all_gathers_for_memory_is_met(mode: str) -> None:
+    """t5-tiny (batch 8) on 4 devices under 2.1 MiB per device: every plan that fits reads
+    fewer all-gathered inputs than the cheapest; the penalty rounds price what each
+    all-gather's kept output adds, so the search finds one (pricing each GraphNode's
+    pattern alone, its smallest plan needed more than 2.2 MiB)."""
+    from tapas import capturing, models
+    entry = models.get("t5-tiny")
+    g = capturing.capture(entry.build(fast_init=True), list(entry.input_spec(8)))
+    budget = 2.1 * 2**20
+    free = tapas.search(g, cluster=Cluster.v100_ethernet(1, 4), mode=mode, references=())
+    assert free.memory.total > budget
+    s = tapas.search(g, cluster=Cluster.v100_ethernet(1, 4), mode=mode, memory_budget=budget,
+                     references=())
+    assert s.memory.total <= budget and s.counts["penalty_rounds"] >= 1

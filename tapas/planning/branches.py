@@ -47,6 +47,7 @@ from typing import Any
 
 from tapas.ir import Graph, TensorInfo
 from tapas.planning.frontier import Counts, Step, run, unwind
+from tapas.planning.kept import kept_penalties
 from tapas.planning.steps import consumers, good_order, node_steps, producers
 from tapas.planning.table import EdgeCoster, PatternTable
 
@@ -419,6 +420,7 @@ def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
     reads = [(j, (src[0], src[1]), t) for j, t in enumerate(graph.nodes[join].inputs)
              if (src := prod.get(t.name)) is not None and src[0] in members]
     names = [("x", t.name) for t in branch.tensors]
+    kept = kept_penalties(graph.nodes[join], table.gradients, penalty)
     counts, exact = Counts(), True
     out: dict[tuple[Any, ...], dict[int, list[_Combo]]] = {}
     for placed_entries in itertools.product(*(placements[e] for e in branch.entries)):
@@ -442,6 +444,9 @@ def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
                     extra = edges.cost(tensor, placed[key], info.inputs[j])
                     if extra is None:
                         break
+                    if kept and kept[j]:
+                        extra += kept[j] * edges.grown_bytes(tensor, placed[key],
+                                                             info.inputs[j])
                     cost += extra
                 else:
                     best.append((cost, assign))

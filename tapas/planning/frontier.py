@@ -157,6 +157,9 @@ class Step:
     free: frozenset[Any] = frozenset()             # keys set by their first reader
     # external keys with a known placement: outputs of constant-filtered GraphNodes (R)
     fixed: Mapping[Any, Placement] = dataclasses.field(default_factory=dict)
+    # per read, seconds per byte charged on what a resharding makes of it when the reader
+    # keeps it for its backward (the memory penalty, tapas.planning.kept); (): none
+    kept: tuple[float, ...] = ()
     # a whole template instance taken as one step (tapas.planning.stitch): its GraphNodes
     # in position order, and per tie option what it reads and writes (``.inputs`` aligned
     # with ``reads``, ``.outputs`` indexed by ``writes``, ``.internal`` seconds)
@@ -237,12 +240,13 @@ def _branches(step: Step, state: Mapping[Any, Any], tie_options: TieOptions | No
 def _match_inputs(step: Step, info: PatternInfo, state: Mapping[Any, Any], edges: EdgeCoster,
                   base: float) -> tuple[float, dict[Any, Placement], bool] | None:
     """Check every input of ``step`` under pattern ``info`` against ``state``: ``base``
-    plus the seconds of the resharding needed, the free keys this reader sets, and whether
-    any edge reshards; None when some edge cannot be made to match."""
+    plus the seconds of the resharding needed (and the memory penalty on the inputs it
+    grows that the reader keeps, ``step.kept``), the free keys this reader sets, and
+    whether any edge reshards; None when some edge cannot be made to match."""
     sets: dict[Any, Placement] = {}
     extra = base
     moved = False
-    for (key, tensor), want in zip(step.reads, info.inputs):
+    for i, ((key, tensor), want) in enumerate(zip(step.reads, info.inputs)):
         have = sets.get(key) or state.get(key) or step.fixed.get(key)
         if have is None:
             if key in step.free:
@@ -254,6 +258,8 @@ def _match_inputs(step: Step, info: PatternInfo, state: Mapping[Any, Any], edges
         c = edges.cost(tensor, have, want)   # 0.0 where equal by value
         if c is None:
             return None
+        if step.kept and step.kept[i]:
+            c += step.kept[i] * edges.grown_bytes(tensor, have, want)
         if c:
             extra += c
             moved = True

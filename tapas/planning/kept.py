@@ -4,7 +4,9 @@ In:  a :class:`tapas.ir.Graph`, one GraphNode of it and one of its inputs (by in
      the tensors whose gradient the step computes (``PatternTable.gradients``; None: not
      known, every gradient counts as computed).
 Out: :func:`kept_for_backward`: whether the GraphNode's backward reads that input's value,
-     so that the step holds it from the forward pass until then. :func:`node_resharded_bytes`:
+     so that the step holds it from the forward pass until then; :func:`kept_penalties`:
+     per input, the search's memory penalty where it is kept (what a resharding edge into
+     it is charged per byte it grows). :func:`node_resharded_bytes`:
      per device, the bytes of the resharded inputs a GraphNode keeps that are larger
      where the reader has them than where their producer made them (an all-gather's
      output beside the producer's shard), for ``tapas.planning.plancost.plan_memory``.
@@ -30,7 +32,7 @@ from tapas.planning.precision import priced_dtype
 from tapas.sharding import rules
 from tapas.sharding.rules import shape as shape_rules
 
-__all__ = ["kept_for_backward", "node_resharded_bytes", "VIEW_OPS"]
+__all__ = ["kept_for_backward", "kept_penalties", "node_resharded_bytes", "VIEW_OPS"]
 
 # ops whose output is a view of their first input's buffer (no copy): what reads the view
 # keeps the input
@@ -84,6 +86,18 @@ def kept_for_backward(node: GraphNode, index: int, gradients: Collection[str] | 
         if any(_reads_for_gradient(op, x, shapes, gradients) for x in set(read)):
             return True
     return False
+
+
+def kept_penalties(node: GraphNode, gradients: Collection[str] | None,
+                   penalty: float) -> tuple[float, ...]:
+    """Per input of ``node``: ``penalty`` (seconds per byte) where :func:`kept_for_backward`,
+    else 0; empty when ``penalty`` is 0. A search prices a resharding edge into the input
+    with it, on the bytes the reshard grows the tensor to
+    (``tapas.planning.table.EdgeCoster.grown_bytes``)."""
+    if not penalty:
+        return ()
+    return tuple(penalty if kept_for_backward(node, j, gradients) else 0.0
+                 for j in range(len(node.inputs)))
 
 
 def node_resharded_bytes(node: GraphNode, table: Any, patterns: Sequence[int],

@@ -260,19 +260,24 @@ def _validate(runner: _Runner, result: ex.ExploreResult, xopts: ex.ExploreOption
     raise _memory_budget_error(runner, evaluated, budget)
 
 
+def _size(nbytes: float) -> str:
+    """``nbytes`` in GiB from 0.1 GiB up, in MiB below (a budget of a few MiB read as
+    "0.002 GiB" beside a plan of "0.002 GiB" that does not fit it)."""
+    return f"{nbytes / 2**30:.3f} GiB" if nbytes >= 0.1 * 2**30 else f"{nbytes / 2**20:.2f} MiB"
+
+
 def _memory_budget_error(runner: _Runner, evaluated: Sequence[Evaluated],
                          budget: float) -> MemoryBudgetError:
     graph, table = runner.graph, runner.table
     plan, pc, _ = min(evaluated, key=lambda e: e[1].memory.total)
     per_node = ex.node_memory(graph, table, plan.patterns)
     worst = max(range(len(per_node)), key=lambda v: per_node[v])
-    gib = 2.0 ** 30
     return MemoryBudgetError(
-        f"no strategy fits the memory budget of {budget / gib:.3f} GiB per device on "
+        f"no strategy fits the memory budget of {_size(budget)} per device on "
         f"{runner.cluster.num_devices} devices: the smallest found needs "
-        f"{pc.memory.total / gib:.3f} GiB ({pc.memory}); the largest share is GraphNode "
+        f"{_size(pc.memory.total)} ({pc.memory}); the largest share is GraphNode "
         f"{worst} '{graph.nodes[worst].name}' ({graph.nodes[worst].kind.value}, "
-        f"{per_node[worst] / gib:.3f} GiB with pattern "
+        f"{_size(per_node[worst])} with pattern "
         f"'{table.infos[worst][plan.patterns[worst]].name}'); use more "
         "devices, a smaller batch, or a larger memory_budget")
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from tapas.ir import Graph, GraphNode, TensorInfo
 from tapas.planning.frontier import Allowed, Step
+from tapas.planning.kept import kept_penalties
 from tapas.planning.table import PatternTable
 from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Replica
@@ -182,13 +183,15 @@ def node_steps(graph: Graph, order: Sequence[int], table: PatternTable,
     """Steps for ``order`` (a topologically ordered subset of GraphNodes). A tensor from a
     GraphNode outside the subset is an external key, set by its first reader; a written
     tensor stays in the frontier until its last reader in the subset, or to the end when
-    ``keep_outputs(node, index, tensor)`` (read outside, or a graph output)."""
+    ``keep_outputs(node, index, tensor)`` (read outside, or a graph output). ``penalty``
+    (seconds per byte) prices each option's memory and, per input its reader keeps for
+    the backward, the bytes a resharding grows it to (``Step.kept``)."""
     reads_of, last_read, free = _reads(graph, order)
     prod = producers(graph)
     fixed = {key: Replica() for key in free
              if prod.get(key[1]) is not None and prod[key[1]][0] in table.constant}
     free -= set(fixed)
-    kept: set[Any] = set()
+    held: set[Any] = set()
     writes_of: list[list[tuple[int, Any]]] = []
     for v in order:
         writes = []
@@ -196,16 +199,17 @@ def node_steps(graph: Graph, order: Sequence[int], table: PatternTable,
             key = (v, oi)
             keep = keep_outputs(v, oi, t)
             if keep:
-                kept.add(key)
+                held.add(key)
             if keep or key in last_read:
                 writes.append((oi, key))
         writes_of.append(writes)
     drops_at: dict[int, list[Any]] = {}
     for key, i in last_read.items():
-        if key not in kept and key not in free and key not in fixed:
+        if key not in held and key not in free and key not in fixed:
             drops_at.setdefault(i, []).append(key)
     return [Step(node=v, reads=tuple(reads_of[i]), writes=tuple(writes_of[i]),
                  drops=tuple(drops_at.get(i, ())),
                  options=step_options(table, graph.nodes[v], allowed, penalty),
-                 free=frozenset(free), fixed=fixed)
+                 free=frozenset(free), fixed=fixed,
+                 kept=kept_penalties(graph.nodes[v], table.gradients, penalty))
             for i, v in enumerate(order)]

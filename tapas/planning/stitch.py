@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from tapas.ir import Graph, TensorInfo
 from tapas.planning.frontier import Allowed, Run, Step, TieOptions
+from tapas.planning.kept import kept_penalties
 from tapas.planning.steps import producers, step_options
 from tapas.planning.table import EdgeCoster, PatternTable
 from tapas.sharding.placements import Placement
@@ -200,24 +201,28 @@ def _unit_io(graph: Graph, unit: Unit, prod: Mapping[str, tuple[int, int]]) -> _
 
 def _unit_options(unit: Unit, io: _Io, writes: Sequence[tuple[Any, int, int]],
                   cands: Sequence[tuple[tuple[int, ...], float]], table: PatternTable,
-                  edges: EdgeCoster) -> tuple[UnitOption, ...]:
-    """Each tie option of ``unit``'s template as a :class:`UnitOption` of this instance."""
+                  edges: EdgeCoster, kept: Sequence[float]) -> tuple[UnitOption, ...]:
+    """Each tie option of ``unit``'s template as a :class:`UnitOption` of this instance
+    (``kept``: per internal edge, the memory penalty per byte a resharding grows it, or
+    empty)."""
     out = []
     for patterns, _ in cands:
         infos = [table.infos[v][patterns[p]] for p, v in enumerate(unit.members)]
         internal = 0.0
-        for tensor, sp, so, dp, dj in io.internal:
+        for e, (tensor, sp, so, dp, dj) in enumerate(io.internal):
             have, want = infos[sp].outputs[so], infos[dp].inputs[dj]
             if have != want:
                 c = edges.cost(tensor, have, want)
                 internal += math.inf if c is None else c
+                if kept and kept[e]:
+                    internal += kept[e] * edges.grown_bytes(tensor, have, want)
         out.append(UnitOption(tuple(infos[p].inputs[j] for _, _, p, j in io.reads),
                               tuple(infos[p].outputs[o] for _, p, o in writes), internal))
     return tuple(out)
 
 
 def _options_key(unit: Unit, io: _Io, writes: Sequence[tuple[Any, int, int]],
-                 table: PatternTable) -> tuple[Any, ...]:
+                 table: PatternTable, kept: Sequence[float]) -> tuple[Any, ...]:
     """What :func:`_unit_options` reads of an instance: two instances of a template with
     the same key have the same options (the instances of a deep stack, but its first and
     last, which read or write other tensors). Positions hold GraphNodes of the same
@@ -226,7 +231,7 @@ def _options_key(unit: Unit, io: _Io, writes: Sequence[tuple[Any, int, int]],
     return (unit.template, tuple((p, j) for _, _, p, j in io.reads),
             tuple((p, o) for _, p, o in writes),
             tuple((t.shape, t.dtype, sp, so, dp, dj) for t, sp, so, dp, dj in io.internal),
-            tuple(len(table.infos[v]) for v in unit.members))
+            tuple(len(table.infos[v]) for v in unit.members), tuple(kept))
 
 
 def stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateResult],
@@ -257,20 +262,30 @@ def stitch_steps(graph: Graph, folded: FoldedGraph, results: Sequence[TemplateRe
             drops_at.setdefault(ui, []).append(key)
     steps = []
     options_of: dict[Any, tuple[UnitOption, ...]] = {}   # see _options_key
+    penalties: dict[int, tuple[float, ...]] = {}
+
+    def kept(v: int, j: int) -> float:      # the penalty on node v's input j, if kept
+        if v not in penalties:
+            penalties[v] = kept_penalties(graph.nodes[v], table.gradients, penalty)
+        return penalties[v][j] if penalties[v] else 0.0
     for ui, (unit, io) in enumerate(zip(order, ios)):
         writes = [w for w in io.writes
                   if w[0] in last_read or graph.nodes[w[0][0]].outputs[w[0][1]].name in outputs]
         release = (unit.template,) if unit.template is not None and \
             last_unit[unit.template] == ui else ()
         common = dict(node=unit.members[0], reads=tuple((k, t) for k, t, _, _ in io.reads),
-                      drops=tuple(drops_at.get(ui, ())), release=release, free=free)
+                      drops=tuple(drops_at.get(ui, ())), release=release, free=free,
+                      kept=tuple(kept(unit.members[p], j) for _, _, p, j in io.reads)
+                      if penalty else ())
         if unit.whole:
             assert unit.template is not None
-            key = _options_key(unit, io, writes, table)
+            inner = tuple(kept(unit.members[dp], dj) for _, _, _, dp, dj in io.internal) \
+                if penalty else ()
+            key = _options_key(unit, io, writes, table, inner)
             infos = options_of.get(key)
             if infos is None:
-                infos = options_of[key] = _unit_options(unit, io, writes,
-                                                        tie_options[unit.template], table, edges)
+                infos = options_of[key] = _unit_options(
+                    unit, io, writes, tie_options[unit.template], table, edges, inner)
             steps.append(Step(**common, writes=tuple((i, w[0]) for i, w in enumerate(writes)),
                               options=(), tie=unit.template, members=unit.members,
                               infos=infos))
@@ -336,7 +351,7 @@ def repeated_runs(order: Sequence[Unit], steps: Sequence[Step]) -> list[Run]:
 def _same_step(a: Step, b: Step, shift: Any) -> bool:
     """Whether step ``b`` is step ``a`` with its keys shifted by one period."""
     if not (a.members and b.members and a.tie == b.tie and a.infos == b.infos
-            and a.release == b.release == () and a.free == b.free):
+            and a.release == b.release == () and a.free == b.free and a.kept == b.kept):
         return False
     if [(shift(k, 1), t.shape, t.dtype) for k, t in a.reads] != \
             [(k, t.shape, t.dtype) for k, t in b.reads]:

@@ -411,6 +411,7 @@ class EdgeCoster:
         self.reshard_fn: ReshardFn = reshard_fn or _default_reshard
         self._cache: dict[tuple[Any, ...], float | None] = {}
         self._by_id: dict[tuple[int, int, int], tuple[Any, Any, Any, float | None]] = {}
+        self._grown: dict[tuple[Any, ...], float] = {}
 
     def comms(self, tensor: TensorInfo, src: Placement, dst: Placement) -> tuple[Any, ...]:
         """The Comms turning ``src`` into ``dst`` (ValueError if none can), without the
@@ -463,3 +464,19 @@ class EdgeCoster:
                 self._cache[key] = None
         self._by_id[(id(tensor), id(src), id(dst))] = (tensor, src, dst, self._cache[key])
         return self._cache[key]
+
+    def grown_bytes(self, tensor: TensorInfo, src: Placement, dst: Placement) -> float:
+        """``tensor``'s bytes per device at ``dst`` where that is more than at ``src``, else
+        0: the second tensor a reader that keeps the resharded input for its backward
+        holds beside the producer's output (an all-gather's whole tensor), as
+        ``tapas.planning.kept.node_resharded_bytes`` counts it."""
+        if src is dst or tensor.shape is None:
+            return 0.0
+        key = (tensor.shape, tensor.dtype, src, dst)
+        got = self._grown.get(key)
+        if got is None:
+            dtype = priced_dtype(tensor.dtype, self.options.precision)
+            b = dst.local_bytes(tensor.shape, dtype, self.n)
+            got = self._grown[key] = b if b > src.local_bytes(tensor.shape, dtype, self.n) \
+                else 0.0
+        return got
