@@ -32,7 +32,8 @@ from tapas.planning.precision import priced_dtype
 from tapas.sharding import rules
 from tapas.sharding.rules import shape as shape_rules
 
-__all__ = ["kept_for_backward", "kept_penalties", "node_resharded_bytes", "VIEW_OPS"]
+__all__ = ["kept_for_backward", "kept_penalties", "input_kept_bytes", "node_resharded_bytes",
+           "VIEW_OPS"]
 
 # ops whose output is a view of their first input's buffer (no copy): what reads the view
 # keeps the input
@@ -100,6 +101,21 @@ def kept_penalties(node: GraphNode, gradients: Collection[str] | None,
                  for j in range(len(node.inputs)))
 
 
+def input_kept_bytes(node: GraphNode, index: int, have: Any, want: Any, n: int, options: Any,
+                     gradients: Collection[str] | None) -> float:
+    """Bytes per device the step keeps of ``node``'s input ``index`` resharded from
+    ``have`` (its producer's placement) to ``want`` (the reader's): its local size at
+    ``want`` when that is larger than at ``have`` and :func:`kept_for_backward`, else 0."""
+    t = node.inputs[index]
+    if t.shape is None or have is want or have == want:
+        return 0.0
+    dtype = priced_dtype(t.dtype, options.precision)
+    b = want.local_bytes(t.shape, dtype, n)
+    if b > have.local_bytes(t.shape, dtype, n) and kept_for_backward(node, index, gradients):
+        return b
+    return 0.0
+
+
 def node_resharded_bytes(node: GraphNode, table: Any, patterns: Sequence[int],
                          producers: Mapping[str, tuple[int, int]], options: Any) -> float:
     """Bytes per device of ``node``'s resharded inputs the step keeps for the backward
@@ -107,20 +123,13 @@ def node_resharded_bytes(node: GraphNode, table: Any, patterns: Sequence[int],
     size there is larger than the producer's shard (an all-gather's output, the whole
     tensor on every device), at the reader's local size, when :func:`kept_for_backward`.
     The producer's output is counted by the plan already; this is the second tensor."""
-    n = table.num_devices
     info = table.infos[node.id][patterns[node.id]]
     total = 0.0
     for j, (t, want) in enumerate(zip(node.inputs, info.inputs)):
         src = producers.get(t.name)
-        if src is None or t.shape is None:
+        if src is None:
             continue
         have = table.infos[src[0]][patterns[src[0]]].outputs[src[1]]
-        if have is want or have == want:
-            continue
-        dtype = priced_dtype(t.dtype, options.precision)
-        b = want.local_bytes(t.shape, dtype, n)
-        if b > have.local_bytes(t.shape, dtype, n) and \
-                kept_for_backward(node, j, table.gradients):
-            total += b
+        total += input_kept_bytes(node, j, have, want, table.num_devices, options,
+                                  table.gradients)
     return total
-

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tapas.ir import Graph, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
-from tapas.planning.kept import node_resharded_bytes
+from tapas.planning.kept import input_kept_bytes, node_resharded_bytes
 from tapas.planning.precision import priced_dtype
 from tapas.planning.steps import producers
 from tapas.planning.table import EdgeCoster, PatternTable
@@ -117,7 +117,8 @@ class _First:
             compute.append(c)
             c += table.infos[v][patterns[v]].compute_time
         compute.append(c)
-        memory = _Memory.of(graph, table, patterns, table.options)
+        memory = _Memory.of(graph, table, patterns, table.options,
+                            [_kept(graph, table, resh) for resh in resharded])
         result = _costed(graph, table, patterns, edges, segments, resharded, c,
                          memory.estimate)
         return _First(graph, table, edges, patterns, segments, resharded, readers, compute,
@@ -139,8 +140,17 @@ class _First:
         c = self.compute[diff[0]]
         for v in range(diff[0], len(graph.nodes)):
             c += table.infos[v][patterns[v]].compute_time
+        kept = {v: _kept(graph, table, resharded[v]) for v in touched}
         return _costed(graph, table, patterns, self.edges, segments, resharded, c,
-                       self.memory.other(patterns, diff, touched))
+                       self.memory.other(patterns, diff, kept))
+
+
+def _kept(graph: Graph, table: PatternTable, resharded: Sequence[Resharded]) -> float:
+    """The bytes one GraphNode keeps of its resharded inputs (``resharded``: its edges as
+    :func:`_segment` found them), as ``kept.node_resharded_bytes`` counts them."""
+    return sum(input_kept_bytes(graph.nodes[v], j, have, want, table.num_devices,
+                                table.options, table.gradients)
+               for _, v, j, have, want in resharded)
 
 
 def _costed(graph: Graph, table: PatternTable, patterns: Sequence[int], edges: EdgeCoster,
@@ -201,7 +211,8 @@ class _Memory:
 
     @staticmethod
     def of(graph: Graph, table: PatternTable, patterns: Sequence[int],
-           options: CostOptions) -> _Memory:
+           options: CostOptions, kept: list[float] | None = None) -> _Memory:
+        """``kept``: per GraphNode, its kept resharded inputs' bytes when already known."""
         n = table.num_devices
         readers = graph.readers
         # a deep stack's layers hold weights of a few shapes in the same placements (the
@@ -225,9 +236,10 @@ class _Memory:
             acts.append(act)
             act += info.memory.activations
         acts.append(act)
-        prod = producers(graph)
-        kept = [node_resharded_bytes(node, table, patterns, prod, options)
-                for node in graph.nodes]
+        if kept is None:
+            prod = producers(graph)
+            kept = [node_resharded_bytes(node, table, patterns, prod, options)
+                    for node in graph.nodes]
         each: dict[tuple[float, bool], MemoryEstimate] = {}
         before, total = _weight_sums(list(weights.values()), (0.0, 0.0, 0.0), each, options)
         return _Memory(graph, table, options, patterns, sizes, acts, weights,
@@ -235,14 +247,18 @@ class _Memory:
                        MemoryEstimate(total[0], total[1], total[2], act + sum(kept)))
 
     def other(self, patterns: Sequence[int], diff: Sequence[int],
-              touched: Collection[int]) -> MemoryEstimate:
+              touched: Mapping[int, float]) -> MemoryEstimate:
         """The memory of ``patterns``, which differ from this plan at GraphNodes ``diff``
-        (ascending); ``touched``: those GraphNodes and the ones reading their outputs."""
+        (ascending); ``touched``: those GraphNodes and the ones reading their outputs, each
+        with its kept resharded inputs' bytes under ``patterns``."""
         graph, table = self.graph, self.table
         act = self.acts[diff[0]]
         for v in range(diff[0], len(graph.nodes)):
             act += table.infos[v][patterns[v]].memory.activations
-        act += self._kept(patterns, touched)
+        kept = list(self.kept)
+        for v, b in touched.items():
+            kept[v] = b
+        act += sum(kept)
         readers = graph.readers
         paths = {w.path for v in diff for w in graph.nodes[v].weights
                  if v in readers.get(w.path, ())}
@@ -259,16 +275,6 @@ class _Memory:
                 itertools.islice(self.weights.items(), start, None)]
         _, total = _weight_sums(tail, self.before[start], self.each, self.options)
         return MemoryEstimate(total[0], total[1], total[2], act)
-
-    def _kept(self, patterns: Sequence[int], touched: Collection[int]) -> float:
-        """The kept resharded inputs' bytes of ``patterns``: recomputed for the GraphNodes
-        ``touched`` (those whose pattern differs and their readers), summed in GraphNode
-        order as :meth:`of` sums them."""
-        prod, kept = producers(self.graph), list(self.kept)
-        for v in touched:
-            kept[v] = node_resharded_bytes(self.graph.nodes[v], self.table, patterns, prod,
-                                           self.options)
-        return sum(kept)
 
     def _held(self, path: str, patterns: Sequence[int]) -> tuple[float, bool]:
         """Weight ``path``'s local size (the largest over its readers, the first reader of
