@@ -152,6 +152,33 @@ def test_a_cut_beam_reports_a_bound_that_holds(dlrm5):
         assert gap <= s.bound + 1e-12
 
 
+@pytest.mark.parametrize("model,mode", [("dlrm5", "es"), ("dlrm5", "gp"), ("inception", "gp"),
+                                        ("moe", "es")])
+def test_a_beam_cut_inside_a_folded_branch_still_bounds_the_optimum(dlrm5, model, mode):
+    """A beam of 2 cuts the branches' own enumerations: a plan through a branch prefix it
+    cut costs at least that prefix plus the least the rest of the problem costs
+    (``Folded.cut_below``), and every other plan is among the folded combinations; the
+    lower bound holds against the exhaustive enumeration with a wide beam and no
+    folding, and the Strategy reports a bound (or proves the plan optimal) instead of
+    none."""
+    graph = {"dlrm5": lambda: dlrm5, "inception": _inception, "moe": lambda: _moe(4)}[model]()
+    cluster = Cluster.v100_ethernet(1, 2)
+    truth = ex.explore(graph, 2, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    narrow = ex.ExploreOptions(max_states=2)
+    cut = ex.explore(graph, 2, cluster, mode=mode, options=narrow)
+    assert cut.folded.joins and not cut.folded.exact and not cut.exact
+    assert cut.lower is not None and 0 < cut.lower <= truth.best.cost * (1 + 1e-12)
+    assert cut.best.cost >= truth.best.cost * (1 - 1e-12)
+    s = search(graph, cluster=cluster, mode=mode, references=(), explore_options=narrow)
+    assert s.exact or s.bound is not None
+    if s.exact:
+        assert s.total_cost == pytest.approx(truth.best.cost, rel=1e-9)
+    else:
+        assert cut.best.cost / truth.best.cost - 1 <= s.bound + 1e-12
+        assert any("in folded branches" in n for n in s.notes), s.notes
+
+
 def test_nothing_is_folded_where_the_beam_could_not_cut(dlrm5):
     """Folding changes nothing where the plain enumeration is exact anyway: with a beam
     above the frontier's bound the search is the plain one, ties included."""

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -60,13 +61,15 @@ _Combo = tuple[float, tuple[tuple[int, int], ...]]
 @dataclasses.dataclass(frozen=True)
 class Folded:
     """What :func:`fold_branches` did: the joins folded, the GraphNodes taken out of the
-    enumeration, the counts of the branches' own enumerations, and whether each of them
-    kept every frontier (no beam cut)."""
+    enumeration, the counts of the branches' own enumerations, whether each of them
+    kept every frontier (no beam cut), and ``cut_below``: no plan of the whole problem
+    that goes through a branch prefix their beams cut costs less (inf: none was cut)."""
 
     joins: int = 0
     nodes: int = 0
     counts: Counts = Counts()
     exact: bool = True
+    cut_below: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,13 +284,16 @@ def _live_ways(steps: Sequence[Step], table: PatternTable,
 def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edges: EdgeCoster,
                   k: int, max_states: int, deadline: float | None, allowed: Any,
                   penalty: float, tie_options: Mapping[int, Sequence[Any]] | None = None,
-                  single: bool = True) -> tuple[list[Step], list[int], Folded]:
+                  single: bool = True, outside: float = 0.0
+                  ) -> tuple[list[Step], list[int], Folded]:
     """``steps`` with their foldable branches folded into their joins; the indices of the
     steps kept (into ``steps``), and what was folded. Nothing is folded when the beam
     cannot cut the plain enumeration (:func:`frontier_bound` at most ``max_states``).
     Joins of one branch are folded only with ``single`` (not inside a branch's own
     enumeration, which already runs once per placement of its entries: nesting them
-    multiplies those runs)."""
+    multiplies those runs). ``outside``: the least any plan pays outside ``steps`` (a
+    branch's enumeration: what the rest of the problem costs at least), for
+    ``Folded.cut_below``."""
     if frontier_bound(steps, table, tie_options, max_states) <= max_states:
         return list(steps), list(range(len(steps))), Folded()
     eligible = {s.node for s in steps if s.tie is None and s.infos is None
@@ -307,7 +313,9 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
         return list(steps), list(range(len(steps))), Folded()
     folded_nodes = {v for bs in found.values() for b in bs for v in b.members}
     moved = _moved_drops(steps, found, position)
-    counts, exact = Counts(), True
+    counts, exact, cut = Counts(), True, math.inf
+    least = _least(steps, tie_options)
+    everything = outside + math.fsum(least.values())
     out: list[Step] = []
     kept: list[int] = []
     for i, step in enumerate(steps):
@@ -325,14 +333,35 @@ def fold_branches(graph: Graph, steps: Sequence[Step], table: PatternTable, edge
                    for e, t in zip(b.entries, b.tensors)}
         per_branch = []
         for branch in found[step.node]:
-            combos, c, e = _branch_combos(graph, branch, step.node, table, edges, k,
-                                          max_states, deadline, allowed, penalty, options)
-            counts, exact = counts + c, exact and e
+            rest = everything - math.fsum(least[v] for v in branch.members)
+            combos, c, e, lb = _branch_combos(graph, branch, step.node, table, edges, k,
+                                              max_states, deadline, allowed, penalty,
+                                              options, max(rest, 0.0))
+            counts, exact, cut = counts + c, exact and e, min(cut, lb)
             per_branch.append((branch, combos))
         joined = _joined(step, entries, options, per_branch, folded_nodes, k)
         late = tuple(e for e, _ in entries if _position_of_drop(steps, e) < i)
         out.append(dataclasses.replace(joined, drops=joined.drops + late))
-    return out, kept, Folded(len(found), len(folded_nodes), counts, exact)
+    return out, kept, Folded(len(found), len(folded_nodes), counts, exact, cut)
+
+
+def _least(steps: Sequence[Step], tie_options: Mapping[int, Sequence[Any]] | None
+           ) -> dict[int, float]:
+    """Per step (by its GraphNode), the least a plan pays for it: its cheapest option; for
+    a template's tied steps, its cheapest candidate at the template's first step and
+    nothing at the others (a candidate is paid once). Every option, edge and tie costs
+    >= 0, so the sum over any steps bounds what a plan pays for them."""
+    seen: set[int] = set()
+    out: dict[int, float] = {}
+    for s in steps:
+        if s.tie is None:
+            out[s.node] = min((c for _, c in s.options), default=0.0)
+        elif s.tie in seen or tie_options is None:
+            out[s.node] = 0.0
+        else:
+            seen.add(s.tie)
+            out[s.node] = min((c[1] for c in tie_options[s.tie]), default=0.0)
+    return out
 
 
 # a join's branches may read this many shared tensors in all
@@ -407,11 +436,17 @@ def _placements(graph: Graph, table: PatternTable, key: Any, tensor: TensorInfo)
 
 def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
                    edges: EdgeCoster, k: int, max_states: int, deadline: float | None,
-                   allowed: Any, penalty: float, placements: Mapping[Any, list[Any]]
-                   ) -> tuple[dict[tuple[Any, ...], dict[int, list[_Combo]]], Counts, bool]:
+                   allowed: Any, penalty: float, placements: Mapping[Any, list[Any]],
+                   outside: float
+                   ) -> tuple[dict[tuple[Any, ...], dict[int, list[_Combo]]], Counts, bool,
+                              float]:
     """Per placement of the branch's entries, per pattern of ``join``: the k cheapest plans
     of the branch, each costed with the resharding of its tensors to what that pattern
-    reads (an empty list: none is valid)."""
+    reads (an empty list: none is valid); the counts, whether no beam cut, and the least a
+    whole plan through a prefix the beam cut costs (the cut prefix plus ``outside``, what
+    every plan pays outside the branch at least; inf: nothing cut). A plan whose branch
+    part the beam did not cut is among the combinations (those dropped are dominated by
+    ones kept for the same entries and join pattern), so this bounds the rest."""
     members = branch.members
     order = good_order(graph, sorted(members))
     steps = node_steps(graph, order, table, allowed, penalty,
@@ -421,17 +456,18 @@ def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
              if (src := prod.get(t.name)) is not None and src[0] in members]
     names = [("x", t.name) for t in branch.tensors]
     kept = kept_penalties(graph.nodes[join], table.gradients, penalty)
-    counts, exact = Counts(), True
+    counts, exact, lowest = Counts(), True, math.inf
     out: dict[tuple[Any, ...], dict[int, list[_Combo]]] = {}
     for placed_entries in itertools.product(*(placements[e] for e in branch.entries)):
         fixed = dict(zip(names, placed_entries))
         these = [dataclasses.replace(s, fixed={**s.fixed, **fixed}, free=s.free - set(fixed))
                  for s in steps] if fixed else steps
         these, _, inner = fold_branches(graph, these, table, edges, k, max_states, deadline,
-                                        allowed, penalty, single=False)
-        final, c, e, _ = run(these, table, edges, k, max_states, deadline)
+                                        allowed, penalty, single=False, outside=outside)
+        final, c, e, cut = run(these, table, edges, k, max_states, deadline)
         c, e = c + inner.counts, e and inner.exact
         counts, exact = counts + c, exact and e
+        lowest = min(lowest, cut + outside, inner.cut_below)
         plans = [(cost, dict(state.items),
                   tuple(p for st, oi in zip(these, unwind(path, len(these)))
                         for p in chosen(st, oi)))
@@ -452,7 +488,7 @@ def _branch_combos(graph: Graph, branch: Branch, join: int, table: PatternTable,
                     best.append((cost, assign))
             per_join[pi] = heapq.nsmallest(k, best, key=lambda x: x[0])
         out[tuple(placed_entries)] = per_join
-    return out, counts, exact
+    return out, counts, exact, lowest
 
 
 def _k_best_sums(parts: Sequence[list[_Combo]], k: int) -> list[_Combo]:

@@ -28,7 +28,9 @@ How it works (docs/search.md has the long version):
    the number of distinct frontiers (a beam; if it ever cuts, the result says
    ``exact=False`` and ``lower`` bounds the optimum from the cheapest prefix it cut).
    Where the frontier could outgrow the beam, independent branches are searched alone and
-   folded into their join (:mod:`tapas.planning.branches`).
+   folded into their join (:mod:`tapas.planning.branches`); a prefix their own beams cut
+   bounds the optimum with what the rest of the problem costs at least
+   (``Folded.cut_below``).
 3. **gp mode** (graph-pruned): each template of the FoldedGraph is enumerated once, on its
    first instance, with its external inputs free (the first consumer fixes their
    placement); the k best combinations per boundary (placements of its external inputs and
@@ -212,6 +214,7 @@ def explore_template(graph: Graph, template: Template, table: PatternTable, edge
         branches = Folded()
     final, counts, exact, cut = run(steps, table, edges, k, options.max_states, deadline)
     counts, exact = counts + branches.counts, exact and branches.exact
+    cut = min(cut, branches.cut_below)
     cands: list[Candidate] = []
     per: dict[tuple[Any, ...], int] = {}
     for c, state, path in final:
@@ -344,7 +347,7 @@ def _explore_es(pb: _Problem) -> ExploreResult:
     plans = _plans_from(final, steps, pb.options.top_k, len(pb.graph.nodes))
     if not plans:
         raise ValueError(_no_plan_message(pb.graph, pb.options))
-    lower = lower_bound(final, cut) if folded.exact else None
+    lower = lower_bound(final, min(cut, folded.cut_below))
     return ExploreResult("es", plans, pb.table, (), counts + folded.counts, pb.timings,
                          exact and folded.exact, lower, folded)
 
@@ -398,7 +401,7 @@ def _explore_gp(pb: _Problem, folded: FoldedGraph) -> ExploreResult:
         cut = min(cut, r.cut_below * r.instances)
     exact = sexact and branches.exact and all(r.exact for r in results)
     return ExploreResult("gp", plans, pb.table, tuple(results), total, pb.timings, exact,
-                         lower_bound(final, cut) if branches.exact else None, branches)
+                         lower_bound(final, min(cut, branches.cut_below)), branches)
 
 
 def _renumbered(runs: Sequence[Run], kept: Sequence[int]) -> list[Run]:

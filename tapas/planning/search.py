@@ -465,7 +465,7 @@ def _exactness(result: ex.ExploreResult) -> tuple[bool, float | None]:
     best = result.best.cost
     if result.lower >= best:
         return True, None
-    return False, (best - result.lower) / result.lower if result.lower > 0 else math.inf
+    return False, (best - result.lower) / result.lower if result.lower > 0 else None
 
 
 def _exact_notes(result: ex.ExploreResult, exact: bool, bound: float | None
@@ -483,15 +483,18 @@ def _exact_notes(result: ex.ExploreResult, exact: bool, bound: float | None
     elif not exact and bound is not None:
         cut = [f"T{r.template}" for r in result.templates if not r.exact]
         where = f" (in template(s) {', '.join(cut)}: per instance)" if cut else ""
+        if not result.folded.exact:
+            where += " (in folded branches: bounded with what the rest of the plan costs " \
+                "at least)"
         notes.append(f"beam-limited: the beam (max_states) cut {beam} prefixes{where}, no "
                      f"plan through them below {result.lower * 1e3:.6g} ms, so the chosen "
                      "plan is at most "
                      f"{100 * bound:.3g}% above the optimum; raise "
                      "ExploreOptions(max_states=...) to narrow it")
     elif not exact:
-        notes.append("beam-limited inside the enumeration of a folded branch: its plans per "
-                     "placement of the tensors its join reads may be incomplete, so no bound "
-                     "on the gap to the optimum; raise ExploreOptions(max_states=...)")
+        notes.append(f"beam-limited: the beam (max_states) cut {beam} prefixes and no plan "
+                     "through them is proven to cost more than 0, so there is no bound on "
+                     "the gap to the optimum; raise ExploreOptions(max_states=...)")
     return tuple(notes)
 
 
