@@ -123,8 +123,13 @@ def test_search_prints_layer_table_references_timings_and_writes_strategy(tmp_pa
                     "--noprice_loss", f"--json_out={plain}").stdout
     assert "pricing the loss" not in out
     assert json.loads(plain.read_text())["loss_priced"] is None
-    proc = run_tapas("search", "--model=t5-tiny", "--devices_per_node=0", check=False)
-    assert proc.returncode != 0 and "devices_per_node=0: a cluster with no devices" in proc.stderr
+    zero, devices = command.run_tapas_each(
+        ["search", "--model=t5-tiny", "--devices_per_node=0"],
+        ["search", "--model=t5-tiny", "--devices=4"])
+    assert zero.returncode != 0 and "devices_per_node=0: a cluster with no devices" in zero.stderr
+    # train's device count is refused, not ignored (it searched one node of 8 V100s)
+    assert devices.returncode != 0 and "--devices=4 is the device count of `tapas train`" \
+        in devices.stderr and "--nodes=1 --devices_per_node=4" in devices.stderr
 
 
 def test_each_command_help_lists_its_own_flags_and_exits_0():

@@ -84,6 +84,12 @@ def _flags_cluster() -> Any:
     model's factor flags checked against it (before anything is captured)."""
     from tapas.planning.cluster import ClusterFileError
     from tapas.planning.cost import Cluster
+    if FLAGS["devices"].present:
+        raise app.UsageError(
+            f"--devices={FLAGS.devices} is the device count of `tapas train` and `tapas "
+            "profile`; a search is made for a cluster S(m, n): use --nodes=M "
+            f"--devices_per_node=N (one node of {FLAGS.devices}: --nodes=1 "
+            f"--devices_per_node={FLAGS.devices})")
     # a cluster file keeps its own shape unless --nodes/--devices_per_node are given
     nodes = FLAGS.nodes if FLAGS["nodes"].present or FLAGS.cluster in CLUSTER_PRESETS else None
     per_node = (FLAGS.devices_per_node if FLAGS["devices_per_node"].present
