@@ -165,7 +165,7 @@ def test_a_beam_cut_inside_a_folded_branch_still_bounds_the_optimum(dlrm5, model
     cluster = Cluster.v100_ethernet(1, 2)
     truth = ex.explore(graph, 2, cluster, mode="es",
                        options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
-    narrow = ex.ExploreOptions(max_states=2)
+    narrow = ex.ExploreOptions(max_states=2, widen_below=0)   # cut, not searched again
     cut = ex.explore(graph, 2, cluster, mode=mode, options=narrow)
     assert cut.folded.joins and not cut.folded.exact and not cut.exact
     assert cut.lower is not None and 0 < cut.lower <= truth.best.cost * (1 + 1e-12)
@@ -177,6 +177,32 @@ def test_a_beam_cut_inside_a_folded_branch_still_bounds_the_optimum(dlrm5, model
     else:
         assert cut.best.cost / truth.best.cost - 1 <= s.bound + 1e-12
         assert any("in folded branches" in n for n in s.notes), s.notes
+
+
+def test_a_cheap_search_whose_beam_cut_a_cheaper_prefix_is_searched_again_wider():
+    """A 4-layer MoE on 2 devices, es, a beam of 2: it cuts prefixes cheaper than the plan
+    it finds (41.9 us against the optimum's 1.03); the enumeration is cheap, so it runs
+    again with a beam 4x as wide, which finds the optimum and proves it; the result says
+    so, counts both runs, and ``widen_below=0`` keeps the first."""
+    graph = _moe(4)
+    cluster = Cluster.v100_ethernet(1, 2)
+    truth = ex.explore(graph, 2, cluster, mode="es",
+                       options=ex.ExploreOptions(fold_branches=False, max_states=10**6))
+    first = ex.explore(graph, 2, cluster, mode="es",
+                       options=ex.ExploreOptions(max_states=2, widen_below=0))
+    assert not first.proven and first.widened_from is None
+    assert first.best.cost > truth.best.cost * 2
+    again = ex.explore(graph, 2, cluster, mode="es", options=ex.ExploreOptions(max_states=2))
+    assert again.widened_from == 2 and again.proven
+    assert again.best.cost == pytest.approx(truth.best.cost, rel=1e-9)
+    assert again.counts.generated > first.counts.generated
+    s = search(graph, cluster=cluster, mode="es", references=(),
+               explore_options=ex.ExploreOptions(max_states=2))
+    assert s.exact and any("searched again with 4x" in n for n in s.notes)
+    # many extensions: not searched again
+    stays = ex.explore(graph, 2, cluster, mode="es",
+                       options=ex.ExploreOptions(max_states=2, widen_below=10))
+    assert stays.widened_from is None and not stays.proven
 
 
 def test_nothing_is_folded_where_the_beam_could_not_cut(dlrm5):

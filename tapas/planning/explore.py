@@ -82,12 +82,16 @@ __all__ = [
     "explore", "explore_template", "pattern_table", "plan_cost", "plan_costs", "plan_memory",
     "node_memory", "memory_lower_bound", "weight_reshard_terms",
     "PatternInfo", "PatternTable", "EdgeCoster", "Counts", "Candidate", "TemplateResult",
-    "Plan", "ExploreResult", "ExploreOptions", "SearchTimeout", "MODES", "Allowed",
+    "Plan", "ExploreResult", "ExploreOptions", "SearchTimeout", "MODES", "WIDEN", "Allowed",
     "PatternsFn", "ReshardFn", "Resharded",
 ]
 
 MODES = ("gp", "es")
 
+
+
+# how much wider the beam of a search again is (ExploreOptions.widen_below)
+WIDEN = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,12 +115,16 @@ class ExploreOptions:
     # search independent branches per branch and combine them at their join
     # (tapas.planning.branches); off: every branch's tensors in the frontier
     fold_branches: bool = True
+    # an enumeration whose beam cut a prefix cheaper than its best plan after fewer than
+    # this many prefix extensions is run once more with a beam WIDEN times as wide
+    # (0: never)
+    widen_below: int = 1_000_000
 
     def __post_init__(self) -> None:
-        for name in ("top_k", "max_candidates", "per_boundary", "max_states"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r}: must be an integer >= 1")
+        for name in ("top_k", "max_candidates", "per_boundary", "max_states", "widen_below"):
+            v, least = getattr(self, name), 0 if name == "widen_below" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ValueError(f"{name}={v!r}: must be an integer >= {least}")
         if self.time_limit is not None and not self.time_limit > 0:
             raise ValueError(f"time_limit={self.time_limit!r}: must be positive seconds or None")
         if not self.memory_penalty >= 0:
@@ -180,6 +188,12 @@ class ExploreResult:
     # cheapest prefix it cut, if cheaper); None when a template's own enumeration was cut
     lower: float | None = None
     folded: Folded = Folded()   # branches folded into their joins (tapas.planning.branches)
+    widened_from: int | None = None   # the beam first tried, when searched again wider
+
+    @property
+    def proven(self) -> bool:
+        """Whether the best plan is the optimum: nothing cut, or nothing cheaper cut."""
+        return self.exact or (self.lower is not None and self.lower >= self.best.cost)
 
     @property
     def best(self) -> Plan:
@@ -313,13 +327,37 @@ def explore(graph: Graph, num_devices: int, cluster: Cluster, *, mode: str = "gp
         raise ValueError(f"graph '{graph.name}' has no GraphNodes: nothing to search")
     problem = _Problem(graph, table, edges, options, allowed, deadline, progress, timings)
     if mode == "es":
-        return _explore_es(problem)
-    if folded is None:
-        from tapas import mining
-        t = time.perf_counter()
-        folded = mining.mine(graph)
-        timings["mining"] = time.perf_counter() - t
-    return _explore_gp(problem, folded)
+        result = _explore_es(problem)
+    else:
+        if folded is None:
+            from tapas import mining
+            t = time.perf_counter()
+            folded = mining.mine(graph)
+            timings["mining"] = time.perf_counter() - t
+        result = _explore_gp(problem, folded)
+    if result.proven or result.counts.generated >= options.widen_below:
+        return result
+    left = None if deadline is None else deadline - time.perf_counter()
+    if left is not None and left <= 0:
+        return result
+    wide = explore(graph, num_devices, cluster, mode=mode, folded=folded,
+                   cost_options=cost_options, table=table, reshard_fn=reshard_fn,
+                   allowed=allowed, progress=progress,
+                   options=dataclasses.replace(options, max_states=options.max_states * WIDEN,
+                                               widen_below=0, time_limit=left))
+    return _widened(result, wide, options.max_states)
+
+
+def _widened(narrow: ExploreResult, wide: ExploreResult, beam: int) -> ExploreResult:
+    """The search again with a wider beam, its counts and timings added to the first
+    one's; the first one's plans where they were cheaper (a beam is not monotone), and
+    the higher of the two lower bounds on the optimum (both hold)."""
+    timings = {k: narrow.timings.get(k, 0.0) + wide.timings.get(k, 0.0)
+               for k in {**narrow.timings, **wide.timings}}
+    best = wide if wide.best.cost <= narrow.best.cost else narrow
+    lowers = [r.lower for r in (narrow, wide) if r.lower is not None]
+    return dataclasses.replace(best, counts=narrow.counts + wide.counts, timings=timings,
+                               lower=max(lowers) if lowers else None, widened_from=beam)
 
 
 @dataclasses.dataclass(frozen=True)
