@@ -179,7 +179,7 @@ def test_a_beam_cut_inside_a_folded_branch_still_bounds_the_optimum(dlrm5, model
         assert any("in folded branches" in n for n in s.notes), s.notes
 
 
-def test_a_cheap_search_whose_beam_cut_a_cheaper_prefix_is_searched_again_wider():
+def test_a_cheap_search_whose_beam_cut_a_cheaper_prefix_is_searched_again_wider(monkeypatch):
     """A 4-layer MoE on 2 devices, es, a beam of 2: it cuts prefixes cheaper than the plan
     it finds (41.9 us against the optimum's 1.03); the enumeration is cheap, so it runs
     again with a beam 4x as wide, which finds the optimum and proves it; the result says
@@ -203,6 +203,19 @@ def test_a_cheap_search_whose_beam_cut_a_cheaper_prefix_is_searched_again_wider(
     stays = ex.explore(graph, 2, cluster, mode="es",
                        options=ex.ExploreOptions(max_states=2, widen_below=10))
     assert stays.widened_from is None and not stays.proven
+    # the time limit ending the second run leaves the first's result, not a timeout
+    beams, original = [], ex._explore_es
+
+    def second_times_out(pb):
+        beams.append(pb.options.max_states)
+        if len(beams) > 1:
+            raise ex.SearchTimeout("time limit")
+        return original(pb)
+    monkeypatch.setattr(ex, "_explore_es", second_times_out)
+    kept = ex.explore(graph, 2, cluster, mode="es",
+                      options=ex.ExploreOptions(max_states=2, time_limit=600.0))
+    assert beams == [2, 8] and kept.widened_from is None
+    assert kept.best.cost == pytest.approx(first.best.cost, rel=1e-12)
 
 
 def test_nothing_is_folded_where_the_beam_could_not_cut(dlrm5):

@@ -340,11 +340,15 @@ def explore(graph: Graph, num_devices: int, cluster: Cluster, *, mode: str = "gp
     left = None if deadline is None else deadline - time.perf_counter()
     if left is not None and left <= 0:
         return result
-    wide = explore(graph, num_devices, cluster, mode=mode, folded=folded,
-                   cost_options=cost_options, table=table, reshard_fn=reshard_fn,
-                   allowed=allowed, progress=progress,
-                   options=dataclasses.replace(options, max_states=options.max_states * WIDEN,
-                                               widen_below=0, time_limit=left))
+    try:
+        wide = explore(graph, num_devices, cluster, mode=mode, folded=folded,
+                       cost_options=cost_options, table=table, reshard_fn=reshard_fn,
+                       allowed=allowed, progress=progress,
+                       options=dataclasses.replace(options,
+                                                   max_states=options.max_states * WIDEN,
+                                                   widen_below=0, time_limit=left))
+    except SearchTimeout:       # the time limit ends the second run: the first stands
+        return result
     return _widened(result, wide, options.max_states)
 
 
