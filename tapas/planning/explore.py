@@ -184,8 +184,9 @@ class ExploreResult:
     counts: Counts            # everything: templates + stitching (gp) or the whole graph (es)
     timings: Mapping[str, float]
     exact: bool
-    # no plan is cheaper than this (the best plan's cost when exact; when the beam cut, the
-    # cheapest prefix it cut, if cheaper); None when a template's own enumeration was cut
+    # no plan is cheaper than this (the best plan's cost when exact; when a beam cut, the
+    # cheapest prefix it cut, if cheaper: per instance times the instances in a template,
+    # plus what the rest costs at least in a folded branch, Folded.cut_below)
     lower: float | None = None
     folded: Folded = Folded()   # branches folded into their joins (tapas.planning.branches)
     widened_from: int | None = None   # the beam first tried, when searched again wider
