@@ -32,8 +32,8 @@ from tapas.planning.precision import priced_dtype
 from tapas.sharding import rules
 from tapas.sharding.rules import shape as shape_rules
 
-__all__ = ["kept_for_backward", "kept_penalties", "input_kept_bytes", "node_resharded_bytes",
-           "VIEW_OPS"]
+__all__ = ["kept_for_backward", "kept_penalties", "grown_bytes", "input_kept_bytes",
+           "node_resharded_bytes", "VIEW_OPS"]
 
 # ops whose output is a view of their first input's buffer (no copy): what reads the view
 # keeps the input
@@ -93,27 +93,31 @@ def kept_penalties(node: GraphNode, gradients: Collection[str] | None,
                    penalty: float) -> tuple[float, ...]:
     """Per input of ``node``: ``penalty`` (seconds per byte) where :func:`kept_for_backward`,
     else 0; empty when ``penalty`` is 0. A search prices a resharding edge into the input
-    with it, on the bytes the reshard grows the tensor to
-    (``tapas.planning.table.EdgeCoster.grown_bytes``)."""
+    with it, on the bytes the reshard grows the tensor to (:func:`grown_bytes`)."""
     if not penalty:
         return ()
     return tuple(penalty if kept_for_backward(node, j, gradients) else 0.0
                  for j in range(len(node.inputs)))
 
 
+def grown_bytes(tensor: Any, have: Any, want: Any, n: int, precision: Any) -> float:
+    """``tensor``'s bytes per device at ``want`` where that is more than at ``have`` (an
+    all-gather's whole tensor beside the producer's shard), else 0: the second tensor a
+    reader keeping the resharded input holds (``precision``: the priced one)."""
+    if tensor.shape is None or have is want or have == want:
+        return 0.0
+    dtype = priced_dtype(tensor.dtype, precision)
+    b = want.local_bytes(tensor.shape, dtype, n)
+    return b if b > have.local_bytes(tensor.shape, dtype, n) else 0.0
+
+
 def input_kept_bytes(node: GraphNode, index: int, have: Any, want: Any, n: int, options: Any,
                      gradients: Collection[str] | None) -> float:
     """Bytes per device the step keeps of ``node``'s input ``index`` resharded from
-    ``have`` (its producer's placement) to ``want`` (the reader's): its local size at
-    ``want`` when that is larger than at ``have`` and :func:`kept_for_backward`, else 0."""
-    t = node.inputs[index]
-    if t.shape is None or have is want or have == want:
-        return 0.0
-    dtype = priced_dtype(t.dtype, options.precision)
-    b = want.local_bytes(t.shape, dtype, n)
-    if b > have.local_bytes(t.shape, dtype, n) and kept_for_backward(node, index, gradients):
-        return b
-    return 0.0
+    ``have`` (its producer's placement) to ``want`` (the reader's): :func:`grown_bytes`
+    when :func:`kept_for_backward`, else 0."""
+    b = grown_bytes(node.inputs[index], have, want, n, options.precision)
+    return b if b and kept_for_backward(node, index, gradients) else 0.0
 
 
 def node_resharded_bytes(node: GraphNode, table: Any, patterns: Sequence[int],

@@ -474,9 +474,8 @@ def _exact_notes(result: ex.ExploreResult, exact: bool, bound: float | None
     notes = []
     if result.widened_from:
         notes.append(f"the beam of {result.widened_from} frontiers cut a prefix cheaper than "
-                     f"the plan it found, after fewer than {ex.ExploreOptions().widen_below:,} "
-                     f"prefix extensions: searched again with {ex.WIDEN}x as many "
-                     "(ExploreOptions.widen_below)")
+                     "the plan it found, after fewer prefix extensions than "
+                     f"ExploreOptions.widen_below: searched again with {ex.WIDEN}x as many")
     if result.folded.joins:
         notes.append(f"{result.folded.nodes} GraphNodes in independent branches were searched "
                      f"per branch and combined at their {result.folded.joins} join(s) "

@@ -36,6 +36,7 @@ from tapas.ir import Graph, GraphNode, Kind, TensorInfo
 from tapas.planning import cost as cost_lib
 from tapas.planning.cluster import Cluster
 from tapas.planning.devicemesh import MODEL
+from tapas.planning.kept import grown_bytes
 from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.planning.precision import priced_dtype
 from tapas.sharding import losses
@@ -466,17 +467,13 @@ class EdgeCoster:
         return self._cache[key]
 
     def grown_bytes(self, tensor: TensorInfo, src: Placement, dst: Placement) -> float:
-        """``tensor``'s bytes per device at ``dst`` where that is more than at ``src``, else
-        0: the second tensor a reader that keeps the resharded input for its backward
-        holds beside the producer's output (an all-gather's whole tensor), as
-        ``tapas.planning.kept.node_resharded_bytes`` counts it."""
-        if src is dst or tensor.shape is None:
+        """``tapas.planning.kept.grown_bytes`` of an edge, cached by shape, dtype and
+        placements (the frontier asks for the same few edges many times)."""
+        if src is dst:
             return 0.0
         key = (tensor.shape, tensor.dtype, src, dst)
         got = self._grown.get(key)
         if got is None:
-            dtype = priced_dtype(tensor.dtype, self.options.precision)
-            b = dst.local_bytes(tensor.shape, dtype, self.n)
-            got = self._grown[key] = b if b > src.local_bytes(tensor.shape, dtype, self.n) \
-                else 0.0
+            got = self._grown[key] = grown_bytes(tensor, src, dst, self.n,
+                                                 self.options.precision)
         return got
