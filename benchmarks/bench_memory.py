@@ -19,13 +19,17 @@ Prints a table and writes JSON (default ``benchmarks/results/bench_memory_<model
 with the date, the CPU count, the 1-minute load average at the start and the end, and the
 workers' ``MALLOC_ARENA_MAX``: the launcher's default unless this environment sets one).
 ``--phases``: where a worker's memory goes, in one process on one device: the resident set
-after each phase, with ``--tf_peak`` also the bytes TensorFlow's tensors hold (JSON
-``bench_memory_phases_<model>.json``).
+after each phase and glibc's heap (bytes in use, the arenas' size: ``mallinfo2``), with
+``--tf_peak`` also the bytes TensorFlow's tensors hold, and the traced step's operations
+and the first step's seconds (JSON ``bench_memory_phases_<model>.json``); with
+``--own_updates`` every weight's optimizer update traced on its own inside the step, as
+before ``weight_updates.Updates`` shared them (to compare the two in one sitting).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import os
@@ -77,6 +81,26 @@ def _largest_weight(model: str) -> int:
     return max(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in built.weights)
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _malloc_mib() -> dict[str, float]:
+    """glibc's heap over all its arenas (``mallinfo2``): the bytes in use and the arenas'
+    size, in MiB (not the blocks it maps on their own, where large tensors live); empty
+    where the C library has no ``mallinfo2``."""
+    try:
+        info = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    info.restype = _MallInfo2
+    got = info()
+    return {"heap_in_use_mib": round(got.uordblks / MIB, 1),
+            "arenas_mib": round(got.arena / MIB, 1)}
+
+
 def _rss_mib() -> tuple[float, float]:
     """(VmRSS, VmHWM) of this process in MiB."""
     got = {}
@@ -87,7 +111,8 @@ def _rss_mib() -> tuple[float, float]:
     return got["VmRSS"], got["VmHWM"]
 
 
-def phases(model: str, budget: float, steps: int, tf_peak: bool) -> list[dict]:
+def phases(model: str, budget: float, steps: int, tf_peak: bool,
+           own_updates: bool = False) -> list[dict]:
     """One process, one device: the resident set after each phase of ``tapas train`` (TF
     started, the lazy build, capture, search, the shards, the optimizer slots, each step),
     sampled by wrapping the functions that do them. ``tf_peak``: TensorFlow's CPU
@@ -102,19 +127,24 @@ def phases(model: str, budget: float, steps: int, tf_peak: bool) -> list[dict]:
     from tapas import models
     from tapas.execution.runtime import materialize, shards
     from tapas.execution.api import parallel
+    from tapas.execution.training import weight_updates
+    if own_updates:   # no kind shared: every weight's update inline, as before
+        weight_updates.Updates.kind = lambda self, path, grad, decided: None
     rows: list[dict] = []
 
     def mark(name: str) -> None:
         rss, hwm = _rss_mib()
-        row = {"phase": name, "rss_mib": round(rss, 1), "peak_mib": round(hwm, 1)}
+        row = {"phase": name, "rss_mib": round(rss, 1), "peak_mib": round(hwm, 1),
+               **_malloc_mib()}
         if tf_peak:
             info = tf.config.experimental.get_memory_info("CPU:0")
             row.update(tensors_mib=round(info["current"] / MIB, 1),
                        tensors_peak_mib=round(info["peak"] / MIB, 1))
         rows.append(row)
-        print(f"{name:>24} {rss:>9.1f} {hwm:>9.1f}" + (
-            f" {row['tensors_mib']:>12.1f} {row['tensors_peak_mib']:>13.1f}" if tf_peak
-            else ""), flush=True)
+        print(f"{name:>24} {rss:>9.1f} {hwm:>9.1f} {row.get('heap_in_use_mib', 0):>9.1f} "
+              f"{row.get('arenas_mib', 0):>9.1f}" + (
+                  f" {row['tensors_mib']:>12.1f} {row['tensors_peak_mib']:>13.1f}" if tf_peak
+                  else ""), flush=True)
 
     def wrapped(module: object, name: str) -> None:
         original = getattr(module, name)
@@ -125,7 +155,7 @@ def phases(model: str, budget: float, steps: int, tf_peak: bool) -> list[dict]:
             return out
         setattr(module, name, call)
 
-    print(f"{'phase':>24} {'RSS MiB':>9} {'peak MiB':>9}"
+    print(f"{'phase':>24} {'RSS MiB':>9} {'peak MiB':>9} {'heap MiB':>9} {'arenas':>9}"
           + (f" {'tensors MiB':>12} {'tensors peak':>13}" if tf_peak else ""))
     mark("tensorflow started")
     entry = models.get(model)
@@ -140,8 +170,17 @@ def phases(model: str, budget: float, steps: int, tf_peak: bool) -> list[dict]:
                               search_options={"memory_budget": budget * 2**30})
     mark("parallelize")
     for k in range(steps):
+        start = time.perf_counter()
         pm.train_step(list(xs), y)
         mark(f"step {k + 1}")
+        rows[-1]["seconds"] = round(time.perf_counter() - start, 2)
+        if k == 0:
+            graph = pm.runtime.graphs["train_step"]
+            rows[-1]["step_graph_operations"] = len(graph.get_operations()) + sum(
+                len(f.node_def) for f in graph.as_graph_def().library.function)
+            print(f"{'':>24} first step {rows[-1]['seconds']:.2f} s, the traced step "
+                  f"{rows[-1]['step_graph_operations']} operations (its functions' "
+                  "included)", flush=True)
     return rows
 
 
@@ -157,14 +196,18 @@ def main() -> None:
                         help="instead: the resident set after each phase, one process")
     parser.add_argument("--tf_peak", action="store_true",
                         help="with --phases: TensorFlow's tensor bytes too (BFC allocator)")
+    parser.add_argument("--own_updates", action="store_true",
+                        help="with --phases: every weight's update traced on its own")
     args = parser.parse_args()
     if args.phases:
-        rows = phases(args.model, args.budget_gib, args.steps, args.tf_peak)
+        rows = phases(args.model, args.budget_gib, args.steps, args.tf_peak,
+                      args.own_updates)
         out = args.json_out or os.path.join(ROOT, "benchmarks", "results",
                                             f"bench_memory_phases_{args.model}.json")
         with open(out, "w") as f:
             json.dump({"model": args.model, "budget_gib": args.budget_gib, "rows": rows,
-                       "tf_peak": args.tf_peak, "date": datetime.date.today().isoformat()},
+                       "tf_peak": args.tf_peak, "own_updates": args.own_updates,
+                       "date": datetime.date.today().isoformat()},
                       f, indent=1)
         print(f"wrote {out}")
         return

@@ -122,13 +122,14 @@ class TrainingStep:
                 for p, v in writes.items()] or after
         new_state = {k: v for k, v in state.items()}
         new_state["step_taken"] = tf.constant(1, tf.int64)
+        updates = self._updates()
         for p in self.trainable_paths:
             g = dense.get(p, None if p not in sparse else tf.IndexedSlices(*sparse[p]))
             with tf.control_dependencies(after):
                 old = {k: _read_like(slots[p][k], v) for k, v in self._slots[first][p].items()}
                 value = _read_like(weights[p], self._vars[first][p])
-                new, new_slots, new_state = weight_updates.apply_one(
-                    self.optimizer, p, value, g, old, state, iterations, lr, decided)
+                new, new_slots, new_state = updates(p, value, g, old, state, iterations,
+                                                    lr, decided)
                 ops = [tf.raw_ops.AssignVariableOp(resource=slots[p][k], value=v)
                        for k, v in new_slots.items()]
                 if new is not None:
@@ -136,6 +137,14 @@ class TrainingStep:
             after = ops or after
         with tf.control_dependencies(after):
             return {k: tf.identity(v) for k, v in new_state.items()}
+
+    def _updates(self) -> weight_updates.Updates:
+        """The optimizer's per-weight updates, each kind traced once (kept across traces
+        of the step)."""
+        got = self.__dict__.get("_weight_updates")
+        if got is None or got.opt is not self.optimizer:
+            got = self.__dict__["_weight_updates"] = weight_updates.Updates(self.optimizer)
+        return got
 
     def _train_step(self, xs: Any, y: Any) -> tf.Tensor:
         # the traced step's graph, for TensorBoard's graph tab (fit's tensorboard=)
