@@ -23,7 +23,8 @@ after each phase and glibc's heap (bytes in use, the arenas' size: ``mallinfo2``
 ``--tf_peak`` also the bytes TensorFlow's tensors hold, and the traced step's operations
 and the first step's seconds (JSON ``bench_memory_phases_<model>.json``); with
 ``--own_updates`` every weight's optimizer update traced on its own inside the step, as
-before ``weight_updates.Updates`` shared them (to compare the two in one sitting).
+before ``weight_updates.Updates`` shared them (to compare the two in one sitting);
+``--optimizer`` and ``--global_clipnorm`` another optimizer than the zoo model's.
 """
 
 from __future__ import annotations
@@ -111,8 +112,20 @@ def _rss_mib() -> tuple[float, float]:
     return got["VmRSS"], got["VmHWM"]
 
 
+def _optimizer(entry: object, name: str | None, global_clipnorm: float | None) -> object:
+    """The zoo model's optimizer, or ``name`` (a Keras name or a JSON config file), with
+    ``global_clipnorm`` set when given."""
+    from tapas.execution.training import keras_optimizer
+    opt = (entry.keras_optimizer() if name is None else keras_optimizer.resolve_optimizer(
+        keras_optimizer.optimizer_from_flag("--optimizer", name)))
+    if global_clipnorm is not None:
+        opt = type(opt).from_config(opt.get_config() | {"global_clipnorm": global_clipnorm})
+    return opt
+
+
 def phases(model: str, budget: float, steps: int, tf_peak: bool,
-           own_updates: bool = False) -> list[dict]:
+           own_updates: bool = False, optimizer: str | None = None,
+           global_clipnorm: float | None = None) -> list[dict]:
     """One process, one device: the resident set after each phase of ``tapas train`` (TF
     started, the lazy build, capture, search, the shards, the optimizer slots, each step),
     sampled by wrapping the functions that do them. ``tf_peak``: TensorFlow's CPU
@@ -166,7 +179,8 @@ def phases(model: str, budget: float, steps: int, tf_peak: bool,
         wrapped(module, name)
     xs, y = entry.synthetic_batch(None)
     pm = parallel.parallelize(keras_model, list(entry.input_spec(None)), devices=1,
-                              optimizer=entry.keras_optimizer(), loss=entry.keras_loss(),
+                              optimizer=_optimizer(entry, optimizer, global_clipnorm),
+                              loss=entry.keras_loss(),
                               search_options={"memory_budget": budget * 2**30})
     mark("parallelize")
     for k in range(steps):
@@ -198,15 +212,21 @@ def main() -> None:
                         help="with --phases: TensorFlow's tensor bytes too (BFC allocator)")
     parser.add_argument("--own_updates", action="store_true",
                         help="with --phases: every weight's update traced on its own")
+    parser.add_argument("--optimizer", default=None,
+                        help="with --phases: a Keras optimizer name or JSON config file "
+                             "(default: the zoo model's)")
+    parser.add_argument("--global_clipnorm", type=float, default=None,
+                        help="with --phases: the optimizer clips by this global norm")
     args = parser.parse_args()
     if args.phases:
         rows = phases(args.model, args.budget_gib, args.steps, args.tf_peak,
-                      args.own_updates)
+                      args.own_updates, args.optimizer, args.global_clipnorm)
         out = args.json_out or os.path.join(ROOT, "benchmarks", "results",
                                             f"bench_memory_phases_{args.model}.json")
         with open(out, "w") as f:
             json.dump({"model": args.model, "budget_gib": args.budget_gib, "rows": rows,
                        "tf_peak": args.tf_peak, "own_updates": args.own_updates,
+                       "optimizer": args.optimizer, "global_clipnorm": args.global_clipnorm,
                        "date": datetime.date.today().isoformat()},
                       f, indent=1)
         print(f"wrote {out}")

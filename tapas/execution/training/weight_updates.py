@@ -18,7 +18,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tapas.execution.training.keras_optimizer import ShardedOptimizer
+from tapas.execution.training.keras_optimizer import (  # its gradient helpers too
+    ShardedOptimizer, _divided, _scaled, _values)
 
 __all__ = ["Updates", "apply_one", "decisions"]
 
@@ -29,22 +30,34 @@ def decisions(opt: ShardedOptimizer, values: Mapping[str, tf.Tensor], grads: Map
               all_finite: Callable | None = None) -> dict[str, Any]:
     """What the update decides over every weight at once, before any weight is updated
     (arguments as ``opt.apply``): ``sums`` (the whole weights' sums of squares of the
-    gradients clipping reads, as ``sum_squares`` returned them) and ``finite`` (loss
-    scaling: every replica's gradients finite), each only when the optimizer uses it;
-    empty otherwise. It runs ``opt.apply`` and keeps only what its callbacks returned:
-    the new values it computes are not used, and a ``tf.function`` prunes them."""
+    gradients clipping by norm reads, as ``sum_squares`` returned them) and ``finite``
+    (loss scaling: every replica's gradients finite), each only when the optimizer uses
+    it; empty otherwise. Computed as ``opt.apply`` computes them, in its order: the
+    gradients unscaled by the loss scale, then by ``loss_scale_factor``, then averaged
+    with the accumulated ones (gradient accumulation), then squared and summed; nothing
+    of the update itself is traced."""
     got: dict[str, Any] = {}
-    if opt.loss_scale is None and not (opt.opt.clipnorm or opt.opt.global_clipnorm):
+    inner = opt.opt
+    clips = any(c is not None and c > 0 for c in (inner.clipnorm, inner.global_clipnorm))
+    if opt.loss_scale is None and not clips:
         return got
-
-    def sums(local: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        got["sums"] = sum_squares(local)
-        return got["sums"]
-
-    def finite(ok: tf.Tensor) -> tf.Tensor:
-        got["finite"] = all_finite(ok)
-        return got["finite"]
-    opt.apply(values, grads, slots, state, iterations, learning_rate, sums, finite)
+    if opt.loss_scale is not None:   # ShardedOptimizer._apply_scaled
+        local = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g)))
+                               for g in grads.values() if g is not None])
+        got["finite"] = all_finite(local)
+        scale = tf.convert_to_tensor(state["loss_scale"], tf.float32)
+        grads = {p: None if g is None else _divided(g, scale) for p, g in grads.items()}
+    if clips:   # ShardedOptimizer.apply, _accumulate and _clip
+        live = [p for p in opt.templates if p in values and grads.get(p) is not None]
+        g = [grads[p] for p in live]
+        if inner.loss_scale_factor is not None:
+            g = [_scaled(x, 1.0 / inner.loss_scale_factor) for x in g]
+        if inner.gradient_accumulation_steps:
+            k = inner.gradient_accumulation_steps
+            g = [(tf.convert_to_tensor(x) + slots[p]["gradient_accumulator"]) / k
+                 for p, x in zip(live, g)]
+        got["sums"] = sum_squares({p: tf.reduce_sum(tf.square(_values(x)))
+                                   for p, x in zip(live, g)})
     return got
 
 
@@ -78,25 +91,28 @@ class Updates:
     Keras's ``update_step`` is traced once per weight inside the step (about 30 to 40
     operations each, ``docs/internals.md``, *Memory*), and every process holds the step's
     graph whole. Weights whose update is the same function of (value, gradient, slots,
-    state, step, learning rate) share one ``tf.function``, traced on the first weight of
-    their kind and kept as a call in the step's graph (not inlined): the same shard shape
-    and dtype, decayed or not by weight decay, a dense gradient, no constraint, and nothing
-    the update decides over every weight (clipping by norm, loss scaling, whose sums and
-    flags are per step). The update is elementwise and reads a weight only through the
-    tensors given, so every weight of a kind gets the operations it would get alone; the
-    other weights go through :func:`apply_one` inline, as before."""
+    state, step, learning rate, what was decided over every weight) share one
+    ``tf.function``, traced on the first weight of their kind and kept as a call in the
+    step's graph (not inlined): the same shard shape and dtype, decayed or not by weight
+    decay, a dense gradient and no constraint. What :func:`decisions` found is passed in:
+    loss scaling's finite flag, and clipping's sums of squares (global clipping: every
+    weight's; clipping per weight: this weight's, under the path the update was traced
+    with). The update is elementwise and reads a weight only through the tensors given,
+    so every weight of a kind gets the operations it would get alone; the other weights
+    go through :func:`apply_one` inline."""
 
     def __init__(self, opt: ShardedOptimizer) -> None:
         self.opt = opt
-        self._shared: dict[tuple, Any] = {}
+        self._shared: dict[tuple, tuple[str, Any]] = {}
 
     def kind(self, path: str, grad: Any, decided: Mapping[str, Any]) -> tuple | None:
         """What makes ``path``'s update the same as another weight's, or None: its own."""
         info = self.opt.weights[path]
-        if (decided or grad is None or isinstance(grad, tf.IndexedSlices)
+        if (grad is None or isinstance(grad, tf.IndexedSlices)
                 or getattr(info.variable, "constraint", None) is not None):
             return None
-        return tuple(info.local_shape), info.dtype, self.opt.decays[path]
+        return (tuple(info.local_shape), info.dtype, self.opt.decays[path],
+                tuple(sorted(decided)))
 
     def __call__(self, path: str, value: tf.Tensor, grad: Any,
                  slots: Mapping[str, tf.Tensor], state: Mapping[str, tf.Tensor],
@@ -109,21 +125,18 @@ class Updates:
         if kind is None:
             return apply_one(self.opt, path, value, grad, slots, state, iterations,
                              learning_rate, decided)
-        fn = self._shared.get(kind)
-        if fn is None:   # the first weight of its kind stands for all of them
-            fn = self._shared[kind] = tf.function(
-                functools.partial(_one, self.opt, path), autograph=False,
+        if kind not in self._shared:   # the first weight of its kind stands for all
+            self._shared[kind] = path, tf.function(
+                functools.partial(apply_one, self.opt, path), autograph=False,
                 experimental_attributes=_NOT_INLINED)
-        return fn(value, grad, dict(slots), dict(state), iterations, learning_rate)
+        traced, fn = self._shared[kind]
+        given = dict(decided)
+        clipnorm = self.opt.opt.clipnorm
+        if "sums" in given and clipnorm and clipnorm > 0:   # clipped by its own norm
+            given["sums"] = {traced: decided["sums"][path]}
+        return fn(value, grad, dict(slots), dict(state), iterations, learning_rate, given)
 
     @property
     def kinds(self) -> int:
         """How many shared updates have been traced."""
         return len(self._shared)
-
-
-def _one(opt: ShardedOptimizer, path: str, value: tf.Tensor, grad: tf.Tensor,
-         slots: dict[str, tf.Tensor], state: dict[str, tf.Tensor], iterations: tf.Tensor,
-         learning_rate: tf.Tensor) -> tuple:
-    """:func:`apply_one` for ``path``, nothing decided over every weight."""
-    return apply_one(opt, path, value, grad, slots, state, iterations, learning_rate, {})
