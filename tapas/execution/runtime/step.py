@@ -141,9 +141,9 @@ class TrainingStep:
     def _updates(self) -> weight_updates.Updates:
         """The optimizer's per-weight updates, each kind traced once (kept across traces
         of the step)."""
-        got = self.__dict__.get("_weight_updates")
+        got = getattr(self, "_weight_updates", None)
         if got is None or got.opt is not self.optimizer:
-            got = self.__dict__["_weight_updates"] = weight_updates.Updates(self.optimizer)
+            got = self._weight_updates = weight_updates.Updates(self.optimizer)
         return got
 
     def _train_step(self, xs: Any, y: Any) -> tf.Tensor:
