@@ -21,7 +21,9 @@ workers' ``MALLOC_ARENA_MAX``: the launcher's default unless this environment se
 ``--phases``: where a worker's memory goes, in one process on one device: the resident set
 after each phase and glibc's heap (bytes in use, the arenas' size: ``mallinfo2``), with
 ``--tf_peak`` also the bytes TensorFlow's tensors hold, and the traced step's operations
-and the first step's seconds (JSON ``bench_memory_phases_<model>.json``); with
+and the first step's seconds, the bytes of Python's objects after each phase, and the
+resident set by kind of mapping after the last step (JSON
+``bench_memory_phases_<model>.json``); with
 ``--own_updates`` every weight's optimizer update traced on its own inside the step, as
 before ``weight_updates.Updates`` shared them (to compare the two in one sitting);
 ``--optimizer`` and ``--global_clipnorm`` another optimizer than the zoo model's.
@@ -102,6 +104,47 @@ def _malloc_mib() -> dict[str, float]:
             "arenas_mib": round(got.arena / MIB, 1)}
 
 
+def _python_mib() -> float | None:
+    """The bytes Python's own allocator holds in its arenas (``sys._debugmallocstats``),
+    MiB: the Python objects (traced graphs' operations, the IR, Keras's layers)."""
+    import re
+    read, write = os.pipe()
+    saved = os.dup(2)
+    try:   # it writes to the C stderr
+        os.dup2(write, 2)
+        sys._debugmallocstats()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(write)
+    with os.fdopen(read, errors="ignore") as f:
+        found = re.search(r"^Total\s*=\s*([\d,]+)", f.read(), re.M)
+    return None if found is None else round(int(found.group(1).replace(",", "")) / MIB, 1)
+
+
+def _resident_by_mapping() -> dict[str, float]:
+    """The resident set by kind of mapping (``/proc/self/smaps``), MiB: TensorFlow's
+    libraries, the brk heap (glibc's main arena), anonymous mappings of 64 MiB and more
+    (TensorFlow's tensor pool regions, glibc's other arenas) and of less (Python's arenas,
+    blocks glibc maps on their own, thread stacks), other files."""
+    got: dict[str, float] = {}
+    kind = "other files"
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                name = fields[5] if len(fields) > 5 else ""
+                kind = ("tensorflow's libraries" if "tensorflow" in name else
+                        "brk heap" if name == "[heap]" else
+                        "other files" if name else
+                        "anonymous >= 64 MiB" if end - start >= 64 << 20 else
+                        "anonymous < 64 MiB")
+            elif fields[0] == "Rss:":
+                got[kind] = got.get(kind, 0.0) + int(fields[1]) / 1024.0
+    return {k: round(v, 1) for k, v in sorted(got.items())}
+
+
 def _rss_mib() -> tuple[float, float]:
     """(VmRSS, VmHWM) of this process in MiB."""
     got = {}
@@ -148,14 +191,14 @@ def phases(model: str, budget: float, steps: int, tf_peak: bool,
     def mark(name: str) -> None:
         rss, hwm = _rss_mib()
         row = {"phase": name, "rss_mib": round(rss, 1), "peak_mib": round(hwm, 1),
-               **_malloc_mib()}
+               **_malloc_mib(), "python_mib": _python_mib()}
         if tf_peak:
             info = tf.config.experimental.get_memory_info("CPU:0")
             row.update(tensors_mib=round(info["current"] / MIB, 1),
                        tensors_peak_mib=round(info["peak"] / MIB, 1))
         rows.append(row)
         print(f"{name:>24} {rss:>9.1f} {hwm:>9.1f} {row.get('heap_in_use_mib', 0):>9.1f} "
-              f"{row.get('arenas_mib', 0):>9.1f}" + (
+              f"{row.get('arenas_mib', 0):>9.1f} {row['python_mib'] or 0:>9.1f}" + (
                   f" {row['tensors_mib']:>12.1f} {row['tensors_peak_mib']:>13.1f}" if tf_peak
                   else ""), flush=True)
 
@@ -168,7 +211,8 @@ def phases(model: str, budget: float, steps: int, tf_peak: bool,
             return out
         setattr(module, name, call)
 
-    print(f"{'phase':>24} {'RSS MiB':>9} {'peak MiB':>9} {'heap MiB':>9} {'arenas':>9}"
+    print(f"{'phase':>24} {'RSS MiB':>9} {'peak MiB':>9} {'heap MiB':>9} {'arenas':>9} "
+          f"{'Python':>9}"
           + (f" {'tensors MiB':>12} {'tensors peak':>13}" if tf_peak else ""))
     mark("tensorflow started")
     entry = models.get(model)
@@ -195,6 +239,9 @@ def phases(model: str, budget: float, steps: int, tf_peak: bool,
             print(f"{'':>24} first step {rows[-1]['seconds']:.2f} s, the traced step "
                   f"{rows[-1]['step_graph_operations']} operations (its functions' "
                   "included)", flush=True)
+    rows[-1]["resident_by_mapping_mib"] = _resident_by_mapping()
+    print(f"{'':>24} after the last step, resident by mapping (MiB): " + ", ".join(
+              f"{k} {v}" for k, v in rows[-1]["resident_by_mapping_mib"].items()), flush=True)
     return rows
 
 
