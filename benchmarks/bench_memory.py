@@ -108,17 +108,16 @@ def _python_mib() -> float | None:
     """The bytes Python's own allocator holds in its arenas (``sys._debugmallocstats``),
     MiB: the Python objects (traced graphs' operations, the IR, Keras's layers)."""
     import re
-    read, write = os.pipe()
-    saved = os.dup(2)
-    try:   # it writes to the C stderr
-        os.dup2(write, 2)
-        sys._debugmallocstats()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(write)
-    with os.fdopen(read, errors="ignore") as f:
-        found = re.search(r"^Total\s*=\s*([\d,]+)", f.read(), re.M)
+    with tempfile.TemporaryFile("w+") as out:   # it writes to the C stderr
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        found = re.search(r"^Total\s*=\s*([\d,]+)", out.read(), re.M)
     return None if found is None else round(int(found.group(1).replace(",", "")) / MIB, 1)
 
 

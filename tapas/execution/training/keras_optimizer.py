@@ -35,8 +35,8 @@ from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from tapas.execution.training import keras2
 
-__all__ = ["ShardedOptimizer", "WeightInfo", "check_supported", "optimizer_from_flag",
-           "resolve_optimizer", "slot_count"]
+__all__ = ["ShardedOptimizer", "WeightInfo", "check_supported", "finite_locally",
+           "optimizer_from_flag", "resolve_optimizer", "slot_count", "square_sums"]
 
 #: updates that read more than one element of a weight or gradient: not reproducible
 #: shard by shard without collectives the runtime does not insert
@@ -411,7 +411,7 @@ class ShardedOptimizer:
             raise ValueError("loss scaling needs all_finite: the runtime's check that every "
                              "replica's gradients are finite")
         live = [g for g in grads.values() if g is not None]
-        local = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g in live])
+        local = finite_locally(live)
         finite = all_finite(local)
         scale = tf.convert_to_tensor(state["loss_scale"], tf.float32)
         steps = tf.convert_to_tensor(state["scale_steps"], tf.int64)
@@ -501,6 +501,17 @@ def _values(x: Any) -> tf.Tensor:
     return x.values if isinstance(x, tf.IndexedSlices) else x
 
 
+def finite_locally(grads: Sequence[Any]) -> tf.Tensor:
+    """Whether every one of ``grads`` (dense or sparse) is finite on this replica."""
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads])
+
+
+def square_sums(paths: Sequence[str], grads: Sequence[Any]) -> dict[str, tf.Tensor]:
+    """Per path, this replica's sum of squares of its gradient (what clipping by norm
+    sums over the devices)."""
+    return {p: tf.reduce_sum(tf.square(_values(x))) for p, x in zip(paths, grads)}
+
+
 def _divided(x: Any, scale: tf.Tensor) -> Any:
     if isinstance(x, tf.IndexedSlices):
         return tf.IndexedSlices(x.values / tf.cast(scale, x.values.dtype), x.indices,
@@ -534,10 +545,10 @@ def _clip(opt: Any, live: list[str], g: list[Any], sum_squares: Callable) -> lis
     """Keras's ``clipnorm`` (per weight), ``global_clipnorm`` and ``clipvalue``, with
     the norms of whole weights."""
     if opt.clipnorm and opt.clipnorm > 0:
-        sq = sum_squares({p: tf.reduce_sum(tf.square(_values(x))) for p, x in zip(live, g)})
+        sq = sum_squares(square_sums(live, g))
         return [_clip_by_norm(x, sq[p], opt.clipnorm) for p, x in zip(live, g)]
     if opt.global_clipnorm and opt.global_clipnorm > 0:
-        sq = sum_squares({p: tf.reduce_sum(tf.square(_values(x))) for p, x in zip(live, g)})
+        sq = sum_squares(square_sums(live, g))
         norm = tf.sqrt(tf.add_n(list(sq.values())))   # every weight's (apply_one too)
         clip = tf.cast(opt.global_clipnorm, norm.dtype)
         scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)

@@ -19,7 +19,7 @@ from typing import Any
 import tensorflow as tf
 
 from tapas.execution.training.keras_optimizer import (  # its gradient helpers too
-    ShardedOptimizer, _divided, _scaled, _values)
+    ShardedOptimizer, _divided, _scaled, finite_locally, square_sums)
 
 __all__ = ["Updates", "apply_one", "decisions"]
 
@@ -42,9 +42,8 @@ def decisions(opt: ShardedOptimizer, values: Mapping[str, tf.Tensor], grads: Map
     if opt.loss_scale is None and not clips:
         return got
     if opt.loss_scale is not None:   # ShardedOptimizer._apply_scaled
-        local = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g)))
-                               for g in grads.values() if g is not None])
-        got["finite"] = all_finite(local)
+        got["finite"] = all_finite(finite_locally(
+            [g for g in grads.values() if g is not None]))
         scale = tf.convert_to_tensor(state["loss_scale"], tf.float32)
         grads = {p: None if g is None else _divided(g, scale) for p, g in grads.items()}
     if clips:   # ShardedOptimizer.apply, _accumulate and _clip
@@ -56,8 +55,7 @@ def decisions(opt: ShardedOptimizer, values: Mapping[str, tf.Tensor], grads: Map
             k = inner.gradient_accumulation_steps
             g = [(tf.convert_to_tensor(x) + slots[p]["gradient_accumulator"]) / k
                  for p, x in zip(live, g)]
-        got["sums"] = sum_squares({p: tf.reduce_sum(tf.square(_values(x)))
-                                   for p, x in zip(live, g)})
+        got["sums"] = sum_squares(square_sums(live, g))
     return got
 
 
