@@ -17,7 +17,8 @@ workers (the multi-worker runtime's own: its server, collectives and their buffe
 ``bound_same_workers_bytes``.
 Prints a table and writes JSON (default ``benchmarks/results/bench_memory_<model>.json``,
 with the date, the CPU count, the 1-minute load average at the start and the end, and the
-workers' ``MALLOC_ARENA_MAX``: the launcher's default unless this environment sets one).
+workers' ``MALLOC_ARENA_MAX``: the launcher's default unless this environment sets one, and
+``TAPAS_RELEASE_HEAP``: 0 when the runtime kept the C heap's free pages).
 ``--phases``: where a worker's memory goes, in one process on one device: the resident set
 after each phase and glibc's heap (bytes in use, the arenas' size: ``mallinfo2``), with
 ``--tf_peak`` also the bytes TensorFlow's tensors hold, and the traced step's operations
@@ -332,8 +333,11 @@ def main() -> None:
                    "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
                    "load_average_1min": [round(load_before[0], 2),
                                          round(os.getloadavg()[0], 2)],   # start, end
-                   "worker_env": {k: os.environ.get(k, v) for k, v in
-                                  launch.WORKER_ENV_DEFAULTS.items()}},
+                   "worker_env": {**{k: os.environ.get(k, v) for k, v in
+                                     launch.WORKER_ENV_DEFAULTS.items()},
+                                  # memory.RELEASE_HEAP_ENV (its module imports TensorFlow)
+                                  "TAPAS_RELEASE_HEAP":
+                                      os.environ.get("TAPAS_RELEASE_HEAP", "1")}},
                   f, indent=1)
     print(f"wrote {out}")
 

@@ -64,6 +64,31 @@ def check_report() -> dict:
             "history_memory": history.memory.to_json()}
 
 
+def check_release_heap() -> dict:
+    """How often the runtime gives the C heap's free pages back
+    (memory.release_free_heap, counted): after each call that traced a function."""
+    from tapas.execution.runtime import memory
+    from tapas.execution.api import parallel
+    calls = []
+    original = memory.release_free_heap
+    memory.release_free_heap = lambda: calls.append(1) or original()
+    model = _mlp()
+    pm = parallel.parallelize(model, tf.TensorSpec([8, 32], name="x"), devices=JOB["devices"],
+                              optimizer="adam", loss=keras.losses.MeanSquaredError())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 32)).astype("float32")
+    y = rng.standard_normal((8, 8)).astype("float32")
+    counts = {}
+    for k in range(3):
+        pm.train_step(x, y)
+        counts[f"train {k + 1}"] = len(calls)
+    pm.predict(x)
+    counts["predict"] = len(calls)
+    pm.predict(x)
+    counts["predict again"] = len(calls)
+    return counts
+
+
 def _vm_data() -> int:
     """This process's private writable virtual memory (what RLIMIT_DATA limits), bytes."""
     with open("/proc/self/status") as f:
@@ -202,7 +227,7 @@ def check_reshard_restore() -> dict:
             "worst": worst, "step": int(rt.iterations.numpy())}
 
 
-CHECKS = {"report": check_report, "materialize": check_materialize,
+CHECKS = {"report": check_report, "release_heap": check_release_heap, "materialize": check_materialize,
           "reshard_save": check_reshard_save, "reshard_restore": check_reshard_restore}
 
 if __name__ == "__main__":

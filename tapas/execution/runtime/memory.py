@@ -11,18 +11,29 @@ Out: :class:`MemoryReport`: per replica the plan's predicted bytes per device
      process's peak RSS alone.
 Raises: nothing of its own (a device whose memory TensorFlow cannot report is measured by
      its process's RSS).
+Also :func:`release_free_heap`: the C heap's free pages given back to the system, which
+the runtime calls when one of its functions has traced (before its first run, and after
+the call).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import functools
+import os
 import resource
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["MemoryReport", "memory_report", "peak_rss_bytes", "predicted_bytes"]
+__all__ = ["MemoryReport", "memory_report", "peak_rss_bytes", "predicted_bytes",
+           "release_free_heap", "RELEASE_HEAP_ENV"]
+
+# set to 0 to keep the C heap's free pages (release_free_heap does nothing)
+RELEASE_HEAP_ENV = "TAPAS_RELEASE_HEAP"
 
 
 def peak_rss_bytes() -> int:
@@ -36,6 +47,38 @@ def peak_rss_bytes() -> int:
     except OSError:
         pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def release_free_heap() -> bool:
+    """Give the pages the C heap holds free back to the system (glibc's ``malloc_trim(0)``,
+    every arena); False where the C library has no such call or ``TAPAS_RELEASE_HEAP=0``.
+
+    Tracing a step and instantiating it (the trace, Grappler's passes, the executor's
+    kernels) allocates and frees a lot of small C memory. glibc keeps those pages; the
+    tensors cannot reuse them (TensorFlow keeps its tensors in its own pool), so they
+    would stay in the process's resident set beside the tensors' peak of the next steps
+    (docs/internals.md, *Memory*). Costs a walk over the heap's free lists (2-3 ms on
+    t5-small's worker): the runtime calls it only when one of its functions traced."""
+    if os.environ.get(RELEASE_HEAP_ENV, "1").strip() == "0":
+        return False
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 def _device_peak(device: str) -> int | None:

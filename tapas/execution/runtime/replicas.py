@@ -5,7 +5,8 @@ In:  a replica body ``body(r, *tensors)`` (``r``: a ``base._Replica``) and its a
 Out: ``ReplicaCalls``, mixed into :class:`tapas.execution.runtime.Runtime`: ``strategy.run``
      of the body, traced once for every replica with keyed collectives where the strategy
      launches them per device (else in each replica); the mesh's group keys; timed
-     ``tf.function`` calls under the runtime's Grappler options; a barrier over workers.
+     ``tf.function`` calls under the runtime's Grappler options, the C heap's free pages
+     given back after a call that traced; a barrier over workers.
 Raises ``ValueError`` for a mesh with rows on a strategy without per-device launchers, and
 ``RuntimeError`` when the devices' collective instance keys disagree.
 """
@@ -23,9 +24,16 @@ import tensorflow as tf
 from tapas.execution.program import replay
 from tapas.execution.program.collectives import (Audit, KeyedCollectives, KeyedGroup,
                                                  ReplicaContextCollectives)
+from tapas.execution.runtime import memory
 from tapas.execution.runtime.base import _placed, _read, _Replica, _spec
 
 __all__ = ["ReplicaCalls"]
+
+
+def _tracing_count(fn: Callable) -> int | None:
+    """How many times the tf.function ``fn`` has traced (None: not a tf.function)."""
+    count = getattr(fn, "experimental_get_tracing_count", None)
+    return count() if count is not None else None
 
 
 class ReplicaCalls:
@@ -67,17 +75,27 @@ class ReplicaCalls:
 
     def _call(self, key: str, fn: Callable, *args: Any) -> Any:
         """Run one tf.function, timing its first call (the trace), under the runtime's
-        Grappler options (:func:`tapas.execution.program.replay.graph_optimization`)."""
+        Grappler options (:func:`tapas.execution.program.replay.graph_optimization`); after
+        a call that traced, the C heap's free pages go back to the system
+        (:func:`tapas.execution.runtime.memory.release_free_heap`)."""
         first = key not in self.trace_seconds
+        traces = _tracing_count(fn)
         self._tracing = key
         start = time.perf_counter()
         try:
             with replay.graph_optimization(self.graph_optimization, self._accelerators):
+                if first and traces is not None:
+                    # traced before it runs: what the trace freed goes back before the
+                    # step's tensors are made
+                    fn.get_concrete_function(*args)
+                    memory.release_free_heap()
                 result = fn(*args)
         finally:
             self._tracing = ""
         if first:
             self.trace_seconds[key] = time.perf_counter() - start
+        if first if traces is None else _tracing_count(fn) != traces:
+            memory.release_free_heap()
         return result
 
     def _on_device(self, fn: Callable) -> Callable:
