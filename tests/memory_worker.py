@@ -65,8 +65,9 @@ def check_report() -> dict:
 
 
 def check_release_heap() -> dict:
-    """How often the runtime gives the C heap's free pages back
-    (memory.release_free_heap, counted): after each call that traced a function."""
+    """How often the runtime gives the C heap's free pages back (memory.release_free_heap,
+    counted) over three train steps and two predicts: when a function traced, before its
+    first run and after the call."""
     from tapas.execution.runtime import memory
     from tapas.execution.api import parallel
     calls = []
@@ -227,8 +228,9 @@ def check_reshard_restore() -> dict:
             "worst": worst, "step": int(rt.iterations.numpy())}
 
 
-CHECKS = {"report": check_report, "release_heap": check_release_heap, "materialize": check_materialize,
-          "reshard_save": check_reshard_save, "reshard_restore": check_reshard_restore}
+CHECKS = {"report": check_report, "release_heap": check_release_heap,
+          "materialize": check_materialize, "reshard_save": check_reshard_save,
+          "reshard_restore": check_reshard_restore}
 
 if __name__ == "__main__":
     run_checks(CHECKS, JOB["checks"])
