@@ -32,11 +32,9 @@ def test_peak_rss_is_the_process_high_water_mark() -> None:
 
 
 def _rss() -> int:
+    """This process's resident set size now, bytes."""
     with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmRSS")
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmRSS:"))
 
 
 def test_release_free_heap_gives_freed_pages_back(monkeypatch) -> None:
@@ -135,14 +133,10 @@ def test_lazy_weights_equal_keras_own_build_and_are_never_allocated() -> None:
         h = keras.layers.LayerNormalization(name="norm")(h)
         return keras.Model(x, keras.layers.Dense(8, name="out")(h))
 
-    def rss() -> int:
-        with open("/proc/self/status") as f:
-            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmRSS:"))
-
     keras.utils.set_random_seed(0)
-    before = rss()
+    before = _rss()
     lazy = materialize.build_lazily(build)
-    assert rss() - before < 16 * MIB      # the weights are 32.5 MiB
+    assert _rss() - before < 16 * MIB      # the weights are 32.5 MiB
     assert materialize.is_lazy(lazy) and memory.peak_rss_bytes() > 0
     trace = capturing.capture(lazy, tf.TensorSpec([4, 64], name="x"))
     paths = capturing.weights_by_path(lazy)
