@@ -155,8 +155,66 @@ def run_case(index: int, case: str) -> dict[str, Any]:
                          for p, w in capturing.weights_by_path(build()).items())}
 
 
+# Keras 2 (tf_keras) models compiled with tf_keras's own optimizers, against tf_keras's
+# fit: an embedding whose batch repeats ids (tf_keras sums a sparse gradient's duplicate
+# indices before the update; Keras 3 squares each slice), a Dense layer whose
+# kernel_regularizer tf_keras keeps as a zero-argument loss of the layer, and weights
+# excluded from weight decay
+KERAS2 = {
+    "keras2_adam_embedding_l2": lambda k: k.optimizers.Adam(1e-2),
+    "keras2_adamw_clipvalue": lambda k: _keras2_adamw(k),
+}
+
+
+def _keras2_adamw(k: Any) -> Any:
+    opt = k.optimizers.AdamW(1e-2, weight_decay=0.1, clipvalue=0.02)
+    opt.exclude_from_weight_decay(var_names=["bias", "emb"])   # get_config leaves them out
+    return opt
+VOCAB, IDS = 12, 5
+
+
+def keras2_model(case: str) -> Any:
+    import tf_keras as k
+    k.utils.set_random_seed(0)
+    ids = k.Input((IDS,), dtype="int32", name="ids")
+    h = k.layers.Flatten(name="flat")(k.layers.Embedding(VOCAB, 4, name="emb")(ids))
+    h = k.layers.Dense(8, activation="tanh", kernel_regularizer=k.regularizers.L2(0.05),
+                       name="hidden")(h)
+    model = k.Model(ids, k.layers.Dense(4, name="out")(h), name="keras2")
+    model.compile(optimizer=KERAS2[case](k), loss=k.losses.MeanSquaredError())
+    return model
+
+
+def run_keras2_case(index: int, case: str) -> dict[str, Any]:
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, VOCAB, (EXAMPLES, IDS)).astype("int32")   # ids repeat in a batch
+    y = rng.standard_normal((EXAMPLES, 4)).astype("float32")
+    ref = keras2_model(case)
+    want = ref.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0).history
+    spec = tf.TensorSpec([B, IDS], tf.int32)
+    plan = None
+    if index % 2 == 1:
+        graph = capturing.capture(keras2_model(case), spec, training=True)
+        plan = parallel.random_plan(graph, N, seed=index, patterns_fn=weight_splitting)
+    pm = parallel.parallelize(keras2_model(case), spec, plan, devices=N)
+    got = pm.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0).history
+    ours, theirs = pm.global_weights(), capturing.weights_by_path(ref)
+    split = sorted(p for p, layout in pm.program.weight_layouts.items()
+                   if isinstance(parse_placement(layout.placement), Split))
+    return {"model": "keras2", "plan": "random" if plan else "searched",
+            "optimizer": pm.runtime.optimizer.name, "split": split,
+            "loss_ours": got["loss"], "loss_keras": want["loss"], "rtol": 1e-5,
+            "regularized": len(ref.losses),
+            "weights_max_abs_diff": max(float(np.max(np.abs(ours[p] - theirs[p].numpy())))
+                                        for p in ours),
+            "weights_ok": all(np.allclose(ours[p], theirs[p].numpy(), rtol=1e-5, atol=1e-6)
+                              for p in ours),
+            "moved": max(float(np.max(np.abs(theirs[p].numpy() - w.numpy()))) for p, w in
+                         capturing.weights_by_path(keras2_model(case)).items())}
+
+
 def main() -> None:
-    checks = {case: (lambda i=i, c=case: run_case(i, c))
+    checks = {case: (lambda i=i, c=case: (run_keras2_case if c in KERAS2 else run_case)(i, c))
               for i, case in enumerate(JOB["cases"])}
     run_checks(checks, JOB["cases"])
     finish()

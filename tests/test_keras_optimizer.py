@@ -189,7 +189,8 @@ from worker_main import run_worker  # noqa: E402  (tests/worker_main.py)
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "optimizer_worker.py")
 ALL_CASES = ["sgd_nesterov", "adam", "adamw_cosine_warmup", "rmsprop", "lion", "clipnorm",
              "global_clipnorm", "ema", "accumulation", "mixed_float16",
-             "mixed_float16_overflow", "mixed_bfloat16"]
+             "mixed_float16_overflow", "mixed_bfloat16", "keras2_adam_embedding_l2",
+             "keras2_adamw_clipvalue"]
 
 
 def _check_fit(r):
@@ -217,6 +218,8 @@ def test_fit_with_compiled_optimizer_equals_keras_fit_on_2_devices(two_devices, 
         assert r["iterations"][1] < 12 and r["loss_scale"][1] < 2.0 ** 22
     if case.startswith("mixed_float16"):
         assert "loss_scale" in r, "mixed_float16 trained without loss scaling"
+    if case.startswith("keras2"):   # tf_keras's fit added the kernel's L2 term
+        assert r["regularized"] == 1, r
     if r["plan"] == "random":
         assert r["split"], "the random plan split no weight: the shards were not exercised"
 
@@ -244,6 +247,80 @@ def test_keras2_optimizers_and_losses_become_their_keras3_twins():
     assert keras2.loss(keras.losses.MeanAbsoluteError()).__class__ is keras.losses.MeanAbsoluteError
     with pytest.raises(ValueError, match="decay=0.5.*keras.optimizers.Adam"):
         resolve_optimizer(tf_keras.optimizers.legacy.Adam(1e-3, decay=0.5))
+    # exclude_from_weight_decay, by name and by variable (get_config carries neither)
+    layer = tf_keras.layers.Dense(2, name="dense")
+    layer.build((None, 3))
+    k2 = tf_keras.optimizers.AdamW(1e-3, weight_decay=0.1)
+    k2.exclude_from_weight_decay(var_list=[layer.kernel], var_names=["bias"])
+    assert not k2._use_weight_decay(layer.kernel) and not k2._use_weight_decay(layer.bias)
+    twin = resolve_optimizer(k2)
+    assert not twin._use_weight_decay(layer.kernel) and not twin._use_weight_decay(layer.bias)
+    other = tf_keras.layers.Dense(2, name="other")
+    other.build((None, 3))
+    assert twin._use_weight_decay(other.kernel)
+    sharded = ShardedOptimizer(twin, [
+        WeightInfo(path, tuple(w.shape), "float32", False, w) for path, w in
+        (("dense/kernel", layer.kernel), ("dense/bias", layer.bias),
+         ("other/kernel", other.kernel))])
+    assert sharded.decays == {"dense/kernel": False, "dense/bias": False, "other/kernel": True}
+
+
+def test_a_keras2_optimizer_sums_a_sparse_gradients_duplicate_indices_as_tf_keras_does():
+    """tf_keras sums the slices of a repeated index (a token twice in a batch) before its
+    update; Keras 3 updates with the slices as they are, and Adam squares each one: the
+    twin of a tf_keras optimizer is marked, and the runtime's update of it deduplicates."""
+    import tf_keras
+    from tapas.execution.training import keras2
+    opt = resolve_optimizer(tf_keras.optimizers.Adam(0.1))
+    assert getattr(opt, keras2.DEDUPLICATES)
+    assert getattr(resolve_optimizer(opt, learning_rate=0.5), keras2.DEDUPLICATES)
+    assert not getattr(resolve_optimizer(O.Adam(0.1)), keras2.DEDUPLICATES, False)
+    grad = tf.IndexedSlices(tf.constant([[1., 2.], [3., 4.], [5., 6.]]), tf.constant([2, 0, 2]),
+                            tf.constant([4, 2]))
+    got = keras2.deduplicated(grad)
+    assert got.indices.numpy().tolist() == [2, 0]
+    assert got.values.numpy().tolist() == [[6., 8.], [3., 4.]]
+    dense = tf.constant([[1., 2.]])
+    assert keras2.deduplicated(dense) is dense
+    # on one weight: the sharded update equals tf_keras's apply_gradients, not Keras 3's
+    start = np.ones((4, 2), "float32")
+    theirs, ref = tf.Variable(start), tf_keras.optimizers.Adam(0.1)
+    keras3, ref3 = keras.Variable(start), O.Adam(0.1)
+    sharded = ShardedOptimizer(tf_keras.optimizers.Adam(0.1),
+                               [WeightInfo("emb", (4, 2), "float32")])
+    slots = {"emb": {k: tf.constant(v) for k, v in sharded.initial_slots("emb").items()}}
+    state = {k: tf.constant(v) for k, v in sharded.initial_state().items()}
+    value = tf.constant(start)
+    for step in range(2):
+        ref.apply_gradients([(grad, theirs)])
+        ref3.apply_gradients([(grad, keras3)])
+        new, new_slots, _ = sharded.apply(
+            {"emb": value}, {"emb": grad}, slots, state, tf.constant(step, tf.int64),
+            tf.constant(0.1, tf.float32), lambda sums: sums)
+        value, slots = new["emb"], {"emb": {**slots["emb"], **new_slots["emb"]}}
+    np.testing.assert_allclose(value.numpy(), theirs.numpy(), rtol=1e-6)
+    assert not np.allclose(theirs.numpy(), keras3.numpy(), rtol=1e-3)   # they do differ
+
+
+def test_keras2_weight_regularizers_are_found_and_a_callable_loss_is_refused():
+    """tf_keras keeps a layer's kernel_regularizer as a zero-argument loss of the layer,
+    not on the variable as Keras 3 does: the runtime finds it there. Any other
+    zero-argument loss (``model.add_loss(lambda: ...)``) is refused, naming the fix,
+    rather than dropped."""
+    import tf_keras as k
+    from tapas.execution.training import keras2
+    inp = k.Input((3,))
+    dense = k.layers.Dense(2, kernel_regularizer=k.regularizers.L2(0.1),
+                           bias_regularizer=k.regularizers.L1(0.2), name="d")
+    model = k.Model(inp, k.layers.Dense(1, name="o")(dense(inp)))
+    found = keras2.weight_regularizers(model)
+    assert set(found) == {id(dense.kernel), id(dense.bias)}
+    assert type(found[id(dense.kernel)]).__name__ == "L2"
+    assert float(found[id(dense.bias)].l1) == pytest.approx(0.2)
+    assert keras2.weight_regularizers(keras.layers.Dense(2)) == {}
+    model.add_loss(lambda: tf.reduce_sum(dense.kernel))
+    with pytest.raises(ValueError, match="add_loss.*kernel_regularizer"):
+        keras2.weight_regularizers(model)
 
 
 def test_keras_twin_keeps_weight_decay_exclusions():

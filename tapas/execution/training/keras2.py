@@ -1,11 +1,23 @@
-"""Keras 2 (``tf_keras``) optimizers and losses as their Keras 3 equivalents.
+"""Keras 2 (``tf_keras``) optimizers, losses and weight regularizers, as the runtime reads
+Keras 3's.
 
-In:  an optimizer or loss object of ``tf_keras`` (the one a Keras 2 model was compiled with).
+In:  an optimizer or loss object of ``tf_keras`` (the one a Keras 2 model was compiled with);
+     a Keras 2 model (its layers' zero-argument losses).
 Out: the Keras 3 object of the same class name and settings (:func:`optimizer`,
      :func:`loss`), so a Keras 2 model trains with what its user compiled; other objects are
-     returned unchanged (:func:`is_keras2` says which are Keras 2's).
+     returned unchanged (:func:`is_keras2` says which are Keras 2's). A translated
+     optimizer keeps the weights excluded from weight decay, and carries
+     :data:`DEDUPLICATES`: ``tf_keras`` sums a sparse gradient's
+     duplicate indices (an embedding lookup's, a token twice in the batch) after clipping
+     and before the update, where Keras 3 updates with the slices as they are, which
+     Adam-like updates square one by one (:func:`deduplicated`).
+     :func:`weight_regularizers`: ``{id(variable): regularizer}`` of the weights a Keras 2
+     model regularizes (a Keras 3 variable carries its regularizer; a Keras 2 layer keeps a
+     zero-argument loss per regularized weight instead).
 Raises: ValueError naming the setting that has no Keras 3 counterpart and the Keras 3
-     class to build by hand instead.
+     class to build by hand instead; naming a zero-argument loss added with
+     ``add_loss(callable)`` that is not a weight's regularizer (the runtime cannot compute
+     it on shards).
 """
 
 from __future__ import annotations
@@ -14,8 +26,14 @@ import inspect
 from typing import Any
 
 import keras
+import tensorflow as tf
 
-__all__ = ["is_keras2", "loss", "optimizer"]
+__all__ = ["DEDUPLICATES", "deduplicated", "is_keras2", "loss", "optimizer",
+           "weight_regularizers"]
+
+#: the attribute set (True) on a Keras 3 optimizer translated from a ``tf_keras`` one
+#: (:func:`optimizer`): the runtime then updates with :func:`deduplicated` sparse gradients
+DEDUPLICATES = "_tapas_deduplicates_sparse"
 
 #: settings Keras 2 writes into every config that mean nothing to Keras 3
 _IGNORED = {"name", "jit_compile", "is_legacy_optimizer", "fn"}
@@ -76,7 +94,27 @@ def optimizer(obj: Any) -> Any:
                              "schedule") from None
     elif lr is not None:
         config["learning_rate"] = float(lr)
-    return cls(**config)
+    out = cls(**config)
+    # exclude_from_weight_decay's settings, which get_config does not carry: the names as
+    # Keras 3 takes them, the variables by the key both Kerases give a tf.Variable
+    names = list(getattr(obj, "_exclude_from_weight_decay_names", None) or ())
+    keys = set(getattr(obj, "_exclude_from_weight_decay", None) or ())
+    if names or keys:
+        out.exclude_from_weight_decay(var_names=names or None)
+        out._exclude_from_weight_decay = keys
+    setattr(out, DEDUPLICATES, True)
+    return out
+
+
+def deduplicated(grad: Any) -> Any:
+    """``grad`` with the values of each repeated index summed into one slice, as
+    ``tf_keras``'s ``apply_gradients`` passes a sparse gradient (``tf.IndexedSlices``) to
+    its update: the indices in order of first appearance. Anything else unchanged."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return grad
+    unique, position = tf.unique(grad.indices)
+    values = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(unique)[0])
+    return tf.IndexedSlices(values, unique, grad.dense_shape)
 
 
 def loss(obj: Any) -> Any:
@@ -93,3 +131,53 @@ def loss(obj: Any) -> Any:
     if "reduction" in config:
         config["reduction"] = _REDUCTIONS.get(config["reduction"], config["reduction"])
     return cls(**_translate(obj, cls, "loss", config))
+
+
+def weight_regularizers(model: Any) -> dict[int, Any]:
+    """``{id(variable): regularizer}`` for every weight a Keras 2 ``model`` regularizes.
+
+    ``tf_keras``'s ``add_weight(regularizer=...)`` (a layer's ``kernel_regularizer``,
+    ``bias_regularizer``...) does not put the regularizer on the variable, as Keras 3
+    does: the layer keeps ``functools.partial(_loss_for_variable, variable)``, a closure
+    over the regularizer, among its zero-argument losses (``_callable_losses``, what
+    ``model.losses`` evaluates). Empty for a Keras 3 model. Raises ValueError for any
+    other zero-argument loss (``model.add_loss(lambda: ...)``): it reads whole variables
+    of the user's choosing, which the runtime does not hold."""
+    if not _is_keras2_layer(model):
+        return {}
+    found: dict[int, Any] = {}
+    layers = list(model._flatten_layers(include_self=True, recursive=True))
+    for layer in layers:
+        for tagged in getattr(layer, "_callable_losses", None) or ():
+            # add_loss wraps each one: functools.partial(_tag_callable, loss)
+            loss = tagged.args[0] if getattr(tagged, "args", None) else tagged
+            variable, regularizer = _regularized(loss)
+            if variable is None:
+                raise ValueError(
+                    f"the Keras 2 layer '{layer.name}' has a loss added with add_loss("
+                    f"{getattr(loss, '__name__', type(loss).__name__)}), a function of no "
+                    "arguments that reads whole variables: tapas computes a weight's "
+                    "regularizer on its shards and the losses a layer's call adds, but not "
+                    "such a function. Give the layer a kernel_regularizer (or "
+                    "bias_regularizer...) instead, or call self.add_loss(tensor) inside a "
+                    "layer's call")
+            found[id(variable)] = regularizer
+    return found
+
+
+def _is_keras2_layer(model: Any) -> bool:
+    return any(c.__module__.startswith(("tf_keras", "keras.src.legacy",
+                                        "tensorflow.python.keras"))
+               for c in type(model).__mro__)
+
+
+def _regularized(loss: Any) -> tuple[Any, Any]:
+    """(variable, regularizer) of a zero-argument loss ``tf_keras`` made for a weight's
+    regularizer (``Layer._handle_weight_regularization``), else (None, None)."""
+    func = getattr(loss, "func", None)
+    if getattr(func, "__name__", "") != "_loss_for_variable" or len(loss.args) != 1:
+        return None, None
+    cells = dict(zip(func.__code__.co_freevars, func.__closure__ or ()))
+    if "regularizer" not in cells:
+        return None, None
+    return loss.args[0], cells["regularizer"].cell_contents

@@ -110,7 +110,10 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None = None) -> Any
             opt.dynamic_growth_steps)
     if learning_rate is not None:
         config = opt.get_config() | {"learning_rate": float(learning_rate)}
+        translated = getattr(opt, keras2.DEDUPLICATES, False)
         opt = type(opt).from_config(config)
+        if translated:
+            setattr(opt, keras2.DEDUPLICATES, True)
     return opt
 
 
@@ -223,6 +226,8 @@ class ShardedOptimizer:
             user = user.inner_optimizer
         self.keras_class = type(user)
         self.name = type(user).__name__.lower()
+        # translated from tf_keras: sparse gradients summed per index, as tf_keras does
+        self.deduplicates = bool(getattr(user, keras2.DEDUPLICATES, False))
         self.config = user.get_config()
         self.weights = {w.path: w for w in weights}
         _check_variables(self.weights)
@@ -438,7 +443,9 @@ class ShardedOptimizer:
     def _update(self, live: list[str], g: list[Any], sum_squares: Callable) -> None:
         """Clipping, weight decay and the optimizer's update step (Keras's order)."""
         opt = self.opt
-        g = _clip(opt, live, g, sum_squares)
+        g = _clip(opt, live, g, sum_squares, per_slice=self.deduplicates)
+        if self.deduplicates:
+            g = [keras2.deduplicated(x) for x in g]
         for p in live:
             if self.decays[p]:
                 t = self.templates[p]
@@ -541,9 +548,11 @@ def _clip_by_norm(x: Any, l2sum: tf.Tensor, clipnorm: float) -> Any:
     return clipped
 
 
-def _clip(opt: Any, live: list[str], g: list[Any], sum_squares: Callable) -> list[Any]:
+def _clip(opt: Any, live: list[str], g: list[Any], sum_squares: Callable,
+          per_slice: bool = False) -> list[Any]:
     """Keras's ``clipnorm`` (per weight), ``global_clipnorm`` and ``clipvalue``, with
-    the norms of whole weights."""
+    the norms of whole weights; ``per_slice``: ``clipvalue`` clips a sparse gradient's
+    slices before their duplicates are summed (``tf_keras``), not the dense sum (Keras 3)."""
     if opt.clipnorm and opt.clipnorm > 0:
         sq = sum_squares(square_sums(live, g))
         return [_clip_by_norm(x, sq[p], opt.clipnorm) for p, x in zip(live, g)]
@@ -556,5 +565,7 @@ def _clip(opt: Any, live: list[str], g: list[Any], sum_squares: Callable) -> lis
         return [_scaled(x, scale) for x in g]
     if opt.clipvalue and opt.clipvalue > 0:
         v = opt.clipvalue
-        return [tf.clip_by_value(tf.convert_to_tensor(x), -v, v) for x in g]
+        return [tf.IndexedSlices(tf.clip_by_value(x.values, -v, v), x.indices, x.dense_shape)
+                if per_slice and isinstance(x, tf.IndexedSlices)
+                else tf.clip_by_value(tf.convert_to_tensor(x), -v, v) for x in g]
     return g

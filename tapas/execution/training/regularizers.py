@@ -5,8 +5,9 @@ In:  a Keras model, the runtime's weight layouts (placement, row axis) and the n
 Out: :func:`plan_regularizers`: one :class:`Term` per trainable weight Keras regularizes
      (``kernel_regularizer``, ``bias_regularizer``, ``embeddings_regularizer``... any
      regularizer a variable carries: ``variable.regularizer``, what Keras's
-     ``Layer.losses`` reads), or a ``ValueError`` naming a loss the runtime cannot compute
-     exactly (before anything runs); :func:`replica_value`: inside a replica, the term
+     ``Layer.losses`` reads; a Keras 2 model's, which its layers keep as zero-argument
+     losses: ``keras2.weight_regularizers``), or a ``ValueError`` naming a loss the
+     runtime cannot compute exactly (before anything runs); :func:`replica_value`: inside a replica, the term
      this replica adds to its loss share (:func:`regularized`: added to a runtime's).
      :func:`with_call_losses`: the losses the model's call adds (activity regularizers,
      ``self.add_loss``), which capture makes extra outputs of the program
@@ -38,6 +39,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tapas.execution.training import keras2
 from tapas.sharding.placements import Replica, Split
 
 __all__ = ["Term", "plan_regularizers", "replica_value", "regularized", "split_outputs",
@@ -62,10 +64,10 @@ class Term:
 
 
 def _keras_class(reg: Any) -> str:
-    """The Keras class name of a regularizer object, '' for anything else (a function, a
-    subclass of the user's: its arithmetic may be anything)."""
+    """The Keras (3, or 2's ``tf_keras``) class name of a regularizer object, '' for
+    anything else (a function, a subclass of the user's: its arithmetic may be anything)."""
     cls = type(reg)
-    return cls.__name__ if cls.__module__.startswith("keras") else ""
+    return cls.__name__ if cls.__module__.startswith(("keras", "tf_keras")) else ""
 
 
 def plan_regularizers(model: Any, specs: Mapping[str, Any], weight_paths: Mapping[str, Any]
@@ -74,9 +76,10 @@ def plan_regularizers(model: Any, specs: Mapping[str, Any], weight_paths: Mappin
     ``specs``: the runtime's layouts by path (``placement``, ``row_axis``);
     ``weight_paths``: {path: Keras variable} (``tapas.capturing.weights_by_path``)."""
     by_variable = {id(v): p for p, v in weight_paths.items()}
+    keras2_regularizers = keras2.weight_regularizers(model)
     terms = []
     for v in getattr(model, "trainable_weights", []):
-        reg = getattr(v, "regularizer", None)
+        reg = getattr(v, "regularizer", None) or keras2_regularizers.get(id(v))
         if reg is None:
             continue
         path = by_variable.get(id(v), getattr(v, "path", str(v)))
