@@ -190,7 +190,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "optimizer_wor
 ALL_CASES = ["sgd_nesterov", "adam", "adamw_cosine_warmup", "rmsprop", "lion", "clipnorm",
              "global_clipnorm", "ema", "accumulation", "mixed_float16",
              "mixed_float16_overflow", "mixed_bfloat16", "keras2_adam_embedding_l2",
-             "keras2_adamw_clipvalue"]
+             "keras2_adamw_clipvalue", "keras2_mixed_float16_overflow"]
 
 
 def _check_fit(r):
@@ -216,6 +216,9 @@ def test_fit_with_compiled_optimizer_equals_keras_fit_on_2_devices(two_devices, 
     _check_fit(r)
     if case == "mixed_float16_overflow":   # some steps were skipped, and some taken
         assert r["iterations"][1] < 12 and r["loss_scale"][1] < 2.0 ** 22
+    if case == "keras2_mixed_float16_overflow":   # tf_keras counts the skipped steps
+        assert r["iterations"] == [12, 12] and r["loss_scale"][1] < 2.0 ** 22
+        assert r["loss_keras"][0] != r["loss_keras"][-1], "no step was taken"
     if case.startswith("mixed_float16"):
         assert "loss_scale" in r, "mixed_float16 trained without loss scaling"
     if case.startswith("keras2"):   # tf_keras's fit added the kernel's L2 term
@@ -247,6 +250,16 @@ def test_keras2_optimizers_and_losses_become_their_keras3_twins():
     assert keras2.loss(keras.losses.MeanAbsoluteError()).__class__ is keras.losses.MeanAbsoluteError
     with pytest.raises(ValueError, match="decay=0.5.*keras.optimizers.Adam"):
         resolve_optimizer(tf_keras.optimizers.legacy.Adam(1e-3, decay=0.5))
+    # mixed_float16's LossScaleOptimizer: Keras 3's around the translated inner optimizer
+    lso = resolve_optimizer(tf_keras.mixed_precision.LossScaleOptimizer(
+        tf_keras.optimizers.Adam(1e-3), initial_scale=256.0, dynamic_growth_steps=7))
+    assert type(lso) is O.LossScaleOptimizer and type(lso.inner_optimizer) is O.Adam
+    assert (float(lso.initial_scale), lso.dynamic_growth_steps) == (256.0, 7)
+    assert getattr(lso, keras2.FROM_TF_KERAS)
+    assert getattr(resolve_optimizer(lso, learning_rate=0.1), keras2.FROM_TF_KERAS)
+    with pytest.raises(ValueError, match="fixed loss scale.*dynamic=True"):
+        resolve_optimizer(tf_keras.mixed_precision.LossScaleOptimizer(
+            tf_keras.optimizers.Adam(), dynamic=False, initial_scale=128.0))
     # exclude_from_weight_decay, by name and by variable (get_config carries neither)
     layer = tf_keras.layers.Dense(2, name="dense")
     layer.build((None, 3))
@@ -272,9 +285,9 @@ def test_a_keras2_optimizer_sums_a_sparse_gradients_duplicate_indices_as_tf_kera
     import tf_keras
     from tapas.execution.training import keras2
     opt = resolve_optimizer(tf_keras.optimizers.Adam(0.1))
-    assert getattr(opt, keras2.DEDUPLICATES)
-    assert getattr(resolve_optimizer(opt, learning_rate=0.5), keras2.DEDUPLICATES)
-    assert not getattr(resolve_optimizer(O.Adam(0.1)), keras2.DEDUPLICATES, False)
+    assert getattr(opt, keras2.FROM_TF_KERAS)
+    assert getattr(resolve_optimizer(opt, learning_rate=0.5), keras2.FROM_TF_KERAS)
+    assert not getattr(resolve_optimizer(O.Adam(0.1)), keras2.FROM_TF_KERAS, False)
     grad = tf.IndexedSlices(tf.constant([[1., 2.], [3., 4.], [5., 6.]]), tf.constant([2, 0, 2]),
                             tf.constant([4, 2]))
     got = keras2.deduplicated(grad)

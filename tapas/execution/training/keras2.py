@@ -6,11 +6,15 @@ In:  an optimizer or loss object of ``tf_keras`` (the one a Keras 2 model was co
 Out: the Keras 3 object of the same class name and settings (:func:`optimizer`,
      :func:`loss`), so a Keras 2 model trains with what its user compiled; other objects are
      returned unchanged (:func:`is_keras2` says which are Keras 2's). A translated
-     optimizer keeps the weights excluded from weight decay, and carries
-     :data:`DEDUPLICATES`: ``tf_keras`` sums a sparse gradient's
-     duplicate indices (an embedding lookup's, a token twice in the batch) after clipping
-     and before the update, where Keras 3 updates with the slices as they are, which
-     Adam-like updates square one by one (:func:`deduplicated`).
+     optimizer keeps the weights excluded from weight decay, a ``LossScaleOptimizer``
+     (what ``tf_keras`` compiles under ``mixed_float16``) becomes Keras 3's around the
+     translated inner one, and each carries :data:`FROM_TF_KERAS`, for where the runtime
+     must follow ``tf_keras``'s ``apply_gradients`` rather than Keras 3's: it sums a sparse
+     gradient's duplicate indices (an embedding lookup's, a token twice in the batch) after
+     clipping and before the update, where Keras 3 updates with the slices as they are,
+     which Adam-like updates square one by one (:func:`deduplicated`); and under dynamic
+     loss scaling a skipped step still advances the step counter, and the scale never
+     halves below 1.
      :func:`weight_regularizers`: ``{id(variable): regularizer}`` of the weights a Keras 2
      model regularizes (a Keras 3 variable carries its regularizer; a Keras 2 layer keeps a
      zero-argument loss per regularized weight instead).
@@ -28,12 +32,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-__all__ = ["DEDUPLICATES", "deduplicated", "is_keras2", "loss", "optimizer",
+__all__ = ["FROM_TF_KERAS", "deduplicated", "is_keras2", "loss", "optimizer",
            "weight_regularizers"]
 
 #: the attribute set (True) on a Keras 3 optimizer translated from a ``tf_keras`` one
-#: (:func:`optimizer`): the runtime then updates with :func:`deduplicated` sparse gradients
-DEDUPLICATES = "_tapas_deduplicates_sparse"
+#: (:func:`optimizer`): the runtime's update then does what ``tf_keras`` does where Keras
+#: 3 differs (:func:`deduplicated` sparse gradients; loss scaling's skipped steps counted)
+FROM_TF_KERAS = "_tapas_from_tf_keras"
 
 #: settings Keras 2 writes into every config that mean nothing to Keras 3
 _IGNORED = {"name", "jit_compile", "is_legacy_optimizer", "fn"}
@@ -76,6 +81,8 @@ def optimizer(obj: Any) -> Any:
     if not is_keras2(obj):
         return obj
     name = type(obj).__name__
+    if name.startswith("LossScaleOptimizer"):
+        return _loss_scaled(obj)
     cls = getattr(keras.optimizers, name, None)
     if not isinstance(cls, type):
         raise ValueError(f"the Keras 2 optimizer {name} has no Keras 3 class of that name: "
@@ -102,7 +109,23 @@ def optimizer(obj: Any) -> Any:
     if names or keys:
         out.exclude_from_weight_decay(var_names=names or None)
         out._exclude_from_weight_decay = keys
-    setattr(out, DEDUPLICATES, True)
+    setattr(out, FROM_TF_KERAS, True)
+    return out
+
+
+def _loss_scaled(obj: Any) -> Any:
+    """Keras 3's ``LossScaleOptimizer`` for ``tf_keras``'s (``LossScaleOptimizerV3``, what
+    ``compile`` wraps the optimizer in under ``mixed_float16``): the inner optimizer
+    translated, the same initial scale and growth steps."""
+    if not getattr(obj, "dynamic", True):
+        raise ValueError(f"the Keras 2 optimizer {type(obj).__name__} has a fixed loss scale "
+                         f"({obj.initial_scale}): keras.optimizers.LossScaleOptimizer (Keras "
+                         "3) scales dynamically only; build the tf_keras LossScaleOptimizer "
+                         "with dynamic=True, or train without loss scaling")
+    out = keras.optimizers.LossScaleOptimizer(
+        optimizer(obj.inner_optimizer), initial_scale=float(obj.initial_scale),
+        dynamic_growth_steps=int(obj.dynamic_growth_steps))
+    setattr(out, FROM_TF_KERAS, True)
     return out
 
 

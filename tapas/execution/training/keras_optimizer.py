@@ -105,15 +105,18 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None = None) -> Any
     if isinstance(opt, keras.optimizers.LossScaleOptimizer):
         if learning_rate is None:
             return opt
-        return keras.optimizers.LossScaleOptimizer(
+        wrapped = keras.optimizers.LossScaleOptimizer(
             resolve_optimizer(opt.inner_optimizer, learning_rate), opt.initial_scale,
             opt.dynamic_growth_steps)
+        if getattr(opt, keras2.FROM_TF_KERAS, False):
+            setattr(wrapped, keras2.FROM_TF_KERAS, True)
+        return wrapped
     if learning_rate is not None:
         config = opt.get_config() | {"learning_rate": float(learning_rate)}
-        translated = getattr(opt, keras2.DEDUPLICATES, False)
+        translated = getattr(opt, keras2.FROM_TF_KERAS, False)
         opt = type(opt).from_config(config)
         if translated:
-            setattr(opt, keras2.DEDUPLICATES, True)
+            setattr(opt, keras2.FROM_TF_KERAS, True)
     return opt
 
 
@@ -217,6 +220,8 @@ class ShardedOptimizer:
                  learning_rate: float | None = None) -> None:
         user = resolve_optimizer(optimizer, learning_rate)
         check_supported(user)
+        # translated from tf_keras: its apply_gradients where Keras 3's differs (keras2)
+        self.from_tf_keras = bool(getattr(user, keras2.FROM_TF_KERAS, False))
         # dynamic loss scaling (mixed_float16): (initial scale, growth steps), or None
         self.loss_scale: tuple[float, int] | None = None
         self._wrapper = None
@@ -226,8 +231,6 @@ class ShardedOptimizer:
             user = user.inner_optimizer
         self.keras_class = type(user)
         self.name = type(user).__name__.lower()
-        # translated from tf_keras: sparse gradients summed per index, as tf_keras does
-        self.deduplicates = bool(getattr(user, keras2.DEDUPLICATES, False))
         self.config = user.get_config()
         self.weights = {w.path: w for w in weights}
         _check_variables(self.weights)
@@ -434,17 +437,22 @@ class ShardedOptimizer:
         new_state = {k: tf.where(finite, v, inner[k]) for k, v in new_state.items()
                      if k in inner}
         grow = tf.equal(steps, saved[1] - 1)
-        new_state["loss_scale"] = tf.where(finite, tf.where(grow, scale * 2.0, scale),
-                                           scale * 0.5)
+        halved, grown = scale * 0.5, scale * 2.0
+        if self.from_tf_keras:   # tf_keras: never below 1, and grown only to a finite scale
+            halved = tf.maximum(halved, 1.0)
+            grown = tf.where(tf.math.is_finite(grown), grown, scale)
+        new_state["loss_scale"] = tf.where(finite, tf.where(grow, grown, scale), halved)
         new_state["scale_steps"] = tf.where(finite & ~grow, steps + 1, tf.zeros_like(steps))
-        new_state["step_taken"] = tf.cast(finite, tf.int64)
+        # Keras 3 counts taken steps only; tf_keras counts a skipped one too
+        new_state["step_taken"] = (tf.ones([], tf.int64) if self.from_tf_keras
+                                   else tf.cast(finite, tf.int64))
         return new_values, new_slots, new_state
 
     def _update(self, live: list[str], g: list[Any], sum_squares: Callable) -> None:
         """Clipping, weight decay and the optimizer's update step (Keras's order)."""
         opt = self.opt
-        g = _clip(opt, live, g, sum_squares, per_slice=self.deduplicates)
-        if self.deduplicates:
+        g = _clip(opt, live, g, sum_squares, per_slice=self.from_tf_keras)
+        if self.from_tf_keras:
             g = [keras2.deduplicated(x) for x in g]
         for p in live:
             if self.decays[p]:
