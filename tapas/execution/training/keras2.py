@@ -1,10 +1,10 @@
-"""Keras 2 (``tf_keras``) optimizers, losses and weight regularizers, as the runtime reads
-Keras 3's.
+"""Keras 2 (``tf_keras``) optimizers, losses, metrics and weight regularizers, as the
+runtime reads Keras 3's.
 
-In:  an optimizer or loss object of ``tf_keras`` (the one a Keras 2 model was compiled with);
-     a Keras 2 model (its layers' zero-argument losses).
+In:  an optimizer, loss or metric object of ``tf_keras`` (the one a Keras 2 model was
+     compiled with); a Keras 2 model (its layers' zero-argument losses).
 Out: the Keras 3 object of the same class name and settings (:func:`optimizer`,
-     :func:`loss`), so a Keras 2 model trains with what its user compiled; other objects are
+     :func:`loss`, :func:`metric`: a fresh one, the user's never updated), so a Keras 2 model trains with what its user compiled; other objects are
      returned unchanged (:func:`is_keras2` says which are Keras 2's). A translated
      optimizer keeps the weights excluded from weight decay, a ``LossScaleOptimizer``
      (what ``tf_keras`` compiles under ``mixed_float16``) becomes Keras 3's around the
@@ -27,13 +27,14 @@ Raises: ValueError naming the setting that has no Keras 3 counterpart and the Ke
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-__all__ = ["FROM_TF_KERAS", "deduplicated", "is_keras2", "loss", "optimizer",
-           "weight_regularizers"]
+__all__ = ["FROM_TF_KERAS", "deduplicated", "is_keras2", "is_keras2_metric", "loss", "metric",
+           "optimizer", "weight_regularizers"]
 
 #: the attribute set (True) on a Keras 3 optimizer translated from a ``tf_keras`` one
 #: (:func:`optimizer`): the runtime's update then does what ``tf_keras`` does where Keras
@@ -111,6 +112,30 @@ def optimizer(obj: Any) -> Any:
         out._exclude_from_weight_decay = keys
     setattr(out, FROM_TF_KERAS, True)
     return out
+
+
+def is_keras2_metric(obj: Any) -> bool:
+    """Whether ``obj`` is a ``tf_keras`` metric object (one of the user's subclasses too)."""
+    tf_keras = sys.modules.get("tf_keras")
+    return tf_keras is not None and isinstance(obj, tf_keras.metrics.Metric)
+
+
+def metric(obj: Any) -> Any:
+    """A fresh Keras 3 metric equivalent to a ``tf_keras`` metric object (same class, name
+    and settings). Keras 3 would otherwise call the Keras 2 object as a function and
+    average what its running state returns batch by batch."""
+    if not is_keras2_metric(obj):
+        return obj
+    name = type(obj).__name__
+    cls = getattr(keras.metrics, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, keras.metrics.Metric)):
+        raise ValueError(f"the Keras 2 metric {name} ('{obj.name}') has no Keras 3 class of "
+                         "that name: compile the model with the metric's name as a string "
+                         "(e.g. 'accuracy', 'mae'), or pass a keras.metrics metric built by "
+                         "hand")
+    config = dict(obj.get_config())
+    keep = {k: v for k, v in config.items() if k == "name"}
+    return cls(**keep, **_translate(obj, cls, "metric", config))
 
 
 def _loss_scaled(obj: Any) -> Any:

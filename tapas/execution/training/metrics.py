@@ -2,7 +2,8 @@
 
 In:  a Keras model compiled with ``metrics=`` and/or ``weighted_metrics=`` (strings such
      as ``"mae"`` or ``"sparse_categorical_accuracy"``, functions, ``keras.metrics.Metric``
-     objects such as ``keras.metrics.AUC()``, in a list or per output), and each step's
+     objects such as ``keras.metrics.AUC()`` -- a Keras 2 model's ``tf_keras`` ones as their
+     Keras 3 twins -- in a list or per output), and each step's
      global values: the model's outputs, the targets and the sample weights, gathered to
      the host, and with several outputs each one's unweighted loss
      (``Runtime.step_values``, kept when ``Runtime.set_step_values(True)``:
@@ -30,6 +31,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from tapas.execution.training import keras2
 from tapas.execution.training.compiled_loss import loss_names
 
 __all__ = ["Scores", "keras_order"]
@@ -44,6 +46,8 @@ def _fresh(spec: Any) -> Any:
         return type(spec)(_fresh(v) for v in spec)
     if isinstance(spec, keras.metrics.Metric):
         return type(spec).from_config(spec.get_config())
+    if keras2.is_keras2_metric(spec):   # a tf_keras metric object: its Keras 3 twin
+        return keras2.metric(spec)
     return spec
 
 
