@@ -203,6 +203,14 @@ def test_unsupported_keras_callbacks_are_refused_by_name(callback, fix: str) -> 
     assert fix in str(err.value)
 
 
+def test_a_keras2_callback_is_refused_naming_its_keras3_twin() -> None:
+    import tf_keras
+    with pytest.raises(TypeError, match="Keras 2.*keras.callbacks.EarlyStopping"):
+        fit.fit(None, callbacks=[tf_keras.callbacks.EarlyStopping()])
+    with pytest.raises(TypeError, match="not a keras.callbacks.Callback"):
+        fit.fit(None, callbacks=[object()])
+
+
 def test_only_complete_checkpoints_are_listed(tmp_path) -> None:
     for name, complete in [("ckpt-00000004", True), ("ckpt-00000010", True),
                            ("ckpt-00000012", False), (".tmp-ckpt-00000014", True)]:

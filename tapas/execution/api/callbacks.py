@@ -201,7 +201,14 @@ def check_callbacks(callbacks: Any) -> list[Any]:
     out = list(callbacks or [])
     for cb in out:
         if not isinstance(cb, keras.callbacks.Callback):
-            raise TypeError(f"callback {cb!r} is a {type(cb).__name__}, not a "
+            name = type(cb).__name__
+            if type(cb).__module__.startswith("tf_keras"):
+                twin = (f"pass keras.callbacks.{name}(...) with the same arguments" if
+                        isinstance(getattr(keras.callbacks, name, None), type) else
+                        "write it as a keras.callbacks.Callback (or LambdaCallback)")
+                raise TypeError(f"callback {name} is a Keras 2 (tf_keras) callback; "
+                                f"ParallelModel.fit runs Keras 3's callbacks: {twin}")
+            raise TypeError(f"callback {cb!r} is a {name}, not a "
                             "keras.callbacks.Callback; subclass it (or use "
                             "keras.callbacks.LambdaCallback)")
         for klass in type(cb).__mro__:
