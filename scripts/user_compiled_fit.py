@@ -155,7 +155,8 @@ def run_model(name: str, devices: int, epochs: int, seed: int | None) -> dict[st
                        for a, b in zip(got.get(k, [np.inf]), want[k]))
     split = sum(1 for layout in pm.program.weight_layouts.values()
                 if isinstance(parse_placement(layout.placement), Split))
-    return {"model": name, "library": entry.library, "plan": FLAGS.plan, "floatx": FLAGS.floatx, "parameters": int(ref.count_params()),
+    return {"model": name, "library": entry.library, "plan": FLAGS.plan, "floatx": FLAGS.floatx,
+            "parameters": int(ref.count_params()),
             "weights_split": split, "regularized": regularized,
             "keras2_dropout_off": dropout_off,
             "optimizer": pm.runtime.optimizer.summary(), "history_keras": want,

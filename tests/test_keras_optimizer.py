@@ -222,7 +222,8 @@ def test_fit_with_compiled_optimizer_equals_keras_fit_on_2_devices(two_devices, 
     if case.startswith("mixed_float16"):
         assert "loss_scale" in r, "mixed_float16 trained without loss scaling"
     if case.startswith("keras2"):   # tf_keras's fit added the kernel's L2 term
-        assert r["regularized"] == 1, r
+        assert r["regularized"] == 1 and r["verified"] is not False, r
+        assert r["verified"] or "float16" in case, r   # verify() passes against tf_keras
     if r["plan"] == "random":
         assert r["split"], "the random plan split no weight: the shards were not exercised"
 
@@ -276,6 +277,18 @@ def test_keras2_optimizers_and_losses_become_their_keras3_twins():
         (("dense/kernel", layer.kernel), ("dense/bias", layer.bias),
          ("other/kernel", other.kernel))])
     assert sharded.decays == {"dense/kernel": False, "dense/bias": False, "other/kernel": True}
+    # verify's reference: a fresh tf_keras optimizer like the user's (at a new rate too)
+    for rate, want in ((None, 1e-3), (0.25, 0.25)):
+        ref = ShardedOptimizer(k2, [WeightInfo("dense/kernel", (3, 2), "float32")],
+                               learning_rate=rate).keras()
+        assert type(ref) is tf_keras.optimizers.AdamW and ref is not k2
+        assert float(ref.learning_rate) == pytest.approx(want)
+        assert not ref._use_weight_decay(layer.kernel) and not ref._use_weight_decay(layer.bias)
+        assert ref._use_weight_decay(other.kernel)
+    ref = ShardedOptimizer(tf_keras.mixed_precision.LossScaleOptimizer(
+        tf_keras.optimizers.Adam(1e-3), initial_scale=256.0, dynamic_growth_steps=7),
+        [WeightInfo("w", (2,), "float32")]).keras()
+    assert type(ref).__module__.startswith("tf_keras") and float(ref.initial_scale) == 256.0
 
 
 def test_a_keras2_optimizer_sums_a_sparse_gradients_duplicate_indices_as_tf_keras_does():

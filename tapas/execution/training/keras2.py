@@ -4,8 +4,9 @@ runtime reads Keras 3's.
 In:  an optimizer, loss or metric object of ``tf_keras`` (the one a Keras 2 model was
      compiled with); a Keras 2 model (its layers' zero-argument losses).
 Out: the Keras 3 object of the same class name and settings (:func:`optimizer`,
-     :func:`loss`, :func:`metric`: a fresh one, the user's never updated), so a Keras 2 model trains with what its user compiled; other objects are
-     returned unchanged (:func:`is_keras2` says which are Keras 2's). A translated
+     :func:`loss`, :func:`metric`: a fresh one, the user's never updated), so a Keras 2
+     model trains with what its user compiled; other objects are returned unchanged
+     (:func:`is_keras2`, :func:`is_keras2_metric` say which are Keras 2's). A translated
      optimizer keeps the weights excluded from weight decay, a ``LossScaleOptimizer``
      (what ``tf_keras`` compiles under ``mixed_float16``) becomes Keras 3's around the
      translated inner one, and each carries :data:`FROM_TF_KERAS`, for where the runtime
@@ -33,13 +34,17 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-__all__ = ["FROM_TF_KERAS", "deduplicated", "is_keras2", "is_keras2_metric", "loss", "metric",
-           "optimizer", "weight_regularizers"]
+__all__ = ["FROM_TF_KERAS", "ORIGINAL", "deduplicated", "is_keras2", "is_keras2_metric", "loss",
+           "metric", "optimizer", "original", "weight_regularizers"]
 
 #: the attribute set (True) on a Keras 3 optimizer translated from a ``tf_keras`` one
 #: (:func:`optimizer`): the runtime's update then does what ``tf_keras`` does where Keras
 #: 3 differs (:func:`deduplicated` sparse gradients; loss scaling's skipped steps counted)
 FROM_TF_KERAS = "_tapas_from_tf_keras"
+#: the attribute holding, on a translated optimizer, a function of the learning rate (None:
+#: the user's) that builds a fresh ``tf_keras`` optimizer of the user's class and settings:
+#: ``verify``'s reference steps a Keras 2 model with it (:func:`original`)
+ORIGINAL = "_tapas_tf_keras_original"
 
 #: settings Keras 2 writes into every config that mean nothing to Keras 3
 _IGNORED = {"name", "jit_compile", "is_legacy_optimizer", "fn"}
@@ -111,7 +116,24 @@ def optimizer(obj: Any) -> Any:
         out.exclude_from_weight_decay(var_names=names or None)
         out._exclude_from_weight_decay = keys
     setattr(out, FROM_TF_KERAS, True)
+    user_class, user_config = type(obj), dict(obj.get_config())
+
+    def fresh(rate: float | None = None) -> Any:
+        config = user_config if rate is None else {**user_config, "learning_rate": rate}
+        twin = user_class.from_config(config)
+        twin._exclude_from_weight_decay_names = list(names)
+        twin._exclude_from_weight_decay = list(keys)
+        return twin
+    setattr(out, ORIGINAL, fresh)
     return out
+
+
+def original(opt: Any, learning_rate: float | None = None) -> Any:
+    """A fresh ``tf_keras`` optimizer like the one ``opt`` (a Keras 3 optimizer or
+    ``LossScaleOptimizer``) was translated from, at ``learning_rate`` if given; None when
+    ``opt`` was not translated from ``tf_keras``."""
+    fresh = getattr(opt, ORIGINAL, None)
+    return None if fresh is None else fresh(learning_rate)
 
 
 def is_keras2_metric(obj: Any) -> bool:
@@ -147,10 +169,14 @@ def _loss_scaled(obj: Any) -> Any:
                          f"({obj.initial_scale}): keras.optimizers.LossScaleOptimizer (Keras "
                          "3) scales dynamically only; build the tf_keras LossScaleOptimizer "
                          "with dynamic=True, or train without loss scaling")
+    inner = optimizer(obj.inner_optimizer)
     out = keras.optimizers.LossScaleOptimizer(
-        optimizer(obj.inner_optimizer), initial_scale=float(obj.initial_scale),
+        inner, initial_scale=float(obj.initial_scale),
         dynamic_growth_steps=int(obj.dynamic_growth_steps))
     setattr(out, FROM_TF_KERAS, True)
+    wrapper, scale, steps = type(obj), float(obj.initial_scale), int(obj.dynamic_growth_steps)
+    setattr(out, ORIGINAL, lambda rate=None: wrapper(
+        original(inner, rate), initial_scale=scale, dynamic_growth_steps=steps))
     return out
 
 

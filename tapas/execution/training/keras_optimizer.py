@@ -21,6 +21,7 @@ Raises: ValueError naming the optimizer or setting the runtime cannot reproduce 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -108,16 +109,21 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None = None) -> Any
         wrapped = keras.optimizers.LossScaleOptimizer(
             resolve_optimizer(opt.inner_optimizer, learning_rate), opt.initial_scale,
             opt.dynamic_growth_steps)
-        if getattr(opt, keras2.FROM_TF_KERAS, False):
-            setattr(wrapped, keras2.FROM_TF_KERAS, True)
-        return wrapped
+        return _translated_like(opt, wrapped, learning_rate)
     if learning_rate is not None:
         config = opt.get_config() | {"learning_rate": float(learning_rate)}
-        translated = getattr(opt, keras2.FROM_TF_KERAS, False)
-        opt = type(opt).from_config(config)
-        if translated:
-            setattr(opt, keras2.FROM_TF_KERAS, True)
+        opt = _translated_like(opt, type(opt).from_config(config), learning_rate)
     return opt
+
+
+def _translated_like(old: Any, new: Any, learning_rate: float | None) -> Any:
+    """``new`` (rebuilt from ``old`` at ``learning_rate``) marked as translated from
+    ``tf_keras`` when ``old`` was, its original at the new rate."""
+    if getattr(old, keras2.FROM_TF_KERAS, False):
+        setattr(new, keras2.FROM_TF_KERAS, True)
+        setattr(new, keras2.ORIGINAL, lambda rate=None: keras2.original(
+            old, learning_rate if rate is None else rate))
+    return new
 
 
 def slot_count(optimizer: Any) -> int:
@@ -222,6 +228,9 @@ class ShardedOptimizer:
         check_supported(user)
         # translated from tf_keras: its apply_gradients where Keras 3's differs (keras2)
         self.from_tf_keras = bool(getattr(user, keras2.FROM_TF_KERAS, False))
+        # a Keras 2 model's reference (keras()): a fresh tf_keras optimizer, the user's own
+        self._original = functools.partial(keras2.original, user) if self.from_tf_keras \
+            else None
         # dynamic loss scaling (mixed_float16): (initial scale, growth steps), or None
         self.loss_scale: tuple[float, int] | None = None
         self._wrapper = None
@@ -334,7 +343,11 @@ class ShardedOptimizer:
 
     def keras(self) -> Any:
         """A fresh Keras optimizer of the same class and config (Keras's own, unchanged),
-        wrapped in its LossScaleOptimizer when it had one."""
+        wrapped in its LossScaleOptimizer when it had one; for one translated from
+        ``tf_keras``, a fresh ``tf_keras`` optimizer of the user's class and settings (its
+        ``apply_gradients`` is what a Keras 2 model's ``fit`` runs)."""
+        if self._original is not None:
+            return self._original()
         if self._wrapper is not None:
             opt = keras.optimizers.deserialize(self._wrapper)
             inner = opt.inner_optimizer

@@ -7,8 +7,9 @@ Out: :func:`plan_regularizers`: one :class:`Term` per trainable weight Keras reg
      regularizer a variable carries: ``variable.regularizer``, what Keras's
      ``Layer.losses`` reads; a Keras 2 model's, which its layers keep as zero-argument
      losses: ``keras2.weight_regularizers``), or a ``ValueError`` naming a loss the
-     runtime cannot compute exactly (before anything runs); :func:`replica_value`: inside a replica, the term
-     this replica adds to its loss share (:func:`regularized`: added to a runtime's).
+     runtime cannot compute exactly (before anything runs); :func:`replica_value`: inside
+     a replica, the term this replica adds to its loss share (:func:`regularized`: added
+     to a runtime's).
      :func:`with_call_losses`: the losses the model's call adds (activity regularizers,
      ``self.add_loss``), which capture makes extra outputs of the program
      (``ir.Graph.call_losses``), added to a replica's loss share.
