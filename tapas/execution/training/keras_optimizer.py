@@ -449,16 +449,7 @@ class ShardedOptimizer:
                      for p, s in new_slots.items()}
         new_state = {k: tf.where(finite, v, inner[k]) for k, v in new_state.items()
                      if k in inner}
-        grow = tf.equal(steps, saved[1] - 1)
-        halved, grown = scale * 0.5, scale * 2.0
-        if self.from_tf_keras:   # tf_keras: never below 1, and grown only to a finite scale
-            halved = tf.maximum(halved, 1.0)
-            grown = tf.where(tf.math.is_finite(grown), grown, scale)
-        new_state["loss_scale"] = tf.where(finite, tf.where(grow, grown, scale), halved)
-        new_state["scale_steps"] = tf.where(finite & ~grow, steps + 1, tf.zeros_like(steps))
-        # Keras 3 counts taken steps only; tf_keras counts a skipped one too
-        new_state["step_taken"] = (tf.ones([], tf.int64) if self.from_tf_keras
-                                   else tf.cast(finite, tf.int64))
+        new_state.update(_next_scale(finite, scale, steps, saved[1], self.from_tf_keras))
         return new_values, new_slots, new_state
 
     def _update(self, live: list[str], g: list[Any], sum_squares: Callable) -> None:
@@ -552,6 +543,22 @@ def _scaled(x: Any, scale: Any) -> Any:
         return tf.IndexedSlices(x.values * tf.cast(scale, x.values.dtype), x.indices,
                                 x.dense_shape)
     return x * tf.cast(scale, x.dtype)
+
+
+def _next_scale(finite: tf.Tensor, scale: tf.Tensor, steps: tf.Tensor, growth_steps: int,
+                tf_keras: bool) -> dict[str, tf.Tensor]:
+    """Dynamic loss scaling's next ``loss_scale``, ``scale_steps`` and ``step_taken``:
+    doubled after ``growth_steps`` finite steps in a row, halved after a non-finite one,
+    which is skipped. Keras 3 counts taken steps only; ``tf_keras`` (``tf_keras=True``)
+    counts a skipped one too, never halves below 1 and grows only to a finite scale."""
+    grow = tf.equal(steps, growth_steps - 1)
+    halved, grown = scale * 0.5, scale * 2.0
+    if tf_keras:
+        halved = tf.maximum(halved, 1.0)
+        grown = tf.where(tf.math.is_finite(grown), grown, scale)
+    return {"loss_scale": tf.where(finite, tf.where(grow, grown, scale), halved),
+            "scale_steps": tf.where(finite & ~grow, steps + 1, tf.zeros_like(steps)),
+            "step_taken": tf.ones([], tf.int64) if tf_keras else tf.cast(finite, tf.int64)}
 
 
 def _clip_by_norm(x: Any, l2sum: tf.Tensor, clipnorm: float) -> Any:
