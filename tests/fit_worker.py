@@ -557,6 +557,37 @@ def check_long_fit() -> dict[str, Any]:
         return {"lost": str(e)}
 
 
+def check_keras_conveniences() -> dict[str, Any]:
+    """``validation_split``, ``class_weight`` and ``validation_freq`` (with compiled and
+    weighted metrics) against Keras's ``fit`` with the same arguments, under a random
+    plan."""
+    def classifier() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((6,), name="x")
+        h = keras.layers.Dense(8, activation="relu", name="h")(inp)
+        model = keras.Model(inp, keras.layers.Dense(3, name="o")(h))
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["sparse_categorical_accuracy"],
+                      weighted_metrics=["sparse_categorical_accuracy"], jit_compile=False)
+        return model
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5 * B, 6)).astype("float32")
+    y = rng.integers(0, 3, (5 * B,))
+    kw = dict(batch_size=B, epochs=4, verbose=0, shuffle=False, validation_split=0.2,
+              class_weight={0: 1.0, 1: 3.0, 2: 0.5}, validation_freq=2)
+    ref = classifier()
+    want = ref.fit(x, y, **kw).history
+    spec = tf.TensorSpec([B, 6])
+    plan = parallel.random_plan(capturing.capture(classifier(), spec, training=True), N, 1)
+    pm = parallel.parallelize(classifier(), spec, plan, devices=N)
+    got = pm.fit(x, y, **kw).history
+    return {"keys": [sorted(got), sorted(want)],
+            **{k: close(got.get(k, []), v) for k, v in want.items()},
+            "weights": weights_close(pm, ref)}
+
+
 def fit_task() -> int:
     cfg = devices.tf_config()
     return int(cfg["task"]["index"]) if cfg else 0
@@ -565,6 +596,6 @@ def fit_task() -> int:
 if __name__ == "__main__":
     run_checks({"keras": check_keras, "resume": check_resume, "workers": check_workers,
                 "weighted": check_weighted_steps, "inference": check_inference_mode,
-                "long_fit": check_long_fit},
+                "long_fit": check_long_fit, "conveniences": check_keras_conveniences},
                JOB["checks"])
     finish()

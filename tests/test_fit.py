@@ -17,6 +17,8 @@ import json
 import os
 
 import keras
+import numpy as np
+import tensorflow as tf
 import pytest
 
 import command  # tests/command.py
@@ -31,7 +33,8 @@ WORKER = os.path.join(ROOT, "tests", "fit_worker.py")
 def two(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("fit"))
     (res,) = run_worker(WORKER, {"devices": 2, "dir": d,
-                                 "checks": ["keras", "resume", "weighted", "inference"]},
+                                 "checks": ["keras", "resume", "weighted", "inference",
+                                            "conveniences"]},
                         1, 300.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
@@ -54,6 +57,35 @@ def test_fit_on_arrays_equals_keras_fit_with_callbacks(two: dict) -> None:
             "collective_bytes_per_step", "epoch_loss", "epoch_val_loss",
             "GRAPH+collectives"} <= set(r["tags"])   # the graph tab: the parallel step
     assert r["iterations"] == 5 * len(r["epochs"]["ours"])
+
+
+def test_validation_split_class_weight_and_validation_freq_equal_keras_fit(two: dict) -> None:
+    r = two["conveniences"]
+    assert r["keys"][0] == r["keys"][1] and "val_loss" in r["keys"][0], r["keys"]
+    assert len(r["val_loss"]["keras"]) == 2   # validated after epochs 2 and 4 only
+    for key in r["keys"][1]:
+        assert r[key]["ok"], (key, r[key])
+    assert r["weights"]["ok"], r["weights"]
+
+
+def test_keras_fit_conveniences_are_checked_with_the_fix() -> None:
+    from tapas.execution.api import fit_arguments as fa
+    x, y = np.zeros((10, 2), "float32"), np.arange(10) % 2
+    with pytest.raises(ValueError, match="validation_split=1.5.*\\[0, 1\\)"):
+        fa.split_for_validation(x, y, None, 1.5, None)
+    with pytest.raises(ValueError, match="dataset.*validation_data="):
+        fa.split_for_validation(tf.data.Dataset.from_tensors((x, y)), None, None, 0.2, None)
+    with pytest.raises(ValueError, match="both given"):
+        fa.by_class(x, y, np.ones(10), {0: 2.0})
+    with pytest.raises(ValueError, match="several outputs"):
+        fa.by_class(x, [y, y], None, {0: 2.0})
+    with pytest.raises(ValueError, match="validation_freq=0"):
+        fa.validates(0, 0)
+    _, w = fa.by_class(x, y, None, {1: 4.0})
+    assert w.tolist() == [1.0, 4.0] * 5
+    tx, ty, _, (vx, vy) = fa.split_for_validation(x, y, None, 0.3, None)
+    assert len(tx) == 7 and vy.tolist() == [1, 0, 1]   # the last examples, as Keras
+    assert [fa.validates(e, [1, 3]) for e in range(4)] == [True, False, True, False]
 
 
 def test_two_workers_read_their_shares_and_fit_equals_keras(tmp_path) -> None:

@@ -57,6 +57,7 @@ from tapas.execution.training import compiled_loss, metrics
 from tapas.execution.api.callbacks import (CALLBACK_STATE, REFUSED_CALLBACKS, CallbackModel,
                                        TensorBoardScalars, callback_states, check_callbacks,
                                        restore_callback_states)
+from tapas.execution.api import fit_arguments
 from tapas.execution.api.fit_data import _Data, _Stream, _global_batch
 from tapas.execution.api.fit_checkpoints import (FIT_STATE, FitState, callback_arrays,
                                              clean_temporaries, latest_checkpoint,
@@ -190,7 +191,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         steps_per_epoch: int | None = None, checkpoint_dir: str | None = None,
         checkpoint_every: int | None = None, keep: int = 3, resume: bool = False,
         resume_from: str | None = None, tensorboard: str | None = None,
-        sample_weight: Any = None) -> Any:
+        sample_weight: Any = None, validation_split: float = 0.0,
+        class_weight: Any = None, validation_freq: Any = 1,
+        validation_batch_size: int | None = None) -> Any:
     """Train ``pm`` as Keras's ``Model.fit`` does (module docstring); returns the History.
 
     ``checkpoint_dir``: write checkpoints there at each epoch end and, with
@@ -202,6 +205,8 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     loss's weight of each example (or target element), as Keras's ``fit`` takes it; a
     dataset yields ``(x, y, sample_weight)`` triples instead. ``verbose``: 0 silent, 1 or "auto" a
     progress bar (Keras's ProgbarLogger; on the chief worker only), 2 one line per epoch.
+    ``validation_split``, ``class_weight``, ``validation_freq`` and
+    ``validation_batch_size`` as Keras's ``fit`` (:mod:`.fit_arguments`).
     """
     _check_arguments(epochs, initial_epoch, steps_per_epoch, checkpoint_dir, checkpoint_every,
                      resume, keep)
@@ -209,9 +214,13 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     if backup is not None:
         checkpoint_dir, checkpoint_every, resume = backup[:3]
     user_callbacks = check_callbacks(callbacks)
+    fit_arguments.validates(0, validation_freq)   # refused now if malformed
+    x, y, sample_weight, validation_data = fit_arguments.split_for_validation(
+        x, y, sample_weight, validation_split, validation_data)
+    x, sample_weight = fit_arguments.by_class(x, y, sample_weight, class_weight)
     rt = pm.runtime
     data = _Data(pm, x, y, batch_size, shuffle, seed, sample_weight=sample_weight)
-    val = _validation_data(pm, validation_data, batch_size)
+    val = _validation_data(pm, validation_data, validation_batch_size or batch_size)
     view = CallbackModel(pm)
     chief = view.is_chief
     if checkpoint_dir and chief:   # refused now, not at the first save, when unwritable
@@ -234,7 +243,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     for epoch in range(state.epoch, epochs):
         loop.begin_epoch(epoch)
         logs = loop.train_epoch(logs)
-        epoch_logs = loop.end_epoch(epoch, val, validation_steps)
+        epoch_logs = loop.end_epoch(
+            epoch, val if fit_arguments.validates(epoch, validation_freq) else None,
+            validation_steps)
         if view.stop_training:
             break
     rt.finalize_variable_values()   # EMA: the weights become their averages, as Keras

@@ -211,11 +211,10 @@ class ParallelModel:
         """Train as Keras's ``Model.fit`` does, over arrays (any input form of the module
         docstring) with targets ``y`` or a ``tf.data.Dataset`` of (x, y) global batches,
         with Keras callbacks, periodic atomic checkpoints and resume; returns a
-        ``keras.callbacks.History``. Keyword arguments: ``batch_size`` (the captured
-        global batch), ``epochs``, ``steps_per_epoch``, ``validation_data``,
-        ``validation_steps``, ``callbacks``, ``initial_epoch``, ``shuffle``, ``seed``,
-        ``verbose``, ``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume``,
-        ``resume_from``, ``tensorboard`` (``tapas.execution.api.fit.fit``)."""
+        ``keras.callbacks.History``. Keyword arguments: Keras's ``fit``'s (``batch_size``
+        is the captured global batch), and ``seed``, ``checkpoint_dir``,
+        ``checkpoint_every``, ``keep``, ``resume``, ``resume_from``, ``tensorboard``
+        (``tapas.execution.api.fit.fit``)."""
         from tapas.execution.api import fit as fit_mod
         return fit_mod.fit(self, x, y, **kwargs)
 
