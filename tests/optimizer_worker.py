@@ -132,27 +132,36 @@ def run_case(index: int, case: str) -> dict[str, Any]:
         plan = parallel.random_plan(graph, N, seed=index, patterns_fn=weight_splitting)
     pm = parallel.parallelize(model, spec, plan, devices=N)
     got = pm.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0).history
-    ours = pm.global_weights()
-    theirs = capturing.weights_by_path(ref)
+    return {"model": "dict" if dict_model else "one",
+            **compared(pm, ref, got, want, plan, case, build(),
+                       lambda: ref.optimizer.dynamic_scale)}
+
+
+def compared(pm: Any, ref: Any, got: dict, want: dict, plan: Any, case: str, fresh: Any,
+             keras_scale: Any) -> dict[str, Any]:
+    """What a case reports of ``pm``'s fit against Keras's (``ref``): the History's losses,
+    the final weights (within the case's tolerance), the weights the plan splits, how far
+    Keras moved the weights from ``fresh`` (the same model untrained), and with loss
+    scaling both scales (Keras's read by ``keras_scale()``) and step counters."""
+    ours, theirs = pm.global_weights(), capturing.weights_by_path(ref)
     split = sorted(p for p, layout in pm.program.weight_layouts.items()
                    if isinstance(parse_placement(layout.placement), Split))
-    rtol, atol = TOLERANCE.get(case, (1e-5, 1e-6))
+    rtol, atol = TOLERANCE.get(case.removeprefix("keras2_"), (1e-5, 1e-6))
     scaled = {}
     if "loss_scale" in pm.runtime.opt_state:
         scaled = {"loss_scale": [float(pm.runtime.opt_state["loss_scale"].numpy()),
-                                 float(ref.optimizer.dynamic_scale.numpy())],
+                                 float(keras_scale().numpy())],
                   "iterations": [int(pm.runtime.iterations.numpy()),
                                  int(ref.optimizer.iterations.numpy())]}
-    return {"model": "dict" if dict_model else "one", "plan": "random" if plan else "searched",
+    return {"plan": "random" if plan else "searched",
             "optimizer": pm.runtime.optimizer.name, "split": split,
-            "loss_ours": got["loss"], "loss_keras": want["loss"],
+            "loss_ours": got["loss"], "loss_keras": want["loss"], "rtol": rtol, **scaled,
             "weights_max_abs_diff": max(float(np.max(np.abs(ours[p] - theirs[p].numpy())))
                                         for p in ours),
             "weights_ok": all(np.allclose(ours[p], theirs[p].numpy(), rtol=rtol, atol=atol)
                               for p in ours),
-            "rtol": rtol, **scaled,
             "moved": max(float(np.max(np.abs(theirs[p].numpy() - w.numpy())))
-                         for p, w in capturing.weights_by_path(build()).items())}
+                         for p, w in capturing.weights_by_path(fresh).items())}
 
 
 # Keras 2 (tf_keras) models compiled with tf_keras's own optimizers, against tf_keras's
@@ -212,26 +221,9 @@ def run_keras2_case(index: int, case: str) -> dict[str, Any]:
         keras2_model(case), spec, plan, devices=N).verify(x[:B], y[:B])
     pm = parallel.parallelize(keras2_model(case), spec, plan, devices=N)
     got = pm.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0).history
-    ours, theirs = pm.global_weights(), capturing.weights_by_path(ref)
-    split = sorted(p for p, layout in pm.program.weight_layouts.items()
-                   if isinstance(parse_placement(layout.placement), Split))
-    rtol, atol = TOLERANCE.get(case.removeprefix("keras2_"), (1e-5, 1e-6))
-    scaled = {}
-    if "loss_scale" in pm.runtime.opt_state:
-        scaled = {"loss_scale": [float(pm.runtime.opt_state["loss_scale"].numpy()),
-                                 float(ref.optimizer.loss_scale.numpy())],
-                  "iterations": [int(pm.runtime.iterations.numpy()),
-                                 int(ref.optimizer.iterations.numpy())]}
-    return {"model": "keras2", "plan": "random" if plan else "searched",
-            "optimizer": pm.runtime.optimizer.name, "split": split,
-            "loss_ours": got["loss"], "loss_keras": want["loss"], "rtol": rtol, **scaled,
-            "regularized": len(ref.losses), "verified": checked["ok"],
-            "weights_max_abs_diff": max(float(np.max(np.abs(ours[p] - theirs[p].numpy())))
-                                        for p in ours),
-            "weights_ok": all(np.allclose(ours[p], theirs[p].numpy(), rtol=rtol, atol=atol)
-                              for p in ours),
-            "moved": max(float(np.max(np.abs(theirs[p].numpy() - w.numpy()))) for p, w in
-                         capturing.weights_by_path(keras2_model(case)).items())}
+    return {"model": "keras2", "regularized": len(ref.losses), "verified": checked["ok"],
+            **compared(pm, ref, got, want, plan, case, keras2_model(case),
+                       lambda: ref.optimizer.loss_scale)}
 
 
 def main() -> None:

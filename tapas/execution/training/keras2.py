@@ -64,6 +64,18 @@ def _defaults(cls: type) -> dict[str, Any]:
             if k not in ("self", "args", "kwargs")}
 
 
+def _twin(obj: Any, module: Any, base: type, what: str, fix: str, label: str = "") -> type:
+    """The Keras 3 class of ``module`` named as ``obj``'s class (a subclass of ``base``),
+    or ValueError saying that the Keras 2 ``what`` (``label``: its name) has none, and
+    the ``fix``."""
+    name = type(obj).__name__
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ValueError(f"the Keras 2 {what} {name}{label} has no Keras 3 class of that "
+                         f"name: {fix}")
+    return cls
+
+
 def _translate(obj: Any, cls: type, what: str, config: dict[str, Any]) -> dict[str, Any]:
     accepted = _defaults(cls)
     out = {}
@@ -89,10 +101,8 @@ def optimizer(obj: Any) -> Any:
     name = type(obj).__name__
     if name.startswith("LossScaleOptimizer"):
         return _loss_scaled(obj)
-    cls = getattr(keras.optimizers, name, None)
-    if not isinstance(cls, type):
-        raise ValueError(f"the Keras 2 optimizer {name} has no Keras 3 class of that name: "
-                         "compile the model with a keras.optimizers optimizer (Keras 3)")
+    cls = _twin(obj, keras.optimizers, keras.optimizers.Optimizer, "optimizer",
+                "compile the model with a keras.optimizers optimizer (Keras 3)")
     config = _translate(obj, cls, "optimizer", dict(obj.get_config()))
     lr = config.get("learning_rate")
     if isinstance(lr, dict):
@@ -148,13 +158,9 @@ def metric(obj: Any) -> Any:
     average what its running state returns batch by batch."""
     if not is_keras2_metric(obj):
         return obj
-    name = type(obj).__name__
-    cls = getattr(keras.metrics, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, keras.metrics.Metric)):
-        raise ValueError(f"the Keras 2 metric {name} ('{obj.name}') has no Keras 3 class of "
-                         "that name: compile the model with the metric's name as a string "
-                         "(e.g. 'accuracy', 'mae'), or pass a keras.metrics metric built by "
-                         "hand")
+    cls = _twin(obj, keras.metrics, keras.metrics.Metric, "metric",
+                "compile the model with the metric's name as a string (e.g. 'accuracy', "
+                "'mae'), or pass a keras.metrics metric built by hand", f" ('{obj.name}')")
     config = dict(obj.get_config())
     keep = {k: v for k, v in config.items() if k == "name"}
     return cls(**keep, **_translate(obj, cls, "metric", config))
@@ -196,11 +202,8 @@ def loss(obj: Any) -> Any:
     settings, the reduction renamed)."""
     if not is_keras2(obj):
         return obj
-    name = type(obj).__name__
-    cls = getattr(keras.losses, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, keras.losses.Loss)):
-        raise ValueError(f"the Keras 2 loss {name} has no Keras 3 class of that name: pass "
-                         "loss=<a keras.losses.Loss> (Keras 3) to tapas.parallelize")
+    cls = _twin(obj, keras.losses, keras.losses.Loss, "loss",
+                "pass loss=<a keras.losses.Loss> (Keras 3) to tapas.parallelize")
     config = dict(obj.get_config())
     if "reduction" in config:
         config["reduction"] = _REDUCTIONS.get(config["reduction"], config["reduction"])
