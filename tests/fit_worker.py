@@ -13,7 +13,9 @@ Checks:
   (SGD, the same 40 examples, shuffle off): history (loss, val_loss, learning_rate, the
   epoch EarlyStopping stops at), weights, the hooks called, the CSV rows, the event tags;
   then fit on a ``tf.data.Dataset`` with dict elements and a partial last batch, and
-  ``evaluate`` over it, against Keras; TerminateOnNaN on a diverging step;
+  ``evaluate`` over it, against Keras; ``evaluate`` and ``predict`` with callbacks and each
+  ``verbose`` (the hooks, their logs, what is printed, ``stop_evaluating``) against
+  Keras's; TerminateOnNaN on a diverging step;
 * ``resume``: Adam, shuffled, checkpoints every 3 steps, keep 2: a run whose save at step
   9 crashes between the shards and the fit state (half a file written); the newest
   complete checkpoint is step 6; a new ParallelModel resumes from it and finishes; weights,
@@ -24,8 +26,11 @@ Checks:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -114,6 +119,49 @@ class Hooks(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None): self._count("epoch_end")
     def on_train_end(self, logs=None): self._count("train_end")
+    # (validation in fit calls the test hooks too, as Keras's fit)
+    def on_test_begin(self, logs=None): self._count("test_begin")
+    def on_test_batch_begin(self, batch, logs=None): self._count("test_batch_begin")
+    def on_test_batch_end(self, batch, logs=None): self._count("test_batch_end")
+    def on_test_end(self, logs=None): self._count("test_end")
+
+
+class Record(keras.callbacks.Callback):
+    """Every evaluate/predict hook in order, with its batch, logs (rounded) and the
+    shape of the predicted outputs; sets ``stop_evaluating`` after batch ``stop_after``."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        super().__init__()
+        self.log: list[list[Any]] = []
+        self.stop_after = stop_after
+
+    def _add(self, name: str, batch: Any = None, logs: Any = None) -> None:
+        logs = {k: (list(np.shape(v)) if k == "outputs" else round(float(v), 5))
+                for k, v in (logs or {}).items()}
+        self.log.append([name, batch, logs])
+
+    def on_test_begin(self, logs=None): self._add("test_begin", None, logs)
+    def on_test_batch_begin(self, batch, logs=None): self._add("test_batch_begin", batch)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._add("test_batch_end", batch, logs)
+        if self.stop_after is not None and batch >= self.stop_after:
+            self.model.stop_evaluating = True
+
+    def on_test_end(self, logs=None): self._add("test_end", None, logs)
+    def on_predict_begin(self, logs=None): self._add("predict_begin", None, logs)
+    def on_predict_batch_begin(self, batch, logs=None): self._add("predict_batch_begin", batch)
+    def on_predict_batch_end(self, batch, logs=None): self._add("predict_batch_end", batch, logs)
+    def on_predict_end(self, logs=None): self._add("predict_end", None, logs)
+
+
+def printed(fn: Any) -> tuple[Any, list[str]]:
+    """(fn(), what it printed), the progress bar without its timings and terminal codes."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = fn()
+    text = re.sub(r"\x1b\[[0-9;]*m|\x08|\d+m?s(/step)?|[ \t]+(?=\n)", "", out.getvalue())
+    return result, [ln.rstrip() for ln in re.split(r"[\r\n]+", text) if ln.strip()]
 
 
 def callbacks(csv: str) -> list[Any]:
@@ -200,6 +248,7 @@ def check_keras() -> dict[str, Any]:
 
     out["predict"] = close(pm2.predict(x), ref2.predict(x, verbose=0, batch_size=B))  # 42 rows
     out["predict_dataset"] = close(pm2.predict(val_ds), ref2.predict(val_ds, verbose=0))
+    out["evaluate_predict_hooks"] = check_evaluate_predict_hooks(pm2, ref2)
 
     # sample weights (Keras's weighting): arrays with weighted validation data, then a
     # dataset of (x, y, w) triples, on fresh programs against Keras fit
@@ -252,6 +301,37 @@ def check_keras() -> dict[str, Any]:
     out["terminate_on_nan"] = {"epochs": hist3.epoch,
                                "loss_is_nan": bool(np.isnan(hist3.history["loss"][-1])),
                                "steps_taken": int(pm2.runtime.iterations.numpy()) - before}
+    return out
+
+
+def check_evaluate_predict_hooks(pm: Any, ref: keras.Model) -> dict[str, Any]:
+    """evaluate and predict with callbacks and each verbose against Keras's on the same
+    weights: the hooks in order with their logs, what is printed, and a callback that
+    stops evaluation after its second batch."""
+    x, _ = data()
+    xv, yv = data(24, seed=1)
+    out: dict[str, Any] = {}
+    for verbose in ("auto", 1, 2, 0):
+        runs = {}
+        for who, evaluate, predict in (
+                ("ours", lambda cb: pm.evaluate(xv, yv, verbose=verbose, callbacks=cb),
+                 lambda cb: pm.predict(x, verbose=verbose, callbacks=cb)),
+                ("keras", lambda cb: ref.evaluate(xv, yv, batch_size=B, verbose=verbose,
+                                                  callbacks=cb),
+                 lambda cb: ref.predict(x, batch_size=B, verbose=verbose, callbacks=cb))):
+            e, p = Record(), Record()
+            loss, e_text = printed(lambda: evaluate([e]))
+            _, p_text = printed(lambda: predict([p]))
+            runs[who] = {"loss": float(loss), "evaluate_hooks": e.log, "evaluate_printed":
+                         e_text, "predict_hooks": p.log, "predict_printed": p_text}
+        out[str(verbose)] = runs
+    stops = {}
+    for who, evaluate in (("ours", lambda cb: pm.evaluate(xv, yv, verbose=0, callbacks=cb)),
+                          ("keras", lambda cb: ref.evaluate(xv, yv, batch_size=B, verbose=0,
+                                                            callbacks=cb))):
+        r = Record(stop_after=1)
+        stops[who] = {"loss": round(float(evaluate([r])), 5), "hooks": r.log}
+    out["stop_evaluating"] = stops
     return out
 
 

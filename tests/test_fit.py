@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import keras
 import numpy as np
@@ -52,6 +53,7 @@ def test_fit_on_arrays_equals_keras_fit_with_callbacks(two: dict) -> None:
     assert r["weights"]["ok"], r["weights"]
     assert r["hooks"]["ours"] == r["hooks"]["keras"]
     assert r["hooks"]["batch_keys"] == ["loss"]
+    assert r["hooks"]["ours"]["test_end"] == len(r["epochs"]["ours"])   # validation's
     assert r["csv_rows"] == len(r["epochs"]["ours"]) + 1   # header + one row per epoch
     assert {"loss", "step_seconds", "examples_per_second", "learning_rate",
             "collective_bytes_per_step", "epoch_loss", "epoch_val_loss",
@@ -166,6 +168,49 @@ def test_fit_on_a_dataset_of_dicts_and_evaluate_equal_keras(two: dict) -> None:
     # 42 examples: 5 global batches and 2 rows padded to one; a dataset of 2 batches
     assert r["predict"]["ok"] and len(r["predict"]["ours"]) == 42, r["predict"]
     assert r["predict_dataset"]["ok"] and len(r["predict_dataset"]["ours"]) == 16
+
+
+def test_evaluate_and_predict_call_callbacks_and_print_as_keras(two: dict) -> None:
+    """Keras's hooks in Keras's order with the same logs (running loss per batch, the
+    final logs, each batch's outputs), the same progress bar or line (timings aside) for
+    each verbose, nothing for verbose=0, and stop_evaluating honoured."""
+    r = two["keras"]["evaluate_predict_hooks"]
+    for verbose in ("auto", "1", "2", "0"):
+        ours, keras_ = r[verbose]["ours"], r[verbose]["keras"]
+        assert abs(ours["loss"] - keras_["loss"]) < 1e-5, (verbose, r[verbose])
+        for key in ("evaluate_hooks", "predict_hooks"):
+            assert _same_hooks(ours[key], keras_[key]), (verbose, key, ours, keras_)
+        for key in ("evaluate_printed", "predict_printed"):   # values to 4 decimals
+            assert len(ours[key]) == len(keras_[key]), (verbose, key, ours, keras_)
+            for a, b in zip(ours[key], keras_[key]):
+                assert _numbers(a, b, 2e-4), (verbose, key, a, b)
+    assert r["0"]["ours"]["evaluate_printed"] == r["0"]["ours"]["predict_printed"] == []
+    assert any("loss: " in ln for ln in r["auto"]["ours"]["evaluate_printed"])
+    hooks = [h[0] for h in r["1"]["ours"]["predict_hooks"]]
+    assert hooks[0] == "predict_begin" and hooks[-1] == "predict_end"
+    assert hooks.count("predict_batch_end") == 6   # 42 examples, global batch 8
+    stops = r["stop_evaluating"]
+    assert abs(stops["ours"]["loss"] - stops["keras"]["loss"]) < 1e-4, stops
+    assert _same_hooks(stops["ours"]["hooks"], stops["keras"]["hooks"]), stops
+    assert [h[0] for h in r["stop_evaluating"]["ours"]["hooks"]].count("test_batch_end") == 2
+
+
+def _same_hooks(ours: list, theirs: list) -> bool:
+    """The same hooks with the same batches, logs keys and shapes; values within 1e-4."""
+    if [(h[0], h[1], sorted(h[2])) for h in ours] != \
+            [(h[0], h[1], sorted(h[2])) for h in theirs]:
+        return False
+    return all(np.allclose(np.asarray(a[2][k], "float64"), np.asarray(b[2][k], "float64"),
+                           rtol=1e-4, atol=1e-4) for a, b in zip(ours, theirs) for k in a[2])
+
+
+def _numbers(a: str, b: str, tol: float) -> bool:
+    """Two printed lines equal but for their numbers, which are within ``tol``."""
+    pattern = r"-?\d+\.\d+"
+    if re.sub(pattern, "#", a) != re.sub(pattern, "#", b):
+        return False
+    return all(abs(float(u) - float(v)) <= tol for u, v in
+               zip(re.findall(pattern, a), re.findall(pattern, b)))
 
 
 def test_sample_weights_weigh_the_loss_as_keras(two: dict) -> None:

@@ -9,8 +9,8 @@ In:  a ParallelModel; the data: NumPy arrays (one array, a list in the program's
      resume).
 Out: :func:`fit` returns a ``keras.callbacks.History`` (``loss`` per epoch, the mean of the
      epoch's step losses as Keras logs it; ``val_loss`` with validation data; what
-     callbacks add, e.g. ``learning_rate``); :func:`evaluate` the mean loss over the
-     batches; :func:`predict` the outputs of every example; checkpoint directories ``<dir>/ckpt-<step>`` (the runtime's shards, optimizer
+     callbacks add, e.g. ``learning_rate``; validation calls the callbacks' ``on_test_*``
+     hooks, as Keras's); checkpoint directories ``<dir>/ckpt-<step>`` (the runtime's shards, optimizer
      slots and step counter, ``tapas.execution.runtime.checkpoints``, plus ``tapas-fit.json``: epoch,
      step in the epoch, data position, batches consumed, learning rate, seed states, the
      epoch's running loss and the history so far).
@@ -44,21 +44,21 @@ import math
 import re
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tapas.execution.runtime import checkpoints, inputs
-from tapas.execution.training import compiled_loss, metrics
+from tapas.execution.runtime import checkpoints
+from tapas.execution.training import metrics
 from tapas.execution.api.callbacks import (CALLBACK_STATE, REFUSED_CALLBACKS, CallbackModel,
                                        TensorBoardScalars, callback_states, check_callbacks,
                                        restore_callback_states)
 from tapas.execution.api import fit_arguments
-from tapas.execution.api.fit_data import _Data, _Stream, _global_batch
+from tapas.execution.api.evaluation import evaluate, predict, validate
+from tapas.execution.api.fit_data import _Data, _Stream
 from tapas.execution.api.fit_checkpoints import (FIT_STATE, FitState, callback_arrays,
                                              clean_temporaries, latest_checkpoint,
                                              list_checkpoints, restore_checkpoint,
@@ -102,87 +102,7 @@ def _worker_lost(e: Exception, what: str, checkpoint_dir: str | None) -> WorkerL
                            f"{again}")
 
 
-# ---- fit and evaluate -------------------------------------------------------------------------
-
-def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
-             steps: int | None = None, sample_weight: Any = None,
-             return_dict: bool = False) -> Any:
-    """The mean loss over the global batches of ``x``/``y`` (or of a dataset of (x, y[,
-    sample_weight]) batches; at most ``steps``), weighted by ``sample_weight`` as Keras
-    weighs it, forward only: nothing is updated (``Runtime.forward_loss``). In inference
-    mode, as Keras's ``evaluate``: a training-mode ParallelModel evaluates with
-    ``pm.for_inference()`` (dropout off, batch norm's moving statistics; the same
-    weights). With compiled metrics, as Keras: ``[loss, metric...]`` in Keras's order, or
-    a dict of every log with ``return_dict=True`` (also without metrics)."""
-    ev = pm.for_inference()
-    scores = metrics.Scores.of(pm.model)
-    logs = _validate(ev, _Data(ev, x, y, batch_size, shuffle=False, seed=0,
-                               what="evaluate data", sample_weight=sample_weight), steps,
-                     scores)
-    return logs if return_dict else metrics.keras_order(logs, scores)
-
-
-def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:
-    """The inputs of ``x`` (a dataset of x or (x, y[, w]) elements, or arrays) in chunks
-    of at most the global batch, one array per input in the program's order."""
-    signature = pm.inputs
-    names = list(signature.names)
-    if isinstance(x, tf.data.Dataset):
-        for element in x.as_numpy_iterator():
-            if isinstance(element, tuple) and 1 <= len(element) <= 3:
-                element = element[0]   # (x, y[, sample_weight]) as Keras unpacks it
-            yield [np.asarray(v) for v in
-                   inputs._match(element, signature.structure, names, "batch",
-                                 signature.describe())]
-        return
-    leaves = [np.asarray(v) for v in inputs._match(x, signature.structure, names, "data",
-                                                   signature.describe())]
-    n, b = len(leaves[0]), int(signature.specs[0].shape[0])
-    for name, v in zip(names, leaves):
-        if len(v) != n:
-            raise ValueError(f"predict data: input '{name}' has {len(v)} rows, input "
-                             f"'{names[0]}' {n}; give every input the same number")
-    for start in range(0, n, b):
-        yield [v[start:start + b] for v in leaves]
-
-
-def predict(pm: Any, x: Any, *, batch_size: int | None = None,
-            steps: int | None = None) -> Any:
-    """The model's outputs for every example of ``x`` (arrays in any input form, or a
-    dataset of global batches; at most ``steps`` batches), run one global batch at a time
-    and concatenated; a list when the model has several outputs. In inference mode, as
-    Keras's ``predict`` (``pm.for_inference()``: ``Runtime.predict`` of the inference
-    graph on the same weights). A last batch with fewer rows is padded with zeros and the
-    padding's outputs cut off, when the rows cannot affect each other: a program without
-    variable writes (the inference graph has none); otherwise it is refused with the
-    fix."""
-    b = _global_batch(pm, batch_size)
-    pm = pm.for_inference()
-    pm.runtime.refresh()
-    outs: list[list[np.ndarray]] = []
-    for count, chunk in enumerate(_predict_batches(pm, x)):
-        if steps is not None and count >= steps:
-            break
-        rows = len(chunk[0])
-        if rows > b:
-            raise ValueError(f"predict data: a batch of {rows} rows, the program's global "
-                             f"batch is {b}: batch the dataset with .batch({b})")
-        if rows < b:
-            if getattr(pm.program, "has_writes", False):
-                raise ValueError(f"predict data: a last batch of {rows} rows, the global "
-                                 f"batch is {b}, and this program writes variables in its "
-                                 "forward pass, so zero padding would change the outputs: "
-                                 f"give a multiple of {b} examples")
-            chunk = [np.concatenate([v, np.zeros((b - rows,) + v.shape[1:], v.dtype)])
-                     for v in chunk]
-        result = pm.runtime.predict(pm.inputs.flatten(chunk))
-        result = result if isinstance(result, list) else [result]
-        outs.append([r[:rows] for r in result])
-    if not outs:
-        raise ValueError("predict data: no examples")
-    joined = [np.concatenate([o[k] for o in outs]) for k in range(len(outs[0]))]
-    return joined[0] if len(joined) == 1 else joined
-
+# ---- fit -------------------------------------------------------------------------------
 
 def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         epochs: int = 1, verbose: Any = "auto", callbacks: Sequence[Any] | None = None,
@@ -389,8 +309,8 @@ class _Loop:
         epoch_logs = {"loss": state.loss_sum / state.loss_count,
                       **(scores.results() if scores is not None else {})}
         if val is not None:
-            val_logs = _validate(self.pm.for_inference(), val, validation_steps,
-                                 metrics.Scores.of(self.pm.model))
+            val_logs = validate(self.pm.for_inference(), val, validation_steps,
+                                metrics.Scores.of(self.pm.model), self.cbs, self.view)
             epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
         self.cbs.on_epoch_end(epoch, epoch_logs)
         state.epoch, state.step_in_epoch = epoch + 1, 0
@@ -503,22 +423,3 @@ def _split_validation(validation_data: Any) -> tuple[Any, Any, Any]:
                      f"global batches, got {type(validation_data).__name__}"
                      + (f" of {len(validation_data)}" if isinstance(validation_data,
                                                                     (tuple, list)) else ""))
-
-
-def _validate(pm: Any, val: _Data, steps: int | None, scores: metrics.Scores | None = None
-              ) -> dict[str, float]:
-    """The logs of a pass over ``val``: the mean loss, and the metrics of ``scores``
-    updated with every global batch (Keras's ``test_step``)."""
-    pm.runtime.refresh()   # an inference program's own copies of weights: current values
-    pm.runtime.set_step_values(scores is not None)
-    total, count = 0.0, 0
-    for xs, yb, wb in val.batches(0, 0):
-        total += pm.runtime.forward_loss(xs, yb, worker_share=val.cut, sample_weight=wb)
-        if scores is not None:
-            scores.update(pm.runtime.step_values)
-        count += 1
-        if steps is not None and count >= steps:
-            break
-    if not count:
-        raise ValueError(f"{val.what}: no full global batch of {val.batch}")
-    return {"loss": total / count, **(scores.results() if scores is not None else {})}

@@ -175,37 +175,32 @@ class ParallelModel:
         weighs the loss as Keras's ``train_on_batch`` does."""
         return self.runtime.train_step(self.inputs.flatten(x), y, sample_weight=sample_weight)
 
-    def predict(self, x: Any, *, batch_size: int | None = None,
-                steps: int | None = None) -> Any:
-        """The model's output on the global batch ``x`` (a list when it has several), as
-        Keras's ``predict``: in inference mode (``for_inference``: dropout off, batch norm
-        on its moving statistics, nothing updated) on this program's weights. The
-        training-mode forward pass (``model(x, training=True)``) is ``runtime.predict``.
-
-        Given a ``tf.data.Dataset`` or arrays of another number of examples: the outputs of
-        every example, a global batch at a time (``tapas.execution.api.fit.predict``)."""
-        rows = {np.shape(v)[0] if np.ndim(v) else -1 for v in tf.nest.flatten(x)} \
-            if not isinstance(x, tf.data.Dataset) else set()
-        if isinstance(x, tf.data.Dataset) or rows != {int(self.inputs.specs[0].shape[0])}:
-            from tapas.execution.api import fit as fit_mod
-            return fit_mod.predict(self, x, batch_size=batch_size, steps=steps)
-        inference = self.for_inference()
-        inference.runtime.refresh()
-        return inference.runtime.predict(self.inputs.flatten(x))
+    def predict(self, x: Any, *, batch_size: int | None = None, verbose: Any = "auto",
+                steps: int | None = None, callbacks: Any = None) -> Any:
+        """The model's outputs for every example of ``x`` (arrays, or a ``tf.data.Dataset``;
+        a list when it has several outputs), one global batch at a time, as Keras's
+        ``predict``: in inference mode (``for_inference``: dropout off, batch norm on its
+        moving statistics, nothing updated) on this program's weights, with Keras's
+        progress bar and ``on_predict_*`` hooks (``tapas.execution.api.evaluation``). The
+        training-mode forward pass (``model(x, training=True)``) is ``runtime.predict``."""
+        from tapas.execution.api import evaluation
+        return evaluation.predict(self, x, batch_size=batch_size, verbose=verbose,
+                                  steps=steps, callbacks=callbacks)
 
     def evaluate(self, x: Any, y: Any = None, *, batch_size: int | None = None,
-                 steps: int | None = None, sample_weight: Any = None,
-                 return_dict: bool = False) -> Any:
+                 verbose: Any = "auto", steps: int | None = None, sample_weight: Any = None,
+                 callbacks: Any = None, return_dict: bool = False) -> Any:
         """The loss (with compiled metrics: ``[loss, metric...]``, or a dict with
-        ``return_dict=True``), as Keras's ``evaluate``: on one global batch, or the mean over the
-        global batches of a ``tf.data.Dataset`` of (x, y[, sample_weight]) or of arrays of
-        more examples (at most ``steps``), weighted by ``sample_weight``; forward only,
-        nothing updated, in inference mode (``for_inference``: dropout off, batch norm's
-        moving statistics) on this program's weights (``tapas.execution.api.fit.evaluate``).
-        ``verify`` and ``runtime.evaluate`` check the program's own mode."""
-        from tapas.execution.api import fit as fit_mod
-        return fit_mod.evaluate(self, x, y, batch_size=batch_size, steps=steps,
-                                sample_weight=sample_weight, return_dict=return_dict)
+        ``return_dict=True``), as Keras's ``evaluate``: the mean over the global batches of
+        arrays or a ``tf.data.Dataset`` of (x, y[, sample_weight]) (at most ``steps``),
+        weighted by ``sample_weight``; forward only, in inference mode on this program's
+        weights, with Keras's progress bar and ``on_test_*`` hooks
+        (``tapas.execution.api.evaluation``). ``verify`` and ``runtime.evaluate`` check the
+        program's own mode."""
+        from tapas.execution.api import evaluation
+        return evaluation.evaluate(self, x, y, batch_size=batch_size, verbose=verbose,
+                                   steps=steps, sample_weight=sample_weight,
+                                   callbacks=callbacks, return_dict=return_dict)
 
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
         """Train as Keras's ``Model.fit`` does, over arrays (any input form of the module
