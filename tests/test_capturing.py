@@ -518,6 +518,31 @@ def test_a_model_with_a_loop_has_the_same_digest_when_captured_again():
     assert graph_digest(first) == graph_digest(second)
 
 
+def test_unnamed_dict_specs_take_their_keys_as_tapas_parallelize_names_the_inputs():
+    """A subclassed model called with a dict (Hugging Face's TF models), captured with
+    unnamed specs: the placeholders are named by the keys, as tapas.parallelize names the
+    inputs, so a plan made on this capture binds to the program's graph (it was refused:
+    the placeholders were called 'd' and 'd_1')."""
+    class DictModel(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.out = keras.layers.Embedding(7, 3), keras.layers.Dense(2)
+
+        def call(self, d):
+            mask = keras.ops.expand_dims(keras.ops.cast(d["mask"], "float32"), -1)
+            return self.out(keras.ops.sum(self.embed(d["tokens"]) * mask, axis=1))
+
+    model = DictModel()
+    model({"tokens": np.zeros((2, 5), "int32"), "mask": np.ones((2, 5), "int32")})
+    from tapas.planning.strategy import graph_digest
+    unnamed = {k: tf.TensorSpec([2, 5], tf.int32) for k in ("tokens", "mask")}
+    named = {k: tf.TensorSpec([2, 5], tf.int32, name=k) for k in ("tokens", "mask")}
+    t = tapas.capturing.trace(model, unnamed)
+    assert list(t.input_names) == ["mask", "tokens"]
+    assert graph_digest(tapas.capture(model, unnamed, training=True)) == \
+        graph_digest(tapas.capture(model, named, training=True))
+
+
 def test_a_dict_of_specs_for_a_model_with_a_list_of_inputs_follows_the_model_order():
     """keras-hub Gemma3n takes a list of named inputs; a dict of specs keyed by their names
     (which Keras matches by name) is captured in the model's order, the order

@@ -390,15 +390,20 @@ def _trace_keras_structure(model: Any, input_spec: Any, batch_size: int | None,
                            training: bool, label: str) -> tuple[Any, list[tf.TensorSpec]]:
     """Trace ``model`` called with a dict or nested structure of specs. The specs come back
     in the order ``tf.function`` flattens the structure (dict keys sorted), which is the
-    order of the graph's input placeholders and of Keras's ``model.inputs``."""
+    order of the graph's input placeholders and of Keras's ``model.inputs``; an unnamed
+    spec takes its dict key (its path when two share a key), as ``tapas.parallelize``
+    names the inputs, so a plan made on this graph binds to the program's."""
     flat = tf.nest.flatten(input_spec)
     paths = ["/".join(str(p) for p in path) for path, _ in keras.tree.flatten_with_path(
         tf.nest.map_structure(lambda s: 0, input_spec))]
+    keys = [path.split("/")[-1] for path in paths]
     specs = []
-    for path, s in zip(paths, flat):
+    for path, key, s in zip(paths, keys, flat):
         if not isinstance(s, tf.TensorSpec):
             raise CaptureError(f"input_spec[{path!r}] is a {type(s).__name__}, not a "
                                "tf.TensorSpec: e.g. tf.TensorSpec([8, 128], tf.int32)")
+        if s.name is None:   # the placeholder named as the runtime names the input
+            s = tf.TensorSpec(s.shape, s.dtype, name=key if keys.count(key) == 1 else path)
         specs.append(_fill_static(s, f"'{path}' of model '{label}'", batch_size))
     if not model.built:
         raise CaptureError(f"model '{label}' is not built: call it once on a batch, or "

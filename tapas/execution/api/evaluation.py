@@ -16,7 +16,8 @@ final logs); ``on_predict_begin``, ``on_predict_batch_begin``/``end`` (``{"outpu
 batch's outputs}``), ``on_predict_end``. A callback stops a pass early by setting
 ``self.model.stop_evaluating`` or ``stop_predicting``, as in Keras. ``verbose`` 0 is silent,
 1 or "auto" (the default, as Keras's) a progress bar, 2 one line at the end; on the chief
-worker only.
+worker only. A model class overriding ``test_step``, ``compute_loss``, ``compute_metrics``
+or ``predict_step`` is refused (:mod:`.overrides`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tapas.execution.runtime import inputs
 from tapas.execution.training import metrics
 from tapas.execution.api.callbacks import CallbackModel, check_callbacks
 from tapas.execution.api.fit_data import _Data, _global_batch
+from tapas.execution.api.overrides import check_steps
 
 __all__ = ["evaluate", "predict", "validate"]
 
@@ -61,6 +63,7 @@ def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
     weighs it, forward only: nothing is updated (``Runtime.forward_loss``). With compiled
     metrics, as Keras: ``[loss, metric...]`` in Keras's order, or a dict of every log with
     ``return_dict=True`` (also without metrics)."""
+    check_steps(pm.model, "evaluate")
     ev = pm.for_inference()
     scores = metrics.Scores.of(pm.model)
     data = _Data(ev, x, y, batch_size, shuffle=False, seed=0, what="evaluate data",
@@ -138,6 +141,7 @@ def predict(pm: Any, x: Any, *, batch_size: int | None = None, verbose: Any = "a
     zeros and the padding's outputs cut off, when the rows cannot affect each other: a
     program without variable writes (the inference graph has none); otherwise it is
     refused with the fix."""
+    check_steps(pm.model, "predict")
     b = _global_batch(pm, batch_size)
     cbs, view = _callback_list(pm, callbacks, verbose,
                                _capped(_num_predict_batches(x, b), steps))

@@ -58,6 +58,7 @@ from tapas.execution.api.callbacks import (CALLBACK_STATE, REFUSED_CALLBACKS, Ca
                                        restore_callback_states)
 from tapas.execution.api import fit_arguments
 from tapas.execution.api.evaluation import evaluate, predict, validate
+from tapas.execution.api.overrides import check_steps
 from tapas.execution.api.fit_data import _Data, _Stream
 from tapas.execution.api.fit_checkpoints import (FIT_STATE, FitState, callback_arrays,
                                              clean_temporaries, latest_checkpoint,
@@ -135,6 +136,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         checkpoint_dir, checkpoint_every, resume = backup[:3]
     user_callbacks = check_callbacks(callbacks)
     fit_arguments.validates(0, validation_freq)   # refused now if malformed
+    check_steps(pm.model, "fit")
+    if validation_data is not None or validation_split:
+        check_steps(pm.model, "validation")
     x, y, sample_weight, validation_data = fit_arguments.split_for_validation(
         x, y, sample_weight, validation_split, validation_data)
     x, sample_weight = fit_arguments.by_class(x, y, sample_weight, class_weight)

@@ -267,7 +267,10 @@ class ParallelModel:
         hyper-parameters) and the weights and losses after them. Trains ``self.model`` as
         the reference; needs a fresh ParallelModel (no step taken yet). ``on_step(step,
         loss, keras_loss, seconds of the parallel step)`` is called after each step
-        (``tapas.execution.checking.verify.verify_with_keras``)."""
+        (``tapas.execution.checking.verify.verify_with_keras``). A model class with its own
+        ``train_step`` or ``compute_loss`` is refused (``tapas.execution.api.overrides``)."""
+        from tapas.execution.api.overrides import check_steps
+        check_steps(self.model, "verify")
         return verify.verify_with_keras(self, self.inputs.flatten(x), y, steps, on_step)
 
 

@@ -199,7 +199,17 @@ def deduplicated(grad: Any) -> Any:
 
 def loss(obj: Any) -> Any:
     """The Keras 3 loss equivalent to a ``tf_keras`` loss object (same class, same
-    settings, the reduction renamed)."""
+    settings, the reduction renamed). Hugging Face's ``dummy_loss`` (what its TF models
+    compile when given no loss: the model computes its own loss from labels in ``x``) is
+    refused with the fix."""
+    if getattr(obj, "__name__", "") == "dummy_loss" and \
+            str(getattr(obj, "__module__", "")).startswith("transformers"):
+        raise ValueError(
+            "the model was compiled without a loss: a Hugging Face TF model then computes "
+            "its own loss from labels passed inside x (transformers' dummy_loss), which the "
+            "parallel program does not take; compile it with the loss of its head, e.g. "
+            "model.compile(optimizer, loss=tf_keras.losses.SparseCategoricalCrossentropy("
+            "from_logits=True)), and pass the labels as y")
     if not is_keras2(obj):
         return obj
     cls = _twin(obj, keras.losses, keras.losses.Loss, "loss",
