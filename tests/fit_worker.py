@@ -668,6 +668,96 @@ def check_keras_conveniences() -> dict[str, Any]:
             "weights": weights_close(pm, ref)}
 
 
+class Batches(keras.utils.PyDataset):
+    """Global batches of (x, y) by index, recording the indices asked and the epoch hooks."""
+
+    def __init__(self, x: Any, y: Any) -> None:
+        super().__init__()
+        self.x, self.y = x, y
+        self.asked: list[int] = []
+        self.begins = self.ends = 0
+
+    def __len__(self) -> int:
+        return len(self.y) // B
+
+    def __getitem__(self, i: int) -> Any:
+        self.asked.append(int(i))
+        rows = slice(i * B, (i + 1) * B)
+        return {k: v[rows] for k, v in self.x.items()}, self.y[rows]
+
+    def on_epoch_begin(self) -> None:
+        self.begins += 1
+
+    def on_epoch_end(self) -> None:
+        self.ends += 1
+
+
+def generator(x: Any, y: Any, batches: int) -> Any:
+    for i in range(batches):
+        rows = slice(i * B, (i + 1) * B)
+        yield {k: v[rows] for k, v in x.items()}, y[rows]
+
+
+def check_python_data() -> dict[str, Any]:
+    """A keras.utils.PyDataset and a Python generator, as Keras's fit, evaluate and predict
+    take them, against Keras's on one device (40 examples: 5 full global batches)."""
+    x, y = data(40)
+    xv, yv = data(16, seed=1)
+    out: dict[str, Any] = {}
+
+    def keras_ref() -> keras.Model:
+        ref = build()
+        ref.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
+                    jit_compile=False)
+        return ref
+
+    # a PyDataset with a PyDataset for validation, 3 epochs
+    pm, ref = parallel_model("sgd", 0.05), keras_ref()
+    ours_ds, val_ds = Batches(x, y), Batches(xv, yv)
+    h = pm.fit(ours_ds, epochs=3, shuffle=False, verbose=0, validation_data=val_ds)
+    rh = ref.fit(Batches(x, y), epochs=3, shuffle=False, verbose=0,
+                 validation_data=Batches(xv, yv))
+    out["pydataset"] = {k: close(h.history[k], rh.history[k]) for k in ("loss", "val_loss")}
+    out["pydataset"]["weights"] = weights_close(pm, ref)
+    out["pydataset"]["hooks"] = [ours_ds.begins, ours_ds.ends, ours_ds.asked[:5]]
+    out["evaluate"] = close(pm.evaluate(Batches(xv, yv), verbose=0),
+                            ref.evaluate(Batches(xv, yv), verbose=0))
+    out["predict"] = close(pm.predict(Batches(x, y), verbose=0),
+                           ref.predict(Batches(x, y), verbose=0))
+    out["predict_generator"] = close(pm.predict(generator(x, y, 5), verbose=0),
+                                     ref.predict(generator(x, y, 5), verbose=0))
+    # shuffled: each pass a permutation of the batches drawn from the seed
+    shuffled = Batches(x, y)
+    parallel_model("sgd", 0.05).fit(shuffled, epochs=2, shuffle=True, seed=3, verbose=0)
+    out["shuffled"] = [shuffled.asked[1:6], shuffled.asked[6:11]]   # (asked[0]: the peek)
+    # a generator read as one stream over epochs of 2 steps
+    pm, ref = parallel_model("sgd", 0.05), keras_ref()
+    h = pm.fit(generator(x, y, 5), epochs=2, steps_per_epoch=2, verbose=0)
+    rh = ref.fit(generator(x, y, 5), epochs=2, steps_per_epoch=2, verbose=0)
+    out["generator"] = {"loss": close(h.history["loss"], rh.history["loss"]),
+                        "weights": weights_close(pm, ref)}
+    # one that runs out: the epochs before equal Keras's, then training stops
+    pm, ref = parallel_model("sgd", 0.05), keras_ref()
+    h = pm.fit(generator(x, y, 3), epochs=4, steps_per_epoch=2, verbose=0)
+    rh = ref.fit(generator(x, y, 3), epochs=4, steps_per_epoch=2, verbose=0)
+    out["ran_out"] = {"epochs": len(h.history["loss"]),
+                      "loss": close(h.history["loss"], rh.history["loss"][:2]),
+                      "steps": int(pm.runtime.iterations.numpy())}
+    refused = {}
+    for name, call in (
+            ("y", lambda: pm.fit(Batches(x, y), y, verbose=0)),
+            ("validation", lambda: pm.fit(x, y, verbose=0,
+                                          validation_data=generator(xv, yv, 2))),
+            ("no_targets", lambda: pm.fit((v for v in [x]), verbose=0))):
+        try:
+            call()
+            refused[name] = "ran"
+        except ValueError as e:
+            refused[name] = str(e)
+    out["refused"] = refused
+    return out
+
+
 def fit_task() -> int:
     cfg = devices.tf_config()
     return int(cfg["task"]["index"]) if cfg else 0
@@ -676,6 +766,7 @@ def fit_task() -> int:
 if __name__ == "__main__":
     run_checks({"keras": check_keras, "resume": check_resume, "workers": check_workers,
                 "weighted": check_weighted_steps, "inference": check_inference_mode,
-                "long_fit": check_long_fit, "conveniences": check_keras_conveniences},
+                "long_fit": check_long_fit, "conveniences": check_keras_conveniences,
+                "python_data": check_python_data},
                JOB["checks"])
     finish()

@@ -35,7 +35,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("fit"))
     (res,) = run_worker(WORKER, {"devices": 2, "dir": d,
                                  "checks": ["keras", "resume", "weighted", "inference",
-                                            "conveniences"]},
+                                            "conveniences", "python_data"]},
                         1, 300.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
@@ -211,6 +211,29 @@ def _numbers(a: str, b: str, tol: float) -> bool:
         return False
     return all(abs(float(u) - float(v)) <= tol for u, v in
                zip(re.findall(pattern, a), re.findall(pattern, b)))
+
+
+def test_a_pydataset_and_a_generator_train_evaluate_and_predict_as_keras(two: dict) -> None:
+    """keras.utils.PyDataset (with one for validation) and Python generators, as Keras's
+    fit, evaluate and predict take them: History, weights and outputs equal Keras's; the
+    PyDataset's epoch hooks once per pass; shuffled, a permutation of its batches per pass;
+    a generator that runs out stops training (after Keras's same epochs) with a warning;
+    what Keras refuses or cannot repeat refused with the fix."""
+    r = two["python_data"]
+    for key in ("loss", "val_loss", "weights"):
+        assert r["pydataset"][key]["ok"], (key, r["pydataset"])
+    assert r["pydataset"]["hooks"] == [3, 3, [0, 0, 1, 2, 3]]   # (index 0 read once first)
+    for key in ("evaluate", "predict", "predict_generator"):
+        assert r[key]["ok"], (key, r[key])
+    first, second = r["shuffled"]
+    assert sorted(first) == sorted(second) == [0, 1, 2, 3, 4] and first != second
+    assert r["generator"]["loss"]["ok"] and r["generator"]["weights"]["ok"], r["generator"]
+    assert r["ran_out"]["epochs"] == 2 and r["ran_out"]["steps"] == 3, r["ran_out"]
+    assert r["ran_out"]["loss"]["ok"], r["ran_out"]
+    refused = r["refused"]
+    assert "y was given with a PyDataset" in refused["y"] and "leave y out" in refused["y"]
+    assert "a generator is read once" in refused["validation"]
+    assert "(x, y) pairs" in refused["no_targets"]
 
 
 def test_sample_weights_weigh_the_loss_as_keras(two: dict) -> None:

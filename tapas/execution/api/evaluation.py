@@ -22,6 +22,8 @@ or ``predict_step`` is refused (:mod:`.overrides`).
 
 from __future__ import annotations
 
+import itertools
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -104,8 +106,8 @@ def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:
     of at most the global batch, one array per input in the program's order."""
     signature = pm.inputs
     names = list(signature.names)
-    if isinstance(x, tf.data.Dataset):
-        for element in x.as_numpy_iterator():
+    if isinstance(x, (tf.data.Dataset, keras.utils.PyDataset, types.GeneratorType)):
+        for element in _elements(x):
             if isinstance(element, tuple) and 1 <= len(element) <= 3:
                 element = element[0]   # (x, y[, sample_weight]) as Keras unpacks it
             yield [np.asarray(v) for v in
@@ -123,8 +125,30 @@ def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:
         yield [v[start:start + b] for v in leaves]
 
 
+def _elements(x: Any) -> Iterator[Any]:
+    """The elements of a dataset, a ``keras.utils.PyDataset`` (its batches in order, with
+    its epoch hooks) or a generator; a list element as a tuple, as Keras takes it."""
+    if isinstance(x, tf.data.Dataset):
+        yield from x.as_numpy_iterator()
+        return
+    if isinstance(x, keras.utils.PyDataset):
+        x.on_epoch_begin()
+        indices = itertools.count() if x.num_batches is None else range(x.num_batches)
+        elements: Iterator[Any] = (x[i] for i in indices)
+    else:
+        elements = x
+    for element in elements:
+        yield tuple(element) if isinstance(element, list) else element
+    if isinstance(x, keras.utils.PyDataset):
+        x.on_epoch_end()
+
+
 def _num_predict_batches(x: Any, b: int) -> int | None:
     """How many batches :func:`_predict_batches` yields, when known beforehand."""
+    if isinstance(x, keras.utils.PyDataset):
+        return x.num_batches
+    if isinstance(x, types.GeneratorType):
+        return None
     if isinstance(x, tf.data.Dataset):
         card = int(x.cardinality().numpy())
         return card if card >= 0 else None

@@ -3,8 +3,8 @@ with Keras callbacks, periodic atomic checkpoints, resume, progress and TensorBo
 
 In:  a ParallelModel; the data: NumPy arrays (one array, a list in the program's input
      order, a dict keyed by input name or the model's own structure, as
-     ``tapas.execution.runtime.inputs`` takes a batch) with targets ``y``, or a ``tf.data.Dataset``
-     of ``(x, y)`` *global* batches; epochs, ``steps_per_epoch``, validation data, Keras
+     ``tapas.execution.runtime.inputs`` takes a batch) with targets ``y``, or a ``tf.data.Dataset``,
+     a ``keras.utils.PyDataset`` or a Python generator of ``(x, y)`` *global* batches; epochs, ``steps_per_epoch``, validation data, Keras
      callbacks, and the checkpoint options (a directory, every K steps, how many to keep,
      resume).
 Out: :func:`fit` returns a ``keras.callbacks.History`` (``loss`` per epoch, the mean of the
@@ -44,6 +44,7 @@ import math
 import re
 import shutil
 import time
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -167,6 +168,8 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     for epoch in range(state.epoch, epochs):
         loop.begin_epoch(epoch)
         logs = loop.train_epoch(logs)
+        if loop.stream.exhausted and loop.state.loss_count == 0:
+            break   # a generator that ran out before the epoch's first step (warned)
         epoch_logs = loop.end_epoch(
             epoch, val if fit_arguments.validates(epoch, validation_freq) else None,
             validation_steps)
@@ -254,6 +257,14 @@ class _Loop:
             position = (stream.pass_index, stream.position)
             batch = stream.next(roll=every is not None)
             if batch is None:
+                if stream.exhausted:   # as Keras's fit: a warning, and training stops
+                    logging.warning("%s: the generator ran out of data after %d batches; "
+                                    "training stops at epoch %d (a generator is read once: "
+                                    "make it yield at least steps_per_epoch x epochs "
+                                    "batches, or give a keras.utils.PyDataset or a "
+                                    "tf.data.Dataset, read again every epoch)",
+                                    self.data.what, state.batches_consumed, state.epoch + 1)
+                    self.view.stop_training = True
                 break
             if pending:   # (at the epoch's end, the epoch-end checkpoint takes its place)
                 self.checkpoint(position)
@@ -418,12 +429,16 @@ def _backup_and_restore(callbacks: Any, checkpoint_dir: str | None,
 
 
 def _split_validation(validation_data: Any) -> tuple[Any, Any, Any]:
-    if isinstance(validation_data, tf.data.Dataset):
+    if isinstance(validation_data, types.GeneratorType):
+        raise ValueError("validation_data: a generator is read once, and validation runs "
+                         "after every epoch: give a keras.utils.PyDataset, a tf.data.Dataset "
+                         "or arrays")
+    if isinstance(validation_data, (tf.data.Dataset, keras.utils.PyDataset)):
         return validation_data, None, None
     if isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):
         return (*validation_data, None)[:3]
     raise ValueError("validation_data: give (x_val, y_val), (x_val, y_val, "
-                     "sample_weight_val) or a tf.data.Dataset of (x, y[, sample_weight]) "
-                     f"global batches, got {type(validation_data).__name__}"
+                     "sample_weight_val), or a tf.data.Dataset or keras.utils.PyDataset of "
+                     f"(x, y[, sample_weight]) global batches, got {type(validation_data).__name__}"
                      + (f" of {len(validation_data)}" if isinstance(validation_data,
                                                                     (tuple, list)) else ""))

@@ -1,6 +1,7 @@
 """The data of a fit job (``tapas.execution.api.fit``): arrays, a ``tf.data.Dataset`` of global
-batches or a dataset function, cut into this worker's shares of each global batch, pass by
-pass, and the position in them.
+batches or a dataset function, a ``keras.utils.PyDataset`` or a Python generator of global
+batches (as Keras's ``fit`` takes them), cut into this worker's shares of each global batch,
+pass by pass, and the position in them.
 
 In:  a ParallelModel, ``x``/``y``/``sample_weight`` in the forms ``fit`` takes, the batch size,
      whether to shuffle and the seed.
@@ -14,9 +15,12 @@ Raises: ValueError naming the value, what the program takes and the fix (a batch
 
 from __future__ import annotations
 
+import itertools
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
@@ -59,7 +63,10 @@ class _Data:
         if sample_weight is not None and (callable(x) or isinstance(x, tf.data.Dataset)):
             raise ValueError(f"{self.what}: sample_weight was given with a dataset; the "
                              "dataset yields (x, y, sample_weight) triples, so leave it out")
-        if callable(x) and not isinstance(x, tf.data.Dataset):
+        self.python: Any = None                # a PyDataset or a generator
+        if is_python_data(x):
+            self._init_python(x, y, sample_weight)
+        elif callable(x) and not isinstance(x, tf.data.Dataset):
             self._init_dataset_fn(x, y)
         elif isinstance(x, tf.data.Dataset):
             self._init_dataset(x, y)
@@ -146,6 +153,66 @@ class _Data:
         self.num_batches = card if card >= 0 and static else None
         self._set_shares(first.rank or 1)
 
+    def _init_python(self, x: Any, y: Any, sample_weight: Any) -> None:
+        """A ``keras.utils.PyDataset`` (``x[i]`` the i-th batch; ``on_epoch_begin`` and
+        ``on_epoch_end`` around each pass, as Keras calls them; with ``shuffle`` the batches
+        in an order drawn from the seed) or a Python generator (read once, as one stream), each
+        batch ``(x, y)`` or ``(x, y, sample_weight)`` as Keras's ``fit`` takes them."""
+        kind = "PyDataset" if isinstance(x, keras.utils.PyDataset) else "generator"
+        for value, name in ((y, "y"), (sample_weight, "sample_weight")):
+            if value is not None:
+                raise ValueError(f"{self.what}: {name} was given with a {kind}, which yields "
+                                 f"(x, y[, sample_weight]) batches itself: leave {name} out")
+        self.python, self.kind = x, kind
+        if kind == "PyDataset":
+            self.num_batches = x.num_batches   # None: infinite
+            first = self._standard(x[0])
+        else:
+            self.num_batches, self._pending = None, [self._standard(next(x))]
+            first = self._pending[0]
+        self._set_shares(np.ndim(_first(first[1])))
+
+    def _standard(self, element: Any) -> tuple:
+        """A Python batch as ``(x, y[, sample_weight])`` (a list as a tuple), refused
+        without targets."""
+        element = tuple(element) if isinstance(element, list) else element
+        if not isinstance(element, tuple) or len(element) not in (2, 3):
+            raise ValueError(f"{self.what}: the {self.kind} yields "
+                             f"{_describe_spec(element)}; fit needs (x, y) pairs or (x, y, "
+                             "sample_weight) triples of global batches")
+        return element
+
+    def _python_batches(self, pass_index: int, skip: int) -> Iterator[tuple]:
+        src = self.python
+        if self.kind == "generator":   # one pass, read once (a resumed one skips its start)
+            if pass_index > 0:
+                return
+            for element in itertools.islice(self._generator(), skip, None):
+                batch = self._element(element)
+                if batch is not None:
+                    yield batch
+            return
+        n = self.num_batches
+        if n is None:   # infinite: one stream of indices
+            order: Any = itertools.count(skip)
+        elif self.shuffle:   # the batches' order, from the seed as the arrays' rows
+            order = np.random.default_rng([self.seed, pass_index]).permutation(n)[skip:]
+        else:
+            order = range(skip, n)
+        if skip == 0 and hasattr(src, "on_epoch_begin"):
+            src.on_epoch_begin()
+        for i in order:
+            batch = self._element(self._standard(src[int(i)]))
+            if batch is not None:
+                yield batch
+        src.on_epoch_end()
+
+    def _generator(self) -> Iterator[tuple]:
+        while self._pending:
+            yield self._pending.pop(0)
+        for element in self.python:
+            yield self._standard(element)
+
     def _init_arrays(self, x: Any, y: Any, sample_weight: Any) -> None:
         if y is None:
             raise ValueError(f"{self.what}: no targets; pass y=<array> with x, or a "
@@ -186,6 +253,9 @@ class _Data:
                             dropped)
 
     def batches(self, pass_index: int, skip: int) -> Iterator[tuple[list, np.ndarray]]:
+        if self.python is not None:
+            yield from self._python_batches(pass_index, skip)
+            return
         if self.dataset is not None:
             yield from self._dataset_batches(skip)
             return
@@ -201,32 +271,43 @@ class _Data:
 
     def _dataset_batches(self, skip: int) -> Iterator[tuple[list, np.ndarray]]:
         ds = self.dataset.skip(skip) if skip else self.dataset
-        whole = "global batch" if self.rows == self.batch else "worker's share of a batch"
         for element in ds.as_numpy_iterator():
-            x, y, w = element if len(element) == 3 else (*element, None)
-            rows = len(_first(y))
-            if rows < self.rows:
-                if not self.noted:
-                    logging.warning("%s: a batch of %d rows, smaller than the %s "
-                                    "(%d rows), is dropped (batch the dataset with "
-                                    "drop_remainder=True to say so)", self.what, rows, whole,
-                                    self.rows)
-                    self.noted = True
-                continue
-            if rows > self.rows:
-                raise ValueError(f"{self.what}: the dataset yields batches of {rows} rows but "
-                                 f"the program was built for a {whole} of {self.rows}: "
-                                 f"batch it with .batch({self.rows}), or parallelize again "
-                                 f"with input specs of batch {rows}")
-            y = tf.nest.map_structure(np.asarray, y)
-            if self.worker_pipelines:   # already this worker's rows
-                yield self.signature.flatten(x, self.share_shapes()), y, w
-            else:
-                xs = self.signature.flatten(x)
-                yield ([_cut(v, share) for v, share in zip(xs, self.shares)],
-                       tf.nest.map_structure(lambda v: _cut(v, self.y_share(v.shape)), y),
-                       None if w is None else tf.nest.map_structure(
-                           lambda v: _cut(v, self.w_share(np.shape(v))), w))
+            batch = self._element(element)
+            if batch is not None:
+                yield batch
+
+    def _element(self, element: tuple) -> tuple | None:
+        """A batch ``(x, y[, w])`` of a dataset or Python source as this worker's (inputs,
+        targets, weights); None for a smaller (last) batch, which is dropped with a note."""
+        whole = "global batch" if self.rows == self.batch else "worker's share of a batch"
+        source = "dataset" if self.python is None else self.kind
+        x, y, w = element if len(element) == 3 else (*element, None)
+        rows = len(_first(y))
+        if rows < self.rows:
+            if not self.noted:
+                logging.warning("%s: a batch of %d rows, smaller than the %s (%d rows), is "
+                                "dropped (batch the %s with full batches to say so)",
+                                self.what, rows, whole, self.rows, source)
+                self.noted = True
+            return None
+        if rows > self.rows:
+            raise ValueError(f"{self.what}: the {source} yields batches of {rows} rows but "
+                             f"the program was built for a {whole} of {self.rows}: "
+                             f"batch it by {self.rows}, or parallelize again "
+                             f"with input specs of batch {rows}")
+        y = tf.nest.map_structure(np.asarray, y)
+        if self.worker_pipelines:   # already this worker's rows
+            return self.signature.flatten(x, self.share_shapes()), y, w
+        xs = self.signature.flatten(x)
+        return ([_cut(v, share) for v, share in zip(xs, self.shares)],
+                tf.nest.map_structure(lambda v: _cut(v, self.y_share(v.shape)), y),
+                None if w is None else tf.nest.map_structure(
+                    lambda v: _cut(v, self.w_share(np.shape(v))), w))
+
+
+def is_python_data(x: Any) -> bool:
+    """Whether ``x`` is a ``keras.utils.PyDataset`` or a Python generator."""
+    return isinstance(x, (keras.utils.PyDataset, types.GeneratorType))
 
 
 def _cut(v: Any, share: Any) -> np.ndarray:
@@ -269,13 +350,15 @@ class _Stream:
     def __init__(self, data: _Data, pass_index: int, position: int) -> None:
         self.data, self.pass_index, self.position = data, pass_index, position
         self._it: Iterator | None = None
+        self.exhausted = False
 
     def start_pass(self, pass_index: int) -> None:
         self.pass_index, self.position, self._it = pass_index, 0, None
 
     def next(self, roll: bool) -> tuple[list, np.ndarray] | None:
         """The next batch; at the end of the pass, None, or with ``roll`` the first batch
-        of the next pass."""
+        of the next pass; None when a generator, which has one pass, ran out
+        (``exhausted``)."""
         while True:
             if self._it is None:
                 self._it = self.data.batches(self.pass_index, self.position)
@@ -283,6 +366,9 @@ class _Stream:
             if b is not None:
                 self.position += 1
                 return b
+            if getattr(self.data, "kind", None) == "generator" and (roll or self.pass_index):
+                self.exhausted = True   # read once: no second pass
+                return None
             if not roll:
                 return None
             if self.position == 0:
