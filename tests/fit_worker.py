@@ -758,6 +758,68 @@ def check_python_data() -> dict[str, Any]:
     return out
 
 
+def check_model_checkpoint() -> dict[str, Any]:
+    """Keras's ModelCheckpoint (the best whole model by val_loss, the weights every epoch)
+    against Keras's fit with the same callbacks, Adam under a random plan: the files
+    written, their weights, the whole model's optimizer variables, and one more epoch of
+    Keras's fit from each loaded file."""
+    x, y = data(40)
+    xv, yv = data(16, seed=1)
+    d = os.path.join(JOB["dir"], "model_checkpoint")
+    os.makedirs(d, exist_ok=True)
+
+    def compiled() -> keras.Model:
+        model = build()
+        model.compile(keras.optimizers.Adam(0.01), keras.losses.MeanSquaredError(),
+                      jit_compile=False)
+        return model
+
+    def checkpoints(who: str) -> list[Any]:
+        return [keras.callbacks.ModelCheckpoint(f"{d}/{who}_best.keras", monitor="val_loss",
+                                                save_best_only=True),
+                keras.callbacks.ModelCheckpoint(f"{d}/{who}_{{epoch}}.weights.h5",
+                                                save_weights_only=True)]
+
+    graph = capturing.capture(build(), SPEC, training=True)
+    pm = parallel.parallelize(compiled(), SPEC, parallel.random_plan(graph, N, 1), devices=N)
+    pm.fit(x, y, epochs=3, shuffle=False, verbose=0, validation_data=(xv, yv),
+           callbacks=checkpoints("ours"))
+    compiled().fit(x, y, batch_size=B, epochs=3, shuffle=False, verbose=0,
+                   validation_data=(xv, yv), callbacks=checkpoints("keras"))
+    out: dict[str, Any] = {"files": sorted(os.listdir(d))}
+    ours, theirs = (keras.models.load_model(f"{d}/{w}_best.keras") for w in ("ours", "keras"))
+    out["best_weights"] = all(np.allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+                                  for a, b in zip(ours.weights, theirs.weights))
+    out["optimizer"] = {"names": [v.name for v in ours.optimizer.variables] ==
+                        [v.name for v in theirs.optimizer.variables],
+                        "count": len(ours.optimizer.variables),
+                        "equal": all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
+                                                 atol=1e-7) for a, b in
+                                     zip(ours.optimizer.variables, theirs.optimizer.variables)),
+                        "iterations": int(ours.optimizer.iterations.numpy())}
+    out["continued"] = close(
+        ours.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0).history["loss"],
+        theirs.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0).history["loss"])
+    per_epoch = []
+    for epoch in (1, 2, 3):
+        a, b = build(), build()
+        a.load_weights(f"{d}/ours_{epoch}.weights.h5")
+        b.load_weights(f"{d}/keras_{epoch}.weights.h5")
+        per_epoch.append(all(np.allclose(u.numpy(), v.numpy(), rtol=1e-5, atol=1e-6)
+                             for u, v in zip(a.weights, b.weights)))
+    out["weights_files"] = per_epoch
+    # another optimizer than the compiled one: its whole-model file refused with the fix
+    other = parallel.parallelize(compiled(), SPEC, parallel.random_plan(graph, N, 1),
+                                 devices=N, optimizer="sgd", learning_rate=0.1)
+    try:
+        other.fit(x, y, epochs=1, verbose=0, callbacks=[
+            keras.callbacks.ModelCheckpoint(f"{d}/other.keras")])
+        out["other_optimizer"] = "ran"
+    except ValueError as e:
+        out["other_optimizer"] = str(e)
+    return out
+
+
 def fit_task() -> int:
     cfg = devices.tf_config()
     return int(cfg["task"]["index"]) if cfg else 0
@@ -767,6 +829,6 @@ if __name__ == "__main__":
     run_checks({"keras": check_keras, "resume": check_resume, "workers": check_workers,
                 "weighted": check_weighted_steps, "inference": check_inference_mode,
                 "long_fit": check_long_fit, "conveniences": check_keras_conveniences,
-                "python_data": check_python_data},
+                "python_data": check_python_data, "model_checkpoint": check_model_checkpoint},
                JOB["checks"])
     finish()

@@ -35,7 +35,8 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("fit"))
     (res,) = run_worker(WORKER, {"devices": 2, "dir": d,
                                  "checks": ["keras", "resume", "weighted", "inference",
-                                            "conveniences", "python_data"]},
+                                            "conveniences", "python_data",
+                                            "model_checkpoint"]},
                         1, 300.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
@@ -236,6 +237,32 @@ def test_a_pydataset_and_a_generator_train_evaluate_and_predict_as_keras(two: di
     assert "(x, y) pairs" in refused["no_targets"]
 
 
+def test_model_checkpoint_writes_keras_files_equal_to_keras_fits(two: dict) -> None:
+    """Keras's ModelCheckpoint: the same files as Keras's fit (the best model by val_loss,
+    the weights of every epoch), with equal weights and optimizer variables, from which
+    Keras's fit goes on equally; a whole-model file of an optimizer the model was not
+    compiled with refused before training, with the fix."""
+    r = two["model_checkpoint"]
+    assert r["files"] == sorted([f"{w}_{e}.weights.h5" for w in ("keras", "ours")
+                                 for e in (1, 2, 3)] + ["keras_best.keras",
+                                                        "ours_best.keras"]), r["files"]
+    assert r["best_weights"] and r["weights_files"] == [True, True, True], r
+    opt = r["optimizer"]
+    assert opt["names"] and opt["equal"] and opt["count"] == 10, opt   # Adam: 2 + 2 x 4
+    assert opt["iterations"] > 0
+    assert r["continued"]["ok"], r["continued"]
+    assert "compiled with Adam, the runtime steps with SGD" in r["other_optimizer"]
+    assert "save_weights_only=True" in r["other_optimizer"]
+
+
+def test_model_checkpoint_state_is_kept_for_resume() -> None:
+    cb = keras.callbacks.ModelCheckpoint("m.keras", monitor="val_loss", save_best_only=True)
+    cb.best, cb._batches_seen_since_last_saving = 0.25, 3
+    entries, _ = fit.callback_states([cb])
+    assert entries == [{"class": "ModelCheckpoint", "state": {
+        "best": 0.25, "_batches_seen_since_last_saving": 3, "_last_batch_seen": None}}]
+
+
 def test_sample_weights_weigh_the_loss_as_keras(two: dict) -> None:
     r = two["keras"]
     assert r["weighted"]["loss"]["ok"] and r["weighted"]["val_loss"]["ok"], r["weighted"]
@@ -294,7 +321,6 @@ def test_crash_in_a_save_keeps_the_previous_checkpoint_and_resume_is_exact(two: 
 
 
 @pytest.mark.parametrize("callback,fix", [
-    (keras.callbacks.ModelCheckpoint("m.keras"), "checkpoint_dir"),
     (keras.callbacks.TensorBoard("/tmp/tb"), "tensorboard="),
 ])
 def test_unsupported_keras_callbacks_are_refused_by_name(callback, fix: str) -> None:

@@ -26,10 +26,6 @@ __all__ = ["CALLBACK_STATE", "CallbackModel", "REFUSED_CALLBACKS", "TensorBoardS
 
 #: Keras callbacks that need a Keras model's internals, and what to use instead
 REFUSED_CALLBACKS: dict[str, str] = {
-    "ModelCheckpoint": "fit(..., checkpoint_dir=DIR, checkpoint_every=K) writes sharded, "
-                       "atomic checkpoints with the optimizer state and the data position "
-                       "(ParallelModel.save(dir) writes one; to_keras() gives the Keras model "
-                       "to save)",
     "TensorBoard": "fit(..., tensorboard=LOGDIR) or tapas.execution.api.fit.TensorBoardScalars"
                    "(LOGDIR) (loss, step time, examples/s, learning rate)",
     "SwapEMAWeights": "it swaps a Keras model's variables; with use_ema the weights "
@@ -70,9 +66,10 @@ class CallbackModel:
     """What Keras callbacks see as ``self.model`` during :func:`fit`: ``stop_training``,
     ``optimizer`` (``learning_rate`` read and set, ``iterations``), ``get_weights()`` /
     ``set_weights()`` (the global weights in ``runtime.paths`` order, as EarlyStopping's
-    ``restore_best_weights`` uses them), ``history``, ``parallel_model``, ``is_chief``, and
-    ``last_step`` (the last step's global step, loss, seconds and examples); other
-    attributes are the ParallelModel's."""
+    ``restore_best_weights`` uses them), ``save_weights()`` / ``save()`` (Keras's files of
+    the trained model, as ModelCheckpoint writes them), ``history``, ``parallel_model``,
+    ``is_chief``, and ``last_step`` (the last step's global step, loss, seconds and
+    examples); other attributes are the ParallelModel's."""
 
     def __init__(self, pm: Any) -> None:
         self.parallel_model = pm
@@ -96,6 +93,25 @@ class CallbackModel:
             raise ValueError(f"set_weights got {len(weights)} arrays, the model has "
                              f"{len(paths)} weights (get_weights() order)")
         self.parallel_model.runtime.set_global_weights(dict(zip(paths, weights)))
+
+    def save_weights(self, filepath: str, overwrite: bool = True, **kwargs: Any) -> None:
+        """Keras's ``save_weights`` of the Keras model holding the global weights
+        (``to_keras``; every worker gathers, the chief writes): ModelCheckpoint's
+        ``save_weights_only=True``."""
+        model = self.parallel_model.to_keras()
+        if self.is_chief:
+            model.save_weights(filepath, overwrite=overwrite, **kwargs)
+
+    def save(self, filepath: str, overwrite: bool = True, **kwargs: Any) -> None:
+        """Keras's ``model.save`` of the Keras model holding the global weights and, in its
+        compiled optimizer, the parallel optimizer's slots, step counter and learning rate
+        (``Runtime.optimizer_to_keras``; every worker gathers, the chief writes):
+        ModelCheckpoint's whole-model files."""
+        pm = self.parallel_model
+        model = pm.to_keras()
+        pm.runtime.optimizer_to_keras(model)
+        if self.is_chief:
+            model.save(filepath, overwrite=overwrite, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.parallel_model, name)
@@ -226,6 +242,7 @@ def check_callbacks(callbacks: Any) -> list[Any]:
 CALLBACK_STATE: dict[str, tuple[str, ...]] = {
     "EarlyStopping": ("wait", "stopped_epoch", "best", "best_weights", "best_epoch"),
     "ReduceLROnPlateau": ("wait", "best", "cooldown_counter"),
+    "ModelCheckpoint": ("best", "_batches_seen_since_last_saving", "_last_batch_seen"),
 }
 
 

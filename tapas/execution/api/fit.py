@@ -136,6 +136,9 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
     if backup is not None:
         checkpoint_dir, checkpoint_every, resume = backup[:3]
     user_callbacks = check_callbacks(callbacks)
+    for cb in user_callbacks:   # a whole-model file refused now, not at the first save
+        if isinstance(cb, keras.callbacks.ModelCheckpoint) and not cb.save_weights_only:
+            pm.runtime.check_optimizer_export(pm.model)
     fit_arguments.validates(0, validation_freq)   # refused now if malformed
     check_steps(pm.model, "fit")
     if validation_data is not None or validation_split:

@@ -3,7 +3,8 @@
 In:  the runtime's shard variables and optimizer slots, or global NumPy values.
 Out: ``GlobalValues``, mixed into :class:`tapas.execution.runtime.Runtime`: every weight's
      and slot's global value (reassembled from the shards), global values cut into this
-     layout and assigned, the weights written into the Keras model, checkpoints
+     layout and assigned, the weights and the optimizer's state written into the Keras
+     model (for Keras's own saving), checkpoints
      (``tapas.execution.runtime.checkpoints``).
 Raises ``ValueError`` when the Keras model lacks one of the runtime's weights.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -22,6 +24,9 @@ from tapas.execution.program.plan import WeightLayout
 from tapas.execution.training import gathering
 
 __all__ = ["GlobalValues"]
+
+_EXPORT_FIX = ("save the weights only (ModelCheckpoint(save_weights_only=True), "
+               "to_keras().save_weights) or a resumable checkpoint (fit's checkpoint_dir)")
 
 
 class GlobalValues:
@@ -81,6 +86,56 @@ class GlobalValues:
         for p in self.paths:
             by_path[p].assign(self._global(self._vars, [p])[p])
         return model
+
+    def optimizer_to_keras(self, model: Any) -> Any:
+        """Write the optimizer's state into ``model.optimizer`` (Keras 3), so that Keras's
+        own ``model.save`` writes what the parallel optimizer holds: each weight's slots
+        (gathered one weight at a time, matched by Keras's slot names), the step counter
+        and the learning rate; the optimizer is built first when it is not. Returns it, or
+        None for a model compiled without one. ``ValueError`` names what cannot be written
+        and the fix: a Keras 2 optimizer, another class than the one the runtime steps with,
+        or state beyond the slots (a loss scale)."""
+        opt, ours = getattr(model, "optimizer", None), self.optimizer
+        if opt is None:
+            return None
+        self.check_optimizer_export(model)
+        fix = _EXPORT_FIX
+        by_path = weights_by_path(model)
+        if not opt.built:
+            opt.build(model.trainable_variables)
+        by_name = {v.name: v for v in opt.variables}
+        for p in self.trainable_paths:
+            prefix = by_path[p].path.replace("/", "_")
+            for k in ours.slot_names:
+                target = by_name.get(f"{prefix}_{k}")
+                if target is None:
+                    raise ValueError(f"{type(opt).__name__} of model '{model.name}' has no "
+                                     f"slot '{prefix}_{k}' for weight {p!r}: {fix}")
+                target.assign(self._global(
+                    {r: {p: s[p][k]} for r, s in self._slots.items()}, [p])[p])
+        opt.iterations.assign(int(self.iterations.numpy()))
+        if not ours.has_schedule:
+            opt.learning_rate = float(self.learning_rate.numpy())
+        return opt
+
+    def check_optimizer_export(self, model: Any) -> None:
+        """``ValueError`` when :meth:`optimizer_to_keras` cannot write this runtime's
+        optimizer state into ``model.optimizer`` (ModelCheckpoint's whole-model files
+        checked before training)."""
+        opt, ours = getattr(model, "optimizer", None), self.optimizer
+        if opt is None:
+            return
+        if not isinstance(opt, keras.optimizers.Optimizer):
+            raise ValueError(f"model '{model.name}' has a Keras 2 (tf_keras) optimizer, whose "
+                             f"state the parallel optimizer does not write: {_EXPORT_FIX}")
+        if isinstance(opt, keras.optimizers.LossScaleOptimizer) or ours.state:
+            raise ValueError(f"the optimizer keeps state beyond its slots "
+                             f"({', '.join(ours.state) or 'a loss scale'}), which Keras's "
+                             f"file would not hold as the runtime does: {_EXPORT_FIX}")
+        if type(opt) is not ours.keras_class:
+            raise ValueError(f"model '{model.name}' is compiled with "
+                             f"{type(opt).__name__}, the runtime steps with "
+                             f"{ours.keras_class.__name__}: {_EXPORT_FIX}")
 
     def save(self, path: str) -> str:
         """Write shards, optimizer slots and the step counter under directory ``path``
