@@ -217,6 +217,8 @@ def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
                              np.concatenate([w.numpy().ravel() for w in ref.weights]),
                              values=False)
         r["evaluate"] = close(pm.evaluate(xv, yv, sample_weight=wv), ref_eval)
+        r["predict"] = same_structure(pm.predict(xv, verbose=0),
+                                      ref.predict(xv, batch_size=B, verbose=0))
         if name.startswith("random:"):   # verify: Keras's compiled loss and model.losses
             fresh = parallel.parallelize(build(), SPEC, plan, devices=N)
             report = fresh.verify(x[:B], _rows(y, B), steps=2)
@@ -228,6 +230,54 @@ def compare_fit(kind: str, build: Callable[[], keras.Model], kernel_of: Callable
                                        ref.evaluate(xv, by_name, batch_size=B, verbose=0))
         out[name] = r
     return out
+
+
+def same_structure(ours: Any, theirs: Any) -> dict[str, Any]:
+    """Whether two predictions have the same structure (dict, list, tuple, array) and
+    values (rtol 1e-5)."""
+    kinds = [type(v).__name__ for v in (ours, theirs)]
+    try:
+        keras.tree.assert_same_structure(ours, theirs)
+    except (ValueError, TypeError) as e:
+        return {"ok": False, "kinds": kinds, "error": str(e)[:300]}
+    return {"ok": kinds[0] == kinds[1] and all(
+        np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in
+        zip(keras.tree.flatten(ours), keras.tree.flatten(theirs))), "kinds": kinds}
+
+
+def check_dict_outputs() -> dict[str, Any]:
+    """A model whose outputs are a dict, compiled with a loss per output name, fit on a
+    dict of targets under a random plan: History, weights and predict's dict against
+    Keras's."""
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        x = keras.Input((6,), name="x")
+        h = keras.layers.Dense(16, activation="relu")(x)
+        model = keras.Model(x, {"value": keras.layers.Dense(3, name="value")(h),
+                                "label": keras.layers.Dense(4, name="label")(h)})
+        model.compile(optimizer=keras.optimizers.SGD(LR),
+                      loss={"value": "mse", "label": keras.losses.
+                            SparseCategoricalCrossentropy(from_logits=True)},
+                      jit_compile=False)
+        return model
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 6)).astype("float32")
+    y = {"value": rng.standard_normal((40, 3)).astype("float32"),
+         "label": rng.integers(0, 4, (40,))}
+    ref = build()
+    want = ref.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0)
+    graph = capturing.capture(build(), SPEC, training=True)
+    model = build()
+    pm = parallel.parallelize(model, SPEC, parallel.random_plan(graph, N, 1), devices=N)
+    got = pm.fit(x, y, epochs=2, shuffle=False, verbose=0)
+    pm.to_keras()
+    return {"history": close(got.history["loss"], want.history["loss"]),
+            "weights": close(np.concatenate([w.numpy().ravel() for w in model.weights]),
+                             np.concatenate([w.numpy().ravel() for w in ref.weights]),
+                             values=False),
+            "predict": same_structure(pm.predict(x, verbose=0),
+                                      ref.predict(x, batch_size=B, verbose=0))}
 
 
 def check_classifier() -> dict[str, Any]:
@@ -329,5 +379,6 @@ def check_call_losses() -> dict[str, Any]:
 if __name__ == "__main__":
     run_checks({"classifier": check_classifier, "binary": check_binary,
                 "two_outputs": check_two_outputs, "call_losses": check_call_losses,
-                "resume": check_resume, "workers": check_workers}, JOB["checks"])
+                "resume": check_resume, "workers": check_workers,
+                "dict_outputs": check_dict_outputs}, JOB["checks"])
     finish()

@@ -36,7 +36,8 @@ def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     d = str(tmp_path_factory.mktemp("model_losses"))
     (res,) = run_worker(WORKER, {"devices": request.param, "dir": d,
                                  "checks": ["classifier", "binary", "two_outputs",
-                                            "call_losses", "resume"]}, 1, 600.0)
+                                            "call_losses", "resume", "dict_outputs"]},
+                        1, 600.0)
     for name, r in res.items():
         assert "error" not in r, (name, r.get("traceback"))
     return res
@@ -59,6 +60,7 @@ def _check_plans(r: dict, metrics: set[str]) -> None:
             assert c["ok"], (name, key, c)
         assert p["weights"]["ok"], (name, p["weights"])
         assert p["evaluate"]["ok"], (name, p["evaluate"])
+        assert p["predict"]["ok"], (name, p["predict"])   # Keras's structure and values
         assert p["audit"]["matches"], (name, p["audit"])
         if name.startswith("random:"):
             assert p["verify"]["ok"], (name, p["verify"])
@@ -102,6 +104,16 @@ def test_two_outputs_with_loss_weights_and_sample_weights_equal_keras_fit(
     for name in _plans(r):
         assert r[name]["evaluate_dict"]["ok"], (name, r[name]["evaluate_dict"])
         assert len(r[name]["evaluate"]["ours"]) == 5   # loss, 2 losses, 2 metrics
+
+
+def test_dict_outputs_train_and_predict_as_keras(results: dict) -> None:
+    """Outputs as a dict, a loss per output name, a dict of targets: History and weights
+    equal Keras's fit, and predict returns Keras's dict of arrays."""
+    r = results["dict_outputs"]
+    assert r["history"]["ok"] and r["weights"]["ok"], r
+    assert r["predict"]["ok"] and r["predict"]["kinds"] == ["dict", "dict"], r["predict"]
+    two = results["two_outputs"]["searched"]["predict"]
+    assert two["ok"] and two["kinds"] == ["list", "list"], two   # a list stays a list
 
 
 def test_losses_the_call_adds_equal_keras_fit(results: dict) -> None:

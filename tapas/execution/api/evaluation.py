@@ -6,7 +6,7 @@ In:  a ParallelModel; the data as :mod:`tapas.execution.api.fit` takes it (array
      ``sample_weight``, ``verbose`` and ``callbacks`` as Keras's.
 Out: :func:`evaluate` the mean loss over the global batches (with compiled metrics
      ``[loss, metric...]`` in Keras's order, or a dict); :func:`predict` the outputs of every
-     example, concatenated; :func:`validate` the logs of one pass, which ``fit`` calls with
+     example, concatenated, in the structure the model returns them (a dict, a list...); :func:`validate` the logs of one pass, which ``fit`` calls with
      its own callbacks.
 
 Both run in inference mode, as Keras's (``pm.for_inference()``: dropout off, batch norm's
@@ -193,12 +193,24 @@ def predict(pm: Any, x: Any, *, batch_size: int | None = None, verbose: Any = "a
         result = ev.runtime.predict(ev.inputs.flatten(chunk))
         result = result if isinstance(result, list) else [result]
         outs.append([r[:rows] for r in result])
-        cbs.on_predict_batch_end(count, {"outputs": outs[-1][0] if len(outs[-1]) == 1
-                                         else list(outs[-1])})
+        cbs.on_predict_batch_end(count, {"outputs": _structured(pm, outs[-1])})
         if view.stop_predicting:
             break
     if not outs:
         raise ValueError("predict data: no examples")
     cbs.on_predict_end()
-    joined = [np.concatenate([o[k] for o in outs]) for k in range(len(outs[0]))]
-    return joined[0] if len(joined) == 1 else joined
+    return _structured(pm, [np.concatenate([o[k] for o in outs]) for k in range(len(outs[0]))])
+
+
+def _structured(pm: Any, arrays: list[np.ndarray]) -> Any:
+    """The outputs in the structure the model's call returns them (a dict for a model
+    with a dict of outputs, as Keras's ``predict``), one array for a single output."""
+    structure = getattr(getattr(pm.trace, "concrete_function", None), "structured_outputs",
+                        None)
+    if structure is not None and len(tf.nest.flatten(structure)) == len(arrays):
+        packed = tf.nest.pack_sequence_as(structure, arrays)
+    else:
+        packed = arrays
+    if isinstance(packed, (list, tuple)) and len(packed) == 1:
+        return packed[0]
+    return packed

@@ -177,8 +177,9 @@ class ParallelModel:
 
     def predict(self, x: Any, *, batch_size: int | None = None, verbose: Any = "auto",
                 steps: int | None = None, callbacks: Any = None) -> Any:
-        """The model's outputs for every example of ``x`` (arrays, or a ``tf.data.Dataset``;
-        a list when it has several outputs), one global batch at a time, as Keras's
+        """The model's outputs for every example of ``x`` (arrays, a ``tf.data.Dataset``, a
+        PyDataset or a generator; in the model's output structure, e.g. a dict of
+        arrays), one global batch at a time, as Keras's
         ``predict``: in inference mode (``for_inference``: dropout off, batch norm on its
         moving statistics, nothing updated) on this program's weights, with Keras's
         progress bar and ``on_predict_*`` hooks (``tapas.execution.api.evaluation``). The
