@@ -784,9 +784,25 @@ def check_model_checkpoint() -> dict[str, Any]:
     pm = parallel.parallelize(compiled(), SPEC, parallel.random_plan(graph, N, 1), devices=N)
     pm.fit(x, y, epochs=3, shuffle=False, verbose=0, validation_data=(xv, yv),
            callbacks=checkpoints("ours"))
-    compiled().fit(x, y, batch_size=B, epochs=3, shuffle=False, verbose=0,
-                   validation_data=(xv, yv), callbacks=checkpoints("keras"))
+    ref = compiled()
+    ref.fit(x, y, batch_size=B, epochs=3, shuffle=False, verbose=0,
+            validation_data=(xv, yv), callbacks=checkpoints("keras"))
     out: dict[str, Any] = {"files": sorted(os.listdir(d))}
+    # ParallelModel.save of a .keras path and save_weights: Keras's files, as ref's
+    final = os.path.join(JOB["dir"], "final")
+    os.makedirs(final, exist_ok=True)
+    pm.save(f"{final}/ours.keras")
+    pm.save_weights(f"{final}/ours.weights.h5")
+    ours, theirs = keras.models.load_model(f"{final}/ours.keras"), build()
+    theirs.load_weights(f"{final}/ours.weights.h5")
+    out["save"] = {"weights": all(np.allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+                                  for a, b in zip(ours.weights, ref.weights)),
+                   "save_weights": all(np.allclose(a.numpy(), b.numpy(), rtol=1e-5,
+                                                   atol=1e-6)
+                                       for a, b in zip(theirs.weights, ref.weights)),
+                   "optimizer": all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
+                                                atol=1e-7) for a, b in
+                                    zip(ours.optimizer.variables, ref.optimizer.variables))}
     ours, theirs = (keras.models.load_model(f"{d}/{w}_best.keras") for w in ("ours", "keras"))
     out["best_weights"] = all(np.allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
                                   for a, b in zip(ours.weights, theirs.weights))

@@ -240,7 +240,8 @@ def test_a_pydataset_and_a_generator_train_evaluate_and_predict_as_keras(two: di
 def test_model_checkpoint_writes_keras_files_equal_to_keras_fits(two: dict) -> None:
     """Keras's ModelCheckpoint: the same files as Keras's fit (the best model by val_loss,
     the weights of every epoch), with equal weights and optimizer variables, from which
-    Keras's fit goes on equally; a whole-model file of an optimizer the model was not
+    Keras's fit goes on equally; ParallelModel.save of a .keras path and save_weights
+    equal to the Keras model's state after Keras's fit; a whole-model file of an optimizer the model was not
     compiled with refused before training, with the fix."""
     r = two["model_checkpoint"]
     assert r["files"] == sorted([f"{w}_{e}.weights.h5" for w in ("keras", "ours")
@@ -251,6 +252,7 @@ def test_model_checkpoint_writes_keras_files_equal_to_keras_fits(two: dict) -> N
     assert opt["names"] and opt["equal"] and opt["count"] == 10, opt   # Adam: 2 + 2 x 4
     assert opt["iterations"] > 0
     assert r["continued"]["ok"], r["continued"]
+    assert r["save"] == {"weights": True, "save_weights": True, "optimizer": True}, r["save"]
     assert "compiled with Adam, the runtime steps with SGD" in r["other_optimizer"]
     assert "save_weights_only=True" in r["other_optimizer"]
 

@@ -22,7 +22,7 @@ import tensorflow as tf
 from absl import logging
 
 __all__ = ["CALLBACK_STATE", "CallbackModel", "REFUSED_CALLBACKS", "TensorBoardScalars",
-           "callback_states", "check_callbacks", "restore_callback_states"]
+           "callback_states", "check_callbacks", "restore_callback_states", "save_keras"]
 
 #: Keras callbacks that need a Keras model's internals, and what to use instead
 REFUSED_CALLBACKS: dict[str, str] = {
@@ -95,26 +95,30 @@ class CallbackModel:
         self.parallel_model.runtime.set_global_weights(dict(zip(paths, weights)))
 
     def save_weights(self, filepath: str, overwrite: bool = True, **kwargs: Any) -> None:
-        """Keras's ``save_weights`` of the Keras model holding the global weights
-        (``to_keras``; every worker gathers, the chief writes): ModelCheckpoint's
-        ``save_weights_only=True``."""
-        model = self.parallel_model.to_keras()
-        if self.is_chief:
-            model.save_weights(filepath, overwrite=overwrite, **kwargs)
+        """ModelCheckpoint's ``save_weights_only=True``: :func:`save_keras`."""
+        save_keras(self.parallel_model, filepath, weights_only=True, overwrite=overwrite,
+                   **kwargs)
 
     def save(self, filepath: str, overwrite: bool = True, **kwargs: Any) -> None:
-        """Keras's ``model.save`` of the Keras model holding the global weights and, in its
-        compiled optimizer, the parallel optimizer's slots, step counter and learning rate
-        (``Runtime.optimizer_to_keras``; every worker gathers, the chief writes):
-        ModelCheckpoint's whole-model files."""
-        pm = self.parallel_model
-        model = pm.to_keras()
-        pm.runtime.optimizer_to_keras(model)
-        if self.is_chief:
-            model.save(filepath, overwrite=overwrite, **kwargs)
+        """ModelCheckpoint's whole-model files: :func:`save_keras`."""
+        save_keras(self.parallel_model, filepath, overwrite=overwrite, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.parallel_model, name)
+
+
+def save_keras(pm: Any, filepath: str, weights_only: bool = False, **kwargs: Any) -> str:
+    """Keras's own file of the trained model at ``filepath``: ``save_weights`` of the
+    Keras model holding the global weights (``to_keras``), or ``model.save`` with, in its
+    compiled optimizer, the parallel optimizer's slots, step counter and learning rate
+    (``Runtime.optimizer_to_keras``). Every worker gathers (call it on all), the chief
+    writes; returns ``filepath``."""
+    model = pm.to_keras()
+    if not weights_only:
+        pm.runtime.optimizer_to_keras(model)
+    if pm.runtime.task_id == 0:
+        (model.save_weights if weights_only else model.save)(filepath, **kwargs)
+    return filepath
 
 
 def _scalar(name: str, value: float) -> None:

@@ -11,10 +11,9 @@ In:  a Keras model, its input specs (static ``tf.TensorSpec`` s: one, a list, a 
      built or changed: ``tapas.execution.training.keras_optimizer``) and a loss.
 Out: :class:`ParallelModel` with ``train_step(x, y)``, ``fit(...)`` (Keras-style, with
      callbacks, checkpoints and resume: ``tapas.execution.api.fit``), ``predict(x)``,
-     ``evaluate(x, y)``,
-     ``gradients(x, y)``, ``save(path)``, ``restore(path)``, ``to_keras()``, ``audit()``
-     (the collectives of the reconstructed program against the strategy's prediction) and
-     ``verify(...)`` (the
+     ``evaluate(x, y)``, ``gradients(x, y)``, ``save(path)``, ``save_weights(path)``,
+     ``restore(path)``, ``to_keras()``, ``audit()`` (the collectives of the reconstructed
+     program against the strategy's prediction) and ``verify(...)`` (the
      single-device Keras model side by side). A batch ``x`` takes every form Keras
      accepts for the model (``tapas.execution.runtime.inputs``: one array, a list in
      ``model.inputs`` order, a dict keyed by input name, the model's own structure).
@@ -53,6 +52,7 @@ from tapas.execution.training.compiled_loss import output_losses
 from tapas.execution.training.keras_optimizer import check_supported, resolve_optimizer
 from tapas.execution.runtime.devices import make_strategy
 from tapas.execution.checking.audit import AuditReport, predicted_comm_list
+from tapas.execution.api.callbacks import save_keras
 from tapas.planning.cost import Cluster
 
 __all__ = ["parallelize", "ParallelModel", "random_plan", "loss_object"]
@@ -117,7 +117,6 @@ class ParallelModel:
                  signature: inputs.InputSignature | None = None,
                  compiled_loss: bool = False) -> None:
         self.model, self.trace, self.graph = model, trace, graph
-        # the model's inputs: names, specs, the structure Keras takes (tapas.execution.runtime.inputs)
         self.inputs = signature or inputs.InputSignature.of(model, trace.input_specs)
         # what a program of one mesh row is captured with (the global inputs in 1-D)
         self.row_inputs = self.inputs.per_row(rt.rows)
@@ -219,8 +218,11 @@ class ParallelModel:
         step (training mode: the forward pass advances seeds and moving statistics)."""
         return self.runtime.gradients(self.inputs.flatten(x), y)
 
-    def save(self, path: str) -> str:
-        return self.runtime.save(path)
+    def save(self, path: str) -> str:   # a .keras path: Keras's file (callbacks.save_keras)
+        return save_keras(self, path) if path.endswith(".keras") else self.runtime.save(path)
+
+    def save_weights(self, path: str) -> str:   # Keras's .weights.h5 of the global weights
+        return save_keras(self, path, weights_only=True)
 
     def restore(self, path: str) -> str:
         return self.runtime.restore(path)
