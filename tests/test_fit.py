@@ -181,9 +181,11 @@ def test_evaluate_and_predict_call_callbacks_and_print_as_keras(two: dict) -> No
         assert abs(ours["loss"] - keras_["loss"]) < 1e-5, (verbose, r[verbose])
         for key in ("evaluate_hooks", "predict_hooks"):
             assert _same_hooks(ours[key], keras_[key]), (verbose, key, ours, keras_)
-        for key in ("evaluate_printed", "predict_printed"):   # values to 4 decimals
-            assert len(ours[key]) == len(keras_[key]), (verbose, key, ours, keras_)
-            for a, b in zip(ours[key], keras_[key]):
+        # values to 4 decimals; the bar's first and last lines (Keras's progress bar skips
+        # the updates that follow the previous one within 0.05 s: the middle depends on time)
+        for key in ("evaluate_printed", "predict_printed"):
+            assert bool(ours[key]) == bool(keras_[key]), (verbose, key, ours, keras_)
+            for a, b in zip(ours[key][:1] + ours[key][-1:], keras_[key][:1] + keras_[key][-1:]):
                 assert _numbers(a, b, 2e-4), (verbose, key, a, b)
     assert r["0"]["ours"]["evaluate_printed"] == r["0"]["ours"]["predict_printed"] == []
     assert any("loss: " in ln for ln in r["auto"]["ours"]["evaluate_printed"])

@@ -108,9 +108,14 @@ def test_two_outputs_with_loss_weights_and_sample_weights_equal_keras_fit(
 
 def test_dict_outputs_train_and_predict_as_keras(results: dict) -> None:
     """Outputs as a dict, a loss per output name, a dict of targets: History and weights
-    equal Keras's fit, and predict returns Keras's dict of arrays."""
+    equal Keras's fit, evaluate on 21 examples (a last batch of 5) equal Keras's, and
+    predict returns Keras's dict of arrays."""
     r = results["dict_outputs"]
     assert r["history"]["ok"] and r["weights"]["ok"], r
+    # a last partial batch counted as Keras counts it: loss, each output's, the metrics
+    assert len(r["evaluate_partial"]) == 5, r["evaluate_partial"]
+    for key, c in r["evaluate_partial"].items():
+        assert c["ok"], (key, c)
     assert r["predict"]["ok"] and r["predict"]["kinds"] == ["dict", "dict"], r["predict"]
     two = results["two_outputs"]["searched"]["predict"]
     assert two["ok"] and two["kinds"] == ["list", "list"], two   # a list stays a list

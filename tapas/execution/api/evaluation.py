@@ -69,7 +69,7 @@ def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
     ev = pm.for_inference()
     scores = metrics.Scores.of(pm.model)
     data = _Data(ev, x, y, batch_size, shuffle=False, seed=0, what="evaluate data",
-                 sample_weight=sample_weight)
+                 sample_weight=sample_weight, pad_last=exact_tail(ev.runtime))
     cbs, view = _callback_list(pm, callbacks, verbose, _capped(data.num_batches, steps))
     logs = validate(ev, data, steps, scores, cbs, view)
     return logs if return_dict else metrics.keras_order(logs, scores)
@@ -77,21 +77,27 @@ def evaluate(pm: Any, x: Any, y: Any = None, *, batch_size: int | None = None,
 
 def validate(pm: Any, val: _Data, steps: int | None, scores: metrics.Scores | None,
              cbs: Any, view: Any) -> dict[str, float]:
-    """The logs of a pass over ``val``: the mean loss, and the metrics of ``scores``
-    updated with every global batch (Keras's ``test_step``), with the ``on_test_*`` hooks of
-    ``cbs`` (``fit`` passes its own, as Keras's ``fit`` does for validation)."""
-    pm.runtime.refresh()   # an inference program's own copies of weights: current values
-    pm.runtime.set_step_values(scores is not None)
+    """The logs of a pass over ``val``: the loss averaged over the examples (each batch's
+    weighted by its examples, as Keras's loss tracker), and the metrics of ``scores``
+    updated with every global batch (Keras's ``test_step``; a last partial batch as
+    :func:`_tail` gives it), with the ``on_test_*`` hooks of ``cbs`` (``fit`` passes its
+    own, as Keras's ``fit`` does for validation)."""
+    rt = pm.runtime
+    rt.refresh()   # an inference program's own copies of weights: current values
+    rt.set_step_values(scores is not None)
     view.stop_evaluating = False
     cbs.on_test_begin()
-    total, count, logs = 0.0, 0, {}
-    for xs, yb, wb in val.batches(0, 0):
+    total, count, seen, logs = 0.0, 0, 0, {}
+    for xs, yb, wb, rows in val.batches(0, 0):
         cbs.on_test_batch_begin(count)
-        total += pm.runtime.forward_loss(xs, yb, worker_share=val.cut, sample_weight=wb)
+        loss = rt.forward_loss(xs, yb, worker_share=val.cut, sample_weight=wb)
+        values = rt.step_values if scores is not None else None
+        if rows < val.batch:   # a last batch filled up with zero-weight repeats
+            loss, values = _tail(rt, loss, values, rows, val.batch, val.had_weights)
         if scores is not None:
-            scores.update(pm.runtime.step_values)
-        count += 1
-        logs = {"loss": total / count, **(scores.results() if scores is not None else {})}
+            scores.update(values)
+        total, count, seen = total + loss * rows, count + 1, seen + rows
+        logs = {"loss": total / seen, **(scores.results() if scores is not None else {})}
         cbs.on_test_batch_end(count - 1, dict(logs))
         if (steps is not None and count >= steps) or view.stop_evaluating:
             break
@@ -99,6 +105,46 @@ def validate(pm: Any, val: _Data, steps: int | None, scores: metrics.Scores | No
         raise ValueError(f"{val.what}: no full global batch of {val.batch}")
     cbs.on_test_end(dict(logs))
     return logs
+
+
+#: loss reductions whose value on a batch with zero-weight rows is the value on its own
+#: rows times a known factor (sum_over_batch_size: the batch over the rows)
+_TAIL_REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight", "sum")
+
+
+def exact_tail(rt: Any) -> bool:
+    """Whether a last partial batch can be evaluated exactly as Keras does, filled up
+    with zero-weight repeats of its rows (:func:`validate`): every output's loss reduces
+    by one of :data:`_TAIL_REDUCTIONS`, and nothing else in the loss depends on the batch
+    or is added to it (no weight regularizer, no loss the call adds, no variable writes).
+    Otherwise the last examples are dropped, with a logged note, as before."""
+    losses = rt.output_losses or [rt.loss]
+    return (all(getattr(loss, "reduction", None) in _TAIL_REDUCTIONS for loss in losses)
+            and not getattr(rt, "regularization", None) and not rt.call_loss_placements
+            and not getattr(rt.program, "has_writes", False))
+
+
+def _tail(rt: Any, loss: float, values: Any, rows: int, b: int,
+          weighted: bool) -> tuple[float, Any]:
+    """The loss and step values of a last batch of ``rows`` examples filled up to ``b``:
+    each output's loss over its own rows (a ``sum_over_batch_size`` one times ``b /
+    rows``), and the outputs, targets and weights cut to those rows (no weights when the
+    user gave none), as Keras's ``test_step`` sees the partial batch."""
+    losses = rt.output_losses or [rt.loss]
+    factors = [b / rows if loss_fn.reduction == "sum_over_batch_size" else 1.0
+               for loss_fn in losses]
+    if len(losses) == 1:
+        loss *= factors[0]
+    if values is None:
+        return loss, None
+    outs, ys, ws, output_losses = values
+    if output_losses:
+        output_losses = [v * f for v, f in zip(output_losses, factors)]
+        weights = rt.loss_weights or [None] * len(losses)
+        loss = sum(v * (1.0 if w is None else w) for v, w in zip(output_losses, weights))
+    cut = [v[:rows] for v in outs], [v[:rows] for v in ys], \
+        ([v[:rows] for v in ws] if weighted and ws else None)
+    return loss, (*cut, output_losses)
 
 
 def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:

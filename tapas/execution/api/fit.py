@@ -21,6 +21,8 @@ Semantics (``docs/running.md``, *fit, checkpoints and resume*):
   Arrays are cut into full global batches (shuffled per epoch from ``seed`` unless
   ``shuffle=False``); the rows of a last partial batch are dropped, with a logged note. A
   dataset must yield global batches; a smaller (last) one is dropped with a note.
+  Validation and ``evaluate`` count those last examples too, as Keras's do, where that is
+  exact (``evaluation.exact_tail``).
 * An epoch is one pass over the data; with ``steps_per_epoch`` the data are one stream that
   continues across epochs and starts a new pass when it runs out.
 * Callbacks are called with Keras's hooks (``on_train_begin``, ``on_epoch_begin``,
@@ -58,7 +60,7 @@ from tapas.execution.api.callbacks import (CALLBACK_STATE, REFUSED_CALLBACKS, Ca
                                        TensorBoardScalars, callback_states, check_callbacks,
                                        restore_callback_states)
 from tapas.execution.api import fit_arguments
-from tapas.execution.api.evaluation import evaluate, predict, validate
+from tapas.execution.api.evaluation import evaluate, exact_tail, predict, validate
 from tapas.execution.api.overrides import check_steps
 from tapas.execution.api.fit_data import _Data, _Stream
 from tapas.execution.api.fit_checkpoints import (FIT_STATE, FitState, callback_arrays,
@@ -402,8 +404,9 @@ def _validation_data(pm: Any, validation_data: Any, batch_size: int | None) -> A
     if validation_data is None:
         return None
     vx, vy, vw = _split_validation(validation_data)
-    return _Data(pm.for_inference(), vx, vy, batch_size, False, 0,
-                 what="validation data", sample_weight=vw)
+    ev = pm.for_inference()
+    return _Data(ev, vx, vy, batch_size, False, 0, what="validation data",
+                 sample_weight=vw, pad_last=exact_tail(ev.runtime))
 
 
 def _backup_and_restore(callbacks: Any, checkpoint_dir: str | None,

@@ -6,8 +6,9 @@ pass by pass, and the position in them.
 In:  a ParallelModel, ``x``/``y``/``sample_weight`` in the forms ``fit`` takes, the batch size,
      whether to shuffle and the seed.
 Out: ``_Data.batches(pass, skip)`` yields (inputs in the program's order, targets, sample
-     weights or None) of each global batch after the first ``skip`` of a pass, this worker's
-     share of each; ``_Stream`` keeps the position (pass, batches into it) across epochs.
+     weights or None, its number of examples) of each global batch after the first ``skip``
+     of a pass, this worker's share of each (with ``pad_last``, a last partial batch filled
+     up with zero-weight repeats of its rows); ``_Stream`` keeps the position (pass, batches into it) across epochs.
 Raises: ValueError naming the value, what the program takes and the fix (a batch size
      other than the capture's, data that do not fit the model's inputs, a pass with no full
      global batch).
@@ -42,13 +43,84 @@ def _global_batch(pm: Any, batch_size: int | None) -> int:
     return b
 
 
-class _Data:
+class _PythonSource:
+    """:class:`_Data`'s reading of a ``keras.utils.PyDataset`` or a Python generator."""
+
+    def _init_python(self, x: Any, y: Any, sample_weight: Any) -> None:
+        """A ``keras.utils.PyDataset`` (``x[i]`` the i-th batch; ``on_epoch_begin`` and
+        ``on_epoch_end`` around each pass, as Keras calls them; with ``shuffle`` the batches
+        in an order drawn from the seed) or a Python generator (read once, as one stream), each
+        batch ``(x, y)`` or ``(x, y, sample_weight)`` as Keras's ``fit`` takes them."""
+        kind = "PyDataset" if isinstance(x, keras.utils.PyDataset) else "generator"
+        for value, name in ((y, "y"), (sample_weight, "sample_weight")):
+            if value is not None:
+                raise ValueError(f"{self.what}: {name} was given with a {kind}, which yields "
+                                 f"(x, y[, sample_weight]) batches itself: leave {name} out")
+        self.python, self.kind = x, kind
+        if kind == "PyDataset":
+            self.num_batches = x.num_batches   # None: infinite
+            first = self._standard(x[0])
+        else:
+            self.num_batches, self._pending = None, [self._standard(next(x))]
+            first = self._pending[0]
+        self._set_shares(np.ndim(_first(first[1])))
+
+    def _standard(self, element: Any) -> tuple:
+        """A Python batch as ``(x, y[, sample_weight])`` (a list as a tuple), refused
+        without targets."""
+        element = tuple(element) if isinstance(element, list) else element
+        if not isinstance(element, tuple) or len(element) not in (2, 3):
+            raise ValueError(f"{self.what}: the {self.kind} yields "
+                             f"{_describe_spec(element)}; fit needs (x, y) pairs or (x, y, "
+                             "sample_weight) triples of global batches")
+        return element
+
+    def _python_batches(self, pass_index: int, skip: int) -> Iterator[tuple]:
+        src = self.python
+        if self.kind == "generator":   # one pass, read once (a resumed one skips its start)
+            if pass_index > 0:
+                return
+            for element in itertools.islice(self._generator(), skip, None):
+                batch = self._element(element)
+                if batch is not None:
+                    yield batch
+            return
+        n = self.num_batches
+        if n is None:   # infinite: one stream of indices
+            order: Any = itertools.count(skip)
+        elif self.shuffle:   # the batches' order, from the seed as the arrays' rows
+            order = np.random.default_rng([self.seed, pass_index]).permutation(n)[skip:]
+        else:
+            order = range(skip, n)
+        if skip == 0 and hasattr(src, "on_epoch_begin"):
+            src.on_epoch_begin()
+        for i in order:
+            batch = self._element(self._standard(src[int(i)]))
+            if batch is not None:
+                yield batch
+        src.on_epoch_end()
+
+    def _generator(self) -> Iterator[tuple]:
+        while self._pending:
+            yield self._pending.pop(0)
+        for element in self.python:
+            yield self._standard(element)
+
+
+class _Data(_PythonSource):
     """Global batches of the data, pass by pass: ``batches(p, skip)`` yields the batches of
     pass ``p`` after the first ``skip``, each as (inputs in the program's order, targets,
-    sample weights or None), this worker's shares of them (``cut``)."""
+    sample weights or None, the examples in it), this worker's shares of them (``cut``).
+    With ``pad_last`` (evaluation: Keras's ``evaluate`` counts every example) a last batch
+    of fewer examples is filled up to the global batch by repeating its rows, with sample
+    weights 0 on the repeats (1 on its own rows when none were given), instead of being
+    dropped."""
 
     def __init__(self, pm: Any, x: Any, y: Any, batch_size: int | None, shuffle: bool,
-                 seed: int, what: str = "the data", sample_weight: Any = None) -> None:
+                 seed: int, what: str = "the data", sample_weight: Any = None,
+                 pad_last: bool = False) -> None:
+        self.pad_last = pad_last
+        self.had_weights = sample_weight is not None   # (a dataset's: its last element's)
         self.signature: inputs.InputSignature = pm.inputs
         self.batch = _global_batch(pm, batch_size)
         self.what, self.shuffle, self.seed = what, shuffle, seed
@@ -153,66 +225,6 @@ class _Data:
         self.num_batches = card if card >= 0 and static else None
         self._set_shares(first.rank or 1)
 
-    def _init_python(self, x: Any, y: Any, sample_weight: Any) -> None:
-        """A ``keras.utils.PyDataset`` (``x[i]`` the i-th batch; ``on_epoch_begin`` and
-        ``on_epoch_end`` around each pass, as Keras calls them; with ``shuffle`` the batches
-        in an order drawn from the seed) or a Python generator (read once, as one stream), each
-        batch ``(x, y)`` or ``(x, y, sample_weight)`` as Keras's ``fit`` takes them."""
-        kind = "PyDataset" if isinstance(x, keras.utils.PyDataset) else "generator"
-        for value, name in ((y, "y"), (sample_weight, "sample_weight")):
-            if value is not None:
-                raise ValueError(f"{self.what}: {name} was given with a {kind}, which yields "
-                                 f"(x, y[, sample_weight]) batches itself: leave {name} out")
-        self.python, self.kind = x, kind
-        if kind == "PyDataset":
-            self.num_batches = x.num_batches   # None: infinite
-            first = self._standard(x[0])
-        else:
-            self.num_batches, self._pending = None, [self._standard(next(x))]
-            first = self._pending[0]
-        self._set_shares(np.ndim(_first(first[1])))
-
-    def _standard(self, element: Any) -> tuple:
-        """A Python batch as ``(x, y[, sample_weight])`` (a list as a tuple), refused
-        without targets."""
-        element = tuple(element) if isinstance(element, list) else element
-        if not isinstance(element, tuple) or len(element) not in (2, 3):
-            raise ValueError(f"{self.what}: the {self.kind} yields "
-                             f"{_describe_spec(element)}; fit needs (x, y) pairs or (x, y, "
-                             "sample_weight) triples of global batches")
-        return element
-
-    def _python_batches(self, pass_index: int, skip: int) -> Iterator[tuple]:
-        src = self.python
-        if self.kind == "generator":   # one pass, read once (a resumed one skips its start)
-            if pass_index > 0:
-                return
-            for element in itertools.islice(self._generator(), skip, None):
-                batch = self._element(element)
-                if batch is not None:
-                    yield batch
-            return
-        n = self.num_batches
-        if n is None:   # infinite: one stream of indices
-            order: Any = itertools.count(skip)
-        elif self.shuffle:   # the batches' order, from the seed as the arrays' rows
-            order = np.random.default_rng([self.seed, pass_index]).permutation(n)[skip:]
-        else:
-            order = range(skip, n)
-        if skip == 0 and hasattr(src, "on_epoch_begin"):
-            src.on_epoch_begin()
-        for i in order:
-            batch = self._element(self._standard(src[int(i)]))
-            if batch is not None:
-                yield batch
-        src.on_epoch_end()
-
-    def _generator(self) -> Iterator[tuple]:
-        while self._pending:
-            yield self._pending.pop(0)
-        for element in self.python:
-            yield self._standard(element)
-
     def _init_arrays(self, x: Any, y: Any, sample_weight: Any) -> None:
         if y is None:
             raise ValueError(f"{self.what}: no targets; pass y=<array> with x, or a "
@@ -231,7 +243,7 @@ class _Data:
                 raise ValueError(f"{self.what}: input '{name}' has "
                                  f"{len(v) if v.ndim else 0} rows but y has {n}; give every "
                                  "input and y the same number of examples")
-        if n < self.batch:
+        if n < self.batch and not self.pad_last:
             raise ValueError(f"{self.what}: {n} examples, fewer than one global batch of "
                              f"{self.batch}; give at least {self.batch}, or parallelize with "
                              "input specs of a smaller batch")
@@ -246,7 +258,9 @@ class _Data:
                                  f"{list(self.w.shape)}, y {list(self.y.shape)}: give one "
                                  f"weight per example (shape [{n}]) or per target element")
         dropped = n - self.num_batches * self.batch
-        if dropped:
+        if dropped and self.pad_last:   # the last examples: one more, filled-up batch
+            self.num_batches += 1
+        elif dropped:
             logging.warning("%s: %d examples make %d global batches of %d; the last %d "
                             "examples of each epoch's order are dropped (the program's "
                             "batch is fixed)", self.what, n, self.num_batches, self.batch,
@@ -262,12 +276,20 @@ class _Data:
         n = len(_first(self.y))
         order = (np.random.default_rng([self.seed, pass_index]).permutation(n)
                  if self.shuffle else np.arange(n))
+        b = self.batch
         for k in range(skip, self.num_batches):
-            idx = order[k * self.batch:(k + 1) * self.batch]
+            idx = order[k * b:(k + 1) * b]
+            rows = len(idx)
+            if rows < b:   # the last examples, their rows repeated up to the batch
+                idx = idx[np.arange(b) % rows]
+            w = None if self.w is None else tf.nest.map_structure(lambda a: a[idx], self.w)
+            if rows < b:
+                w = _tail_weights(w, rows, b, self.y)
             yield (self.signature.flatten([_take(v, idx, share) for v, share in
                                            zip(self.xs, self.shares)], self.share_shapes()),
                    _take_all(self.y, idx, self.y_share),
-                   None if self.w is None else _take_all(self.w, idx, self.w_share))
+                   None if w is None else tf.nest.map_structure(
+                       lambda a: _cut(a, self.w_share(a.shape)), w), rows)
 
     def _dataset_batches(self, skip: int) -> Iterator[tuple[list, np.ndarray]]:
         ds = self.dataset.skip(skip) if skip else self.dataset
@@ -283,7 +305,10 @@ class _Data:
         source = "dataset" if self.python is None else self.kind
         x, y, w = element if len(element) == 3 else (*element, None)
         rows = len(_first(y))
-        if rows < self.rows:
+        self.had_weights = w is not None
+        if rows < self.rows and self.pad_last and not self.worker_pipelines:
+            x, y, w = _repeated(self.signature, x, y, w, rows, self.batch)
+        elif rows < self.rows:
             if not self.noted:
                 logging.warning("%s: a batch of %d rows, smaller than the %s (%d rows), is "
                                 "dropped (batch the %s with full batches to say so)",
@@ -297,12 +322,37 @@ class _Data:
                              f"with input specs of batch {rows}")
         y = tf.nest.map_structure(np.asarray, y)
         if self.worker_pipelines:   # already this worker's rows
-            return self.signature.flatten(x, self.share_shapes()), y, w
+            return self.signature.flatten(x, self.share_shapes()), y, w, rows
         xs = self.signature.flatten(x)
         return ([_cut(v, share) for v, share in zip(xs, self.shares)],
                 tf.nest.map_structure(lambda v: _cut(v, self.y_share(v.shape)), y),
                 None if w is None else tf.nest.map_structure(
-                    lambda v: _cut(v, self.w_share(np.shape(v))), w))
+                    lambda v: _cut(v, self.w_share(np.shape(v))), w), min(rows, self.batch))
+
+
+def _tail_weights(w: Any, rows: int, b: int, y: Any) -> Any:
+    """The sample weights of a last batch whose ``rows`` examples were repeated up to
+    ``b`` rows: the given ones (or 1, per example; one array per output for several
+    outputs) on its own rows, 0 on the repeats."""
+    if w is None:
+        mask = (np.arange(b) < rows).astype(np.float32)
+        return [mask] * len(y) if isinstance(y, list) else mask
+    return tf.nest.map_structure(
+        lambda a: np.where((np.arange(b) < rows).reshape((b,) + (1,) * (a.ndim - 1)), a,
+                           np.zeros_like(a)), w)
+
+
+def _repeated(signature: inputs.InputSignature, x: Any, y: Any, w: Any, rows: int,
+              b: int) -> tuple[Any, Any, Any]:
+    """A dataset's or generator's last batch of ``rows`` examples as ``b`` rows (its own
+    repeated, :func:`_tail_weights`), in the program's input order."""
+    idx = np.arange(b) % rows
+    leaves = inputs._match(x, signature.structure, list(signature.names), "batch",
+                           signature.describe())
+    xs = [np.asarray(v)[idx] for v in leaves]
+    y = tf.nest.map_structure(lambda a: np.asarray(a)[idx], y)
+    w = None if w is None else tf.nest.map_structure(lambda a: np.asarray(a)[idx], w)
+    return xs, y, _tail_weights(w, rows, b, y)
 
 
 def is_python_data(x: Any) -> bool:

@@ -71,6 +71,9 @@ class Scores:
         # each output's loss (several outputs): Keras's Mean trackers, by log name
         self.losses = [keras.metrics.Mean(name=n) for n in
                        loss_names(list(getattr(model, "output_names", None) or []))]
+        # Keras weighs them by the batch's static size, which its traced steps do not
+        # know (None: each batch counts once); an eager model's do
+        self.eager = bool(getattr(model, "run_eagerly", False))
         self._pending: list[np.ndarray] | None = None
 
     @staticmethod
@@ -88,8 +91,9 @@ class Scores:
         """Update with one step's global values (``Runtime.step_values``: outputs,
         targets and sample weights (or None) per output, the outputs' losses)."""
         outs, ys, ws, output_losses = values
+        rows = int(np.shape(outs[0])[0]) if self.eager else None
         for tracker, value in zip(self.losses, output_losses):
-            tracker.update_state(value, sample_weight=int(np.shape(outs[0])[0]))
+            tracker.update_state(value, sample_weight=rows)
         if not self.active:
             return
         y_pred, y = (outs[0], ys[0]) if self.single else (list(outs), list(ys))
