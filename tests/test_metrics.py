@@ -49,3 +49,34 @@ def test_a_keras2_metric_without_a_keras3_twin_is_refused_by_name():
         pass
     with pytest.raises(ValueError, match="Keras 2 metric Custom \\('mine'\\).*as a string"):
         Scores(_keras2_classifier([Custom(name="mine")]))
+
+
+@pytest.mark.parametrize("library", ["keras", "tf_keras"])
+def test_each_outputs_loss_is_averaged_over_batches_as_its_library_does(library):
+    """21 examples in batches of 8, 8 and 5: each output's logged loss is what the
+    library's own ``evaluate`` logs (Keras 3's traced step counts each batch once, as its
+    ``tf.function`` does not know the batch's size; tf_keras weighs them by their
+    examples), given the same per-batch losses."""
+    k = pytest.importorskip(library)
+    k.utils.set_random_seed(0)
+    inp = k.Input((6,), name="x")
+    h = k.layers.Dense(16, activation="relu")(inp)
+    model = k.Model(inp, [k.layers.Dense(3, name="value")(h),
+                          k.layers.Dense(4, name="label")(h)])
+    losses = [k.losses.MeanSquaredError(),
+              k.losses.SparseCategoricalCrossentropy(from_logits=True)]
+    model.compile(optimizer="sgd", loss=losses)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((21, 6)).astype("float32")
+    y = [rng.standard_normal((21, 3)).astype("float32"), rng.integers(0, 4, (21,))]
+    want = model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    scores = Scores(model)
+    for start in (0, 8, 16):
+        rows = slice(start, start + 8)
+        outs = [np.asarray(o) for o in model(x[rows])]
+        ys = [v[rows] for v in y]
+        scores.update((outs, ys, None, [float(fn(t, o)) for fn, t, o in
+                                        zip(losses, ys, outs)]))
+    got = scores.results()
+    for name in ("value_loss", "label_loss"):
+        assert got[name] == pytest.approx(want[name], rel=1e-5), (name, got, want)

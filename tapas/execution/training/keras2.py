@@ -34,8 +34,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-__all__ = ["FROM_TF_KERAS", "ORIGINAL", "deduplicated", "is_keras2", "is_keras2_metric", "loss",
-           "metric", "optimizer", "original", "weight_regularizers"]
+__all__ = ["FROM_TF_KERAS", "ORIGINAL", "deduplicated", "is_keras2", "is_keras2_layer",
+           "is_keras2_metric", "loss", "metric", "optimizer", "original", "weight_regularizers"]
 
 #: the attribute set (True) on a Keras 3 optimizer translated from a ``tf_keras`` one
 #: (:func:`optimizer`): the runtime's update then does what ``tf_keras`` does where Keras
@@ -230,7 +230,7 @@ def weight_regularizers(model: Any) -> dict[int, Any]:
     ``model.losses`` evaluates). Empty for a Keras 3 model. Raises ValueError for any
     other zero-argument loss (``model.add_loss(lambda: ...)``): it reads whole variables
     of the user's choosing, which the runtime does not hold."""
-    if not _is_keras2_layer(model):
+    if not is_keras2_layer(model):
         return {}
     found: dict[int, Any] = {}
     layers = list(model._flatten_layers(include_self=True, recursive=True))
@@ -252,7 +252,8 @@ def weight_regularizers(model: Any) -> dict[int, Any]:
     return found
 
 
-def _is_keras2_layer(model: Any) -> bool:
+def is_keras2_layer(model: Any) -> bool:
+    """Whether ``model`` is a ``tf_keras`` layer or model (a user's subclass too)."""
     return any(c.__module__.startswith(("tf_keras", "keras.src.legacy",
                                         "tensorflow.python.keras"))
                for c in type(model).__mro__)

@@ -71,9 +71,11 @@ class Scores:
         # each output's loss (several outputs): Keras's Mean trackers, by log name
         self.losses = [keras.metrics.Mean(name=n) for n in
                        loss_names(list(getattr(model, "output_names", None) or []))]
-        # Keras weighs them by the batch's static size, which its traced steps do not
-        # know (None: each batch counts once); an eager model's do
-        self.eager = bool(getattr(model, "run_eagerly", False))
+        # weighed by the batch's examples: Keras 3 weighs them by the batch's static size,
+        # which its traced steps do not know (each batch counts once), an eager model's
+        # do; tf_keras by the batch's dynamic size
+        self.by_rows = bool(getattr(model, "run_eagerly", False)) or \
+            keras2.is_keras2_layer(model)
         self._pending: list[np.ndarray] | None = None
 
     @staticmethod
@@ -91,7 +93,7 @@ class Scores:
         """Update with one step's global values (``Runtime.step_values``: outputs,
         targets and sample weights (or None) per output, the outputs' losses)."""
         outs, ys, ws, output_losses = values
-        rows = int(np.shape(outs[0])[0]) if self.eager else None
+        rows = int(np.shape(outs[0])[0]) if self.by_rows else None
         for tracker, value in zip(self.losses, output_losses):
             tracker.update_state(value, sample_weight=rows)
         if not self.active:
