@@ -726,6 +726,13 @@ def check_python_data() -> dict[str, Any]:
                            ref.predict(Batches(x, y), verbose=0))
     out["predict_generator"] = close(pm.predict(generator(x, y, 5), verbose=0),
                                      ref.predict(generator(x, y, 5), verbose=0))
+    # class_weight: each batch weighted by its targets' classes, as Keras's adapter does
+    pm, ref = parallel_model("sgd", 0.05), keras_ref()
+    weights = {0: 1.0, 1: 3.0, 2: 0.5}
+    h = pm.fit(Batches(x, y), epochs=2, shuffle=False, verbose=0, class_weight=weights)
+    rh = ref.fit(Batches(x, y), epochs=2, shuffle=False, verbose=0, class_weight=weights)
+    out["class_weight"] = {"loss": close(h.history["loss"], rh.history["loss"]),
+                           "weights": weights_close(pm, ref)}
     # shuffled: each pass a permutation of the batches drawn from the seed
     shuffled = Batches(x, y)
     parallel_model("sgd", 0.05).fit(shuffled, epochs=2, shuffle=True, seed=3, verbose=0)
@@ -748,7 +755,8 @@ def check_python_data() -> dict[str, Any]:
             ("y", lambda: pm.fit(Batches(x, y), y, verbose=0)),
             ("validation", lambda: pm.fit(x, y, verbose=0,
                                           validation_data=generator(xv, yv, 2))),
-            ("no_targets", lambda: pm.fit((v for v in [x]), verbose=0))):
+            ("no_targets", lambda: pm.fit((v for v in [x]), verbose=0)),
+            ("split", lambda: pm.fit(Batches(x, y), verbose=0, validation_split=0.2))):
         try:
             call()
             refused[name] = "ran"

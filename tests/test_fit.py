@@ -237,6 +237,8 @@ def test_a_pydataset_and_a_generator_train_evaluate_and_predict_as_keras(two: di
     assert "y was given with a PyDataset" in refused["y"] and "leave y out" in refused["y"]
     assert "a generator is read once" in refused["validation"]
     assert "(x, y) pairs" in refused["no_targets"]
+    assert "Keras splits arrays only" in refused["split"]
+    assert r["class_weight"]["loss"]["ok"] and r["class_weight"]["weights"]["ok"], r
 
 
 def test_model_checkpoint_writes_keras_files_equal_to_keras_fits(two: dict) -> None:

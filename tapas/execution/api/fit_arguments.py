@@ -17,9 +17,11 @@ Raises: ValueError naming the argument, the constraint and the fix (both ``class
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
@@ -38,10 +40,11 @@ def split_for_validation(x: Any, y: Any, sample_weight: Any, validation_split: f
                          "of the examples to hold out (the last ones, as Keras)")
     if not validation_split or validation_data is not None:
         return x, y, sample_weight, validation_data
-    if isinstance(x, tf.data.Dataset) or callable(x):
-        raise ValueError(f"validation_split={validation_split} with a dataset: Keras "
-                         "splits arrays only; pass validation_data=<another dataset> "
-                         "(or arrays for x and y)")
+    if isinstance(x, (tf.data.Dataset, keras.utils.PyDataset, types.GeneratorType)) or \
+            callable(x):
+        raise ValueError(f"validation_split={validation_split} with a "
+                         f"{type(x).__name__}: Keras splits arrays only; pass "
+                         "validation_data=<another dataset> (or arrays for x and y)")
     (x, y, sample_weight), (vx, vy, vw) = array_slicing.train_validation_split(
         (x, y, sample_weight), validation_split=validation_split)
     return x, y, sample_weight, (vx, vy) if vw is None else (vx, vy, vw)
@@ -50,8 +53,8 @@ def split_for_validation(x: Any, y: Any, sample_weight: Any, validation_split: f
 def by_class(x: Any, y: Any, sample_weight: Any,
              class_weight: Mapping[int, float] | None) -> tuple[Any, Any]:
     """(x, sample_weight) with ``class_weight`` ({class index: weight}) turned into sample
-    weights as Keras's ``fit`` does: per example for arrays; a dataset of ``(x, y)``
-    batches mapped to ``(x, y, weights)``."""
+    weights as Keras's ``fit`` does: per example for arrays; a dataset's or a PyDataset's
+    ``(x, y)`` batches become ``(x, y, weights)``."""
     if class_weight is None:
         return x, sample_weight
     if not isinstance(class_weight, Mapping):
@@ -62,6 +65,12 @@ def by_class(x: Any, y: Any, sample_weight: Any,
                          "or the other; fold the class weights into sample_weight")
     if isinstance(x, tf.data.Dataset):
         return x.map(make_class_weight_map_fn(class_weight)), None
+    if isinstance(x, keras.utils.PyDataset):
+        return _ClassWeighted(x, class_weight), None
+    if isinstance(x, types.GeneratorType):
+        raise ValueError("class_weight with a generator: Keras does not take it either; "
+                         "yield (x, y, sample_weight) batches, or give a keras.utils."
+                         "PyDataset or a tf.data.Dataset")
     if callable(x):
         raise ValueError("class_weight with a dataset function: map the class weights into "
                          "its (x, y, sample_weight) batches, or pass a tf.data.Dataset")
@@ -69,6 +78,38 @@ def by_class(x: Any, y: Any, sample_weight: Any,
         raise ValueError("class_weight with several outputs: Keras supports it for one "
                          "output only; pass sample_weight per output instead")
     return x, data_adapter_utils.class_weight_to_sample_weights(np.asarray(y), class_weight)
+
+
+class _ClassWeighted(keras.utils.PyDataset):
+    """A PyDataset's batches with sample weights from ``class_weight``, as Keras's
+    PyDataset adapter adds them."""
+
+    def __init__(self, source: Any, class_weight: Mapping[int, float]) -> None:
+        super().__init__()
+        self.source, self.class_weight = source, class_weight
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    @property
+    def num_batches(self) -> int | None:
+        return self.source.num_batches
+
+    def __getitem__(self, i: int) -> tuple:
+        batch = tuple(self.source[i])
+        if len(batch) != 2:
+            raise ValueError(f"class_weight with a PyDataset whose batches are "
+                             f"{len(batch)}-tuples: it takes (x, y) batches; fold the class "
+                             "weights into their sample weights instead")
+        x, y = batch
+        return x, y, data_adapter_utils.class_weight_to_sample_weights(np.asarray(y),
+                                                                       self.class_weight)
+
+    def on_epoch_begin(self) -> None:
+        self.source.on_epoch_begin()
+
+    def on_epoch_end(self) -> None:
+        self.source.on_epoch_end()
 
 
 def validates(epoch: int, validation_freq: Any) -> bool:
