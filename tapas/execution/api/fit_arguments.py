@@ -40,11 +40,14 @@ def split_for_validation(x: Any, y: Any, sample_weight: Any, validation_split: f
                          "of the examples to hold out (the last ones, as Keras)")
     if not validation_split or validation_data is not None:
         return x, y, sample_weight, validation_data
-    if isinstance(x, (tf.data.Dataset, keras.utils.PyDataset, types.GeneratorType)) or \
-            callable(x):
-        raise ValueError(f"validation_split={validation_split} with a "
-                         f"{type(x).__name__}: Keras splits arrays only; pass "
-                         "validation_data=<another dataset> (or arrays for x and y)")
+    kind = ("tf.data.Dataset" if isinstance(x, tf.data.Dataset) else
+            "keras.utils.PyDataset" if isinstance(x, keras.utils.PyDataset) else
+            "generator" if isinstance(x, types.GeneratorType) else
+            "dataset function" if callable(x) else None)
+    if kind is not None:
+        raise ValueError(f"validation_split={validation_split} with a {kind}: Keras splits "
+                         "arrays only; pass validation_data=<another dataset> (or arrays "
+                         "for x and y)")
     (x, y, sample_weight), (vx, vy, vw) = array_slicing.train_validation_split(
         (x, y, sample_weight), validation_split=validation_split)
     return x, y, sample_weight, (vx, vy) if vw is None else (vx, vy, vw)
