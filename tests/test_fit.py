@@ -76,7 +76,8 @@ def test_keras_fit_conveniences_are_checked_with_the_fix() -> None:
     x, y = np.zeros((10, 2), "float32"), np.arange(10) % 2
     with pytest.raises(ValueError, match="validation_split=1.5.*\\[0, 1\\)"):
         fa.split_for_validation(x, y, None, 1.5, None)
-    with pytest.raises(ValueError, match="dataset.*validation_data="):
+    with pytest.raises(ValueError, match="a tf.data.Dataset: Keras splits arrays only.*"
+                                         "validation_data="):
         fa.split_for_validation(tf.data.Dataset.from_tensors((x, y)), None, None, 0.2, None)
     with pytest.raises(ValueError, match="both given"):
         fa.by_class(x, y, np.ones(10), {0: 2.0})
