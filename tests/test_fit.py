@@ -246,8 +246,8 @@ def test_model_checkpoint_writes_keras_files_equal_to_keras_fits(two: dict) -> N
     """Keras's ModelCheckpoint: the same files as Keras's fit (the best model by val_loss,
     the weights of every epoch), with equal weights and optimizer variables, from which
     Keras's fit goes on equally; ParallelModel.save of a .keras path and save_weights
-    equal to the Keras model's state after Keras's fit; a whole-model file of an optimizer the model was not
-    compiled with refused before training, with the fix."""
+    equal to the Keras model's state after Keras's fit; a whole-model file of an
+    optimizer the model was not compiled with refused before training, with the fix."""
     r = two["model_checkpoint"]
     assert r["files"] == sorted([f"{w}_{e}.weights.h5" for w in ("keras", "ours")
                                  for e in (1, 2, 3)] + ["keras_best.keras",

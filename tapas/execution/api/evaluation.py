@@ -1,13 +1,14 @@
 """Keras's ``evaluate`` and ``predict`` on a :class:`tapas.execution.api.parallel.ParallelModel`,
 batch by batch, with Keras's callbacks and progress bar.
 
-In:  a ParallelModel; the data as :mod:`tapas.execution.api.fit` takes it (arrays in any input
-     form with targets, or a ``tf.data.Dataset`` of global batches); ``steps``,
-     ``sample_weight``, ``verbose`` and ``callbacks`` as Keras's.
-Out: :func:`evaluate` the mean loss over the global batches (with compiled metrics
-     ``[loss, metric...]`` in Keras's order, or a dict); :func:`predict` the outputs of every
-     example, concatenated, in the structure the model returns them (a dict, a list...); :func:`validate` the logs of one pass, which ``fit`` calls with
-     its own callbacks.
+In:  a ParallelModel; the data as :mod:`tapas.execution.api.fit` takes it (arrays in any
+     input form with targets, a ``tf.data.Dataset``, a ``keras.utils.PyDataset`` or a
+     generator of global batches); ``steps``, ``sample_weight``, ``verbose`` and
+     ``callbacks`` as Keras's.
+Out: :func:`evaluate` the mean loss over the examples (with compiled metrics ``[loss,
+     metric...]`` in Keras's order, or a dict); :func:`predict` the outputs of every
+     example, concatenated, in the structure the model returns them (a dict, a list...);
+     :func:`validate` the logs of one pass, which ``fit`` calls with its own callbacks.
 
 Both run in inference mode, as Keras's (``pm.for_inference()``: dropout off, batch norm's
 moving statistics, the same weights). The callbacks see Keras's hooks in Keras's order:
@@ -102,7 +103,8 @@ def validate(pm: Any, val: _Data, steps: int | None, scores: metrics.Scores | No
         if (steps is not None and count >= steps) or view.stop_evaluating:
             break
     if not count:
-        raise ValueError(f"{val.what}: no full global batch of {val.batch}")
+        raise ValueError(f"{val.what}: no batch to evaluate (no examples, or no full "
+                         f"global batch of {val.batch})")
     cbs.on_test_end(dict(logs))
     return logs
 

@@ -3,15 +3,17 @@ with Keras callbacks, periodic atomic checkpoints, resume, progress and TensorBo
 
 In:  a ParallelModel; the data: NumPy arrays (one array, a list in the program's input
      order, a dict keyed by input name or the model's own structure, as
-     ``tapas.execution.runtime.inputs`` takes a batch) with targets ``y``, or a ``tf.data.Dataset``,
-     a ``keras.utils.PyDataset`` or a Python generator of ``(x, y)`` *global* batches; epochs, ``steps_per_epoch``, validation data, Keras
+     ``tapas.execution.runtime.inputs`` takes a batch) with targets ``y``, or a
+     ``tf.data.Dataset``, a ``keras.utils.PyDataset`` or a Python generator of ``(x, y)``
+     *global* batches; epochs, ``steps_per_epoch``, validation data, Keras
      callbacks, and the checkpoint options (a directory, every K steps, how many to keep,
      resume).
 Out: :func:`fit` returns a ``keras.callbacks.History`` (``loss`` per epoch, the mean of the
      epoch's step losses as Keras logs it; ``val_loss`` with validation data; what
      callbacks add, e.g. ``learning_rate``; validation calls the callbacks' ``on_test_*``
-     hooks, as Keras's); checkpoint directories ``<dir>/ckpt-<step>`` (the runtime's shards, optimizer
-     slots and step counter, ``tapas.execution.runtime.checkpoints``, plus ``tapas-fit.json``: epoch,
+     hooks, as Keras's); checkpoint directories ``<dir>/ckpt-<step>`` (the runtime's
+     shards, optimizer slots and step counter, ``tapas.execution.runtime.checkpoints``,
+     plus ``tapas-fit.json``: epoch,
      step in the epoch, data position, batches consumed, learning rate, seed states, the
      epoch's running loss and the history so far).
 

@@ -8,7 +8,8 @@ In:  a ParallelModel, ``x``/``y``/``sample_weight`` in the forms ``fit`` takes, 
 Out: ``_Data.batches(pass, skip)`` yields (inputs in the program's order, targets, sample
      weights or None, its number of examples) of each global batch after the first ``skip``
      of a pass, this worker's share of each (with ``pad_last``, a last partial batch filled
-     up with zero-weight repeats of its rows); ``_Stream`` keeps the position (pass, batches into it) across epochs.
+     up with zero-weight repeats of its rows); ``_Stream`` keeps the position (pass,
+     batches into it) across epochs.
 Raises: ValueError naming the value, what the program takes and the fix (a batch size
      other than the capture's, data that do not fit the model's inputs, a pass with no full
      global batch).

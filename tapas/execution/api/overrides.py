@@ -34,7 +34,7 @@ METHODS = {"fit": ("train_step", "compute_loss", "compute_metrics"),
 
 #: (module, class) of library overrides equal to Keras's method for a model compiled with
 #: a loss: Hugging Face's TF models (their train_step maps dict labels to outputs and
-#: otherwise calls the compiled loss and the optimizer as Keras's; tests/fit_worker.py)
+#: otherwise calls the compiled loss and the optimizer as Keras's; tests/overrides_worker.py)
 EQUIVALENT = {("transformers.modeling_tf_utils", "TFPreTrainedModel"):
               ("train_step", "test_step", "compute_loss")}
 

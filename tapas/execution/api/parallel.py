@@ -177,12 +177,12 @@ class ParallelModel:
     def predict(self, x: Any, *, batch_size: int | None = None, verbose: Any = "auto",
                 steps: int | None = None, callbacks: Any = None) -> Any:
         """The model's outputs for every example of ``x`` (arrays, a ``tf.data.Dataset``, a
-        PyDataset or a generator; in the model's output structure, e.g. a dict of
-        arrays), one global batch at a time, as Keras's
-        ``predict``: in inference mode (``for_inference``: dropout off, batch norm on its
-        moving statistics, nothing updated) on this program's weights, with Keras's
-        progress bar and ``on_predict_*`` hooks (``tapas.execution.api.evaluation``). The
-        training-mode forward pass (``model(x, training=True)``) is ``runtime.predict``."""
+        PyDataset or a generator) in its output structure (e.g. a dict of arrays), one
+        global batch at a time, as Keras's ``predict``: in inference mode (dropout off,
+        batch norm on its moving statistics, nothing updated) on this program's weights,
+        with Keras's progress bar and ``on_predict_*`` hooks
+        (``tapas.execution.api.evaluation``). The training-mode forward pass is
+        ``runtime.predict``."""
         from tapas.execution.api import evaluation
         return evaluation.predict(self, x, batch_size=batch_size, verbose=verbose,
                                   steps=steps, callbacks=callbacks)
@@ -191,8 +191,8 @@ class ParallelModel:
                  verbose: Any = "auto", steps: int | None = None, sample_weight: Any = None,
                  callbacks: Any = None, return_dict: bool = False) -> Any:
         """The loss (with compiled metrics: ``[loss, metric...]``, or a dict with
-        ``return_dict=True``), as Keras's ``evaluate``: the mean over the global batches of
-        arrays or a ``tf.data.Dataset`` of (x, y[, sample_weight]) (at most ``steps``),
+        ``return_dict=True``), as Keras's ``evaluate``: the mean over every example of
+        arrays or a dataset of (x, y[, sample_weight]) (at most ``steps`` batches),
         weighted by ``sample_weight``; forward only, in inference mode on this program's
         weights, with Keras's progress bar and ``on_test_*`` hooks
         (``tapas.execution.api.evaluation``). ``verify`` and ``runtime.evaluate`` check the
@@ -219,7 +219,7 @@ class ParallelModel:
         return self.runtime.gradients(self.inputs.flatten(x), y)
 
     def save(self, path: str) -> str:   # a .keras path: Keras's file (callbacks.save_keras)
-        return save_keras(self, path) if path.endswith(".keras") else self.runtime.save(path)
+        return save_keras(self, path) if str(path).endswith(".keras") else self.runtime.save(path)
 
     def save_weights(self, path: str) -> str:   # Keras's .weights.h5 of the global weights
         return save_keras(self, path, weights_only=True)

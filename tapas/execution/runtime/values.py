@@ -99,7 +99,6 @@ class GlobalValues:
         if opt is None:
             return None
         self.check_optimizer_export(model)
-        fix = _EXPORT_FIX
         by_path = weights_by_path(model)
         if not opt.built:
             opt.build(model.trainable_variables)
@@ -110,7 +109,7 @@ class GlobalValues:
                 target = by_name.get(f"{prefix}_{k}")
                 if target is None:
                     raise ValueError(f"{type(opt).__name__} of model '{model.name}' has no "
-                                     f"slot '{prefix}_{k}' for weight {p!r}: {fix}")
+                                     f"slot '{prefix}_{k}' for weight {p!r}: {_EXPORT_FIX}")
                 target.assign(self._global(
                     {r: {p: s[p][k]} for r, s in self._slots.items()}, [p])[p])
         opt.iterations.assign(int(self.iterations.numpy()))
