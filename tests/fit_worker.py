@@ -5,7 +5,7 @@
 
 Each check prints one line ``RESULT <json>`` (``tests/worker_main.py``). The model: two
 inputs ``a`` (6) and ``b`` (4), concatenated, Dense(8, relu), Dense(3), MSE; a random plan
-that shards it; 42 examples, global batch 8 (5 batches an epoch, 2 examples dropped).
+that shards it; 42 examples, global batch 8 (5 batches an epoch and a last one of 2).
 Checks:
 
 * ``keras``: fit on a dict of arrays with validation data, LearningRateScheduler,
@@ -216,7 +216,7 @@ def check_keras() -> dict[str, Any]:
     ref.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
                 jit_compile=False)
     keras_cb = callbacks(os.path.join(d, "keras.csv"))
-    ref_hist = ref.fit({k: v[:40] for k, v in x.items()}, y[:40], batch_size=B, epochs=6,
+    ref_hist = ref.fit(x, y, batch_size=B, epochs=6,   # 42: the last 2 a batch of their own
                        shuffle=False, validation_data=(xv, yv), verbose=0,
                        callbacks=keras_cb)
     out["epochs"] = {"ours": hist.epoch, "keras": ref_hist.epoch}
@@ -237,8 +237,7 @@ def check_keras() -> dict[str, Any]:
     ref2 = build()
     ref2.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
                  jit_compile=False)
-    ref_hist2 = ref2.fit(tf.data.Dataset.from_tensor_slices(
-        ({k: v[:40] for k, v in x.items()}, y[:40])).batch(B), epochs=2, verbose=0)
+    ref_hist2 = ref2.fit(ds, epochs=2, verbose=0)
     out["dataset_loss"] = close(hist2.history["loss"], ref_hist2.history["loss"])
     out["dataset_weights"] = weights_close(pm2, ref2)
     val_ds = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(B)
@@ -260,8 +259,7 @@ def check_keras() -> dict[str, Any]:
     ref_w = build()
     ref_w.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
                   jit_compile=False)
-    rh_w = ref_w.fit({k: v[:40] for k, v in x.items()}, y[:40], sample_weight=w[:40],
-                     batch_size=B, epochs=2, shuffle=False, verbose=0,
+    rh_w = ref_w.fit(x, y, sample_weight=w, batch_size=B, epochs=2, shuffle=False, verbose=0,
                      validation_data=(xv, yv, wv))
     out["weighted"] = {k: close(h_w.history[k], rh_w.history[k]) for k in ("loss", "val_loss")}
     out["weighted_weights"] = weights_close(pm_w, ref_w)
@@ -270,8 +268,7 @@ def check_keras() -> dict[str, Any]:
     ref_w2 = build()
     ref_w2.compile(keras.optimizers.SGD(0.05), keras.losses.MeanSquaredError(),
                    jit_compile=False)
-    ref_w2.fit(tf.data.Dataset.from_tensor_slices(
-        ({k: v[:40] for k, v in x.items()}, y[:40], w[:40])).batch(B), epochs=1, verbose=0)
+    ref_w2.fit(tf.data.Dataset.from_tensor_slices((x, y, w)).batch(B), epochs=1, verbose=0)
     out["weighted_dataset"] = weights_close(pm_w2, ref_w2)
     out["weighted_evaluate"] = close(pm_w2.evaluate(xv, yv, sample_weight=wv),
                                      ref_w2.evaluate(xv, yv, sample_weight=wv, verbose=0,
@@ -282,8 +279,8 @@ def check_keras() -> dict[str, Any]:
         return keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1,
                                              restore_best_weights=True)
     h_ours = pm2.fit(x, y, epochs=4, shuffle=False, verbose=0, callbacks=[stopper()])
-    h_keras = ref2.fit({k: v[:40] for k, v in x.items()}, y[:40], batch_size=B, epochs=4,
-                       shuffle=False, verbose=0, callbacks=[stopper()])
+    h_keras = ref2.fit(x, y, batch_size=B, epochs=4, shuffle=False, verbose=0,
+                       callbacks=[stopper()])
     out["restore_best"] = {"epochs": [h_ours.epoch, h_keras.epoch],
                            "weights": weights_close(pm2, ref2)}
 
@@ -336,7 +333,7 @@ def check_evaluate_predict_hooks(pm: Any, ref: keras.Model) -> dict[str, Any]:
 
 
 def check_resume() -> dict[str, Any]:
-    x, y = data()
+    x, y = data(40)   # 5 global batches an epoch
     d = JOB["dir"]
     kw = dict(epochs=3, shuffle=True, seed=7, verbose=0, checkpoint_every=3, keep=2,
               callbacks=[keras.callbacks.LearningRateScheduler(schedule)])
@@ -497,6 +494,7 @@ def check_workers() -> dict[str, Any]:
     first40 = ({k: v[:40] for k, v in x.items()}, y[:40])
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)   # a partial last batch
     ref = keras_fit(tf.data.Dataset.from_tensor_slices(first40).batch(B), 2)
+    ref_all = keras_fit(ds, 2)   # the last 2 examples a batch of their own, as fit takes them
     ref_shuffled = None
     for plan in ("batch", "random"):
         pm = parallel_model("sgd", 0.05, plan)
@@ -505,18 +503,19 @@ def check_workers() -> dict[str, Any]:
                                  "cut": data_.cut}
         hist = pm.fit(ds, epochs=2, verbose=0, tensorboard=os.path.join(d, f"tb_{plan}"))
         out[f"{plan}_dataset"] = {"loss": close(hist.history["loss"],
-                                                ref.history.history["loss"]),
-                                  "weights": weights_close(pm, ref)}
+                                                ref_all.history.history["loss"]),
+                                  "weights": weights_close(pm, ref_all)}
         out[f"{plan}_tags"] = event_tags(os.path.join(d, f"tb_{plan}"))
         # shuffled arrays: Keras's order is its own, so compare with fit on one process
-        # taking the same order: the examples in fit's order as one unshuffled dataset
+        # taking the same order: each epoch's examples in fit's order, batched (its last
+        # batch of 2 too), one dataset of both epochs
         pm2 = parallel_model("sgd", 0.05, plan)
         pm2.fit(x, y, epochs=2, shuffle=True, seed=3, verbose=0)
         if ref_shuffled is None:
-            order = np.concatenate([np.random.default_rng([3, e]).permutation(42)[:40]
-                                    for e in range(2)])
-            xs = {k: v[order] for k, v in x.items()}
-            ref_shuffled = keras_fit(xs, 1, y=y[order], batch_size=B, shuffle=False)
+            orders = [np.random.default_rng([3, e]).permutation(42) for e in range(2)]
+            epochs_ = [tf.data.Dataset.from_tensor_slices(
+                ({k: v[o] for k, v in x.items()}, y[o])).batch(B) for o in orders]
+            ref_shuffled = keras_fit(epochs_[0].concatenate(epochs_[1]), 1)
         out[f"{plan}_arrays_weights"] = weights_close(pm2, ref_shuffled)
 
     # a dataset function: each worker reads only its rows of every global batch

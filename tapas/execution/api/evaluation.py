@@ -35,7 +35,7 @@ import tensorflow as tf
 from tapas.execution.runtime import inputs
 from tapas.execution.training import metrics
 from tapas.execution.api.callbacks import CallbackModel, check_callbacks
-from tapas.execution.api.fit_data import _Data, _global_batch
+from tapas.execution.api.fit_data import _Data, _global_batch, exact_tail, tail_values
 from tapas.execution.api.overrides import check_steps
 
 __all__ = ["evaluate", "predict", "validate"]
@@ -80,9 +80,9 @@ def validate(pm: Any, val: _Data, steps: int | None, scores: metrics.Scores | No
              cbs: Any, view: Any) -> dict[str, float]:
     """The logs of a pass over ``val``: the loss averaged over the examples (each batch's
     weighted by its examples, as Keras's loss tracker), and the metrics of ``scores``
-    updated with every global batch (Keras's ``test_step``; a last partial batch as
-    :func:`_tail` gives it), with the ``on_test_*`` hooks of ``cbs`` (``fit`` passes its
-    own, as Keras's ``fit`` does for validation)."""
+    updated with every global batch (Keras's ``test_step``; a filled-up last batch, its
+    own rows: ``fit_data.tail_values``), with the ``on_test_*`` hooks of ``cbs`` (``fit``
+    passes its own, as Keras's ``fit`` does for validation)."""
     rt = pm.runtime
     rt.refresh()   # an inference program's own copies of weights: current values
     rt.set_step_values(scores is not None)
@@ -92,11 +92,9 @@ def validate(pm: Any, val: _Data, steps: int | None, scores: metrics.Scores | No
     for xs, yb, wb, rows in val.batches(0, 0):
         cbs.on_test_batch_begin(count)
         loss = rt.forward_loss(xs, yb, worker_share=val.cut, sample_weight=wb)
-        values = rt.step_values if scores is not None else None
-        if rows < val.batch:   # a last batch filled up with zero-weight repeats
-            loss, values = _tail(rt, loss, values, rows, val.batch, val.had_weights)
-        if scores is not None:
-            scores.update(values)
+        if scores is not None:   # a filled-up last batch: as Keras's step sees its rows
+            scores.update(rt.step_values if rows == val.batch else tail_values(
+                rt, rt.step_values, rows, val.batch, val.had_weights))
         total, count, seen = total + loss * rows, count + 1, seen + rows
         logs = {"loss": total / seen, **(scores.results() if scores is not None else {})}
         cbs.on_test_batch_end(count - 1, dict(logs))
@@ -107,46 +105,6 @@ def validate(pm: Any, val: _Data, steps: int | None, scores: metrics.Scores | No
                          f"global batch of {val.batch})")
     cbs.on_test_end(dict(logs))
     return logs
-
-
-#: loss reductions whose value on a batch with zero-weight rows is the value on its own
-#: rows times a known factor (sum_over_batch_size: the batch over the rows)
-_TAIL_REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight", "sum")
-
-
-def exact_tail(rt: Any) -> bool:
-    """Whether a last partial batch can be evaluated exactly as Keras does, filled up
-    with zero-weight repeats of its rows (:func:`validate`): every output's loss reduces
-    by one of :data:`_TAIL_REDUCTIONS`, and nothing else in the loss depends on the batch
-    or is added to it (no weight regularizer, no loss the call adds, no variable writes).
-    Otherwise the last examples are dropped, with a logged note, as before."""
-    losses = rt.output_losses or [rt.loss]
-    return (all(getattr(loss, "reduction", None) in _TAIL_REDUCTIONS for loss in losses)
-            and not getattr(rt, "regularization", None) and not rt.call_loss_placements
-            and not getattr(rt.program, "has_writes", False))
-
-
-def _tail(rt: Any, loss: float, values: Any, rows: int, b: int,
-          weighted: bool) -> tuple[float, Any]:
-    """The loss and step values of a last batch of ``rows`` examples filled up to ``b``:
-    each output's loss over its own rows (a ``sum_over_batch_size`` one times ``b /
-    rows``), and the outputs, targets and weights cut to those rows (no weights when the
-    user gave none), as Keras's ``test_step`` sees the partial batch."""
-    losses = rt.output_losses or [rt.loss]
-    factors = [b / rows if loss_fn.reduction == "sum_over_batch_size" else 1.0
-               for loss_fn in losses]
-    if len(losses) == 1:
-        loss *= factors[0]
-    if values is None:
-        return loss, None
-    outs, ys, ws, output_losses = values
-    if output_losses:
-        output_losses = [v * f for v, f in zip(output_losses, factors)]
-        weights = rt.loss_weights or [None] * len(losses)
-        loss = sum(v * (1.0 if w is None else w) for v, w in zip(output_losses, weights))
-    cut = [v[:rows] for v in outs], [v[:rows] for v in ys], \
-        ([v[:rows] for v in ws] if weighted and ws else None)
-    return loss, (*cut, output_losses)
 
 
 def _predict_batches(pm: Any, x: Any) -> Iterator[list[np.ndarray]]:

@@ -22,9 +22,10 @@ Semantics (``docs/running.md``, *fit, checkpoints and resume*):
 * The global batch is fixed by the capture: ``batch_size`` must equal it (default: it).
   Arrays are cut into full global batches (shuffled per epoch from ``seed`` unless
   ``shuffle=False``); the rows of a last partial batch are dropped, with a logged note. A
-  dataset must yield global batches; a smaller (last) one is dropped with a note.
-  Validation and ``evaluate`` count those last examples too, as Keras's do, where that is
-  exact (``evaluation.exact_tail``).
+  dataset must yield global batches; a smaller (last) one is dropped with a note. Where
+  that is exact (``fit_data.exact_tail``: no batch norm, dropout or loss the call adds),
+  training, validation and ``evaluate`` take those last examples too, as Keras's do, as
+  one more batch filled up with zero-weight repeats (not with ``steps_per_epoch``).
 * An epoch is one pass over the data; with ``steps_per_epoch`` the data are one stream that
   continues across epochs and starts a new pass when it runs out.
 * Callbacks are called with Keras's hooks (``on_train_begin``, ``on_epoch_begin``,
@@ -62,9 +63,9 @@ from tapas.execution.api.callbacks import (CALLBACK_STATE, REFUSED_CALLBACKS, Ca
                                        TensorBoardScalars, callback_states, check_callbacks,
                                        restore_callback_states)
 from tapas.execution.api import fit_arguments
-from tapas.execution.api.evaluation import evaluate, exact_tail, predict, validate
+from tapas.execution.api.evaluation import evaluate, predict, validate
 from tapas.execution.api.overrides import check_steps
-from tapas.execution.api.fit_data import _Data, _Stream
+from tapas.execution.api.fit_data import _Data, _Stream, exact_tail, tail_values
 from tapas.execution.api.fit_checkpoints import (FIT_STATE, FitState, callback_arrays,
                                              clean_temporaries, latest_checkpoint,
                                              list_checkpoints, restore_checkpoint,
@@ -151,7 +152,8 @@ def fit(pm: Any, x: Any = None, y: Any = None, *, batch_size: int | None = None,
         x, y, sample_weight, validation_split, validation_data)
     x, sample_weight = fit_arguments.by_class(x, y, sample_weight, class_weight)
     rt = pm.runtime
-    data = _Data(pm, x, y, batch_size, shuffle, seed, sample_weight=sample_weight)
+    data = _Data(pm, x, y, batch_size, shuffle, seed, sample_weight=sample_weight,
+                 pad_last=steps_per_epoch is None and exact_tail(rt))
     val = _validation_data(pm, validation_data, validation_batch_size or batch_size)
     view = CallbackModel(pm)
     chief = view.is_chief
@@ -307,14 +309,16 @@ class _Loop:
             raise _worker_lost(e, f"step {int(rt.iterations.numpy()) + 1}",
                                self.checkpoint_dir) from None
         seconds = time.perf_counter() - start
+        rows, b = batch[3], self.data.batch
         state.batches_consumed += 1
-        state.loss_sum += loss
-        state.loss_count += 1
+        state.loss_sum += loss * rows / b   # a filled-up last batch counts its examples,
+        state.loss_count += rows / b        # as Keras's loss tracker weighs it
         state.step_in_epoch += 1
         self.view.last_step = {"step": int(rt.iterations.numpy()), "loss": loss,
-                               "seconds": seconds, "examples": self.data.batch}
+                               "seconds": seconds, "examples": rows}
         if self.scores is not None and failed is None:
-            self.scores.update(rt.step_values)
+            self.scores.update(rt.step_values if rows == b else tail_values(
+                rt, rt.step_values, rows, b, self.data.had_weights))
         logs = {"loss": state.loss_sum / state.loss_count,
                 **(self.scores.results() if self.scores is not None else {})}
         self.cbs.on_train_batch_end(state.step_in_epoch - 1, dict(logs))

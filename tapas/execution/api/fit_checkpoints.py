@@ -49,7 +49,7 @@ class FitState:
     pass_position: int = 0        # ... and the batches of it consumed
     batches_consumed: int = 0     # batches trained on since the job began
     loss_sum: float = 0.0         # the epoch's step losses so far (its running mean)
-    loss_count: int = 0
+    loss_count: float = 0   # examples / global batch (a filled-up last batch: less)
     learning_rate: float = 0.0
     # the learning rate before the epoch's on_epoch_begin: a resumed epoch calls it again
     # from there (a schedule of the current rate then sets the same rate)

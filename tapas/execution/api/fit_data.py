@@ -285,7 +285,7 @@ class _Data(_PythonSource):
                 idx = idx[np.arange(b) % rows]
             w = None if self.w is None else tf.nest.map_structure(lambda a: a[idx], self.w)
             if rows < b:
-                w = _tail_weights(w, rows, b, self.y)
+                w = _tail_weights(w, rows, b, self.y, tail_factors(self.runtime, rows, b))
             yield (self.signature.flatten([_take(v, idx, share) for v, share in
                                            zip(self.xs, self.shares)], self.share_shapes()),
                    _take_all(self.y, idx, self.y_share),
@@ -308,7 +308,8 @@ class _Data(_PythonSource):
         rows = len(_first(y))
         self.had_weights = w is not None
         if rows < self.rows and self.pad_last and not self.worker_pipelines:
-            x, y, w = _repeated(self.signature, x, y, w, rows, self.batch)
+            x, y, w = _repeated(self.signature, x, y, w, rows, self.batch,
+                                tail_factors(self.runtime, rows, self.batch))
         elif rows < self.rows:
             if not self.noted:
                 logging.warning("%s: a batch of %d rows, smaller than the %s (%d rows), is "
@@ -322,8 +323,8 @@ class _Data(_PythonSource):
                              f"batch it by {self.rows}, or parallelize again "
                              f"with input specs of batch {rows}")
         y = tf.nest.map_structure(np.asarray, y)
-        if self.worker_pipelines:   # already this worker's rows
-            return self.signature.flatten(x, self.share_shapes()), y, w, rows
+        if self.worker_pipelines:   # already this worker's rows (of a whole global batch)
+            return self.signature.flatten(x, self.share_shapes()), y, w, self.batch
         xs = self.signature.flatten(x)
         return ([_cut(v, share) for v, share in zip(xs, self.shares)],
                 tf.nest.map_structure(lambda v: _cut(v, self.y_share(v.shape)), y),
@@ -331,20 +332,64 @@ class _Data(_PythonSource):
                     lambda v: _cut(v, self.w_share(np.shape(v))), w), min(rows, self.batch))
 
 
-def _tail_weights(w: Any, rows: int, b: int, y: Any) -> Any:
+# ---- a last batch of fewer examples ----------------------------------------------------------
+
+#: loss reductions under which a batch filled up with zero-weight rows gives the loss of its
+#: own rows when those rows' weights carry a known factor (sum_over_batch_size: the global
+#: batch over the rows, as it divides by the filled-up batch; the others: 1)
+_TAIL_REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight", "sum")
+
+
+def exact_tail(rt: Any) -> bool:
+    """Whether a last batch of fewer examples can be run exactly as Keras runs it, filled
+    up with zero-weight repeats of its rows (:class:`_Data`'s ``pad_last``): every output's
+    loss reduces by one of :data:`_TAIL_REDUCTIONS`, and nothing else depends on the
+    batch's rows: no loss the call adds, no variable writes (batch norm's statistics), no
+    random draws (dropout's masks are drawn in the batch's shape). Weight regularizers
+    are added once per batch either way."""
+    losses = rt.output_losses or [rt.loss]
+    return (all(getattr(loss, "reduction", None) in _TAIL_REDUCTIONS for loss in losses)
+            and not rt.call_loss_placements and not getattr(rt.program, "has_writes", False)
+            and not getattr(rt.program, "states", None))
+
+
+def tail_factors(rt: Any, rows: int, b: int) -> list[float]:
+    """Per output, the factor its weights carry on a last batch of ``rows`` of ``b``."""
+    return [b / rows if getattr(loss, "reduction", None) == "sum_over_batch_size" else 1.0
+            for loss in rt.output_losses or [rt.loss]]
+
+
+def tail_values(rt: Any, values: tuple, rows: int, b: int, weighted: bool) -> tuple:
+    """A filled-up last batch's step values (``Runtime.step_values``) as Keras's step sees
+    the batch of ``rows``: outputs and targets cut to those rows, the user's sample weights
+    (None when none were given: the weights were only the fill's), each output's loss."""
+    outs, ys, ws, output_losses = values
+    factors = tail_factors(rt, rows, b)
+    ws = [w[:rows] / f for w, f in zip(ws, factors)] if weighted and ws else None
+    return [o[:rows] for o in outs], [y[:rows] for y in ys], ws, output_losses
+
+
+def _tail_weights(w: Any, rows: int, b: int, y: Any, factors: list[float]) -> Any:
     """The sample weights of a last batch whose ``rows`` examples were repeated up to
-    ``b`` rows: the given ones (or 1, per example; one array per output for several
-    outputs) on its own rows, 0 on the repeats."""
+    ``b`` rows: on its own rows the given ones (or 1) times the output's factor
+    (:func:`tail_factors`; one array per output for several outputs), 0 on the repeats."""
+    own = np.arange(b) < rows
     if w is None:
-        mask = (np.arange(b) < rows).astype(np.float32)
-        return [mask] * len(y) if isinstance(y, list) else mask
-    return tf.nest.map_structure(
-        lambda a: np.where((np.arange(b) < rows).reshape((b,) + (1,) * (a.ndim - 1)), a,
-                           np.zeros_like(a)), w)
+        masks = [own.astype(np.float32) * np.float32(f) for f in factors]
+        return masks if isinstance(y, list) else masks[0]
+
+    def weigh(a: np.ndarray, f: float) -> np.ndarray:
+        keep = own.reshape((b,) + (1,) * (a.ndim - 1))
+        return np.where(keep, a * np.float32(f), np.zeros_like(a)).astype(np.float32)
+    if isinstance(w, list):
+        return [weigh(np.asarray(a), f) for a, f in zip(w, factors)]
+    if isinstance(y, list):   # one array weighing every output: one per output
+        return [weigh(np.asarray(w), f) for f in factors]
+    return weigh(np.asarray(w), factors[0])
 
 
 def _repeated(signature: inputs.InputSignature, x: Any, y: Any, w: Any, rows: int,
-              b: int) -> tuple[Any, Any, Any]:
+              b: int, factors: list[float]) -> tuple[Any, Any, Any]:
     """A dataset's or generator's last batch of ``rows`` examples as ``b`` rows (its own
     repeated, :func:`_tail_weights`), in the program's input order."""
     idx = np.arange(b) % rows
@@ -353,7 +398,7 @@ def _repeated(signature: inputs.InputSignature, x: Any, y: Any, w: Any, rows: in
     xs = [np.asarray(v)[idx] for v in leaves]
     y = tf.nest.map_structure(lambda a: np.asarray(a)[idx], y)
     w = None if w is None else tf.nest.map_structure(lambda a: np.asarray(a)[idx], w)
-    return xs, y, _tail_weights(w, rows, b, y)
+    return xs, y, _tail_weights(w, rows, b, y, factors)
 
 
 def is_python_data(x: Any) -> bool:
