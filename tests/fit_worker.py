@@ -384,7 +384,34 @@ def check_resume() -> dict[str, Any]:
     out["history"] = {"full": full_hist.history, "resumed": hist.history,
                       "epochs": [full_hist.epoch, hist.epoch]}
 
-    # a dataset (partial last batch) as one stream over epochs of 4 steps: the data position
+    # each epoch's last batch of 2 examples (42: filled up, trained as Keras trains it)
+    # across a crash after step 10, resumed from step 8's checkpoint
+    x42, y42 = data()
+
+    class CrashAfter(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations) == 10:
+                raise RuntimeError("injected crash after step 10")
+
+    kw = dict(epochs=3, shuffle=True, seed=7, verbose=0, checkpoint_every=4)
+    t_full = parallel_model("adam", 0.01)
+    th_full = t_full.fit(x42, y42, checkpoint_dir=os.path.join(d, "tail_full"), **kw)
+    t_dir = os.path.join(d, "tail")
+    try:
+        parallel_model("adam", 0.01).fit(x42, y42, checkpoint_dir=t_dir,
+                                         callbacks=[CrashAfter()], **kw)
+    except RuntimeError:
+        pass
+    t_res = parallel_model("adam", 0.01)
+    th_res = t_res.fit(x42, y42, checkpoint_dir=t_dir, resume=True, **kw)
+    w1, w2 = t_full.global_weights(), t_res.global_weights()
+    out["tail"] = {"resumed_from": os.path.basename(th_res.resumed_from or ""),
+                   "steps": [int(t_full.runtime.iterations.numpy()),
+                             int(t_res.runtime.iterations.numpy())],
+                   "weights_equal": all(np.array_equal(w1[p], w2[p]) for p in w1),
+                   "history": [th_full.history, th_res.history]}
+
+    # a dataset (5 batches a pass) as one stream over epochs of 4 steps: the data position
     # rolls into new passes; a callback crash after step 7, checkpoints every 2 steps
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
     kw = dict(epochs=3, steps_per_epoch=4, verbose=0, checkpoint_every=2)

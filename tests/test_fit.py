@@ -531,10 +531,19 @@ def test_tfrecord_layout_is_checked_with_the_fix(tmp_path) -> None:
     assert x["a"].shape == (8, 6) and y.dtype == np.int32 and y.tolist() == [0, 1, 2] * 2 + [0, 1]
 
 
+def test_resume_across_a_filled_up_last_batch_is_exact(two: dict) -> None:
+    """42 examples (6 steps an epoch, the last of 2 examples), shuffled, Adam: crashed
+    after step 10 and resumed from step 8's checkpoint, bit-equal to the uninterrupted
+    run, with the same History."""
+    r = two["resume"]["tail"]
+    assert r["resumed_from"] == "ckpt-00000008" and r["steps"] == [18, 18], r
+    assert r["weights_equal"] and r["history"][0] == r["history"][1], r
+
+
 def test_resume_of_a_dataset_stream_across_passes_is_exact(two: dict) -> None:
     r = two["resume"]
     assert r["ds_crash"] == "injected crash after step 7"
-    # 5 full batches a pass (the partial 6th dropped): step 6 is the first of pass 1
+    # 5 full batches a pass: step 6 is the first of pass 1
     assert r["ds_state"] == {"step": 6, "epoch": 1, "step_in_epoch": 2, "pass_index": 1,
                              "pass_position": 1, "batches_consumed": 6}
     assert r["ds_weights_equal"]
