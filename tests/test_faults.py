@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import command  # tests/command.py
-from worker_main import run_worker  # tests/worker_main.py
+from worker_main import run_checked  # tests/worker_main.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "faults_worker.py")
@@ -32,12 +32,8 @@ WORKER = os.path.join(ROOT, "tests", "faults_worker.py")
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("faults"))
-    (res,) = run_worker(WORKER, {"dir": d, "checks": ["damaged", "paused", "unwritable",
-                                             "step_error", "py_function"]},
-                        1, 300.0)
-    for name, r in res.items():
-        assert "error" not in r, (name, r.get("traceback"))
-    return res
+    return run_checked(WORKER, {"dir": d, "checks": ["damaged", "paused", "unwritable",
+                                                     "step_error", "py_function"]})
 
 
 @pytest.mark.parametrize("damage, why", [

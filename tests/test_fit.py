@@ -24,7 +24,7 @@ import pytest
 
 import command  # tests/command.py
 from tapas.execution.api import fit
-from worker_main import run_worker  # tests/worker_main.py
+from worker_main import run_checked, run_worker  # tests/worker_main.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "fit_worker.py")
@@ -33,14 +33,10 @@ WORKER = os.path.join(ROOT, "tests", "fit_worker.py")
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("fit"))
-    (res,) = run_worker(WORKER, {"devices": 2, "dir": d,
-                                 "checks": ["keras", "resume", "weighted", "inference",
-                                            "conveniences", "python_data",
-                                            "model_checkpoint"]},
-                        1, 300.0)
-    for name, r in res.items():
-        assert "error" not in r, (name, r.get("traceback"))
-    return res
+    return run_checked(WORKER, {"devices": 2, "dir": d,
+                                "checks": ["keras", "resume", "weighted", "inference",
+                                           "conveniences", "python_data",
+                                           "model_checkpoint"]})
 
 
 def test_fit_on_arrays_equals_keras_fit_with_callbacks(two: dict) -> None:
@@ -87,6 +83,18 @@ def test_keras_fit_conveniences_are_checked_with_the_fix() -> None:
         fa.validates(0, 0)
     _, w = fa.by_class(x, y, None, {1: 4.0})
     assert w.tolist() == [1.0, 4.0] * 5
+    with pytest.raises(ValueError, match="class_weight with a generator: Keras does not"):
+        fa.by_class((b for b in [(x, y)]), None, None, {1: 4.0})
+
+    class Triples(keras.utils.PyDataset):
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            return x, y, np.ones(10)
+    weighted, _ = fa.by_class(Triples(), None, None, {1: 4.0})
+    with pytest.raises(ValueError, match="PyDataset whose batches are 3-tuples"):
+        weighted[0]
     tx, ty, _, (vx, vy) = fa.split_for_validation(x, y, None, 0.3, None)
     assert len(tx) == 7 and vy.tolist() == [1, 0, 1]   # the last examples, as Keras
     assert [fa.validates(e, [1, 3]) for e in range(4)] == [True, False, True, False]
@@ -260,6 +268,34 @@ def test_model_checkpoint_writes_keras_files_equal_to_keras_fits(two: dict) -> N
     assert r["save"] == {"weights": True, "save_weights": True, "optimizer": True}, r["save"]
     assert "compiled with Adam, the runtime steps with SGD" in r["other_optimizer"]
     assert "save_weights_only=True" in r["other_optimizer"]
+
+
+def test_whole_model_files_keras_cannot_hold_are_refused_with_the_fix() -> None:
+    """What Keras's .keras file cannot hold as the runtime does, named before training:
+    a Keras 2 optimizer, a loss scale, another optimizer class than the compiled one."""
+    import types
+    from tapas.execution.runtime.values import GlobalValues
+
+    def runtime(state: dict, cls: type) -> types.SimpleNamespace:
+        return types.SimpleNamespace(optimizer=types.SimpleNamespace(state=state,
+                                                                     keras_class=cls))
+
+    def model(optimizer):
+        return types.SimpleNamespace(name="m", optimizer=optimizer)
+    adam = keras.optimizers.Adam()
+    GlobalValues.check_optimizer_export(runtime({}, keras.optimizers.Adam), model(adam))
+    GlobalValues.check_optimizer_export(runtime({}, keras.optimizers.Adam), model(None))
+    with pytest.raises(ValueError, match="compiled with Adam, the runtime steps with SGD.*"
+                                         "save_weights_only=True"):
+        GlobalValues.check_optimizer_export(runtime({}, keras.optimizers.SGD), model(adam))
+    with pytest.raises(ValueError, match="beyond its slots .*a loss scale"):
+        GlobalValues.check_optimizer_export(
+            runtime({}, keras.optimizers.Adam),
+            model(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())))
+    tf_keras = pytest.importorskip("tf_keras")
+    with pytest.raises(ValueError, match="Keras 2 \\(tf_keras\\) optimizer"):
+        GlobalValues.check_optimizer_export(runtime({}, keras.optimizers.Adam),
+                                            model(tf_keras.optimizers.Adam()))
 
 
 def test_model_checkpoint_state_is_kept_for_resume() -> None:

@@ -23,7 +23,7 @@ import os
 import pytest
 
 from matrix import pick  # tests/matrix.py
-from worker_main import run_worker  # tests/worker_main.py
+from worker_main import run_checked, run_worker  # tests/worker_main.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "model_losses_worker.py")
@@ -34,13 +34,9 @@ WORKER = os.path.join(ROOT, "tests", "model_losses_worker.py")
                 ids=pick(["4_devices"], ["2_devices", "4_devices"]))
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = str(tmp_path_factory.mktemp("model_losses"))
-    (res,) = run_worker(WORKER, {"devices": request.param, "dir": d,
-                                 "checks": ["classifier", "binary", "two_outputs",
-                                            "call_losses", "resume", "dict_outputs"]},
-                        1, 600.0)
-    for name, r in res.items():
-        assert "error" not in r, (name, r.get("traceback"))
-    return res
+    return run_checked(WORKER, {"devices": request.param, "dir": d,
+                                "checks": ["classifier", "binary", "two_outputs",
+                                           "call_losses", "resume", "dict_outputs"]}, 600.0)
 
 
 def _plans(r: dict) -> list[str]:

@@ -17,7 +17,7 @@ import keras
 import pytest
 
 from tapas.execution.api import overrides
-from worker_main import run_worker  # tests/worker_main.py
+from worker_main import run_checked  # tests/worker_main.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "overrides_worker.py")
@@ -63,11 +63,7 @@ def test_keras2_models_keep_their_own_steps() -> None:
 
 @pytest.fixture(scope="module")
 def worker() -> dict:
-    (res,) = run_worker(WORKER, {"devices": 2, "checks": ["refused", "hugging_face"]},
-                        1, 300.0)
-    for name, r in res.items():
-        assert "error" not in r, (name, r.get("traceback"))
-    return res
+    return run_checked(WORKER, {"devices": 2, "checks": ["refused", "hugging_face"]})
 
 
 def test_runs_that_would_skip_an_override_are_refused_before_any_step(worker: dict) -> None:

@@ -48,6 +48,16 @@ def run_worker(script: str, job: dict[str, Any], workers: int = 1, timeout_s: fl
     return out
 
 
+def run_checked(script: str, job: dict[str, Any], timeout_s: float = 300.0
+                ) -> dict[str, dict[str, Any]]:
+    """One worker process's results by check name (:func:`run_worker`); a check that
+    raised fails the caller with its name and traceback."""
+    (res,) = run_worker(script, job, 1, timeout_s)
+    for name, r in res.items():
+        assert "error" not in r, (name, r.get("traceback"))
+    return res
+
+
 def finish() -> None:
     """End the worker process now, output flushed. A worker of several (``TF_CONFIG`` set)
     first waits 2 s: a peer may still be pulling the last collective's buffers from this

@@ -137,6 +137,7 @@ class _Data(_PythonSource):
             raise ValueError(f"{self.what}: sample_weight was given with a dataset; the "
                              "dataset yields (x, y, sample_weight) triples, so leave it out")
         self.python: Any = None                # a PyDataset or a generator
+        self.kind: str | None = None           # which of the two
         if is_python_data(x):
             self._init_python(x, y, sample_weight)
         elif callable(x) and not isinstance(x, tf.data.Dataset):
@@ -462,7 +463,7 @@ class _Stream:
             if b is not None:
                 self.position += 1
                 return b
-            if getattr(self.data, "kind", None) == "generator" and (roll or self.pass_index):
+            if self.data.kind == "generator" and (roll or self.pass_index):
                 self.exhausted = True   # read once: no second pass
                 return None
             if not roll:
