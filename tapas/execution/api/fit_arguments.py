@@ -2,17 +2,19 @@
 runs: ``validation_split``, ``class_weight``, ``validation_freq``.
 
 In:  fit's ``x``, ``y``, ``sample_weight`` and ``validation_data`` (arrays, or a
-     ``tf.data.Dataset`` of ``(x, y[, sample_weight])`` global batches), and those arguments
-     as Keras's ``Model.fit`` takes them.
+     ``tf.data.Dataset``, ``keras.utils.PyDataset`` or generator of ``(x, y[,
+     sample_weight])`` global batches), and those arguments as Keras's ``Model.fit`` takes
+     them.
 Out: :func:`split_for_validation`: the arrays' last ``validation_split`` of the examples
      as the validation data, the rest to train on (Keras's own cut); :func:`by_class`:
      sample weights from ``class_weight`` (Keras's own helpers: each example weighted by
      its class, a one-hot or probability target by its argmax; a dataset mapped as Keras
-     maps it); :func:`validates`: whether an epoch ends with a validation pass.
+     maps it, a PyDataset's batches weighted as Keras's adapter weighs them);
+     :func:`validates`: whether an epoch ends with a validation pass.
 Raises: ValueError naming the argument, the constraint and the fix (both ``class_weight``
-     and ``sample_weight``, ``class_weight`` with several outputs or a dataset function,
-     ``validation_split`` with a dataset or outside [0, 1), a ``validation_freq`` that is
-     neither a positive count nor a list of epochs).
+     and ``sample_weight``, ``class_weight`` with several outputs, a dataset function or a
+     generator, ``validation_split`` with anything but arrays or outside [0, 1), a
+     ``validation_freq`` that is neither a positive count nor a list of epochs).
 """
 
 from __future__ import annotations
