@@ -16,6 +16,7 @@ from tapas.planning import explore
 from tapas import mining
 from tapas.planning.cost import Cluster, CostOptions, collective_cost
 from tapas.planning.explore import EdgeCoster, ExploreOptions, SearchTimeout
+from tapas.planning.table import placed_weights
 from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Placement, Replica, Split
 from tapas.ir import Graph, GraphNode, Kind, OpInfo, TensorInfo, WeightInfo
@@ -263,15 +264,27 @@ def test_pattern_infos_carry_typed_placements_family_and_memory(cluster):
     col = res.table.infos[1][res.table.index(1, "column")]
     assert col.inputs == (Replica(),) and col.outputs == (Split(1),)
     assert col.family is Family.COLUMN and not col.data_parallel
-    assert dict(col.weights) == {"l0/up/kernel": Split(1)} and str(col.outputs[0]) == "S1"
+    assert dict(placed_weights(g.nodes[1], col)) == {"l0/up/kernel": Split(1)}
+    assert col.weight_placements == (Split(1),) and str(col.outputs[0]) == "S1"
     batch = res.table.infos[1][res.table.index(1, "batch")]
     assert batch.family is Family.BATCH and batch.data_parallel
-    assert dict(batch.weights) == {"l0/up/kernel": Replica()}
+    assert dict(placed_weights(g.nodes[1], batch)) == {"l0/up/kernel": Replica()}
     # the kernel split over N devices, its gradient and Adam's two slots; the output split
     w = H * F * FP32 / N
     assert (col.memory.weights, col.memory.gradients, col.memory.optimizer) == (w, w, 2 * w)
     assert col.memory.activations == B * F * FP32 / N
     assert batch.memory.weights == H * F * FP32
+
+
+def test_graphnodes_of_one_signature_share_a_row_and_name_their_own_weights(cluster):
+    g = mlp(3)
+    table = run(g, cluster).table
+    ups = [v for v, node in enumerate(g.nodes) if node.name.endswith("/up")]
+    assert len(ups) == 3 and len({g.nodes[v].signature for v in ups}) == 1
+    assert all(table.infos[v] is table.infos[ups[0]] for v in ups)
+    for layer, v in enumerate(ups):
+        col = table.infos[v][table.index(v, "column")]
+        assert dict(placed_weights(g.nodes[v], col)) == {f"l{layer}/up/kernel": Split(1)}
 
 
 # ---- gp: templates, ties, stitching -------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 from test_explore import B, F, FP32, H, fake_patterns, fake_reshard, mlp
 
 from tapas.planning import explore, search
-from tapas.planning.table import pattern_table
+from tapas.planning.table import pattern_table, placed_weights
 from tapas.planning.cost import Cluster, CostOptions, collective_cost
 from tapas.ir import Graph
 from tapas.planning.search import MemoryBudgetError, Strategy
@@ -437,7 +437,8 @@ def test_a_weight_read_in_two_placements_is_priced_when_asked() -> None:
         head = [n.id for n in graph.nodes if n.kind.value == "dense"
                 and any("shared_embedding" in w.path for w in n.weights)][-1]
         split = [k for k, i in enumerate(table.infos[head])
-                 if any("shared_embedding" in p and str(pl).startswith("S") for p, pl in i.weights)]
+                 if any("shared_embedding" in p and str(pl).startswith("S")
+                         for p, pl in placed_weights(graph.nodes[head], i))]
         assert split, [i.name for i in table.infos[head]]
         idx[head] = split[0]
         costs[flag] = explore.plan_cost(graph, table, idx, edges)[0].total
@@ -465,7 +466,7 @@ def test_plan_with_weights_places_them_as_given_and_says_what_it_cannot(t5_tiny)
     assert "has no pattern placing it S5" in r.unmapped["encoder_block_1/ffn/wi/kernel"]
     table = explore.pattern_table(t5_tiny, 2, cluster, CostOptions.for_cluster(cluster))
     placed = {path: pl for v, name in enumerate(r.patterns)
-              for path, pl in table.infos[v][table.index(v, name)].weights}
+              for path, pl in placed_weights(t5_tiny.nodes[v], table.infos[v][table.index(v, name)])}
     for path, want in given.items():
         if path not in r.unmapped:
             assert placed[path] == Split(int(want[1])), path

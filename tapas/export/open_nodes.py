@@ -36,7 +36,7 @@ from typing import Any
 from tapas.ir import Graph, Kind
 from tapas.planning.explore import plan_cost
 from tapas.planning.strategy import Strategy
-from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable
+from tapas.planning.table import EdgeCoster, PatternInfo, PatternTable, placed_weights
 from tapas.sharding.placements import Placement, Replica
 from tapas.sharding.patterns import patterns_for
 from tapas.export.layouts import Unexpressed
@@ -55,7 +55,8 @@ def _boundary(graph: Graph, v: int, info: PatternInfo, inner: Sequence[tuple[str
     (``"input"``, ``"output"``), and ``inner``: pinned tensors produced inside it (a layer
     output that is not the GraphNode's), as it leaves them (``"output"``)."""
     node = graph.nodes[v]
-    out = [(path, pl, "weight") for path, pl in info.weights if graph.reads(v, path)]
+    out = [(path, pl, "weight") for path, pl in placed_weights(node, info)
+           if graph.reads(v, path)]
     out += [(t.name, pl, "input") for t, pl in zip(node.inputs, info.inputs)]
     out += [(t.name, pl, "output") for t, pl in zip(node.outputs, info.outputs)]
     return out + [(name, pl, "output") for name, pl in inner]

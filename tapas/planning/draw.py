@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tapas.ir import Graph
+from tapas.planning.table import placed_weights
 from tapas.sharding.patterns.pattern import Family
 from tapas.sharding.placements import Replica
 
@@ -51,7 +52,8 @@ def strategy_rows(strategy: Any, graph: Graph, patterns: Sequence[str] | None = 
         if info is None:
             raise ValueError(f"GraphNode {v} '{node.name}' has no pattern {patterns[v]!r}")
         splits = [f"{'/'.join(path.split('/')[-2:])} {placement}/{n}"
-                  for path, placement in info.weights if not isinstance(placement, Replica)]
+                  for path, placement in placed_weights(node, info)
+                  if not isinstance(placement, Replica)]
         colls = [f"{t.kind.value} {'bwd' if t.backward else 'fwd'}" for t in info.comm_terms]
         family = info.family.value if info.family is not None else "other"
         return {"id": v, "kind": node.kind.value, "pattern": patterns[v], "family": family,

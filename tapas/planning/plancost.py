@@ -32,7 +32,7 @@ from tapas.planning.cost import CostOptions, CostTerm, MemoryEstimate
 from tapas.planning.kept import input_kept_bytes, node_resharded_bytes
 from tapas.planning.precision import priced_dtype
 from tapas.planning.steps import producers
-from tapas.planning.table import EdgeCoster, PatternTable
+from tapas.planning.table import EdgeCoster, PatternTable, placed_weights
 from tapas.sharding.placements import Placement
 
 __all__ = ["plan_cost", "plan_costs", "plan_memory", "memory_lower_bound", "node_memory",
@@ -175,7 +175,7 @@ def weight_reshard_terms(graph: Graph, table: PatternTable, patterns: Sequence[i
     for node in graph.nodes:
         info = table.infos[node.id][patterns[node.id]]
         shapes = {w.path: w for w in node.weights if graph.reads(node.id, w.path)}
-        for path, want in info.weights:
+        for path, want in placed_weights(node, info):
             if path not in shapes:
                 continue
             have = stored.setdefault(path, want)
@@ -222,7 +222,7 @@ class _Memory:
         acts, act = [], 0.0
         for node in graph.nodes:
             info = table.infos[node.id][patterns[node.id]]
-            for w, (_, pl) in zip(node.weights, info.weights):
+            for w, pl in zip(node.weights, info.weight_placements):
                 if node.id not in readers.get(w.path, ()):
                     continue
                 key = (id(pl), w.shape, w.dtype)
@@ -284,7 +284,7 @@ class _Memory:
         for v in sorted(self.graph.readers[path]):
             node = self.graph.nodes[v]
             info = self.table.infos[v][patterns[v]]
-            for w, (_, pl) in zip(node.weights, info.weights):
+            for w, pl in zip(node.weights, info.weight_placements):
                 if w.path != path:
                     continue
                 key = (id(pl), w.shape, w.dtype)
@@ -343,7 +343,7 @@ def memory_lower_bound(graph: Graph, table: PatternTable,
             if not graph.reads(node.id, w.path):
                 continue
             dtype = priced_dtype(w.dtype, options.precision, weight=True)
-            b = min(info.weights[k][1].local_bytes(w.shape, dtype, n) for info in infos)
+            b = min(info.weight_placements[k].local_bytes(w.shape, dtype, n) for info in infos)
             if w.path not in weights or weights[w.path][0] < b:
                 weights[w.path] = (b, w.trainable)
     mem = MemoryEstimate(activations=act)

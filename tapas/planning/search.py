@@ -50,7 +50,8 @@ from tapas.planning.references import (DATA_PARALLEL, REFERENCE_PLANS, applicabl
                                        node_roles, reference_filter)
 from tapas.planning.steps import producers
 from tapas.planning.strategy import Alternative, EdgeReshard, Strategy, graph_digest
-from tapas.planning.table import EdgeCoster, PatternsFn, PatternTable, ReshardFn, pattern_table
+from tapas.planning.table import (EdgeCoster, PatternsFn, PatternTable, ReshardFn, pattern_table,
+                                  placed_weights)
 from tapas.sharding.losses import LossSpec
 from tapas.sharding.patterns.pattern import Family, PatternId
 from tapas.sharding.placements import Placement, Replica
@@ -344,15 +345,16 @@ def plan_with_weights(graph: Graph, weights: Mapping[str, Any], *,
     unmapped: dict[str, str] = {}
     for node in graph.nodes:
         for w in node.weights:
-            if w.path in want and not any(dict(i.weights).get(w.path) == want[w.path]
-                                          for i in table.infos[node.id]):
-                offered = sorted({str(dict(i.weights)[w.path]) for i in table.infos[node.id]})
+            if w.path in want and not any(dict(placed_weights(node, i)).get(w.path)
+                                          == want[w.path] for i in table.infos[node.id]):
+                offered = sorted({str(dict(placed_weights(node, i))[w.path])
+                                  for i in table.infos[node.id]})
                 unmapped[w.path] = (f"GraphNode '{node.name}' has no pattern placing it "
                                     f"{want[w.path]} (its patterns place it {offered})")
     fixed = {p: pl for p, pl in want.items() if p not in unmapped}
 
     def allowed(node: GraphNode, info: Any) -> bool:
-        return all(fixed.get(path, pl) == pl for path, pl in info.weights)
+        return all(fixed.get(path, pl) == pl for path, pl in placed_weights(node, info))
 
     runner = _Runner(graph, cluster, mode, folded, options, table,
                      EdgeCoster(n, cluster, options, gradients=table.gradients), None)
@@ -360,7 +362,7 @@ def plan_with_weights(graph: Graph, weights: Mapping[str, Any], *,
     plan, pc, _ = runner.evaluate(result.best)
     names = tuple(table.infos[v][p].name for v, p in enumerate(plan.patterns))
     for v, p in enumerate(plan.patterns):
-        for path, got in table.infos[v][p].weights:
+        for path, got in placed_weights(graph.nodes[v], table.infos[v][p]):
             if path in fixed and got != fixed[path] and path not in unmapped:
                 unmapped[path] = (
                     f"placed {got}, not {fixed[path]}: no pattern of GraphNode "
@@ -412,7 +414,7 @@ def _strategy(runner: _Runner, result: ex.ExploreResult, best: Evaluated,
                + _unruled_notes(graph)
                + _precision_notes(graph, runner.options)),
         precision=runner.options.precision or graph_precision(graph),
-        weight_placements=_weight_splits(infos), _graph=graph, _table=table)
+        weight_placements=_weight_splits(graph, infos), _graph=graph, _table=table)
 
 
 def _edge_reshards(graph: Graph, edges: EdgeCoster, resharded: Sequence[ex.Resharded]
@@ -554,10 +556,11 @@ def _unruled_notes(graph: Graph) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _weight_splits(infos: Sequence[ex.PatternInfo]) -> dict[str, Placement]:
-    """Weight path -> placement of every weight the chosen plan does not replicate."""
-    return {path: pl for info in infos for path, pl in info.weights
-            if not isinstance(pl, Replica)}
+def _weight_splits(graph: Graph, infos: Sequence[ex.PatternInfo]) -> dict[str, Placement]:
+    """Weight path -> placement of every weight the chosen plan (``infos``, one per
+    GraphNode) does not replicate."""
+    return {path: pl for node, info in zip(graph.nodes, infos)
+            for path, pl in placed_weights(node, info) if not isinstance(pl, Replica)}
 
 
 def _per_unit(graph: Graph, infos: Sequence[ex.PatternInfo], folded: FoldedGraph | None,

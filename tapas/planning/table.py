@@ -11,7 +11,8 @@ Out: :class:`PatternTable` -- per GraphNode, one :class:`PatternInfo` per patter
      placements and their seconds (``tapas.sharding.placements.reshard``, cached).
 
 ``patterns_for`` is called once per GraphNode signature: identical GraphNodes have
-identical patterns, only their weight paths differ.
+identical patterns, only their weight paths differ, so they share one row, whose weights are
+placed by position (:func:`placed_weights` names them for a GraphNode).
 
 With ``CostOptions.gradient_flow`` (the default) a backward collective is priced only on a
 tensor whose gradient the training step computes (``tapas.sharding.gradients``, pure: the
@@ -44,8 +45,8 @@ from tapas.sharding.patterns import patterns_for
 from tapas.sharding.patterns.pattern import REPLICATE, Family, PatternId
 from tapas.sharding.placements import Placement, Replica, parse_placement, reshard
 
-__all__ = ["PatternInfo", "PatternTable", "pattern_table", "constant_nodes", "EdgeCoster",
-           "PatternsFn", "ReshardFn", "gradient_tensors"]
+__all__ = ["PatternInfo", "PatternTable", "pattern_table", "placed_weights", "constant_nodes",
+           "EdgeCoster", "PatternsFn", "ReshardFn", "gradient_tensors"]
 
 # PatternsFn(node, graph, num_devices) -> the node's ShardingPatterns (or objects with the
 # same fields: name, inputs, outputs, weights, comms, flops, family, data_parallel; their
@@ -65,7 +66,10 @@ class PatternInfo:
     data_parallel: bool                       # splits the batch axis (data parallelism)
     inputs: tuple[Placement, ...]
     outputs: tuple[Placement, ...]
-    weights: tuple[tuple[str, Placement], ...]   # (weight path, placement)
+    # the placement of each of the GraphNode's weights, in ``node.weights`` order (the
+    # GraphNodes of a signature share their rows: :func:`placed_weights` pairs them with a
+    # GraphNode's own paths)
+    weight_placements: tuple[Placement, ...]
     comm_terms: tuple[CostTerm, ...]
     comm_time: float
     compute_time: float
@@ -88,11 +92,10 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
                                      weights=weights)
                   for c in pattern.comms)
     outputs = _placed(pattern.outputs)
-    weights = tuple(zip((w.path for w in node.weights),
-                        _placed(pattern.weights.get(w.path, _R) for w in node.weights)))
+    placed = _placed(pattern.weights.get(w.path, _R) for w in node.weights)
     mem = MemoryEstimate()
     precision = options.precision
-    for w, (_, pl) in zip(node.weights, weights):
+    for w, pl in zip(node.weights, placed):
         local = pl.local_bytes(w.shape, priced_dtype(w.dtype, precision, weight=True), n)
         mem = mem + cost_lib.weight_memory(local, w.trainable, options)
     act = math.fsum(pl.local_bytes(t.shape, priced_dtype(t.dtype, precision), n)
@@ -104,7 +107,7 @@ def _summarize(node: GraphNode, pattern: Any, n: int, cluster: Cluster,
     return PatternInfo(
         name=_pattern_id(pattern), family=pattern.family,
         data_parallel=bool(pattern.data_parallel), inputs=_placed(pattern.inputs),
-        outputs=outputs, weights=weights, comm_terms=terms,
+        outputs=outputs, weight_placements=placed, comm_terms=terms,
         comm_time=math.fsum(t.total for t in terms),
         compute_time=cost_lib.compute_time(
             flops, cluster, options, dense_flops=None if dense is None else float(dense),
@@ -164,7 +167,6 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
     options = CostOptions.for_cluster(cluster) if options is None else options
     patterns_fn = patterns_fn or patterns_for
     first_of: dict[str, int] = {}
-    weight_placements: dict[str, list[list[Placement]]] = {}   # per signature and pattern
     infos: list[tuple[PatternInfo, ...]] = []
     generate = 0.0
     constant = constant_nodes(graph) if options.constant_filter else frozenset()
@@ -173,13 +175,8 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
     for node in graph.nodes:
         key = node.signature or f"#{node.id}"
         if key in first_of:
-            # same signature: same placements and costs, only weight paths differ
-            row = infos[first_of[key]]
-            if node.weights:
-                paths = [w.path for w in node.weights]
-                row = tuple(_with_weights(info, tuple(zip(paths, placed)))
-                            for info, placed in zip(row, weight_placements[key]))
-            infos.append(row)
+            # same signature: the same row (placements and costs; the weights by position)
+            infos.append(infos[first_of[key]])
             continue
         t = time.perf_counter()
         pats = tuple(patterns_fn(node, graph, num_devices))
@@ -190,7 +187,6 @@ def pattern_table(graph: Graph, num_devices: int, cluster: Cluster,
                              f"offer {REPLICATE!r}")
         first_of[key] = node.id
         infos.append(tuple(_summarize(node, p, num_devices, cluster, options) for p in pats))
-        weight_placements[key] = [[pl for _, pl in info.weights] for info in infos[-1]]
         comm_tensors[key] = [[(getattr(c, "phase", "fwd") == "bwd", getattr(c, "tensor", None))
                               for c in p.comms] for p in pats]
     if gradients is not None:
@@ -210,9 +206,14 @@ def gradient_tensors(graph: Graph) -> frozenset[str] | None:
     ``graph`` computes (``tapas.sharding.gradients.gradient_flow``), or None when the graph
     does not show where its weights are read (a GraphNode IR written by hand, whose ops
     leave out the weights' reads): then nothing is known to go without a gradient."""
-    read = set().union(*[op.inputs for node in graph.nodes for op in node.ops])
-    if any(f"{w.placeholder}:0" not in read for w in graph.weights if w.trainable):
-        return None
+    unread = {f"{w.placeholder}:0" for w in graph.weights if w.trainable}
+    for node in graph.nodes:      # a captured weight is read in its own GraphNode
+        if node.weights and unread:
+            unread.difference_update(*[op.inputs for op in node.ops])
+    if unread:                    # elsewhere, or nowhere (a hand-written IR)
+        unread.difference_update(*[op.inputs for node in graph.nodes for op in node.ops])
+        if unread:
+            return None
     return gradient_flow(graph).needed
 
 
@@ -282,12 +283,11 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
                       for comms in tensors)
         if state is not None:
             known[state] = drops
-    # GraphNodes without weights share their signature's row: one copy per set of drops
-    shared = names.setdefault(("rows",), {}) if not node.weights else None
-    if shared is not None:
-        hit = shared.get((id(row), drops))
-        if hit is not None and hit[0] is row:
-            return hit[1]
+    # the GraphNodes of a signature share its row: one copy per set of drops
+    shared = names.setdefault(("rows",), {})
+    hit = shared.get((id(row), drops))
+    if hit is not None and hit[0] is row:
+        return hit[1]
     out = []
     kept_terms = names.setdefault(None, {})   # (terms, dropped) -> (kept terms, seconds)
     for info, comms, drop in zip(row, tensors, drops):
@@ -298,15 +298,11 @@ def _gradients_only(graph: Graph, node: GraphNode, row: tuple[PatternInfo, ...],
         if memo not in kept_terms:
             terms = tuple(t for k, t in enumerate(info.comm_terms) if k not in drop)
             kept_terms[memo] = (terms, math.fsum(t.total for t in terms), info.comm_terms)
-        if node.weights and first.id != node.id:
-            kept = info    # this GraphNode's own copy (_with_weights): completed in place
-        else:
-            kept = object.__new__(PatternInfo)
-            kept.__dict__.update(info.__dict__)
+        kept = object.__new__(PatternInfo)   # (PatternInfo has no checks to re-run)
+        kept.__dict__.update(info.__dict__)
         kept.__dict__["comm_terms"], kept.__dict__["comm_time"] = kept_terms[memo][:2]
         out.append(kept)
-    if shared is not None:
-        shared[(id(row), drops)] = (row, tuple(out))
+    shared[(id(row), drops)] = (row, tuple(out))
     return tuple(out)
 
 
@@ -354,15 +350,9 @@ class _LossComm:
     phase: str = "fwd"
 
 
-def _with_weights(info: PatternInfo, weights: tuple[tuple[str, Placement], ...]
-                  ) -> PatternInfo:
-    """``dataclasses.replace(info, weights=weights)`` without re-running ``__init__``
-    (PatternInfo has no checks): a deep stack copies one row per layer, and replace's
-    field-by-field rebuild was most of the table's time on T5 with 48 layers per stack."""
-    out = object.__new__(PatternInfo)
-    out.__dict__.update(info.__dict__)
-    out.__dict__["weights"] = weights
-    return out
+def placed_weights(node: GraphNode, info: PatternInfo) -> tuple[tuple[str, Placement], ...]:
+    """(weight path, placement) of each of ``node``'s weights under its pattern ``info``."""
+    return tuple(zip([w.path for w in node.weights], info.weight_placements))
 
 
 def constant_nodes(graph: Graph) -> frozenset[int]:
