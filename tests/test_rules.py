@@ -71,6 +71,35 @@ def test_strided_slice_keeps_only_whole_axes() -> None:
     assert spec.outputs[0] == (x[0], x[2]) and x[1] in spec.no_split
 
 
+def test_strided_slice_keeps_the_axes_its_ellipsis_covers() -> None:
+    # x[..., 96:] of a fused q/k/v projection (Llama-style): batch and sequence are whole
+    spec = _spec("StridedSlice", [(4, 16, 128), None, None, None], [(4, 16, 32)],
+                 {"ellipsis_mask": 1, "end_mask": 2}, {1: [0, 96], 2: [0, 0], 3: [1, 1]})
+    x = spec.inputs[0]
+    assert spec.outputs[0][:2] == x[:2] and not {x[0], x[1]} & spec.no_split
+    assert x[2] in spec.no_split and spec.outputs[0][2] != x[2]
+    # x[..., 1] (TopK's second index): the last axis shrunk, the others kept
+    top = _spec("StridedSlice", [(2, 16, 2), None, None, None], [(2, 16)],
+                {"ellipsis_mask": 1, "shrink_axis_mask": 2}, {1: [0, 1], 2: [0, 2], 3: [1, 1]})
+    t = top.inputs[0]
+    assert top.outputs[0] == t[:2] and not {t[0], t[1]} & top.no_split
+    # a new axis after the ellipsis takes no input axis: x[..., None]
+    new = _spec("StridedSlice", [(4, 8), None, None, None], [(4, 8, 1)],
+                {"ellipsis_mask": 1, "new_axis_mask": 2}, {1: [0, 0], 2: [0, 0], 3: [1, 1]})
+    n = new.inputs[0]
+    assert new.outputs[0][:2] == n and not set(n) & new.no_split
+
+
+def test_tile_with_multiples_computed_in_the_graph_keeps_axes_of_unchanged_size() -> None:
+    # Keras's repeat of the key/value heads (grouped-query attention): multiples from a Pack
+    spec = _spec("Tile", [(4, 16, 2, 1, 16), None], [(4, 16, 2, 2, 16)])
+    x = spec.inputs[0]
+    assert spec.outputs[0][:3] == x[:3] and not set(x[:3]) & spec.no_split
+    assert x[3] in spec.no_split
+    known = _spec("Tile", [(4, 8), None], [(4, 16)], consts={1: [1, 2]})
+    assert known.inputs[0][1] in known.no_split and known.inputs[0][0] not in known.no_split
+
+
 def test_why_an_op_has_no_spec() -> None:
     assert _spec("FooBar", [(4,)], [(4,)]) == "op 'op' has type FooBar, which has no placement rule"
     why = _spec("Transpose", [(4, 8), None], [(8, 4)])

@@ -47,7 +47,12 @@ def pad(op: OpInfo, ctx: OpContext) -> OpSpec:
 def tile(op: OpInfo, ctx: OpContext) -> OpSpec:
     r = rank(ctx.in_shapes[0])
     mult = ctx.const(1)
-    kept = [False] * r if mult is None else [int(m) == 1 for m in mult]
+    if mult is not None:
+        kept = [int(m) == 1 for m in mult]
+    else:   # multiples computed in the graph: an axis of unchanged size is tiled once
+        x, out = ctx.in_shapes[0], ctx.out_shapes[0]
+        kept = [x is not None and out is not None and x[i] is not None and x[i] > 0
+                and out[i] == x[i] for i in range(r)]
     return keep_axes_spec(op, kept, ())
 
 
@@ -91,11 +96,11 @@ def _as_list(value: Any) -> list[Any]:
 def _strided_labels(op: OpInfo, x: Shape, xl: tuple[str, ...], fresh: Fresh,
                     consts: tuple[list[Any], list[Any], list[Any]]) -> tuple[list[str], set[str]]:
     """Output labels of a StridedSlice and its never-split labels: an input axis taken
-    whole keeps its label; a new, partly taken or strided axis gets a private label; a
-    shrunk axis disappears."""
+    whole (or covered by the ellipsis, ``x[..., 2:]``) keeps its label; a new, partly taken
+    or strided axis gets a private label; a shrunk axis disappears."""
     begin, end, strides = consts
     masks = {k: int(op.attrs.get(k, 0)) for k in ("begin_mask", "end_mask", "new_axis_mask",
-                                                   "shrink_axis_mask")}
+                                                   "shrink_axis_mask", "ellipsis_mask")}
     r = len(x)
     ol: list[str] = []
     kept_in: set[int] = set()
@@ -103,6 +108,15 @@ def _strided_labels(op: OpInfo, x: Shape, xl: tuple[str, ...], fresh: Fresh,
     a = 0  # input axis
     for s in range(len(begin)):
         bit = 1 << s
+        if masks["ellipsis_mask"] & bit:
+            # the axes no later entry of the spec takes (a new axis takes none)
+            later = sum(1 for t in range(s + 1, len(begin))
+                        if not masks["new_axis_mask"] & (1 << t))
+            for _ in range(r - a - later):
+                ol.append(xl[a])
+                kept_in.add(a)
+                a += 1
+            continue
         if masks["new_axis_mask"] & bit:
             lab = fresh()
             no.add(lab)
@@ -138,8 +152,7 @@ def strided_slice(op: OpInfo, ctx: OpContext) -> OpSpec:
     xl = fresh.many(r)
     begin, end, strides = ctx.const(1), ctx.const(2), ctx.const(3)
     inputs = (xl,) + (None,) * (len(op.inputs) - 1)
-    if begin is None or end is None or strides is None or int(op.attrs.get("ellipsis_mask", 0)) \
-            or out is None:
+    if begin is None or end is None or strides is None or out is None:
         ol = fresh.many(rank(out))
         return OpSpec(inputs, (ol,), no_split=frozenset(xl) | frozenset(ol), flops="none")
     labels, no = _strided_labels(op, x, xl, fresh,  # type: ignore[arg-type]
