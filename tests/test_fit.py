@@ -36,7 +36,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return run_checked(WORKER, {"devices": 2, "dir": d,
                                 "checks": ["keras", "resume", "weighted", "inference",
                                            "conveniences", "python_data",
-                                           "model_checkpoint"]})
+                                           "model_checkpoint", "tails"]})
 
 
 def test_fit_on_arrays_equals_keras_fit_with_callbacks(two: dict) -> None:
@@ -334,6 +334,31 @@ def test_val_loss_and_evaluate_run_in_inference_mode_as_keras(two: dict) -> None
             assert r[key]["ok"], (seed, key, r[key])
         assert r["separate"] and r["shared"] > 0, (seed, r)
     assert two["inference"]["seed 0"]["resynced"]   # this plan needs copies
+
+
+def test_a_last_batch_is_filled_up_where_exact_else_dropped_saying_why(two: dict) -> None:
+    """Dropout: every example trains, as in Keras's fit (the masks of the filled-up batch's
+    own rows are Keras's). Rows combined (a batch mean, batch norm's statistics): the last
+    3 examples are dropped with a note naming the op, and training equals Keras's fit on
+    the first 40. evaluate counts all 43 where the inference graph keeps the rows apart
+    (batch norm on its moving statistics), the first 40 where it does not; predict refuses
+    a last batch whose padding would change the outputs."""
+    r = {k: v for k, v in two["tails"].items() if k != "check"}
+    assert len(r) == 6
+    for name, v in r.items():
+        assert v["loss"]["ok"] and v["weights"]["ok"] and v["evaluate"]["ok"], (name, v)
+        if name.startswith("dropout"):
+            assert v["notes"] == [], (name, v["notes"])
+        else:
+            assert len(v["notes"]) == 1 and "the last 3 examples" in v["notes"][0]
+            op = "centre_1/Mean" if name.startswith("centred") else "bn_1/moments"
+            assert f"would not be exact: op '" in v["notes"][0] and op in v["notes"][0], \
+                (name, v["notes"])
+        if name.startswith("centred"):
+            assert "a last batch of 3 rows" in v["predict"] and "centre_1/Mean" in v["predict"]
+            assert "give a multiple of 8 examples" in v["predict"], v["predict"]
+        else:
+            assert v["predict"]["ok"], (name, v["predict"])
 
 
 def test_early_stopping_restores_the_best_weights_as_keras(two: dict) -> None:

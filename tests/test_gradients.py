@@ -147,7 +147,7 @@ def test_the_no_gradient_ops_with_a_registered_gradient_return_none_and_sign_ret
 def _flow_over_all_ops(graph, sources):
     """The whole-graph walk, every op at once in one topological order."""
     from tapas.sharding import gradients
-    order = gradients._topological([op for node in graph.nodes for op in node.ops])
+    order = gradients.topological_ops([op for node in graph.nodes for op in node.ops])
     return gradients._forward(order, sources), gradients._backward(graph, order)
 
 

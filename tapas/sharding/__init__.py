@@ -15,6 +15,9 @@ Out: for every GraphNode, its :class:`~tapas.sharding.patterns.ShardingPattern` 
   ``tapas.layers`` pins.
 * :mod:`tapas.sharding.gradients`: which tensors get a gradient in a training step (the
   collectives a pattern's backward runs depend on it).
+* :mod:`tapas.sharding.rows`: whether each example's outputs depend on its own row only
+  (the batch followed op by op with the rules), what decides whether a smaller last batch
+  can be filled up.
 """
 
 from tapas.sharding.placements import (Collective, Comm, Partial, Placement, Replica, Split,

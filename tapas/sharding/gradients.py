@@ -23,7 +23,8 @@ from typing import Any
 from tapas import ir
 from tapas.sharding.rules.plumbing import RANDOM, STATEFUL_RANDOM
 
-__all__ = ["GradientFlow", "gradient_flow", "differentiable", "NO_GRADIENT", "NONE_GRADIENT"]
+__all__ = ["GradientFlow", "gradient_flow", "differentiable", "topological_ops", "NO_GRADIENT",
+           "NONE_GRADIENT"]
 
 # ops whose registered gradient returns None: TensorFlow's tape records them, so their
 # outputs are watched and a collective after them runs its backward half (keras-hub
@@ -62,7 +63,8 @@ def differentiable(dtype: str) -> bool:
         dtype in ("resource", "variant")
 
 
-def _topological(ops: Sequence[ir.OpInfo]) -> list[ir.OpInfo]:
+def topological_ops(ops: Sequence[ir.OpInfo]) -> list[ir.OpInfo]:
+    """``ops`` in an order where every op comes after the ops making its inputs."""
     producer = {t.name: k for k, op in enumerate(ops) for t in op.outputs}
     consumers: dict[int, list[int]] = {k: [] for k in range(len(ops))}
     indegree = [0] * len(ops)
@@ -120,7 +122,7 @@ def gradient_flow(graph: ir.Graph, *,
         sources |= set(input_gradients)
     flows = _flow_by_node(graph, sources)
     if flows is None:
-        order = _topological([op for node in graph.nodes for op in node.ops])
+        order = topological_ops([op for node in graph.nodes for op in node.ops])
         flows = _forward(order, sources), _backward(graph, order)
     forward, backward = flows
     needed = forward & backward
@@ -157,7 +159,7 @@ class _Layout:
             tuple(at.values()),
             tuple((i, j) for i, op in enumerate(node.ops)
                   for j, name in enumerate(op.inputs) if name not in at),
-            tuple(index[id(op)] for op in _topological(node.ops)),
+            tuple(index[id(op)] for op in topological_ops(node.ops)),
             roots, declared, flat, tuple(flat[p] for p in roots),
             tuple(flat[p] for p in declared))
 

@@ -35,7 +35,8 @@ import tensorflow as tf
 from tapas.execution.runtime import inputs
 from tapas.execution.training import metrics
 from tapas.execution.api.callbacks import CallbackModel, check_callbacks
-from tapas.execution.api.fit_data import _Data, _global_batch, exact_tail, tail_values
+from tapas.execution.api.fit_data import (_Data, _global_batch, exact_tail, rows_combined,
+                                          tail_values)
 from tapas.execution.api.overrides import check_steps
 
 __all__ = ["evaluate", "predict", "validate"]
@@ -168,9 +169,9 @@ def predict(pm: Any, x: Any, *, batch_size: int | None = None, verbose: Any = "a
     dataset of global batches; at most ``steps`` batches), run one global batch at a time
     and concatenated; a list when the model has several outputs (``Runtime.predict`` of
     the inference graph on the same weights). A last batch with fewer rows is padded with
-    zeros and the padding's outputs cut off, when the rows cannot affect each other: a
-    program without variable writes (the inference graph has none); otherwise it is
-    refused with the fix."""
+    zeros and the padding's outputs cut off, when the rows cannot affect each other
+    (``fit_data.rows_combined``: nothing combines the examples of a batch); otherwise it
+    is refused with the fix."""
     check_steps(pm.model, "predict")
     b = _global_batch(pm, batch_size)
     cbs, view = _callback_list(pm, callbacks, verbose,
@@ -189,11 +190,13 @@ def predict(pm: Any, x: Any, *, batch_size: int | None = None, verbose: Any = "a
             raise ValueError(f"predict data: a batch of {rows} rows, the program's global "
                              f"batch is {b}: batch the dataset with .batch({b})")
         if rows < b:
-            if getattr(ev.program, "has_writes", False):
+            why = rows_combined(ev.program)
+            if why is not None:
                 raise ValueError(f"predict data: a last batch of {rows} rows, the global "
-                                 f"batch is {b}, and this program writes variables in its "
-                                 "forward pass, so zero padding would change the outputs: "
-                                 f"give a multiple of {b} examples")
+                                 f"batch is {b}, and the outputs of a row depend on the "
+                                 f"others ({why}), so padding would change them: give a "
+                                 f"multiple of {b} examples, or parallelize with input "
+                                 f"specs of batch {rows} for them")
             chunk = [np.concatenate([v, np.zeros((b - rows,) + v.shape[1:], v.dtype)])
                      for v in chunk]
         result = ev.runtime.predict(ev.inputs.flatten(chunk))

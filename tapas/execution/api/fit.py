@@ -22,10 +22,12 @@ Semantics (``docs/running.md``, *fit, checkpoints and resume*):
 * The global batch is fixed by the capture: ``batch_size`` must equal it (default: it).
   Arrays are cut into full global batches (shuffled per epoch from ``seed`` unless
   ``shuffle=False``); the rows of a last partial batch are dropped, with a logged note. A
-  dataset must yield global batches; a smaller (last) one is dropped with a note. Where
-  that is exact (``fit_data.exact_tail``: no batch norm, dropout or loss the call adds),
-  training, validation and ``evaluate`` take those last examples too, as Keras's do, as
-  one more batch filled up with zero-weight repeats (not with ``steps_per_epoch``).
+  dataset must yield global batches; a smaller (last) one is dropped with a note saying
+  why. Where that is exact (``fit_data.tail_refusal``: each example's outputs depend on its
+  own row only, so not with batch norm in training or a mean over the batch; no loss the
+  call adds), training, validation and ``evaluate`` take those last examples too, as
+  Keras's do, as one more batch filled up with zero-weight repeats (not with
+  ``steps_per_epoch``); dropout's masks for its own rows are Keras's.
 * An epoch is one pass over the data; with ``steps_per_epoch`` the data are one stream that
   continues across epochs and starts a new pass when it runs out.
 * Callbacks are called with Keras's hooks (``on_train_begin``, ``on_epoch_begin``,

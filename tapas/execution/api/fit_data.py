@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import types
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from absl import logging
 from tapas.execution.runtime import inputs
 from tapas.execution.training import compiled_loss
 from tapas.sharding.placements import Split
+from tapas.sharding.rows import row_independence
 
 
 # ---- the data ---------------------------------------------------------------------------------
@@ -146,6 +148,12 @@ class _Data(_PythonSource):
             self._init_dataset(x, y)
         else:
             self._init_arrays(x, y, sample_weight)
+
+    def _why_dropped(self) -> str:
+        """Why a smaller last batch is not filled up, for the note that drops it."""
+        why = tail_refusal(self.runtime)
+        return f"; filling it up with copies of its rows would not be exact: {why}" if why \
+            else ""
 
     def _set_shares(self, y_ndim: int) -> None:
         """Each input's and the targets' share for this worker (``Runtime.worker_share``):
@@ -265,8 +273,8 @@ class _Data(_PythonSource):
         elif dropped:
             logging.warning("%s: %d examples make %d global batches of %d; the last %d "
                             "examples of each epoch's order are dropped (the program's "
-                            "batch is fixed)", self.what, n, self.num_batches, self.batch,
-                            dropped)
+                            "batch is fixed%s)", self.what, n, self.num_batches, self.batch,
+                            dropped, self._why_dropped())
 
     def batches(self, pass_index: int, skip: int) -> Iterator[tuple[list, np.ndarray]]:
         if self.python is not None:
@@ -314,8 +322,9 @@ class _Data(_PythonSource):
         elif rows < self.rows:
             if not self.noted:
                 logging.warning("%s: a batch of %d rows, smaller than the %s (%d rows), is "
-                                "dropped (batch the %s with full batches to say so)",
-                                self.what, rows, whole, self.rows, source)
+                                "dropped (batch the %s with full batches to say so%s)",
+                                self.what, rows, whole, self.rows, source,
+                                self._why_dropped())
                 self.noted = True
             return None
         if rows > self.rows:
@@ -339,19 +348,37 @@ class _Data(_PythonSource):
 #: own rows when those rows' weights carry a known factor (sum_over_batch_size: the global
 #: batch over the rows, as it divides by the filled-up batch; the others: 1)
 _TAIL_REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight", "sum")
+#: rows_combined's answer per program
+_ROWS: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+
+
+def tail_refusal(rt: Any) -> str | None:
+    """Why a last batch of fewer examples cannot be run exactly as Keras runs it, filled up
+    with zero-weight repeats of its rows (:class:`_Data`'s ``pad_last``); None when it can:
+    every output's loss reduces by one of :data:`_TAIL_REDUCTIONS`, the call adds no loss,
+    and each example's outputs depend on its own row only (``tapas.sharding.rows``: no batch
+    norm in training, mean over the batch or similarity of every example with every other;
+    dropout's masks are drawn with the batch on axis 0, so the filled-up batch draws Keras's
+    numbers for its own rows). Weight regularizers are added once per batch either way."""
+    losses = rt.output_losses or [rt.loss]
+    bad = [r for r in (getattr(loss, "reduction", None) for loss in losses)
+           if r not in _TAIL_REDUCTIONS]
+    return (f"a loss reduces by {bad[0]!r}" if bad else
+            "the model's call adds a loss" if rt.call_loss_placements else
+            rows_combined(rt.program))
+
+
+def rows_combined(program: Any) -> str | None:
+    """What combines the examples of a batch in ``program``'s graph (None: nothing,
+    ``tapas.sharding.rows.row_independence``), found once per program."""
+    if program not in _ROWS:
+        _ROWS[program] = row_independence(program.graph)
+    return _ROWS[program]
 
 
 def exact_tail(rt: Any) -> bool:
-    """Whether a last batch of fewer examples can be run exactly as Keras runs it, filled
-    up with zero-weight repeats of its rows (:class:`_Data`'s ``pad_last``): every output's
-    loss reduces by one of :data:`_TAIL_REDUCTIONS`, and nothing else depends on the
-    batch's rows: no loss the call adds, no variable writes (batch norm's statistics), no
-    random draws (dropout's masks are drawn in the batch's shape). Weight regularizers
-    are added once per batch either way."""
-    losses = rt.output_losses or [rt.loss]
-    return (all(getattr(loss, "reduction", None) in _TAIL_REDUCTIONS for loss in losses)
-            and not rt.call_loss_placements and not getattr(rt.program, "has_writes", False)
-            and not getattr(rt.program, "states", None))
+    """Whether a last batch of fewer examples is filled up (:func:`tail_refusal` is None)."""
+    return tail_refusal(rt) is None
 
 
 def tail_factors(rt: Any, rows: int, b: int) -> list[float]:
