@@ -2,7 +2,7 @@
 ``tapas.parallelize(model).fit`` against Keras's own ``model.fit`` on one device.
 
     python scripts/user_compiled_fit.py [--models=keras-mobilenet,hub-bert,...] [--devices=2]
-        [--epochs=2] [--json_out=out/user_compiled_fit.json]
+        [--epochs=2] [--tail=0] [--json_out=out/user_compiled_fit.json]
 
 Each model (``tapas.models.corpus``: keras.applications, keras-hub, kimm, ...) is built
 twice from the same seed and compiled the same way: AdamW with a CosineDecay warmup
@@ -17,8 +17,10 @@ logical CPU devices under a random plan that splits weights; the script prints t
 History of both (loss and metric per epoch) and the largest weight difference, relative
 to the largest weight, and writes JSON. The weights are matched by position (a library
 that names layers from a global counter names the second copy's otherwise). Exit 1 when
-a model differs (tolerance 1e-4) or raises. ``tests/test_user_compiled_fit.py`` runs one
-model.
+a model differs (tolerance 1e-4) or raises. With ``--tail=K`` the data end with a last
+batch of K examples: ParallelModel.fit trains it where that is exact and otherwise drops it
+(the JSON's ``tail_dropped`` says why), and Keras's fit is then run without it.
+``tests/test_user_compiled_fit.py`` runs one model.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ flags.DEFINE_enum("plan", "random", ["random", "searched"], "random: a random pl
                   "splits a weight of every GraphNode that has one (seed --plan_seed); "
                   "searched: the plan tapas.parallelize searches.")
 flags.DEFINE_integer("plan_seed", 1, "Seed of the random plan.")
+flags.DEFINE_integer("tail", 0, "Examples after the two global batches (a last, smaller "
+                     "batch, fewer than the global batch): trained where that is exact, "
+                     "else dropped by ParallelModel.fit and left out of Keras's fit too.")
 flags.DEFINE_enum("floatx", "float32", ["float32", "float64"], "Keras's default float type "
                   "for both copies of every model. float64 separates a wrong plan from float32 "
                   "rounding that the model itself amplifies (batch norm's variance as "
@@ -96,17 +101,30 @@ def without_keras2_dropout(model: Any) -> int:
     return len(layers)
 
 
-def _data(entry: Any, model: Any, specs: Any) -> tuple[Any, Any]:
-    """Two global batches of the model's synthetic inputs and targets, concatenated."""
+def _data(entry: Any, model: Any, specs: Any, tail: int = 0) -> tuple[Any, Any]:
+    """Two global batches of the model's synthetic inputs and targets, concatenated, and
+    the first ``tail`` examples of a third (a last, smaller batch)."""
     import numpy as np
-    (x1, y1), (x2, y2) = (entry.synthetic_batch(model, specs, seed) for seed in (1, 2))
+    parts = [entry.synthetic_batch(model, specs, seed) for seed in (1, 2, 3)]
+    cut = [BATCH, BATCH, tail]
+
+    def joined(arrays: list) -> Any:
+        return np.concatenate([a[:k] for a, k in zip(arrays, cut)])
+    x1 = parts[0][0]
     if isinstance(x1, dict):
-        x = {k: np.concatenate([x1[k], x2[k]]) for k in x1}
+        x = {k: joined([p[0][k] for p in parts]) for k in x1}
     elif isinstance(x1, (list, tuple)):
-        x = [np.concatenate([a, b]) for a, b in zip(x1, x2)]
+        x = [joined([p[0][i] for p in parts]) for i in range(len(x1))]
     else:   # one input, one array
-        x = np.concatenate([x1, x2])
-    return x, np.concatenate([y1, y2])
+        x = joined([p[0] for p in parts])
+    return x, joined([p[1] for p in parts])
+
+
+def _first(x: Any, n: int) -> Any:
+    """The first ``n`` examples of the inputs ``x`` (an array, a list or a dict of them)."""
+    if isinstance(x, dict):
+        return {k: v[:n] for k, v in x.items()}
+    return [v[:n] for v in x] if isinstance(x, (list, tuple)) else x[:n]
 
 
 def weight_splitting(node: Any, graph: Any, n: int) -> list[Any]:
@@ -118,13 +136,16 @@ def weight_splitting(node: Any, graph: Any, n: int) -> list[Any]:
                                     for v in p.weights.values())] or every
 
 
-def run_model(name: str, devices: int, epochs: int, seed: int | None) -> dict[str, Any]:
+def run_model(name: str, devices: int, epochs: int, seed: int | None,
+              tail: int = 0) -> dict[str, Any]:
     """Keras's fit and ParallelModel.fit of one corpus model, compiled the same way, under a
-    random plan (``seed``) or the searched one (``seed=None``)."""
+    random plan (``seed``) or the searched one (``seed=None``), on two global batches and
+    ``tail`` more examples. Where ParallelModel.fit drops those (``fit_data.tail_refusal``
+    says why), Keras's fit is run without them."""
     import numpy as np
 
     from tapas import capturing
-    from tapas.execution.api import parallel
+    from tapas.execution.api import fit_data, parallel
     from tapas.models import corpus
     from tapas.sharding.placements import Split, parse_placement
     entry = corpus.get(name)
@@ -132,8 +153,6 @@ def run_model(name: str, devices: int, epochs: int, seed: int | None) -> dict[st
     ref, specs = entry.build(BATCH)
     without_keras2_dropout(ref)
     compile_as_a_user(ref, entry.loss(), classifier)
-    x, y = _data(entry, ref, specs)
-    want = ref.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0).history
     model, specs = entry.build(BATCH)
     dropout_off = without_keras2_dropout(model)
     regularized = compile_as_a_user(model, entry.loss(), classifier)
@@ -142,7 +161,12 @@ def run_model(name: str, devices: int, epochs: int, seed: int | None) -> dict[st
         graph = capturing.capture(model, specs, training=True)
         plan = parallel.random_plan(graph, devices, seed, patterns_fn=weight_splitting)
     pm = parallel.parallelize(model, specs, plan, devices=devices)
+    x, y = _data(entry, ref, specs, tail)
+    dropped = fit_data.tail_refusal(pm.runtime) if tail else None
     got = pm.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0).history
+    kept = 2 * BATCH + (0 if dropped else tail)
+    want = ref.fit(_first(x, kept), y[:kept], batch_size=BATCH, epochs=epochs, shuffle=False,
+                   verbose=0).history
     # the two copies' weights by position: a library that names its layers from a global
     # counter (keras-hub's Mixtral and RWKV-7) gives the second copy other paths
     theirs = dict(zip(capturing.weights_by_path(model), capturing.weights_by_path(ref).values()))
@@ -157,7 +181,8 @@ def run_model(name: str, devices: int, epochs: int, seed: int | None) -> dict[st
                 if isinstance(parse_placement(layout.placement), Split))
     return {"model": name, "library": entry.library, "plan": FLAGS.plan, "floatx": FLAGS.floatx,
             "parameters": int(ref.count_params()),
-            "weights_split": split, "regularized": regularized,
+            "weights_split": split, "regularized": regularized, "tail": tail,
+            "tail_dropped": dropped,
             "keras2_dropout_off": dropout_off,
             "optimizer": pm.runtime.optimizer.summary(), "history_keras": want,
             "history_tapas": {k: list(v) for k, v in got.items()},
@@ -177,12 +202,12 @@ def main(argv: list[str]) -> None:
     for name in FLAGS.models:
         try:
             seed = FLAGS.plan_seed if FLAGS.plan == "random" else None
-            results.append(run_model(name, FLAGS.devices, FLAGS.epochs, seed))
+            results.append(run_model(name, FLAGS.devices, FLAGS.epochs, seed, FLAGS.tail))
         except Exception as e:  # reported in the table and the JSON, exit 1
             results.append({"model": name, "ok": False, "error": f"{type(e).__name__}: {e}",
                             "traceback": traceback.format_exc()[-3000:]})
     print(f"{'model':<20} {'library':<19} {'split':>5} {'history rel diff':>17} "
-          f"{'weights |diff| / max|w|':>24}  ok")
+          f"{'weights |diff| / max|w|':>24}  ok" + ("  last batch" if FLAGS.tail else ""))
     for r in results:
         if "error" in r:
             print(f"{r['model']:<20} ERROR {r['error'][:200]}")
@@ -190,7 +215,9 @@ def main(argv: list[str]) -> None:
         print(f"{r['model']:<20} {r['library']:<19} {r['weights_split']:>5} "
               f"{r['history_max_rel_diff']:>17.2e} "
               f"{r['weights_max_abs_diff'] / max(r['weights_scale'], 1.0):>24.2e}  "
-              f"{'yes' if r['ok'] else 'NO'}")
+              f"{'yes' if r['ok'] else 'NO'}" + (
+                  ("  dropped: " + r["tail_dropped"][:90] if r["tail_dropped"] else
+                   f"  trained ({r['tail']} examples)") if FLAGS.tail else ""))
     os.makedirs(os.path.dirname(FLAGS.json_out) or ".", exist_ok=True)
     with open(FLAGS.json_out, "w") as f:
         json.dump(results, f, indent=1, default=float)
