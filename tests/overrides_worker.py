@@ -13,7 +13,8 @@ Checks (one ``RESULT <json>`` line each, ``tests/worker_main.py``):
 * ``hugging_face``: Hugging Face's ``TFBertForSequenceClassification`` used directly,
   compiled with a loss (its own ``train_step``, allowed as equal to Keras's): ``fit``
   against ``tf_keras``'s ``fit`` (dropout off: Keras 2 draws with stateful ops); compiled
-  without a loss, refused with the fix.
+  without a loss, refused with the fix; Keras's ModelCheckpoint (``save_weights_only``)
+  writes a file ``tf_keras``'s ``load_weights`` reads back equal to its fit.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -187,7 +189,13 @@ def check_hugging_face() -> dict[str, Any]:
     model = bert(True)
     model(x)   # built, as parallelize needs it
     pm = parallel_model(model, spec)
-    got = pm.fit(x, y, epochs=2, shuffle=False, verbose=0)
+    # Keras's ModelCheckpoint writing a Keras 2 model's weights: tf_keras's own h5 file
+    files = os.path.join(tempfile.mkdtemp(), "bert_{epoch}.weights.h5")
+    got = pm.fit(x, y, epochs=2, shuffle=False, verbose=0, callbacks=[
+        keras.callbacks.ModelCheckpoint(files, save_weights_only=True)])
+    loaded = bert(True)
+    loaded(x)
+    loaded.load_weights(files.format(epoch=2))
     unlossed = bert(False)
     unlossed(x)
     try:
@@ -202,7 +210,10 @@ def check_hugging_face() -> dict[str, Any]:
             "weights": len(ours) == len(ref_values) and all(
                 np.allclose(ours[p], ref_values[p].numpy(), rtol=1e-5, atol=1e-5)
                 for p in ours),
-            "without_loss": without_loss}
+            "without_loss": without_loss,
+            "checkpoint": all(np.allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+                              for a, b in zip(loaded.weights, ref.weights))
+            and len(loaded.weights) == len(ref.weights) > 0}
 
 
 if __name__ == "__main__":

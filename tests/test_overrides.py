@@ -96,3 +96,5 @@ def test_hugging_face_model_used_directly_trains_equal_to_tf_keras_fit(worker: d
     assert r["loss"]["ok"] and r["weights"], r
     assert r["without_loss"].startswith("ValueError: the model was compiled without a loss")
     assert "pass the labels as y" in r["without_loss"]
+    # ModelCheckpoint(save_weights_only=True) of a Keras 2 model: tf_keras's own file
+    assert r["checkpoint"], r
