@@ -335,23 +335,25 @@ def test_an_moe_block_is_one_branch_of_its_residual_add():
     """The whole MoE block (read by nothing but the block's last add) is one branch whose
     entry is the block input, which the template keeps to its end: searched alone once per
     placement of that input, its gating's frontiers are no longer multiplied by the
-    input's and the residual's placements. The beam cuts nothing (before, it cut 20184
-    prefixes on 2 devices) and gp finds es's optimum."""
+    input's and the residual's placements. Both searches are exact (before the fold the
+    beam cut 20184 prefixes on 2 devices, beam-limited; since the gating's rows may be
+    split, StridedSlice's ellipsis read by the rules, it cuts only prefixes dearer than
+    the plan, item 9 of docs/search.md) and gp finds es's optimum."""
     graph = _moe(4)
     cluster = Cluster.v100_ethernet(1, 2)
     gp = search(graph, cluster=cluster, mode="gp", references=())
     es = search(graph, cluster=cluster, mode="es", references=())
-    assert gp.exact and gp.counts["beam"] == 0
-    assert es.exact and es.counts["beam"] == 0
+    assert gp.exact and es.exact
     assert gp.total_cost == pytest.approx(es.total_cost, rel=1e-9)
 
 
 def test_the_zoo_moe_searches_exactly():
-    """moe-380m (8 layers, 8 experts, d_model 768) on 2 devices: beam-limited before (the
-    gating's frontier times the block input's and the residual's placements outgrew the
-    beam, bound 984 %), exact now with the same plan cost."""
+    """moe-380m (8 layers, 8 experts, d_model 768) on 2 devices: beam-limited before the
+    branch fold (the gating's frontier times the block input's and the residual's
+    placements outgrew the beam, bound 984 %), exact since; the gating's batch split
+    (2026-11-29) made the plan 0.013 % cheaper (0.28789377 s before)."""
     from models import capture_preset
     graph, _ = capture_preset("moe-380m")
     s = search(graph, cluster=Cluster.v100_ethernet(1, 2), mode="gp", references=())
-    assert s.exact and s.counts["beam"] == 0
-    assert s.total_cost == pytest.approx(0.28789377490452656, rel=1e-9)
+    assert s.exact
+    assert s.total_cost == pytest.approx(0.2878562211905223, rel=1e-9)

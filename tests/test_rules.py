@@ -100,6 +100,17 @@ def test_tile_with_multiples_computed_in_the_graph_keeps_axes_of_unchanged_size(
     assert known.inputs[0][1] in known.no_split and known.inputs[0][0] not in known.no_split
 
 
+def test_a_gather_with_batch_dims_keeps_its_batch_and_never_splits_the_table_axis() -> None:
+    # each sequence's last token (a pooler): params (4, 16, 32) on axis 1 at ids (4,)
+    spec = _spec("GatherV2", [(4, 16, 32), (4,), None], [(4, 32)], {"batch_dims": 1},
+                 {2: 1})
+    (p0, p1, p2), (i0,) = spec.inputs[:2]
+    assert i0 == p0 and spec.outputs[0] == (p0, p2)
+    assert spec.no_split == {p1} and spec.reduce == "none"
+    plain = _spec("GatherV2", [(16, 32), (4,), None], [(4, 32)], consts={2: 0})
+    assert plain.reduce == "gather" and not plain.no_split
+
+
 def test_why_an_op_has_no_spec() -> None:
     assert _spec("FooBar", [(4,)], [(4,)]) == "op 'op' has type FooBar, which has no placement rule"
     why = _spec("Transpose", [(4, 8), None], [(8, 4)])
