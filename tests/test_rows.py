@@ -96,3 +96,13 @@ def test_writing_the_rows_into_a_variable_is_refused(training: bool) -> None:
                                   training=training))
     assert why is not None and "remember" in why
     assert "writes a value computed from the examples into a variable" in why
+
+
+@pytest.mark.parametrize("draw", [tf.random.stateless_uniform, tf.random.stateless_normal,
+                                  tf.random.stateless_truncated_normal])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.float64])
+def test_a_stateless_draws_first_rows_do_not_depend_on_how_many_follow(draw, dtype) -> None:
+    """What following a draw like an input rests on (TensorFlow's Philox draws, as Keras's
+    dropout makes them): the filled-up batch's own rows get the smaller batch's numbers."""
+    whole = draw((B, 5, 3), seed=(3, 7), dtype=dtype).numpy()
+    assert (whole[:3] == draw((3, 5, 3), seed=(3, 7), dtype=dtype).numpy()).all()
