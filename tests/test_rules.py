@@ -111,6 +111,13 @@ def test_a_gather_with_batch_dims_keeps_its_batch_and_never_splits_the_table_axi
     assert plain.reduce == "gather" and not plain.no_split
 
 
+def test_an_image_resize_keeps_batch_and_channels_and_never_splits_space() -> None:
+    spec = _spec("ResizeBilinear", [(2, 8, 8, 4), None], [(2, 16, 16, 4)])
+    (b, h, w, c), out = spec.inputs[0], spec.outputs[0]
+    assert out[0] == b and out[3] == c and {h, w, out[1], out[2]} <= spec.no_split
+    assert spec.inputs[1] is None and spec.linear == (0,)
+
+
 def test_why_an_op_has_no_spec() -> None:
     assert _spec("FooBar", [(4,)], [(4,)]) == "op 'op' has type FooBar, which has no placement rule"
     why = _spec("Transpose", [(4, 8), None], [(8, 4)])

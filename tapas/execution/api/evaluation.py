@@ -31,6 +31,7 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tapas.execution.runtime import inputs
 from tapas.execution.training import metrics
@@ -170,8 +171,7 @@ def predict(pm: Any, x: Any, *, batch_size: int | None = None, verbose: Any = "a
     and concatenated; a list when the model has several outputs (``Runtime.predict`` of
     the inference graph on the same weights). A last batch with fewer rows is padded with
     zeros and the padding's outputs cut off, when the rows cannot affect each other
-    (``fit_data.rows_combined``: nothing combines the examples of a batch); otherwise it
-    is refused with the fix."""
+    (:func:`_last_batch`); otherwise it is refused with the fix."""
     check_steps(pm.model, "predict")
     b = _global_batch(pm, batch_size)
     cbs, view = _callback_list(pm, callbacks, verbose,
@@ -189,19 +189,7 @@ def predict(pm: Any, x: Any, *, batch_size: int | None = None, verbose: Any = "a
         if rows > b:
             raise ValueError(f"predict data: a batch of {rows} rows, the program's global "
                              f"batch is {b}: batch the dataset with .batch({b})")
-        if rows < b:
-            why = rows_combined(ev.program)
-            if why is not None:
-                raise ValueError(f"predict data: a last batch of {rows} rows, the global "
-                                 f"batch is {b}, and the outputs of a row depend on the "
-                                 f"others ({why}), so padding would change them: give a "
-                                 f"multiple of {b} examples, or parallelize with input "
-                                 f"specs of batch {rows} for them")
-            chunk = [np.concatenate([v, np.zeros((b - rows,) + v.shape[1:], v.dtype)])
-                     for v in chunk]
-        result = ev.runtime.predict(ev.inputs.flatten(chunk))
-        result = result if isinstance(result, list) else [result]
-        outs.append([r[:rows] for r in result])
+        outs.append(_last_batch(ev, chunk, rows, b) if rows < b else _run(ev, chunk, rows))
         cbs.on_predict_batch_end(count, {"outputs": _structured(pm, outs[-1])})
         if view.stop_predicting:
             break
@@ -209,6 +197,37 @@ def predict(pm: Any, x: Any, *, batch_size: int | None = None, verbose: Any = "a
         raise ValueError("predict data: no examples")
     cbs.on_predict_end()
     return _structured(pm, [np.concatenate([o[k] for o in outs]) for k in range(len(outs[0]))])
+
+
+def _run(ev: Any, chunk: list[np.ndarray], rows: int) -> list[np.ndarray]:
+    """The inference program's outputs for the first ``rows`` examples of a global batch."""
+    result = ev.runtime.predict(ev.inputs.flatten(chunk))
+    return [r[:rows] for r in (result if isinstance(result, list) else [result])]
+
+
+def _last_batch(ev: Any, chunk: list[np.ndarray], rows: int, b: int) -> list[np.ndarray]:
+    """The outputs of a last batch of ``rows`` < ``b`` examples, run zero-padded. Where the
+    graph is not known to keep the rows apart (``fit_data.rows_combined``: an op without a
+    rule, or one that may combine rows), it is run again padded with copies of its own
+    rows: equal outputs for its rows show the padding does not reach them; otherwise it is
+    refused with the reason and the fix."""
+    padded = _run(ev, [np.concatenate([v, np.zeros((b - rows,) + v.shape[1:], v.dtype)])
+                       for v in chunk], rows)
+    why = rows_combined(ev.program)
+    if why is None:
+        return padded
+    copies = _run(ev, [np.take(v, np.arange(b) % rows, axis=0) for v in chunk], rows)
+    if all(np.allclose(p, c, rtol=1e-6, atol=1e-7 * max(1.0, float(np.max(np.abs(p)))))
+           for p, c in zip(padded, copies)):
+        logging.info("predict: a last batch of %d rows was padded to %d; %s, but its rows' "
+                     "outputs are the same padded with zeros or with copies of them", rows,
+                     b, why)
+        return padded
+    raise ValueError(f"predict data: a last batch of {rows} rows, the global batch is {b}, "
+                     f"and the outputs of a row depend on the others ({why}; padded with "
+                     "zeros or with copies of its rows, they differ), so padding would "
+                     f"change them: give a multiple of {b} examples, or parallelize with "
+                     f"input specs of batch {rows} for them")
 
 
 def _structured(pm: Any, arrays: list[np.ndarray]) -> Any:

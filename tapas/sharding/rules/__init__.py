@@ -16,7 +16,7 @@ read the op's attributes or constants. The modules:
 :mod:`~.spec`                    ``OpSpec``, ``OpContext`` and the label helpers
 :mod:`~.elementwise`             unary and binary arithmetic, casts, selects, bias add, softmax
 :mod:`~.matmul`                  MatMul, BatchMatMul, Einsum
-:mod:`~.conv`                    convolutions and pooling
+:mod:`~.conv`                    convolutions, pooling and image resizes
 :mod:`~.norm`                    FusedBatchNorm
 :mod:`~.reduce`                  reductions, scans, top-k, losses
 :mod:`~.shape`                   reshape, transpose, concat, pack/unpack, split, broadcast
@@ -93,6 +93,7 @@ RULES: dict[str, Rule] = {
     **_each(conv.CONV, conv.conv),
     "DepthwiseConv2dNative": conv.depthwise_conv,
     **_each(conv.POOL, conv.pool),
+    **_each(conv.RESIZE, conv.resize),
     **_each(norm.BATCH_NORM, norm.batch_norm),
     # reductions and losses
     **_each(reduce.REDUCE_KIND, reduce.reduce),

@@ -1,4 +1,5 @@
-"""Rules of convolutions and pooling (NHWC or NCHW; spatial dimensions are never split).
+"""Rules of convolutions, pooling and image resizes (NHWC or NCHW; spatial dimensions are
+never split).
 
 In:  a convolution or pooling :class:`tapas.ir.OpInfo` and its
      :class:`~tapas.sharding.rules.spec.OpContext`.
@@ -15,6 +16,7 @@ from tapas.sharding.rules.spec import Fresh, Labels, OpContext, OpSpec, data_for
 
 CONV = ("Conv1D", "Conv2D", "Conv3D")
 POOL = ("MaxPool", "MaxPoolV2", "AvgPool", "MaxPool3D", "AvgPool3D")
+RESIZE = ("ResizeBilinear", "ResizeNearestNeighbor", "ResizeBicubic", "ResizeArea")
 
 
 def _windowed(op: OpInfo, ctx: OpContext) -> tuple[Fresh, list[str], list[str], int, int,
@@ -60,3 +62,14 @@ def pool(op: OpInfo, ctx: OpContext) -> OpSpec:
     inputs: list[Labels | None] = [tuple(xl)] + [None] * (len(op.inputs) - 1)
     linear = (0,) if op.type.startswith("Avg") else ()
     return OpSpec(tuple(inputs), (tuple(ol),), no_split=no, linear=linear, flops="reduce")
+
+
+def resize(op: OpInfo, ctx: OpContext) -> OpSpec:
+    """An image resize (NHWC images, a constant or computed size): batch and channels kept,
+    height and width never split; linear in the image (its interpolation weights depend on
+    the sizes only)."""
+    _, xl, ol, _, c, no = _windowed(op, ctx)
+    ol[c] = xl[c]
+    inputs: list[Labels | None] = [tuple(xl)] + [None] * (len(op.inputs) - 1)
+    return OpSpec(tuple(inputs), (tuple(ol),), no_split=no, linear=(0,), flops="reduce")
+
