@@ -1,7 +1,7 @@
 """Rules of convolutions, pooling and image resizes (NHWC or NCHW; spatial dimensions are
 never split).
 
-In:  a convolution or pooling :class:`tapas.ir.OpInfo` and its
+In:  a convolution, pooling or image resize :class:`tapas.ir.OpInfo` and its
      :class:`~tapas.sharding.rules.spec.OpContext`.
 Out: its :class:`~tapas.sharding.rules.spec.OpSpec`: batch and channels may be split (a
      convolution's input channels leave a partial sum), spatial axes and kernel windows not.
@@ -72,4 +72,3 @@ def resize(op: OpInfo, ctx: OpContext) -> OpSpec:
     ol[c] = xl[c]
     inputs: list[Labels | None] = [tuple(xl)] + [None] * (len(op.inputs) - 1)
     return OpSpec(tuple(inputs), (tuple(ol),), no_split=no, linear=(0,), flops="reduce")
-
