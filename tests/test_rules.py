@@ -100,15 +100,11 @@ def test_tile_with_multiples_computed_in_the_graph_keeps_axes_of_unchanged_size(
     assert known.inputs[0][1] in known.no_split and known.inputs[0][0] not in known.no_split
 
 
-def test_a_gather_with_batch_dims_keeps_its_batch_and_never_splits_the_table_axis() -> None:
-    # each sequence's last token (a pooler): params (4, 16, 32) on axis 1 at ids (4,)
-    spec = _spec("GatherV2", [(4, 16, 32), (4,), None], [(4, 32)], {"batch_dims": 1},
-                 {2: 1})
-    (p0, p1, p2), (i0,) = spec.inputs[:2]
-    assert i0 == p0 and spec.outputs[0] == (p0, p2)
-    assert spec.no_split == {p1} and spec.reduce == "none"
-    plain = _spec("GatherV2", [(16, 32), (4,), None], [(4, 32)], consts={2: 0})
-    assert plain.reduce == "gather" and not plain.no_split
+def test_a_gather_with_batch_dims_has_no_spec() -> None:
+    # take_along_axis (DeBERTa's relative positions): split with its indices broadcast,
+    # the gradient TensorFlow builds for it does not match the shards (tried 2026-11-29)
+    why = _spec("GatherV2", [(4, 16, 32), (4,), None], [(4, 32)], {"batch_dims": 1}, {2: 1})
+    assert isinstance(why, str) and "batch_dims" in why
 
 
 def test_an_image_resize_keeps_batch_and_channels_and_never_splits_space() -> None:

@@ -19,23 +19,15 @@ GATHER = ("GatherV2", "Gather", "ResourceGather")
 
 
 def gather(op: OpInfo, ctx: OpContext) -> OpSpec:
-    """``params`` gathered on axis ``a`` at ``indices``. With ``batch_dims`` b the first b
-    axes of both are one batch, gathered row by row (a pooler taking each sequence's last
-    token): they share their labels, and the gathered table axis is never split (the
-    ``vocab-gather`` rewrite is written for a plain lookup)."""
     rp, ri = rank(ctx.in_shapes[0]), rank(ctx.in_shapes[1])
     a = axis(ctx.const(2), rp) if op.type == "GatherV2" else 0
-    b = int(op.attrs.get("batch_dims", 0))
-    b = b + ri if b < 0 else b
-    if not 0 <= b <= min(a, ri):
-        raise ValueError(f"batch_dims {b} with gather axis {a} and indices of rank {ri}")
+    if int(op.attrs.get("batch_dims", 0)) != 0:
+        raise ValueError("batch_dims != 0 is not supported")
     fresh = Fresh()
     pl = fresh.many(rp)
-    il = pl[:b] + fresh.many(ri - b)
-    out = pl[:a] + il[b:] + pl[a + 1:]
+    il = fresh.many(ri)
+    out = pl[:a] + il + pl[a + 1:]
     inputs: tuple[Labels | None, ...] = (pl, il) + (None,) * (len(op.inputs) - 2)
-    if b:
-        return OpSpec(inputs, (out,), no_split=frozenset({pl[a]}), linear=(0,), flops="none")
     return OpSpec(inputs, (out,), reduce="gather", linear=(0,), flops="none")
 
 
