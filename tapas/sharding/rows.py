@@ -34,6 +34,7 @@ from tapas import ir
 from tapas.sharding import rules
 from tapas.sharding.gradients import topological_ops
 from tapas.sharding.patterns.cache import graph_index
+from tapas.sharding.patterns.propagation import GraphIndex
 from tapas.sharding.rules.plumbing import RANDOM, STATEFUL_RANDOM, VARIABLE_WRITES
 
 __all__ = ["row_independence"]
@@ -88,7 +89,7 @@ def _drawn(op: ir.OpInfo, batch: int, axis_of: dict[str, int]) -> str | None:
     return None
 
 
-def _follow(op: ir.OpInfo, names: list[str], axis_of: dict[str, int], index: object
+def _follow(op: ir.OpInfo, names: list[str], axis_of: dict[str, int], index: GraphIndex
             ) -> str | None:
     """Record where ``op``'s outputs carry the batch; why not when ``op`` combines rows
     (or writes a value of the examples into a variable). ``names``: its data inputs."""
@@ -99,11 +100,10 @@ def _follow(op: ir.OpInfo, names: list[str], axis_of: dict[str, int], index: obj
         for i, a in carried:
             axis_of[op.outputs[i].name] = a
         return None
-    shapes = index.tensor                 # type: ignore[attr-defined]
+    shapes = index.tensor
     ctx = rules.OpContext(tuple(shapes[x].shape if x in shapes else None for x in names),
                           tuple(t.shape for t in op.outputs),
-                          lambda i: index.const_value(names[i])  # type: ignore[attr-defined]
-                          if i < len(names) else None)
+                          lambda i: index.const_value(names[i]) if i < len(names) else None)
     spec = rules.spec_for(op, ctx)
     if isinstance(spec, str):
         return f"{spec}: it is not known to keep the examples of a batch apart"
